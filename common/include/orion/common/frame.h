@@ -1,0 +1,251 @@
+// orion/common/frame.h — the wire format shared by the guest runtime and oriond.
+//
+// Every message is a frame: a 32-byte FrameHeader followed by `payload_len` bytes, padded to 8.
+// Ops and their numbers come from ops.def. Wire structs use fixed-width types only, explicit
+// reserved fields instead of padding, and are little-endian (both ends are x86-64 or AArch64 LE;
+// static_assert below). Spec: docs/spec/frames.md.
+//
+//   FrameHeader h = MakeRequest(Op::kMemAlloc, seq, sizeof(MemAllocReq));
+//
+// This header has no OS calls and no logging: it is included by both ends and by fuzzers.
+#pragma once
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+namespace orion {
+
+static_assert(std::endian::native == std::endian::little, "Orion's wire format is little-endian");
+
+inline constexpr uint32_t kFrameMagic = 0x4D52464Fu;  // "OFRM" in memory
+inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr uint32_t kMaxPayload = 64 * 1024;    // bulk bytes travel in the data window
+
+enum class Op : uint16_t {
+#define ORION_OP(name, number, reply) k##name = number,
+#include "orion/common/ops.def"
+};
+
+enum class ReplyKind : uint8_t { kSync, kAsync };
+
+// Name of an op for logs ("MemAlloc"), or nullptr for an unknown number.
+const char* OpName(uint16_t op) noexcept;
+// Whether `op` is in ops.def.
+bool OpKnown(uint16_t op) noexcept;
+// Whether the client waits for a reply to `op` (unknown ops: false).
+bool OpWantsReply(uint16_t op) noexcept;
+
+// Frame flags.
+inline constexpr uint32_t kFlagWantsReply = 1u << 0;  // set by the client on every kSync op, and on
+                                                      // kAsync ops it wants to wait for (e.g. Memcpy2D into the window)
+
+struct FrameHeader {
+  uint32_t magic;        // kFrameMagic
+  uint16_t version;      // kProtocolVersion
+  uint16_t op;           // Op
+  uint32_t seq;          // client-chosen, echoed in the reply
+  uint32_t payload_len;  // bytes after the header, <= kMaxPayload (not counting padding)
+  int32_t status;        // reply: the op's CUresult, verbatim
+  int32_t deferred;      // reply: first error of an earlier async op since the last reply (0: none)
+  uint32_t flags;        // kFlag*
+  uint32_t reserved;     // 0
+};
+static_assert(sizeof(FrameHeader) == 32);
+static_assert(offsetof(FrameHeader, op) == 6 && offsetof(FrameHeader, seq) == 8);
+static_assert(offsetof(FrameHeader, status) == 16 && offsetof(FrameHeader, flags) == 24);
+static_assert(std::has_unique_object_representations_v<FrameHeader>);
+
+// Bytes a frame with `payload_len` occupies in a ring: header + payload, rounded up to 8.
+constexpr uint32_t FrameSpan(uint32_t payload_len) noexcept {
+  return (static_cast<uint32_t>(sizeof(FrameHeader)) + payload_len + 7u) & ~7u;
+}
+
+// Private CUresult-space status codes used only on the wire (never returned to applications).
+inline constexpr int32_t kStatusNeedBytes = 0x4F520001;  // ModuleLoad: send the image with BlobPut
+
+// ---- Payloads -------------------------------------------------------------------------------
+// Naming: <Op>Req is the request payload, <Op>Rep the reply payload. Handles (contexts, modules,
+// functions, streams, events) are 64-bit ids from the server's per-session tables; 0 means "none"
+// (for streams: the context's default stream). Device pointers are the server's real values.
+// Window offsets are byte offsets into the channel's data window.
+
+#define ORION_WIRE_STRUCT(T, size)                                                          \
+  static_assert(sizeof(T) == (size), #T " size is part of the wire format");               \
+  static_assert(std::is_trivially_copyable_v<T> && std::has_unique_object_representations_v<T>, \
+                #T " must have no padding")
+
+inline constexpr uint32_t kMaxDevices = 16;
+inline constexpr uint32_t kMaxDeviceAttributes = 160;  // CU_DEVICE_ATTRIBUTE_MAX is < 160 in CUDA 13
+inline constexpr uint32_t kNameLen = 256;
+
+struct HelloReq {
+  uint16_t protocol_version;  // kProtocolVersion
+  uint16_t reserved0;
+  uint32_t vgpu_count;        // ORION_VGPU
+  uint64_t gmem_mib;          // ORION_GMEM (0: the server's default per vGPU)
+  uint32_t pid;               // informational only (PIDs differ across namespaces and VMs)
+  uint32_t reserved1;
+  char process_name[64];      // NUL-padded, informational
+};
+ORION_WIRE_STRUCT(HelloReq, 88);
+
+struct DeviceInfo {
+  char name[kNameLen];            // NUL-terminated
+  uint8_t uuid[16];
+  uint64_t total_mem;             // bytes: the vGPU's quota
+  int32_t attributes[kMaxDeviceAttributes];  // indexed by CUdevice_attribute; 0 where unknown
+  uint32_t pgpu;                  // physical GPU index on the server
+  uint32_t vgpu;                  // vGPU index on that GPU
+  char pci_bus_id[16];            // "0000:3b:00.0"
+  uint32_t luid_low;              // unused on Linux, 0
+  uint32_t reserved;
+};
+ORION_WIRE_STRUCT(DeviceInfo, 256 + 16 + 8 + 4 * kMaxDeviceAttributes + 8 + 16 + 8);
+
+struct WelcomeRep {
+  uint32_t session_id;
+  uint32_t device_count;          // <= kMaxDevices; followed by device_count DeviceInfo
+  int32_t driver_version;         // the server driver's cuDriverGetVersion
+  uint32_t backend;               // 0 sim, 1 cuda
+  char server_name[64];           // "oriond 0.1.0 (sim)"
+};
+ORION_WIRE_STRUCT(WelcomeRep, 80);
+
+struct CtxCreateReq { uint32_t device; uint32_t flags; };
+ORION_WIRE_STRUCT(CtxCreateReq, 8);
+struct HandleRep { uint64_t handle; };               // CtxCreate, PrimaryCtxRetain, StreamCreate, ...
+ORION_WIRE_STRUCT(HandleRep, 8);
+struct HandleReq { uint64_t handle; };               // CtxDestroy, CtxSetCurrent, StreamSynchronize, ...
+ORION_WIRE_STRUCT(HandleReq, 8);
+struct DeviceReq { uint32_t device; uint32_t flags; };  // PrimaryCtxRetain/Release/Reset
+ORION_WIRE_STRUCT(DeviceReq, 8);
+struct LimitReq { uint32_t limit; uint32_t reserved; uint64_t value; };
+ORION_WIRE_STRUCT(LimitReq, 16);
+struct U64Rep { uint64_t value; };
+ORION_WIRE_STRUCT(U64Rep, 8);
+
+struct MemAllocReq { uint64_t bytes; };
+ORION_WIRE_STRUCT(MemAllocReq, 8);
+struct MemFreeReq { uint64_t dptr; };
+ORION_WIRE_STRUCT(MemFreeReq, 8);
+struct MemGetInfoRep { uint64_t free; uint64_t total; };
+ORION_WIRE_STRUCT(MemGetInfoRep, 16);
+
+// MemcpyHtoD: window[window_offset, +bytes) -> device dst. MemcpyDtoH(Async): device src ->
+// window[window_offset, +bytes). MemcpyDtoD: src -> dst. `stream` 0 = default stream.
+struct MemcpyReq {
+  uint64_t dst;            // device pointer, or window offset (DtoH)
+  uint64_t src;            // device pointer, or window offset (HtoD)
+  uint64_t bytes;
+  uint64_t stream;
+};
+ORION_WIRE_STRUCT(MemcpyReq, 32);
+
+// A side of a 2D copy: a device pointer or a window offset.
+inline constexpr uint32_t kSideDevice = 0;
+inline constexpr uint32_t kSideWindow = 1;
+struct Memcpy2DReq {
+  uint64_t src;             // device pointer or window offset, already advanced to the first byte
+  uint64_t src_pitch;
+  uint64_t dst;
+  uint64_t dst_pitch;
+  uint64_t width_bytes;
+  uint64_t height;
+  uint64_t stream;
+  uint32_t src_side;        // kSide*
+  uint32_t dst_side;
+};
+ORION_WIRE_STRUCT(Memcpy2DReq, 64);
+
+// Memset of `count` elements of `elem_size` (1, 2 or 4) bytes to `value`, rows of `width` elements
+// `pitch` bytes apart (height 1 and pitch 0 for a plain memset).
+struct MemsetReq {
+  uint64_t dst;
+  uint64_t width;           // elements per row
+  uint64_t height;          // rows
+  uint64_t pitch;           // bytes between rows (height > 1)
+  uint64_t stream;
+  uint32_t value;
+  uint32_t elem_size;
+};
+ORION_WIRE_STRUCT(MemsetReq, 48);
+
+struct WindowRangeReq { uint64_t window_offset; uint64_t bytes; };
+ORION_WIRE_STRUCT(WindowRangeReq, 16);
+
+// ModuleLoad: the image with this content hash (XXH3-128 of `image_bytes` bytes). If the server has
+// no such image, the reply status is kStatusNeedBytes; the client sends BlobPut chunks and retries.
+struct ModuleLoadReq {
+  uint64_t hash_lo;
+  uint64_t hash_hi;
+  uint64_t image_bytes;
+};
+ORION_WIRE_STRUCT(ModuleLoadReq, 24);
+struct ModuleLoadRep { uint64_t module; uint32_t kernel_count; uint32_t global_count; };
+ORION_WIRE_STRUCT(ModuleLoadRep, 16);
+
+struct BlobPutReq {
+  uint64_t hash_lo;
+  uint64_t hash_hi;
+  uint64_t image_bytes;     // total size of the image
+  uint64_t offset;          // where this chunk goes in the image
+  uint64_t window_offset;   // where the chunk is in the window
+  uint64_t bytes;           // chunk length
+};
+ORION_WIRE_STRUCT(BlobPutReq, 48);
+
+// ModuleGetFunction / ModuleGetGlobal: followed by the NUL-terminated name (at most kNameLen*4).
+struct ModuleSymbolReq { uint64_t module; uint32_t name_len; uint32_t reserved; };
+ORION_WIRE_STRUCT(ModuleSymbolReq, 16);
+
+inline constexpr uint32_t kMaxKernelParams = 1024;  // CUDA: 32764 bytes of params, 4-byte minimum
+struct ParamInfo { uint32_t offset; uint32_t size; };
+ORION_WIRE_STRUCT(ParamInfo, 8);
+// Followed by param_count ParamInfo, in ordinal order.
+struct FunctionRep {
+  uint64_t function;
+  uint32_t param_count;
+  uint32_t param_bytes;     // the parameter buffer's size
+};
+ORION_WIRE_STRUCT(FunctionRep, 16);
+struct GlobalRep { uint64_t dptr; uint64_t bytes; };
+ORION_WIRE_STRUCT(GlobalRep, 16);
+
+struct FuncAttributeReq { uint64_t function; int32_t attribute; int32_t value; };
+ORION_WIRE_STRUCT(FuncAttributeReq, 16);
+struct I32Rep { int32_t value; uint32_t reserved; };
+ORION_WIRE_STRUCT(I32Rep, 8);
+
+// LaunchKernel: followed by param_bytes bytes: the kernel's parameter buffer, each parameter at
+// the offset the function's layout gives (as with CU_LAUNCH_PARAM_BUFFER_POINTER).
+struct LaunchReq {
+  uint64_t function;
+  uint64_t stream;
+  uint32_t grid[3];
+  uint32_t block[3];
+  uint32_t shared_mem_bytes;
+  uint32_t param_bytes;
+};
+ORION_WIRE_STRUCT(LaunchReq, 48);
+
+struct OccupancyReq { uint64_t function; uint32_t block_size; uint32_t flags; uint64_t dynamic_smem; };
+ORION_WIRE_STRUCT(OccupancyReq, 24);
+
+struct StreamCreateReq { uint32_t flags; int32_t priority; };
+ORION_WIRE_STRUCT(StreamCreateReq, 8);
+struct StreamWaitEventReq { uint64_t stream; uint64_t event; uint32_t flags; uint32_t reserved; };
+ORION_WIRE_STRUCT(StreamWaitEventReq, 24);
+struct EventCreateReq { uint32_t flags; uint32_t reserved; };
+ORION_WIRE_STRUCT(EventCreateReq, 8);
+struct EventRecordReq { uint64_t event; uint64_t stream; };
+ORION_WIRE_STRUCT(EventRecordReq, 16);
+struct EventElapsedReq { uint64_t start; uint64_t end; };
+ORION_WIRE_STRUCT(EventElapsedReq, 16);
+struct F32Rep { float ms; uint32_t reserved; };
+static_assert(sizeof(F32Rep) == 8);
+
+#undef ORION_WIRE_STRUCT
+
+}  // namespace orion

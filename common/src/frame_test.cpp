@@ -1,0 +1,85 @@
+#include "orion/common/frame.h"
+
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <set>
+#include <string>
+
+namespace orion {
+namespace {
+
+// Layout pins: these numbers are the wire format. Changing one is a protocol version bump.
+TEST(FrameLayout, HeaderIsPinned) {
+  EXPECT_EQ(sizeof(FrameHeader), 32u);
+  EXPECT_EQ(offsetof(FrameHeader, magic), 0u);
+  EXPECT_EQ(offsetof(FrameHeader, version), 4u);
+  EXPECT_EQ(offsetof(FrameHeader, op), 6u);
+  EXPECT_EQ(offsetof(FrameHeader, seq), 8u);
+  EXPECT_EQ(offsetof(FrameHeader, payload_len), 12u);
+  EXPECT_EQ(offsetof(FrameHeader, status), 16u);
+  EXPECT_EQ(offsetof(FrameHeader, deferred), 20u);
+  EXPECT_EQ(offsetof(FrameHeader, flags), 24u);
+}
+
+TEST(FrameLayout, PayloadsArePinned) {
+  EXPECT_EQ(sizeof(HelloReq), 88u);
+  EXPECT_EQ(offsetof(HelloReq, gmem_mib), 8u);
+  EXPECT_EQ(offsetof(HelloReq, process_name), 24u);
+  EXPECT_EQ(sizeof(DeviceInfo), 952u);
+  EXPECT_EQ(offsetof(DeviceInfo, total_mem), 272u);
+  EXPECT_EQ(offsetof(DeviceInfo, attributes), 280u);
+  EXPECT_EQ(sizeof(WelcomeRep), 80u);
+  EXPECT_EQ(sizeof(MemcpyReq), 32u);
+  EXPECT_EQ(sizeof(Memcpy2DReq), 64u);
+  EXPECT_EQ(offsetof(Memcpy2DReq, src_side), 56u);
+  EXPECT_EQ(sizeof(MemsetReq), 48u);
+  EXPECT_EQ(offsetof(MemsetReq, value), 40u);
+  EXPECT_EQ(sizeof(ModuleLoadReq), 24u);
+  EXPECT_EQ(sizeof(BlobPutReq), 48u);
+  EXPECT_EQ(sizeof(LaunchReq), 48u);
+  EXPECT_EQ(offsetof(LaunchReq, grid), 16u);
+  EXPECT_EQ(offsetof(LaunchReq, block), 28u);
+  EXPECT_EQ(offsetof(LaunchReq, shared_mem_bytes), 40u);
+  EXPECT_EQ(offsetof(LaunchReq, param_bytes), 44u);
+  EXPECT_EQ(sizeof(FunctionRep), 16u);
+  EXPECT_EQ(sizeof(OccupancyReq), 24u);
+  EXPECT_EQ(sizeof(StreamWaitEventReq), 24u);
+}
+
+TEST(Ops, NumbersAreStableAndNamed) {
+  // A few pinned numbers: never renumber.
+  EXPECT_EQ(static_cast<int>(Op::kHello), 1);
+  EXPECT_EQ(static_cast<int>(Op::kMemAlloc), 20);
+  EXPECT_EQ(static_cast<int>(Op::kLaunchKernel), 47);
+  EXPECT_EQ(static_cast<int>(Op::kEventElapsedTime), 70);
+  EXPECT_STREQ(OpName(47), "LaunchKernel");
+  EXPECT_EQ(OpName(0), nullptr);
+  EXPECT_EQ(OpName(9), nullptr);
+  EXPECT_EQ(OpName(65535), nullptr);
+  EXPECT_FALSE(OpKnown(0));
+}
+
+TEST(Ops, EveryOpHasAUniqueNameAndReplyKind) {
+  std::set<std::string> names;
+  int count = 0;
+#define ORION_OP(name, number, reply)                                               \
+  ++count;                                                                          \
+  EXPECT_TRUE(names.insert(#name).second) << #name;                                 \
+  EXPECT_STREQ(OpName(number), #name);                                              \
+  EXPECT_EQ(OpWantsReply(number), ReplyKind::reply == ReplyKind::kSync) << #name;
+#include "orion/common/ops.def"
+  EXPECT_EQ(static_cast<int>(names.size()), count);
+  EXPECT_TRUE(OpWantsReply(static_cast<uint16_t>(Op::kMemAlloc)));
+  EXPECT_FALSE(OpWantsReply(static_cast<uint16_t>(Op::kLaunchKernel)));
+}
+
+TEST(Frame, SpanRoundsToEight) {
+  EXPECT_EQ(FrameSpan(0), 32u);
+  EXPECT_EQ(FrameSpan(1), 40u);
+  EXPECT_EQ(FrameSpan(8), 40u);
+  EXPECT_EQ(FrameSpan(9), 48u);
+}
+
+}  // namespace
+}  // namespace orion

@@ -1,0 +1,127 @@
+// orion/ivshmem/region.h — the shared-memory region between guest runtimes and oriond.
+//
+// One file (/dev/shm/orionsock<N>, or a VM's ivshmem-plain BAR2 backed by that file) holds a
+// header, a channel table and the channels. Each channel is one client process's session: a
+// request ring, a reply ring and a data window (bulk bytes and pinned host allocations).
+// All references are offsets, never pointers. Spec: docs/spec/region.md.
+//
+//   auto region = MappedRegion::Open("/dev/shm/orionsock0", /*create_size=*/0);
+//   if (!region.ok()) ...;
+//   RegionView view(region->data(), region->size());   // client: validates the header
+//
+// oriond formats a region (FormatRegion) when it starts serving it; clients only attach.
+// Thread-safety: the structs are shared across processes; every atomic access names its partner.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "orion/common/status.h"
+
+namespace orion::ivshmem {
+
+inline constexpr uint64_t kRegionMagic = 0x314D48534E4F524FULL;  // "ORIONSHM1" (LE bytes "ORIONSHM1"[0..7])
+inline constexpr uint32_t kLayoutVersion = 1;
+inline constexpr uint32_t kCacheLine = 128;        // cursor separation (two 64 B lines: adjacent-line prefetch)
+inline constexpr uint32_t kHeaderBytes = 4096;     // header + channel table live in the first page
+inline constexpr uint32_t kMaxChannels = 30;
+inline constexpr uint64_t kMinChannelBytes = 4ull << 20;
+
+// Channel states (ChannelDesc::state).
+enum ChannelState : uint32_t {
+  kChannelFree = 0,     // nobody; a client may CAS it to kChannelClaimed
+  kChannelClaimed = 1,  // a client owns it and has sent (or is sending) Hello
+  kChannelActive = 2,   // a server worker serves it
+  kChannelDead = 3,     // the server ended the session (error, violation, refusal); the client
+                        // stops using it and oriond frees it when the client's lease goes stale
+                        // or the client writes kChannelDetached
+  kChannelDetached = 4, // the client is done with it; oriond resets it to kChannelFree
+};
+
+struct ChannelDesc {                 // 128 bytes, in the channel table
+  std::atomic<uint32_t> state;       // ChannelState
+  uint32_t session_id;               // written by oriond for diagnostics
+  std::atomic<uint64_t> client_lease;    // bumped by the client every kLeasePeriodMs
+  std::atomic<uint64_t> server_done_seq; // oriond: seq of the last executed frame (staging release)
+  std::atomic<int32_t> close_reason;     // oriond: a CUresult-space reason when it sets kChannelDead
+  uint32_t reserved0;
+  uint8_t reserved[96];
+};
+static_assert(sizeof(ChannelDesc) == 128);
+
+struct RegionHeader {
+  uint64_t magic;                    // kRegionMagic, written last by FormatRegion
+  uint32_t layout_version;           // kLayoutVersion
+  uint32_t header_bytes;             // kHeaderBytes
+  uint64_t region_bytes;
+  uint32_t channel_count;
+  uint32_t reserved0;
+  uint64_t channel_bytes;            // each channel's size; channel i starts at
+                                     // kHeaderBytes + i * channel_bytes
+  std::atomic<uint64_t> server_heartbeat;  // oriond bumps it every 100 ms
+  uint64_t server_epoch;             // random per FormatRegion: a client notices a restart
+  uint8_t reserved[72];
+  ChannelDesc channels[kMaxChannels];      // at offset 128
+};
+static_assert(offsetof(RegionHeader, channels) == 128);
+static_assert(sizeof(RegionHeader) <= kHeaderBytes);
+
+inline constexpr uint32_t kLeasePeriodMs = 100;
+
+// Where things are inside one channel: computed from the channel size alone, by both sides; never
+// read from shared memory.
+struct ChannelLayout {
+  uint64_t request_ring_offset, request_ring_bytes;   // cursors at the offset, bytes after 2 lines
+  uint64_t reply_ring_offset, reply_ring_bytes;
+  uint64_t window_offset, window_bytes;               // data window
+  uint64_t staging_bytes;                             // window[0, staging_bytes): bulk staging
+                                                      // window[staging_bytes, window_bytes): pinned heap
+  static ChannelLayout Compute(uint64_t channel_bytes);
+};
+
+// Number of channels a region of `region_bytes` holds at `channel_bytes` each.
+uint32_t ChannelCountFor(uint64_t region_bytes, uint64_t channel_bytes);
+
+// An mmap of a region file (or a sysfs BAR2 resource file). RAII: unmaps on destruction.
+class MappedRegion {
+ public:
+  // Opens `path` read-write and maps it. If `create_bytes` > 0 and the file does not exist, it is
+  // created with that size (mode 0660). Errors: kNotFound (no file), kPermissionDenied,
+  // kInvalidArgument (size 0 or not a multiple of 4096), kInternal (mmap).
+  static Result<MappedRegion> Open(const std::string& path, uint64_t create_bytes = 0);
+  MappedRegion(MappedRegion&& o) noexcept;
+  MappedRegion& operator=(MappedRegion&& o) noexcept;
+  MappedRegion(const MappedRegion&) = delete;
+  MappedRegion& operator=(const MappedRegion&) = delete;
+  ~MappedRegion();
+
+  uint8_t* data() const noexcept { return data_; }
+  uint64_t size() const noexcept { return size_; }
+  const std::string& path() const noexcept { return path_; }
+
+ private:
+  MappedRegion(uint8_t* d, uint64_t s, std::string p) : data_(d), size_(s), path_(std::move(p)) {}
+  uint8_t* data_ = nullptr;
+  uint64_t size_ = 0;
+  std::string path_;
+};
+
+// Server side: writes a fresh header and channel table for channels of `channel_bytes`; every
+// channel becomes kChannelFree with zeroed cursors. Errors: kInvalidArgument when not even one
+// channel fits.
+Status FormatRegion(uint8_t* base, uint64_t region_bytes, uint64_t channel_bytes);
+
+// Resets one channel (cursors, lease, state -> kChannelFree). Server side.
+void ResetChannel(uint8_t* base, const RegionHeader& trusted, uint32_t index);
+
+// Client side: validates a region's header (magic, version, sizes consistent with `region_bytes`).
+Result<const RegionHeader*> ValidateHeader(const uint8_t* base, uint64_t region_bytes);
+
+inline RegionHeader* Header(uint8_t* base) { return reinterpret_cast<RegionHeader*>(base); }
+inline uint8_t* ChannelBase(uint8_t* base, uint64_t channel_bytes, uint32_t index) {
+  return base + kHeaderBytes + uint64_t{index} * channel_bytes;
+}
+
+}  // namespace orion::ivshmem

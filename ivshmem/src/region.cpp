@@ -1,0 +1,173 @@
+#include "orion/ivshmem/region.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+
+#include "orion/ivshmem/ring.h"
+
+namespace orion::ivshmem {
+namespace {
+
+uint64_t FloorPow2(uint64_t v) { return v == 0 ? 0 : uint64_t{1} << (63 - __builtin_clzll(v)); }
+
+std::string Errno(const std::string& what, const std::string& path) {
+  return what + " " + path + ": " + std::strerror(errno);
+}
+
+}  // namespace
+
+ChannelLayout ChannelLayout::Compute(uint64_t channel_bytes) {
+  ChannelLayout l{};
+  // Rings: 1/32 of the channel for requests (at most 4 MiB), 1/4 of that for replies; powers of two.
+  const uint64_t req = std::min<uint64_t>(FloorPow2(channel_bytes / 32), 4ull << 20);
+  const uint64_t rep = std::max<uint64_t>(req / 4, 64 * 1024);
+  l.request_ring_offset = 0;
+  l.request_ring_bytes = req;
+  l.reply_ring_offset = kRingCursorBytes + req;
+  l.reply_ring_bytes = rep;
+  l.window_offset = (l.reply_ring_offset + kRingCursorBytes + rep + 4095) & ~uint64_t{4095};
+  l.window_bytes = channel_bytes > l.window_offset ? (channel_bytes - l.window_offset) & ~uint64_t{4095} : 0;
+  // Staging: half the window, at most 32 MiB; the rest is the pinned-allocation heap.
+  l.staging_bytes = std::min<uint64_t>((l.window_bytes / 2) & ~uint64_t{4095}, 32ull << 20);
+  return l;
+}
+
+uint32_t ChannelCountFor(uint64_t region_bytes, uint64_t channel_bytes) {
+  if (channel_bytes < kMinChannelBytes || region_bytes <= kHeaderBytes) return 0;
+  const uint64_t n = (region_bytes - kHeaderBytes) / channel_bytes;
+  return static_cast<uint32_t>(std::min<uint64_t>(n, kMaxChannels));
+}
+
+Result<MappedRegion> MappedRegion::Open(const std::string& path, uint64_t create_bytes) {
+  int flags = O_RDWR | O_CLOEXEC;
+  if (create_bytes > 0) flags |= O_CREAT;
+  const int fd = ::open(path.c_str(), flags, 0660);
+  if (fd < 0) {
+    if (errno == ENOENT) return NotFound(Errno("cannot open", path));
+    if (errno == EACCES || errno == EPERM) return Status(Code::kPermissionDenied, Errno("cannot open", path));
+    return Internal(Errno("cannot open", path));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    return Internal(Errno("cannot stat", path));
+  }
+  uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size == 0 && create_bytes > 0) {
+    if (::ftruncate(fd, static_cast<off_t>(create_bytes)) != 0) {
+      ::close(fd);
+      return Internal(Errno("cannot size", path));
+    }
+    size = create_bytes;
+  }
+  if (size == 0 && S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return InvalidArgument(path + " is empty");
+  }
+  if (!S_ISREG(st.st_mode)) {
+    // A sysfs resourceN file reports its BAR size as st_size too; anything else is refused.
+    ::close(fd);
+    return InvalidArgument(path + " is not a regular file");
+  }
+  if (size % 4096 != 0) {
+    ::close(fd);
+    return InvalidArgument(path + " size " + std::to_string(size) + " is not a multiple of 4096");
+  }
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) return Internal(Errno("cannot map", path));
+  return MappedRegion(static_cast<uint8_t*>(p), size, path);
+}
+
+MappedRegion::MappedRegion(MappedRegion&& o) noexcept
+    : data_(o.data_), size_(o.size_), path_(std::move(o.path_)) {
+  o.data_ = nullptr;
+  o.size_ = 0;
+}
+
+MappedRegion& MappedRegion::operator=(MappedRegion&& o) noexcept {
+  if (this != &o) {
+    if (data_ != nullptr) ::munmap(data_, size_);
+    data_ = o.data_;
+    size_ = o.size_;
+    path_ = std::move(o.path_);
+    o.data_ = nullptr;
+    o.size_ = 0;
+  }
+  return *this;
+}
+
+MappedRegion::~MappedRegion() {
+  if (data_ != nullptr) ::munmap(data_, size_);
+}
+
+Status FormatRegion(uint8_t* base, uint64_t region_bytes, uint64_t channel_bytes) {
+  const uint32_t n = ChannelCountFor(region_bytes, channel_bytes);
+  if (n == 0) {
+    return InvalidArgument("region of " + std::to_string(region_bytes >> 20) +
+                           " MiB holds no channel of " + std::to_string(channel_bytes >> 20) + " MiB");
+  }
+  RegionHeader* h = Header(base);
+  // Invalidate first so an attaching client never sees a half-written header as valid.
+  reinterpret_cast<std::atomic<uint64_t>*>(&h->magic)->store(0, std::memory_order_release);
+  std::memset(reinterpret_cast<uint8_t*>(h) + sizeof(uint64_t), 0, kHeaderBytes - sizeof(uint64_t));
+  h->layout_version = kLayoutVersion;
+  h->header_bytes = kHeaderBytes;
+  h->region_bytes = region_bytes;
+  h->channel_count = n;
+  h->channel_bytes = channel_bytes;
+  h->server_epoch = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
+  for (uint32_t i = 0; i < n; ++i) {
+    // Only the ring cursors need zeroing; window bytes are the client's business.
+    const ChannelLayout l = ChannelLayout::Compute(channel_bytes);
+    uint8_t* c = ChannelBase(base, channel_bytes, i);
+    std::memset(c + l.request_ring_offset, 0, kRingCursorBytes);
+    std::memset(c + l.reply_ring_offset, 0, kRingCursorBytes);
+  }
+  // F0: publishes the header; pairs with V0 in ValidateHeader.
+  reinterpret_cast<std::atomic<uint64_t>*>(&h->magic)->store(kRegionMagic, std::memory_order_release);
+  return Status::Ok();
+}
+
+void ResetChannel(uint8_t* base, const RegionHeader& trusted, uint32_t index) {
+  const ChannelLayout l = ChannelLayout::Compute(trusted.channel_bytes);
+  uint8_t* c = ChannelBase(base, trusted.channel_bytes, index);
+  std::memset(c + l.request_ring_offset, 0, kRingCursorBytes);
+  std::memset(c + l.reply_ring_offset, 0, kRingCursorBytes);
+  ChannelDesc& d = Header(base)->channels[index];
+  d.client_lease.store(0, std::memory_order_relaxed);
+  d.server_done_seq.store(0, std::memory_order_relaxed);
+  d.close_reason.store(0, std::memory_order_relaxed);
+  d.session_id = 0;
+  // R0: the cleared cursors are visible before the channel can be claimed; pairs with the
+  // client's acquire CAS on `state`.
+  d.state.store(kChannelFree, std::memory_order_release);
+}
+
+Result<const RegionHeader*> ValidateHeader(const uint8_t* base, uint64_t region_bytes) {
+  const auto* h = reinterpret_cast<const RegionHeader*>(base);
+  // V0: pairs with F0 in FormatRegion.
+  const uint64_t magic =
+      reinterpret_cast<const std::atomic<uint64_t>*>(&h->magic)->load(std::memory_order_acquire);
+  if (magic != kRegionMagic) {
+    return FailedPrecondition("region is not formatted (is oriond serving it?)");
+  }
+  if (h->layout_version != kLayoutVersion) {
+    return FailedPrecondition("region layout version " + std::to_string(h->layout_version) +
+                              " is not " + std::to_string(kLayoutVersion));
+  }
+  if (h->region_bytes != region_bytes || h->channel_count == 0 || h->channel_count > kMaxChannels ||
+      h->channel_bytes < kMinChannelBytes ||
+      kHeaderBytes + uint64_t{h->channel_count} * h->channel_bytes > region_bytes) {
+    return FailedPrecondition("region header is inconsistent with the region's size");
+  }
+  return h;
+}
+
+}  // namespace orion::ivshmem

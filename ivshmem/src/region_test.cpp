@@ -1,0 +1,79 @@
+#include "orion/ivshmem/region.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include "orion/ivshmem/ring.h"
+
+namespace orion::ivshmem {
+namespace {
+
+TEST(RegionLayout, HeaderIsPinned) {
+  EXPECT_EQ(sizeof(ChannelDesc), 128u);
+  EXPECT_EQ(offsetof(ChannelDesc, client_lease), 8u);
+  EXPECT_EQ(offsetof(ChannelDesc, server_done_seq), 16u);
+  EXPECT_EQ(offsetof(RegionHeader, channel_count), 24u);
+  EXPECT_EQ(offsetof(RegionHeader, channel_bytes), 32u);
+  EXPECT_EQ(offsetof(RegionHeader, server_heartbeat), 40u);
+  EXPECT_EQ(offsetof(RegionHeader, channels), 128u);
+}
+
+TEST(RegionLayout, ChannelLayoutFitsAndIsAligned) {
+  for (uint64_t mib : {4, 16, 64, 128, 1024}) {
+    const uint64_t bytes = mib << 20;
+    ChannelLayout l = ChannelLayout::Compute(bytes);
+    EXPECT_EQ(l.request_ring_bytes & (l.request_ring_bytes - 1), 0u) << mib;
+    EXPECT_EQ(l.reply_ring_bytes & (l.reply_ring_bytes - 1), 0u) << mib;
+    EXPECT_GE(l.reply_ring_offset, l.request_ring_offset + kRingCursorBytes + l.request_ring_bytes);
+    EXPECT_GE(l.window_offset, l.reply_ring_offset + kRingCursorBytes + l.reply_ring_bytes);
+    EXPECT_EQ(l.window_offset % 4096, 0u);
+    EXPECT_LE(l.window_offset + l.window_bytes, bytes);
+    EXPECT_GT(l.staging_bytes, 0u);
+    EXPECT_LT(l.staging_bytes, l.window_bytes);
+  }
+  EXPECT_EQ(ChannelCountFor(256ull << 20, 64ull << 20), 3u);  // the header page takes a slice
+  EXPECT_EQ(ChannelCountFor((256ull << 20) + 4096, 64ull << 20), 4u);
+  EXPECT_EQ(ChannelCountFor(16ull << 20, 64ull << 20), 0u);
+}
+
+TEST(Region, FormatValidateAndReset) {
+  char path[] = "/tmp/orion_region_testXXXXXX";
+  int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  unlink(path);
+  const uint64_t size = 64ull << 20;
+  auto r = MappedRegion::Open(path, size);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->size(), size);
+  EXPECT_EQ(ValidateHeader(r->data(), r->size()).status().code(), Code::kFailedPrecondition);
+  ASSERT_TRUE(FormatRegion(r->data(), size, 16ull << 20).ok());
+  auto h = ValidateHeader(r->data(), r->size());
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  EXPECT_EQ((*h)->channel_count, 3u);
+  // A lying header is refused.
+  Header(r->data())->channel_count = 99;
+  EXPECT_FALSE(ValidateHeader(r->data(), r->size()).ok());
+  Header(r->data())->channel_count = 3;
+  Header(r->data())->region_bytes = size * 2;
+  EXPECT_FALSE(ValidateHeader(r->data(), r->size()).ok());
+  Header(r->data())->region_bytes = size;
+  // Reset clears a used channel.
+  RegionHeader trusted{};
+  trusted.channel_bytes = 16ull << 20;
+  Header(r->data())->channels[1].state.store(kChannelDead);
+  Header(r->data())->channels[1].client_lease.store(42);
+  ResetChannel(r->data(), trusted, 1);
+  EXPECT_EQ(Header(r->data())->channels[1].state.load(), kChannelFree);
+  EXPECT_EQ(Header(r->data())->channels[1].client_lease.load(), 0u);
+  EXPECT_EQ(FormatRegion(r->data(), size, 128ull << 20).code(), Code::kInvalidArgument);
+  unlink(path);
+}
+
+TEST(Region, OpenErrorsAreClear) {
+  auto r = MappedRegion::Open("/nonexistent/dir/orionsock0");
+  EXPECT_EQ(r.status().code(), Code::kNotFound);
+}
+
+}  // namespace
+}  // namespace orion::ivshmem
