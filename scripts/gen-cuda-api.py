@@ -42,7 +42,9 @@ How
   older symbol (strictly increasing suffix); if cuda.h has `#define <name> <name>_vN`, the
   newest plain threshold must map to <name>_vN.  A family that still has more than one
   solution is reported as ambiguous and resolved by taking, for each row, the newest symbol.
-  Anything that cannot be mapped is printed on stdout and left out.
+  Anything that cannot be mapped is printed on stdout and left out.  ALIAS_ROWS adds the one row
+  that cuda.h implies through a `#define cuX cuY` with a different base name instead of through a
+  PFN typedef (cuGraphInstantiate@12000 -> cuGraphInstantiateWithFlags).
 """
 
 import argparse
@@ -544,6 +546,7 @@ def main():
                     pfn, sym, ", ".join(s for s in matches[i] if s != sym)))
             rows.append((name, ver, kind, sym))
 
+    alias_added = []
     for name, ver, kind, sym in ALIAS_ROWS:
         fam = [r for r in rows if r[0] == name and r[2] == kind]
         if current.get(name) != sym or sym not in protos:
@@ -553,6 +556,7 @@ def main():
             print("alias row %s@%d -> %s dropped: a PFN typedef now covers it" % (name, ver, sym))
         else:
             rows.append((name, ver, kind, sym))
+            alias_added.append((name, ver, kind, sym))
             order_resolved.append("%s@%d -> %s (alias row: #define %s %s, not a PFN typedef)" % (
                 name, ver, sym, name, sym))
 
@@ -584,6 +588,7 @@ def main():
     rows.sort(key=lambda r: (r[0], r[2] != "DEFAULT", r[1]))
     names = sorted({r[0] for r in rows})
     n_ptds = sum(1 for r in rows if r[2] == "PTDS")
+    n_alias = len(alias_added)
     rel_out = os.path.relpath(a.out, root)
     lines = []
     lines.append("/* %s -- GENERATED, DO NOT EDIT." % rel_out)
@@ -601,7 +606,8 @@ def main():
     lines.append(" *   whose prototype matches the typedef.  Lookup: among rows with the same name and")
     lines.append(" *   flags_kind take the greatest version <= the requested cudaVersion; for a")
     lines.append(" *   CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM request with no such PTDS row, use")
-    lines.append(" *   the DEFAULT rows.")
+    lines.append(" *   the DEFAULT rows.  %d row(s) come from a cuda.h `#define cuX cuY` alias rather than" % n_alias)
+    lines.append(" *   a PFN typedef: %s." % ", ".join("%s@%d -> %s" % (r[0], r[1], r[3]) for r in alias_added))
     lines.append(" *")
     lines.append(" * Each list is emitted only if its macro is defined, so a user may define one,")
     lines.append(" * include this file, and #undef it afterwards.")
@@ -622,6 +628,9 @@ def main():
     # ---- report --------------------------------------------------------------------------
     print("wrote %s: %d symbols, %d proc rows (%d names, %d PTDS rows)" % (
         a.out, len(symbols), len(rows), len(names), n_ptds))
+    for cname, _ in CONFIGS:
+        print("  declared in the %s view: %d" % (
+            cname, sum(1 for s in symbols if cname in declared_in[s])))
     print("unmapped PFN typedefs (%d):" % len(unmapped))
     for pfn, why in unmapped:
         print("  %s: %s" % (pfn, why))

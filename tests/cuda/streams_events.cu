@@ -27,7 +27,7 @@ __global__ void k_axpi(int* out, const int* in, int n, int m) {
 static const size_t MiB = 1 << 20;
 
 static void memset_chain(cudaStream_t s1, cudaStream_t s2, int round) {
-  const size_t n = (size_t)(16 + round * 8) * MiB + round * 3;
+  const size_t n = (size_t)(8 + round * 4) * MiB + round * 3;  // at most 3 x 16 MiB live
   const size_t off = 4096 + 17 * round, len = MiB + 5;
   unsigned char *a, *b, *c, *h;
   CUDA_OK(cudaMalloc((void**)&a, n));

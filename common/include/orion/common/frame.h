@@ -63,7 +63,8 @@ constexpr uint32_t FrameSpan(uint32_t payload_len) noexcept {
 }
 
 // Private CUresult-space status codes used only on the wire (never returned to applications).
-inline constexpr int32_t kStatusNeedBytes = 0x4F520001;  // ModuleLoad: send the image with BlobPut
+inline constexpr int32_t kStatusNeedBytes = 1001;  // ModuleLoad: send the image with BlobPut (no
+                                                   // CUresult has this value; inside the enum's range)
 
 // ---- Payloads -------------------------------------------------------------------------------
 // Naming: <Op>Req is the request payload, <Op>Rep the reply payload. Handles (contexts, modules,

@@ -1,0 +1,543 @@
+// Exported driver API: modules and libraries, functions and kernels, globals, launches, occupancy.
+// Module images cross once per host: the guest sends a content hash (XXH3-128) first and the
+// bytes only when oriond's cache lacks them.
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include <cstring>
+
+#include "export.h"
+#include "orion/host/fatbin.h"
+#include "state.h"
+
+using namespace orion;
+using namespace orion::guest;
+
+namespace {
+
+constexpr uint32_t kFatbinWrapperMagic = 0x466243B1;  // __fatBinC_Wrapper_t (recipes.md)
+
+CUresult NeedCtx() {
+  if (!Client::Get().connected()) return CUDA_ERROR_NOT_INITIALIZED;
+  return CurrentCtx() == nullptr ? CUDA_ERROR_INVALID_CONTEXT : CUDA_SUCCESS;
+}
+
+// Resolves a fatbin wrapper to its data and measures the image.
+CUresult ImageSpan(const void* image, const uint8_t** data, uint64_t* bytes) {
+  if (image == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const auto* p = static_cast<const uint8_t*>(image);
+  uint32_t magic;
+  std::memcpy(&magic, p, 4);
+  if (magic == kFatbinWrapperMagic) {
+    const void* inner;
+    std::memcpy(&inner, p + 8, sizeof inner);  // {u32 magic, u32 version, data, filename}
+    if (inner == nullptr) return CUDA_ERROR_INVALID_IMAGE;
+    p = static_cast<const uint8_t*>(inner);
+  }
+  auto size = fatbin::ImageSize(p, uint64_t{1} << 31);
+  if (!size.ok()) {
+    LogWarn("cannot load module image: " + size.status().message());
+    return CUDA_ERROR_INVALID_IMAGE;
+  }
+  *data = p;
+  *bytes = *size;
+  return CUDA_SUCCESS;
+}
+
+CUresult LoadModule(const void* image, GuestModule** out) {
+  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  const uint8_t* data = nullptr;
+  uint64_t bytes = 0;
+  if (CUresult r = ImageSpan(image, &data, &bytes); r != CUDA_SUCCESS) return r;
+  const XXH128_hash_t h = XXH3_128bits(data, bytes);
+  ModuleLoadReq q{h.low64, h.high64, bytes};
+  ModuleLoadRep rep{};
+  Client& c = Client::Get();
+  CUresult r = c.Call(Op::kModuleLoad, &q, sizeof q, &rep, sizeof rep);
+  if (r == static_cast<CUresult>(kStatusNeedBytes)) {
+    if (CUresult u = c.UploadBlob(h.low64, h.high64, data, bytes); u != CUDA_SUCCESS) return u;
+    r = c.Call(Op::kModuleLoad, &q, sizeof q, &rep, sizeof rep);
+  }
+  if (r != CUDA_SUCCESS) return r;
+  auto* m = new GuestModule();
+  m->handle = rep.module;
+  m->ctx = CurrentCtx();
+  S().modules.Add(m);
+  *out = m;
+  return CUDA_SUCCESS;
+}
+
+GuestModule* AsModule(const void* h) {
+  return S().modules.Has(h) ? static_cast<GuestModule*>(const_cast<void*>(h)) : nullptr;
+}
+GuestFunction* AsFunction(const void* h) {
+  return S().functions.Has(h) ? static_cast<GuestFunction*>(const_cast<void*>(h)) : nullptr;
+}
+
+CUresult GetFunction(GuestModule* m, const char* name, GuestFunction** out) {
+  if (m == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (name == nullptr || out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  {
+    std::lock_guard<std::mutex> l(m->mu);
+    if (auto it = m->functions.find(name); it != m->functions.end()) {
+      *out = it->second;
+      return CUDA_SUCCESS;
+    }
+  }
+  const size_t len = std::strlen(name);
+  if (len > 4 * kNameLen) return CUDA_ERROR_INVALID_VALUE;
+  ModuleSymbolReq q{m->handle, static_cast<uint32_t>(len + 1), 0};
+  std::vector<uint8_t> rep(sizeof(FunctionRep) + kMaxKernelParams * sizeof(ParamInfo));
+  uint32_t rep_len = 0;
+  CUresult r = Client::Get().Call(Op::kModuleGetFunction, &q, sizeof q, rep.data(),
+                                  static_cast<uint32_t>(rep.size()), &rep_len, name,
+                                  static_cast<uint32_t>(len + 1));
+  if (r != CUDA_SUCCESS) return r;
+  FunctionRep fr{};
+  if (rep_len < sizeof fr) return CUDA_ERROR_UNKNOWN;
+  std::memcpy(&fr, rep.data(), sizeof fr);
+  if (fr.param_count > kMaxKernelParams || rep_len < sizeof fr + fr.param_count * sizeof(ParamInfo))
+    return CUDA_ERROR_UNKNOWN;
+  auto* f = new GuestFunction();
+  f->handle = fr.function;
+  f->module = m;
+  f->name = name;
+  f->param_bytes = fr.param_bytes;
+  f->params.resize(fr.param_count);
+  std::memcpy(f->params.data(), rep.data() + sizeof fr, fr.param_count * sizeof(ParamInfo));
+  for (const ParamInfo& p : f->params) {
+    if (uint64_t{p.offset} + p.size > f->param_bytes) return CUDA_ERROR_UNKNOWN;
+  }
+  std::lock_guard<std::mutex> l(m->mu);
+  auto [it, inserted] = m->functions.emplace(name, f);
+  if (inserted) S().functions.Add(f); else delete f;
+  *out = it->second;
+  return CUDA_SUCCESS;
+}
+
+CUresult GetGlobal(GuestModule* m, CUdeviceptr* dptr, size_t* bytes, const char* name) {
+  if (m == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const size_t len = std::strlen(name);
+  if (len > 4 * kNameLen) return CUDA_ERROR_INVALID_VALUE;
+  ModuleSymbolReq q{m->handle, static_cast<uint32_t>(len + 1), 0};
+  GlobalRep rep{};
+  CUresult r = Client::Get().Call(Op::kModuleGetGlobal, &q, sizeof q, &rep, sizeof rep, nullptr, name,
+                                  static_cast<uint32_t>(len + 1));
+  if (r != CUDA_SUCCESS) return r;
+  if (!S().mirror.Find(rep.dptr, rep.bytes, nullptr)) {
+    S().mirror.Add({rep.dptr, rep.bytes, RangeKind::kGlobal, m->ctx, nullptr});
+    std::lock_guard<std::mutex> l(m->mu);
+    m->globals.push_back(rep.dptr);
+  }
+  if (dptr != nullptr) *dptr = rep.dptr;
+  if (bytes != nullptr) *bytes = rep.bytes;
+  return CUDA_SUCCESS;
+}
+
+CUresult Unload(GuestModule* m) {
+  if (m == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  HandleReq q{m->handle};
+  CUresult r = Client::Get().Call(Op::kModuleUnload, &q, sizeof q);
+  S().modules.Remove(m);
+  std::lock_guard<std::mutex> l(m->mu);
+  for (auto& [name, f] : m->functions) S().functions.Remove(f);
+  for (uint64_t g : m->globals) S().mirror.Remove(g, nullptr);
+  return r;
+}
+
+CUresult Launch(CUfunction hf, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                unsigned smem, CUstream hs, void** params, void** extra) {
+  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  GuestFunction* f = AsFunction(hf);
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  uint64_t stream = 0;
+  if (!StreamId(hs, &stream)) return CUDA_ERROR_INVALID_HANDLE;
+  if (gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0) return CUDA_ERROR_INVALID_VALUE;
+  const void* buffer = nullptr;
+  size_t buffer_size = 0;
+  if (extra != nullptr) {
+    // CU_LAUNCH_PARAM_BUFFER_POINTER / _SIZE pairs, CU_LAUNCH_PARAM_END.
+    for (size_t i = 0; extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+      if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) buffer = extra[i + 1];
+      else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE) buffer_size = *static_cast<size_t*>(extra[i + 1]);
+      else return CUDA_ERROR_INVALID_VALUE;
+      if (i > 64) return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (params != nullptr || buffer == nullptr || buffer_size < f->param_bytes) return CUDA_ERROR_INVALID_VALUE;
+  } else if (params == nullptr && !f->params.empty()) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  LaunchReq q{};
+  q.function = f->handle;
+  q.stream = stream;
+  q.grid[0] = gx; q.grid[1] = gy; q.grid[2] = gz;
+  q.block[0] = bx; q.block[1] = by; q.block[2] = bz;
+  q.shared_mem_bytes = smem;
+  q.param_bytes = f->param_bytes;
+  return Client::Get().SendLaunch(q, [&](uint8_t* out) {
+    if (buffer != nullptr) {
+      std::memcpy(out, buffer, f->param_bytes);
+      return;
+    }
+    std::memset(out, 0, f->param_bytes);
+    for (size_t i = 0; i < f->params.size(); ++i) {
+      std::memcpy(out + f->params[i].offset, params[i], f->params[i].size);
+    }
+  });
+}
+
+}  // namespace
+
+extern "C" {
+
+ORION_EXPORT CUresult CUDAAPI cuModuleLoadData(CUmodule* module, const void* image) {
+  ORION_API(cuModuleLoadData);
+  if (module == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  GuestModule* m = nullptr;
+  CUresult r = LoadModule(image, &m);
+  if (r == CUDA_SUCCESS) *module = reinterpret_cast<CUmodule>(m);
+  return r;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuModuleLoadDataEx(CUmodule* module, const void* image, unsigned int n,
+                                                 CUjit_option* options, void** values) {
+  ORION_API(cuModuleLoadDataEx);
+  (void)n; (void)options; (void)values;  // JIT options only tune PTX compilation on the server
+  if (module == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  GuestModule* m = nullptr;
+  CUresult r = LoadModule(image, &m);
+  if (r == CUDA_SUCCESS) *module = reinterpret_cast<CUmodule>(m);
+  return r;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuModuleLoadFatBinary(CUmodule* module, const void* fatCubin) {
+  ORION_API(cuModuleLoadFatBinary);
+  if (module == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  GuestModule* m = nullptr;
+  CUresult r = LoadModule(fatCubin, &m);
+  if (r == CUDA_SUCCESS) *module = reinterpret_cast<CUmodule>(m);
+  return r;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuModuleLoad(CUmodule* module, const char* fname) {
+  ORION_API(cuModuleLoad);
+  if (module == nullptr || fname == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  FILE* f = std::fopen(fname, "rb");
+  if (f == nullptr) return CUDA_ERROR_FILE_NOT_FOUND;
+  std::vector<uint8_t> bytes;
+  uint8_t buf[65536];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) bytes.insert(bytes.end(), buf, buf + n);
+  std::fclose(f);
+  bytes.push_back(0);  // PTX text must be NUL-terminated
+  GuestModule* m = nullptr;
+  CUresult r = LoadModule(bytes.data(), &m);
+  if (r == CUDA_SUCCESS) *module = reinterpret_cast<CUmodule>(m);
+  return r;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuModuleUnload(CUmodule hmod) {
+  ORION_API(cuModuleUnload);
+  return Unload(AsModule(hmod));
+}
+
+ORION_EXPORT CUresult CUDAAPI cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod, const char* name) {
+  ORION_API(cuModuleGetFunction);
+  GuestFunction* f = nullptr;
+  CUresult r = GetFunction(AsModule(hmod), name, &f);
+  if (r == CUDA_SUCCESS) *hfunc = reinterpret_cast<CUfunction>(f);
+  return r;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuModuleGetGlobal_v2(CUdeviceptr* dptr, size_t* bytes, CUmodule hmod,
+                                                   const char* name) {
+  ORION_API(cuModuleGetGlobal_v2);
+  return GetGlobal(AsModule(hmod), dptr, bytes, name);
+}
+
+// Libraries (CUDA 12+, what cudart 13 uses): a CUlibrary is a module loaded in the session, a
+// CUkernel is its function (context-independent on the server, so the same handle serves both).
+ORION_EXPORT CUresult CUDAAPI cuLibraryLoadData(CUlibrary* library, const void* code, CUjit_option* jitOptions,
+                                                void** jitOptionsValues, unsigned int numJitOptions,
+                                                CUlibraryOption* libraryOptions, void** libraryOptionValues,
+                                                unsigned int numLibraryOptions) {
+  ORION_API(cuLibraryLoadData);
+  (void)jitOptions; (void)jitOptionsValues; (void)numJitOptions;
+  (void)libraryOptions; (void)libraryOptionValues; (void)numLibraryOptions;
+  if (library == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!Client::Get().connected()) return CUDA_ERROR_NOT_INITIALIZED;
+  GuestModule* m = nullptr;
+  // A library needs no current context; the server loads it context-independently.
+  GuestCtx* saved = CurrentCtx();
+  if (saved == nullptr) {
+    CUcontext c = nullptr;
+    if (CUresult r = cuDevicePrimaryCtxRetain(&c, 0); r != CUDA_SUCCESS) return r;
+    cuCtxPushCurrent_v2(c);
+  }
+  CUresult r = LoadModule(code, &m);
+  if (saved == nullptr) {
+    CUcontext c = nullptr;
+    cuCtxPopCurrent_v2(&c);
+    cuDevicePrimaryCtxRelease_v2(0);
+  }
+  if (r == CUDA_SUCCESS) *library = reinterpret_cast<CUlibrary>(m);
+  return r;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuLibraryUnload(CUlibrary library) {
+  ORION_API(cuLibraryUnload);
+  return Unload(AsModule(library));
+}
+
+ORION_EXPORT CUresult CUDAAPI cuLibraryGetKernel(CUkernel* pKernel, CUlibrary library, const char* name) {
+  ORION_API(cuLibraryGetKernel);
+  if (pKernel == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  GuestFunction* f = nullptr;
+  CUresult r = GetFunction(AsModule(library), name, &f);
+  if (r == CUDA_SUCCESS) *pKernel = reinterpret_cast<CUkernel>(f);
+  return r;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuLibraryGetModule(CUmodule* pMod, CUlibrary library) {
+  ORION_API(cuLibraryGetModule);
+  if (pMod == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (AsModule(library) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  *pMod = reinterpret_cast<CUmodule>(library);
+  return CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuLibraryGetGlobal(CUdeviceptr* dptr, size_t* bytes, CUlibrary library,
+                                                 const char* name) {
+  ORION_API(cuLibraryGetGlobal);
+  return GetGlobal(AsModule(library), dptr, bytes, name);
+}
+
+ORION_EXPORT CUresult CUDAAPI cuKernelGetFunction(CUfunction* pFunc, CUkernel kernel) {
+  ORION_API(cuKernelGetFunction);
+  if (pFunc == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (AsFunction(kernel) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  *pFunc = reinterpret_cast<CUfunction>(kernel);
+  return CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuKernelGetName(const char** name, CUkernel hfunc) {
+  ORION_API(cuKernelGetName);
+  GuestFunction* f = AsFunction(hfunc);
+  if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  *name = f->name.c_str();
+  return CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuFuncGetName(const char** name, CUfunction hfunc) {
+  ORION_API(cuFuncGetName);
+  GuestFunction* f = AsFunction(hfunc);
+  if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  *name = f->name.c_str();
+  return CUDA_SUCCESS;
+}
+
+static CUresult ParamInfoOf(const void* h, size_t index, size_t* off, size_t* size) {
+  GuestFunction* f = AsFunction(h);
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (index >= f->params.size()) return CUDA_ERROR_INVALID_VALUE;
+  if (off != nullptr) *off = f->params[index].offset;
+  if (size != nullptr) *size = f->params[index].size;
+  return CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuFuncGetParamInfo(CUfunction func, size_t paramIndex, size_t* paramOffset,
+                                                 size_t* paramSize) {
+  ORION_API(cuFuncGetParamInfo);
+  return ParamInfoOf(func, paramIndex, paramOffset, paramSize);
+}
+
+ORION_EXPORT CUresult CUDAAPI cuKernelGetParamInfo(CUkernel kernel, size_t paramIndex, size_t* paramOffset,
+                                                   size_t* paramSize) {
+  ORION_API(cuKernelGetParamInfo);
+  return ParamInfoOf(kernel, paramIndex, paramOffset, paramSize);
+}
+
+static CUresult FuncAttr(const void* h, int* pi, CUfunction_attribute attrib) {
+  GuestFunction* f = AsFunction(h);
+  if (pi == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  FuncAttributeReq q{f->handle, static_cast<int32_t>(attrib), 0};
+  I32Rep rep{};
+  CUresult r = Client::Get().Call(Op::kFuncGetAttribute, &q, sizeof q, &rep, sizeof rep);
+  if (r == CUDA_SUCCESS) *pi = rep.value;
+  return r;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuFuncGetAttribute(int* pi, CUfunction_attribute attrib, CUfunction hfunc) {
+  ORION_API(cuFuncGetAttribute);
+  return FuncAttr(hfunc, pi, attrib);
+}
+
+ORION_EXPORT CUresult CUDAAPI cuKernelGetAttribute(int* pi, CUfunction_attribute attrib, CUkernel kernel,
+                                                   CUdevice dev) {
+  ORION_API(cuKernelGetAttribute);
+  (void)dev;
+  return FuncAttr(kernel, pi, attrib);
+}
+
+static CUresult FuncSetAttr(const void* h, CUfunction_attribute attrib, int value) {
+  GuestFunction* f = AsFunction(h);
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  FuncAttributeReq q{f->handle, static_cast<int32_t>(attrib), value};
+  return Client::Get().Call(Op::kFuncSetAttribute, &q, sizeof q);
+}
+
+ORION_EXPORT CUresult CUDAAPI cuFuncSetAttribute(CUfunction hfunc, CUfunction_attribute attrib, int value) {
+  ORION_API(cuFuncSetAttribute);
+  return FuncSetAttr(hfunc, attrib, value);
+}
+
+ORION_EXPORT CUresult CUDAAPI cuKernelSetAttribute(CUfunction_attribute attrib, int val, CUkernel kernel,
+                                                   CUdevice dev) {
+  ORION_API(cuKernelSetAttribute);
+  (void)dev;
+  return FuncSetAttr(kernel, attrib, val);
+}
+
+ORION_EXPORT CUresult CUDAAPI cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_cache config) {
+  ORION_API(cuFuncSetCacheConfig);
+  (void)config;  // a preference (CUDA docs); accepted and not forwarded
+  return AsFunction(hfunc) == nullptr ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuKernelSetCacheConfig(CUkernel kernel, CUfunc_cache config, CUdevice dev) {
+  ORION_API(cuKernelSetCacheConfig);
+  (void)config; (void)dev;
+  return AsFunction(kernel) == nullptr ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuFuncGetModule(CUmodule* hmod, CUfunction hfunc) {
+  ORION_API(cuFuncGetModule);
+  GuestFunction* f = AsFunction(hfunc);
+  if (hmod == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  *hmod = reinterpret_cast<CUmodule>(f->module);
+  return CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuFuncIsLoaded(CUfunctionLoadingState* state, CUfunction function) {
+  ORION_API(cuFuncIsLoaded);
+  if (state == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (AsFunction(function) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  *state = CU_FUNCTION_LOADING_STATE_LOADED;
+  return CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuFuncLoad(CUfunction function) {
+  ORION_API(cuFuncLoad);
+  return AsFunction(function) == nullptr ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                                             unsigned int bx, unsigned int by, unsigned int bz, unsigned int smem,
+                                             CUstream s, void** params, void** extra) {
+  ORION_API(cuLaunchKernel);
+  return Launch(f, gx, gy, gz, bx, by, bz, smem, s, params, extra);
+}
+
+ORION_EXPORT CUresult CUDAAPI cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                                                  unsigned int bx, unsigned int by, unsigned int bz,
+                                                  unsigned int smem, CUstream s, void** params, void** extra) {
+  ORION_API(cuLaunchKernel_ptsz);
+  return Launch(f, gx, gy, gz, bx, by, bz, smem, s, params, extra);
+}
+
+static CUresult LaunchEx(const CUlaunchConfig* config, CUfunction f, void** params, void** extra) {
+  if (config == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  for (unsigned i = 0; i < config->numAttrs; ++i) {
+    const CUlaunchAttribute& a = config->attrs[i];
+    switch (a.id) {
+      case CU_LAUNCH_ATTRIBUTE_IGNORE:
+        break;
+      case CU_LAUNCH_ATTRIBUTE_COOPERATIVE:
+      case CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION:
+      case CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
+        if (a.id == CU_LAUNCH_ATTRIBUTE_COOPERATIVE && a.value.cooperative == 0) break;
+        if (a.id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION && a.value.clusterDim.x * a.value.clusterDim.y *
+                                                                     a.value.clusterDim.z <= 1)
+          break;
+        if (a.id == CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE) break;
+        LogWarn("cuLaunchKernelEx: launch attribute " + std::to_string(a.id) + " is not supported");
+        return CUDA_ERROR_NOT_SUPPORTED;
+      default:
+        LogWarn("cuLaunchKernelEx: launch attribute " + std::to_string(a.id) + " is not supported");
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+  }
+  return Launch(f, config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX, config->blockDimY,
+                config->blockDimZ, config->sharedMemBytes, config->hStream, params, extra);
+}
+
+ORION_EXPORT CUresult CUDAAPI cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** params,
+                                               void** extra) {
+  ORION_API(cuLaunchKernelEx);
+  return LaunchEx(config, f, params, extra);
+}
+
+ORION_EXPORT CUresult CUDAAPI cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f, void** params,
+                                                    void** extra) {
+  ORION_API(cuLaunchKernelEx_ptsz);
+  return LaunchEx(config, f, params, extra);
+}
+
+static CUresult Occupancy(int* numBlocks, const void* func, int blockSize, size_t smem, unsigned flags) {
+  GuestFunction* f = AsFunction(func);
+  if (numBlocks == nullptr || blockSize <= 0) return CUDA_ERROR_INVALID_VALUE;
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  OccupancyReq q{f->handle, static_cast<uint32_t>(blockSize), flags, smem};
+  I32Rep rep{};
+  CUresult r = Client::Get().Call(Op::kOccupancyMaxBlocks, &q, sizeof q, &rep, sizeof rep);
+  if (r == CUDA_SUCCESS) *numBlocks = rep.value;
+  return r;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuOccupancyMaxActiveBlocksPerMultiprocessor(int* numBlocks, CUfunction func,
+                                                                          int blockSize, size_t smem) {
+  ORION_API(cuOccupancyMaxActiveBlocksPerMultiprocessor);
+  return Occupancy(numBlocks, func, blockSize, smem, 0);
+}
+
+ORION_EXPORT CUresult CUDAAPI cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* numBlocks, CUfunction func,
+                                                                                   int blockSize, size_t smem,
+                                                                                   unsigned int flags) {
+  ORION_API(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags);
+  return Occupancy(numBlocks, func, blockSize, smem, flags);
+}
+
+ORION_EXPORT CUresult CUDAAPI cuOccupancyMaxPotentialBlockSize(int* minGridSize, int* blockSize, CUfunction func,
+                                                               CUoccupancyB2DSize blockSizeToDynamicSMemSize,
+                                                               size_t dynamicSMemSize, int blockSizeLimit) {
+  ORION_API(cuOccupancyMaxPotentialBlockSize);
+  if (minGridSize == nullptr || blockSize == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  GuestFunction* f = AsFunction(func);
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  int max_threads = 0;
+  if (CUresult r = FuncAttr(func, &max_threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK); r != CUDA_SUCCESS)
+    return r;
+  if (blockSizeLimit > 0) max_threads = std::min(max_threads, blockSizeLimit);
+  const int sms = Client::Get().devices()[0].attributes[CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT];
+  int best_block = 0, best_threads = -1, best_blocks = 0;
+  for (int b = (max_threads / 32) * 32; b >= 32; b -= 32) {
+    const size_t smem = blockSizeToDynamicSMemSize != nullptr ? blockSizeToDynamicSMemSize(b) : dynamicSMemSize;
+    int blocks = 0;
+    if (CUresult r = Occupancy(&blocks, func, b, smem, 0); r != CUDA_SUCCESS) return r;
+    if (blocks * b > best_threads) {
+      best_threads = blocks * b;
+      best_block = b;
+      best_blocks = blocks;
+    }
+  }
+  *blockSize = best_block;
+  *minGridSize = best_blocks * sms;
+  return CUDA_SUCCESS;
+}
+
+}  // extern "C"

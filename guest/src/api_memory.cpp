@@ -1,0 +1,519 @@
+// Exported driver API: device memory, pinned memory, copies, memsets, pointer attributes.
+// Device ranges are checked against the session's mirror first, so bad pointers fail at once with
+// CUDA_ERROR_INVALID_VALUE as with NVIDIA's driver; oriond checks again (it trusts nothing).
+#include <cstdlib>
+#include <cstring>
+
+#include "export.h"
+#include "state.h"
+
+using namespace orion;
+using namespace orion::guest;
+
+namespace {
+
+CUresult NeedCtx() {
+  if (!Client::Get().connected()) return CUDA_ERROR_NOT_INITIALIZED;
+  return CurrentCtx() == nullptr ? CUDA_ERROR_INVALID_CONTEXT : CUDA_SUCCESS;
+}
+
+bool DeviceOk(uint64_t p, uint64_t bytes) { return S().mirror.Find(p, bytes, nullptr); }
+
+CUresult HtoD(CUdeviceptr dst, const void* src, size_t n, CUstream hs, bool async) {
+  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  uint64_t stream = 0;
+  if (!StreamId(hs, &stream)) return CUDA_ERROR_INVALID_HANDLE;
+  if (n == 0) return CUDA_SUCCESS;
+  if (src == nullptr || !DeviceOk(dst, n)) return CUDA_ERROR_INVALID_VALUE;
+  return Client::Get().CopyHtoD(dst, src, n, stream, !async);
+}
+
+CUresult DtoH(void* dst, CUdeviceptr src, size_t n, CUstream hs, bool async) {
+  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  uint64_t stream = 0;
+  if (!StreamId(hs, &stream)) return CUDA_ERROR_INVALID_HANDLE;
+  if (n == 0) return CUDA_SUCCESS;
+  if (dst == nullptr || !DeviceOk(src, n)) return CUDA_ERROR_INVALID_VALUE;
+  return Client::Get().CopyDtoH(dst, src, n, stream, async);
+}
+
+CUresult DtoD(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream hs) {
+  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  uint64_t stream = 0;
+  if (!StreamId(hs, &stream)) return CUDA_ERROR_INVALID_HANDLE;
+  if (n == 0) return CUDA_SUCCESS;
+  if (!DeviceOk(dst, n) || !DeviceOk(src, n)) return CUDA_ERROR_INVALID_VALUE;
+  MemcpyReq q{dst, src, n, stream};
+  return Client::Get().Send(Op::kMemcpyDtoD, &q, sizeof q);
+}
+
+// cuMemcpy / cuMemcpyAsync: unified addressing; the direction comes from where each pointer lives.
+CUresult Unified(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream hs, bool async) {
+  const bool d_dev = DeviceOk(dst, n), s_dev = DeviceOk(src, n);
+  if (d_dev && s_dev) return DtoD(dst, src, n, hs);
+  if (d_dev) return HtoD(dst, reinterpret_cast<const void*>(src), n, hs, async);
+  if (s_dev) return DtoH(reinterpret_cast<void*>(dst), src, n, hs, async);
+  if (n != 0) std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), n);
+  return CUDA_SUCCESS;
+}
+
+CUresult Copy2D(const CUDA_MEMCPY2D* c, CUstream hs, bool async) {
+  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  if (c == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  uint64_t stream = 0;
+  if (!StreamId(hs, &stream)) return CUDA_ERROR_INVALID_HANDLE;
+  CUDA_MEMCPY2D k = *c;
+  // Unified pointers: resolve to host or device.
+  if (k.srcMemoryType == CU_MEMORYTYPE_UNIFIED) {
+    k.srcMemoryType = DeviceOk(k.srcDevice, 1) ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
+    if (k.srcMemoryType == CU_MEMORYTYPE_HOST) k.srcHost = reinterpret_cast<const void*>(k.srcDevice);
+  }
+  if (k.dstMemoryType == CU_MEMORYTYPE_UNIFIED) {
+    k.dstMemoryType = DeviceOk(k.dstDevice, 1) ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
+    if (k.dstMemoryType == CU_MEMORYTYPE_HOST) k.dstHost = reinterpret_cast<void*>(k.dstDevice);
+  }
+  if (k.WidthInBytes == 0 || k.Height == 0) return CUDA_SUCCESS;
+  auto dev_ok = [](CUdeviceptr base, size_t x, size_t y, size_t pitch, size_t w, size_t h) {
+    const uint64_t first = base + y * pitch + x;
+    return DeviceOk(first, (h - 1) * pitch + w);
+  };
+  if (k.srcMemoryType == CU_MEMORYTYPE_DEVICE &&
+      !dev_ok(k.srcDevice, k.srcXInBytes, k.srcY, k.srcPitch, k.WidthInBytes, k.Height))
+    return CUDA_ERROR_INVALID_VALUE;
+  if (k.dstMemoryType == CU_MEMORYTYPE_DEVICE &&
+      !dev_ok(k.dstDevice, k.dstXInBytes, k.dstY, k.dstPitch, k.WidthInBytes, k.Height))
+    return CUDA_ERROR_INVALID_VALUE;
+  return Client::Get().Copy2D(k, stream, async);
+}
+
+CUresult Memset(CUdeviceptr dst, uint32_t value, uint32_t elem, size_t width, size_t height, size_t pitch,
+                CUstream hs) {
+  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  uint64_t stream = 0;
+  if (!StreamId(hs, &stream)) return CUDA_ERROR_INVALID_HANDLE;
+  if (width == 0 || height == 0) return CUDA_SUCCESS;
+  if (dst % elem != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (height > 1 && pitch < width * elem) return CUDA_ERROR_INVALID_VALUE;
+  const uint64_t span = (height - 1) * (height > 1 ? pitch : 0) + width * elem;
+  if (!DeviceOk(dst, span)) return CUDA_ERROR_INVALID_VALUE;
+  MemsetReq q{dst, width, height, height > 1 ? pitch : 0, stream, value, elem};
+  return Client::Get().Send(Op::kMemset, &q, sizeof q);
+}
+
+CUresult AllocHost(void** pp, size_t bytes, unsigned flags) {
+  if (pp == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  (void)flags;
+  if (void* p = Client::Get().PinnedAlloc(bytes)) {
+    *pp = p;
+    return CUDA_SUCCESS;
+  }
+  // The window's pinned heap is full: fall back to ordinary memory copied through staging.
+  void* p = std::aligned_alloc(4096, (bytes + 4095) & ~size_t{4095});
+  if (p == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  LogDebug("pinned heap full: " + std::to_string(bytes) + " bytes of host memory copied through");
+  State& s = S();
+  std::lock_guard<std::mutex> l(s.mu);
+  s.registered[reinterpret_cast<uintptr_t>(p)] = bytes | (uint64_t{1} << 63);  // bit 63: we own it
+  *pp = p;
+  return CUDA_SUCCESS;
+}
+
+CUresult FillPointerAttribute(void* data, CUpointer_attribute attr, CUdeviceptr ptr) {
+  DeviceRange r{};
+  const bool dev = S().mirror.Find(ptr, 1, &r);
+  void* pin_base = nullptr;
+  uint64_t pin_bytes = 0;
+  const bool pinned = !dev && Client::Get().PinnedRange(reinterpret_cast<void*>(ptr), &pin_base, &pin_bytes);
+  const bool registered = !dev && !pinned && IsRegisteredHost(reinterpret_cast<void*>(ptr), 1);
+  if (!dev && !pinned && !registered) {
+    return attr == CU_POINTER_ATTRIBUTE_MEMORY_TYPE || attr == CU_POINTER_ATTRIBUTE_CONTEXT ||
+                   attr == CU_POINTER_ATTRIBUTE_DEVICE_POINTER
+               ? CUDA_ERROR_INVALID_VALUE
+               : CUDA_ERROR_INVALID_VALUE;
+  }
+  GuestCtx* ctx = dev ? r.ctx : CurrentCtx();
+  switch (attr) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT:
+      *static_cast<CUcontext*>(data) = reinterpret_cast<CUcontext>(ctx);
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+      *static_cast<unsigned*>(data) =
+          dev && r.kind != RangeKind::kMappedHost ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+      if (!dev) return CUDA_ERROR_INVALID_VALUE;
+      *static_cast<CUdeviceptr*>(data) = ptr;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+      if (pinned || registered) {
+        *static_cast<void**>(data) = reinterpret_cast<void*>(ptr);
+        return CUDA_SUCCESS;
+      }
+      if (r.kind == RangeKind::kMappedHost) {
+        *static_cast<void**>(data) = static_cast<uint8_t*>(r.host) + (ptr - r.base);
+        return CUDA_SUCCESS;
+      }
+      return CUDA_ERROR_INVALID_VALUE;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+      *static_cast<int*>(data) = 0;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+      *static_cast<int*>(data) = ctx != nullptr ? ctx->device : 0;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+      *static_cast<CUdeviceptr*>(data) = dev ? r.base : reinterpret_cast<CUdeviceptr>(pin_base != nullptr ? pin_base : reinterpret_cast<void*>(ptr));
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+      *static_cast<size_t*>(data) = dev ? r.bytes : pin_bytes;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MAPPED:
+      *static_cast<int*>(data) = 1;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+      *static_cast<unsigned long long*>(data) = dev ? r.base : ptr;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
+      *static_cast<int*>(data) = 1;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+      *static_cast<int*>(data) = 0;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
+      *static_cast<unsigned long long*>(data) = 0;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
+      *static_cast<int*>(data) = 0;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS:
+      *static_cast<unsigned*>(data) = CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE;
+      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
+      *static_cast<CUmemoryPool*>(data) = nullptr;
+      return CUDA_SUCCESS;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+ORION_EXPORT CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
+  ORION_API(cuMemAlloc_v2);
+  if (dptr == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  MemAllocReq q{bytesize};
+  U64Rep rep{};
+  CUresult r = Client::Get().Call(Op::kMemAlloc, &q, sizeof q, &rep, sizeof rep);
+  if (r != CUDA_SUCCESS) return r;
+  S().mirror.Add({rep.value, bytesize, RangeKind::kDevice, CurrentCtx(), nullptr});
+  *dptr = rep.value;
+  return CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch, size_t width,
+                                                 size_t height, unsigned int elementSize) {
+  ORION_API(cuMemAllocPitch_v2);
+  if (pPitch == nullptr || width == 0 || height == 0 ||
+      (elementSize != 4 && elementSize != 8 && elementSize != 16))
+    return CUDA_ERROR_INVALID_VALUE;
+  const size_t pitch = (width + 511) & ~size_t{511};  // texture pitch alignment of sm_50+ GPUs
+  *pPitch = pitch;
+  return cuMemAlloc_v2(dptr, pitch * height);
+}
+
+ORION_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
+  ORION_API(cuMemFree_v2);
+  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  if (dptr == 0) return CUDA_SUCCESS;
+  DeviceRange range{};
+  if (!S().mirror.Find(dptr, 0, &range) || range.base != dptr || range.kind != RangeKind::kDevice)
+    return CUDA_ERROR_INVALID_VALUE;
+  MemFreeReq q{dptr};
+  CUresult r = Client::Get().Call(Op::kMemFree, &q, sizeof q);
+  if (r == CUDA_SUCCESS) S().mirror.Remove(dptr, nullptr);
+  return r;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuMemGetInfo_v2(size_t* free, size_t* total) {
+  ORION_API(cuMemGetInfo_v2);
+  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  MemGetInfoRep rep{};
+  CUresult r = Client::Get().Call(Op::kMemGetInfo, nullptr, 0, &rep, sizeof rep);
+  if (r != CUDA_SUCCESS) return r;
+  if (free != nullptr) *free = rep.free;
+  if (total != nullptr) *total = rep.total;
+  return CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize, CUdeviceptr dptr) {
+  ORION_API(cuMemGetAddressRange_v2);
+  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  DeviceRange r{};
+  if (!S().mirror.Find(dptr, 1, &r)) return CUDA_ERROR_NOT_FOUND;
+  if (pbase != nullptr) *pbase = r.base;
+  if (psize != nullptr) *psize = r.bytes;
+  return CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuMemAllocHost_v2(void** pp, size_t bytesize) {
+  ORION_API(cuMemAllocHost_v2);
+  return AllocHost(pp, bytesize, 0);
+}
+
+ORION_EXPORT CUresult CUDAAPI cuMemHostAlloc(void** pp, size_t bytesize, unsigned int Flags) {
+  ORION_API(cuMemHostAlloc);
+  if ((Flags & ~0xFu) != 0) return CUDA_ERROR_INVALID_VALUE;
+  return AllocHost(pp, bytesize, Flags);
+}
+
+ORION_EXPORT CUresult CUDAAPI cuMemFreeHost(void* p) {
+  ORION_API(cuMemFreeHost);
+  if (p == nullptr) return CUDA_SUCCESS;
+  void* base = nullptr;
+  uint64_t bytes = 0;
+  if (Client::Get().PinnedRange(p, &base, &bytes)) {
+    if (base != p) return CUDA_ERROR_INVALID_VALUE;
+    return Client::Get().PinnedFree(p) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  }
+  State& s = S();
+  std::lock_guard<std::mutex> l(s.mu);
+  auto it = s.registered.find(reinterpret_cast<uintptr_t>(p));
+  if (it == s.registered.end() || (it->second >> 63) == 0) return CUDA_ERROR_INVALID_VALUE;
+  s.registered.erase(it);
+  std::free(p);
+  return CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuMemHostGetDevicePointer_v2(CUdeviceptr* pdptr, void* p, unsigned int Flags) {
+  ORION_API(cuMemHostGetDevicePointer_v2);
+  if (pdptr == nullptr || p == nullptr || Flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  void* base = nullptr;
+  uint64_t bytes = 0;
+  if (!Client::Get().PinnedRange(p, &base, &bytes)) {
+    LogWarn("cuMemHostGetDevicePointer: only memory from cuMemHostAlloc/cuMemAllocHost can be mapped");
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  WindowRangeReq q{static_cast<uint64_t>(Client::Get().WindowOffset(base, bytes)), bytes};
+  U64Rep rep{};
+  CUresult r = Client::Get().Call(Op::kHostGetDevicePointer, &q, sizeof q, &rep, sizeof rep);
+  if (r != CUDA_SUCCESS) return r;
+  DeviceRange existing{};
+  if (!S().mirror.Find(rep.value, bytes, &existing)) {
+    S().mirror.Add({rep.value, bytes, RangeKind::kMappedHost, CurrentCtx(), base});
+  }
+  *pdptr = rep.value + static_cast<uint64_t>(static_cast<uint8_t*>(p) - static_cast<uint8_t*>(base));
+  return CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuMemHostGetFlags(unsigned int* pFlags, void* p) {
+  ORION_API(cuMemHostGetFlags);
+  if (pFlags == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  void* base = nullptr;
+  uint64_t bytes = 0;
+  if (Client::Get().PinnedRange(p, &base, &bytes)) {
+    *pFlags = CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP;
+    return CUDA_SUCCESS;
+  }
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuMemHostRegister_v2(void* p, size_t bytesize, unsigned int Flags) {
+  ORION_API(cuMemHostRegister_v2);
+  if (p == nullptr || bytesize == 0 || (Flags & ~0xFu) != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  if (Flags & CU_MEMHOSTREGISTER_DEVICEMAP) {
+    LogWarn("cuMemHostRegister: CU_MEMHOSTREGISTER_DEVICEMAP is not supported (copy-through only)");
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  State& s = S();
+  std::lock_guard<std::mutex> l(s.mu);
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  auto it = s.registered.upper_bound(a + bytesize - 1);
+  if (it != s.registered.begin() && (--it)->first + (it->second & ~(uint64_t{1} << 63)) > a)
+    return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+  s.registered[a] = bytesize;  // copies from it go through staging (copy-through)
+  return CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuMemHostUnregister(void* p) {
+  ORION_API(cuMemHostUnregister);
+  State& s = S();
+  std::lock_guard<std::mutex> l(s.mu);
+  auto it = s.registered.find(reinterpret_cast<uintptr_t>(p));
+  if (it == s.registered.end() || (it->second >> 63) != 0) return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+  s.registered.erase(it);
+  return CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t n) {
+  ORION_API(cuMemcpyHtoD_v2);
+  return HtoD(dst, src, n, nullptr, false);
+}
+ORION_EXPORT CUresult CUDAAPI cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void* src, size_t n) {
+  ORION_API(cuMemcpyHtoD_v2_ptds);
+  return HtoD(dst, src, n, nullptr, false);
+}
+ORION_EXPORT CUresult CUDAAPI cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t n, CUstream s) {
+  ORION_API(cuMemcpyHtoDAsync_v2);
+  return HtoD(dst, src, n, s, true);
+}
+ORION_EXPORT CUresult CUDAAPI cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dst, const void* src, size_t n, CUstream s) {
+  ORION_API(cuMemcpyHtoDAsync_v2_ptsz);
+  return HtoD(dst, src, n, s, true);
+}
+ORION_EXPORT CUresult CUDAAPI cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t n) {
+  ORION_API(cuMemcpyDtoH_v2);
+  return DtoH(dst, src, n, nullptr, false);
+}
+ORION_EXPORT CUresult CUDAAPI cuMemcpyDtoH_v2_ptds(void* dst, CUdeviceptr src, size_t n) {
+  ORION_API(cuMemcpyDtoH_v2_ptds);
+  return DtoH(dst, src, n, nullptr, false);
+}
+ORION_EXPORT CUresult CUDAAPI cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t n, CUstream s) {
+  ORION_API(cuMemcpyDtoHAsync_v2);
+  return DtoH(dst, src, n, s, true);
+}
+ORION_EXPORT CUresult CUDAAPI cuMemcpyDtoHAsync_v2_ptsz(void* dst, CUdeviceptr src, size_t n, CUstream s) {
+  ORION_API(cuMemcpyDtoHAsync_v2_ptsz);
+  return DtoH(dst, src, n, s, true);
+}
+ORION_EXPORT CUresult CUDAAPI cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+  ORION_API(cuMemcpyDtoD_v2);
+  return DtoD(dst, src, n, nullptr);
+}
+ORION_EXPORT CUresult CUDAAPI cuMemcpyDtoD_v2_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+  ORION_API(cuMemcpyDtoD_v2_ptds);
+  return DtoD(dst, src, n, nullptr);
+}
+ORION_EXPORT CUresult CUDAAPI cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+  ORION_API(cuMemcpyDtoDAsync_v2);
+  return DtoD(dst, src, n, s);
+}
+ORION_EXPORT CUresult CUDAAPI cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+  ORION_API(cuMemcpyDtoDAsync_v2_ptsz);
+  return DtoD(dst, src, n, s);
+}
+ORION_EXPORT CUresult CUDAAPI cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+  ORION_API(cuMemcpy);
+  return Unified(dst, src, n, nullptr, false);
+}
+ORION_EXPORT CUresult CUDAAPI cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+  ORION_API(cuMemcpy_ptds);
+  return Unified(dst, src, n, nullptr, false);
+}
+ORION_EXPORT CUresult CUDAAPI cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+  ORION_API(cuMemcpyAsync);
+  return Unified(dst, src, n, s, true);
+}
+ORION_EXPORT CUresult CUDAAPI cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+  ORION_API(cuMemcpyAsync_ptsz);
+  return Unified(dst, src, n, s, true);
+}
+ORION_EXPORT CUresult CUDAAPI cuMemcpy2D_v2(const CUDA_MEMCPY2D* p) {
+  ORION_API(cuMemcpy2D_v2);
+  return Copy2D(p, nullptr, false);
+}
+ORION_EXPORT CUresult CUDAAPI cuMemcpy2D_v2_ptds(const CUDA_MEMCPY2D* p) {
+  ORION_API(cuMemcpy2D_v2_ptds);
+  return Copy2D(p, nullptr, false);
+}
+ORION_EXPORT CUresult CUDAAPI cuMemcpy2DUnaligned_v2(const CUDA_MEMCPY2D* p) {
+  ORION_API(cuMemcpy2DUnaligned_v2);
+  return Copy2D(p, nullptr, false);
+}
+ORION_EXPORT CUresult CUDAAPI cuMemcpy2DUnaligned_v2_ptds(const CUDA_MEMCPY2D* p) {
+  ORION_API(cuMemcpy2DUnaligned_v2_ptds);
+  return Copy2D(p, nullptr, false);
+}
+ORION_EXPORT CUresult CUDAAPI cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D* p, CUstream s) {
+  ORION_API(cuMemcpy2DAsync_v2);
+  return Copy2D(p, s, true);
+}
+ORION_EXPORT CUresult CUDAAPI cuMemcpy2DAsync_v2_ptsz(const CUDA_MEMCPY2D* p, CUstream s) {
+  ORION_API(cuMemcpy2DAsync_v2_ptsz);
+  return Copy2D(p, s, true);
+}
+
+#define ORION_MEMSET(name, elem, vtype)                                                              \
+  ORION_EXPORT CUresult CUDAAPI name(CUdeviceptr d, vtype v, size_t n) {                            \
+    ORION_API(name);                                                                                 \
+    return Memset(d, v, elem, n, 1, 0, nullptr);                                                     \
+  }
+#define ORION_MEMSET_ASYNC(name, elem, vtype)                                                        \
+  ORION_EXPORT CUresult CUDAAPI name(CUdeviceptr d, vtype v, size_t n, CUstream s) {                \
+    ORION_API(name);                                                                                 \
+    return Memset(d, v, elem, n, 1, 0, s);                                                           \
+  }
+#define ORION_MEMSET2D(name, elem, vtype)                                                            \
+  ORION_EXPORT CUresult CUDAAPI name(CUdeviceptr d, size_t pitch, vtype v, size_t w, size_t h) {    \
+    ORION_API(name);                                                                                 \
+    return Memset(d, v, elem, w, h, pitch, nullptr);                                                 \
+  }
+#define ORION_MEMSET2D_ASYNC(name, elem, vtype)                                                      \
+  ORION_EXPORT CUresult CUDAAPI name(CUdeviceptr d, size_t pitch, vtype v, size_t w, size_t h,      \
+                                     CUstream s) {                                                   \
+    ORION_API(name);                                                                                 \
+    return Memset(d, v, elem, w, h, pitch, s);                                                       \
+  }
+ORION_MEMSET(cuMemsetD8_v2, 1, unsigned char)
+ORION_MEMSET(cuMemsetD8_v2_ptds, 1, unsigned char)
+ORION_MEMSET(cuMemsetD16_v2, 2, unsigned short)
+ORION_MEMSET(cuMemsetD16_v2_ptds, 2, unsigned short)
+ORION_MEMSET(cuMemsetD32_v2, 4, unsigned int)
+ORION_MEMSET(cuMemsetD32_v2_ptds, 4, unsigned int)
+ORION_MEMSET_ASYNC(cuMemsetD8Async, 1, unsigned char)
+ORION_MEMSET_ASYNC(cuMemsetD8Async_ptsz, 1, unsigned char)
+ORION_MEMSET_ASYNC(cuMemsetD16Async, 2, unsigned short)
+ORION_MEMSET_ASYNC(cuMemsetD16Async_ptsz, 2, unsigned short)
+ORION_MEMSET_ASYNC(cuMemsetD32Async, 4, unsigned int)
+ORION_MEMSET_ASYNC(cuMemsetD32Async_ptsz, 4, unsigned int)
+ORION_MEMSET2D(cuMemsetD2D8_v2, 1, unsigned char)
+ORION_MEMSET2D(cuMemsetD2D8_v2_ptds, 1, unsigned char)
+ORION_MEMSET2D(cuMemsetD2D16_v2, 2, unsigned short)
+ORION_MEMSET2D(cuMemsetD2D16_v2_ptds, 2, unsigned short)
+ORION_MEMSET2D(cuMemsetD2D32_v2, 4, unsigned int)
+ORION_MEMSET2D(cuMemsetD2D32_v2_ptds, 4, unsigned int)
+ORION_MEMSET2D_ASYNC(cuMemsetD2D8Async, 1, unsigned char)
+ORION_MEMSET2D_ASYNC(cuMemsetD2D8Async_ptsz, 1, unsigned char)
+ORION_MEMSET2D_ASYNC(cuMemsetD2D16Async, 2, unsigned short)
+ORION_MEMSET2D_ASYNC(cuMemsetD2D16Async_ptsz, 2, unsigned short)
+ORION_MEMSET2D_ASYNC(cuMemsetD2D32Async, 4, unsigned int)
+ORION_MEMSET2D_ASYNC(cuMemsetD2D32Async_ptsz, 4, unsigned int)
+
+ORION_EXPORT CUresult CUDAAPI cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {
+  ORION_API(cuPointerGetAttribute);
+  if (data == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!Client::Get().connected()) return CUDA_ERROR_NOT_INITIALIZED;
+  return FillPointerAttribute(data, attribute, ptr);
+}
+
+ORION_EXPORT CUresult CUDAAPI cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute* attributes,
+                                                     void** data, CUdeviceptr ptr) {
+  ORION_API(cuPointerGetAttributes);
+  if (attributes == nullptr || data == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!Client::Get().connected()) return CUDA_ERROR_NOT_INITIALIZED;
+  // Unlike cuPointerGetAttribute, unknown pointers are not an error: each attribute gets its
+  // "not a CUDA pointer" value (CUDA docs: memory type 0, context NULL).
+  for (unsigned i = 0; i < numAttributes; ++i) {
+    if (data[i] == nullptr) continue;
+    if (FillPointerAttribute(data[i], attributes[i], ptr) == CUDA_SUCCESS) continue;
+    switch (attributes[i]) {
+      case CU_POINTER_ATTRIBUTE_CONTEXT: *static_cast<CUcontext*>(data[i]) = nullptr; break;
+      case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *static_cast<unsigned*>(data[i]) = 0; break;
+      case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: *static_cast<CUdeviceptr*>(data[i]) = 0; break;
+      case CU_POINTER_ATTRIBUTE_HOST_POINTER: *static_cast<void**>(data[i]) = nullptr; break;
+      case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *static_cast<int*>(data[i]) = -2; break;
+      case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *static_cast<CUdeviceptr*>(data[i]) = 0; break;
+      case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *static_cast<size_t*>(data[i]) = 0; break;
+      case CU_POINTER_ATTRIBUTE_BUFFER_ID: *static_cast<unsigned long long*>(data[i]) = 0; break;
+      default: *static_cast<int*>(data[i]) = 0; break;
+    }
+  }
+  return CUDA_SUCCESS;
+}
+
+}  // extern "C"

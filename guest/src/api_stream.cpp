@@ -1,0 +1,219 @@
+// Exported driver API: streams and events. Handles are the server's ids, validated locally.
+#include "export.h"
+#include "state.h"
+
+using namespace orion;
+using namespace orion::guest;
+
+namespace {
+
+CUresult NeedCtx() {
+  if (!Client::Get().connected()) return CUDA_ERROR_NOT_INITIALIZED;
+  return CurrentCtx() == nullptr ? CUDA_ERROR_INVALID_CONTEXT : CUDA_SUCCESS;
+}
+
+CUresult CreateStream(CUstream* ph, unsigned flags, int priority) {
+  if (ph == nullptr || (flags & ~1u) != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  StreamCreateReq q{flags, priority};
+  HandleRep rep{};
+  CUresult r = Client::Get().Call(Op::kStreamCreate, &q, sizeof q, &rep, sizeof rep);
+  if (r != CUDA_SUCCESS) return r;
+  S().streams.Add(rep.handle);
+  *ph = reinterpret_cast<CUstream>(rep.handle);
+  return CUDA_SUCCESS;
+}
+
+CUresult StreamOp(Op op, CUstream hs) {
+  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  uint64_t id = 0;
+  if (!StreamId(hs, &id)) return CUDA_ERROR_INVALID_HANDLE;
+  HandleReq q{id};
+  return Client::Get().Call(op, &q, sizeof q);
+}
+
+CUresult WaitEvent(CUstream hs, CUevent ev, unsigned flags) {
+  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  uint64_t id = 0;
+  if (!StreamId(hs, &id)) return CUDA_ERROR_INVALID_HANDLE;
+  const auto e = reinterpret_cast<uint64_t>(ev);
+  if (!S().events.Has(e)) return CUDA_ERROR_INVALID_HANDLE;
+  StreamWaitEventReq q{id, e, flags, 0};
+  return Client::Get().Send(Op::kStreamWaitEvent, &q, sizeof q);
+}
+
+CUresult Record(CUevent ev, CUstream hs) {
+  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  uint64_t id = 0;
+  if (!StreamId(hs, &id)) return CUDA_ERROR_INVALID_HANDLE;
+  const auto e = reinterpret_cast<uint64_t>(ev);
+  if (!S().events.Has(e)) return CUDA_ERROR_INVALID_HANDLE;
+  EventRecordReq q{e, id};
+  return Client::Get().Send(Op::kEventRecord, &q, sizeof q);
+}
+
+CUresult EventOp(Op op, CUevent ev) {
+  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  const auto e = reinterpret_cast<uint64_t>(ev);
+  if (!S().events.Has(e)) return CUDA_ERROR_INVALID_HANDLE;
+  HandleReq q{e};
+  return Client::Get().Call(op, &q, sizeof q);
+}
+
+}  // namespace
+
+extern "C" {
+
+ORION_EXPORT CUresult CUDAAPI cuStreamCreate(CUstream* ph, unsigned int flags) {
+  ORION_API(cuStreamCreate);
+  return CreateStream(ph, flags, 0);
+}
+
+ORION_EXPORT CUresult CUDAAPI cuStreamCreateWithPriority(CUstream* ph, unsigned int flags, int priority) {
+  ORION_API(cuStreamCreateWithPriority);
+  return CreateStream(ph, flags, priority);
+}
+
+ORION_EXPORT CUresult CUDAAPI cuStreamDestroy_v2(CUstream hs) {
+  ORION_API(cuStreamDestroy_v2);
+  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  const auto id = reinterpret_cast<uint64_t>(hs);
+  if (!S().streams.Has(id)) return CUDA_ERROR_INVALID_HANDLE;
+  HandleReq q{id};
+  CUresult r = Client::Get().Call(Op::kStreamDestroy, &q, sizeof q);
+  S().streams.Remove(id);
+  return r;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuStreamSynchronize(CUstream hs) {
+  ORION_API(cuStreamSynchronize);
+  return StreamOp(Op::kStreamSynchronize, hs);
+}
+ORION_EXPORT CUresult CUDAAPI cuStreamSynchronize_ptsz(CUstream hs) {
+  ORION_API(cuStreamSynchronize_ptsz);
+  return StreamOp(Op::kStreamSynchronize, hs);
+}
+ORION_EXPORT CUresult CUDAAPI cuStreamQuery(CUstream hs) {
+  ORION_API(cuStreamQuery);
+  return StreamOp(Op::kStreamQuery, hs);
+}
+ORION_EXPORT CUresult CUDAAPI cuStreamQuery_ptsz(CUstream hs) {
+  ORION_API(cuStreamQuery_ptsz);
+  return StreamOp(Op::kStreamQuery, hs);
+}
+ORION_EXPORT CUresult CUDAAPI cuStreamWaitEvent(CUstream hs, CUevent ev, unsigned int flags) {
+  ORION_API(cuStreamWaitEvent);
+  return WaitEvent(hs, ev, flags);
+}
+ORION_EXPORT CUresult CUDAAPI cuStreamWaitEvent_ptsz(CUstream hs, CUevent ev, unsigned int flags) {
+  ORION_API(cuStreamWaitEvent_ptsz);
+  return WaitEvent(hs, ev, flags);
+}
+
+ORION_EXPORT CUresult CUDAAPI cuStreamGetFlags(CUstream hs, unsigned int* flags) {
+  ORION_API(cuStreamGetFlags);
+  uint64_t id = 0;
+  if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!StreamId(hs, &id)) return CUDA_ERROR_INVALID_HANDLE;
+  *flags = 0;
+  return CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuStreamGetPriority(CUstream hs, int* priority) {
+  ORION_API(cuStreamGetPriority);
+  uint64_t id = 0;
+  if (priority == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!StreamId(hs, &id)) return CUDA_ERROR_INVALID_HANDLE;
+  *priority = 0;
+  return CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuStreamGetCtx(CUstream hs, CUcontext* pctx) {
+  ORION_API(cuStreamGetCtx);
+  uint64_t id = 0;
+  if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!StreamId(hs, &id)) return CUDA_ERROR_INVALID_HANDLE;
+  *pctx = reinterpret_cast<CUcontext>(CurrentCtx());
+  return CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuStreamGetId(CUstream hs, unsigned long long* streamId) {
+  ORION_API(cuStreamGetId);
+  uint64_t id = 0;
+  if (streamId == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!StreamId(hs, &id)) return CUDA_ERROR_INVALID_HANDLE;
+  *streamId = id;
+  return CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuEventCreate(CUevent* ph, unsigned int flags) {
+  ORION_API(cuEventCreate);
+  if (ph == nullptr || (flags & ~0xFu) != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  EventCreateReq q{flags, 0};
+  HandleRep rep{};
+  CUresult r = Client::Get().Call(Op::kEventCreate, &q, sizeof q, &rep, sizeof rep);
+  if (r != CUDA_SUCCESS) return r;
+  S().events.Add(rep.handle);
+  *ph = reinterpret_cast<CUevent>(rep.handle);
+  return CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuEventDestroy_v2(CUevent ev) {
+  ORION_API(cuEventDestroy_v2);
+  CUresult r = EventOp(Op::kEventDestroy, ev);
+  if (r == CUDA_SUCCESS) S().events.Remove(reinterpret_cast<uint64_t>(ev));
+  return r;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuEventRecord(CUevent ev, CUstream hs) {
+  ORION_API(cuEventRecord);
+  return Record(ev, hs);
+}
+ORION_EXPORT CUresult CUDAAPI cuEventRecord_ptsz(CUevent ev, CUstream hs) {
+  ORION_API(cuEventRecord_ptsz);
+  return Record(ev, hs);
+}
+ORION_EXPORT CUresult CUDAAPI cuEventRecordWithFlags(CUevent ev, CUstream hs, unsigned int flags) {
+  ORION_API(cuEventRecordWithFlags);
+  (void)flags;  // CU_EVENT_RECORD_EXTERNAL only matters inside graphs
+  return Record(ev, hs);
+}
+ORION_EXPORT CUresult CUDAAPI cuEventRecordWithFlags_ptsz(CUevent ev, CUstream hs, unsigned int flags) {
+  ORION_API(cuEventRecordWithFlags_ptsz);
+  (void)flags;
+  return Record(ev, hs);
+}
+
+ORION_EXPORT CUresult CUDAAPI cuEventSynchronize(CUevent ev) {
+  ORION_API(cuEventSynchronize);
+  return EventOp(Op::kEventSynchronize, ev);
+}
+
+ORION_EXPORT CUresult CUDAAPI cuEventQuery(CUevent ev) {
+  ORION_API(cuEventQuery);
+  return EventOp(Op::kEventQuery, ev);
+}
+
+static CUresult Elapsed(float* ms, CUevent a, CUevent b) {
+  if (ms == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  const auto ea = reinterpret_cast<uint64_t>(a), eb = reinterpret_cast<uint64_t>(b);
+  if (!S().events.Has(ea) || !S().events.Has(eb)) return CUDA_ERROR_INVALID_HANDLE;
+  EventElapsedReq q{ea, eb};
+  F32Rep rep{};
+  CUresult r = Client::Get().Call(Op::kEventElapsedTime, &q, sizeof q, &rep, sizeof rep);
+  if (r == CUDA_SUCCESS) *ms = rep.ms;
+  return r;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuEventElapsedTime(float* ms, CUevent a, CUevent b) {
+  ORION_API(cuEventElapsedTime);
+  return Elapsed(ms, a, b);
+}
+ORION_EXPORT CUresult CUDAAPI cuEventElapsedTime_v2(float* ms, CUevent a, CUevent b) {
+  ORION_API(cuEventElapsedTime_v2);
+  return Elapsed(ms, a, b);
+}
+
+}  // extern "C"

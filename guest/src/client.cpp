@@ -1,0 +1,585 @@
+#include "client.h"
+
+#include <dirent.h>
+#include <ini.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+
+#include "version.h"
+
+namespace orion::guest {
+namespace {
+
+using ivshmem::Backoff;
+using ivshmem::ChannelLayout;
+using ivshmem::kChannelActive;
+using ivshmem::kChannelClaimed;
+using ivshmem::kChannelDead;
+using ivshmem::kChannelFree;
+
+constexpr uint64_t kChunk = 1ull << 20;            // bulk copy chunk
+constexpr uint64_t kPinnedAlign = 256;
+constexpr auto kHeartbeatTimeout = std::chrono::seconds(5);
+
+uint64_t NowNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+struct ClientConf {
+  std::string shm_path_base = "/dev/shm/";
+};
+
+int ConfHandler(void* user, const char* section, const char* name, const char* value) {
+  auto* c = static_cast<ClientConf*>(user);
+  std::string v = value;
+  if (v.size() >= 2 && v.front() == '"' && v.back() == '"') v = v.substr(1, v.size() - 2);
+  if (std::strcmp(section, "client-shm") == 0 && std::strcmp(name, "shm_path_base") == 0) {
+    c->shm_path_base = v;
+  }
+  return 1;
+}
+
+// Region path: $ORION_SHM, else the first orionsock* under [client-shm] shm_path_base of
+// /etc/orion/client.conf < $HOME/.orion/client.conf.
+std::string FindRegionPath() {
+  if (const char* e = std::getenv("ORION_SHM"); e != nullptr && *e != '\0') return e;
+  ClientConf conf;
+  ini_parse("/etc/orion/client.conf", ConfHandler, &conf);
+  if (const char* home = std::getenv("HOME"); home != nullptr) {
+    ini_parse((std::string(home) + "/.orion/client.conf").c_str(), ConfHandler, &conf);
+  }
+  std::string dir = conf.shm_path_base;
+  if (!dir.empty() && dir.back() != '/') dir += '/';
+  std::vector<std::string> found;
+  if (DIR* d = opendir(dir.c_str()); d != nullptr) {
+    while (dirent* e = readdir(d)) {
+      if (std::strncmp(e->d_name, "orionsock", 9) == 0) found.push_back(dir + e->d_name);
+    }
+    closedir(d);
+  }
+  std::sort(found.begin(), found.end());
+  return found.empty() ? dir + "orionsock0" : found.front();
+}
+
+uint64_t EnvU64(const char* name, uint64_t dflt, bool* bad) {
+  const char* e = std::getenv(name);
+  if (e == nullptr || *e == '\0') return dflt;
+  char* end = nullptr;
+  errno = 0;
+  unsigned long long v = std::strtoull(e, &end, 10);
+  if (errno != 0 || end == e || *end != '\0') {
+    *bad = true;
+    LogError(std::string(name) + "='" + e + "' is not a number");
+    return dflt;
+  }
+  return v;
+}
+
+thread_local uint64_t t_ctx_handle = 0;
+
+}  // namespace
+
+uint64_t& ThreadContextHandle() noexcept { return t_ctx_handle; }
+
+Client& Client::Get() {
+  // Leaked on purpose: cudart's exit handlers may call into the driver after static destructors.
+  static Client* c = new Client();
+  return *c;
+}
+
+CUresult Client::Connect() noexcept {
+  if (connected_.load(std::memory_order_acquire)) return CUDA_SUCCESS;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (tried_) return connect_result_;
+  tried_ = true;
+  connect_result_ = ConnectLocked();
+  if (connect_result_ == CUDA_SUCCESS) connected_.store(true, std::memory_order_release);
+  return connect_result_;
+}
+
+CUresult Client::ConnectLocked() noexcept {
+  bool bad = false;
+  const uint64_t vgpus = EnvU64("ORION_VGPU", 1, &bad);
+  const uint64_t gmem = EnvU64("ORION_GMEM", 0, &bad);
+  if (bad || vgpus == 0 || vgpus > kMaxDevices) {
+    LogError("ORION_VGPU must be 1.." + std::to_string(kMaxDevices) + " and ORION_GMEM a number of MiB");
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  const std::string path = FindRegionPath();
+  auto region = ivshmem::MappedRegion::Open(path);
+  if (!region.ok()) {
+    LogError("cannot use Orion region: " + region.status().message() +
+             " (set ORION_SHM, or create it with orion-shm and start oriond)");
+    return CUDA_ERROR_NO_DEVICE;
+  }
+  region_ = std::make_unique<ivshmem::MappedRegion>(std::move(*region));
+  auto hdr = ivshmem::ValidateHeader(region_->data(), region_->size());
+  if (!hdr.ok()) {
+    LogError(path + ": " + hdr.status().message());
+    return CUDA_ERROR_NO_DEVICE;
+  }
+  header_ = ivshmem::Header(region_->data());
+  const uint32_t count = (*hdr)->channel_count;
+  const uint64_t channel_bytes = (*hdr)->channel_bytes;
+  bool claimed = false;
+  for (uint32_t i = 0; i < count && !claimed; ++i) {
+    uint32_t expect = kChannelFree;
+    // K0: claim; acquire pairs with R0 in ResetChannel (cursors were zeroed before it was freed).
+    if (header_->channels[i].state.compare_exchange_strong(expect, kChannelClaimed,
+                                                           std::memory_order_acq_rel)) {
+      channel_index_ = i;
+      claimed = true;
+    }
+  }
+  if (!claimed) {
+    LogError("all " + std::to_string(count) + " channels of " + path + " are in use");
+    return CUDA_ERROR_NO_DEVICE;
+  }
+  desc_ = &header_->channels[channel_index_];
+  desc_->client_lease.store(1, std::memory_order_relaxed);
+  layout_ = ChannelLayout::Compute(channel_bytes);
+  uint8_t* chan = ivshmem::ChannelBase(region_->data(), channel_bytes, channel_index_);
+  requests_ = ivshmem::RingProducer(chan + layout_.request_ring_offset,
+                                    static_cast<uint32_t>(layout_.request_ring_bytes));
+  replies_ = ivshmem::RingConsumer(chan + layout_.reply_ring_offset,
+                                   static_cast<uint32_t>(layout_.reply_ring_bytes));
+  window_ = chan + layout_.window_offset;
+  pinned_free_.clear();
+  pinned_free_[layout_.staging_bytes] = layout_.window_bytes - layout_.staging_bytes;
+  lease_thread_ = std::thread([this] {
+    while (!stop_lease_.load(std::memory_order_relaxed)) {
+      timespec ts{0, static_cast<long>(ivshmem::kLeasePeriodMs) * 1000000L};
+      nanosleep(&ts, nullptr);
+      // L0: liveness only; oriond compares successive values (no data is published by it).
+      desc_->client_lease.fetch_add(1, std::memory_order_relaxed);
+    }
+  });
+  lease_thread_.detach();
+
+  HelloReq hello{};
+  hello.protocol_version = kProtocolVersion;
+  hello.vgpu_count = static_cast<uint32_t>(vgpus);
+  hello.gmem_mib = gmem;
+  hello.pid = static_cast<uint32_t>(getpid());
+  char comm[64] = {};
+  if (FILE* f = std::fopen("/proc/self/comm", "r")) {
+    if (std::fgets(comm, sizeof comm, f) != nullptr) comm[std::strcspn(comm, "\n")] = '\0';
+    std::fclose(f);
+  }
+  std::memcpy(hello.process_name, comm, sizeof hello.process_name);
+  FrameHeader h = MakeHeader(Op::kHello, sizeof hello, true);
+  if (CUresult r = PushLocked(h, &hello, sizeof hello, nullptr, 0); r != CUDA_SUCCESS) return r;
+  std::vector<uint8_t> rep(sizeof(WelcomeRep) + kMaxDevices * sizeof(DeviceInfo) + 1024);
+  uint32_t rep_len = 0;
+  CUresult r = WaitReplyLocked(h.seq, rep.data(), static_cast<uint32_t>(rep.size()), &rep_len);
+  if (r != CUDA_SUCCESS) {
+    std::string why(reinterpret_cast<const char*>(rep.data()), std::min<size_t>(rep_len, rep.size()));
+    LogError("Fail to get resource from oriond: " + (why.empty() ? std::string("no answer") : why));
+    broken_ = r;
+    return r;
+  }
+  if (rep_len < sizeof(WelcomeRep)) return Broken(CUDA_ERROR_UNKNOWN, "short Welcome");
+  std::memcpy(&welcome_, rep.data(), sizeof welcome_);
+  if (welcome_.device_count == 0 || welcome_.device_count > kMaxDevices ||
+      rep_len < sizeof(WelcomeRep) + welcome_.device_count * sizeof(DeviceInfo)) {
+    return Broken(CUDA_ERROR_UNKNOWN, "malformed Welcome");
+  }
+  devices_.resize(welcome_.device_count);
+  std::memcpy(devices_.data(), rep.data() + sizeof(WelcomeRep), welcome_.device_count * sizeof(DeviceInfo));
+  for (auto& d : devices_) d.name[kNameLen - 1] = '\0';
+  LogInfo(std::string("Orion vGPU client ") + kOrionVersion + " (build " + kOrionBuild + ")");
+  allocation_text_ = "(standalone) session-" + std::to_string(welcome_.session_id) + " :";
+  for (const auto& d : devices_) {
+    allocation_text_ += " " + path + "/" + std::to_string(d.pgpu) + "/" + std::to_string(d.vgpu);
+  }
+  LogInfo("Using Orion resource " + allocation_text_);
+  return CUDA_SUCCESS;
+}
+
+FrameHeader Client::MakeHeader(Op op, uint32_t payload_len, bool wants_reply) noexcept {
+  FrameHeader h{};
+  h.magic = kFrameMagic;
+  h.version = kProtocolVersion;
+  h.op = static_cast<uint16_t>(op);
+  h.seq = next_seq_++;
+  h.payload_len = payload_len;
+  h.flags = wants_reply ? kFlagWantsReply : 0;
+  return h;
+}
+
+CUresult Client::Broken(CUresult why, const char* what) noexcept {
+  if (broken_ == CUDA_SUCCESS) {
+    LogError(std::string("Orion session lost: ") + what);
+    broken_ = why;
+  }
+  return broken_;
+}
+
+CUresult Client::PushLocked(const FrameHeader& h, const void* req, uint32_t req_len,
+                            const void* tail, uint32_t tail_len) noexcept {
+  Backoff backoff;
+  uint8_t* p;
+  while ((p = requests_.Reserve(h.payload_len)) == nullptr) {
+    if (desc_->state.load(std::memory_order_acquire) == kChannelDead)
+      return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, "oriond closed the session");
+    backoff.Pause();
+  }
+  std::memcpy(p, &h, sizeof h);
+  if (req_len != 0) std::memcpy(p + sizeof h, req, req_len);
+  if (tail_len != 0) std::memcpy(p + sizeof h + req_len, tail, tail_len);
+  requests_.Commit();
+  return CUDA_SUCCESS;
+}
+
+CUresult Client::WaitReplyLocked(uint32_t seq, void* rep, uint32_t rep_cap, uint32_t* rep_len) noexcept {
+  Backoff backoff(20000, 200, 200);
+  uint64_t last_beat = header_->server_heartbeat.load(std::memory_order_relaxed);
+  uint64_t last_change = 0;
+  for (;;) {
+    ivshmem::FrameView f{};
+    bool got = false;
+    Status s = replies_.Pop(&f, &scratch_, &got);
+    if (!s.ok()) return Broken(CUDA_ERROR_UNKNOWN, s.message().c_str());
+    if (got) {
+      if (f.header.seq != seq) return Broken(CUDA_ERROR_UNKNOWN, "reply out of order");
+      if (rep_len != nullptr) *rep_len = f.header.payload_len;
+      if (rep != nullptr) std::memcpy(rep, f.payload, std::min(rep_cap, f.header.payload_len));
+      const auto status = static_cast<CUresult>(f.header.status);
+      if (status != CUDA_SUCCESS) return status;
+      return static_cast<CUresult>(f.header.deferred);
+    }
+    if (backoff.sleeping()) {
+      if (desc_->state.load(std::memory_order_acquire) == kChannelDead) {
+        return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, "oriond closed the session");
+      }
+      const uint64_t beat = header_->server_heartbeat.load(std::memory_order_relaxed);
+      const uint64_t now = NowNs();
+      if (beat != last_beat || last_change == 0) {
+        last_beat = beat;
+        last_change = now;
+      } else if (now - last_change > static_cast<uint64_t>(std::chrono::nanoseconds(kHeartbeatTimeout).count())) {
+        return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, "oriond stopped (no heartbeat)");
+      }
+    }
+    backoff.Pause();
+  }
+}
+
+CUresult Client::SyncContextLocked() noexcept {
+  const uint64_t want = t_ctx_handle;
+  if (want == 0 || want == current_ctx_sent_) return CUDA_SUCCESS;
+  HandleReq q{want};
+  FrameHeader h = MakeHeader(Op::kCtxSetCurrent, sizeof q, false);
+  if (CUresult r = PushLocked(h, &q, sizeof q, nullptr, 0); r != CUDA_SUCCESS) return r;
+  current_ctx_sent_ = want;
+  return CUDA_SUCCESS;
+}
+
+void Client::NoteContext(uint64_t ctx_handle) noexcept { t_ctx_handle = ctx_handle; }
+
+CUresult Client::Call(Op op, const void* req, uint32_t req_len, void* rep, uint32_t rep_cap,
+                      uint32_t* rep_len, const void* tail, uint32_t tail_len) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (broken_ != CUDA_SUCCESS) return broken_;
+  if (header_ == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (CUresult r = SyncContextLocked(); r != CUDA_SUCCESS) return r;
+  FrameHeader h = MakeHeader(op, req_len + tail_len, true);
+  if (CUresult r = PushLocked(h, req, req_len, tail, tail_len); r != CUDA_SUCCESS) return r;
+  return WaitReplyLocked(h.seq, rep, rep_cap, rep_len);
+}
+
+CUresult Client::Send(Op op, const void* req, uint32_t req_len, const void* tail, uint32_t tail_len) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (broken_ != CUDA_SUCCESS) return broken_;
+  if (header_ == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  if (CUresult r = SyncContextLocked(); r != CUDA_SUCCESS) return r;
+  FrameHeader h = MakeHeader(op, req_len + tail_len, false);
+  return PushLocked(h, req, req_len, tail, tail_len);
+}
+
+// ---- Staging -------------------------------------------------------------------------------
+
+void Client::ReclaimLocked() noexcept {
+  // S0: acquire pairs with the worker's release store after it executed frame `done`: its reads
+  // of the staging bytes of frames <= done are complete.
+  const auto done = static_cast<uint32_t>(desc_->server_done_seq.load(std::memory_order_acquire));
+  while (!stage_fifo_.empty()) {
+    const StageEntry& e = stage_fifo_.front();
+    const bool host_done = !e.guest_owned && e.seq != 0 && static_cast<int32_t>(done - e.seq) >= 0;
+    if (!e.released && !host_done) break;
+    stage_tail_ = e.end;
+    stage_fifo_.pop_front();
+  }
+}
+
+int64_t Client::StageAllocLocked(uint64_t bytes) noexcept {
+  const uint64_t cap = layout_.staging_bytes;
+  Backoff backoff;
+  for (;;) {
+    ReclaimLocked();
+    const uint64_t pos = stage_head_ % cap;
+    const uint64_t to_end = cap - pos;
+    const uint64_t need = bytes <= to_end ? bytes : to_end + bytes;
+    if (cap - (stage_head_ - stage_tail_) >= need) {
+      if (bytes > to_end) {
+        stage_head_ += to_end;
+        stage_fifo_.push_back({stage_head_, 0, true, true});
+      }
+      const uint64_t off = stage_head_ % cap;
+      stage_head_ += bytes;
+      stage_fifo_.push_back({stage_head_, 0, false, false});
+      return static_cast<int64_t>(off);
+    }
+    if (desc_->state.load(std::memory_order_acquire) == kChannelDead) {
+      Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, "oriond closed the session");
+      return -1;
+    }
+    // Everything outstanding may be guest-owned (our own DtoH chunks): the caller must drain.
+    bool any_host = false;
+    for (const auto& e : stage_fifo_) any_host |= !e.guest_owned && !e.released;
+    if (!any_host) return -2;
+    backoff.Pause();
+  }
+}
+
+void Client::StageTagLocked(uint32_t seq, bool guest_owned) noexcept {
+  stage_fifo_.back().seq = seq;
+  stage_fifo_.back().guest_owned = guest_owned;
+}
+
+CUresult Client::CopyHtoD(uint64_t dst, const void* src, uint64_t bytes, uint64_t stream, bool sync) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (broken_ != CUDA_SUCCESS) return broken_;
+  if (CUresult r = SyncContextLocked(); r != CUDA_SUCCESS) return r;
+  if (int64_t off = WindowOffset(src, bytes); off >= 0) {
+    // Pinned source: zero-copy. A synchronous copy waits, since the caller may reuse the buffer.
+    MemcpyReq q{dst, static_cast<uint64_t>(off), bytes, stream};
+    FrameHeader h = MakeHeader(Op::kMemcpyHtoD, sizeof q, sync);
+    if (CUresult r = PushLocked(h, &q, sizeof q, nullptr, 0); r != CUDA_SUCCESS) return r;
+    return sync ? WaitReplyLocked(h.seq, nullptr, 0, nullptr) : CUDA_SUCCESS;
+  }
+  const auto* s = static_cast<const uint8_t*>(src);
+  for (uint64_t done = 0; done < bytes;) {
+    const uint64_t n = std::min(kChunk, bytes - done);
+    const int64_t off = StageAllocLocked(n);
+    if (off < 0) return broken_ != CUDA_SUCCESS ? broken_ : CUDA_ERROR_UNKNOWN;
+    std::memcpy(window_ + off, s + done, n);
+    MemcpyReq q{dst + done, static_cast<uint64_t>(off), n, stream};
+    FrameHeader h = MakeHeader(Op::kMemcpyHtoD, sizeof q, false);
+    StageTagLocked(h.seq, false);
+    if (CUresult r = PushLocked(h, &q, sizeof q, nullptr, 0); r != CUDA_SUCCESS) return r;
+    done += n;
+  }
+  // Pageable source: like the CUDA driver, return once the bytes are staged.
+  return CUDA_SUCCESS;
+}
+
+CUresult Client::CopyDtoH(void* dst, uint64_t src, uint64_t bytes, uint64_t stream, bool async) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (broken_ != CUDA_SUCCESS) return broken_;
+  if (CUresult r = SyncContextLocked(); r != CUDA_SUCCESS) return r;
+  if (int64_t off = WindowOffset(dst, bytes); off >= 0) {
+    MemcpyReq q{static_cast<uint64_t>(off), src, bytes, stream};
+    if (async) {
+      FrameHeader h = MakeHeader(Op::kMemcpyDtoHAsync, sizeof q, false);
+      return PushLocked(h, &q, sizeof q, nullptr, 0);
+    }
+    FrameHeader h = MakeHeader(Op::kMemcpyDtoH, sizeof q, true);
+    if (CUresult r = PushLocked(h, &q, sizeof q, nullptr, 0); r != CUDA_SUCCESS) return r;
+    return WaitReplyLocked(h.seq, nullptr, 0, nullptr);
+  }
+  // Pageable destination: pipelined chunks through staging; the call returns when all arrived.
+  struct Pending { uint32_t seq; uint64_t off, len, at; };
+  std::deque<Pending> pending;
+  auto* d = static_cast<uint8_t*>(dst);
+  CUresult result = CUDA_SUCCESS;
+  uint64_t sent = 0;
+  while (sent < bytes || !pending.empty()) {
+    if (sent < bytes && result == CUDA_SUCCESS) {
+      const uint64_t n = std::min(kChunk, bytes - sent);
+      const int64_t off = pending.size() < 24 ? StageAllocLocked(n) : -2;
+      if (off == -1) return broken_;
+      if (off >= 0) {
+        MemcpyReq q{static_cast<uint64_t>(off), src + sent, n, stream};
+        FrameHeader h = MakeHeader(Op::kMemcpyDtoH, sizeof q, true);
+        StageTagLocked(h.seq, true);
+        if (CUresult r = PushLocked(h, &q, sizeof q, nullptr, 0); r != CUDA_SUCCESS) return r;
+        pending.push_back({h.seq, static_cast<uint64_t>(off), n, sent});
+        sent += n;
+        continue;
+      }
+    }
+    if (pending.empty()) break;
+    const Pending p = pending.front();
+    pending.pop_front();
+    CUresult r = WaitReplyLocked(p.seq, nullptr, 0, nullptr);
+    if (r == CUDA_SUCCESS && result == CUDA_SUCCESS) std::memcpy(d + p.at, window_ + p.off, p.len);
+    if (r != CUDA_SUCCESS && result == CUDA_SUCCESS) result = r;
+    if (broken_ != CUDA_SUCCESS) return broken_;
+    for (auto& e : stage_fifo_) {
+      if (e.guest_owned && e.seq == p.seq) e.released = true;
+    }
+    ReclaimLocked();
+    if (result != CUDA_SUCCESS) sent = bytes;  // stop issuing; drain what is in flight
+  }
+  return result;
+}
+
+CUresult Client::Copy2D(const CUDA_MEMCPY2D& c, uint64_t stream, bool async) noexcept {
+  auto is_host = [](CUmemorytype t) { return t == CU_MEMORYTYPE_HOST; };
+  if (c.srcMemoryType == CU_MEMORYTYPE_ARRAY || c.dstMemoryType == CU_MEMORYTYPE_ARRAY) {
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  const uint64_t w = c.WidthInBytes, hgt = c.Height;
+  if (w == 0 || hgt == 0) return CUDA_SUCCESS;
+  if ((hgt > 1 && (c.srcPitch < w || c.dstPitch < w))) return CUDA_ERROR_INVALID_VALUE;
+  const bool src_host = is_host(c.srcMemoryType), dst_host = is_host(c.dstMemoryType);
+  const uint64_t src_dev = c.srcDevice + c.srcY * c.srcPitch + c.srcXInBytes;
+  const uint64_t dst_dev = c.dstDevice + c.dstY * c.dstPitch + c.dstXInBytes;
+  const auto* src_h = static_cast<const uint8_t*>(c.srcHost) + c.srcY * c.srcPitch + c.srcXInBytes;
+  auto* dst_h = static_cast<uint8_t*>(c.dstHost) + c.dstY * c.dstPitch + c.dstXInBytes;
+  if (src_host && dst_host) {
+    for (uint64_t r = 0; r < hgt; ++r) std::memmove(dst_h + r * c.dstPitch, src_h + r * c.srcPitch, w);
+    return CUDA_SUCCESS;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (broken_ != CUDA_SUCCESS) return broken_;
+  if (CUresult r = SyncContextLocked(); r != CUDA_SUCCESS) return r;
+  if (!src_host && !dst_host) {
+    Memcpy2DReq q{src_dev, c.srcPitch, dst_dev, c.dstPitch, w, hgt, stream, kSideDevice, kSideDevice};
+    FrameHeader h = MakeHeader(Op::kMemcpy2D, sizeof q, false);
+    return PushLocked(h, &q, sizeof q, nullptr, 0);
+  }
+  if (w > layout_.staging_bytes / 4) return CUDA_ERROR_NOT_SUPPORTED;
+  const uint64_t rows_per_chunk = std::max<uint64_t>(1, kChunk / w);
+  for (uint64_t row = 0; row < hgt; row += rows_per_chunk) {
+    const uint64_t rows = std::min(rows_per_chunk, hgt - row);
+    const int64_t off = StageAllocLocked(rows * w);
+    if (off < 0) return broken_ != CUDA_SUCCESS ? broken_ : CUDA_ERROR_UNKNOWN;
+    if (src_host) {
+      for (uint64_t r = 0; r < rows; ++r) std::memcpy(window_ + off + r * w, src_h + (row + r) * c.srcPitch, w);
+      Memcpy2DReq q{static_cast<uint64_t>(off), w, dst_dev + row * c.dstPitch, c.dstPitch, w, rows, stream,
+                    kSideWindow, kSideDevice};
+      FrameHeader h = MakeHeader(Op::kMemcpy2D, sizeof q, false);
+      StageTagLocked(h.seq, false);
+      if (CUresult r = PushLocked(h, &q, sizeof q, nullptr, 0); r != CUDA_SUCCESS) return r;
+    } else {
+      Memcpy2DReq q{src_dev + row * c.srcPitch, c.srcPitch, static_cast<uint64_t>(off), w, w, rows, stream,
+                    kSideDevice, kSideWindow};
+      FrameHeader h = MakeHeader(Op::kMemcpy2D, sizeof q, true);
+      StageTagLocked(h.seq, true);
+      if (CUresult r = PushLocked(h, &q, sizeof q, nullptr, 0); r != CUDA_SUCCESS) return r;
+      CUresult r = WaitReplyLocked(h.seq, nullptr, 0, nullptr);
+      stage_fifo_.back().released = true;
+      if (r != CUDA_SUCCESS) return r;
+      for (uint64_t k = 0; k < rows; ++k) std::memcpy(dst_h + (row + k) * c.dstPitch, window_ + off + k * w, w);
+      ReclaimLocked();
+    }
+  }
+  (void)async;  // host-side destinations are filled before returning, as for pageable memory
+  return CUDA_SUCCESS;
+}
+
+CUresult Client::UploadBlob(uint64_t hash_lo, uint64_t hash_hi, const uint8_t* data, uint64_t bytes) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (broken_ != CUDA_SUCCESS) return broken_;
+  for (uint64_t done = 0; done < bytes;) {
+    const uint64_t n = std::min(kChunk, bytes - done);
+    const int64_t off = StageAllocLocked(n);
+    if (off < 0) return broken_ != CUDA_SUCCESS ? broken_ : CUDA_ERROR_UNKNOWN;
+    std::memcpy(window_ + off, data + done, n);
+    BlobPutReq q{hash_lo, hash_hi, bytes, done, static_cast<uint64_t>(off), n};
+    FrameHeader h = MakeHeader(Op::kBlobPut, sizeof q, false);
+    StageTagLocked(h.seq, false);
+    if (CUresult r = PushLocked(h, &q, sizeof q, nullptr, 0); r != CUDA_SUCCESS) return r;
+    done += n;
+  }
+  return CUDA_SUCCESS;
+}
+
+// ---- Pinned heap ---------------------------------------------------------------------------
+
+void* Client::PinnedAlloc(uint64_t bytes) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (window_ == nullptr || bytes == 0) return nullptr;
+  const uint64_t need = (bytes + kPinnedAlign - 1) & ~(kPinnedAlign - 1);
+  for (auto it = pinned_free_.begin(); it != pinned_free_.end(); ++it) {
+    if (it->second < need) continue;
+    const uint64_t off = it->first, size = it->second;
+    pinned_free_.erase(it);
+    if (size > need) pinned_free_[off + need] = size - need;
+    pinned_used_[off] = need;
+    return window_ + off;
+  }
+  return nullptr;
+}
+
+bool Client::PinnedFree(void* p) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (window_ == nullptr) return false;
+  const auto off = static_cast<uint64_t>(static_cast<uint8_t*>(p) - window_);
+  auto it = pinned_used_.find(off);
+  if (static_cast<uint8_t*>(p) < window_ || it == pinned_used_.end()) return false;
+  uint64_t start = off, size = it->second;
+  pinned_used_.erase(it);
+  auto next = pinned_free_.lower_bound(start);
+  if (next != pinned_free_.end() && start + size == next->first) {
+    size += next->second;
+    next = pinned_free_.erase(next);
+  }
+  if (next != pinned_free_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == start) {
+      start = prev->first;
+      size += prev->second;
+      pinned_free_.erase(prev);
+    }
+  }
+  pinned_free_[start] = size;
+  return true;
+}
+
+bool Client::PinnedRange(const void* p, void** base, uint64_t* bytes) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (window_ == nullptr) return false;
+  const auto* b = static_cast<const uint8_t*>(p);
+  if (b < window_ || b >= window_ + layout_.window_bytes) return false;
+  const auto off = static_cast<uint64_t>(b - window_);
+  auto it = pinned_used_.upper_bound(off);
+  if (it == pinned_used_.begin()) return false;
+  --it;
+  if (off >= it->first + it->second) return false;
+  *base = window_ + it->first;
+  *bytes = it->second;
+  return true;
+}
+
+int64_t Client::WindowOffset(const void* p, uint64_t bytes) const noexcept {
+  if (window_ == nullptr) return -1;
+  const auto* b = static_cast<const uint8_t*>(p);
+  const uint8_t* heap = window_ + layout_.staging_bytes;
+  const uint8_t* end = window_ + layout_.window_bytes;
+  if (b < heap || b >= end || bytes > static_cast<uint64_t>(end - b)) return -1;
+  return b - window_;
+}
+
+void Client::Shutdown() noexcept {
+  if (!connected_.load(std::memory_order_acquire)) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (broken_ == CUDA_SUCCESS) {
+    FrameHeader h = MakeHeader(Op::kGoodbye, 0, false);
+    (void)PushLocked(h, nullptr, 0, nullptr, 0);
+    LogInfo("Releasing Orion resource " + allocation_text_);
+  }
+  broken_ = CUDA_ERROR_DEINITIALIZED;
+  stop_lease_.store(true, std::memory_order_relaxed);
+}
+
+}  // namespace orion::guest

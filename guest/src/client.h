@@ -1,0 +1,160 @@
+// guest/src/client.h — the guest runtime's connection to oriond: one channel per process.
+//
+// The channel is claimed on first use (cuInit, cuDriverGetVersion), sends Hello and receives the
+// session's devices. All frames of the process go through one ordered channel; application threads
+// enqueue under `mu_`, so oriond executes them in the order they were issued (ARCHITECTURE §3).
+//
+//   Client& c = Client::Get();
+//   if (CUresult r = c.Connect(); r != CUDA_SUCCESS) return r;
+//   MemAllocReq q{bytes}; HandleRep rep{};
+//   CUresult r = c.Call(Op::kMemAlloc, &q, sizeof q, &rep, sizeof rep);
+//
+// Thread-safety: every public member is safe to call from any thread.
+#pragma once
+
+#include <cuda.h>
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "orion/common/frame.h"
+#include "orion/ivshmem/region.h"
+#include "orion/ivshmem/ring.h"
+
+namespace orion::guest {
+
+class Client {
+ public:
+  static Client& Get();
+
+  // Claims a channel and handshakes, once. Returns the cached result on later calls.
+  CUresult Connect() noexcept;
+  bool connected() const noexcept { return connected_.load(std::memory_order_acquire); }
+
+  // Synchronous call: sends `op` with `req` (+ optional `tail` bytes) and waits for its reply,
+  // copying up to `rep_cap` payload bytes to `rep` (`*rep_len` gets the full length). Returns the
+  // reply's status, or the deferred status of an earlier asynchronous op when there is one.
+  CUresult Call(Op op, const void* req, uint32_t req_len, void* rep = nullptr, uint32_t rep_cap = 0,
+                uint32_t* rep_len = nullptr, const void* tail = nullptr, uint32_t tail_len = 0) noexcept;
+  // Fire-and-forget: enqueues `op`; an error surfaces at a later Call.
+  CUresult Send(Op op, const void* req, uint32_t req_len, const void* tail = nullptr,
+                uint32_t tail_len = 0) noexcept;
+
+  // Launch fast path: writes a LaunchKernel frame in place. `fill` writes param_bytes bytes.
+  template <typename Fill>
+  CUresult SendLaunch(const LaunchReq& q, Fill&& fill) noexcept;
+
+  // Bulk copies through the data window (chunked, pipelined).
+  CUresult CopyHtoD(uint64_t dst, const void* src, uint64_t bytes, uint64_t stream, bool sync) noexcept;
+  CUresult CopyDtoH(void* dst, uint64_t src, uint64_t bytes, uint64_t stream, bool async) noexcept;
+  CUresult Copy2D(const CUDA_MEMCPY2D& c, uint64_t stream, bool async) noexcept;
+  CUresult UploadBlob(uint64_t hash_lo, uint64_t hash_hi, const uint8_t* data, uint64_t bytes) noexcept;
+
+  // Pinned allocations live in the window's heap. Returns nullptr when the heap is full.
+  void* PinnedAlloc(uint64_t bytes) noexcept;
+  bool PinnedFree(void* p) noexcept;
+  // Window offset of [p, p+bytes) if it lies inside the window, else -1.
+  int64_t WindowOffset(const void* p, uint64_t bytes) const noexcept;
+  // The pinned allocation containing p: its base and size.
+  bool PinnedRange(const void* p, void** base, uint64_t* bytes) noexcept;
+
+  const WelcomeRep& welcome() const noexcept { return welcome_; }
+  const std::vector<DeviceInfo>& devices() const noexcept { return devices_; }
+  const std::string& allocation_text() const noexcept { return allocation_text_; }
+
+  // Context switching: the handle of the context the channel's next frames run in.
+  void NoteContext(uint64_t ctx_handle) noexcept;
+
+  void Shutdown() noexcept;  // at exit: Goodbye, stop the lease thread
+
+ private:
+  Client() = default;
+  CUresult ConnectLocked() noexcept;
+  CUresult PushLocked(const FrameHeader& h, const void* req, uint32_t req_len, const void* tail,
+                      uint32_t tail_len) noexcept;
+  CUresult WaitReplyLocked(uint32_t seq, void* rep, uint32_t rep_cap, uint32_t* rep_len) noexcept;
+  CUresult Broken(CUresult why, const char* what) noexcept;
+  CUresult SyncContextLocked() noexcept;
+  FrameHeader MakeHeader(Op op, uint32_t payload_len, bool wants_reply) noexcept;
+  // Staging (window[0, staging_bytes)) FIFO: released when the server has executed the frame
+  // (host-released) or when we copied the bytes out (guest-released).
+  int64_t StageAllocLocked(uint64_t bytes) noexcept;  // window offset, or -1 on a broken channel
+  void StageTagLocked(uint32_t seq, bool guest_owned) noexcept;
+  void StageReleaseGuestLocked() noexcept;
+  void ReclaimLocked() noexcept;
+
+  std::mutex mu_;
+  std::atomic<bool> connected_{false};
+  bool tried_ = false;
+  CUresult connect_result_ = CUDA_ERROR_NOT_INITIALIZED;
+  CUresult broken_ = CUDA_SUCCESS;
+
+  std::unique_ptr<ivshmem::MappedRegion> region_;
+  ivshmem::ChannelDesc* desc_ = nullptr;
+  ivshmem::RegionHeader* header_ = nullptr;
+  uint32_t channel_index_ = 0;
+  ivshmem::ChannelLayout layout_{};
+  uint8_t* window_ = nullptr;
+  ivshmem::RingProducer requests_;
+  ivshmem::RingConsumer replies_;
+  std::vector<uint8_t> scratch_;
+  uint32_t next_seq_ = 1;
+  uint64_t current_ctx_sent_ = 0;
+  uint64_t current_ctx_wanted_ = 0;
+
+  struct StageEntry {
+    uint64_t end;       // staging cursor after this entry
+    uint32_t seq;       // frame that consumes it (host-released)
+    bool guest_owned;   // released by us after copy-out
+    bool released;
+  };
+  std::deque<StageEntry> stage_fifo_;
+  uint64_t stage_head_ = 0;  // bytes allocated (free-running)
+  uint64_t stage_tail_ = 0;  // bytes released (free-running)
+
+  std::map<uint64_t, uint64_t> pinned_free_;  // offset -> size (heap free list)
+  std::map<uint64_t, uint64_t> pinned_used_;  // offset -> size
+
+  WelcomeRep welcome_{};
+  std::vector<DeviceInfo> devices_;
+  std::string allocation_text_;
+  std::thread lease_thread_;
+  std::atomic<bool> stop_lease_{false};
+};
+
+template <typename Fill>
+CUresult Client::SendLaunch(const LaunchReq& q, Fill&& fill) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (broken_ != CUDA_SUCCESS) return broken_;
+  if (CUresult r = SyncContextLocked(); r != CUDA_SUCCESS) return r;
+  const uint32_t len = static_cast<uint32_t>(sizeof(LaunchReq)) + q.param_bytes;
+  FrameHeader h = MakeHeader(Op::kLaunchKernel, len, false);
+  ivshmem::Backoff backoff;
+  uint8_t* p;
+  while ((p = requests_.Reserve(len)) == nullptr) {
+    if (header_ == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+    if (desc_->state.load(std::memory_order_acquire) == ivshmem::kChannelDead)
+      return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, "oriond closed the session");
+    backoff.Pause();
+  }
+  std::memcpy(p, &h, sizeof h);
+  std::memcpy(p + sizeof h, &q, sizeof q);
+  fill(p + sizeof h + sizeof q);
+  requests_.Commit();
+  return CUDA_SUCCESS;
+}
+
+// Guest-side logging (stderr or ORION_LOG_FILE, never stdout); level from ORION_LOG_LEVEL.
+void LogInfo(const std::string& msg) noexcept;
+void LogWarn(const std::string& msg) noexcept;
+void LogError(const std::string& msg) noexcept;
+void LogDebug(const std::string& msg) noexcept;
+
+}  // namespace orion::guest

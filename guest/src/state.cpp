@@ -1,0 +1,120 @@
+#include "state.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace orion::guest {
+
+State& S() noexcept {
+  static State* s = new State();  // leaked: used by exit handlers
+  return *s;
+}
+
+namespace {
+thread_local std::vector<GuestCtx*> t_stack;
+
+struct Coverage {
+  std::atomic<uint64_t> calls[static_cast<size_t>(Sym::kCount)]{};
+  std::atomic<bool> real[static_cast<size_t>(Sym::kCount)]{};
+};
+Coverage& Cov() {
+  static Coverage* c = new Coverage();
+  return *c;
+}
+const char* const kSymNames[] = {
+#define ORION_CUDA_SYMBOL(s) #s,
+#include "cuda_api.inc"
+#undef ORION_CUDA_SYMBOL
+};
+}  // namespace
+
+std::vector<GuestCtx*>& CtxStack() noexcept { return t_stack; }
+GuestCtx* CurrentCtx() noexcept { return t_stack.empty() ? nullptr : t_stack.back(); }
+void SetCurrentCtx(GuestCtx* c) noexcept { ThreadContextHandle() = c == nullptr ? 0 : c->handle; }
+
+void CoverageHit(Sym s, bool real) noexcept {
+  auto i = static_cast<size_t>(s);
+  Cov().calls[i].fetch_add(1, std::memory_order_relaxed);
+  if (!real) return;
+  if (!Cov().real[i].load(std::memory_order_relaxed)) Cov().real[i].store(true, std::memory_order_relaxed);
+}
+
+const char* SymName(Sym s) noexcept { return kSymNames[static_cast<size_t>(s)]; }
+
+// ORION_COVERAGE=1: at exit, which entry points the program called, how often, and whether each
+// is implemented (real) or answered CUDA_ERROR_NOT_SUPPORTED (stub).
+__attribute__((destructor)) static void CoverageReport() {
+  const char* e = std::getenv("ORION_COVERAGE");
+  if (e == nullptr || *e == '\0' || std::strcmp(e, "0") == 0) return;
+  size_t called = 0, real = 0;
+  std::string lines;
+  for (size_t i = 0; i < static_cast<size_t>(Sym::kCount); ++i) {
+    uint64_t n = Cov().calls[i].load();
+    if (n == 0) continue;
+    ++called;
+    bool r = Cov().real[i].load();
+    real += r;
+    lines += std::string("orion-coverage: ") + (r ? "real " : "STUB ") + kSymNames[i] + " " +
+             std::to_string(n) + "\n";
+  }
+  std::fprintf(stderr, "%sorion-coverage: %zu entry points called, %zu real, %zu not supported\n",
+               lines.c_str(), called, real, called - real);
+}
+
+void Mirror::Add(const DeviceRange& r) {
+  std::unique_lock l(mu_);
+  ranges_[r.base] = r;
+}
+
+bool Mirror::Remove(uint64_t base, DeviceRange* out) {
+  std::unique_lock l(mu_);
+  auto it = ranges_.find(base);
+  if (it == ranges_.end()) return false;
+  if (out != nullptr) *out = it->second;
+  ranges_.erase(it);
+  return true;
+}
+
+bool Mirror::Find(uint64_t p, uint64_t bytes, DeviceRange* out) const {
+  std::shared_lock l(mu_);
+  auto it = ranges_.upper_bound(p);
+  if (it == ranges_.begin()) return false;
+  --it;
+  const DeviceRange& r = it->second;
+  if (p < r.base || p - r.base > r.bytes || bytes > r.bytes - (p - r.base)) return false;
+  if (p - r.base == r.bytes && bytes != 0) return false;
+  if (out != nullptr) *out = r;
+  return true;
+}
+
+void Mirror::RemoveContext(const GuestCtx* ctx) {
+  std::unique_lock l(mu_);
+  for (auto it = ranges_.begin(); it != ranges_.end();) {
+    if (it->second.ctx == ctx) it = ranges_.erase(it); else ++it;
+  }
+}
+
+bool StreamId(CUstream s, uint64_t* id) noexcept {
+  const auto v = reinterpret_cast<uint64_t>(s);
+  if (v == 0 || v == reinterpret_cast<uint64_t>(CU_STREAM_LEGACY) ||
+      v == reinterpret_cast<uint64_t>(CU_STREAM_PER_THREAD)) {
+    *id = 0;  // the context's default stream (per-thread default streams share it; see README)
+    return true;
+  }
+  if (!S().streams.Has(v)) return false;
+  *id = v;
+  return true;
+}
+
+bool IsRegisteredHost(const void* p, uint64_t bytes) noexcept {
+  State& s = S();
+  std::lock_guard<std::mutex> l(s.mu);
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  auto it = s.registered.upper_bound(a);
+  if (it == s.registered.begin()) return false;
+  --it;
+  return a >= it->first && a - it->first <= it->second && bytes <= it->second - (a - it->first);
+}
+
+}  // namespace orion::guest

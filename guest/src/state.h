@@ -1,0 +1,142 @@
+// guest/src/state.h — what the guest runtime knows locally: contexts, modules, functions, the
+// mirror of the session's device allocations, and the coverage counters of every entry point.
+#pragma once
+
+#include <cuda.h>
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "client.h"
+#include "orion/common/frame.h"
+
+namespace orion::guest {
+
+// ---- Coverage --------------------------------------------------------------------------------
+enum class Sym : uint32_t {
+#define ORION_CUDA_SYMBOL(s) s,
+#include "cuda_api.inc"
+#undef ORION_CUDA_SYMBOL
+  kCount
+};
+void CoverageHit(Sym s, bool real) noexcept;
+const char* SymName(Sym s) noexcept;
+
+// Every implemented entry point starts with ORION_API(name): counts the call (ORION_COVERAGE).
+#define ORION_API(name) ::orion::guest::CoverageHit(::orion::guest::Sym::name, true)
+
+// Status of a CUDA call that needs a connected session.
+CUresult EnsureInit() noexcept;
+
+// ---- Objects -----------------------------------------------------------------------------------
+struct GuestCtx {
+  uint64_t handle = 0;     // server id
+  int device = 0;
+  unsigned flags = 0;
+  bool primary = false;
+  unsigned long long id = 0;  // cuCtxGetId
+};
+
+struct GuestFunction;
+struct GuestModule {
+  uint64_t handle = 0;
+  GuestCtx* ctx = nullptr;
+  std::mutex mu;
+  std::unordered_map<std::string, GuestFunction*> functions;
+  std::vector<uint64_t> globals;  // device ranges registered in the mirror
+};
+
+struct GuestFunction {
+  uint64_t handle = 0;
+  GuestModule* module = nullptr;
+  std::string name;
+  std::vector<ParamInfo> params;
+  uint32_t param_bytes = 0;
+};
+
+// Registry of live objects of one kind, so handles from the application are validated before use.
+template <typename T>
+class Registry {
+ public:
+  void Add(T* p) { std::unique_lock l(mu_); set_.insert(p); }
+  bool Remove(T* p) { std::unique_lock l(mu_); return set_.erase(p) != 0; }
+  bool Has(const void* p) const {
+    std::shared_lock l(mu_);
+    return set_.count(static_cast<T*>(const_cast<void*>(p))) != 0;
+  }
+ private:
+  mutable std::shared_mutex mu_;
+  std::unordered_set<T*> set_;
+};
+
+// Handle ids (streams, events) that the server issued to this process.
+class IdSet {
+ public:
+  void Add(uint64_t id) { std::unique_lock l(mu_); set_.insert(id); }
+  bool Remove(uint64_t id) { std::unique_lock l(mu_); return set_.erase(id) != 0; }
+  bool Has(uint64_t id) const { std::shared_lock l(mu_); return set_.count(id) != 0; }
+ private:
+  mutable std::shared_mutex mu_;
+  std::unordered_set<uint64_t> set_;
+};
+
+enum class RangeKind : uint8_t { kDevice, kGlobal, kMappedHost };
+struct DeviceRange {
+  uint64_t base = 0, bytes = 0;
+  RangeKind kind = RangeKind::kDevice;
+  GuestCtx* ctx = nullptr;
+  void* host = nullptr;    // kMappedHost: the host pointer
+};
+
+// Mirror of device ranges the session owns: for immediate CUDA_ERROR_INVALID_VALUE like the real
+// driver, cuMemGetAddressRange and cuPointerGetAttribute(s).
+class Mirror {
+ public:
+  void Add(const DeviceRange& r);
+  bool Remove(uint64_t base, DeviceRange* out);
+  // The range containing [p, p+bytes), if any.
+  bool Find(uint64_t p, uint64_t bytes, DeviceRange* out) const;
+  // Drops every range of a context that was destroyed or reset.
+  void RemoveContext(const GuestCtx* ctx);
+ private:
+  mutable std::shared_mutex mu_;
+  std::map<uint64_t, DeviceRange> ranges_;
+};
+
+struct State {
+  std::mutex mu;
+  std::vector<GuestCtx*> primary;        // per device; nullptr until retained
+  std::vector<unsigned> primary_refs;
+  std::vector<unsigned> primary_flags;
+  Registry<GuestCtx> contexts;
+  Registry<GuestModule> modules;
+  Registry<GuestFunction> functions;
+  IdSet streams;
+  IdSet events;
+  Mirror mirror;
+  std::map<uintptr_t, uint64_t> registered;  // cuMemHostRegister'ed ranges (copy-through)
+  std::atomic<unsigned long long> next_ctx_id{1};
+};
+State& S() noexcept;
+
+// Calling thread's context stack (cuCtxPush/Pop/SetCurrent).
+GuestCtx* CurrentCtx() noexcept;
+void SetCurrentCtx(GuestCtx* c) noexcept;
+std::vector<GuestCtx*>& CtxStack() noexcept;
+uint64_t& ThreadContextHandle() noexcept;
+
+// Stream handle from the application -> server id (0 = default). False if unknown.
+bool StreamId(CUstream s, uint64_t* id) noexcept;
+bool IsRegisteredHost(const void* p, uint64_t bytes) noexcept;
+// Runs cudart's context-local-storage destructors for `ctx` (proc.cpp).
+void RunContextDestructors(CUcontext ctx) noexcept;
+
+}  // namespace orion::guest

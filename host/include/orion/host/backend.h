@@ -1,0 +1,137 @@
+// orion/host/backend.h — what a session worker executes on: the real CUDA driver or the simulator.
+//
+// A Backend lives in one session worker process and serves that session only. The worker has
+// already validated everything it passes in: handles are the backend's own values from its earlier
+// replies, device ranges lie inside allocations of this session, host pointers lie inside the
+// session's data window. Backends return CUresult values verbatim (they travel to the client).
+//
+//   auto b = MakeSimBackend(sim_options);
+//   b->Init(placements);
+//   void* ctx; b->PrimaryCtxRetain(0, &ctx); b->SetCurrent(ctx);
+//   uint64_t p; b->MemAlloc(1 << 20, &p);
+//
+// Thread-safety: none; a worker calls its backend from one thread.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "orion/common/frame.h"
+#include "orion/common/status.h"
+
+namespace orion::host {
+
+// One vGPU of a session: which physical GPU, which slot on it, and its memory quota.
+struct Placement {
+  uint32_t pgpu = 0;
+  uint32_t vgpu = 0;
+  uint64_t quota_bytes = 0;
+};
+
+// A physical GPU as the daemon sees it at start-up.
+struct PhysicalGpu {
+  uint32_t index = 0;
+  std::string name;
+  uint64_t total_mem = 0;  // bytes
+  std::string uuid;        // text, for logs
+};
+
+struct KernelLayout {
+  std::vector<ParamInfo> params;  // in ordinal order
+  uint32_t param_bytes = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;  // "sim" or "cuda"
+
+  // Prepares the session's devices (one per placement, in order).
+  virtual Status Init(const std::vector<Placement>& placements) = 0;
+  // The session's view of device `dev` (an index into the placements): name, uuid, attributes;
+  // total_mem is filled by the worker from the quota.
+  virtual void DescribeDevice(uint32_t dev, DeviceInfo* out) = 0;
+  virtual int DriverVersion() = 0;
+  // Bytes a context costs on the GPU (counted in the quota).
+  virtual uint64_t ContextOverhead(uint32_t dev) = 0;
+  // Makes [base, base+bytes) (the session's data window) usable for copies and device mapping.
+  virtual CUresult RegisterWindow(void* base, uint64_t bytes) = 0;
+
+  // Contexts. `dev` indexes the placements.
+  virtual CUresult PrimaryCtxRetain(uint32_t dev, void** ctx) = 0;
+  virtual CUresult PrimaryCtxReset(uint32_t dev) = 0;
+  virtual CUresult CtxCreate(uint32_t dev, uint32_t flags, void** ctx) = 0;
+  virtual CUresult CtxDestroy(void* ctx) = 0;
+  virtual CUresult SetCurrent(void* ctx) = 0;
+  virtual CUresult CtxSynchronize() = 0;
+  virtual CUresult CtxSetLimit(uint32_t limit, uint64_t value) = 0;
+  virtual CUresult CtxGetLimit(uint32_t limit, uint64_t* value) = 0;
+
+  // Memory, in the current context.
+  virtual CUresult MemAlloc(uint64_t bytes, uint64_t* dptr) = 0;
+  virtual CUresult MemFree(uint64_t dptr) = 0;
+  virtual CUresult MemGetInfo(uint64_t* free, uint64_t* total) = 0;  // physical; the worker clamps
+  virtual CUresult MemcpyHtoD(uint64_t dst, const void* src, uint64_t bytes, void* stream) = 0;
+  // `async`: completes in stream order (destination in the window); else before returning.
+  virtual CUresult MemcpyDtoH(void* dst, uint64_t src, uint64_t bytes, void* stream, bool async) = 0;
+  virtual CUresult MemcpyDtoD(uint64_t dst, uint64_t src, uint64_t bytes, void* stream) = 0;
+  // 2D copy; a side is a device address, or a host address inside the window (`*_host` non-null).
+  virtual CUresult Memcpy2D(uint64_t dst, void* dst_host, uint64_t dst_pitch, uint64_t src, const void* src_host,
+                            uint64_t src_pitch, uint64_t width, uint64_t height, void* stream) = 0;
+  virtual CUresult Memset(uint64_t dst, uint32_t value, uint32_t elem_size, uint64_t width, uint64_t height,
+                          uint64_t pitch, void* stream) = 0;
+  // Device address of window memory [host, host+bytes) (mapped pinned memory).
+  virtual CUresult HostGetDevicePointer(void* host, uint64_t bytes, uint64_t* dptr) = 0;
+
+  // Modules: `image` is a fatbin, cubin or PTX, already size-checked.
+  virtual CUresult ModuleLoad(std::span<const uint8_t> image, void** module) = 0;
+  virtual CUresult ModuleUnload(void* module) = 0;
+  virtual CUresult ModuleGetFunction(void* module, const char* name, void** function, KernelLayout* layout) = 0;
+  virtual CUresult ModuleGetGlobal(void* module, const char* name, uint64_t* dptr, uint64_t* bytes) = 0;
+  virtual CUresult FuncGetAttribute(void* function, int attribute, int* value) = 0;
+  virtual CUresult FuncSetAttribute(void* function, int attribute, int value) = 0;
+  // `params` is the parameter buffer (param_bytes long, laid out per the function's layout).
+  virtual CUresult LaunchKernel(void* function, const uint32_t grid[3], const uint32_t block[3],
+                                uint32_t shared_mem, void* stream, const uint8_t* params, uint32_t param_bytes) = 0;
+  virtual CUresult OccupancyMaxBlocks(void* function, uint32_t block_size, uint64_t dynamic_smem, uint32_t flags,
+                                      int* blocks) = 0;
+
+  // Streams and events; a null stream is the current context's default stream.
+  virtual CUresult StreamCreate(uint32_t flags, int priority, void** stream) = 0;
+  virtual CUresult StreamDestroy(void* stream) = 0;
+  virtual CUresult StreamSynchronize(void* stream) = 0;
+  virtual CUresult StreamQuery(void* stream) = 0;
+  virtual CUresult StreamWaitEvent(void* stream, void* event, uint32_t flags) = 0;
+  virtual CUresult EventCreate(uint32_t flags, void** event) = 0;
+  virtual CUresult EventDestroy(void* event) = 0;
+  virtual CUresult EventRecord(void* event, void* stream) = 0;
+  virtual CUresult EventSynchronize(void* event) = 0;
+  virtual CUresult EventQuery(void* event) = 0;
+  virtual CUresult EventElapsedTime(void* start, void* end, float* ms) = 0;
+};
+
+// Simulator: no GPU. Memory is host RAM at device-like addresses; modules are parsed; launches are
+// validated and appended to `launch_log` (if not empty) but never executed.
+struct SimOptions {
+  std::string launch_log;      // file, appended; "" = none
+  uint32_t session_id = 0;
+};
+std::unique_ptr<Backend> MakeSimBackend(const SimOptions& options);
+// The simulated physical GPUs the daemon offers (`count` GPUs of `mem_mib` each).
+std::vector<PhysicalGpu> SimPhysicalGpus(uint32_t count, uint64_t mem_mib);
+
+// Real CUDA driver, dlopen'ed from `driver_path` (default "libcuda.so.1").
+struct CudaOptions {
+  std::string driver_path = "libcuda.so.1";
+};
+Result<std::unique_ptr<Backend>> MakeCudaBackend(const CudaOptions& options);
+// Probes the real driver in a child process (the daemon must not initialise CUDA before it forks
+// session workers). Returns the GPUs, or an error when no driver or no GPU answers.
+Result<std::vector<PhysicalGpu>> ProbeCudaGpus(const CudaOptions& options);
+
+}  // namespace orion::host

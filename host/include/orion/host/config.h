@@ -1,0 +1,62 @@
+// orion/host/config.h — oriond's configuration: /etc/orion/server.conf (Orion's INI keys, see
+// shared/orion-reference.md) overridden by command-line flags.
+//
+//   auto conf = LoadServerConfig("/etc/orion/server.conf");   // kNotFound if absent
+//   if (!conf.ok()) { std::cerr << conf.status().message(); }
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "orion/common/status.h"
+
+namespace orion::host {
+
+enum class BackendKind { kAuto, kCuda, kSim };
+
+struct ServerConfig {
+  // [server]
+  uint16_t listen_port = 9960;
+  std::string bind_addr = "127.0.0.1";
+  bool enable_shm = true;
+  bool enable_rdma = false;
+  bool enable_kvm = false;
+  uint32_t vgpu_count = 4;          // vGPUs per physical GPU, 1..100
+  uint32_t max_clients = 64;        // -n
+  // [server-log]
+  bool log_with_time = true;
+  bool log_to_screen = false;
+  bool log_to_file = true;
+  std::string log_level = "INFO";   // ERROR, WARNING, INFO, DEBUG
+  std::string file_log_level = "INFO";
+  // [server-shm]
+  std::string shm_path_base = "/dev/shm/";
+  std::string shm_group_name = "kvm";
+  std::string shm_user_name = "libvirt-qemu";
+  uint64_t shm_buffer_size_mib = 64;  // per channel
+  // [controller]
+  std::string controller_addr;
+  // Not in Orion's file: flags only (or [orion] section).
+  BackendKind backend = BackendKind::kAuto;
+  std::string log_dir = "/var/log/orion";
+  std::string cache_dir = "/var/cache/orion/modules";
+  std::vector<std::string> shm_paths;  // --shm; empty: every <shm_path_base>/orionsock*
+  std::string sim_launch_log;
+  uint32_t sim_gpus = 1;
+  uint64_t sim_gpu_mem_mib = 16384;
+  uint64_t lease_timeout_ms = 3000;
+  std::string cuda_driver = "libcuda.so.1";
+};
+
+// Parses an INI text (Orion's server.conf syntax: `key = value`, `;` or `#` comments, quoted
+// "true"/"false"). Unknown keys are errors naming them; so are bad values, e.g.
+// "server.conf: [server] vgpu_count = 'abc' is not a number in 1..100".
+Result<ServerConfig> ParseServerConfig(const std::string& text, const std::string& source,
+                                       ServerConfig base = ServerConfig{});
+// Reads and parses a file. kNotFound when it does not exist.
+Result<ServerConfig> LoadServerConfig(const std::string& path, ServerConfig base = ServerConfig{});
+// "auto" | "cuda" | "sim".
+Result<BackendKind> ParseBackend(const std::string& s);
+
+}  // namespace orion::host

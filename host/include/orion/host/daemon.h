@@ -1,0 +1,69 @@
+// orion/host/daemon.h — oriond: serves shared-memory regions, admits clients into vGPUs, forks one
+// worker process per session and reaps it, and keeps each region's heartbeat.
+//
+//   Daemon d(config);
+//   if (Status s = d.Start(); !s.ok()) { ... }
+//   return d.Run();            // until Stop() (SIGTERM/SIGINT in main)
+#pragma once
+
+#include <spdlog/logger.h>
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "orion/host/backend.h"
+#include "orion/host/config.h"
+#include "orion/host/pool.h"
+#include "orion/ivshmem/region.h"
+
+namespace orion::host {
+
+class Daemon {
+ public:
+  explicit Daemon(ServerConfig config);
+  ~Daemon();
+  // Opens logs, picks the backend, finds the GPUs, formats and maps the regions.
+  Status Start();
+  // Serves until Stop(); returns the process exit code.
+  int Run();
+  void Stop() { stop_.store(true); }
+  BackendKind backend() const { return backend_; }
+
+ private:
+  struct Channel {
+    enum State { kIdle, kServing, kWaitFree } state = kIdle;
+    pid_t pid = 0;
+    uint32_t session = 0;
+    std::vector<Placement> placements;
+    uint64_t lease = 0;
+    uint64_t lease_changed_ms = 0;
+    uint64_t claimed_ms = 0;
+  };
+  struct Region {
+    std::unique_ptr<ivshmem::MappedRegion> map;
+    uint64_t channel_bytes = 0;
+    uint32_t channel_count = 0;
+    std::vector<Channel> channels;
+  };
+
+  void Scan(Region& r, uint32_t index, uint64_t now_ms);
+  void Admit(Region& r, uint32_t index);
+  void Reap();
+  void SetDead(Region& r, uint32_t index, int32_t reason);
+  bool LeaseStale(Region& r, uint32_t index, uint64_t now_ms);
+  std::shared_ptr<spdlog::logger> SessionLogger(uint32_t session);
+
+  ServerConfig config_;
+  BackendKind backend_ = BackendKind::kSim;
+  std::unique_ptr<VgpuPool> pool_;
+  std::vector<Region> regions_;
+  std::shared_ptr<spdlog::logger> log_;
+  std::atomic<bool> stop_{false};
+  uint32_t next_session_ = 1;
+  uint32_t serving_ = 0;
+};
+
+}  // namespace orion::host

@@ -1,0 +1,46 @@
+// orion/host/pool.h — standalone vGPU admission: oriond splits its physical GPUs into vGPU slots
+// (vgpu_count per GPU) and admits a client asking ORION_VGPU x ORION_GMEM when that fits.
+//
+// Placement follows Orion: the vGPUs of one request are packed onto one GPU while its memory and
+// slots allow, then onto the next GPU (the fullest GPU that still fits is chosen first).
+//
+//   VgpuPool pool(gpus, /*vgpu_count=*/4);
+//   auto p = pool.Admit(2, 4096);   // 2 vGPUs of 4096 MiB
+//   ...; pool.Release(*p);
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "orion/common/status.h"
+#include "orion/host/backend.h"
+
+namespace orion::host {
+
+class VgpuPool {
+ public:
+  VgpuPool(std::vector<PhysicalGpu> gpus, uint32_t vgpu_count);
+
+  // `gmem_mib` 0 means the default vGPU size (GPU memory / vgpu_count). Errors (kResourceExhausted
+  // or kInvalidArgument) say why: count, memory per GPU, free slots.
+  Result<std::vector<Placement>> Admit(uint32_t count, uint64_t gmem_mib);
+  void Release(const std::vector<Placement>& placements);
+
+  // Orion's "Final virtual gpu list <vID:pID:mbSize>" body: "0:0:4096,1:0:4096,...".
+  std::string FinalList() const;
+  uint32_t total_vgpus() const;
+  uint32_t free_vgpus() const;
+  const std::vector<PhysicalGpu>& gpus() const { return gpus_; }
+
+ private:
+  struct Gpu {
+    std::vector<uint64_t> slot_bytes;  // 0 = free
+    uint64_t used_bytes = 0;
+  };
+  std::vector<PhysicalGpu> gpus_;
+  uint32_t vgpu_count_;
+  std::vector<Gpu> state_;
+};
+
+}  // namespace orion::host

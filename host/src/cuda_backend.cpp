@@ -1,0 +1,983 @@
+// cuda_backend.cpp — the "cuda" executor: a session worker's calls run on the real CUDA driver.
+//
+// The driver is dlopen'ed (never linked), so oriond builds and starts on machines without one.
+// Every entry point is resolved with dlsym under its exact exported, versioned name
+// (cuMemAlloc_v2, cuMemcpyHtoDAsync_v2, ...); the function types come from <cuda.h> itself
+// (decltype of the declaration the header's #define maps the plain name to), so a signature can
+// not drift from the toolkit's. Return values are CUresults, verbatim (backend.h).
+//
+// Choices that a reader of the CUDA documentation should know about (references are to the
+// CUDA 13.0 <cuda.h> doc comments):
+//  * Modules are libraries: cuLibraryLoadData is context-independent, so a module handle stays
+//    valid whatever context the client makes current. Without CU_LIBRARY_BINARY_IS_PRESERVED
+//    "the driver [allocates and maintains] its own copy of code" (CUlibraryOption), so the
+//    image buffer need not outlive ModuleLoad.
+//  * A function handle is the CUkernel from cuLibraryGetKernel. cuLaunchKernel documents that a
+//    context-less CUkernel may be passed "by casting to ::CUfunction"; the context then comes
+//    from the stream, or the current context for a NULL stream. Attributes use
+//    cuKernelGetAttribute / cuKernelSetAttribute for the current context's device; occupancy
+//    uses the CUfunction cuKernelGetFunction returns for the current context.
+//  * The parameter layout comes from cuKernelGetParamInfo (driver >= 12.4), index 0, 1, ...
+//    until CUDA_ERROR_INVALID_VALUE ("paramIndex must be less than the number of parameters").
+//    Launches pass the packed buffer with CU_LAUNCH_PARAM_BUFFER_POINTER / _SIZE.
+//  * The data window is cuMemHostRegister'ed PORTABLE | DEVICEMAP. Registration needs a current
+//    context, so it happens lazily: at RegisterWindow if a context is current, else at the next
+//    SetCurrent / CtxCreate / window copy. If the context that holds the registration is
+//    destroyed or reset, the registration is assumed gone and redone on the next occasion
+//    (CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED counts as success). If registration fails, copies
+//    still work as pageable copies and HostGetDevicePointer answers CUDA_ERROR_NOT_SUPPORTED.
+//  * Copies that read the window (HtoD, 2D from the window) synchronise their stream before
+//    returning: the client reuses window bytes as soon as the worker reports the frame done, so
+//    the DMA must have read them. (A later optimisation: record an event and only wait for it
+//    when the window space is about to be reused.) DtoH with async=false synchronises too;
+//    async=true leaves the copy in stream order (its destination is registered window memory).
+//  * The driver library is never dlclose'd: driver threads may still run code from it.
+//
+// Thread-safety: none (backend.h). No exception escapes; nothing is logged here.
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cuda.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <climits>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "orion/common/frame.h"
+#include "orion/common/status.h"
+#include "orion/host/backend.h"
+
+namespace orion::host {
+namespace {
+
+// ---- The driver API, resolved with dlsym ----------------------------------------------------
+//
+// X(member, exported_name): `exported_name` is both the dlsym name and the identifier <cuda.h>
+// declares with that signature (the header #defines e.g. cuMemAlloc to cuMemAlloc_v2). Never
+// pass a plain name that <cuda.h> #defines (cuMemAlloc, cuCtxCreate, cuEventElapsedTime): the
+// argument would be macro-expanded in decltype but not in the string.
+#define ORION_CUDA_REQUIRED(X)                                                               \
+  X(init, cuInit)                                                                            \
+  X(driverGetVersion, cuDriverGetVersion)                                                    \
+  X(deviceGet, cuDeviceGet)                                                                  \
+  X(deviceGetCount, cuDeviceGetCount)                                                        \
+  X(deviceGetName, cuDeviceGetName)                                                          \
+  X(deviceGetUuid, cuDeviceGetUuid_v2)                                                       \
+  X(deviceGetAttribute, cuDeviceGetAttribute)                                                \
+  X(deviceGetPCIBusId, cuDeviceGetPCIBusId)                                                  \
+  X(deviceTotalMem, cuDeviceTotalMem_v2)                                                     \
+  X(primaryCtxRetain, cuDevicePrimaryCtxRetain)                                              \
+  X(primaryCtxRelease, cuDevicePrimaryCtxRelease_v2)                                         \
+  X(primaryCtxReset, cuDevicePrimaryCtxReset_v2)                                             \
+  X(ctxDestroy, cuCtxDestroy_v2)                                                             \
+  X(ctxSetCurrent, cuCtxSetCurrent)                                                          \
+  X(ctxGetCurrent, cuCtxGetCurrent)                                                          \
+  X(ctxGetDevice, cuCtxGetDevice)                                                            \
+  X(ctxSynchronize, cuCtxSynchronize)                                                        \
+  X(ctxSetLimit, cuCtxSetLimit)                                                              \
+  X(ctxGetLimit, cuCtxGetLimit)                                                              \
+  X(memAlloc, cuMemAlloc_v2)                                                                 \
+  X(memFree, cuMemFree_v2)                                                                   \
+  X(memGetInfo, cuMemGetInfo_v2)                                                             \
+  X(memcpyHtoDAsync, cuMemcpyHtoDAsync_v2)                                                   \
+  X(memcpyDtoHAsync, cuMemcpyDtoHAsync_v2)                                                   \
+  X(memcpyDtoDAsync, cuMemcpyDtoDAsync_v2)                                                   \
+  X(memcpy2DAsync, cuMemcpy2DAsync_v2)                                                       \
+  X(memsetD8Async, cuMemsetD8Async)                                                          \
+  X(memsetD16Async, cuMemsetD16Async)                                                        \
+  X(memsetD32Async, cuMemsetD32Async)                                                        \
+  X(memsetD2D8Async, cuMemsetD2D8Async)                                                      \
+  X(memsetD2D16Async, cuMemsetD2D16Async)                                                    \
+  X(memsetD2D32Async, cuMemsetD2D32Async)                                                    \
+  X(memHostRegister, cuMemHostRegister_v2)                                                   \
+  X(memHostGetDevicePointer, cuMemHostGetDevicePointer_v2)                                   \
+  X(libraryLoadData, cuLibraryLoadData)                                                      \
+  X(libraryUnload, cuLibraryUnload)                                                          \
+  X(libraryGetKernel, cuLibraryGetKernel)                                                    \
+  X(libraryGetGlobal, cuLibraryGetGlobal)                                                    \
+  X(kernelGetParamInfo, cuKernelGetParamInfo)                                                \
+  X(kernelGetAttribute, cuKernelGetAttribute)                                                \
+  X(kernelSetAttribute, cuKernelSetAttribute)                                                \
+  X(kernelGetFunction, cuKernelGetFunction)                                                  \
+  X(launchKernel, cuLaunchKernel)                                                            \
+  X(occupancyMaxActiveBlocks, cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags)          \
+  X(streamCreateWithPriority, cuStreamCreateWithPriority)                                    \
+  X(streamDestroy, cuStreamDestroy_v2)                                                       \
+  X(streamSynchronize, cuStreamSynchronize)                                                  \
+  X(streamQuery, cuStreamQuery)                                                              \
+  X(streamWaitEvent, cuStreamWaitEvent)                                                      \
+  X(eventCreate, cuEventCreate)                                                              \
+  X(eventDestroy, cuEventDestroy_v2)                                                         \
+  X(eventRecord, cuEventRecord)                                                              \
+  X(eventSynchronize, cuEventSynchronize)                                                    \
+  X(eventQuery, cuEventQuery)
+
+// cuCtxCreate_v2 (CUDA 3.2 .. 12.4 signature); <cuda.h> 13 declares it only internally.
+using CtxCreateV2Fn = CUresult(CUDAAPI*)(CUcontext* pctx, unsigned int flags, CUdevice dev);
+
+struct Api {
+#define ORION_CUDA_MEMBER(member, fn) decltype(&::fn) member = nullptr;
+  ORION_CUDA_REQUIRED(ORION_CUDA_MEMBER)
+#undef ORION_CUDA_MEMBER
+  // One of these two (cuCtxCreate_v4 preferred, driver >= 12.5).
+  decltype(&::cuCtxCreate_v4) ctxCreateV4 = nullptr;
+  CtxCreateV2Fn ctxCreateV2 = nullptr;
+  // cuEventElapsedTime_v2 (driver >= 12.8), else cuEventElapsedTime: same signature.
+  decltype(&::cuEventElapsedTime_v2) eventElapsedTime = nullptr;
+  // Optional: only for error messages.
+  decltype(&::cuGetErrorName) getErrorName = nullptr;
+};
+
+template <typename F>
+bool Sym(void* lib, const char* name, F* out) {
+  void* p = dlsym(lib, name);
+  if (p == nullptr) return false;
+  *out = reinterpret_cast<F>(p);
+  return true;
+}
+
+Status MissingSymbol(const std::string& path, const char* name, const char* hint) {
+  std::string m = "CUDA driver '" + path + "' does not export " + name;
+  if (hint != nullptr) m += std::string(" (") + hint + ")";
+  return FailedPrecondition(std::move(m));
+}
+
+// Resolves every entry point the backend uses; an error names the first one missing.
+Status LoadApi(void* lib, const std::string& path, Api* api) {
+#define ORION_CUDA_LOAD(member, fn) \
+  if (!Sym(lib, #fn, &api->member)) return MissingSymbol(path, #fn, hint_for(#fn));
+  auto hint_for = [](const char* fn) -> const char* {
+    std::string_view n(fn);
+    if (n == "cuKernelGetParamInfo") return "needs a driver for CUDA 12.4 or newer";
+    if (n.starts_with("cuLibrary") || n.starts_with("cuKernel")) return "needs a driver for CUDA 12.0 or newer";
+    return "driver too old?";
+  };
+  ORION_CUDA_REQUIRED(ORION_CUDA_LOAD)
+#undef ORION_CUDA_LOAD
+  if (!Sym(lib, "cuCtxCreate_v4", &api->ctxCreateV4) && !Sym(lib, "cuCtxCreate_v2", &api->ctxCreateV2)) {
+    return MissingSymbol(path, "cuCtxCreate_v4 or cuCtxCreate_v2", nullptr);
+  }
+  if (!Sym(lib, "cuEventElapsedTime_v2", &api->eventElapsedTime) &&
+      !Sym(lib, "cuEventElapsedTime", &api->eventElapsedTime)) {
+    return MissingSymbol(path, "cuEventElapsedTime_v2 or cuEventElapsedTime", nullptr);
+  }
+  (void)Sym(lib, "cuGetErrorName", &api->getErrorName);
+  return Status::Ok();
+}
+
+// dlopen's the driver; the handle is never closed (see the file comment).
+Result<void*> OpenDriver(const std::string& path) {
+  if (path.empty()) return InvalidArgument("CUDA driver path is empty");
+  void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) {
+    const char* e = dlerror();
+    return Unavailable(e != nullptr ? std::string(e) : path + ": cannot be loaded");
+  }
+  return lib;
+}
+
+// Names for the results that matter when the driver cannot answer cuGetErrorName itself (the
+// link stub, a broken install).
+const char* FallbackErrorName(CUresult r) noexcept {
+  switch (r) {
+    case CUDA_SUCCESS: return "CUDA_SUCCESS";
+    case CUDA_ERROR_INVALID_VALUE: return "CUDA_ERROR_INVALID_VALUE";
+    case CUDA_ERROR_OUT_OF_MEMORY: return "CUDA_ERROR_OUT_OF_MEMORY";
+    case CUDA_ERROR_NOT_INITIALIZED: return "CUDA_ERROR_NOT_INITIALIZED";
+    case CUDA_ERROR_DEINITIALIZED: return "CUDA_ERROR_DEINITIALIZED";
+    case CUDA_ERROR_STUB_LIBRARY: return "CUDA_ERROR_STUB_LIBRARY";
+    case CUDA_ERROR_DEVICE_UNAVAILABLE: return "CUDA_ERROR_DEVICE_UNAVAILABLE";
+    case CUDA_ERROR_NO_DEVICE: return "CUDA_ERROR_NO_DEVICE";
+    case CUDA_ERROR_INVALID_DEVICE: return "CUDA_ERROR_INVALID_DEVICE";
+    case CUDA_ERROR_DEVICE_NOT_LICENSED: return "CUDA_ERROR_DEVICE_NOT_LICENSED";
+    case CUDA_ERROR_INVALID_CONTEXT: return "CUDA_ERROR_INVALID_CONTEXT";
+    case CUDA_ERROR_OPERATING_SYSTEM: return "CUDA_ERROR_OPERATING_SYSTEM";
+    case CUDA_ERROR_NOT_SUPPORTED: return "CUDA_ERROR_NOT_SUPPORTED";
+    case CUDA_ERROR_SYSTEM_NOT_READY: return "CUDA_ERROR_SYSTEM_NOT_READY";
+    case CUDA_ERROR_SYSTEM_DRIVER_MISMATCH: return "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH";
+    case CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE: return "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE";
+    case CUDA_ERROR_UNKNOWN: return "CUDA_ERROR_UNKNOWN";
+    default: return nullptr;
+  }
+}
+
+// "CUDA_ERROR_NO_DEVICE (100)".
+std::string ErrorText(const Api& api, CUresult r) {
+  const char* name = nullptr;
+  if (api.getErrorName == nullptr || api.getErrorName(r, &name) != CUDA_SUCCESS || name == nullptr) {
+    name = FallbackErrorName(r);
+  }
+  std::string s = name != nullptr ? name : "CUresult";
+  s += " (" + std::to_string(static_cast<int>(r)) + ")";
+  return s;
+}
+
+// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi prints it.
+std::string FormatUuid(const CUuuid& u) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string s = "GPU-";
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) s += '-';
+    const auto b = static_cast<unsigned char>(u.bytes[i]);
+    s += kHex[b >> 4];
+    s += kHex[b & 0xF];
+  }
+  return s;
+}
+
+inline CUstream Stream(void* s) { return static_cast<CUstream>(s); }
+inline CUevent Event(void* e) { return static_cast<CUevent>(e); }
+inline CUcontext Ctx(void* c) { return static_cast<CUcontext>(c); }
+inline CUkernel Kernel(void* k) { return static_cast<CUkernel>(k); }
+inline CUlibrary Library(void* m) { return static_cast<CUlibrary>(m); }
+
+constexpr uint32_t kFatbinMagic = 0xBA55ED50u;         // fatbin container
+constexpr uint32_t kFatbinWrapperMagic = 0x466243B1u;  // __fatBinC_Wrapper_t (holds a pointer)
+// Upper bound on cuKernelGetParamInfo indices tried: CUDA allows 32764 bytes of parameters and a
+// parameter takes at least one byte, so no kernel has more.
+constexpr size_t kMaxParamProbe = 32768;
+
+// ---- The backend ----------------------------------------------------------------------------
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(const Api& api) : api_(api) {}
+  ~CudaBackend() override = default;  // see the file comment: no dlclose, no driver calls
+
+  const char* name() const override { return "cuda"; }
+
+  Status Init(const std::vector<Placement>& placements) override {
+    try {
+      if (placements.empty()) return InvalidArgument("cuda backend: a session needs at least one placement");
+      const CUresult r = api_.init(0);
+      if (r != CUDA_SUCCESS) return Unavailable("cuInit failed: " + ErrorText(api_, r));
+      std::vector<CUdevice> devices;
+      devices.reserve(placements.size());
+      for (size_t i = 0; i < placements.size(); ++i) {
+        const uint32_t pgpu = placements[i].pgpu;
+        if (pgpu > static_cast<uint32_t>(INT_MAX)) {
+          return InvalidArgument("placement " + std::to_string(i) + ": physical GPU " + std::to_string(pgpu) +
+                                 " is out of range");
+        }
+        CUdevice d = 0;
+        const CUresult g = api_.deviceGet(&d, static_cast<int>(pgpu));
+        if (g != CUDA_SUCCESS) {
+          return Unavailable("placement " + std::to_string(i) + ": cuDeviceGet(" + std::to_string(pgpu) +
+                             ") failed: " + ErrorText(api_, g));
+        }
+        devices.push_back(d);
+      }
+      placements_ = placements;
+      devices_ = std::move(devices);
+      return Status::Ok();
+    } catch (...) {
+      return Internal("cuda backend: out of memory in Init");
+    }
+  }
+
+  void DescribeDevice(uint32_t dev, DeviceInfo* out) override {
+    if (out == nullptr || dev >= devices_.size()) return;
+    const CUdevice d = devices_[dev];
+    // Everything but total_mem, which the worker fills from the quota.
+    std::memset(out->name, 0, sizeof(out->name));
+    std::memset(out->uuid, 0, sizeof(out->uuid));
+    std::memset(out->attributes, 0, sizeof(out->attributes));
+    std::memset(out->pci_bus_id, 0, sizeof(out->pci_bus_id));
+    out->luid_low = 0;
+    out->reserved = 0;
+    out->pgpu = placements_[dev].pgpu;
+    out->vgpu = placements_[dev].vgpu;
+
+    // At most sizeof - 1 characters, so the zeroed last byte stays a terminator.
+    if (api_.deviceGetName(out->name, static_cast<int>(sizeof(out->name) - 1), d) != CUDA_SUCCESS) {
+      std::memset(out->name, 0, sizeof(out->name));
+    }
+    out->name[sizeof(out->name) - 1] = '\0';
+
+    CUuuid uuid{};
+    if (api_.deviceGetUuid(&uuid, d) == CUDA_SUCCESS) {
+      static_assert(sizeof(uuid.bytes) == sizeof(out->uuid));
+      std::memcpy(out->uuid, uuid.bytes, sizeof(out->uuid));
+    }
+
+    // Every index the wire struct has room for: ids a newer driver knows beyond this header's
+    // CU_DEVICE_ATTRIBUTE_MAX are useful to a newer client runtime, and unknown ids simply fail
+    // (CUDA_ERROR_INVALID_VALUE) and stay 0. Index 0 is not an attribute.
+    for (uint32_t a = 1; a < kMaxDeviceAttributes; ++a) {
+      int v = 0;
+      if (api_.deviceGetAttribute(&v, static_cast<CUdevice_attribute>(a), d) == CUDA_SUCCESS) out->attributes[a] = v;
+    }
+
+    char bus[64] = {};
+    if (api_.deviceGetPCIBusId(bus, static_cast<int>(sizeof(bus)), d) == CUDA_SUCCESS) {
+      bus[sizeof(bus) - 1] = '\0';
+      std::string_view b(bus);
+      // The field holds "dddd:bb:dd.f". A driver that prints an 8-digit domain ("00000000:3B:00.0",
+      // nvidia-smi style) has leading zeros to spare.
+      while (b.size() > 1 && b[0] == '0' && b.find(':') > 4 && b.find(':') != std::string_view::npos) b.remove_prefix(1);
+      const size_t n = std::min(b.size(), sizeof(out->pci_bus_id) - 1);
+      std::memcpy(out->pci_bus_id, b.data(), n);
+    }
+  }
+
+  int DriverVersion() override {
+    int v = 0;
+    if (api_.driverGetVersion(&v) != CUDA_SUCCESS) return 0;
+    return v;
+  }
+
+  // A context's cost, measured once per physical GPU: with the device's primary context current,
+  // free memory before and after creating one more context (cuMemGetInfo needs a current context,
+  // so "before any context" cannot be observed). The first context of a process may cost a little
+  // more (process-wide state); other processes allocating meanwhile add noise. 0 on failure (not
+  // cached, so a later call measures again). The calling thread's current context is restored.
+  uint64_t ContextOverhead(uint32_t dev) override {
+    if (dev >= devices_.size()) return 0;
+    const CUdevice d = devices_[dev];
+    if (auto it = overhead_.find(d); it != overhead_.end()) return it->second;
+
+    CUcontext prev = nullptr;
+    if (api_.ctxGetCurrent(&prev) != CUDA_SUCCESS) prev = nullptr;
+    CUcontext primary = nullptr;
+    if (api_.primaryCtxRetain(&primary, d) != CUDA_SUCCESS) return 0;
+
+    bool ok = false;
+    size_t free_before = 0, free_after = 0, total = 0;
+    if (api_.ctxSetCurrent(primary) == CUDA_SUCCESS && api_.memGetInfo(&free_before, &total) == CUDA_SUCCESS) {
+      CUcontext extra = nullptr;
+      if (CreateContext(d, 0, &extra) == CUDA_SUCCESS) {  // pushed: now current
+        ok = api_.memGetInfo(&free_after, &total) == CUDA_SUCCESS;
+        (void)api_.ctxDestroy(extra);  // pops it
+      }
+    }
+    (void)api_.ctxSetCurrent(prev);
+    (void)api_.primaryCtxRelease(d);
+    if (!ok) return 0;
+
+    const uint64_t overhead = free_before > free_after ? free_before - free_after : 0;
+    try {
+      overhead_[d] = overhead;
+    } catch (...) {
+    }
+    return overhead;
+  }
+
+  CUresult RegisterWindow(void* base, uint64_t bytes) override {
+    if (base == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+    window_base_ = base;
+    window_bytes_ = bytes;
+    window_registered_ = false;
+    window_owner_ = nullptr;
+    window_failed_ctx_ = nullptr;
+    window_error_ = CUDA_SUCCESS;
+    EnsureWindow();
+    // Deferred (no current context yet) counts as success; an immediate failure is reported for
+    // the caller's log, but the backend keeps working without the registration.
+    return window_registered_ ? CUDA_SUCCESS : window_error_;
+  }
+
+  // ---- Contexts ----
+
+  CUresult PrimaryCtxRetain(uint32_t dev, void** ctx) override {
+    if (dev >= devices_.size()) return CUDA_ERROR_INVALID_DEVICE;
+    CUcontext c = nullptr;
+    const CUresult r = api_.primaryCtxRetain(&c, devices_[dev]);
+    if (r != CUDA_SUCCESS) return r;
+    try {
+      primary_[devices_[dev]] = c;
+    } catch (...) {
+    }
+    window_failed_ctx_ = nullptr;  // a new context event: registration may be retried
+    *ctx = c;
+    return CUDA_SUCCESS;
+  }
+
+  CUresult PrimaryCtxReset(uint32_t dev) override {
+    if (dev >= devices_.size()) return CUDA_ERROR_INVALID_DEVICE;
+    const CUdevice d = devices_[dev];
+    const CUresult r = api_.primaryCtxReset(d);
+    if (r != CUDA_SUCCESS) return r;
+    // The reset destroys the primary context's state, host registrations included.
+    CUcontext primary = nullptr;
+    if (auto it = primary_.find(d); it != primary_.end()) primary = it->second;
+    if (window_registered_ && (window_owner_ == nullptr || (primary != nullptr && window_owner_ == primary))) {
+      window_registered_ = false;
+      window_owner_ = nullptr;
+    }
+    window_failed_ctx_ = nullptr;
+    return CUDA_SUCCESS;
+  }
+
+  CUresult CtxCreate(uint32_t dev, uint32_t flags, void** ctx) override {
+    if (dev >= devices_.size()) return CUDA_ERROR_INVALID_DEVICE;
+    CUcontext c = nullptr;
+    const CUresult r = CreateContext(devices_[dev], flags, &c);
+    if (r != CUDA_SUCCESS) return r;
+    *ctx = c;
+    window_failed_ctx_ = nullptr;
+    EnsureWindow();  // the new context is current (cuCtxCreate pushes it)
+    return CUDA_SUCCESS;
+  }
+
+  CUresult CtxDestroy(void* ctx) override {
+    const CUresult r = api_.ctxDestroy(Ctx(ctx));
+    if (r != CUDA_SUCCESS) return r;
+    if (window_registered_ && (window_owner_ == nullptr || window_owner_ == Ctx(ctx))) {
+      window_registered_ = false;
+      window_owner_ = nullptr;
+    }
+    window_failed_ctx_ = nullptr;
+    return CUDA_SUCCESS;
+  }
+
+  CUresult SetCurrent(void* ctx) override {
+    const CUresult r = api_.ctxSetCurrent(Ctx(ctx));
+    if (r == CUDA_SUCCESS && ctx != nullptr) EnsureWindow();
+    return r;
+  }
+
+  CUresult CtxSynchronize() override { return api_.ctxSynchronize(); }
+
+  CUresult CtxSetLimit(uint32_t limit, uint64_t value) override {
+    return api_.ctxSetLimit(static_cast<CUlimit>(limit), static_cast<size_t>(value));
+  }
+
+  CUresult CtxGetLimit(uint32_t limit, uint64_t* value) override {
+    size_t v = 0;
+    const CUresult r = api_.ctxGetLimit(&v, static_cast<CUlimit>(limit));
+    if (r == CUDA_SUCCESS) *value = v;
+    return r;
+  }
+
+  // ---- Memory ----
+
+  CUresult MemAlloc(uint64_t bytes, uint64_t* dptr) override {
+    CUdeviceptr p = 0;
+    const CUresult r = api_.memAlloc(&p, static_cast<size_t>(bytes));
+    if (r == CUDA_SUCCESS) *dptr = p;
+    return r;
+  }
+
+  CUresult MemFree(uint64_t dptr) override { return api_.memFree(static_cast<CUdeviceptr>(dptr)); }
+
+  CUresult MemGetInfo(uint64_t* free, uint64_t* total) override {
+    size_t f = 0, t = 0;
+    const CUresult r = api_.memGetInfo(&f, &t);
+    if (r == CUDA_SUCCESS) {
+      *free = f;
+      *total = t;
+    }
+    return r;
+  }
+
+  // The window bytes are reused by the client as soon as the frame is done, so the copy must
+  // have read them before this returns: stream-synchronise (see the file comment).
+  CUresult MemcpyHtoD(uint64_t dst, const void* src, uint64_t bytes, void* stream) override {
+    EnsureWindow();
+    const CUresult r = api_.memcpyHtoDAsync(static_cast<CUdeviceptr>(dst), src, static_cast<size_t>(bytes), Stream(stream));
+    if (r != CUDA_SUCCESS) return r;
+    return api_.streamSynchronize(Stream(stream));
+  }
+
+  CUresult MemcpyDtoH(void* dst, uint64_t src, uint64_t bytes, void* stream, bool async) override {
+    EnsureWindow();
+    const CUresult r = api_.memcpyDtoHAsync(dst, static_cast<CUdeviceptr>(src), static_cast<size_t>(bytes), Stream(stream));
+    if (r != CUDA_SUCCESS || async) return r;
+    return api_.streamSynchronize(Stream(stream));
+  }
+
+  CUresult MemcpyDtoD(uint64_t dst, uint64_t src, uint64_t bytes, void* stream) override {
+    return api_.memcpyDtoDAsync(static_cast<CUdeviceptr>(dst), static_cast<CUdeviceptr>(src),
+                                static_cast<size_t>(bytes), Stream(stream));
+  }
+
+  CUresult Memcpy2D(uint64_t dst, void* dst_host, uint64_t dst_pitch, uint64_t src, const void* src_host,
+                    uint64_t src_pitch, uint64_t width, uint64_t height, void* stream) override {
+    const bool host_side = dst_host != nullptr || src_host != nullptr;
+    if (host_side) EnsureWindow();
+    CUDA_MEMCPY2D c;
+    std::memset(&c, 0, sizeof(c));
+    if (src_host != nullptr) {
+      c.srcMemoryType = CU_MEMORYTYPE_HOST;
+      c.srcHost = src_host;
+    } else {
+      c.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+      c.srcDevice = static_cast<CUdeviceptr>(src);
+    }
+    c.srcPitch = static_cast<size_t>(src_pitch);
+    if (dst_host != nullptr) {
+      c.dstMemoryType = CU_MEMORYTYPE_HOST;
+      c.dstHost = dst_host;
+    } else {
+      c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+      c.dstDevice = static_cast<CUdeviceptr>(dst);
+    }
+    c.dstPitch = static_cast<size_t>(dst_pitch);
+    c.WidthInBytes = static_cast<size_t>(width);
+    c.Height = static_cast<size_t>(height);
+    const CUresult r = api_.memcpy2DAsync(&c, Stream(stream));
+    if (r != CUDA_SUCCESS || !host_side) return r;
+    // A window source must have been read, a window destination written, before the reply.
+    return api_.streamSynchronize(Stream(stream));
+  }
+
+  CUresult Memset(uint64_t dst, uint32_t value, uint32_t elem_size, uint64_t width, uint64_t height, uint64_t pitch,
+                  void* stream) override {
+    const auto p = static_cast<CUdeviceptr>(dst);
+    const auto w = static_cast<size_t>(width);
+    const auto h = static_cast<size_t>(height);
+    const auto pt = static_cast<size_t>(pitch);
+    const CUstream s = Stream(stream);
+    switch (elem_size) {
+      case 1: {
+        const auto v = static_cast<unsigned char>(value);
+        return h == 1 ? api_.memsetD8Async(p, v, w, s) : api_.memsetD2D8Async(p, pt, v, w, h, s);
+      }
+      case 2: {
+        const auto v = static_cast<unsigned short>(value);
+        return h == 1 ? api_.memsetD16Async(p, v, w, s) : api_.memsetD2D16Async(p, pt, v, w, h, s);
+      }
+      case 4: {
+        const auto v = static_cast<unsigned int>(value);
+        return h == 1 ? api_.memsetD32Async(p, v, w, s) : api_.memsetD2D32Async(p, pt, v, w, h, s);
+      }
+      default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+  }
+
+  CUresult HostGetDevicePointer(void* host, uint64_t /*bytes*/, uint64_t* dptr) override {
+    EnsureWindow();
+    if (!window_registered_) return CUDA_ERROR_NOT_SUPPORTED;
+    CUdeviceptr p = 0;
+    const CUresult r = api_.memHostGetDevicePointer(&p, host, 0);
+    if (r == CUDA_SUCCESS) *dptr = p;
+    return r;
+  }
+
+  // ---- Modules ----
+
+  CUresult ModuleLoad(std::span<const uint8_t> image, void** module) override {
+    try {
+      if (image.size() < 4) return CUDA_ERROR_INVALID_IMAGE;
+      uint32_t magic = 0;
+      std::memcpy(&magic, image.data(), sizeof(magic));
+      const void* code = image.data();
+      std::vector<uint8_t> ptx;  // a NUL-terminated copy, if needed
+      if (magic == kFatbinWrapperMagic) {
+        // Holds a pointer into the client's address space: the driver would dereference it.
+        return CUDA_ERROR_INVALID_IMAGE;
+      } else if (magic == kFatbinMagic) {
+        // The driver reads header_size + payload_size bytes: they must lie inside the image.
+        if (image.size() < 16) return CUDA_ERROR_INVALID_IMAGE;
+        uint16_t header_size = 0;
+        uint64_t payload_size = 0;
+        std::memcpy(&header_size, image.data() + 6, sizeof(header_size));
+        std::memcpy(&payload_size, image.data() + 8, sizeof(payload_size));
+        if (header_size > image.size() || payload_size > image.size() - header_size) return CUDA_ERROR_INVALID_IMAGE;
+      } else if (!(image[0] == 0x7F && image[1] == 'E' && image[2] == 'L' && image[3] == 'F')) {
+        // PTX must be NUL-terminated (cuLibraryLoadData): make sure the driver stops in bounds.
+        if (image.back() != 0) {
+          ptx.assign(image.begin(), image.end());
+          ptx.push_back(0);
+          code = ptx.data();
+        }
+      }
+      CUlibrary lib = nullptr;
+      const CUresult r = api_.libraryLoadData(&lib, code, nullptr, nullptr, 0, nullptr, nullptr, 0);
+      if (r == CUDA_SUCCESS) *module = lib;
+      return r;
+    } catch (...) {
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+  }
+
+  CUresult ModuleUnload(void* module) override { return api_.libraryUnload(Library(module)); }
+
+  CUresult ModuleGetFunction(void* module, const char* name, void** function, KernelLayout* layout) override {
+    try {
+      CUkernel k = nullptr;
+      CUresult r = api_.libraryGetKernel(&k, Library(module), name);
+      if (r != CUDA_SUCCESS) return r;
+      std::vector<ParamInfo> params;
+      uint64_t end = 0;
+      for (size_t i = 0; i < kMaxParamProbe; ++i) {
+        size_t off = 0, size = 0;
+        r = api_.kernelGetParamInfo(k, i, &off, &size);
+        if (r == CUDA_ERROR_INVALID_VALUE) break;  // i == the number of parameters
+        if (r != CUDA_SUCCESS) return r;
+        if (off > UINT32_MAX || size > UINT32_MAX) return CUDA_ERROR_NOT_SUPPORTED;
+        params.push_back(ParamInfo{static_cast<uint32_t>(off), static_cast<uint32_t>(size)});
+        end = std::max<uint64_t>(end, uint64_t{off} + size);
+      }
+      if (end > UINT32_MAX) return CUDA_ERROR_NOT_SUPPORTED;
+      layout->params = std::move(params);
+      layout->param_bytes = static_cast<uint32_t>(end);
+      *function = k;  // a CUkernel; LaunchKernel passes it as a CUfunction (documented)
+      return CUDA_SUCCESS;
+    } catch (...) {
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+  }
+
+  CUresult ModuleGetGlobal(void* module, const char* name, uint64_t* dptr, uint64_t* bytes) override {
+    CUdeviceptr p = 0;
+    size_t n = 0;
+    const CUresult r = api_.libraryGetGlobal(&p, &n, Library(module), name);  // current context's copy
+    if (r == CUDA_SUCCESS) {
+      *dptr = p;
+      *bytes = n;
+    }
+    return r;
+  }
+
+  CUresult FuncGetAttribute(void* function, int attribute, int* value) override {
+    return api_.kernelGetAttribute(value, static_cast<CUfunction_attribute>(attribute), Kernel(function),
+                                   CurrentDevice());
+  }
+
+  CUresult FuncSetAttribute(void* function, int attribute, int value) override {
+    return api_.kernelSetAttribute(static_cast<CUfunction_attribute>(attribute), value, Kernel(function),
+                                   CurrentDevice());
+  }
+
+  CUresult LaunchKernel(void* function, const uint32_t grid[3], const uint32_t block[3], uint32_t shared_mem,
+                        void* stream, const uint8_t* params, uint32_t param_bytes) override {
+    // cuLaunchKernel: "the API can also be used to launch context-less kernel ::CUkernel by
+    // querying the handle using ::cuLibraryGetKernel() and then passing it to the API by casting
+    // to ::CUfunction" (<cuda.h>, CUDA 13.0). The parameter buffer is copied at launch.
+    const auto f = static_cast<CUfunction>(function);
+    if (param_bytes == 0) {
+      return api_.launchKernel(f, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_mem,
+                               Stream(stream), nullptr, nullptr);
+    }
+    size_t size = param_bytes;
+    void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, const_cast<uint8_t*>(params), CU_LAUNCH_PARAM_BUFFER_SIZE, &size,
+                     CU_LAUNCH_PARAM_END};
+    return api_.launchKernel(f, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_mem, Stream(stream),
+                             nullptr, extra);
+  }
+
+  CUresult OccupancyMaxBlocks(void* function, uint32_t block_size, uint64_t dynamic_smem, uint32_t flags,
+                              int* blocks) override {
+    if (block_size > static_cast<uint32_t>(INT_MAX)) return CUDA_ERROR_INVALID_VALUE;
+    CUfunction f = nullptr;
+    const CUresult r = api_.kernelGetFunction(&f, Kernel(function));  // for the current context
+    if (r != CUDA_SUCCESS) return r;
+    return api_.occupancyMaxActiveBlocks(blocks, f, static_cast<int>(block_size), static_cast<size_t>(dynamic_smem),
+                                         flags);
+  }
+
+  // ---- Streams and events ----
+
+  CUresult StreamCreate(uint32_t flags, int priority, void** stream) override {
+    CUstream s = nullptr;
+    const CUresult r = api_.streamCreateWithPriority(&s, flags, priority);
+    if (r == CUDA_SUCCESS) *stream = s;
+    return r;
+  }
+  CUresult StreamDestroy(void* stream) override { return api_.streamDestroy(Stream(stream)); }
+  CUresult StreamSynchronize(void* stream) override { return api_.streamSynchronize(Stream(stream)); }
+  CUresult StreamQuery(void* stream) override { return api_.streamQuery(Stream(stream)); }
+  CUresult StreamWaitEvent(void* stream, void* event, uint32_t flags) override {
+    return api_.streamWaitEvent(Stream(stream), Event(event), flags);
+  }
+  CUresult EventCreate(uint32_t flags, void** event) override {
+    CUevent e = nullptr;
+    const CUresult r = api_.eventCreate(&e, flags);
+    if (r == CUDA_SUCCESS) *event = e;
+    return r;
+  }
+  CUresult EventDestroy(void* event) override { return api_.eventDestroy(Event(event)); }
+  CUresult EventRecord(void* event, void* stream) override { return api_.eventRecord(Event(event), Stream(stream)); }
+  CUresult EventSynchronize(void* event) override { return api_.eventSynchronize(Event(event)); }
+  CUresult EventQuery(void* event) override { return api_.eventQuery(Event(event)); }
+  CUresult EventElapsedTime(void* start, void* end, float* ms) override {
+    return api_.eventElapsedTime(ms, Event(start), Event(end));
+  }
+
+ private:
+  CUresult CreateContext(CUdevice d, uint32_t flags, CUcontext* out) {
+    if (api_.ctxCreateV4 != nullptr) return api_.ctxCreateV4(out, nullptr, flags, d);
+    return api_.ctxCreateV2(out, flags, d);
+  }
+
+  // The current context's device; without one, the session's first device (for the
+  // context-independent kernel attribute calls).
+  CUdevice CurrentDevice() {
+    CUdevice d = 0;
+    if (api_.ctxGetCurrent != nullptr) {
+      CUcontext c = nullptr;
+      if (api_.ctxGetCurrent(&c) == CUDA_SUCCESS && c != nullptr && api_.ctxGetDevice(&d) == CUDA_SUCCESS) return d;
+    }
+    return devices_.empty() ? 0 : devices_[0];
+  }
+
+  // Registers the window in the current context if it is not registered yet. Cheap when done.
+  // A failure is not retried in the same context until a context event (retain, create,
+  // destroy, reset) clears window_failed_ctx_ or another context becomes current.
+  void EnsureWindow() {
+    if (window_base_ == nullptr || window_registered_) return;
+    CUcontext cur = nullptr;
+    if (api_.ctxGetCurrent(&cur) != CUDA_SUCCESS || cur == nullptr || cur == window_failed_ctx_) return;
+    const CUresult r = api_.memHostRegister(window_base_, static_cast<size_t>(window_bytes_),
+                                            CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+    if (r == CUDA_SUCCESS) {
+      window_registered_ = true;
+      window_owner_ = cur;
+      window_error_ = CUDA_SUCCESS;
+    } else if (r == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED) {
+      window_registered_ = true;  // still registered from an earlier context: owner unknown
+      window_owner_ = nullptr;
+      window_error_ = CUDA_SUCCESS;
+    } else {
+      window_failed_ctx_ = cur;
+      window_error_ = r;
+    }
+  }
+
+  Api api_;  // from a driver handle that is never dlclose'd
+  std::vector<Placement> placements_;
+  std::vector<CUdevice> devices_;               // per placement
+  std::map<CUdevice, uint64_t> overhead_;       // ContextOverhead, per physical GPU
+  std::map<CUdevice, CUcontext> primary_;       // primary context handles handed out
+
+  void* window_base_ = nullptr;
+  uint64_t window_bytes_ = 0;
+  bool window_registered_ = false;
+  CUcontext window_owner_ = nullptr;            // context that registered it; nullptr = unknown
+  CUcontext window_failed_ctx_ = nullptr;       // last context a registration failed in
+  CUresult window_error_ = CUDA_SUCCESS;        // last registration failure
+};
+
+// ---- Probe (runs in a child process) --------------------------------------------------------
+
+constexpr int kProbeTimeoutMs = 10'000;
+constexpr size_t kProbeMaxOutput = 1 << 20;
+
+bool WriteAll(int fd, std::string_view s) {
+  while (!s.empty()) {
+    const ssize_t n = write(fd, s.data(), s.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    s.remove_prefix(static_cast<size_t>(n));
+  }
+  return true;
+}
+
+std::string OneLine(std::string s) {
+  for (char& c : s) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  return s;
+}
+
+// Child side. Output lines:
+//   GPU <index> <total_mem_bytes> <uuid> <name...>
+//   ERR <message>
+//   END
+// then the child _exits.
+std::string ProbeInChild(const std::string& path) {
+  auto lib = OpenDriver(path);
+  if (!lib.ok()) return "ERR " + OneLine(lib.status().message()) + "\n";
+  Api api;
+  if (Status s = LoadApi(*lib, path, &api); !s.ok()) return "ERR " + OneLine(s.message()) + "\n";
+  CUresult r = api.init(0);
+  if (r != CUDA_SUCCESS) return "ERR cuInit failed: " + ErrorText(api, r) + "\n";
+  int count = 0;
+  r = api.deviceGetCount(&count);
+  if (r != CUDA_SUCCESS) return "ERR cuDeviceGetCount failed: " + ErrorText(api, r) + "\n";
+  if (count <= 0) return "ERR no CUDA device (cuDeviceGetCount returned 0)\n";
+  std::string out;
+  for (int i = 0; i < count; ++i) {
+    const std::string where = "device " + std::to_string(i) + ": ";
+    CUdevice d = 0;
+    if ((r = api.deviceGet(&d, i)) != CUDA_SUCCESS) return "ERR " + where + "cuDeviceGet failed: " + ErrorText(api, r) + "\n";
+    char name[kNameLen] = {};
+    if ((r = api.deviceGetName(name, static_cast<int>(sizeof(name) - 1), d)) != CUDA_SUCCESS) {
+      return "ERR " + where + "cuDeviceGetName failed: " + ErrorText(api, r) + "\n";
+    }
+    size_t total = 0;
+    if ((r = api.deviceTotalMem(&total, d)) != CUDA_SUCCESS) {
+      return "ERR " + where + "cuDeviceTotalMem failed: " + ErrorText(api, r) + "\n";
+    }
+    CUuuid uuid{};
+    if ((r = api.deviceGetUuid(&uuid, d)) != CUDA_SUCCESS) {
+      return "ERR " + where + "cuDeviceGetUuid failed: " + ErrorText(api, r) + "\n";
+    }
+    out += "GPU " + std::to_string(i) + " " + std::to_string(total) + " " + FormatUuid(uuid) + " " +
+           OneLine(name) + "\n";
+  }
+  out += "END\n";
+  return out;
+}
+
+[[noreturn]] void ChildMain(const std::string& path, int fd) {
+  int code = 0;
+  try {
+    if (!WriteAll(fd, ProbeInChild(path))) code = 2;
+  } catch (...) {
+    (void)WriteAll(fd, "ERR probe child failed (out of memory)\n");
+    code = 3;
+  }
+  _exit(code);
+}
+
+bool ParseU64(std::string_view s, uint64_t* v) {
+  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *v);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+// Parses the child's output (see ProbeInChild).
+Result<std::vector<PhysicalGpu>> ParseProbe(std::string_view text, const std::string& exit_note) {
+  std::vector<PhysicalGpu> gpus;
+  bool end = false;
+  while (!text.empty()) {
+    const size_t nl = text.find('\n');
+    if (nl == std::string_view::npos) break;  // a partial line: the child died mid-write
+    std::string_view line = text.substr(0, nl);
+    text.remove_prefix(nl + 1);
+    if (line.starts_with("ERR ")) return Unavailable(std::string(line.substr(4)));
+    if (line == "END") {
+      end = true;
+      break;
+    }
+    if (!line.starts_with("GPU ")) return Internal("CUDA probe: unexpected output '" + std::string(line) + "'");
+    line.remove_prefix(4);
+    std::string_view f[3];
+    for (auto& field : f) {
+      const size_t sp = line.find(' ');
+      if (sp == std::string_view::npos) return Internal("CUDA probe: malformed line");
+      field = line.substr(0, sp);
+      line.remove_prefix(sp + 1);
+    }
+    uint64_t index = 0, mem = 0;
+    if (!ParseU64(f[0], &index) || !ParseU64(f[1], &mem) || index > UINT32_MAX) {
+      return Internal("CUDA probe: malformed line");
+    }
+    PhysicalGpu g;
+    g.index = static_cast<uint32_t>(index);
+    g.total_mem = mem;
+    g.uuid = std::string(f[2]);
+    g.name = std::string(line);
+    gpus.push_back(std::move(g));
+  }
+  if (!end) return Unavailable("CUDA probe gave no answer (" + exit_note + ")");
+  if (gpus.empty()) return Unavailable("no CUDA device");
+  return gpus;
+}
+
+Result<std::vector<PhysicalGpu>> ProbeImpl(const CudaOptions& options) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return Internal(std::string("CUDA probe: pipe2: ") + std::strerror(errno));
+  const pid_t pid = fork();
+  if (pid < 0) {
+    const int e = errno;
+    close(fds[0]);
+    close(fds[1]);
+    return Internal(std::string("CUDA probe: fork: ") + std::strerror(e));
+  }
+  if (pid == 0) {
+    close(fds[0]);
+    ChildMain(options.driver_path, fds[1]);
+  }
+  close(fds[1]);
+
+  std::string text;
+  bool timed_out = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kProbeTimeoutMs);
+  char buf[4096];
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      timed_out = true;
+      break;
+    }
+    pollfd p{fds[0], POLLIN, 0};
+    const int n = poll(&p, 1, static_cast<int>(left.count()));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    if (n == 0) {
+      timed_out = true;
+      break;
+    }
+    const ssize_t got = read(fds[0], buf, sizeof(buf));
+    if (got < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      break;
+    }
+    if (got == 0) break;  // EOF: the child is done
+    text.append(buf, static_cast<size_t>(got));
+    if (text.size() > kProbeMaxOutput) break;
+  }
+  close(fds[0]);
+  if (timed_out) (void)kill(pid, SIGKILL);
+
+  // Reap the child. ECHILD (a SIGCHLD handler of the caller reaped it first) is fine: the
+  // answer is judged by what the child wrote.
+  std::string exit_note = "exit status unknown";
+  int status = 0;
+  pid_t w;
+  do {
+    w = waitpid(pid, &status, 0);
+  } while (w < 0 && errno == EINTR);
+  if (w == pid) {
+    if (WIFEXITED(status)) {
+      exit_note = "child exited with status " + std::to_string(WEXITSTATUS(status));
+    } else if (WIFSIGNALED(status)) {
+      exit_note = "child killed by signal " + std::to_string(WTERMSIG(status));
+    }
+  }
+  if (timed_out) {
+    return Unavailable("CUDA probe timed out after " + std::to_string(kProbeTimeoutMs / 1000) + " s (driver '" +
+                       options.driver_path + "' hung in initialisation?)");
+  }
+  return ParseProbe(text, exit_note);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> MakeCudaBackend(const CudaOptions& options) {
+  try {
+    auto lib = OpenDriver(options.driver_path);
+    if (!lib.ok()) return lib.status();
+    Api api;
+    if (Status s = LoadApi(*lib, options.driver_path, &api); !s.ok()) return s;
+    return std::unique_ptr<Backend>(std::make_unique<CudaBackend>(api));
+  } catch (...) {
+    return Internal("cuda backend: out of memory");
+  }
+}
+
+Result<std::vector<PhysicalGpu>> ProbeCudaGpus(const CudaOptions& options) {
+  try {
+    return ProbeImpl(options);
+  } catch (...) {
+    return Internal("CUDA probe: out of memory");
+  }
+}
+
+}  // namespace orion::host

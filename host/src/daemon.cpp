@@ -1,0 +1,400 @@
+#include "orion/host/daemon.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+
+#include "orion/host/session.h"
+#include "orion/ivshmem/ring.h"
+
+namespace orion::host {
+namespace {
+
+uint64_t NowMs() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000ull + static_cast<uint64_t>(ts.tv_nsec) / 1000000ull;
+}
+
+spdlog::level::level_enum Level(const std::string& s) {
+  if (s == "ERROR") return spdlog::level::err;
+  if (s == "WARNING") return spdlog::level::warn;
+  if (s == "DEBUG") return spdlog::level::debug;
+  if (s == "TRACE") return spdlog::level::trace;
+  return spdlog::level::info;
+}
+
+std::string TimeStamp() {
+  char b[32];
+  time_t t = time(nullptr);
+  tm tmv{};
+  localtime_r(&t, &tmv);
+  strftime(b, sizeof b, "%Y%m%d-%H%M%S", &tmv);
+  return b;
+}
+
+}  // namespace
+
+Daemon::Daemon(ServerConfig config) : config_(std::move(config)) {}
+
+Daemon::~Daemon() = default;
+
+Status Daemon::Start() {
+  // Logs: <log_dir>/server.log, and the screen when asked.
+  std::vector<spdlog::sink_ptr> sinks;
+  std::error_code ec;
+  std::filesystem::create_directories(config_.log_dir + "/session", ec);
+  if (config_.log_to_file) {
+    try {
+      auto f = std::make_shared<spdlog::sinks::basic_file_sink_mt>(config_.log_dir + "/server.log");
+      f->set_level(Level(config_.file_log_level));
+      sinks.push_back(f);
+    } catch (const std::exception& e) {
+      return Status(Code::kPermissionDenied, "cannot write " + config_.log_dir + "/server.log: " + e.what() +
+                                                 " (use --log-dir)");
+    }
+  }
+  if (config_.log_to_screen || sinks.empty()) {
+    auto s = std::make_shared<spdlog::sinks::stderr_sink_mt>();
+    s->set_level(Level(config_.log_level));
+    sinks.push_back(s);
+  }
+  log_ = std::make_shared<spdlog::logger>("oriond", sinks.begin(), sinks.end());
+  log_->set_level(spdlog::level::trace);
+  log_->set_pattern(config_.log_with_time ? "[%Y-%m-%d %H:%M:%S.%e] [%l] %v" : "[%l] %v");
+  log_->flush_on(spdlog::level::trace);
+
+  // Backend and GPUs.
+  std::vector<PhysicalGpu> gpus;
+  CudaOptions cuda_opt{config_.cuda_driver};
+  if (config_.backend == BackendKind::kCuda || config_.backend == BackendKind::kAuto) {
+    auto probe = ProbeCudaGpus(cuda_opt);
+    if (probe.ok()) {
+      backend_ = BackendKind::kCuda;
+      gpus = std::move(*probe);
+    } else if (config_.backend == BackendKind::kCuda) {
+      return Unavailable("--backend cuda: no GPU answered: " + probe.status().message());
+    } else {
+      log_->warn("No GPU answered ({}).", probe.status().message());
+      log_->warn("*** Using the SIM backend: device memory lives in host RAM; kernels are validated and logged "
+                 "but NEVER run. ***");
+      backend_ = BackendKind::kSim;
+    }
+  }
+  if (config_.backend == BackendKind::kSim) backend_ = BackendKind::kSim;
+  if (backend_ == BackendKind::kSim) gpus = SimPhysicalGpus(config_.sim_gpus, config_.sim_gpu_mem_mib);
+  for (const auto& g : gpus) {
+    log_->info("Physical GPU {}: {} ({} MiB, {})", g.index, g.name, g.total_mem >> 20, g.uuid);
+  }
+  pool_ = std::make_unique<VgpuPool>(gpus, config_.vgpu_count);
+  log_->info("Final virtual gpu list <vID:pID:mbSize>: {}", pool_->FinalList());
+  for (const auto& g : gpus) {
+    for (uint32_t v = 0; v < config_.vgpu_count; ++v) log_->info("Registered v-GPU {} on p-GPU {}.", v, g.index);
+  }
+
+  // Module cache.
+  if (!config_.cache_dir.empty()) {
+    std::filesystem::create_directories(config_.cache_dir, ec);
+    if (ec || access(config_.cache_dir.c_str(), W_OK) != 0) {
+      log_->warn("module cache {} is not writable; caching modules per session only", config_.cache_dir);
+      config_.cache_dir.clear();
+    }
+  }
+
+  // Regions.
+  std::vector<std::string> paths = config_.shm_paths;
+  if (paths.empty() && config_.enable_shm) {
+    std::string dir = config_.shm_path_base;
+    if (!dir.empty() && dir.back() != '/') dir += '/';
+    if (DIR* d = opendir(dir.c_str()); d != nullptr) {
+      while (dirent* e = readdir(d)) {
+        if (std::strncmp(e->d_name, "orionsock", 9) == 0) paths.push_back(dir + e->d_name);
+      }
+      closedir(d);
+    }
+    std::sort(paths.begin(), paths.end());
+  }
+  if (paths.empty()) {
+    log_->warn("no shared-memory region to serve (create one with orion-shm, or pass --shm)");
+  }
+  for (const std::string& p : paths) {
+    auto m = ivshmem::MappedRegion::Open(p);
+    if (!m.ok()) return Status(m.status().code(), "region " + p + ": " + m.status().message());
+    Region r;
+    r.map = std::make_unique<ivshmem::MappedRegion>(std::move(*m));
+    const uint64_t size = r.map->size();
+    uint64_t ch = config_.shm_buffer_size_mib << 20;
+    if (ivshmem::ChannelCountFor(size, ch) == 0) ch = (size - ivshmem::kHeaderBytes) & ~uint64_t{4095};
+    if (Status s = ivshmem::FormatRegion(r.map->data(), size, ch); !s.ok()) {
+      return Status(s.code(), "region " + p + ": " + s.message());
+    }
+    r.channel_bytes = ch;
+    r.channel_count = ivshmem::ChannelCountFor(size, ch);
+    r.channels.resize(r.channel_count);
+    log_->info("Using SHM {} for acceleration ({} channels of {} MiB).", p, r.channel_count, ch >> 20);
+    regions_.push_back(std::move(r));
+  }
+  log_->info("Orion Server listens on {}:{} (backend {})", config_.bind_addr, config_.listen_port,
+             backend_ == BackendKind::kCuda ? "cuda" : "sim");
+  return Status::Ok();
+}
+
+std::shared_ptr<spdlog::logger> Daemon::SessionLogger(uint32_t session) {
+  std::vector<spdlog::sink_ptr> sinks = log_->sinks();
+  try {
+    sinks.push_back(std::make_shared<spdlog::sinks::basic_file_sink_mt>(
+        config_.log_dir + "/session/" + TimeStamp() + "-" + std::to_string(session) + ".log"));
+  } catch (...) {
+  }
+  auto l = std::make_shared<spdlog::logger>("session", sinks.begin(), sinks.end());
+  l->set_level(spdlog::level::trace);
+  l->set_pattern(config_.log_with_time ? "[%Y-%m-%d %H:%M:%S.%e] [%l] %v" : "[%l] %v");
+  l->flush_on(spdlog::level::trace);
+  return l;
+}
+
+bool Daemon::LeaseStale(Region& r, uint32_t index, uint64_t now_ms) {
+  Channel& c = r.channels[index];
+  const uint64_t lease = ivshmem::Header(r.map->data())->channels[index].client_lease.load(std::memory_order_relaxed);
+  if (lease != c.lease || c.lease_changed_ms == 0) {
+    c.lease = lease;
+    c.lease_changed_ms = now_ms;
+    return false;
+  }
+  return now_ms - c.lease_changed_ms > config_.lease_timeout_ms;
+}
+
+void Daemon::SetDead(Region& r, uint32_t index, int32_t reason) {
+  auto& d = ivshmem::Header(r.map->data())->channels[index];
+  d.close_reason.store(reason, std::memory_order_relaxed);
+  // X0: the client stops using the channel; pairs with its acquire loads of `state`.
+  d.state.store(ivshmem::kChannelDead, std::memory_order_release);
+  Channel& c = r.channels[index];
+  c.state = Channel::kWaitFree;
+  c.lease_changed_ms = 0;
+}
+
+void Daemon::Admit(Region& r, uint32_t index) {
+  uint8_t* base = r.map->data();
+  const ivshmem::ChannelLayout l = ivshmem::ChannelLayout::Compute(r.channel_bytes);
+  uint8_t* chan = ivshmem::ChannelBase(base, r.channel_bytes, index);
+  ivshmem::RingConsumer rc(chan + l.request_ring_offset, static_cast<uint32_t>(l.request_ring_bytes));
+  std::vector<uint8_t> scratch;
+  ivshmem::FrameView f{};
+  bool got = false;
+  Status s = rc.Pop(&f, &scratch, &got);
+  if (!got && s.ok()) return;
+  const std::string where = r.map->path() + " channel " + std::to_string(index);
+  if (!s.ok() || f.header.op != static_cast<uint16_t>(Op::kHello) || f.header.payload_len != sizeof(HelloReq)) {
+    log_->error("{}: a client sent an invalid first frame ({}); channel closed", where,
+                s.ok() ? "not a Hello" : s.message());
+    SetDead(r, index, CUDA_ERROR_ILLEGAL_STATE);
+    return;
+  }
+  HelloReq hello;
+  std::memcpy(&hello, f.payload, sizeof hello);
+  hello.process_name[sizeof hello.process_name - 1] = '\0';
+  auto refuse = [&](CUresult code, const std::string& why) {
+    log_->warn("{}: refused client '{}' (pid {}): {}", where, hello.process_name, hello.pid, why);
+    PushReply(base, r.channel_bytes, index, f.header, code, why.data(), static_cast<uint32_t>(why.size()));
+    SetDead(r, index, code);
+  };
+  if (hello.protocol_version != kProtocolVersion) {
+    refuse(CUDA_ERROR_NOT_SUPPORTED, "protocol version " + std::to_string(hello.protocol_version) +
+                                         " is not supported (oriond speaks " + std::to_string(kProtocolVersion) + ")");
+    return;
+  }
+  if (serving_ >= config_.max_clients) {
+    refuse(CUDA_ERROR_OUT_OF_MEMORY, "oriond serves its maximum of " + std::to_string(config_.max_clients) + " clients");
+    return;
+  }
+  if (hello.vgpu_count == 0 || hello.vgpu_count > kMaxDevices) {
+    refuse(CUDA_ERROR_INVALID_VALUE, "ORION_VGPU=" + std::to_string(hello.vgpu_count) + " must be 1.." +
+                                         std::to_string(kMaxDevices));
+    return;
+  }
+  auto placements = pool_->Admit(hello.vgpu_count, hello.gmem_mib);
+  if (!placements.ok()) {
+    refuse(placements.status().code() == Code::kInvalidArgument ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_OUT_OF_MEMORY,
+           placements.status().message());
+    return;
+  }
+  const uint32_t session = next_session_++;
+  std::string where_placed;
+  for (const auto& p : *placements) {
+    where_placed += (where_placed.empty() ? "" : ",") + std::to_string(p.pgpu) + "/" + std::to_string(p.vgpu) + ":" +
+                    std::to_string(p.quota_bytes >> 20) + "MiB";
+  }
+  log_->info("Creating session {} for '{}' (pid {}) on {}: vGPUs {}", session, hello.process_name, hello.pid, where,
+             where_placed);
+  ivshmem::Header(base)->channels[index].session_id = session;
+  auto slog = SessionLogger(session);
+  const pid_t pid = fork();
+  if (pid < 0) {
+    pool_->Release(*placements);
+    refuse(CUDA_ERROR_OPERATING_SYSTEM, std::string("oriond cannot fork a worker: ") + std::strerror(errno));
+    return;
+  }
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGINT, SIG_DFL);
+    std::unique_ptr<Backend> backend;
+    if (backend_ == BackendKind::kCuda) {
+      auto b = MakeCudaBackend(CudaOptions{config_.cuda_driver});
+      if (!b.ok()) {
+        slog->error("sess={} cannot load the CUDA driver: {}", session, b.status().message());
+        const std::string msg = "oriond: " + b.status().message();
+        PushReply(base, r.channel_bytes, index, f.header, CUDA_ERROR_NO_DEVICE, msg.data(),
+                  static_cast<uint32_t>(msg.size()));
+        _exit(kExitBackendFailed);
+      }
+      backend = std::move(*b);
+    } else {
+      backend = MakeSimBackend(SimOptions{config_.sim_launch_log, session});
+    }
+    SessionParams sp;
+    sp.session_id = session;
+    sp.region = base;
+    sp.channel_bytes = r.channel_bytes;
+    sp.channel = index;
+    sp.placements = *placements;
+    sp.cache_dir = config_.cache_dir;
+    sp.lease_timeout_ms = config_.lease_timeout_ms;
+    sp.log = slog;
+    const int code = RunSession(sp, std::move(backend), f.header, hello);
+    slog->flush();
+    _exit(code);
+  }
+  Channel& c = r.channels[index];
+  c.state = Channel::kServing;
+  c.pid = pid;
+  c.session = session;
+  c.placements = std::move(*placements);
+  ++serving_;
+}
+
+void Daemon::Scan(Region& r, uint32_t index, uint64_t now_ms) {
+  Channel& c = r.channels[index];
+  if (c.state == Channel::kServing) return;
+  auto& d = ivshmem::Header(r.map->data())->channels[index];
+  const uint32_t state = d.state.load(std::memory_order_acquire);
+  switch (state) {
+    case ivshmem::kChannelFree:
+      c = Channel{};
+      return;
+    case ivshmem::kChannelClaimed:
+      if (c.state == Channel::kWaitFree) break;  // a refused client that has not gone yet
+      if (c.claimed_ms == 0) c.claimed_ms = now_ms;
+      Admit(r, index);
+      if (r.channels[index].state == Channel::kIdle && now_ms - c.claimed_ms > config_.lease_timeout_ms &&
+          LeaseStale(r, index, now_ms)) {
+        log_->info("{} channel {}: claimed but no Hello, client gone; freeing it", r.map->path(), index);
+        ivshmem::RegionHeader trusted{};
+        trusted.channel_bytes = r.channel_bytes;
+        ivshmem::ResetChannel(r.map->data(), trusted, index);
+        c = Channel{};
+      }
+      return;
+    case ivshmem::kChannelDetached: {
+      ivshmem::RegionHeader trusted{};
+      trusted.channel_bytes = r.channel_bytes;
+      ivshmem::ResetChannel(r.map->data(), trusted, index);
+      c = Channel{};
+      return;
+    }
+    default:
+      break;
+  }
+  // Active without a worker (left from an earlier oriond), dead, or a garbage state: free it once
+  // the client's lease is stale.
+  if (c.state != Channel::kWaitFree) {
+    c.state = Channel::kWaitFree;
+    c.lease_changed_ms = 0;
+  }
+  if (LeaseStale(r, index, now_ms)) {
+    ivshmem::RegionHeader trusted{};
+    trusted.channel_bytes = r.channel_bytes;
+    ivshmem::ResetChannel(r.map->data(), trusted, index);
+    c = Channel{};
+  }
+}
+
+void Daemon::Reap() {
+  for (;;) {
+    int status = 0;
+    const pid_t pid = waitpid(-1, &status, WNOHANG);
+    if (pid <= 0) return;
+    for (Region& r : regions_) {
+      for (uint32_t i = 0; i < r.channel_count; ++i) {
+        Channel& c = r.channels[i];
+        if (c.state != Channel::kServing || c.pid != pid) continue;
+        pool_->Release(c.placements);
+        --serving_;
+        const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+        const char* why = code == kExitGoodbye        ? "client exited"
+                          : code == kExitLeaseExpired ? "client lease expired"
+                          : code == kExitViolation    ? "protocol violation"
+                          : code == kExitBackendFailed ? "backend failed"
+                                                       : "worker crashed";
+        if (WIFSIGNALED(status)) {
+          log_->error("Session {} worker died with signal {}", c.session, WTERMSIG(status));
+        }
+        log_->info("Session {} exits ({}).", c.session, why);
+        if (code == kExitGoodbye) {
+          ivshmem::RegionHeader trusted{};
+          trusted.channel_bytes = r.channel_bytes;
+          ivshmem::ResetChannel(r.map->data(), trusted, i);
+          c = Channel{};
+        } else {
+          SetDead(r, i, code == kExitViolation ? CUDA_ERROR_ILLEGAL_STATE : CUDA_ERROR_DEVICE_UNAVAILABLE);
+        }
+      }
+    }
+  }
+}
+
+int Daemon::Run() {
+  uint64_t last_beat = 0;
+  while (!stop_.load()) {
+    const uint64_t now = NowMs();
+    if (now - last_beat >= 100) {
+      for (Region& r : regions_) {
+        // H0: liveness only; clients compare successive values.
+        ivshmem::Header(r.map->data())->server_heartbeat.fetch_add(1, std::memory_order_relaxed);
+      }
+      last_beat = now;
+    }
+    Reap();
+    for (Region& r : regions_) {
+      for (uint32_t i = 0; i < r.channel_count; ++i) Scan(r, i, now);
+    }
+    timespec ts{0, 1000000};  // 1 ms: a new client waits at most this long for its worker
+    nanosleep(&ts, nullptr);
+  }
+  log_->info("oriond stopping: ending {} session(s)", serving_);
+  for (Region& r : regions_) {
+    for (uint32_t i = 0; i < r.channel_count; ++i) {
+      if (r.channels[i].state == Channel::kServing) kill(r.channels[i].pid, SIGTERM);
+    }
+  }
+  for (int i = 0; i < 200 && serving_ > 0; ++i) {
+    Reap();
+    usleep(10000);
+  }
+  return 0;
+}
+
+}  // namespace orion::host

@@ -1,0 +1,89 @@
+// oriond: the Orion server daemon. Flags override /etc/orion/server.conf (Orion's keys and flags).
+#include <signal.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "orion/host/config.h"
+#include "orion/host/daemon.h"
+
+namespace {
+orion::host::Daemon* g_daemon = nullptr;
+void OnSignal(int) {
+  if (g_daemon != nullptr) g_daemon->Stop();
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"oriond: the Orion vGPU server"};
+  std::string config_path = "/etc/orion/server.conf";
+  std::string backend, bind, log_dir, cache_dir, sim_log;
+  std::vector<std::string> shm;
+  int port = 0, max_clients = 0;
+  bool foreground = false, daemonize = false, shm_flag = false, kvm_flag = false, rdma_flag = false;
+  uint32_t sim_gpus = 0;
+  uint64_t sim_mem = 0, lease_ms = 0;
+  auto* config_opt = app.add_option("-c,--config", config_path, "configuration file");
+  app.add_option("--backend", backend, "auto | cuda | sim")->check(CLI::IsMember({"auto", "cuda", "sim"}));
+  app.add_flag("--foreground", foreground, "log to the screen too");
+  app.add_option("--log-dir", log_dir, "log directory (server.log, session/)");
+  app.add_option("--shm", shm, "a region to serve (repeatable)");
+  app.add_option("-b,--bind", bind, "bind address");
+  app.add_option("-p,--port", port, "listen port")->check(CLI::Range(1, 65533));
+  app.add_flag("-m", shm_flag, "enable shared-memory clients");
+  app.add_flag("-k", kvm_flag, "enable KVM clients over ivshmem");
+  app.add_flag("-r", rdma_flag, "enable RDMA clients");
+  app.add_option("-n,--max-clients", max_clients, "most sessions at once")->check(CLI::Range(1, 4096));
+  app.add_flag("-d,--daemon", daemonize, "run in the background");
+  app.add_option("--cache-dir", cache_dir, "module cache directory");
+  app.add_option("--sim-launch-log", sim_log, "sim: append every kernel launch to this file");
+  app.add_option("--sim-gpus", sim_gpus, "sim: number of simulated GPUs")->check(CLI::Range(1, 64));
+  app.add_option("--sim-gpu-mem", sim_mem, "sim: MiB per simulated GPU")->check(CLI::Range(64, 1 << 24));
+  app.add_option("--lease-timeout-ms", lease_ms, "free a client's vGPUs this long after its lease stops")
+      ->check(CLI::Range(200, 600000));
+  CLI11_PARSE(app, argc, argv);
+
+  auto conf = orion::host::LoadServerConfig(config_path);
+  if (!conf.ok()) {
+    if (conf.status().code() != orion::Code::kNotFound || config_opt->count() > 0) {
+      std::fprintf(stderr, "oriond: %s\n", conf.status().message().c_str());
+      return 2;
+    }
+    conf = orion::host::ServerConfig{};
+  }
+  orion::host::ServerConfig c = *conf;
+  if (!backend.empty()) c.backend = *orion::host::ParseBackend(backend);
+  if (foreground) c.log_to_screen = true;
+  if (!log_dir.empty()) c.log_dir = log_dir;
+  if (!shm.empty()) c.shm_paths = shm;
+  if (!bind.empty()) c.bind_addr = bind;
+  if (port != 0) c.listen_port = static_cast<uint16_t>(port);
+  if (shm_flag) c.enable_shm = true;
+  if (kvm_flag) c.enable_kvm = true;
+  if (rdma_flag) c.enable_rdma = true;
+  if (max_clients != 0) c.max_clients = static_cast<uint32_t>(max_clients);
+  if (!cache_dir.empty()) c.cache_dir = cache_dir;
+  if (!sim_log.empty()) c.sim_launch_log = sim_log;
+  if (sim_gpus != 0) c.sim_gpus = sim_gpus;
+  if (sim_mem != 0) c.sim_gpu_mem_mib = sim_mem;
+  if (lease_ms != 0) c.lease_timeout_ms = lease_ms;
+  if (c.enable_rdma) std::fprintf(stderr, "oriond: RDMA clients are not available yet; serving shared memory only\n");
+
+  if (daemonize && daemon(0, 0) != 0) {
+    std::perror("oriond: daemon");
+    return 1;
+  }
+  orion::host::Daemon d(c);
+  g_daemon = &d;
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  if (orion::Status s = d.Start(); !s.ok()) {
+    std::fprintf(stderr, "oriond: %s\n", s.message().c_str());
+    return 1;
+  }
+  return d.Run();
+}

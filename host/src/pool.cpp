@@ -1,0 +1,82 @@
+#include "orion/host/pool.h"
+
+#include <algorithm>
+
+namespace orion::host {
+
+VgpuPool::VgpuPool(std::vector<PhysicalGpu> gpus, uint32_t vgpu_count)
+    : gpus_(std::move(gpus)), vgpu_count_(std::max<uint32_t>(1, vgpu_count)), state_(gpus_.size()) {
+  for (Gpu& g : state_) g.slot_bytes.assign(vgpu_count_, 0);
+}
+
+Result<std::vector<Placement>> VgpuPool::Admit(uint32_t count, uint64_t gmem_mib) {
+  if (gpus_.empty()) return ResourceExhausted("this server has no GPU");
+  if (count == 0) return InvalidArgument("ORION_VGPU must be at least 1");
+  uint64_t largest = 0;
+  for (const auto& g : gpus_) largest = std::max(largest, g.total_mem);
+  const uint64_t bytes = gmem_mib == 0 ? largest / vgpu_count_ : gmem_mib << 20;
+  if (gmem_mib > (uint64_t{1} << 40) || bytes > largest) {
+    return InvalidArgument("ORION_GMEM=" + std::to_string(gmem_mib) + " MiB is more than any GPU here has (" +
+                           std::to_string(largest >> 20) + " MiB)");
+  }
+  if (count > total_vgpus()) {
+    return ResourceExhausted("ORION_VGPU=" + std::to_string(count) + " is more than this server has (" +
+                             std::to_string(total_vgpus()) + " vGPUs)");
+  }
+  std::vector<Gpu> trial = state_;
+  std::vector<Placement> out;
+  for (uint32_t n = 0; n < count; ++n) {
+    int best = -1;
+    for (size_t i = 0; i < gpus_.size(); ++i) {
+      const Gpu& g = trial[i];
+      const bool slot = std::count(g.slot_bytes.begin(), g.slot_bytes.end(), 0u) > 0;
+      if (!slot || g.used_bytes + bytes > gpus_[i].total_mem) continue;
+      if (best < 0 || g.used_bytes > trial[static_cast<size_t>(best)].used_bytes) best = static_cast<int>(i);
+    }
+    if (best < 0) {
+      return ResourceExhausted("no free vGPU for " + std::to_string(count) + " x " + std::to_string(bytes >> 20) +
+                               " MiB: " + std::to_string(free_vgpus()) + " of " + std::to_string(total_vgpus()) +
+                               " vGPUs are free");
+    }
+    Gpu& g = trial[static_cast<size_t>(best)];
+    const auto slot = static_cast<uint32_t>(std::find(g.slot_bytes.begin(), g.slot_bytes.end(), 0u) -
+                                            g.slot_bytes.begin());
+    g.slot_bytes[slot] = bytes;
+    g.used_bytes += bytes;
+    out.push_back({gpus_[static_cast<size_t>(best)].index, slot, bytes});
+  }
+  state_ = std::move(trial);
+  return out;
+}
+
+void VgpuPool::Release(const std::vector<Placement>& placements) {
+  for (const Placement& p : placements) {
+    for (size_t i = 0; i < gpus_.size(); ++i) {
+      if (gpus_[i].index != p.pgpu || p.vgpu >= state_[i].slot_bytes.size()) continue;
+      state_[i].used_bytes -= state_[i].slot_bytes[p.vgpu];
+      state_[i].slot_bytes[p.vgpu] = 0;
+    }
+  }
+}
+
+std::string VgpuPool::FinalList() const {
+  std::string s;
+  for (size_t i = 0; i < gpus_.size(); ++i) {
+    for (uint32_t v = 0; v < vgpu_count_; ++v) {
+      if (!s.empty()) s += ",";
+      s += std::to_string(v) + ":" + std::to_string(gpus_[i].index) + ":" +
+           std::to_string((gpus_[i].total_mem / vgpu_count_) >> 20);
+    }
+  }
+  return s;
+}
+
+uint32_t VgpuPool::total_vgpus() const { return static_cast<uint32_t>(gpus_.size()) * vgpu_count_; }
+
+uint32_t VgpuPool::free_vgpus() const {
+  uint32_t n = 0;
+  for (const Gpu& g : state_) n += static_cast<uint32_t>(std::count(g.slot_bytes.begin(), g.slot_bytes.end(), 0u));
+  return n;
+}
+
+}  // namespace orion::host

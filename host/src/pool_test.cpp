@@ -1,0 +1,64 @@
+#include "orion/host/pool.h"
+
+#include <gtest/gtest.h>
+
+namespace orion::host {
+namespace {
+
+std::vector<PhysicalGpu> TwoV100() {
+  return {{0, "V100", 16384ull << 20, "GPU-0"}, {1, "V100", 16384ull << 20, "GPU-1"}};
+}
+
+TEST(VgpuPool, SmallRequestsPackOntoOneGpu) {
+  VgpuPool pool(TwoV100(), 4);
+  auto p = pool.Admit(2, 7000);  // two vGPUs of < 8 GB fit on one V100 (Orion's example)
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  ASSERT_EQ(p->size(), 2u);
+  EXPECT_EQ((*p)[0].pgpu, (*p)[1].pgpu);
+  EXPECT_NE((*p)[0].vgpu, (*p)[1].vgpu);
+  EXPECT_EQ((*p)[0].quota_bytes, 7000ull << 20);
+}
+
+TEST(VgpuPool, LargeRequestsSpillToTheNextGpu) {
+  VgpuPool pool(TwoV100(), 4);
+  auto p = pool.Admit(2, 9000);  // more than half a card each: one per GPU
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_NE((*p)[0].pgpu, (*p)[1].pgpu);
+}
+
+TEST(VgpuPool, RefusalsSayWhyAndAllocateNothing) {
+  VgpuPool pool(TwoV100(), 2);
+  auto too_big = pool.Admit(1, 20000);
+  EXPECT_EQ(too_big.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(too_big.status().message().find("ORION_GMEM=20000"), std::string::npos);
+  auto too_many = pool.Admit(5, 1000);
+  EXPECT_EQ(too_many.status().code(), Code::kResourceExhausted);
+  EXPECT_NE(too_many.status().message().find("ORION_VGPU=5"), std::string::npos);
+  EXPECT_EQ(pool.free_vgpus(), 4u);
+  // Memory: three 9000 MiB vGPUs do not fit on two 16 GiB cards; nothing is taken.
+  auto mem = pool.Admit(3, 9000);
+  EXPECT_EQ(mem.status().code(), Code::kResourceExhausted);
+  EXPECT_EQ(pool.free_vgpus(), 4u);
+}
+
+TEST(VgpuPool, ReleaseFreesSlotsAndMemory) {
+  VgpuPool pool(TwoV100(), 1);
+  auto a = pool.Admit(2, 16000);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(pool.free_vgpus(), 0u);
+  EXPECT_FALSE(pool.Admit(1, 100).ok());
+  pool.Release(*a);
+  EXPECT_EQ(pool.free_vgpus(), 2u);
+  EXPECT_TRUE(pool.Admit(1, 16000).ok());
+}
+
+TEST(VgpuPool, DefaultSizeIsGpuMemoryOverVgpuCount) {
+  VgpuPool pool(TwoV100(), 4);
+  auto p = pool.Admit(1, 0);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ((*p)[0].quota_bytes, 4096ull << 20);
+  EXPECT_EQ(pool.FinalList(), "0:0:4096,1:0:4096,2:0:4096,3:0:4096,0:1:4096,1:1:4096,2:1:4096,3:1:4096");
+}
+
+}  // namespace
+}  // namespace orion::host

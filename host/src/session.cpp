@@ -1,0 +1,780 @@
+#include "orion/host/session.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include <cinttypes>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <unordered_map>
+
+#include "orion/host/fatbin.h"
+#include "orion/ivshmem/ring.h"
+
+namespace orion::host {
+namespace {
+
+using ivshmem::ChannelLayout;
+
+uint64_t NowMs() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000ull + static_cast<uint64_t>(ts.tv_nsec) / 1000000ull;
+}
+
+std::string HashHex(uint64_t lo, uint64_t hi) {
+  char b[40];
+  std::snprintf(b, sizeof b, "%016" PRIx64 "%016" PRIx64, hi, lo);
+  return b;
+}
+
+enum class Kind : uint8_t { kCtx, kModule, kFunction, kStream, kEvent };
+
+struct Obj {
+  Kind kind;
+  void* backend = nullptr;
+  uint32_t dev = 0;            // contexts
+  uint64_t owner = 0;          // function: its module; module/stream/event: its context
+  KernelLayout layout;         // functions
+};
+
+struct Alloc {
+  uint64_t bytes;
+  uint32_t dev;
+  bool counted;  // counts against the quota (device allocations; not globals or mapped memory)
+};
+
+class Session {
+ public:
+  Session(const SessionParams& p, std::unique_ptr<Backend> b) : p_(p), b_(std::move(b)) {
+    layout_ = ChannelLayout::Compute(p_.channel_bytes);
+    uint8_t* chan = ivshmem::ChannelBase(p_.region, p_.channel_bytes, p_.channel);
+    desc_ = &ivshmem::Header(p_.region)->channels[p_.channel];
+    requests_ = ivshmem::RingConsumer(chan + layout_.request_ring_offset,
+                                      static_cast<uint32_t>(layout_.request_ring_bytes));
+    replies_ = ivshmem::RingProducer(chan + layout_.reply_ring_offset,
+                                     static_cast<uint32_t>(layout_.reply_ring_bytes));
+    window_ = chan + layout_.window_offset;
+    used_.assign(p_.placements.size(), 0);
+  }
+
+  int Run(const FrameHeader& hello_header, const HelloReq& hello);
+
+ private:
+  // Executes one frame. Returns false on a protocol violation (message in *why).
+  bool Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector<uint8_t>* reply, int32_t* status,
+                std::string* why);
+  bool Reply(const FrameHeader& req, int32_t status, const void* payload, uint32_t len);
+  Obj* Find(uint64_t id, Kind k) {
+    auto it = handles_.find(id);
+    return it != handles_.end() && it->second.kind == k ? &it->second : nullptr;
+  }
+  uint64_t AddHandle(Obj o) {
+    const uint64_t id = next_handle_;
+    next_handle_ += 0x10;
+    handles_.emplace(id, std::move(o));
+    return id;
+  }
+  bool Stream(uint64_t id, void** out) {
+    if (id == 0) {
+      *out = nullptr;
+      return true;
+    }
+    Obj* o = Find(id, Kind::kStream);
+    if (o == nullptr) return false;
+    *out = o->backend;
+    return true;
+  }
+  // Whether [p, p+bytes) lies inside one allocation of this session.
+  bool DeviceRange(uint64_t p, uint64_t bytes) const {
+    auto it = allocs_.upper_bound(p);
+    if (it == allocs_.begin()) return false;
+    --it;
+    const uint64_t off = p - it->first;
+    return off < it->second.bytes && bytes <= it->second.bytes - off;
+  }
+  bool WindowRange(uint64_t off, uint64_t bytes) const {
+    return off <= layout_.window_bytes && bytes <= layout_.window_bytes - off;
+  }
+  uint32_t CurrentDev() const { return cur_dev_; }
+  const std::vector<uint8_t>* Blob(uint64_t lo, uint64_t hi, uint64_t bytes);
+  void StoreBlob(const std::string& hex, std::vector<uint8_t> data);
+
+  SessionParams p_;
+  std::unique_ptr<Backend> b_;
+  ChannelLayout layout_{};
+  ivshmem::ChannelDesc* desc_ = nullptr;
+  ivshmem::RingConsumer requests_;
+  ivshmem::RingProducer replies_;
+  uint8_t* window_ = nullptr;
+  std::unordered_map<uint64_t, Obj> handles_;
+  uint64_t next_handle_ = 0x10000;
+  std::map<uint64_t, Alloc> allocs_;
+  std::vector<uint64_t> used_;        // bytes allocated per device (quota)
+  std::vector<uint64_t> overhead_;    // context bytes per device (quota)
+  uint64_t cur_ctx_ = 0;
+  uint32_t cur_dev_ = 0;
+  int32_t deferred_ = 0;
+  // Module images by content hash: complete ones, and the one being uploaded.
+  std::map<std::string, std::vector<uint8_t>> blobs_;
+  std::string upload_hex_;
+  std::vector<uint8_t> upload_;
+  uint64_t upload_received_ = 0;
+};
+
+bool Session::Reply(const FrameHeader& req, int32_t status, const void* payload, uint32_t len) {
+  FrameHeader h{};
+  h.magic = kFrameMagic;
+  h.version = kProtocolVersion;
+  h.op = req.op;
+  h.seq = req.seq;
+  h.payload_len = len;
+  h.status = status;
+  h.deferred = deferred_;
+  deferred_ = 0;
+  ivshmem::Backoff backoff(1000, 100, 1000);
+  const uint64_t start = NowMs();
+  while (!replies_.Push(h, payload)) {
+    // The client is not draining its replies; give up when its lease has expired.
+    if (NowMs() - start > p_.lease_timeout_ms * 4) return false;
+    backoff.Pause();
+  }
+  return true;
+}
+
+const std::vector<uint8_t>* Session::Blob(uint64_t lo, uint64_t hi, uint64_t bytes) {
+  const std::string hex = HashHex(lo, hi);
+  auto it = blobs_.find(hex);
+  if (it != blobs_.end()) return it->second.size() == bytes ? &it->second : nullptr;
+  if (p_.cache_dir.empty()) return nullptr;
+  std::ifstream f(p_.cache_dir + "/" + hex, std::ios::binary);
+  if (!f) return nullptr;
+  std::vector<uint8_t> data((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const XXH128_hash_t h = XXH3_128bits(data.data(), data.size());
+  if (data.size() != bytes || h.low64 != lo || h.high64 != hi) return nullptr;  // corrupt cache entry
+  return &(blobs_[hex] = std::move(data));
+}
+
+void Session::StoreBlob(const std::string& hex, std::vector<uint8_t> data) {
+  if (!p_.cache_dir.empty()) {
+    const std::string tmp = p_.cache_dir + "/." + hex + "." + std::to_string(getpid());
+    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      bool ok = ::write(fd, data.data(), data.size()) == static_cast<ssize_t>(data.size());
+      ::close(fd);
+      if (!ok || ::rename(tmp.c_str(), (p_.cache_dir + "/" + hex).c_str()) != 0) ::unlink(tmp.c_str());
+    }
+  }
+  blobs_[hex] = std::move(data);
+}
+
+template <typename T>
+bool Get(const uint8_t* payload, uint32_t len, T* out, bool exact = true) {
+  if (exact ? len != sizeof(T) : len < sizeof(T)) return false;
+  std::memcpy(out, payload, sizeof(T));
+  return true;
+}
+
+// The NUL-terminated name after a ModuleSymbolReq.
+bool Name(const uint8_t* payload, uint32_t len, const ModuleSymbolReq& q, std::string* name) {
+  if (q.name_len == 0 || q.name_len > 4 * kNameLen || len != sizeof q + q.name_len) return false;
+  const char* s = reinterpret_cast<const char*>(payload + sizeof q);
+  if (s[q.name_len - 1] != '\0') return false;
+  *name = std::string(s, q.name_len - 1);
+  return name->find('\0') == std::string::npos;
+}
+
+#define ORION_WANT(cond, msg) \
+  do {                        \
+    if (!(cond)) {            \
+      *why = (msg);           \
+      return false;           \
+    }                         \
+  } while (0)
+
+bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector<uint8_t>* reply,
+                       int32_t* status, std::string* why) {
+  const uint32_t len = h.payload_len;
+  reply->clear();
+  auto put = [&](const auto& v) {
+    const auto* b = reinterpret_cast<const uint8_t*>(&v);
+    reply->insert(reply->end(), b, b + sizeof v);
+  };
+  CUresult r = CUDA_SUCCESS;
+  switch (static_cast<Op>(h.op)) {
+    case Op::kHello:
+      ORION_WANT(false, "second Hello");
+    case Op::kGoodbye:
+    case Op::kNop:
+    case Op::kNopAsync:
+    case Op::kSync:
+      break;
+
+    case Op::kCtxCreate: {
+      CtxCreateReq q;
+      ORION_WANT(Get(payload, len, &q), "bad CtxCreate");
+      if (q.device >= p_.placements.size()) { r = CUDA_ERROR_INVALID_DEVICE; break; }
+      void* ctx = nullptr;
+      r = b_->CtxCreate(q.device, q.flags, &ctx);
+      if (r == CUDA_SUCCESS) {
+        const uint64_t id = AddHandle({Kind::kCtx, ctx, q.device, 0, {}});
+        put(HandleRep{id});
+        cur_ctx_ = id;
+        cur_dev_ = q.device;
+      }
+      break;
+    }
+    case Op::kCtxDestroy: {
+      HandleReq q;
+      ORION_WANT(Get(payload, len, &q), "bad CtxDestroy");
+      Obj* o = Find(q.handle, Kind::kCtx);
+      if (o == nullptr) { r = CUDA_ERROR_INVALID_CONTEXT; break; }
+      r = b_->CtxDestroy(o->backend);
+      if (r == CUDA_SUCCESS) {
+        handles_.erase(q.handle);
+        if (cur_ctx_ == q.handle) cur_ctx_ = 0;
+      }
+      break;
+    }
+    case Op::kCtxSetCurrent: {
+      HandleReq q;
+      ORION_WANT(Get(payload, len, &q), "bad CtxSetCurrent");
+      Obj* o = Find(q.handle, Kind::kCtx);
+      if (o == nullptr) { r = CUDA_ERROR_INVALID_CONTEXT; break; }
+      r = b_->SetCurrent(o->backend);
+      if (r == CUDA_SUCCESS) {
+        cur_ctx_ = q.handle;
+        cur_dev_ = o->dev;
+      }
+      break;
+    }
+    case Op::kCtxSynchronize:
+      ORION_WANT(len == 0, "bad CtxSynchronize");
+      r = b_->CtxSynchronize();
+      break;
+    case Op::kPrimaryCtxRetain: {
+      DeviceReq q;
+      ORION_WANT(Get(payload, len, &q), "bad PrimaryCtxRetain");
+      if (q.device >= p_.placements.size()) { r = CUDA_ERROR_INVALID_DEVICE; break; }
+      void* ctx = nullptr;
+      r = b_->PrimaryCtxRetain(q.device, &ctx);
+      if (r == CUDA_SUCCESS) {
+        uint64_t id = 0;
+        for (auto& [k, o] : handles_) {
+          if (o.kind == Kind::kCtx && o.backend == ctx) id = k;
+        }
+        if (id == 0) id = AddHandle({Kind::kCtx, ctx, q.device, 0, {}});
+        put(HandleRep{id});
+        if (cur_ctx_ == 0) {
+          cur_ctx_ = id;
+          cur_dev_ = q.device;
+          r = b_->SetCurrent(ctx);
+        }
+      }
+      break;
+    }
+    case Op::kPrimaryCtxRelease:
+      break;
+    case Op::kPrimaryCtxReset: {
+      DeviceReq q;
+      ORION_WANT(Get(payload, len, &q), "bad PrimaryCtxReset");
+      if (q.device >= p_.placements.size()) { r = CUDA_ERROR_INVALID_DEVICE; break; }
+      r = b_->PrimaryCtxReset(q.device);
+      if (r == CUDA_SUCCESS) {
+        // The reset frees the context's allocations.
+        for (auto it = allocs_.begin(); it != allocs_.end();) {
+          if (it->second.dev == q.device) {
+            if (it->second.counted) used_[q.device] -= it->second.bytes;
+            (void)b_->MemFree(it->first);
+            it = allocs_.erase(it);
+          } else {
+            ++it;
+          }
+        }
+      }
+      break;
+    }
+    case Op::kCtxSetLimit: {
+      LimitReq q;
+      ORION_WANT(Get(payload, len, &q), "bad CtxSetLimit");
+      r = cur_ctx_ == 0 ? CUDA_ERROR_INVALID_CONTEXT : b_->CtxSetLimit(q.limit, q.value);
+      break;
+    }
+    case Op::kCtxGetLimit: {
+      LimitReq q;
+      ORION_WANT(Get(payload, len, &q), "bad CtxGetLimit");
+      uint64_t v = 0;
+      r = cur_ctx_ == 0 ? CUDA_ERROR_INVALID_CONTEXT : b_->CtxGetLimit(q.limit, &v);
+      put(U64Rep{v});
+      break;
+    }
+
+    case Op::kMemAlloc: {
+      MemAllocReq q;
+      ORION_WANT(Get(payload, len, &q), "bad MemAlloc");
+      if (cur_ctx_ == 0) { r = CUDA_ERROR_INVALID_CONTEXT; break; }
+      if (q.bytes == 0) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      const Placement& pl = p_.placements[cur_dev_];
+      const uint64_t after = used_[cur_dev_] + overhead_[cur_dev_] + q.bytes;
+      if (q.bytes > pl.quota_bytes || after > pl.quota_bytes) {
+        p_.log->warn("sess={} op=MemAlloc cuMemAlloc(): memory {} MB exceeds <vgpu {}, pgpu {}> quota",
+                     p_.session_id, (after + (1 << 20) - 1) >> 20, pl.vgpu, pl.pgpu);
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+        break;
+      }
+      uint64_t dptr = 0;
+      r = b_->MemAlloc(q.bytes, &dptr);
+      if (r == CUDA_SUCCESS) {
+        allocs_[dptr] = {q.bytes, cur_dev_, true};
+        used_[cur_dev_] += q.bytes;
+        put(U64Rep{dptr});
+      }
+      break;
+    }
+    case Op::kMemFree: {
+      MemFreeReq q;
+      ORION_WANT(Get(payload, len, &q), "bad MemFree");
+      auto it = allocs_.find(q.dptr);
+      if (it == allocs_.end() || !it->second.counted) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      r = b_->MemFree(q.dptr);
+      if (r == CUDA_SUCCESS) {
+        used_[it->second.dev] -= it->second.bytes;
+        allocs_.erase(it);
+      }
+      break;
+    }
+    case Op::kMemGetInfo: {
+      ORION_WANT(len == 0, "bad MemGetInfo");
+      if (cur_ctx_ == 0) { r = CUDA_ERROR_INVALID_CONTEXT; break; }
+      uint64_t free = 0, total = 0;
+      r = b_->MemGetInfo(&free, &total);
+      const uint64_t quota = p_.placements[cur_dev_].quota_bytes;
+      const uint64_t taken = used_[cur_dev_] + overhead_[cur_dev_];
+      // The vGPU's view: total = quota; free = what is left of it (never more than the GPU has).
+      MemGetInfoRep rep{std::min(free, quota > taken ? quota - taken : 0), quota};
+      if (std::string(b_->name()) == "sim") rep.free = quota > taken ? quota - taken : 0;
+      put(rep);
+      break;
+    }
+    case Op::kMemcpyHtoD: {
+      MemcpyReq q;
+      ORION_WANT(Get(payload, len, &q), "bad MemcpyHtoD");
+      void* s = nullptr;
+      if (!WindowRange(q.src, q.bytes)) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      if (!DeviceRange(q.dst, q.bytes) || !Stream(q.stream, &s)) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      r = b_->MemcpyHtoD(q.dst, window_ + q.src, q.bytes, s);
+      break;
+    }
+    case Op::kMemcpyDtoH:
+    case Op::kMemcpyDtoHAsync: {
+      MemcpyReq q;
+      ORION_WANT(Get(payload, len, &q), "bad MemcpyDtoH");
+      void* s = nullptr;
+      if (!WindowRange(q.dst, q.bytes)) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      if (!DeviceRange(q.src, q.bytes) || !Stream(q.stream, &s)) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      r = b_->MemcpyDtoH(window_ + q.dst, q.src, q.bytes, s, static_cast<Op>(h.op) == Op::kMemcpyDtoHAsync);
+      break;
+    }
+    case Op::kMemcpyDtoD: {
+      MemcpyReq q;
+      ORION_WANT(Get(payload, len, &q), "bad MemcpyDtoD");
+      void* s = nullptr;
+      if (!DeviceRange(q.dst, q.bytes) || !DeviceRange(q.src, q.bytes) || !Stream(q.stream, &s)) {
+        r = CUDA_ERROR_INVALID_VALUE;
+        break;
+      }
+      r = b_->MemcpyDtoD(q.dst, q.src, q.bytes, s);
+      break;
+    }
+    case Op::kMemcpy2D: {
+      Memcpy2DReq q;
+      ORION_WANT(Get(payload, len, &q), "bad Memcpy2D");
+      void* s = nullptr;
+      if (q.width_bytes == 0 || q.height == 0) break;
+      if (q.src_side > kSideWindow || q.dst_side > kSideWindow || !Stream(q.stream, &s) ||
+          (q.height > 1 && (q.src_pitch < q.width_bytes || q.dst_pitch < q.width_bytes)) ||
+          q.src_pitch > (1ull << 40) || q.dst_pitch > (1ull << 40) || q.height > (1ull << 24)) {
+        r = CUDA_ERROR_INVALID_VALUE;
+        break;
+      }
+      const uint64_t src_span = (q.height - 1) * q.src_pitch + q.width_bytes;
+      const uint64_t dst_span = (q.height - 1) * q.dst_pitch + q.width_bytes;
+      const bool src_ok = q.src_side == kSideWindow ? WindowRange(q.src, src_span) : DeviceRange(q.src, src_span);
+      const bool dst_ok = q.dst_side == kSideWindow ? WindowRange(q.dst, dst_span) : DeviceRange(q.dst, dst_span);
+      if (!src_ok || !dst_ok) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      r = b_->Memcpy2D(q.dst_side == kSideDevice ? q.dst : 0, q.dst_side == kSideWindow ? window_ + q.dst : nullptr,
+                       q.dst_pitch, q.src_side == kSideDevice ? q.src : 0,
+                       q.src_side == kSideWindow ? window_ + q.src : nullptr, q.src_pitch, q.width_bytes, q.height, s);
+      break;
+    }
+    case Op::kMemset: {
+      MemsetReq q;
+      ORION_WANT(Get(payload, len, &q), "bad Memset");
+      void* s = nullptr;
+      if ((q.elem_size != 1 && q.elem_size != 2 && q.elem_size != 4) || q.width == 0 || q.height == 0 ||
+          q.width > (1ull << 40) || q.height > (1ull << 24) || (q.height > 1 && q.pitch < q.width * q.elem_size) ||
+          q.pitch > (1ull << 40) || !Stream(q.stream, &s)) {
+        r = CUDA_ERROR_INVALID_VALUE;
+        break;
+      }
+      const uint64_t span = (q.height - 1) * q.pitch + q.width * q.elem_size;
+      if (!DeviceRange(q.dst, span)) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      r = b_->Memset(q.dst, q.value, q.elem_size, q.width, q.height, q.pitch, s);
+      break;
+    }
+    case Op::kHostGetDevicePointer: {
+      WindowRangeReq q;
+      ORION_WANT(Get(payload, len, &q), "bad HostGetDevicePointer");
+      if (q.bytes == 0 || !WindowRange(q.window_offset, q.bytes) || q.window_offset < layout_.staging_bytes) {
+        r = CUDA_ERROR_INVALID_VALUE;
+        break;
+      }
+      uint64_t dptr = 0;
+      r = b_->HostGetDevicePointer(window_ + q.window_offset, q.bytes, &dptr);
+      if (r == CUDA_SUCCESS) {
+        allocs_[dptr] = {q.bytes, cur_dev_, false};
+        put(U64Rep{dptr});
+      }
+      break;
+    }
+
+    case Op::kModuleLoad: {
+      ModuleLoadReq q;
+      ORION_WANT(Get(payload, len, &q), "bad ModuleLoad");
+      if (q.image_bytes == 0 || q.image_bytes > fatbin::kMaxDecompressedBytes) { r = CUDA_ERROR_INVALID_IMAGE; break; }
+      const std::vector<uint8_t>* img = Blob(q.hash_lo, q.hash_hi, q.image_bytes);
+      if (img == nullptr) { r = static_cast<CUresult>(kStatusNeedBytes); break; }
+      auto size = fatbin::ImageSize(img->data(), img->size());
+      if (!size.ok() || *size > img->size()) { r = CUDA_ERROR_INVALID_IMAGE; break; }
+      void* mod = nullptr;
+      r = b_->ModuleLoad(std::span<const uint8_t>(img->data(), img->size()), &mod);
+      if (r == CUDA_SUCCESS) {
+        put(ModuleLoadRep{AddHandle({Kind::kModule, mod, cur_dev_, cur_ctx_, {}}), 0, 0});
+      } else {
+        p_.log->info("sess={} op=ModuleLoad image {} refused: {}", p_.session_id,
+                     HashHex(q.hash_lo, q.hash_hi), static_cast<int>(r));
+      }
+      break;
+    }
+    case Op::kBlobPut: {
+      BlobPutReq q;
+      ORION_WANT(Get(payload, len, &q), "bad BlobPut");
+      if (q.image_bytes == 0 || q.image_bytes > fatbin::kMaxDecompressedBytes || q.offset > q.image_bytes ||
+          q.bytes > q.image_bytes - q.offset || !WindowRange(q.window_offset, q.bytes)) {
+        r = CUDA_ERROR_INVALID_VALUE;
+        break;
+      }
+      const std::string hex = HashHex(q.hash_lo, q.hash_hi);
+      if (q.offset == 0) {
+        upload_hex_ = hex;
+        upload_.assign(q.image_bytes, 0);
+        upload_received_ = 0;
+      }
+      if (hex != upload_hex_ || upload_.size() != q.image_bytes || q.offset != upload_received_) {
+        r = CUDA_ERROR_INVALID_VALUE;  // chunks must arrive in order, for one image at a time
+        break;
+      }
+      std::memcpy(upload_.data() + q.offset, window_ + q.window_offset, q.bytes);
+      upload_received_ += q.bytes;
+      if (upload_received_ == upload_.size()) {
+        const XXH128_hash_t got = XXH3_128bits(upload_.data(), upload_.size());
+        if (got.low64 != q.hash_lo || got.high64 != q.hash_hi) {
+          r = CUDA_ERROR_INVALID_IMAGE;  // the bytes do not match the claimed hash
+        } else {
+          StoreBlob(hex, std::move(upload_));
+        }
+        upload_.clear();
+        upload_hex_.clear();
+      }
+      break;
+    }
+    case Op::kModuleUnload: {
+      HandleReq q;
+      ORION_WANT(Get(payload, len, &q), "bad ModuleUnload");
+      Obj* o = Find(q.handle, Kind::kModule);
+      if (o == nullptr) { r = CUDA_ERROR_INVALID_HANDLE; break; }
+      r = b_->ModuleUnload(o->backend);
+      for (auto it = handles_.begin(); it != handles_.end();) {
+        if (it->second.kind == Kind::kFunction && it->second.owner == q.handle) it = handles_.erase(it);
+        else ++it;
+      }
+      handles_.erase(q.handle);
+      break;
+    }
+    case Op::kModuleGetFunction:
+    case Op::kModuleGetGlobal: {
+      ModuleSymbolReq q;
+      std::string name;
+      ORION_WANT(Get(payload, len, &q, false) && Name(payload, len, q, &name), "bad ModuleGetFunction/Global");
+      Obj* o = Find(q.module, Kind::kModule);
+      if (o == nullptr) { r = CUDA_ERROR_INVALID_HANDLE; break; }
+      if (static_cast<Op>(h.op) == Op::kModuleGetGlobal) {
+        uint64_t dptr = 0, bytes = 0;
+        r = b_->ModuleGetGlobal(o->backend, name.c_str(), &dptr, &bytes);
+        if (r == CUDA_SUCCESS) {
+          if (!DeviceRange(dptr, bytes)) allocs_[dptr] = {std::max<uint64_t>(bytes, 1), o->dev, false};
+          put(GlobalRep{dptr, bytes});
+        }
+        break;
+      }
+      void* fn = nullptr;
+      KernelLayout layout;
+      r = b_->ModuleGetFunction(o->backend, name.c_str(), &fn, &layout);
+      if (r != CUDA_SUCCESS) break;
+      if (layout.params.size() > kMaxKernelParams) { r = CUDA_ERROR_NOT_SUPPORTED; break; }
+      uint64_t id = 0;
+      for (auto& [k, f] : handles_) {
+        if (f.kind == Kind::kFunction && f.backend == fn) id = k;
+      }
+      if (id == 0) id = AddHandle({Kind::kFunction, fn, o->dev, q.module, layout});
+      put(FunctionRep{id, static_cast<uint32_t>(layout.params.size()), layout.param_bytes});
+      for (const ParamInfo& pi : layout.params) put(pi);
+      break;
+    }
+    case Op::kFuncGetAttribute:
+    case Op::kFuncSetAttribute: {
+      FuncAttributeReq q;
+      ORION_WANT(Get(payload, len, &q), "bad FuncGet/SetAttribute");
+      Obj* o = Find(q.function, Kind::kFunction);
+      if (o == nullptr) { r = CUDA_ERROR_INVALID_HANDLE; break; }
+      if (static_cast<Op>(h.op) == Op::kFuncSetAttribute) {
+        r = b_->FuncSetAttribute(o->backend, q.attribute, q.value);
+      } else {
+        int v = 0;
+        r = b_->FuncGetAttribute(o->backend, q.attribute, &v);
+        put(I32Rep{v, 0});
+      }
+      break;
+    }
+    case Op::kLaunchKernel: {
+      LaunchReq q;
+      ORION_WANT(Get(payload, len, &q, false) && len == sizeof q + q.param_bytes, "bad LaunchKernel");
+      Obj* f = Find(q.function, Kind::kFunction);
+      void* s = nullptr;
+      if (f == nullptr || !Stream(q.stream, &s)) { r = CUDA_ERROR_INVALID_HANDLE; break; }
+      if (q.param_bytes != f->layout.param_bytes) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      r = b_->LaunchKernel(f->backend, q.grid, q.block, q.shared_mem_bytes, s, payload + sizeof q, q.param_bytes);
+      break;
+    }
+    case Op::kOccupancyMaxBlocks: {
+      OccupancyReq q;
+      ORION_WANT(Get(payload, len, &q), "bad OccupancyMaxBlocks");
+      Obj* f = Find(q.function, Kind::kFunction);
+      if (f == nullptr) { r = CUDA_ERROR_INVALID_HANDLE; break; }
+      int blocks = 0;
+      r = q.block_size == 0 ? CUDA_ERROR_INVALID_VALUE
+                            : b_->OccupancyMaxBlocks(f->backend, q.block_size, q.dynamic_smem, q.flags, &blocks);
+      put(I32Rep{blocks, 0});
+      break;
+    }
+
+    case Op::kStreamCreate: {
+      StreamCreateReq q;
+      ORION_WANT(Get(payload, len, &q), "bad StreamCreate");
+      if (cur_ctx_ == 0) { r = CUDA_ERROR_INVALID_CONTEXT; break; }
+      void* s = nullptr;
+      r = b_->StreamCreate(q.flags, q.priority, &s);
+      if (r == CUDA_SUCCESS) put(HandleRep{AddHandle({Kind::kStream, s, cur_dev_, cur_ctx_, {}})});
+      break;
+    }
+    case Op::kStreamDestroy:
+    case Op::kStreamSynchronize:
+    case Op::kStreamQuery: {
+      HandleReq q;
+      ORION_WANT(Get(payload, len, &q), "bad Stream op");
+      void* s = nullptr;
+      if (!Stream(q.handle, &s) || (static_cast<Op>(h.op) == Op::kStreamDestroy && q.handle == 0)) {
+        r = CUDA_ERROR_INVALID_HANDLE;
+        break;
+      }
+      switch (static_cast<Op>(h.op)) {
+        case Op::kStreamDestroy:
+          r = b_->StreamDestroy(s);
+          if (r == CUDA_SUCCESS) handles_.erase(q.handle);
+          break;
+        case Op::kStreamSynchronize: r = b_->StreamSynchronize(s); break;
+        default: r = b_->StreamQuery(s); break;
+      }
+      break;
+    }
+    case Op::kStreamWaitEvent: {
+      StreamWaitEventReq q;
+      ORION_WANT(Get(payload, len, &q), "bad StreamWaitEvent");
+      void* s = nullptr;
+      Obj* e = Find(q.event, Kind::kEvent);
+      if (e == nullptr || !Stream(q.stream, &s)) { r = CUDA_ERROR_INVALID_HANDLE; break; }
+      r = b_->StreamWaitEvent(s, e->backend, q.flags);
+      break;
+    }
+    case Op::kEventCreate: {
+      EventCreateReq q;
+      ORION_WANT(Get(payload, len, &q), "bad EventCreate");
+      if (cur_ctx_ == 0) { r = CUDA_ERROR_INVALID_CONTEXT; break; }
+      void* e = nullptr;
+      r = b_->EventCreate(q.flags, &e);
+      if (r == CUDA_SUCCESS) put(HandleRep{AddHandle({Kind::kEvent, e, cur_dev_, cur_ctx_, {}})});
+      break;
+    }
+    case Op::kEventDestroy:
+    case Op::kEventSynchronize:
+    case Op::kEventQuery: {
+      HandleReq q;
+      ORION_WANT(Get(payload, len, &q), "bad Event op");
+      Obj* e = Find(q.handle, Kind::kEvent);
+      if (e == nullptr) { r = CUDA_ERROR_INVALID_HANDLE; break; }
+      switch (static_cast<Op>(h.op)) {
+        case Op::kEventDestroy:
+          r = b_->EventDestroy(e->backend);
+          if (r == CUDA_SUCCESS) handles_.erase(q.handle);
+          break;
+        case Op::kEventSynchronize: r = b_->EventSynchronize(e->backend); break;
+        default: r = b_->EventQuery(e->backend); break;
+      }
+      break;
+    }
+    case Op::kEventRecord: {
+      EventRecordReq q;
+      ORION_WANT(Get(payload, len, &q), "bad EventRecord");
+      Obj* e = Find(q.event, Kind::kEvent);
+      void* s = nullptr;
+      if (e == nullptr || !Stream(q.stream, &s)) { r = CUDA_ERROR_INVALID_HANDLE; break; }
+      r = b_->EventRecord(e->backend, s);
+      break;
+    }
+    case Op::kEventElapsedTime: {
+      EventElapsedReq q;
+      ORION_WANT(Get(payload, len, &q), "bad EventElapsedTime");
+      Obj* a = Find(q.start, Kind::kEvent);
+      Obj* b = Find(q.end, Kind::kEvent);
+      if (a == nullptr || b == nullptr) { r = CUDA_ERROR_INVALID_HANDLE; break; }
+      F32Rep rep{0, 0};
+      r = b_->EventElapsedTime(a->backend, b->backend, &rep.ms);
+      put(rep);
+      break;
+    }
+    default:
+      ORION_WANT(false, "unknown op " + std::to_string(h.op));
+  }
+  *status = static_cast<int32_t>(r);
+  return true;
+}
+
+int Session::Run(const FrameHeader& hello_header, const HelloReq& hello) {
+  auto& log = *p_.log;
+  (void)hello;
+  if (Status s = b_->Init(p_.placements); !s.ok()) {
+    log.error("sess={} backend {} failed to start: {}", p_.session_id, b_->name(), s.ToString());
+    const std::string msg = "oriond backend failed: " + s.message();
+    PushReply(p_.region, p_.channel_bytes, p_.channel, hello_header, CUDA_ERROR_NO_DEVICE, msg.data(),
+              static_cast<uint32_t>(msg.size()));
+    return kExitBackendFailed;
+  }
+  b_->RegisterWindow(window_ + layout_.staging_bytes, layout_.window_bytes - layout_.staging_bytes);
+  std::vector<uint8_t> welcome(sizeof(WelcomeRep) + p_.placements.size() * sizeof(DeviceInfo));
+  WelcomeRep w{};
+  w.session_id = p_.session_id;
+  w.device_count = static_cast<uint32_t>(p_.placements.size());
+  w.driver_version = b_->DriverVersion();
+  w.backend = std::string(b_->name()) == "cuda" ? 1 : 0;
+  std::snprintf(w.server_name, sizeof w.server_name, "oriond (%s)", b_->name());
+  std::memcpy(welcome.data(), &w, sizeof w);
+  overhead_.assign(p_.placements.size(), 0);
+  for (uint32_t d = 0; d < p_.placements.size(); ++d) {
+    DeviceInfo info{};
+    b_->DescribeDevice(d, &info);
+    info.total_mem = p_.placements[d].quota_bytes;
+    overhead_[d] = b_->ContextOverhead(d);
+    std::memcpy(welcome.data() + sizeof w + d * sizeof info, &info, sizeof info);
+  }
+  if (!Reply(hello_header, CUDA_SUCCESS, welcome.data(), static_cast<uint32_t>(welcome.size()))) {
+    return kExitLeaseExpired;
+  }
+  // W0: the session is served; pairs with the client's and the daemon's acquire loads.
+  desc_->state.store(ivshmem::kChannelActive, std::memory_order_release);
+
+  std::vector<uint8_t> scratch, reply;
+  ivshmem::Backoff backoff(2000, 100, 1000);
+  uint64_t last_lease = desc_->client_lease.load(std::memory_order_relaxed);
+  uint64_t lease_changed = NowMs();
+  uint64_t frames = 0;
+  for (;;) {
+    ivshmem::FrameView f{};
+    bool got = false;
+    if (Status s = requests_.Pop(&f, &scratch, &got); !s.ok()) {
+      log.error("sess={} protocol violation: {}; ending the session", p_.session_id, s.message());
+      desc_->close_reason.store(CUDA_ERROR_ILLEGAL_STATE, std::memory_order_relaxed);
+      return kExitViolation;
+    }
+    if (!got) {
+      if (backoff.sleeping() || (++frames & 0xFFF) == 0) {
+        const uint64_t lease = desc_->client_lease.load(std::memory_order_relaxed);
+        const uint64_t now = NowMs();
+        if (lease != last_lease) {
+          last_lease = lease;
+          lease_changed = now;
+        } else if (now - lease_changed > p_.lease_timeout_ms) {
+          log.info("sess={} client lease expired ({} ms without renewal)", p_.session_id, p_.lease_timeout_ms);
+          return kExitLeaseExpired;
+        }
+      }
+      backoff.Pause();
+      continue;
+    }
+    backoff.Reset();
+    const FrameHeader& h = f.header;
+    if (!OpKnown(h.op)) {
+      log.error("sess={} protocol violation: unknown op {}; ending the session", p_.session_id, h.op);
+      desc_->close_reason.store(CUDA_ERROR_ILLEGAL_STATE, std::memory_order_relaxed);
+      return kExitViolation;
+    }
+    int32_t status = 0;
+    std::string why;
+    if (!Dispatch(h, f.payload, &reply, &status, &why)) {
+      log.error("sess={} op={} protocol violation: {}; ending the session", p_.session_id, OpName(h.op), why);
+      desc_->close_reason.store(CUDA_ERROR_ILLEGAL_STATE, std::memory_order_relaxed);
+      return kExitViolation;
+    }
+    if (status != 0 && status != kStatusNeedBytes) {
+      log.debug("sess={} op={} -> {}", p_.session_id, OpName(h.op), status);
+    }
+    if (h.flags & kFlagWantsReply) {
+      if (!Reply(h, status, reply.data(), static_cast<uint32_t>(reply.size()))) return kExitLeaseExpired;
+    } else if (status != 0 && deferred_ == 0) {
+      deferred_ = status;  // reported with the next reply
+    }
+    // D0: frames up to h.seq are done (their staging bytes were read); pairs with S0 in the client.
+    desc_->server_done_seq.store(h.seq, std::memory_order_release);
+    if (static_cast<Op>(h.op) == Op::kGoodbye) return kExitGoodbye;
+  }
+}
+
+}  // namespace
+
+bool PushReply(uint8_t* region, uint64_t channel_bytes, uint32_t channel, const FrameHeader& request,
+               int32_t status, const void* payload, uint32_t payload_len) {
+  const ChannelLayout l = ChannelLayout::Compute(channel_bytes);
+  uint8_t* chan = ivshmem::ChannelBase(region, channel_bytes, channel);
+  ivshmem::RingProducer rp(chan + l.reply_ring_offset, static_cast<uint32_t>(l.reply_ring_bytes));
+  FrameHeader h{};
+  h.magic = kFrameMagic;
+  h.version = kProtocolVersion;
+  h.op = request.op;
+  h.seq = request.seq;
+  h.payload_len = payload_len;
+  h.status = status;
+  return rp.Push(h, payload);
+}
+
+int RunSession(const SessionParams& params, std::unique_ptr<Backend> backend, const FrameHeader& hello_header,
+               const HelloReq& hello) {
+  Session s(params, std::move(backend));
+  return s.Run(hello_header, hello);
+}
+
+}  // namespace orion::host

@@ -1,0 +1,450 @@
+// The sim backend: a GPU-less executor. Device memory is host RAM (lazily committed anonymous
+// mappings) at device-like addresses; modules are parsed from their fatbinary/cubin/PTX so kernel
+// parameter layouts are known; launches are validated and logged, never executed.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+#include "orion/host/backend.h"
+#include "orion/host/fatbin.h"
+
+namespace orion::host {
+namespace {
+
+constexpr uint64_t kSimBase = 0x200000000000ull;   // far from where Linux places user mappings
+constexpr uint64_t kSimAlign = 512;                 // cudaMalloc alignment is at least 256
+constexpr int kSimDriverVersion = CUDA_VERSION;     // the API version this build implements
+
+uint64_t NowNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+// Attributes of the simulated device: an sm_90-class GPU (values as an H100 SXM reports them).
+void FillSimAttributes(int32_t* a, uint32_t pgpu) {
+  auto set = [&](CUdevice_attribute k, int v) {
+    if (static_cast<int>(k) < static_cast<int>(kMaxDeviceAttributes)) a[k] = v;
+  };
+  set(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, 1024);
+  set(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X, 1024);
+  set(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y, 1024);
+  set(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z, 64);
+  set(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X, 2147483647);
+  set(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y, 65535);
+  set(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z, 65535);
+  set(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK, 49152);
+  set(CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY, 65536);
+  set(CU_DEVICE_ATTRIBUTE_WARP_SIZE, 32);
+  set(CU_DEVICE_ATTRIBUTE_MAX_PITCH, 2147483647);
+  set(CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK, 65536);
+  set(CU_DEVICE_ATTRIBUTE_CLOCK_RATE, 1980000);
+  set(CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT, 512);
+  set(CU_DEVICE_ATTRIBUTE_GPU_OVERLAP, 1);
+  set(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 132);
+  set(CU_DEVICE_ATTRIBUTE_KERNEL_EXEC_TIMEOUT, 0);
+  set(CU_DEVICE_ATTRIBUTE_INTEGRATED, 0);
+  set(CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, 1);
+  set(CU_DEVICE_ATTRIBUTE_COMPUTE_MODE, CU_COMPUTEMODE_DEFAULT);
+  set(CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_WIDTH, 131072);
+  set(CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_WIDTH, 131072);
+  set(CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_HEIGHT, 65536);
+  set(CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_WIDTH, 16384);
+  set(CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_HEIGHT, 16384);
+  set(CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_DEPTH, 16384);
+  set(CU_DEVICE_ATTRIBUTE_SURFACE_ALIGNMENT, 512);
+  set(CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS, 1);
+  set(CU_DEVICE_ATTRIBUTE_ECC_ENABLED, 1);
+  set(CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, static_cast<int>(0x10 + pgpu));
+  set(CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, 0);
+  set(CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, 0);
+  set(CU_DEVICE_ATTRIBUTE_TCC_DRIVER, 0);
+  set(CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE, 2619000);
+  set(CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH, 5120);
+  set(CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, 52428800);
+  set(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, 2048);
+  set(CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT, 5);
+  set(CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, 1);
+  set(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 9);
+  set(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, 0);
+  set(CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED, 1);
+  set(CU_DEVICE_ATTRIBUTE_GLOBAL_L1_CACHE_SUPPORTED, 1);
+  set(CU_DEVICE_ATTRIBUTE_LOCAL_L1_CACHE_SUPPORTED, 1);
+  set(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, 233472);
+  set(CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR, 65536);
+  set(CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, 0);
+  set(CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD, 0);
+  set(CU_DEVICE_ATTRIBUTE_SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO, 2);
+  set(CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED, 1);
+  set(CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM, 0);
+  set(CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, 0);
+  set(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, 232448);
+  set(CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR, 32);
+  set(CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK, 1024);
+  set(CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE, 32505856);
+  set(CU_DEVICE_ATTRIBUTE_MAX_ACCESS_POLICY_WINDOW_SIZE, 134213632);
+  set(CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 0);
+  set(CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED, 1);
+}
+
+struct Block {
+  uint64_t bytes = 0;
+  uint8_t* host = nullptr;   // backing memory
+  bool owned = true;         // false: an alias of window memory (mapped pinned memory)
+};
+
+struct SimModule {
+  fatbin::Module info;
+  std::unordered_map<std::string, uint64_t> globals;  // name -> device address
+};
+struct SimFunction {
+  SimModule* module;
+  const fatbin::Kernel* kernel;
+};
+struct SimEvent {
+  uint32_t flags = 0;
+  bool recorded = false;
+  uint64_t ns = 0;
+};
+
+class SimBackend final : public Backend {
+ public:
+  explicit SimBackend(SimOptions o) : opt_(std::move(o)) {
+    if (!opt_.launch_log.empty()) {
+      log_fd_ = ::open(opt_.launch_log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    }
+  }
+  ~SimBackend() override {
+    for (auto& [addr, b] : blocks_) Release(b);
+    if (log_fd_ >= 0) ::close(log_fd_);
+  }
+  const char* name() const override { return "sim"; }
+
+  Status Init(const std::vector<Placement>& placements) override {
+    placements_ = placements;
+    if (!opt_.launch_log.empty() && log_fd_ < 0) {
+      return InvalidArgument("cannot open the sim launch log " + opt_.launch_log);
+    }
+    return Status::Ok();
+  }
+
+  void DescribeDevice(uint32_t dev, DeviceInfo* out) override {
+    const Placement& p = placements_.at(dev);
+    std::snprintf(out->name, sizeof out->name, "Orion Simulated GPU");
+    const uint8_t uuid[16] = {'O', 'R', 'I', 'O', 'N', '-', 'S', 'I', 'M', 0, 0, 0,
+                              0,   0,   0,   static_cast<uint8_t>(p.pgpu)};
+    std::memcpy(out->uuid, uuid, 16);
+    FillSimAttributes(out->attributes, p.pgpu);
+    std::snprintf(out->pci_bus_id, sizeof out->pci_bus_id, "0000:%02x:00.0", 0x10 + p.pgpu);
+    out->pgpu = p.pgpu;
+    out->vgpu = p.vgpu;
+  }
+  int DriverVersion() override { return kSimDriverVersion; }
+  uint64_t ContextOverhead(uint32_t) override { return 0; }
+  CUresult RegisterWindow(void* base, uint64_t bytes) override {
+    window_ = static_cast<uint8_t*>(base);
+    window_bytes_ = bytes;
+    return CUDA_SUCCESS;
+  }
+
+  CUresult PrimaryCtxRetain(uint32_t dev, void** ctx) override {
+    *ctx = reinterpret_cast<void*>(uintptr_t{0x1000} + dev);
+    return CUDA_SUCCESS;
+  }
+  CUresult PrimaryCtxReset(uint32_t) override { return CUDA_SUCCESS; }
+  CUresult CtxCreate(uint32_t dev, uint32_t, void** ctx) override {
+    *ctx = reinterpret_cast<void*>(uintptr_t{0x2000} + (next_ctx_++ << 8) + dev);
+    return CUDA_SUCCESS;
+  }
+  CUresult CtxDestroy(void*) override { return CUDA_SUCCESS; }
+  CUresult SetCurrent(void*) override { return CUDA_SUCCESS; }
+  CUresult CtxSynchronize() override { return CUDA_SUCCESS; }
+  CUresult CtxSetLimit(uint32_t limit, uint64_t value) override {
+    if (limit > CU_LIMIT_MAX) return CUDA_ERROR_INVALID_VALUE;
+    limits_[limit] = value;
+    return CUDA_SUCCESS;
+  }
+  CUresult CtxGetLimit(uint32_t limit, uint64_t* value) override {
+    if (limit > CU_LIMIT_MAX) return CUDA_ERROR_INVALID_VALUE;
+    auto it = limits_.find(limit);
+    static const uint64_t kDefaults[] = {1024, 1048576, 8388608, 2, 2048, 0, 128};
+    *value = it != limits_.end() ? it->second : (limit < 7 ? kDefaults[limit] : 0);
+    return CUDA_SUCCESS;
+  }
+
+  CUresult MemAlloc(uint64_t bytes, uint64_t* dptr) override {
+    const uint64_t span = (bytes + kSimAlign - 1) & ~(kSimAlign - 1);
+    // MAP_NORESERVE: pages are committed when touched, as device memory would be by the app.
+    void* p = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    *dptr = next_addr_;
+    blocks_[next_addr_] = Block{span, static_cast<uint8_t*>(p), true};
+    next_addr_ += (span + (2ull << 20) - 1) & ~((2ull << 20) - 1);  // never reused: stale pointers stay invalid
+    return CUDA_SUCCESS;
+  }
+  CUresult MemFree(uint64_t dptr) override {
+    auto it = blocks_.find(dptr);
+    if (it == blocks_.end()) return CUDA_ERROR_INVALID_VALUE;
+    Release(it->second);
+    blocks_.erase(it);
+    return CUDA_SUCCESS;
+  }
+  CUresult MemGetInfo(uint64_t* free, uint64_t* total) override {
+    *free = *total = 0;
+    for (const Placement& p : placements_) *total = std::max(*total, p.quota_bytes);
+    *free = *total;
+    return CUDA_SUCCESS;
+  }
+  CUresult MemcpyHtoD(uint64_t dst, const void* src, uint64_t bytes, void*) override {
+    uint8_t* d = Host(dst, bytes);
+    if (d == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::memcpy(d, src, bytes);
+    return CUDA_SUCCESS;
+  }
+  CUresult MemcpyDtoH(void* dst, uint64_t src, uint64_t bytes, void*, bool) override {
+    uint8_t* s = Host(src, bytes);
+    if (s == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::memcpy(dst, s, bytes);
+    return CUDA_SUCCESS;
+  }
+  CUresult MemcpyDtoD(uint64_t dst, uint64_t src, uint64_t bytes, void*) override {
+    uint8_t* d = Host(dst, bytes);
+    uint8_t* s = Host(src, bytes);
+    if (d == nullptr || s == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::memmove(d, s, bytes);
+    return CUDA_SUCCESS;
+  }
+  CUresult Memcpy2D(uint64_t dst, void* dst_host, uint64_t dst_pitch, uint64_t src, const void* src_host,
+                    uint64_t src_pitch, uint64_t width, uint64_t height, void*) override {
+    for (uint64_t r = 0; r < height; ++r) {
+      uint8_t* d = dst_host != nullptr ? static_cast<uint8_t*>(dst_host) + r * dst_pitch
+                                       : Host(dst + r * dst_pitch, width);
+      const uint8_t* s = src_host != nullptr ? static_cast<const uint8_t*>(src_host) + r * src_pitch
+                                             : Host(src + r * src_pitch, width);
+      if (d == nullptr || s == nullptr) return CUDA_ERROR_INVALID_VALUE;
+      std::memmove(d, s, width);
+    }
+    return CUDA_SUCCESS;
+  }
+  CUresult Memset(uint64_t dst, uint32_t value, uint32_t elem, uint64_t width, uint64_t height, uint64_t pitch,
+                  void*) override {
+    for (uint64_t r = 0; r < height; ++r) {
+      uint8_t* d = Host(dst + r * pitch, width * elem);
+      if (d == nullptr) return CUDA_ERROR_INVALID_VALUE;
+      if (elem == 1) {
+        std::memset(d, static_cast<int>(value & 0xFF), width);
+      } else {
+        for (uint64_t i = 0; i < width; ++i) std::memcpy(d + i * elem, &value, elem);  // LE: low bytes
+      }
+    }
+    return CUDA_SUCCESS;
+  }
+  CUresult HostGetDevicePointer(void* host, uint64_t bytes, uint64_t* dptr) override {
+    for (auto& [addr, b] : blocks_) {
+      if (!b.owned && b.host == host) {
+        *dptr = addr;
+        return CUDA_SUCCESS;
+      }
+    }
+    *dptr = next_addr_;
+    blocks_[next_addr_] = Block{bytes, static_cast<uint8_t*>(host), false};
+    next_addr_ += (bytes + (2ull << 20) - 1) & ~((2ull << 20) - 1);
+    return CUDA_SUCCESS;
+  }
+
+  CUresult ModuleLoad(std::span<const uint8_t> image, void** module) override {
+    auto parsed = fatbin::ParseImage(image, 90);
+    if (!parsed.ok()) {
+      last_error_ = parsed.status().message();
+      return CUDA_ERROR_INVALID_IMAGE;
+    }
+    auto m = std::make_unique<SimModule>();
+    m->info = std::move(*parsed);
+    *module = m.get();
+    modules_.push_back(std::move(m));
+    return CUDA_SUCCESS;
+  }
+  CUresult ModuleUnload(void* module) override {
+    auto it = std::find_if(modules_.begin(), modules_.end(), [&](auto& m) { return m.get() == module; });
+    if (it == modules_.end()) return CUDA_ERROR_INVALID_HANDLE;
+    for (auto& [name, addr] : (*it)->globals) (void)MemFree(addr);
+    modules_.erase(it);
+    return CUDA_SUCCESS;
+  }
+  CUresult ModuleGetFunction(void* module, const char* name, void** function, KernelLayout* layout) override {
+    auto* m = static_cast<SimModule*>(module);
+    const fatbin::Kernel* k = m->info.FindKernel(name);
+    if (k == nullptr) return CUDA_ERROR_NOT_FOUND;
+    auto f = std::make_unique<SimFunction>(SimFunction{m, k});
+    layout->params.clear();
+    for (const auto& p : k->params) layout->params.push_back({p.offset, p.size});
+    layout->param_bytes = k->param_bytes;
+    *function = f.get();
+    functions_.push_back(std::move(f));
+    return CUDA_SUCCESS;
+  }
+  CUresult ModuleGetGlobal(void* module, const char* name, uint64_t* dptr, uint64_t* bytes) override {
+    auto* m = static_cast<SimModule*>(module);
+    const fatbin::Global* g = m->info.FindGlobal(name);
+    if (g == nullptr) return CUDA_ERROR_NOT_FOUND;
+    auto it = m->globals.find(name);
+    if (it == m->globals.end()) {
+      uint64_t addr = 0;
+      if (CUresult r = MemAlloc(std::max<uint64_t>(g->size, 1), &addr); r != CUDA_SUCCESS) return r;
+      it = m->globals.emplace(name, addr).first;
+    }
+    *dptr = it->second;
+    *bytes = g->size;
+    return CUDA_SUCCESS;
+  }
+  CUresult FuncGetAttribute(void* function, int attribute, int* value) override {
+    auto* f = static_cast<SimFunction*>(function);
+    switch (attribute) {
+      case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *value = 1024; break;
+      case CU_FUNC_ATTRIBUTE_PTX_VERSION:
+      case CU_FUNC_ATTRIBUTE_BINARY_VERSION:
+        *value = f->module->info.sm_arch != 0 ? static_cast<int>(f->module->info.sm_arch) : 90;
+        break;
+      case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: *value = 49152; break;
+      case CU_FUNC_ATTRIBUTE_NUM_REGS: *value = 32; break;  // not read from the cubin: a plausible value
+      default:
+        if (attribute < 0 || attribute >= CU_FUNC_ATTRIBUTE_MAX) return CUDA_ERROR_INVALID_VALUE;
+        *value = 0;
+    }
+    return CUDA_SUCCESS;
+  }
+  CUresult FuncSetAttribute(void*, int attribute, int value) override {
+    if (attribute == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES && (value < 0 || value > 232448))
+      return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+  }
+  CUresult LaunchKernel(void* function, const uint32_t grid[3], const uint32_t block[3], uint32_t shared_mem,
+                        void* stream, const uint8_t* params, uint32_t param_bytes) override {
+    auto* f = static_cast<SimFunction*>(function);
+    const uint64_t threads = uint64_t{block[0]} * block[1] * block[2];
+    if (threads == 0 || threads > 1024 || block[0] > 1024 || block[1] > 1024 || block[2] > 64)
+      return CUDA_ERROR_INVALID_VALUE;
+    if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0 || grid[1] > 65535 || grid[2] > 65535 ||
+        grid[0] > 2147483647u)
+      return CUDA_ERROR_INVALID_VALUE;
+    if (shared_mem > 232448) return CUDA_ERROR_INVALID_VALUE;
+    if (param_bytes != f->kernel->param_bytes) return CUDA_ERROR_INVALID_VALUE;
+    ++launches_;
+    if (log_fd_ >= 0) {
+      // One write() per line: lines from concurrent sessions never interleave (O_APPEND).
+      std::string line = "sess=" + std::to_string(opt_.session_id) + " launch " + f->kernel->name +
+                         " grid=" + std::to_string(grid[0]) + "," + std::to_string(grid[1]) + "," +
+                         std::to_string(grid[2]) + " block=" + std::to_string(block[0]) + "," +
+                         std::to_string(block[1]) + "," + std::to_string(block[2]) +
+                         " smem=" + std::to_string(shared_mem) +
+                         " stream=" + std::to_string(reinterpret_cast<uintptr_t>(stream)) + " params=";
+      static const char* kHex = "0123456789abcdef";
+      for (uint32_t i = 0; i < param_bytes; ++i) {
+        line += kHex[params[i] >> 4];
+        line += kHex[params[i] & 15];
+      }
+      line += '\n';
+      ssize_t w = ::write(log_fd_, line.data(), line.size());
+      (void)w;
+    }
+    return CUDA_SUCCESS;
+  }
+  CUresult OccupancyMaxBlocks(void*, uint32_t block_size, uint64_t dynamic_smem, uint32_t, int* blocks) override {
+    // Simulated occupancy from the sm_90 limits: threads, blocks and shared memory per SM.
+    const uint32_t warps = (block_size + 31) / 32;
+    uint64_t by_threads = 2048 / (uint64_t{warps} * 32);
+    uint64_t by_smem = dynamic_smem == 0 ? 32 : 233472 / (dynamic_smem + 1024);
+    *blocks = static_cast<int>(std::min<uint64_t>({32, by_threads, by_smem}));
+    return CUDA_SUCCESS;
+  }
+
+  CUresult StreamCreate(uint32_t, int, void** stream) override {
+    *stream = reinterpret_cast<void*>(next_stream_++);
+    return CUDA_SUCCESS;
+  }
+  CUresult StreamDestroy(void*) override { return CUDA_SUCCESS; }
+  CUresult StreamSynchronize(void*) override { return CUDA_SUCCESS; }  // everything ran in order already
+  CUresult StreamQuery(void*) override { return CUDA_SUCCESS; }
+  CUresult StreamWaitEvent(void*, void*, uint32_t) override { return CUDA_SUCCESS; }
+  CUresult EventCreate(uint32_t flags, void** event) override {
+    auto e = std::make_unique<SimEvent>();
+    e->flags = flags;
+    *event = e.get();
+    events_.emplace(e.get(), std::move(e));
+    return CUDA_SUCCESS;
+  }
+  CUresult EventDestroy(void* event) override {
+    return events_.erase(static_cast<SimEvent*>(event)) != 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+  }
+  CUresult EventRecord(void* event, void*) override {
+    auto* e = static_cast<SimEvent*>(event);
+    e->recorded = true;
+    e->ns = NowNs();
+    return CUDA_SUCCESS;
+  }
+  CUresult EventSynchronize(void*) override { return CUDA_SUCCESS; }
+  CUresult EventQuery(void*) override { return CUDA_SUCCESS; }
+  CUresult EventElapsedTime(void* start, void* end, float* ms) override {
+    auto* a = static_cast<SimEvent*>(start);
+    auto* b = static_cast<SimEvent*>(end);
+    if ((a->flags | b->flags) & CU_EVENT_DISABLE_TIMING) return CUDA_ERROR_INVALID_HANDLE;
+    if (!a->recorded || !b->recorded) return CUDA_ERROR_INVALID_HANDLE;
+    *ms = static_cast<float>(static_cast<double>(static_cast<int64_t>(b->ns - a->ns)) / 1e6);
+    return CUDA_SUCCESS;
+  }
+
+ private:
+  static void Release(Block& b) {
+    if (b.owned && b.host != nullptr) ::munmap(b.host, b.bytes);
+    b.host = nullptr;
+  }
+  // Host memory behind device range [dptr, dptr+bytes), or nullptr.
+  uint8_t* Host(uint64_t dptr, uint64_t bytes) {
+    auto it = blocks_.upper_bound(dptr);
+    if (it == blocks_.begin()) return nullptr;
+    --it;
+    const uint64_t off = dptr - it->first;
+    if (off > it->second.bytes || bytes > it->second.bytes - off) return nullptr;
+    return it->second.host + off;
+  }
+
+  SimOptions opt_;
+  int log_fd_ = -1;
+  std::vector<Placement> placements_;
+  uint8_t* window_ = nullptr;
+  uint64_t window_bytes_ = 0;
+  std::map<uint64_t, Block> blocks_;
+  uint64_t next_addr_ = kSimBase;
+  uintptr_t next_ctx_ = 1;
+  uintptr_t next_stream_ = 0x5000;
+  std::map<uint32_t, uint64_t> limits_;
+  std::vector<std::unique_ptr<SimModule>> modules_;
+  std::vector<std::unique_ptr<SimFunction>> functions_;
+  std::unordered_map<SimEvent*, std::unique_ptr<SimEvent>> events_;
+  uint64_t launches_ = 0;
+  std::string last_error_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> MakeSimBackend(const SimOptions& options) {
+  return std::make_unique<SimBackend>(options);
+}
+
+std::vector<PhysicalGpu> SimPhysicalGpus(uint32_t count, uint64_t mem_mib) {
+  std::vector<PhysicalGpu> gpus;
+  for (uint32_t i = 0; i < count; ++i) {
+    gpus.push_back({i, "Orion Simulated GPU", mem_mib << 20, "GPU-orion-sim-" + std::to_string(i)});
+  }
+  return gpus;
+}
+
+}  // namespace orion::host
