@@ -154,6 +154,20 @@ CUresult Launch(CUfunction hf, unsigned gx, unsigned gy, unsigned gz, unsigned b
   uint64_t stream = 0;
   if (!StreamId(hs, &stream)) return CUDA_ERROR_INVALID_HANDLE;
   if (gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0) return CUDA_ERROR_INVALID_VALUE;
+  // The configuration is checked here, synchronously, as NVIDIA's driver does, against the
+  // device's limits (known locally since the handshake).
+  const int32_t* a = Client::Get().devices()[static_cast<size_t>(CurrentCtx()->device)].attributes;
+  const uint64_t threads = uint64_t{bx} * by * bz;
+  if (threads > static_cast<uint64_t>(a[CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK]) ||
+      bx > static_cast<unsigned>(a[CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X]) ||
+      by > static_cast<unsigned>(a[CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y]) ||
+      bz > static_cast<unsigned>(a[CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z]) ||
+      gx > static_cast<unsigned>(a[CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X]) ||
+      gy > static_cast<unsigned>(a[CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y]) ||
+      gz > static_cast<unsigned>(a[CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z]) ||
+      smem > static_cast<unsigned>(a[CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN])) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   const void* buffer = nullptr;
   size_t buffer_size = 0;
   if (extra != nullptr) {

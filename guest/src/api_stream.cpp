@@ -1,4 +1,6 @@
 // Exported driver API: streams and events. Handles are the server's ids, validated locally.
+#include <algorithm>
+
 #include "export.h"
 #include "state.h"
 
@@ -14,12 +16,13 @@ CUresult NeedCtx() {
 
 CUresult CreateStream(CUstream* ph, unsigned flags, int priority) {
   if (ph == nullptr || (flags & ~1u) != 0) return CUDA_ERROR_INVALID_VALUE;
+  priority = std::clamp(priority, -5, 0);  // clamped to cuCtxGetStreamPriorityRange, as CUDA does
   if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
   StreamCreateReq q{flags, priority};
   HandleRep rep{};
   CUresult r = Client::Get().Call(Op::kStreamCreate, &q, sizeof q, &rep, sizeof rep);
   if (r != CUDA_SUCCESS) return r;
-  S().streams.Add(rep.handle);
+  S().streams.Add(rep.handle, (uint64_t{flags} << 32) | static_cast<uint32_t>(priority));
   *ph = reinterpret_cast<CUstream>(rep.handle);
   return CUDA_SUCCESS;
 }
@@ -115,7 +118,8 @@ ORION_EXPORT CUresult CUDAAPI cuStreamGetFlags(CUstream hs, unsigned int* flags)
   uint64_t id = 0;
   if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!StreamId(hs, &id)) return CUDA_ERROR_INVALID_HANDLE;
-  *flags = 0;
+  uint64_t v = 0;
+  *flags = id != 0 && S().streams.Get(id, &v) ? static_cast<unsigned>(v >> 32) : 0;
   return CUDA_SUCCESS;
 }
 
@@ -124,7 +128,8 @@ ORION_EXPORT CUresult CUDAAPI cuStreamGetPriority(CUstream hs, int* priority) {
   uint64_t id = 0;
   if (priority == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!StreamId(hs, &id)) return CUDA_ERROR_INVALID_HANDLE;
-  *priority = 0;
+  uint64_t v = 0;
+  *priority = id != 0 && S().streams.Get(id, &v) ? static_cast<int>(static_cast<uint32_t>(v)) : 0;
   return CUDA_SUCCESS;
 }
 

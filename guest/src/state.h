@@ -77,15 +77,23 @@ class Registry {
   std::unordered_set<T*> set_;
 };
 
-// Handle ids (streams, events) that the server issued to this process.
+// Handle ids (streams, events) that the server issued to this process, with a small value each
+// (streams: flags and priority).
 class IdSet {
  public:
-  void Add(uint64_t id) { std::unique_lock l(mu_); set_.insert(id); }
+  void Add(uint64_t id, uint64_t value = 0) { std::unique_lock l(mu_); set_[id] = value; }
   bool Remove(uint64_t id) { std::unique_lock l(mu_); return set_.erase(id) != 0; }
   bool Has(uint64_t id) const { std::shared_lock l(mu_); return set_.count(id) != 0; }
+  bool Get(uint64_t id, uint64_t* value) const {
+    std::shared_lock l(mu_);
+    auto it = set_.find(id);
+    if (it == set_.end()) return false;
+    *value = it->second;
+    return true;
+  }
  private:
   mutable std::shared_mutex mu_;
-  std::unordered_set<uint64_t> set_;
+  std::unordered_map<uint64_t, uint64_t> set_;
 };
 
 enum class RangeKind : uint8_t { kDevice, kGlobal, kMappedHost };

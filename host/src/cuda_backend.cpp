@@ -21,8 +21,9 @@
 //    until CUDA_ERROR_INVALID_VALUE ("paramIndex must be less than the number of parameters").
 //    Launches pass the packed buffer with CU_LAUNCH_PARAM_BUFFER_POINTER / _SIZE.
 //  * The data window is cuMemHostRegister'ed PORTABLE | DEVICEMAP. Registration needs a current
-//    context, so it happens lazily: at RegisterWindow if a context is current, else at the next
-//    SetCurrent / CtxCreate / window copy. If the context that holds the registration is
+//    context, so it happens lazily: at RegisterWindow if a context is current, else in the primary
+//    context ContextOverhead retains at the handshake, else at the next SetCurrent / CtxCreate /
+//    window copy. If the context that holds the registration is
 //    destroyed or reset, the registration is assumed gone and redone on the next occasion
 //    (CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED counts as success). If registration fails, copies
 //    still work as pageable copies and HostGetDevicePointer answers CUDA_ERROR_NOT_SUPPORTED.
@@ -169,7 +170,7 @@ Status LoadApi(void* lib, const std::string& path, Api* api) {
     std::string_view n(fn);
     if (n == "cuKernelGetParamInfo") return "needs a driver for CUDA 12.4 or newer";
     if (n.starts_with("cuLibrary") || n.starts_with("cuKernel")) return "needs a driver for CUDA 12.0 or newer";
-    return "driver too old?";
+    return "not a CUDA driver, or one too old";
   };
   ORION_CUDA_REQUIRED(ORION_CUDA_LOAD)
 #undef ORION_CUDA_LOAD
@@ -350,6 +351,11 @@ class CudaBackend final : public Backend {
   // so "before any context" cannot be observed). The first context of a process may cost a little
   // more (process-wide state); other processes allocating meanwhile add noise. 0 on failure (not
   // cached, so a later call measures again). The calling thread's current context is restored.
+  //
+  // After a successful measurement the backend keeps its retain on the primary context (the
+  // worker charges the overhead from the handshake on, and never releases primary contexts
+  // either), so the client's first cuDevicePrimaryCtxRetain finds it ready instead of paying for
+  // a second creation; and the window is registered in it, the longest-lived context there is.
   uint64_t ContextOverhead(uint32_t dev) override {
     if (dev >= devices_.size()) return 0;
     const CUdevice d = devices_[dev];
@@ -369,16 +375,24 @@ class CudaBackend final : public Backend {
         (void)api_.ctxDestroy(extra);  // pops it
       }
     }
-    (void)api_.ctxSetCurrent(prev);
-    (void)api_.primaryCtxRelease(d);
-    if (!ok) return 0;
-
-    const uint64_t overhead = free_before > free_after ? free_before - free_after : 0;
-    try {
-      overhead_[d] = overhead;
-    } catch (...) {
+    if (ok) {
+      try {
+        primary_[d] = primary;
+        overhead_[d] = free_before > free_after ? free_before - free_after : 0;
+      } catch (...) {
+        ok = false;
+      }
     }
-    return overhead;
+    if (ok && api_.ctxSetCurrent(primary) == CUDA_SUCCESS) {
+      window_failed_ctx_ = nullptr;
+      EnsureWindow();
+    }
+    (void)api_.ctxSetCurrent(prev);
+    if (!ok) {
+      (void)api_.primaryCtxRelease(d);
+      return 0;
+    }
+    return overhead_[d];
   }
 
   CUresult RegisterWindow(void* base, uint64_t bytes) override {
