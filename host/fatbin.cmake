@@ -28,12 +28,24 @@ else()
   set(_orion_zstd ${ORION_ZSTD_LIBRARY})
 endif()
 
+# Prefer the static archives: libcuda.so.1 (the guest runtime) links this library for ImageSize()
+# only and must not need liblz4/libzstd at run time; --gc-sections drops what it does not use.
+find_library(ORION_LZ4_STATIC NAMES liblz4.a)
+find_library(ORION_ZSTD_STATIC NAMES libzstd.a)
+if(ORION_LZ4_STATIC AND ORION_ZSTD_STATIC)
+  set(_orion_lz4 ${ORION_LZ4_STATIC})
+  set(_orion_zstd ${ORION_ZSTD_STATIC})
+endif()
+
 add_library(orion_fatbin STATIC "${CMAKE_CURRENT_LIST_DIR}/src/fatbin.cpp")
 target_include_directories(orion_fatbin PUBLIC "${CMAKE_CURRENT_LIST_DIR}/include")
 foreach(_dir IN ITEMS ${ORION_LZ4_INCLUDE_DIR} ${ORION_ZSTD_INCLUDE_DIR})  # find_library fallback only
   target_include_directories(orion_fatbin PRIVATE "${_dir}")
 endforeach()
 target_compile_features(orion_fatbin PUBLIC cxx_std_20)
+# The guest runtime links only ImageSize(): per-function sections let its link drop the parser
+# (and with it any need for liblz4/libzstd in libcuda.so.1).
+target_compile_options(orion_fatbin PRIVATE -ffunction-sections -fdata-sections)
 target_link_libraries(orion_fatbin PUBLIC orion_common PRIVATE ${_orion_lz4} ${_orion_zstd})
 if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
   target_compile_options(orion_fatbin PRIVATE -Wall -Wextra -Wshadow -Wconversion)

@@ -563,8 +563,20 @@ Result<Module> ParseCubin(Bytes image) {
       m.kernels.push_back(std::move(k));
     } else {
       FB_ASSIGN_OR_RETURN(const std::string_view sec, ElfString(elf, elf.shstrndx, secs[shndx].name, "section"));
-      if (sec.starts_with(".nv.global") || sec.starts_with(".nv.constant"))
-        m.globals.push_back({std::string(name), At<uint64_t>(s, 16)});
+      if (sec.starts_with(".nv.global") || sec.starts_with(".nv.constant")) {
+        Global g{std::string(name), At<uint64_t>(s, 16), {}};
+        // Initial bytes live in the defining section (e.g. .nv.global.init) at st_value; a
+        // variable in a no-data section (.nv.global) starts zeroed.
+        if (HasFileData(secs[shndx].type)) {
+          const Bytes data = SectionData(elf, secs[shndx]);
+          const uint64_t value = At<uint64_t>(s, 8);
+          if (value > data.size() || g.size > data.size() - value)
+            return InvalidArgument(Cat("ELF variable ", Quote(name), " lies outside its section"));
+          g.init.assign(data.begin() + static_cast<std::ptrdiff_t>(value),
+                        data.begin() + static_cast<std::ptrdiff_t>(value + g.size));
+        }
+        m.globals.push_back(std::move(g));
+      }
     }
   }
   return m;
@@ -855,7 +867,7 @@ class PtxParser {
       uint64_t size;
       if (!MulOk(d.elem * d.vec, count, size) || size > kMaxPtxVarBytes)
         return Error(Cat("variable ", Quote(d.name), " too large"));
-      if (!d.opaque) out.push_back({std::string(d.name), size});
+      if (!d.opaque) out.push_back({std::string(d.name), size, {}});  // PTX initialisers are not decoded: zeroed
       if (t.Is(";")) return Status::Ok();
       if (!t.Is(",")) return Error(Cat("expected ',' or ';' after variable ", Quote(d.name), ", got ", Describe(t)));
       t = lx_.Next();

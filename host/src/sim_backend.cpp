@@ -299,6 +299,7 @@ class SimBackend final : public Backend {
     if (it == m->globals.end()) {
       uint64_t addr = 0;
       if (CUresult r = MemAlloc(std::max<uint64_t>(g->size, 1), &addr); r != CUDA_SUCCESS) return r;
+      if (!g->init.empty()) std::memcpy(Host(addr, g->init.size()), g->init.data(), g->init.size());
       it = m->globals.emplace(name, addr).first;
     }
     *dptr = it->second;

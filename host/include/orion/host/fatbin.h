@@ -13,6 +13,13 @@
 // A __fatBinC_Wrapper_t (magic 0x466243B1) is rejected: the caller must resolve it to its data
 // pointer first (the pointer is a guest address).
 //
+// Checked against nvcc 13.0 output: sm_75..sm_120 cubins (executable and -rdc relocatable, -G),
+// multi-arch fatbins, zstd- and LZ4-compressed entries, PTX-only fatbins, nvcc -ptx text.
+// Not handled (rejected with an error, or as noted): fatbin versions other than 1; 32-bit or
+// big-endian ELF; LTO-IR and other entry kinds (skipped); the pre-CUDA-4 `.const[bank]` PTX
+// syntax; texture/surface/sampler references (not reported as globals). A kernel whose .nv.info
+// has no parameter records gets an empty parameter list.
+//
 //   auto m = orion::fatbin::ParseImage(bytes, /*prefer_sm=*/90);
 //   if (!m.ok()) return m.status();
 //   const Kernel* k = m->FindKernel("_Z6kernelPfi");
@@ -47,6 +54,7 @@ struct Kernel {
 struct Global {
   std::string name;
   uint64_t size = 0;
+  std::vector<uint8_t> init;  // initial bytes (size of them) when the image has them; else zeroed
 };
 
 struct Module {

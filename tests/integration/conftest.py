@@ -1,0 +1,130 @@
+"""Integration fixtures: a real oriond (sim backend) on a fresh region, and the installed guest
+runtime, driving the nvcc-built programs of tests/cuda.
+
+Paths come from the environment (scripts/test sets them):
+  ORION_PREFIX    the install prefix (bin/oriond, bin/orion-shm, lib/orion/libcuda.so.1)
+  ORION_TEST_BIN  the directory of the built test programs (build/tests/cuda)
+"""
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PREFIX = Path(os.environ.get("ORION_PREFIX", ROOT / "build" / "install"))
+TEST_BIN = Path(os.environ.get("ORION_TEST_BIN", ROOT / "build" / "tests" / "cuda"))
+
+
+class Oriond:
+    """One oriond process serving one region in its own temporary directory."""
+
+    def __init__(self, tmp: Path, region_mib=256, channel_mib=16, conf_text=None, extra_args=()):
+        self.tmp = tmp
+        self.region = tmp / "orionsock0"
+        self.logs = tmp / "logs"
+        self.launch_log = tmp / "launch.log"
+        out = subprocess.run([PREFIX / "bin" / "orion-shm", "-i", "0", "-s", str(region_mib), "-d", tmp],
+                             capture_output=True, text=True, check=True)
+        assert "is successfully created." in out.stdout
+        conf = tmp / "server.conf"
+        conf.write_text(conf_text if conf_text is not None else
+                        f"[server]\n    vgpu_count = 4\n[server-shm]\n    shm_buffer_size = {channel_mib}\n")
+        self.stderr = open(tmp / "oriond.stderr", "w")
+        self.proc = subprocess.Popen(
+            [PREFIX / "bin" / "oriond", "--config", conf, "--backend", "sim", "--foreground",
+             "--log-dir", self.logs, "--shm", self.region, "--cache-dir", tmp / "cache",
+             "--sim-launch-log", self.launch_log, "--lease-timeout-ms", "1000", *extra_args],
+            stdout=subprocess.DEVNULL, stderr=self.stderr)
+        deadline = time.time() + 20
+        while "Orion Server listens" not in self.log():
+            assert self.proc.poll() is None, f"oriond exited: {self.read_stderr()}"
+            assert time.time() < deadline, "oriond did not start"
+            time.sleep(0.05)
+
+    def log(self) -> str:
+        p = self.logs / "server.log"
+        return p.read_text() if p.exists() else ""
+
+    def session_logs(self) -> str:
+        d = self.logs / "session"
+        return "".join(p.read_text() for p in sorted(d.glob("*.log"))) if d.exists() else ""
+
+    def read_stderr(self) -> str:
+        return (self.tmp / "oriond.stderr").read_text()
+
+    def launches(self):
+        if not self.launch_log.exists():
+            return []
+        return self.launch_log.read_text().splitlines()
+
+    def env(self, **extra):
+        env = dict(os.environ)
+        env.update({"LD_LIBRARY_PATH": str(PREFIX / "lib" / "orion"), "ORION_SHM": str(self.region),
+                    "ORION_VGPU": "1", "ORION_GMEM": "512"})
+        env.update({k: str(v) for k, v in extra.items()})
+        return env
+
+    def run(self, program, *args, timeout=120, **env):
+        exe = TEST_BIN / program if not os.path.isabs(str(program)) else program
+        return subprocess.run([str(exe), *map(str, args)], env=self.env(**env), capture_output=True, text=True,
+                              timeout=timeout)
+
+    def popen(self, program, *args, **env):
+        return subprocess.Popen([str(TEST_BIN / program), *map(str, args)], env=self.env(**env),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.stderr.close()
+
+
+@pytest.fixture
+def oriond(tmp_path):
+    d = Oriond(tmp_path)
+    yield d
+    d.stop()
+
+
+@pytest.fixture
+def make_oriond(tmp_path):
+    made = []
+
+    def make(**kw):
+        sub = Path(tempfile.mkdtemp(dir=tmp_path))
+        d = Oriond(sub, **kw)
+        made.append(d)
+        return d
+
+    yield make
+    for d in made:
+        d.stop()
+
+
+def checks(stdout: str):
+    """The CHECK lines of a test program: {name: 'ok' | 'FAIL ...' | 'skipped-sim ...'}."""
+    out = {}
+    for m in re.finditer(r"^CHECK (\S+) (.*)$", stdout, re.M):
+        out[m.group(1)] = m.group(2)
+    return out
+
+
+def assert_passed(result, expect_checks=1):
+    failed = {k: v for k, v in checks(result.stdout).items() if v.startswith("FAIL")}
+    assert result.returncode == 0 and not failed, (
+        f"exit {result.returncode}\nfailed: {failed}\nstdout:\n{result.stdout[-4000:]}\nstderr:\n{result.stderr[-4000:]}")
+    assert len(checks(result.stdout)) >= expect_checks
+    assert re.search(r"^DONE checks=\d+ failed=0$", result.stdout, re.M), result.stdout[-2000:]

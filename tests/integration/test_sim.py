@@ -1,0 +1,211 @@
+"""End-to-end tests of the data plane on the sim backend: nvcc-built programs (static cudart,
+shared cudart, pure driver API) run unmodified through the installed libcuda.so.1 against a real
+oriond. The sim backend runs no kernels, so kernel *results* are checked only on a GPU
+(scripts/gpu-e2e.sh); launches are checked byte for byte in the sim launch log."""
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import PREFIX, ROOT, TEST_BIN, assert_passed, checks
+
+
+def launch_lines(stdout):
+    """LAUNCH <name> grid=x,y,z block=x,y,z params=<hex> lines printed by the programs."""
+    return re.findall(r"^LAUNCH (\S+) grid=(\S+) block=(\S+) params=([0-9a-f]*)$", stdout, re.M)
+
+
+def assert_launches_logged(program_stdout, launch_log):
+    """Every launch the program made is in the sim launch log, in order, with the exact bytes the
+    program passed (the log holds the whole parameter buffer; trailing padding must be zero)."""
+    want = launch_lines(program_stdout)
+    assert want, "program printed no LAUNCH lines"
+    logged = []
+    for line in launch_log:
+        m = re.search(r" launch (\S+) grid=(\S+) block=(\S+) smem=\d+ stream=\d+ params=([0-9a-f]*)$", line)
+        if m:
+            logged.append(m.groups())
+    i = 0
+    for name, grid, block, params in want:
+        while i < len(logged) and (logged[i][0], logged[i][1], logged[i][2]) != (name, grid, block):
+            i += 1
+        assert i < len(logged), f"launch {name} grid={grid} block={block} not in the sim launch log:\n{logged}"
+        got = logged[i][3]
+        assert got.startswith(params), f"{name}: logged params {got} != program's {params}"
+        assert set(got[len(params):]) <= {"0"}, f"{name}: nonzero padding after the last parameter: {got}"
+        i += 1
+
+
+def test_device_properties_show_the_quota(oriond):
+    r = oriond.run("device_props", ORION_GMEM=1536)
+    assert_passed(r)
+    props = dict(re.findall(r"^PROP (\w+)=(.*)$", r.stdout, re.M))
+    assert props["name"] == "Orion Simulated GPU"
+    assert int(props["totalGlobalMem"]) == 1536 << 20
+    assert props["major"].startswith("9")
+    assert int(props["deviceCount"]) == 1
+    assert int(props["driverVersion"]) >= 13000
+    # Orion's client lines, on stderr (stdout stays the program's own).
+    assert "Using Orion resource" in r.stderr and "Releasing Orion resource" in r.stderr
+    assert "Orion" not in r.stdout.replace("Orion Simulated GPU", "")
+
+
+def test_memory_round_trips_memsets_2d_pinned(oriond):
+    r = oriond.run("memory", ORION_GMEM=512)
+    assert_passed(r, expect_checks=40)
+    c = checks(r.stdout)
+    # Sizes from 1 B to 64 MiB were checked byte for byte.
+    assert any(k.startswith("roundtrip") for k in c), c.keys()
+
+
+def test_streams_and_events(oriond):
+    assert_passed(oriond.run("streams_events"), expect_checks=20)
+
+
+def test_kernel_parameters_reach_the_server_byte_for_byte(oriond):
+    r = oriond.run("kernel_params")
+    c = checks(r.stdout)
+    # On a real GPU these are cudaErrorInvalidConfiguration; what matters here is that the launch
+    # fails at once (not as a deferred error), which the program checks for every launch.
+    failed = {k: v for k, v in c.items() if v.startswith("FAIL") and not k.startswith("invalid_config")}
+    assert not failed, r.stdout[-3000:]
+    for k in [k for k in c if k.startswith("invalid_config")]:
+        assert "cudaErrorInvalid" in c[k], c[k]
+    assert_launches_logged(r.stdout, oriond.launches())
+    assert any("result_" in k and "skipped-sim" in v for k, v in c.items()), "sim must not claim kernel results"
+
+
+def test_pure_driver_api_program(oriond):
+    r = oriond.run("driver_api", ORION_GMEM=512)
+    c = checks(r.stdout)
+    failed = {k: v for k, v in c.items() if v.startswith("FAIL")}
+    assert not failed, r.stdout[-3000:] + r.stderr[-2000:]
+    assert r.returncode == 0
+    assert_launches_logged(r.stdout, oriond.launches())
+
+
+def test_cudart_shared_program(oriond):
+    exe = TEST_BIN / "vadd_shared"
+    ldd = subprocess.run(["ldd", exe], capture_output=True, text=True).stdout
+    assert "libcudart.so" in ldd, "vadd_shared must be built with -cudart shared"
+    r = oriond.run("vadd_shared")
+    assert_passed(r)
+    assert any(" launch _Z4vadd" in l for l in oriond.launches())
+
+
+def test_unsupported_calls_fail_loudly(oriond):
+    r = oriond.run("unsupported", ORION_COVERAGE=1)
+    assert_passed(r)
+    assert "is not supported by Orion; returning CUDA_ERROR_NOT_SUPPORTED" in r.stderr
+    # The coverage report names each stub that was called and each real entry point.
+    assert re.search(r"orion-coverage: STUB cuGraphicsMapResources \d+", r.stderr)
+    assert re.search(r"orion-coverage: real cuInit 1", r.stderr)
+    assert re.search(r"orion-coverage: \d+ entry points called, \d+ real, [1-9]\d* not supported", r.stderr)
+
+
+def test_quota_is_enforced_and_logged(oriond):
+    r = oriond.run("quota", ORION_GMEM=256)
+    assert_passed(r)
+    m = re.search(r"QUOTA gmem_mib=256 allocated_mib=(\d+)", r.stdout)
+    assert m and 192 <= int(m.group(1)) <= 256
+    assert re.search(r"cuMemAlloc\(\): memory \d+ MB exceeds <vgpu \d+, pgpu \d+> quota", oriond.session_logs())
+
+
+def test_request_larger_than_any_gpu_is_refused_with_a_reason(oriond):
+    r = oriond.run("device_props", ORION_GMEM=10_000_000)
+    assert r.returncode != 0
+    assert "Fail to get resource" in r.stderr and "ORION_GMEM=10000000" in r.stderr
+    assert "refused client" in oriond.log()
+    # Nothing was allocated: a normal client still runs.
+    assert_passed(oriond.run("device_props"))
+
+
+def test_killed_client_frees_its_vgpu(make_oriond):
+    # One vGPU in the pool: a second client is refused while the first holds it.
+    d = make_oriond(conf_text="[server]\n    vgpu_count = 1\n[server-shm]\n    shm_buffer_size = 16\n")
+    sleeper = d.popen("sleeper", ORION_GMEM=256)
+    try:
+        assert sleeper.stdout.readline().startswith("DEVICE")
+        line = ""
+        while "READY" not in line:
+            line = sleeper.stdout.readline()
+            assert line, sleeper.stderr.read()
+        refused = d.run("device_props", ORION_GMEM=256)
+        assert refused.returncode != 0 and "no free vGPU" in refused.stderr
+    finally:
+        sleeper.send_signal(signal.SIGKILL)
+        sleeper.wait()
+    # The lease (1 s here) expires, the worker ends, the vGPU is free again.
+    deadline = time.time() + 15
+    while True:
+        r = d.run("device_props", ORION_GMEM=256)
+        if r.returncode == 0:
+            break
+        assert time.time() < deadline, r.stderr
+        time.sleep(0.5)
+    assert "client lease expired" in d.log()
+    assert d.alive()
+
+
+def test_two_clients_at_once(oriond):
+    a = oriond.popen("two_clients", 1500, 1, ORION_GMEM=256)
+    b = oriond.popen("two_clients", 1500, 2, ORION_GMEM=256)
+    outs = [p.communicate(timeout=120) for p in (a, b)]
+    for p, (out, err) in zip((a, b), outs):
+        assert p.returncode == 0, out + err
+        assert "phase=verified" in out
+    assert len(re.findall(r"Creating session", oriond.log())) >= 2
+
+
+@pytest.mark.parametrize("mode", ["bogus", "garbage", "unknown", "cursor"])
+def test_hostile_client_only_loses_its_own_session(oriond, mode):
+    victim = oriond.popen("two_clients", 3000, 7, ORION_GMEM=128)
+    time.sleep(0.5)
+    h = subprocess.run([ROOT / "build" / "hostile_client" if not os.environ.get("ORION_HOSTILE") else
+                        os.environ["ORION_HOSTILE"], oriond.region, mode], capture_output=True, text=True, timeout=60)
+    assert h.returncode == 0, h.stdout + h.stderr
+    out, err = victim.communicate(timeout=60)
+    assert victim.returncode == 0 and "phase=verified" in out, out + err
+    assert oriond.alive()
+    assert "protocol violation" in oriond.log() + oriond.session_logs() or "invalid first frame" in oriond.log()
+    assert_passed(oriond.run("device_props"))
+
+
+def test_module_images_are_cached_by_content(oriond):
+    assert_passed(oriond.run("vadd_shared"))
+    cached = list((oriond.tmp / "cache").iterdir())
+    assert cached, "the module image was not cached"
+    stamp = {p: p.stat().st_mtime_ns for p in cached}
+    assert_passed(oriond.run("vadd_shared"))
+    assert {p: p.stat().st_mtime_ns for p in cached} == stamp, "a cached image was uploaded again"
+
+
+def test_no_oriond_is_a_clear_error(tmp_path):
+    env = dict(os.environ, LD_LIBRARY_PATH=str(PREFIX / "lib" / "orion"), ORION_SHM=str(tmp_path / "nothing"))
+    r = subprocess.run([TEST_BIN / "device_props"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert "cannot use Orion region" in r.stderr
+
+
+def test_bad_config_is_one_clear_line(tmp_path):
+    conf = tmp_path / "server.conf"
+    conf.write_text("[server]\n    vgpu_count = lots\n")
+    r = subprocess.run([PREFIX / "bin" / "oriond", "--config", conf, "--log-dir", tmp_path], capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0
+    assert "vgpu_count = 'lots'" in r.stderr
+
+
+def test_orion_shm_messages(tmp_path):
+    shm = PREFIX / "bin" / "orion-shm"
+    r = subprocess.run([shm, "-i", "3", "-s", "32", "-d", tmp_path], capture_output=True, text=True)
+    assert r.stdout.strip() == f"{tmp_path}/orionsock3 is successfully created."
+    assert (tmp_path / "orionsock3").stat().st_size == 32 << 20
+    r = subprocess.run([shm, "-i", "3", "-s", "32", "-d", tmp_path], capture_output=True, text=True)
+    assert r.stdout.strip() == f"{tmp_path}/orionsock3 has already exists."
+    r = subprocess.run([shm, "-s", "8", "-d", tmp_path], capture_output=True, text=True)
+    assert r.returncode != 0

@@ -1,0 +1,217 @@
+// hostile_client: talks to oriond without the guest runtime, the way a malicious or broken guest
+// could, to check that oriond validates everything against the session's own tables and ends only
+// the offending session.
+//
+//   hostile_client REGION bogus    # valid session; bogus handles, pointers, window offsets, quota
+//   hostile_client REGION garbage  # random bytes in the request ring with an impossible cursor
+//   hostile_client REGION unknown  # a well-formed frame with an unknown op
+// Prints "RESULT <check> ok|FAIL ..." lines; exits 0 when oriond answered every check as expected.
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <cuda.h>
+
+#include "orion/common/frame.h"
+#include "orion/ivshmem/region.h"
+#include "orion/ivshmem/ring.h"
+
+using namespace orion;
+using namespace orion::ivshmem;
+
+namespace {
+
+int g_failed = 0;
+void Report(const std::string& name, bool ok, const std::string& detail = "") {
+  std::printf("RESULT %s %s%s\n", name.c_str(), ok ? "ok" : "FAIL ", ok ? "" : detail.c_str());
+  std::fflush(stdout);
+  if (!ok) ++g_failed;
+}
+
+void Expect(const std::string& name, int got, int want) {
+  Report(name, got == want, "got " + std::to_string(got) + " want " + std::to_string(want));
+}
+
+struct Chan {
+  RegionHeader* hdr;
+  ChannelDesc* desc;
+  ChannelLayout layout;
+  uint8_t* base;
+  RingProducer req;
+  RingConsumer rep;
+  std::vector<uint8_t> scratch;
+  uint32_t seq = 1;
+  bool stop_lease = false;
+};
+
+bool Claim(MappedRegion& r, Chan* c) {
+  auto h = ValidateHeader(r.data(), r.size());
+  if (!h.ok()) return false;
+  c->hdr = Header(r.data());
+  for (uint32_t i = 0; i < c->hdr->channel_count; ++i) {
+    uint32_t expect = kChannelFree;
+    if (c->hdr->channels[i].state.compare_exchange_strong(expect, kChannelClaimed)) {
+      c->desc = &c->hdr->channels[i];
+      c->layout = ChannelLayout::Compute(c->hdr->channel_bytes);
+      c->base = ChannelBase(r.data(), c->hdr->channel_bytes, i);
+      c->req = RingProducer(c->base + c->layout.request_ring_offset, static_cast<uint32_t>(c->layout.request_ring_bytes));
+      c->rep = RingConsumer(c->base + c->layout.reply_ring_offset, static_cast<uint32_t>(c->layout.reply_ring_bytes));
+      c->desc->client_lease.store(1);
+      return true;
+    }
+  }
+  return false;
+}
+
+// Sends a frame; when `wait`, returns the reply's status (and deferred status), or -1 on timeout.
+int Send(Chan* c, Op op, const void* payload, uint32_t len, bool wait, int* deferred = nullptr,
+         std::vector<uint8_t>* reply = nullptr, uint16_t raw_op = 0) {
+  FrameHeader h{};
+  h.magic = kFrameMagic;
+  h.version = kProtocolVersion;
+  h.op = raw_op != 0 ? raw_op : static_cast<uint16_t>(op);
+  h.seq = c->seq++;
+  h.payload_len = len;
+  h.flags = wait ? kFlagWantsReply : 0;
+  if (!c->req.Push(h, payload)) return -2;
+  if (!wait) return 0;
+  for (int i = 0; i < 5000; ++i) {
+    c->desc->client_lease.fetch_add(1);
+    FrameView f{};
+    bool got = false;
+    if (!c->rep.Pop(&f, &c->scratch, &got).ok()) return -3;
+    if (got) {
+      if (deferred != nullptr) *deferred = f.header.deferred;
+      if (reply != nullptr) reply->assign(f.payload, f.payload + f.header.payload_len);
+      return f.header.status;
+    }
+    usleep(1000);
+  }
+  return -1;
+}
+
+bool WaitDead(Chan* c, int seconds) {
+  for (int i = 0; i < seconds * 100; ++i) {
+    if (c->desc->state.load() == kChannelDead) return true;
+    c->desc->client_lease.fetch_add(1);
+    usleep(10000);
+  }
+  return false;
+}
+
+bool Hello(Chan* c) {
+  HelloReq hello{};
+  hello.protocol_version = kProtocolVersion;
+  hello.vgpu_count = 1;
+  hello.gmem_mib = 64;
+  std::snprintf(hello.process_name, sizeof hello.process_name, "hostile");
+  std::vector<uint8_t> rep;
+  return Send(c, Op::kHello, &hello, sizeof hello, true, nullptr, &rep) == 0 && rep.size() >= sizeof(WelcomeRep);
+}
+
+uint64_t Handle(Chan* c, Op op, const void* q, uint32_t len) {
+  std::vector<uint8_t> rep;
+  if (Send(c, op, q, len, true, nullptr, &rep) != 0 || rep.size() < 8) return 0;
+  uint64_t v;
+  std::memcpy(&v, rep.data(), 8);
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: hostile_client REGION bogus|garbage|unknown\n");
+    return 2;
+  }
+  auto r = MappedRegion::Open(argv[1]);
+  if (!r.ok()) {
+    std::fprintf(stderr, "%s\n", r.status().ToString().c_str());
+    return 2;
+  }
+  Chan c{};
+  if (!Claim(*r, &c)) {
+    std::fprintf(stderr, "no free channel\n");
+    return 2;
+  }
+  const std::string mode = argv[2];
+  if (mode == "garbage") {
+    // Random bytes everywhere in the ring and a producer cursor no ring can have.
+    std::mt19937 rng(42);
+    uint8_t* data = c.base + c.layout.request_ring_offset + kRingCursorBytes;
+    for (uint64_t i = 0; i < c.layout.request_ring_bytes; ++i) data[i] = static_cast<uint8_t>(rng());
+    auto* cur = reinterpret_cast<RingCursors*>(c.base + c.layout.request_ring_offset);
+    cur->head.store(0x7FFFFFF3u);
+    Report("garbage_ends_session", WaitDead(&c, 10), "channel not closed");
+    return g_failed == 0 ? 0 : 1;
+  }
+  if (!Hello(&c)) {
+    Report("hello", false, "no Welcome");
+    return 1;
+  }
+  Report("hello", true);
+  if (mode == "unknown") {
+    Send(&c, Op::kNop, nullptr, 0, false, nullptr, nullptr, 999);
+    Report("unknown_op_ends_session", WaitDead(&c, 10), "channel not closed");
+    return g_failed == 0 ? 0 : 1;
+  }
+  if (mode == "cursor") {
+    auto* cur = reinterpret_cast<RingCursors*>(c.base + c.layout.request_ring_offset);
+    cur->head.store(cur->head.load() + 12);  // not a multiple of 8
+    Report("impossible_cursor_ends_session", WaitDead(&c, 10), "channel not closed");
+    return g_failed == 0 ? 0 : 1;
+  }
+  // bogus: every request names something this session does not own.
+  DeviceReq dq{0, 0};
+  const uint64_t ctx = Handle(&c, Op::kPrimaryCtxRetain, &dq, sizeof dq);
+  Report("primary_ctx", ctx != 0);
+  int st = 0;
+  MemFreeReq fq{0xdeadbeef000ull};
+  Expect("free_bogus_pointer", Send(&c, Op::kMemFree, &fq, sizeof fq, true), CUDA_ERROR_INVALID_VALUE);
+  MemAllocReq aq{1 << 20};
+  const uint64_t dptr = Handle(&c, Op::kMemAlloc, &aq, sizeof aq);
+  Report("alloc", dptr != 0);
+  MemcpyReq mq{dptr + (1 << 20) - 8, 0, 16, 0};  // runs 8 bytes past the allocation
+  Expect("htod_past_end", Send(&c, Op::kMemcpyHtoD, &mq, sizeof mq, true), CUDA_ERROR_INVALID_VALUE);
+  MemcpyReq wq{dptr, c.layout.window_bytes - 4, 16, 0};  // source runs past the window
+  Expect("htod_window_overflow", Send(&c, Op::kMemcpyHtoD, &wq, sizeof wq, true), CUDA_ERROR_INVALID_VALUE);
+  MemcpyReq hq{0, 0xffffffffffff0000ull, 16, 0};  // DtoH from an address nobody allocated
+  Expect("dtoh_bogus_pointer", Send(&c, Op::kMemcpyDtoH, &hq, sizeof hq, true), CUDA_ERROR_INVALID_VALUE);
+  MemsetReq sq{dptr, uint64_t{1} << 62, 1, 0, 0, 0, 1};  // absurd width
+  Expect("memset_absurd", Send(&c, Op::kMemset, &sq, sizeof sq, true), CUDA_ERROR_INVALID_VALUE);
+  MemAllocReq big{uint64_t{1} << 40};
+  Expect("alloc_over_quota", Send(&c, Op::kMemAlloc, &big, sizeof big, true), CUDA_ERROR_OUT_OF_MEMORY);
+  ModuleSymbolReq gq{0x12340, 2, 0};
+  uint8_t gbuf[sizeof gq + 2];
+  std::memcpy(gbuf, &gq, sizeof gq);
+  gbuf[sizeof gq] = 'f';
+  gbuf[sizeof gq + 1] = 0;
+  Expect("bogus_module", Send(&c, Op::kModuleGetFunction, gbuf, sizeof gbuf, true), CUDA_ERROR_INVALID_HANDLE);
+  HandleReq bogus_stream{0x77777};
+  Expect("bogus_stream", Send(&c, Op::kStreamSynchronize, &bogus_stream, sizeof bogus_stream, true), CUDA_ERROR_INVALID_HANDLE);
+  // An asynchronous launch of a function that does not exist: reported as deferred at the next reply.
+  uint8_t lbuf[sizeof(LaunchReq)] = {};
+  LaunchReq lq{};
+  lq.function = 0x99990;
+  lq.grid[0] = lq.grid[1] = lq.grid[2] = 1;
+  lq.block[0] = lq.block[1] = lq.block[2] = 1;
+  std::memcpy(lbuf, &lq, sizeof lq);
+  Send(&c, Op::kLaunchKernel, lbuf, sizeof lbuf, false);
+  int deferred = 0;
+  st = Send(&c, Op::kNop, nullptr, 0, true, &deferred);
+  Report("bogus_launch_deferred", st == 0 && deferred == CUDA_ERROR_INVALID_HANDLE,
+         "status " + std::to_string(st) + " deferred " + std::to_string(deferred));
+  // The session still works after all that.
+  MemcpyReq ok{dptr, 0, 64, 0};
+  Report("session_still_serves", Send(&c, Op::kMemcpyHtoD, &ok, sizeof ok, true) == 0);
+  // A payload of the wrong size is a protocol violation: the session ends.
+  uint8_t junk[3] = {1, 2, 3};
+  Send(&c, Op::kMemAlloc, junk, sizeof junk, false);
+  Report("malformed_payload_ends_session", WaitDead(&c, 10), "channel not closed");
+  return g_failed == 0 ? 0 : 1;
+}
