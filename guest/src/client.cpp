@@ -146,10 +146,11 @@ CUresult Client::ConnectLocked() noexcept {
   desc_->client_lease.store(1, std::memory_order_relaxed);
   layout_ = ChannelLayout::Compute(channel_bytes);
   uint8_t* chan = ivshmem::ChannelBase(region_->data(), channel_bytes, channel_index_);
+  const uint32_t generation = desc_->generation;  // published before the channel was freed (R0/K0)
   requests_ = ivshmem::RingProducer(chan + layout_.request_ring_offset,
-                                    static_cast<uint32_t>(layout_.request_ring_bytes));
+                                    static_cast<uint32_t>(layout_.request_ring_bytes), generation);
   replies_ = ivshmem::RingConsumer(chan + layout_.reply_ring_offset,
-                                   static_cast<uint32_t>(layout_.reply_ring_bytes));
+                                   static_cast<uint32_t>(layout_.reply_ring_bytes), generation);
   window_ = chan + layout_.window_offset;
   pinned_free_.clear();
   pinned_free_[layout_.staging_bytes] = layout_.window_bytes - layout_.staging_bytes;

@@ -176,6 +176,14 @@ bool Daemon::LeaseStale(Region& r, uint32_t index, uint64_t now_ms) {
   return now_ms - c.lease_changed_ms > config_.lease_timeout_ms;
 }
 
+void Daemon::Reset(Region& r, uint32_t index) {
+  ivshmem::RegionHeader trusted{};
+  trusted.channel_bytes = r.channel_bytes;
+  const uint32_t gen = ivshmem::ResetChannel(r.map->data(), trusted, index, r.channels[index].generation);
+  r.channels[index] = Channel{};
+  r.channels[index].generation = gen;
+}
+
 void Daemon::SetDead(Region& r, uint32_t index, int32_t reason) {
   auto& d = ivshmem::Header(r.map->data())->channels[index];
   d.close_reason.store(reason, std::memory_order_relaxed);
@@ -190,7 +198,8 @@ void Daemon::Admit(Region& r, uint32_t index) {
   uint8_t* base = r.map->data();
   const ivshmem::ChannelLayout l = ivshmem::ChannelLayout::Compute(r.channel_bytes);
   uint8_t* chan = ivshmem::ChannelBase(base, r.channel_bytes, index);
-  ivshmem::RingConsumer rc(chan + l.request_ring_offset, static_cast<uint32_t>(l.request_ring_bytes));
+  const uint32_t gen = r.channels[index].generation;
+  ivshmem::RingConsumer rc(chan + l.request_ring_offset, static_cast<uint32_t>(l.request_ring_bytes), gen);
   std::vector<uint8_t> scratch;
   ivshmem::FrameView f{};
   bool got = false;
@@ -208,7 +217,7 @@ void Daemon::Admit(Region& r, uint32_t index) {
   hello.process_name[sizeof hello.process_name - 1] = '\0';
   auto refuse = [&](CUresult code, const std::string& why) {
     log_->warn("{}: refused client '{}' (pid {}): {}", where, hello.process_name, hello.pid, why);
-    PushReply(base, r.channel_bytes, index, f.header, code, why.data(), static_cast<uint32_t>(why.size()));
+    PushReply(base, r.channel_bytes, index, gen, f.header, code, why.data(), static_cast<uint32_t>(why.size()));
     SetDead(r, index, code);
   };
   if (hello.protocol_version != kProtocolVersion) {
@@ -257,7 +266,7 @@ void Daemon::Admit(Region& r, uint32_t index) {
       if (!b.ok()) {
         slog->error("sess={} cannot load the CUDA driver: {}", session, b.status().message());
         const std::string msg = "oriond: " + b.status().message();
-        PushReply(base, r.channel_bytes, index, f.header, CUDA_ERROR_NO_DEVICE, msg.data(),
+        PushReply(base, r.channel_bytes, index, gen, f.header, CUDA_ERROR_NO_DEVICE, msg.data(),
                   static_cast<uint32_t>(msg.size()));
         _exit(kExitBackendFailed);
       }
@@ -270,6 +279,8 @@ void Daemon::Admit(Region& r, uint32_t index) {
     sp.region = base;
     sp.channel_bytes = r.channel_bytes;
     sp.channel = index;
+    sp.generation = gen;
+    sp.request_position = rc.position();
     sp.placements = *placements;
     sp.cache_dir = config_.cache_dir;
     sp.lease_timeout_ms = config_.lease_timeout_ms;
@@ -292,9 +303,12 @@ void Daemon::Scan(Region& r, uint32_t index, uint64_t now_ms) {
   auto& d = ivshmem::Header(r.map->data())->channels[index];
   const uint32_t state = d.state.load(std::memory_order_acquire);
   switch (state) {
-    case ivshmem::kChannelFree:
+    case ivshmem::kChannelFree: {
+      const uint32_t gen = c.generation;
       c = Channel{};
+      c.generation = gen;
       return;
+    }
     case ivshmem::kChannelClaimed:
       if (c.state == Channel::kWaitFree) break;  // a refused client that has not gone yet
       if (c.claimed_ms == 0) c.claimed_ms = now_ms;
@@ -302,17 +316,11 @@ void Daemon::Scan(Region& r, uint32_t index, uint64_t now_ms) {
       if (r.channels[index].state == Channel::kIdle && now_ms - c.claimed_ms > config_.lease_timeout_ms &&
           LeaseStale(r, index, now_ms)) {
         log_->info("{} channel {}: claimed but no Hello, client gone; freeing it", r.map->path(), index);
-        ivshmem::RegionHeader trusted{};
-        trusted.channel_bytes = r.channel_bytes;
-        ivshmem::ResetChannel(r.map->data(), trusted, index);
-        c = Channel{};
+        Reset(r, index);
       }
       return;
     case ivshmem::kChannelDetached: {
-      ivshmem::RegionHeader trusted{};
-      trusted.channel_bytes = r.channel_bytes;
-      ivshmem::ResetChannel(r.map->data(), trusted, index);
-      c = Channel{};
+      Reset(r, index);
       return;
     }
     default:
@@ -325,10 +333,7 @@ void Daemon::Scan(Region& r, uint32_t index, uint64_t now_ms) {
     c.lease_changed_ms = 0;
   }
   if (LeaseStale(r, index, now_ms)) {
-    ivshmem::RegionHeader trusted{};
-    trusted.channel_bytes = r.channel_bytes;
-    ivshmem::ResetChannel(r.map->data(), trusted, index);
-    c = Channel{};
+    Reset(r, index);
   }
 }
 
@@ -354,10 +359,7 @@ void Daemon::Reap() {
         }
         log_->info("Session {} exits ({}).", c.session, why);
         if (code == kExitGoodbye) {
-          ivshmem::RegionHeader trusted{};
-          trusted.channel_bytes = r.channel_bytes;
-          ivshmem::ResetChannel(r.map->data(), trusted, i);
-          c = Channel{};
+          Reset(r, i);
         } else {
           SetDead(r, i, code == kExitViolation ? CUDA_ERROR_ILLEGAL_STATE : CUDA_ERROR_DEVICE_UNAVAILABLE);
         }

@@ -57,9 +57,10 @@ class Session {
     uint8_t* chan = ivshmem::ChannelBase(p_.region, p_.channel_bytes, p_.channel);
     desc_ = &ivshmem::Header(p_.region)->channels[p_.channel];
     requests_ = ivshmem::RingConsumer(chan + layout_.request_ring_offset,
-                                      static_cast<uint32_t>(layout_.request_ring_bytes));
+                                      static_cast<uint32_t>(layout_.request_ring_bytes), p_.generation,
+                                      p_.request_position);
     replies_ = ivshmem::RingProducer(chan + layout_.reply_ring_offset,
-                                     static_cast<uint32_t>(layout_.reply_ring_bytes));
+                                     static_cast<uint32_t>(layout_.reply_ring_bytes), p_.generation);
     window_ = chan + layout_.window_offset;
     used_.assign(p_.placements.size(), 0);
   }
@@ -121,6 +122,7 @@ class Session {
   uint64_t cur_ctx_ = 0;
   uint32_t cur_dev_ = 0;
   int32_t deferred_ = 0;
+  bool violation_ = false;
   // Module images by content hash: complete ones, and the one being uploaded.
   std::map<std::string, std::vector<uint8_t>> blobs_;
   std::string upload_hex_;
@@ -141,6 +143,12 @@ bool Session::Reply(const FrameHeader& req, int32_t status, const void* payload,
   ivshmem::Backoff backoff(1000, 100, 1000);
   const uint64_t start = NowMs();
   while (!replies_.Push(h, payload)) {
+    if (replies_.corrupt()) {
+      p_.log->error("sess={} protocol violation: the reply ring's consumer cursor is impossible", p_.session_id);
+      desc_->close_reason.store(CUDA_ERROR_ILLEGAL_STATE, std::memory_order_relaxed);
+      violation_ = true;
+      return false;
+    }
     // The client is not draining its replies; give up when its lease has expired.
     if (NowMs() - start > p_.lease_timeout_ms * 4) return false;
     backoff.Pause();
@@ -671,7 +679,7 @@ int Session::Run(const FrameHeader& hello_header, const HelloReq& hello) {
   if (Status s = b_->Init(p_.placements); !s.ok()) {
     log.error("sess={} backend {} failed to start: {}", p_.session_id, b_->name(), s.ToString());
     const std::string msg = "oriond backend failed: " + s.message();
-    PushReply(p_.region, p_.channel_bytes, p_.channel, hello_header, CUDA_ERROR_NO_DEVICE, msg.data(),
+    PushReply(p_.region, p_.channel_bytes, p_.channel, p_.generation, hello_header, CUDA_ERROR_NO_DEVICE, msg.data(),
               static_cast<uint32_t>(msg.size()));
     return kExitBackendFailed;
   }
@@ -693,7 +701,7 @@ int Session::Run(const FrameHeader& hello_header, const HelloReq& hello) {
     std::memcpy(welcome.data() + sizeof w + d * sizeof info, &info, sizeof info);
   }
   if (!Reply(hello_header, CUDA_SUCCESS, welcome.data(), static_cast<uint32_t>(welcome.size()))) {
-    return kExitLeaseExpired;
+    return violation_ ? kExitViolation : kExitLeaseExpired;
   }
   // W0: the session is served; pairs with the client's and the daemon's acquire loads.
   desc_->state.store(ivshmem::kChannelActive, std::memory_order_release);
@@ -744,7 +752,9 @@ int Session::Run(const FrameHeader& hello_header, const HelloReq& hello) {
       log.debug("sess={} op={} -> {}", p_.session_id, OpName(h.op), status);
     }
     if (h.flags & kFlagWantsReply) {
-      if (!Reply(h, status, reply.data(), static_cast<uint32_t>(reply.size()))) return kExitLeaseExpired;
+      if (!Reply(h, status, reply.data(), static_cast<uint32_t>(reply.size()))) {
+        return violation_ ? kExitViolation : kExitLeaseExpired;
+      }
     } else if (status != 0 && deferred_ == 0) {
       deferred_ = status;  // reported with the next reply
     }
@@ -756,11 +766,11 @@ int Session::Run(const FrameHeader& hello_header, const HelloReq& hello) {
 
 }  // namespace
 
-bool PushReply(uint8_t* region, uint64_t channel_bytes, uint32_t channel, const FrameHeader& request,
-               int32_t status, const void* payload, uint32_t payload_len) {
+bool PushReply(uint8_t* region, uint64_t channel_bytes, uint32_t channel, uint32_t generation,
+               const FrameHeader& request, int32_t status, const void* payload, uint32_t payload_len) {
   const ChannelLayout l = ChannelLayout::Compute(channel_bytes);
   uint8_t* chan = ivshmem::ChannelBase(region, channel_bytes, channel);
-  ivshmem::RingProducer rp(chan + l.reply_ring_offset, static_cast<uint32_t>(l.reply_ring_bytes));
+  ivshmem::RingProducer rp(chan + l.reply_ring_offset, static_cast<uint32_t>(l.reply_ring_bytes), generation);
   FrameHeader h{};
   h.magic = kFrameMagic;
   h.version = kProtocolVersion;

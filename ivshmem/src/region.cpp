@@ -127,27 +127,31 @@ Status FormatRegion(uint8_t* base, uint64_t region_bytes, uint64_t channel_bytes
     // Only the ring cursors need zeroing; window bytes are the client's business.
     const ChannelLayout l = ChannelLayout::Compute(channel_bytes);
     uint8_t* c = ChannelBase(base, channel_bytes, i);
-    std::memset(c + l.request_ring_offset, 0, kRingCursorBytes);
-    std::memset(c + l.reply_ring_offset, 0, kRingCursorBytes);
+    std::memset(c + l.request_ring_offset, 0, kRingCursorBytes + l.request_ring_bytes);
+    std::memset(c + l.reply_ring_offset, 0, kRingCursorBytes + l.reply_ring_bytes);
+    h->channels[i].generation = 1;
   }
   // F0: publishes the header; pairs with V0 in ValidateHeader.
   reinterpret_cast<std::atomic<uint64_t>*>(&h->magic)->store(kRegionMagic, std::memory_order_release);
   return Status::Ok();
 }
 
-void ResetChannel(uint8_t* base, const RegionHeader& trusted, uint32_t index) {
+uint32_t ResetChannel(uint8_t* base, const RegionHeader& trusted, uint32_t index, uint32_t generation) {
   const ChannelLayout l = ChannelLayout::Compute(trusted.channel_bytes);
   uint8_t* c = ChannelBase(base, trusted.channel_bytes, index);
-  std::memset(c + l.request_ring_offset, 0, kRingCursorBytes);
-  std::memset(c + l.reply_ring_offset, 0, kRingCursorBytes);
+  // Whole rings: no record of the ended session can ever look published again.
+  std::memset(c + l.request_ring_offset, 0, kRingCursorBytes + l.request_ring_bytes);
+  std::memset(c + l.reply_ring_offset, 0, kRingCursorBytes + l.reply_ring_bytes);
   ChannelDesc& d = Header(base)->channels[index];
   d.client_lease.store(0, std::memory_order_relaxed);
   d.server_done_seq.store(0, std::memory_order_relaxed);
   d.close_reason.store(0, std::memory_order_relaxed);
   d.session_id = 0;
+  d.generation = generation + 1;
   // R0: the cleared cursors are visible before the channel can be claimed; pairs with the
   // client's acquire CAS on `state`.
   d.state.store(kChannelFree, std::memory_order_release);
+  return generation + 1;
 }
 
 Result<const RegionHeader*> ValidateHeader(const uint8_t* base, uint64_t region_bytes) {

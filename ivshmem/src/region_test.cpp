@@ -12,6 +12,7 @@ TEST(RegionLayout, HeaderIsPinned) {
   EXPECT_EQ(sizeof(ChannelDesc), 128u);
   EXPECT_EQ(offsetof(ChannelDesc, client_lease), 8u);
   EXPECT_EQ(offsetof(ChannelDesc, server_done_seq), 16u);
+  EXPECT_EQ(offsetof(ChannelDesc, generation), 28u);
   EXPECT_EQ(offsetof(RegionHeader, channel_count), 24u);
   EXPECT_EQ(offsetof(RegionHeader, channel_bytes), 32u);
   EXPECT_EQ(offsetof(RegionHeader, server_heartbeat), 40u);
@@ -63,7 +64,8 @@ TEST(Region, FormatValidateAndReset) {
   trusted.channel_bytes = 16ull << 20;
   Header(r->data())->channels[1].state.store(kChannelDead);
   Header(r->data())->channels[1].client_lease.store(42);
-  ResetChannel(r->data(), trusted, 1);
+  EXPECT_EQ(ResetChannel(r->data(), trusted, 1, 1), 2u);
+  EXPECT_EQ(Header(r->data())->channels[1].generation, 2u);
   EXPECT_EQ(Header(r->data())->channels[1].state.load(), kChannelFree);
   EXPECT_EQ(Header(r->data())->channels[1].client_lease.load(), 0u);
   EXPECT_EQ(FormatRegion(r->data(), size, 128ull << 20).code(), Code::kInvalidArgument);

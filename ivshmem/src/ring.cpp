@@ -14,96 +14,110 @@ inline void CpuRelax() noexcept {
   asm volatile("yield");
 #endif
 }
+
+inline std::atomic_ref<uint64_t> StampAt(uint8_t* data, uint64_t offset) noexcept {
+  return std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(data + offset));
+}
 }  // namespace
 
-RingProducer::RingProducer(uint8_t* ring, uint32_t capacity) noexcept
+RingProducer::RingProducer(uint8_t* ring, uint32_t capacity, uint32_t generation, uint64_t position) noexcept
     : cursors_(reinterpret_cast<RingCursors*>(ring)),
       data_(ring + kRingCursorBytes),
-      capacity_(capacity) {
-  // P0: our own cursor; only we write it, so a relaxed load gives its latest value.
-  head_ = cursors_->head.load(std::memory_order_relaxed);
-  tail_cache_ = cursors_->tail.load(std::memory_order_acquire);  // pairs with C1
-}
+      capacity_(capacity),
+      generation_(generation),
+      pos_(position),
+      tail_cache_(static_cast<uint32_t>(position)) {}
 
 uint8_t* RingProducer::Reserve(uint32_t payload_len) noexcept {
-  const uint32_t span = FrameSpan(payload_len);
-  if (span > capacity_ / 2) return nullptr;
-  const uint32_t pos = head_ & (capacity_ - 1);
-  const uint32_t to_end = capacity_ - pos;
-  const uint32_t need = span <= to_end ? span : to_end + span;  // pad to the end, then the frame
-  if (capacity_ - (head_ - tail_cache_) < need) {
-    // A1: acquire the consumer's cursor; pairs with C1 (release store in RingConsumer::Pop), so the
-    // consumer's reads of the bytes we are about to overwrite happened before.
-    tail_cache_ = cursors_->tail.load(std::memory_order_acquire);
-    if (capacity_ - (head_ - tail_cache_) < need) return nullptr;
+  const uint32_t span = RecordSpan(payload_len);
+  if (span > capacity_ / 2 || corrupt_) return nullptr;
+  const uint32_t off = static_cast<uint32_t>(pos_) & (capacity_ - 1);
+  const uint32_t to_end = capacity_ - off;
+  const uint32_t need = span <= to_end ? span : to_end + span;  // pad to the end, then the record
+  const auto head32 = static_cast<uint32_t>(pos_);
+  if (capacity_ - (head32 - tail_cache_) < need) {
+    // A1: acquire the consumer cursor; pairs with C1 in RingConsumer::Pop: its reads of the bytes
+    // we are about to overwrite happened before. The value is the peer's and is checked.
+    const uint32_t tail = cursors_->tail.load(std::memory_order_acquire);
+    if (head32 - tail > capacity_ || (tail & 7u) != 0) {
+      corrupt_ = true;
+      return nullptr;
+    }
+    tail_cache_ = tail;
+    if (capacity_ - (head32 - tail_cache_) < need) return nullptr;
   }
-  uint32_t at = head_;
   if (span > to_end) {
+    // Pad record: stamp, then a header whose magic is kPadMarker; the consumer skips to offset 0.
     const uint32_t marker = kPadMarker;
-    std::memcpy(data_ + pos, &marker, sizeof(marker));
-    at += to_end;
+    std::memcpy(data_ + off + kStampBytes, &marker, sizeof marker);
+    // P0: publishes the pad; pairs with C0.
+    StampAt(data_, off).store(Stamp(generation_, pos_), std::memory_order_release);
+    pos_ += to_end;
   }
-  pending_ = at + span;
-  return data_ + (at & (capacity_ - 1));
+  pending_at_ = pos_;
+  return data_ + (static_cast<uint32_t>(pos_) & (capacity_ - 1)) + kStampBytes;
 }
 
 void RingProducer::Commit() noexcept {
-  head_ = pending_;
-  // P1: publishes the frame bytes written after Reserve; pairs with C0 in RingConsumer::Pop.
-  cursors_->head.store(head_, std::memory_order_release);
+  const uint8_t* h = data_ + (static_cast<uint32_t>(pending_at_) & (capacity_ - 1)) + kStampBytes;
+  uint32_t payload_len;
+  std::memcpy(&payload_len, h + offsetof(FrameHeader, payload_len), sizeof payload_len);
+  // P1: publishes the record written after Reserve; pairs with C0 in RingConsumer::Pop.
+  StampAt(data_, static_cast<uint32_t>(pending_at_) & (capacity_ - 1))
+      .store(Stamp(generation_, pending_at_), std::memory_order_release);
+  pos_ = pending_at_ + RecordSpan(payload_len);
+  cursors_->head.store(static_cast<uint32_t>(pos_), std::memory_order_relaxed);  // diagnostics only
 }
 
 bool RingProducer::Push(const FrameHeader& h, const void* payload) noexcept {
   uint8_t* p = Reserve(h.payload_len);
   if (p == nullptr) return false;
-  std::memcpy(p, &h, sizeof(h));
-  if (h.payload_len != 0) std::memcpy(p + sizeof(h), payload, h.payload_len);
+  std::memcpy(p, &h, sizeof h);
+  if (h.payload_len != 0) std::memcpy(p + sizeof h, payload, h.payload_len);
   Commit();
   return true;
 }
 
 bool RingProducer::Empty() const noexcept {
-  return cursors_->tail.load(std::memory_order_acquire) == head_;  // pairs with C1
+  return cursors_->tail.load(std::memory_order_acquire) == static_cast<uint32_t>(pos_);  // pairs with C1
 }
 
-RingConsumer::RingConsumer(uint8_t* ring, uint32_t capacity) noexcept
+RingConsumer::RingConsumer(uint8_t* ring, uint32_t capacity, uint32_t generation, uint64_t position) noexcept
     : cursors_(reinterpret_cast<RingCursors*>(ring)),
       data_(ring + kRingCursorBytes),
-      capacity_(capacity) {
-  tail_ = cursors_->tail.load(std::memory_order_relaxed);  // our own cursor
+      capacity_(capacity),
+      generation_(generation),
+      pos_(position) {}
+
+uint64_t RingConsumer::LoadStamp(uint64_t offset) const noexcept {
+  // C0: acquire the stamp; pairs with P0/P1 in RingProducer: the record's bytes are visible.
+  return StampAt(data_, offset).load(std::memory_order_acquire);
 }
 
 bool RingConsumer::HasData() const noexcept {
-  return cursors_->head.load(std::memory_order_acquire) != tail_;  // pairs with P1
+  return LoadStamp(static_cast<uint32_t>(pos_) & (capacity_ - 1)) == Stamp(generation_, pos_);
 }
 
 Status RingConsumer::Pop(FrameView* out, std::vector<uint8_t>* scratch, bool* got) noexcept {
   *got = false;
-  // C0: acquire the producer's cursor; pairs with P1 (release in RingProducer::Commit): the frame
-  // bytes before it are visible. Loaded once; the value is hostile and checked here.
-  const uint32_t head = cursors_->head.load(std::memory_order_acquire);
-  uint32_t used = head - tail_;
-  if (used == 0) return Status::Ok();
-  if (used > capacity_ || (used & 7u) != 0) {
-    return DataLoss("ring producer cursor is impossible (used " + std::to_string(used) +
-                    " of " + std::to_string(capacity_) + ")");
-  }
-  uint32_t pos = tail_ & (capacity_ - 1);
-  uint32_t to_end = capacity_ - pos;
+  uint32_t off = static_cast<uint32_t>(pos_) & (capacity_ - 1);
+  if (LoadStamp(off) != Stamp(generation_, pos_)) return Status::Ok();
+  uint32_t to_end = capacity_ - off;
   uint32_t marker;
-  std::memcpy(&marker, data_ + pos, sizeof(marker));
-  if (marker == kPadMarker && to_end < used) {
-    // Skip the pad to the end of the ring.
-    tail_ += to_end;
-    used -= to_end;
-    pos = 0;
+  std::memcpy(&marker, data_ + off + kStampBytes, sizeof marker);
+  if (marker == kPadMarker) {
+    if (off == 0) return DataLoss("ring holds a pad record at its start");
+    pos_ += to_end;
+    off = 0;
     to_end = capacity_;
+    if (LoadStamp(0) != Stamp(generation_, pos_)) {
+      cursors_->tail.store(static_cast<uint32_t>(pos_), std::memory_order_release);  // C1 (see below)
+      return Status::Ok();
+    }
   }
-  if (used < sizeof(FrameHeader) || to_end < sizeof(FrameHeader)) {
-    return DataLoss("ring holds a truncated frame header");
-  }
+  if (to_end < RecordSpan(0)) return DataLoss("ring record runs past the end of the ring");
   FrameHeader h;
-  std::memcpy(&h, data_ + pos, sizeof(h));  // the one read of the header
+  std::memcpy(&h, data_ + off + kStampBytes, sizeof h);  // the one read of the header
   if (h.magic != kFrameMagic) return DataLoss("frame has a bad magic");
   if (h.version != kProtocolVersion) {
     return DataLoss("frame protocol version " + std::to_string(h.version) + " is not " +
@@ -112,13 +126,15 @@ Status RingConsumer::Pop(FrameView* out, std::vector<uint8_t>* scratch, bool* go
   if (h.payload_len > kMaxPayload) {
     return DataLoss("frame payload of " + std::to_string(h.payload_len) + " bytes is too large");
   }
-  const uint32_t span = FrameSpan(h.payload_len);
-  if (span > used || span > to_end) return DataLoss("frame runs past the producer cursor");
+  const uint32_t span = RecordSpan(h.payload_len);
+  if (span > to_end || span > capacity_ / 2) return DataLoss("frame runs past the end of the ring");
   if (scratch->size() < h.payload_len) scratch->resize(std::max<size_t>(h.payload_len, 256));
-  if (h.payload_len != 0) std::memcpy(scratch->data(), data_ + pos + sizeof(h), h.payload_len);
-  tail_ += span;
-  // C1: releases the slot bytes we just copied; pairs with A1 in RingProducer::Reserve.
-  cursors_->tail.store(tail_, std::memory_order_release);
+  if (h.payload_len != 0) {
+    std::memcpy(scratch->data(), data_ + off + kStampBytes + sizeof h, h.payload_len);
+  }
+  pos_ += span;
+  // C1: releases the record bytes we just copied; pairs with A1 in RingProducer::Reserve.
+  cursors_->tail.store(static_cast<uint32_t>(pos_), std::memory_order_release);
   out->header = h;
   out->payload = scratch->data();
   *got = true;

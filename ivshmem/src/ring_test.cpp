@@ -31,8 +31,8 @@ FrameHeader Hdr(uint16_t op, uint32_t seq, uint32_t len) {
 
 TEST(Ring, PushPopRoundTrip) {
   RingMem m(4096);
-  RingProducer p(m.base, m.cap);
-  RingConsumer c(m.base, m.cap);
+  RingProducer p(m.base, m.cap, 1);
+  RingConsumer c(m.base, m.cap, 1);
   std::vector<uint8_t> scratch;
   FrameView f{};
   bool got = true;
@@ -50,12 +50,12 @@ TEST(Ring, PushPopRoundTrip) {
 
 TEST(Ring, FullRingRefusesThenAcceptsAfterPop) {
   RingMem m(1024);
-  RingProducer p(m.base, m.cap);
-  RingConsumer c(m.base, m.cap);
+  RingProducer p(m.base, m.cap, 1);
+  RingConsumer c(m.base, m.cap, 1);
   std::vector<uint8_t> payload(200, 0xAB);
   int pushed = 0;
   while (p.Push(Hdr(3, static_cast<uint32_t>(pushed), 200), payload.data())) ++pushed;
-  EXPECT_EQ(pushed, 1024 / 232);  // 232 = FrameSpan(200)
+  EXPECT_EQ(pushed, 1024 / 240);  // 240 = RecordSpan(200)
   std::vector<uint8_t> scratch;
   FrameView f{};
   bool got = false;
@@ -66,8 +66,8 @@ TEST(Ring, FullRingRefusesThenAcceptsAfterPop) {
 
 TEST(Ring, FramesWrapWithPadAndStayContiguous) {
   RingMem m(512);
-  RingProducer p(m.base, m.cap);
-  RingConsumer c(m.base, m.cap);
+  RingProducer p(m.base, m.cap, 1);
+  RingConsumer c(m.base, m.cap, 1);
   std::vector<uint8_t> scratch;
   for (uint32_t i = 0; i < 1000; ++i) {
     const uint32_t len = (i * 37) % 200;
@@ -85,65 +85,49 @@ TEST(Ring, FramesWrapWithPadAndStayContiguous) {
 
 TEST(Ring, LargestFrameIsHalfTheRing) {
   RingMem m(1024);
-  RingProducer p(m.base, m.cap);
-  EXPECT_EQ(p.Reserve(512 - 32 + 1), nullptr);
-  EXPECT_NE(p.Reserve(512 - 32), nullptr);
+  RingProducer p(m.base, m.cap, 1);
+  EXPECT_EQ(p.Reserve(512 - 40 + 1), nullptr);
+  EXPECT_NE(p.Reserve(512 - 40), nullptr);
 }
 
-// Hostile producer: every impossible state is a kDataLoss, never a crash or an over-read.
-struct HostileCase {
-  const char* name;
-  void (*corrupt)(RingCursors*, uint8_t* data, uint32_t cap);
-};
+// Hostile producer: a published record that is not a valid frame is a kDataLoss, never a crash
+// or an over-read; unpublished or stale bytes are simply not frames.
+void Publish(uint8_t* data, uint64_t pos, uint32_t gen, const FrameHeader& h) {
+  const uint64_t stamp = Stamp(gen, pos);
+  std::memcpy(data + (pos & 2047), &stamp, 8);
+  std::memcpy(data + (pos & 2047) + 8, &h, sizeof h);
+}
 
-TEST(Ring, HostileProducerStatesAreRejected) {
-  const HostileCase cases[] = {
-      {"head beyond capacity", [](RingCursors* r, uint8_t*, uint32_t cap) { r->head.store(cap + 8); }},
-      {"head not multiple of 8", [](RingCursors* r, uint8_t*, uint32_t) { r->head.store(12); }},
-      {"head behind tail", [](RingCursors* r, uint8_t*, uint32_t) { r->head.store(0xFFFFFFF8u); }},
+TEST(Ring, HostileRecordsAreRejected) {
+  struct Case {
+    const char* name;
+    void (*corrupt)(uint8_t* data);
+  } cases[] = {
       {"garbage magic",
-       [](RingCursors* r, uint8_t* d, uint32_t) {
-         std::memset(d, 0x5A, 64);
-         r->head.store(64);
-       }},
-      {"payload longer than published",
-       [](RingCursors* r, uint8_t* d, uint32_t) {
-         FrameHeader h = Hdr(3, 1, 100);
-         std::memcpy(d, &h, sizeof(h));
-         r->head.store(64);
-       }},
-      {"payload larger than kMaxPayload",
-       [](RingCursors* r, uint8_t* d, uint32_t) {
-         FrameHeader h = Hdr(3, 1, kMaxPayload + 1);
-         std::memcpy(d, &h, sizeof(h));
-         r->head.store(1024);
+       [](uint8_t* d) {
+         FrameHeader h = Hdr(3, 1, 0);
+         h.magic = 0x5A5A5A5A;
+         Publish(d, 0, 1, h);
        }},
       {"wrong version",
-       [](RingCursors* r, uint8_t* d, uint32_t) {
+       [](uint8_t* d) {
          FrameHeader h = Hdr(3, 1, 0);
          h.version = 99;
-         std::memcpy(d, &h, sizeof(h));
-         r->head.store(32);
+         Publish(d, 0, 1, h);
        }},
-      {"pad marker with nothing after it",
-       [](RingCursors* r, uint8_t* d, uint32_t) {
-         uint32_t mk = kPadMarker;
-         std::memcpy(d, &mk, 4);
-         r->head.store(8);
-       }},
-      {"frame crossing the end",
-       [](RingCursors* r, uint8_t* d, uint32_t cap) {
-         r->tail.store(cap - 32);
-         FrameHeader h = Hdr(3, 1, 64);
-         std::memcpy(d + cap - 32, &h, sizeof(h));
-         r->head.store(cap - 32 + 96);
+      {"payload larger than kMaxPayload", [](uint8_t* d) { Publish(d, 0, 1, Hdr(3, 1, kMaxPayload + 1)); }},
+      {"frame larger than half the ring", [](uint8_t* d) { Publish(d, 0, 1, Hdr(3, 1, 1500)); }},
+      {"pad record at the start",
+       [](uint8_t* d) {
+         FrameHeader h = Hdr(3, 1, 0);
+         h.magic = kPadMarker;
+         Publish(d, 0, 1, h);
        }},
   };
   for (const auto& tc : cases) {
     RingMem m(2048);
-    auto* cur = reinterpret_cast<RingCursors*>(m.base);
-    tc.corrupt(cur, m.base + kRingCursorBytes, m.cap);
-    RingConsumer c(m.base, m.cap);
+    tc.corrupt(m.base + kRingCursorBytes);
+    RingConsumer c(m.base, m.cap, 1);
     std::vector<uint8_t> scratch;
     FrameView f{};
     bool got = false;
@@ -153,13 +137,55 @@ TEST(Ring, HostileProducerStatesAreRejected) {
   }
 }
 
+TEST(Ring, FrameCrossingTheEndIsRejected) {
+  RingMem m(2048);
+  RingConsumer c(m.base, m.cap, 1, 2048 - 40);  // a consumer continuing near the end
+  Publish(m.base + kRingCursorBytes, 2048 - 40, 1, Hdr(3, 1, 64));
+  std::vector<uint8_t> scratch;
+  FrameView f{};
+  bool got = false;
+  EXPECT_EQ(c.Pop(&f, &scratch, &got).code(), Code::kDataLoss);
+}
+
+TEST(Ring, UnpublishedAndStaleBytesAreNotFrames) {
+  RingMem m(2048);
+  uint8_t* d = m.base + kRingCursorBytes;
+  std::mt19937 rng(7);
+  for (uint32_t i = 0; i < 2048; ++i) d[i] = static_cast<uint8_t>(rng());
+  Publish(d, 0, 1, Hdr(3, 1, 0));       // a record of generation 1 (an ended session)...
+  RingConsumer c(m.base, m.cap, 2);     // ...is not a frame for generation 2
+  std::vector<uint8_t> scratch;
+  FrameView f{};
+  bool got = true;
+  EXPECT_TRUE(c.Pop(&f, &scratch, &got).ok());
+  EXPECT_FALSE(got);
+  Publish(d, 2048, 2, Hdr(3, 1, 0));    // the same offset one lap later is not position 0 either
+  EXPECT_TRUE(c.Pop(&f, &scratch, &got).ok());
+  EXPECT_FALSE(got);
+  EXPECT_NE(Stamp(1, 0), Stamp(2, 0));
+  EXPECT_NE(Stamp(1, 0), Stamp(1, 2048));
+  EXPECT_NE(Stamp(0, 0), 0u);
+}
+
+TEST(Ring, ImpossibleConsumerCursorMarksTheProducerCorrupt) {
+  RingMem m(1024);
+  RingProducer p(m.base, m.cap, 1);
+  std::vector<uint8_t> payload(200);
+  while (p.Push(Hdr(3, 1, 200), payload.data())) {
+  }
+  EXPECT_FALSE(p.corrupt());  // merely full
+  reinterpret_cast<RingCursors*>(m.base)->tail.store(0x40000004u);
+  EXPECT_FALSE(p.Push(Hdr(3, 1, 200), payload.data()));
+  EXPECT_TRUE(p.corrupt());
+}
+
 // Two threads, one producer one consumer, random frame sizes; every frame arrives once, in order,
 // intact.
 TEST(RingStress, TwoThreadsInOrderIntact) {
   RingMem m(1 << 14);
   constexpr uint32_t kFrames = 300000;
   std::thread producer([&] {
-    RingProducer p(m.base, m.cap);
+    RingProducer p(m.base, m.cap, 1);
     std::mt19937 rng(1);
     std::vector<uint8_t> payload(1024);
     for (uint32_t i = 0; i < kFrames; ++i) {
@@ -169,7 +195,7 @@ TEST(RingStress, TwoThreadsInOrderIntact) {
       while (!p.Push(Hdr(3, i, len), payload.data())) b.Pause();
     }
   });
-  RingConsumer c(m.base, m.cap);
+  RingConsumer c(m.base, m.cap, 1);
   std::mt19937 rng(1);
   std::vector<uint8_t> scratch;
   uint32_t bad = 0;

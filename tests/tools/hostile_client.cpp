@@ -59,8 +59,11 @@ bool Claim(MappedRegion& r, Chan* c) {
       c->desc = &c->hdr->channels[i];
       c->layout = ChannelLayout::Compute(c->hdr->channel_bytes);
       c->base = ChannelBase(r.data(), c->hdr->channel_bytes, i);
-      c->req = RingProducer(c->base + c->layout.request_ring_offset, static_cast<uint32_t>(c->layout.request_ring_bytes));
-      c->rep = RingConsumer(c->base + c->layout.reply_ring_offset, static_cast<uint32_t>(c->layout.reply_ring_bytes));
+      const uint32_t gen = c->desc->generation;
+      c->req = RingProducer(c->base + c->layout.request_ring_offset,
+                            static_cast<uint32_t>(c->layout.request_ring_bytes), gen);
+      c->rep = RingConsumer(c->base + c->layout.reply_ring_offset,
+                            static_cast<uint32_t>(c->layout.reply_ring_bytes), gen);
       c->desc->client_lease.store(1);
       return true;
     }
@@ -77,7 +80,7 @@ int Send(Chan* c, Op op, const void* payload, uint32_t len, bool wait, int* defe
   h.op = raw_op != 0 ? raw_op : static_cast<uint16_t>(op);
   h.seq = c->seq++;
   h.payload_len = len;
-  h.flags = wait ? kFlagWantsReply : 0;
+  h.flags = wait || op == Op::kNop ? kFlagWantsReply : 0;  // a Nop always asks for its reply
   if (!c->req.Push(h, payload)) return -2;
   if (!wait) return 0;
   for (int i = 0; i < 5000; ++i) {
@@ -141,12 +144,13 @@ int main(int argc, char** argv) {
   }
   const std::string mode = argv[2];
   if (mode == "garbage") {
-    // Random bytes everywhere in the ring and a producer cursor no ring can have.
+    // Random bytes everywhere in the request ring, and a valid stamp on the first record so that
+    // oriond takes it as published: the "frame" it finds is garbage.
     std::mt19937 rng(42);
     uint8_t* data = c.base + c.layout.request_ring_offset + kRingCursorBytes;
     for (uint64_t i = 0; i < c.layout.request_ring_bytes; ++i) data[i] = static_cast<uint8_t>(rng());
-    auto* cur = reinterpret_cast<RingCursors*>(c.base + c.layout.request_ring_offset);
-    cur->head.store(0x7FFFFFF3u);
+    const uint64_t stamp = Stamp(c.desc->generation, 0);
+    std::memcpy(data, &stamp, sizeof stamp);
     Report("garbage_ends_session", WaitDead(&c, 10), "channel not closed");
     return g_failed == 0 ? 0 : 1;
   }
@@ -161,8 +165,13 @@ int main(int argc, char** argv) {
     return g_failed == 0 ? 0 : 1;
   }
   if (mode == "cursor") {
-    auto* cur = reinterpret_cast<RingCursors*>(c.base + c.layout.request_ring_offset);
-    cur->head.store(cur->head.load() + 12);  // not a multiple of 8
+    // Claim to have consumed replies that were never sent, then ask for replies without reading
+    // them: when oriond runs short of reply room it reads our impossible cursor.
+    auto* cur = reinterpret_cast<RingCursors*>(c.base + c.layout.reply_ring_offset);
+    cur->tail.store(0x40000004u);
+    for (int i = 0; i < 30000 && c.desc->state.load() != kChannelDead; ++i) {
+      if (Send(&c, Op::kNop, nullptr, 0, false, nullptr, nullptr, 0) != 0) usleep(1000);
+    }
     Report("impossible_cursor_ends_session", WaitDead(&c, 10), "channel not closed");
     return g_failed == 0 ? 0 : 1;
   }

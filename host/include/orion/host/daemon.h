@@ -41,6 +41,7 @@ class Daemon {
     uint64_t lease = 0;
     uint64_t lease_changed_ms = 0;
     uint64_t claimed_ms = 0;
+    uint32_t generation = 1;  // our record; FormatRegion starts every channel at 1
   };
   struct Region {
     std::unique_ptr<ivshmem::MappedRegion> map;
@@ -54,6 +55,7 @@ class Daemon {
   void Reap();
   void SetDead(Region& r, uint32_t index, int32_t reason);
   bool LeaseStale(Region& r, uint32_t index, uint64_t now_ms);
+  void Reset(Region& r, uint32_t index);
   std::shared_ptr<spdlog::logger> SessionLogger(uint32_t session);
 
   ServerConfig config_;

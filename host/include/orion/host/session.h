@@ -27,6 +27,8 @@ struct SessionParams {
   uint8_t* region = nullptr;         // mapped region
   uint64_t channel_bytes = 0;        // trusted (from our own FormatRegion)
   uint32_t channel = 0;
+  uint32_t generation = 0;           // the channel's generation (oriond's own record)
+  uint64_t request_position = 0;     // where the request stream continues after the Hello
   std::vector<Placement> placements;
   std::string cache_dir;             // content-addressed module cache ("" = memory only)
   uint64_t lease_timeout_ms = 3000;
@@ -46,7 +48,8 @@ int RunSession(const SessionParams& params, std::unique_ptr<Backend> backend, co
                const HelloReq& hello);
 
 // Writes a reply frame on a channel's reply ring (used by the daemon to refuse a Hello).
-bool PushReply(uint8_t* region, uint64_t channel_bytes, uint32_t channel, const FrameHeader& request,
-               int32_t status, const void* payload, uint32_t payload_len);
+// The reply goes at the start of the reply stream (position 0): only for the first reply.
+bool PushReply(uint8_t* region, uint64_t channel_bytes, uint32_t channel, uint32_t generation,
+               const FrameHeader& request, int32_t status, const void* payload, uint32_t payload_len);
 
 }  // namespace orion::host

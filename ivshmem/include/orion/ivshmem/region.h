@@ -46,7 +46,7 @@ struct ChannelDesc {                 // 128 bytes, in the channel table
   std::atomic<uint64_t> client_lease;    // bumped by the client every kLeasePeriodMs
   std::atomic<uint64_t> server_done_seq; // oriond: seq of the last executed frame (staging release)
   std::atomic<int32_t> close_reason;     // oriond: a CUresult-space reason when it sets kChannelDead
-  uint32_t reserved0;
+  uint32_t generation;                   // oriond: bumped at each reset; tags ring stamps (ring.h)
   uint8_t reserved[96];
 };
 static_assert(sizeof(ChannelDesc) == 128);
@@ -113,8 +113,9 @@ class MappedRegion {
 // channel fits.
 Status FormatRegion(uint8_t* base, uint64_t region_bytes, uint64_t channel_bytes);
 
-// Resets one channel (cursors, lease, state -> kChannelFree). Server side.
-void ResetChannel(uint8_t* base, const RegionHeader& trusted, uint32_t index);
+// Resets one channel (cursors, lease, generation + 1, state -> kChannelFree) and returns the new
+// generation. Server side: `generation` is the server's own record of the channel's generation.
+uint32_t ResetChannel(uint8_t* base, const RegionHeader& trusted, uint32_t index, uint32_t generation);
 
 // Client side: validates a region's header (magic, version, sizes consistent with `region_bytes`).
 Result<const RegionHeader*> ValidateHeader(const uint8_t* base, uint64_t region_bytes);

@@ -1,19 +1,29 @@
 // orion/ivshmem/ring.h — single-producer single-consumer ring of frames in shared memory.
 //
-// Layout at the ring's offset: a producer cursor line, a consumer cursor line (kCacheLine apart),
-// then `capacity` bytes (a power of two, multiple of 8). Cursors are free-running uint32 byte
-// counts: used = head - tail (mod 2^32) is always in [0, capacity]; a slot's position is
-// cursor & (capacity - 1). A frame never wraps: when it does not fit before the end, the producer
-// writes a 4-byte kPadMarker and continues at position 0 (the pad counts as used bytes).
+// Layout at the ring's offset: a producer cursor line and a consumer cursor line (kCacheLine
+// apart), then `capacity` bytes (a power of two, multiple of 8) of records. A record is an 8-byte
+// stamp, then a FrameHeader and its payload, padded to 8 bytes. A frame never wraps: when one does
+// not fit before the end, the producer writes a pad record (FrameHeader.magic == kPadMarker) and
+// continues at offset 0.
 //
-//   RingProducer p(ring_base, capacity);           // client: request ring; server: reply ring
-//   p.Push(header, payload, payload_len);          // false if no space now
-//   RingConsumer c(ring_base, capacity);
-//   FrameView f; c.Pop(&f, scratch);               // copies the frame out, validates it
+// Publication: the producer writes the record, then stores its stamp with release. The stamp is
+// Stamp(generation, position): the record's 64-bit byte position in the stream plus one, tagged
+// with the channel's generation (bumped by oriond each time a channel is reset). The consumer polls
+// the stamp it expects at its own position — one cache line per frame crosses cores, and the
+// producer's cursor line never bounces. Stale bytes (an earlier lap, an earlier session) can never
+// carry the expected stamp. The producer cursor (`head`) is written for diagnostics only and never
+// read by the consumer; the consumer cursor (`tail`, low 32 bits of its position) is read by the
+// producer to know how much room there is.
 //
-// The consumer treats everything the producer wrote as hostile: it loads the producer cursor once
-// per Pop, checks it, copies the header out once and validates that copy, and never re-reads a
-// checked field. A violation returns kDataLoss: the session is torn down.
+//   RingProducer p(ring_base, capacity, generation);     // client: request ring; server: reply ring
+//   p.Push(header, payload);                              // false if no room now
+//   RingConsumer c(ring_base, capacity, generation);
+//   FrameView f; bool got; c.Pop(&f, &scratch, &got);     // copies the frame out, validates it
+//
+// The consumer treats everything the producer wrote as hostile: it copies the header out once,
+// validates that copy, and never re-reads a checked field. A published record that is not a valid
+// frame returns kDataLoss; the producer reports an impossible consumer cursor as corrupt(). Either
+// way the session is torn down.
 #pragma once
 
 #include <atomic>
@@ -28,39 +38,54 @@ namespace orion::ivshmem {
 
 inline constexpr uint32_t kPadMarker = 0x44415021u;  // "!PAD"
 inline constexpr uint64_t kRingCursorBytes = 256;    // two kCacheLine cursor lines before the data
+inline constexpr uint32_t kStampBytes = 8;
 
 struct RingCursors {
-  alignas(128) std::atomic<uint32_t> head;  // written by the producer only
+  alignas(128) std::atomic<uint32_t> head;  // producer: low 32 bits of its position (diagnostics)
   uint8_t pad0[124];
-  alignas(128) std::atomic<uint32_t> tail;  // written by the consumer only
+  alignas(128) std::atomic<uint32_t> tail;  // consumer: low 32 bits of its position
   uint8_t pad1[124];
 };
 static_assert(sizeof(RingCursors) == kRingCursorBytes);
+
+// The stamp of the record at byte `position` of a channel of `generation`. Never 0.
+constexpr uint64_t Stamp(uint32_t generation, uint64_t position) noexcept {
+  return (uint64_t{generation} << 48) | ((position + 1) & ((uint64_t{1} << 48) - 1));
+}
+
+// Bytes a frame with `payload_len` occupies in a ring: stamp + header + payload, rounded up to 8.
+constexpr uint32_t RecordSpan(uint32_t payload_len) noexcept { return kStampBytes + FrameSpan(payload_len); }
 
 class RingProducer {
  public:
   RingProducer() = default;
   // `ring` points at the RingCursors; `capacity` is the data size (power of two, multiple of 8),
-  // known from the ChannelLayout, never read from shared memory.
-  RingProducer(uint8_t* ring, uint32_t capacity) noexcept;
+  // known from the ChannelLayout, never read from shared memory. `position` is where the stream
+  // continues (0 for a fresh channel).
+  RingProducer(uint8_t* ring, uint32_t capacity, uint32_t generation, uint64_t position = 0) noexcept;
 
-  // Reserves room for a frame with `payload_len` payload bytes and returns where to write the
-  // header (the payload follows it), or nullptr if there is no room now. Commit() publishes it.
+  // Reserves room for a frame with `payload_len` payload bytes and returns where to write its
+  // FrameHeader (the payload follows it), or nullptr if there is no room now (or the consumer
+  // cursor is impossible: see corrupt()). Commit() publishes it.
   uint8_t* Reserve(uint32_t payload_len) noexcept;
   void Commit() noexcept;
   // Reserve + copy + Commit.
   bool Push(const FrameHeader& h, const void* payload) noexcept;
-  // Bytes that could be reserved right now (largest payload that fits, ignoring wrap).
   uint32_t capacity() const noexcept { return capacity_; }
+  // Whether the consumer has taken everything published.
   bool Empty() const noexcept;
+  // The consumer cursor was seen at an impossible value (hostile or broken peer).
+  bool corrupt() const noexcept { return corrupt_; }
 
  private:
   RingCursors* cursors_ = nullptr;
   uint8_t* data_ = nullptr;
   uint32_t capacity_ = 0;
-  uint32_t head_ = 0;         // local copy of the producer cursor (we are its only writer)
-  uint32_t tail_cache_ = 0;   // last tail seen
-  uint32_t pending_ = 0;      // head after the reserved frame
+  uint32_t generation_ = 0;
+  uint64_t pos_ = 0;          // our position (we are its only writer)
+  uint32_t tail_cache_ = 0;   // last consumer cursor seen
+  uint64_t pending_at_ = 0;   // position of the reserved record
+  bool corrupt_ = false;
 };
 
 struct FrameView {
@@ -71,19 +96,23 @@ struct FrameView {
 class RingConsumer {
  public:
   RingConsumer() = default;
-  RingConsumer(uint8_t* ring, uint32_t capacity) noexcept;
+  RingConsumer(uint8_t* ring, uint32_t capacity, uint32_t generation, uint64_t position = 0) noexcept;
 
-  // Pops one frame: copies header and payload into `scratch` (resized as needed) and releases the
-  // ring space. Returns Ok with *got=false when the ring is empty. Errors (kDataLoss): impossible
-  // cursor, bad magic or version, payload_len > kMaxPayload, frame crossing the end of the ring.
+  // Pops one frame: copies header and payload into `scratch` (grown as needed) and releases the
+  // ring space. Returns Ok with *got=false when no frame is published. Errors (kDataLoss): a
+  // published record with a bad magic or version, payload_len > kMaxPayload, or a frame crossing
+  // the end of the ring.
   Status Pop(FrameView* out, std::vector<uint8_t>* scratch, bool* got) noexcept;
   bool HasData() const noexcept;
+  uint64_t position() const noexcept { return pos_; }
 
  private:
+  uint64_t LoadStamp(uint64_t offset) const noexcept;
   RingCursors* cursors_ = nullptr;
   uint8_t* data_ = nullptr;
   uint32_t capacity_ = 0;
-  uint32_t tail_ = 0;          // local copy of the consumer cursor
+  uint32_t generation_ = 0;
+  uint64_t pos_ = 0;
 };
 
 // Waiting: spin, then yield, then sleep with growing naps up to `max_sleep_us`. Call Pause() each

@@ -1,0 +1,233 @@
+// orion_bench: Orion's data-plane speed against bare baselines measured in the same run.
+//
+//   orion_bench baseline-pingpong N        bare two-process cache-line ping-pong (spin), p50/p99 ns
+//   orion_bench baseline-ring MiB          bare two-process SPSC ring, 1 MiB chunks, GB/s
+//   orion_bench null-call N                cuCtxSynchronize round trips through Orion, p50/p99 ns
+//   orion_bench launches N FATBIN          asynchronous cuLaunchKernel rate from one thread
+//   orion_bench memcpy MiB                 cuMemcpyHtoD / cuMemcpyDtoH GB/s (pageable host memory)
+//   orion_bench idle SECONDS               connect, then stay idle (the script measures oriond's CPU)
+// The Orion modes use the installed libcuda.so.1 (LD_LIBRARY_PATH) and a running oriond.
+#include <cuda.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+uint64_t Ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+inline void Relax() { __builtin_ia32_pause(); }
+
+void Percentiles(const char* what, std::vector<uint64_t>& v) {
+  std::sort(v.begin(), v.end());
+  std::printf("%s p50_ns=%llu p99_ns=%llu n=%zu\n", what, static_cast<unsigned long long>(v[v.size() / 2]),
+              static_cast<unsigned long long>(v[v.size() * 99 / 100]), v.size());
+}
+
+#define CK(x)                                                                    \
+  do {                                                                           \
+    CUresult r_ = (x);                                                           \
+    if (r_ != CUDA_SUCCESS) {                                                    \
+      const char* n_ = nullptr;                                                  \
+      cuGetErrorName(r_, &n_);                                                   \
+      std::fprintf(stderr, "%s failed: %s\n", #x, n_ != nullptr ? n_ : "?");    \
+      std::exit(2);                                                              \
+    }                                                                            \
+  } while (0)
+
+void* Shared(size_t bytes) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) std::exit(3);
+  return p;
+}
+
+// Bare ping-pong: two processes, two cache lines, both spinning (the same waiting Orion uses while
+// a reply is expected: spin first).
+void BaselinePingPong(int n) {
+  struct Lines {
+    alignas(128) std::atomic<uint32_t> ping;
+    alignas(128) std::atomic<uint32_t> pong;
+  };
+  auto* l = new (Shared(sizeof(Lines))) Lines();
+  if (fork() == 0) {
+    for (uint32_t i = 1; i <= static_cast<uint32_t>(n) + 1000; ++i) {
+      while (l->ping.load(std::memory_order_acquire) != i) Relax();
+      l->pong.store(i, std::memory_order_release);
+    }
+    _exit(0);
+  }
+  std::vector<uint64_t> lat;
+  for (uint32_t i = 1; i <= static_cast<uint32_t>(n) + 1000; ++i) {
+    const uint64_t t = Ns();
+    l->ping.store(i, std::memory_order_release);
+    while (l->pong.load(std::memory_order_acquire) != i) Relax();
+    if (i > 1000) lat.push_back(Ns() - t);
+  }
+  wait(nullptr);
+  Percentiles("baseline-pingpong", lat);
+}
+
+// Bare two-process ring: the producer copies 1 MiB chunks of a source buffer into a 32 MiB staging
+// ring, the consumer copies each into a destination buffer (what oriond's sim executor does).
+void BaselineRing(uint64_t mib) {
+  const uint64_t chunk = 1 << 20, ring = 32ull << 20, total = mib << 20;
+  struct Cursors {
+    alignas(128) std::atomic<uint64_t> head;
+    alignas(128) std::atomic<uint64_t> tail;
+  };
+  auto* c = new (Shared(sizeof(Cursors))) Cursors();
+  auto* buf = static_cast<uint8_t*>(Shared(ring));
+  auto* done = static_cast<std::atomic<uint64_t>*>(Shared(4096));
+  std::vector<uint8_t> src(total, 7);
+  const int reps = 5;
+  if (fork() == 0) {
+    std::vector<uint8_t> dst(total);
+    uint64_t tail = 0;
+    for (int r = 0; r < reps; ++r) {
+      for (uint64_t off = 0; off < total; off += chunk) {
+        while (c->head.load(std::memory_order_acquire) == tail) Relax();
+        std::memcpy(dst.data() + off, buf + (tail % ring), chunk);
+        tail += chunk;
+        c->tail.store(tail, std::memory_order_release);
+      }
+    }
+    done->store(1);
+    _exit(dst[0] == 7 ? 0 : 1);
+  }
+  std::vector<double> rates;
+  uint64_t head = 0;
+  for (int r = 0; r < reps; ++r) {
+    const uint64_t t = Ns();
+    for (uint64_t off = 0; off < total; off += chunk) {
+      while (head - c->tail.load(std::memory_order_acquire) + chunk > ring) Relax();
+      std::memcpy(buf + (head % ring), src.data() + off, chunk);
+      head += chunk;
+      c->head.store(head, std::memory_order_release);
+    }
+    while (c->tail.load(std::memory_order_acquire) != head) Relax();
+    rates.push_back(static_cast<double>(total) / static_cast<double>(Ns() - t));
+  }
+  wait(nullptr);
+  std::sort(rates.begin(), rates.end());
+  std::printf("baseline-ring median_GBps=%.2f best_GBps=%.2f bytes=%llu chunk=%llu\n", rates[rates.size() / 2],
+              rates.back(), static_cast<unsigned long long>(total), static_cast<unsigned long long>(chunk));
+}
+
+CUcontext Init() {
+  CK(cuInit(0));
+  CUdevice d;
+  CK(cuDeviceGet(&d, 0));
+  CUcontext ctx;
+  CK(cuDevicePrimaryCtxRetain(&ctx, d));
+  CK(cuCtxSetCurrent(ctx));
+  return ctx;
+}
+
+void NullCall(int n) {
+  Init();
+  std::vector<uint64_t> lat;
+  for (int i = 0; i < n + 1000; ++i) {
+    const uint64_t t = Ns();
+    CK(cuCtxSynchronize());
+    if (i >= 1000) lat.push_back(Ns() - t);
+  }
+  Percentiles("orion-null-call", lat);
+}
+
+void Launches(int n, const char* fatbin_path) {
+  Init();
+  std::ifstream f(fatbin_path, std::ios::binary);
+  std::vector<char> img((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  if (img.empty()) {
+    std::fprintf(stderr, "cannot read %s\n", fatbin_path);
+    std::exit(2);
+  }
+  CUmodule m;
+  CK(cuModuleLoadData(&m, img.data()));
+  CUfunction fn;
+  CK(cuModuleGetFunction(&fn, m, "bench_kernel"));
+  CUdeviceptr p;
+  CK(cuMemAlloc(&p, 4096));
+  int v = 3;
+  void* args[] = {&p, &v};
+  for (int i = 0; i < 10000; ++i) CK(cuLaunchKernel(fn, 1, 1, 1, 64, 1, 1, 0, nullptr, args, nullptr));
+  CK(cuCtxSynchronize());
+  std::vector<double> rates;
+  for (int rep = 0; rep < 5; ++rep) {
+    const uint64_t t = Ns();
+    for (int i = 0; i < n; ++i) CK(cuLaunchKernel(fn, 1, 1, 1, 64, 1, 1, 0, nullptr, args, nullptr));
+    const uint64_t issued = Ns() - t;
+    CK(cuCtxSynchronize());
+    const uint64_t drained = Ns() - t;
+    rates.push_back(static_cast<double>(n) / (static_cast<double>(drained) / 1e9));
+    std::printf("launches rep=%d issue_per_s=%.0f drained_per_s=%.0f\n", rep,
+                static_cast<double>(n) / (static_cast<double>(issued) / 1e9), rates.back());
+  }
+  std::sort(rates.begin(), rates.end());
+  std::printf("orion-launches median_per_s=%.0f n=%d\n", rates[rates.size() / 2], n);
+}
+
+void Memcpy(uint64_t mib) {
+  Init();
+  const uint64_t bytes = mib << 20;
+  std::vector<uint8_t> h(bytes, 5), back(bytes);
+  CUdeviceptr d;
+  CK(cuMemAlloc(&d, bytes));
+  std::vector<double> h2d, d2h;
+  for (int rep = 0; rep < 6; ++rep) {
+    uint64_t t = Ns();
+    CK(cuMemcpyHtoD(d, h.data(), bytes));
+    CK(cuCtxSynchronize());
+    if (rep > 0) h2d.push_back(static_cast<double>(bytes) / static_cast<double>(Ns() - t));
+    t = Ns();
+    CK(cuMemcpyDtoH(back.data(), d, bytes));
+    if (rep > 0) d2h.push_back(static_cast<double>(bytes) / static_cast<double>(Ns() - t));
+  }
+  if (std::memcmp(h.data(), back.data(), bytes) != 0) {
+    std::fprintf(stderr, "memcpy round trip corrupted\n");
+    std::exit(4);
+  }
+  std::sort(h2d.begin(), h2d.end());
+  std::sort(d2h.begin(), d2h.end());
+  std::printf("orion-memcpy htod_median_GBps=%.2f dtoh_median_GBps=%.2f bytes=%llu\n", h2d[h2d.size() / 2],
+              d2h[d2h.size() / 2], static_cast<unsigned long long>(bytes));
+}
+
+void Idle(int seconds) {
+  Init();
+  std::printf("idle-client ready pid=%d\n", getpid());
+  std::fflush(stdout);
+  sleep(static_cast<unsigned>(seconds));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: see the header of bench/orion_bench.cpp\n");
+    return 2;
+  }
+  const std::string mode = argv[1];
+  const long n = std::atol(argv[2]);
+  if (mode == "baseline-pingpong") BaselinePingPong(static_cast<int>(n));
+  else if (mode == "baseline-ring") BaselineRing(static_cast<uint64_t>(n));
+  else if (mode == "null-call") NullCall(static_cast<int>(n));
+  else if (mode == "launches" && argc > 3) Launches(static_cast<int>(n), argv[3]);
+  else if (mode == "memcpy") Memcpy(static_cast<uint64_t>(n));
+  else if (mode == "idle") Idle(static_cast<int>(n));
+  else return 2;
+  return 0;
+}
