@@ -241,7 +241,7 @@ CUresult Client::PushLocked(const FrameHeader& h, const void* req, uint32_t req_
 
 CUresult Client::WaitReplyLocked(uint32_t seq, void* rep, uint32_t rep_cap, uint32_t* rep_len) noexcept {
   Backoff backoff(20000, 200, 200);
-  uint64_t last_beat = header_->server_heartbeat.load(std::memory_order_relaxed);
+  uint64_t last_beat = 0;
   uint64_t last_change = 0;
   for (;;) {
     ivshmem::FrameView f{};

@@ -383,7 +383,7 @@ int Daemon::Run() {
     for (Region& r : regions_) {
       for (uint32_t i = 0; i < r.channel_count; ++i) Scan(r, i, now);
     }
-    timespec ts{0, 1000000};  // 1 ms: a new client waits at most this long for its worker
+    timespec ts{0, 5000000};  // 5 ms: a new client waits at most this long for its worker
     nanosleep(&ts, nullptr);
   }
   log_->info("oriond stopping: ending {} session(s)", serving_);
