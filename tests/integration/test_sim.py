@@ -209,3 +209,34 @@ def test_orion_shm_messages(tmp_path):
     assert r.stdout.strip() == f"{tmp_path}/orionsock3 has already exists."
     r = subprocess.run([shm, "-s", "8", "-d", tmp_path], capture_output=True, text=True)
     assert r.returncode != 0
+
+
+def test_many_threads_share_one_channel(oriond):
+    assert_passed(oriond.run("threads", ORION_GMEM=2048), expect_checks=8)
+
+
+REQUIRED = """cuInit cuDriverGetVersion cuDeviceGet cuDeviceGetCount cuDeviceGetName cuDeviceGetUuid_v2
+cuDeviceGetAttribute cuDeviceTotalMem_v2 cuDeviceGetPCIBusId cuDevicePrimaryCtxRetain cuDevicePrimaryCtxRelease_v2
+cuCtxCreate_v4 cuCtxDestroy_v2 cuCtxSetCurrent cuCtxGetCurrent cuCtxPushCurrent_v2 cuCtxPopCurrent_v2
+cuCtxSynchronize cuMemAlloc_v2 cuMemFree_v2 cuMemGetInfo_v2 cuMemGetAddressRange_v2 cuMemAllocHost_v2
+cuMemHostAlloc cuMemFreeHost cuMemHostGetDevicePointer_v2 cuMemHostRegister_v2 cuMemcpyHtoD_v2
+cuMemcpyDtoH_v2 cuMemcpyDtoD_v2 cuMemcpyHtoDAsync_v2 cuMemcpyDtoHAsync_v2 cuMemcpyDtoDAsync_v2 cuMemcpy2D_v2
+cuMemcpy2DAsync_v2 cuMemcpy cuMemcpyAsync cuMemsetD8_v2 cuMemsetD16_v2 cuMemsetD32_v2 cuMemsetD8Async
+cuMemsetD16Async cuMemsetD32Async cuStreamCreate cuStreamDestroy_v2 cuStreamSynchronize cuStreamQuery
+cuStreamWaitEvent cuEventCreate cuEventRecord cuEventSynchronize cuEventQuery cuEventElapsedTime_v2
+cuLibraryLoadData cuModuleLoadData cuModuleLoadFatBinary cuModuleGetFunction cuLibraryGetKernel
+cuKernelGetFunction cuModuleGetGlobal_v2 cuLibraryGetGlobal cuFuncGetAttribute cuFuncGetParamInfo
+cuLaunchKernel cuLaunchKernelEx cuOccupancyMaxActiveBlocksPerMultiprocessor cuPointerGetAttribute
+cuPointerGetAttributes cuGetErrorName cuGetErrorString cuGetProcAddress_v2 cuGetExportTable""".split()
+
+
+def test_coverage_report_lists_the_required_entry_points_as_real():
+    lib = PREFIX / "lib" / "orion" / "libcuda.so.1"
+    out = subprocess.run([ROOT / "scripts" / "coverage-report", lib], capture_output=True, text=True, check=True).stdout
+    real = set(re.findall(r"^  real (\S+)$", out, re.M))
+    assert not [s for s in REQUIRED if s not in real], [s for s in REQUIRED if s not in real]
+    stubs = int(re.search(r"^stub (\d+)$", out, re.M).group(1))
+    assert stubs > 400  # every other driver entry point exists and answers NOT_SUPPORTED
+    # Only driver API symbols are exported.
+    syms = subprocess.run(["nm", "-D", "--defined-only", lib], capture_output=True, text=True).stdout.split("\n")
+    assert all(l.split()[-1].startswith("cu") for l in syms if l.strip())
