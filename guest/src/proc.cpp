@@ -20,7 +20,9 @@ using namespace orion::guest;
 
 // The exported symbol of every driver entry point, real or stub (stubs.cpp), for the table.
 extern "C" {
-#define ORION_CUDA_SYMBOL(s) CUresult orion_stub_##s() asm(#s);
+#define ORION_CUDA_SYMBOL(s) \
+  CUresult orion_stub_##s() asm(#s);  \
+  __attribute__((visibility("hidden"))) CUresult orion_stubimpl_##s();
 #include "cuda_api.inc"
 #undef ORION_CUDA_SYMBOL
 }
@@ -32,13 +34,15 @@ struct ProcRow {
   int version;
   bool ptds;
   void* fn;
+  bool stub;  // fn is the NOT_SUPPORTED stub
 };
 
 const std::unordered_map<std::string_view, std::vector<ProcRow>>& ProcTable() {
   static const auto* table = [] {
     auto* t = new std::unordered_map<std::string_view, std::vector<ProcRow>>();
 #define ORION_CUDA_PROC(name, version, kind, sym) \
-  (*t)[#name].push_back({version, std::string_view(#kind) == "PTDS", reinterpret_cast<void*>(&orion_stub_##sym)});
+  (*t)[#name].push_back({version, std::string_view(#kind) == "PTDS", reinterpret_cast<void*>(&orion_stub_##sym), \
+                         reinterpret_cast<void*>(&orion_stub_##sym) == reinterpret_cast<void*>(&orion_stubimpl_##sym)});
 #include "cuda_api.inc"
 #undef ORION_CUDA_PROC
     for (auto& [k, v] : *t) {
@@ -63,13 +67,19 @@ CUresult GetProc(const char* symbol, void** pfn, int cudaVersion, cuuint64_t fla
     return CUDA_ERROR_NOT_FOUND;
   }
   const bool want_ptds = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
-  const ProcRow* best = nullptr;
-  for (int pass = 0; pass < 2 && best == nullptr; ++pass) {
-    const bool ptds = pass == 0 ? want_ptds : false;
-    if (pass == 1 && !want_ptds) break;
+  auto pick = [&](bool ptds) {
+    const ProcRow* b = nullptr;
     for (const ProcRow& r : it->second) {
-      if (r.ptds == ptds && r.version <= cudaVersion) best = &r;
+      if (r.ptds == ptds && r.version <= cudaVersion) b = &r;
     }
+    return b;
+  };
+  const ProcRow* best = pick(want_ptds);
+  if (want_ptds && (best == nullptr || best->stub)) {
+    // No real per-thread-default-stream variant: the default-stream one serves (Orion maps the
+    // per-thread default stream to the legacy default stream; see README).
+    const ProcRow* fallback = pick(false);
+    if (fallback != nullptr && (best == nullptr || !fallback->stub)) best = fallback;
   }
   if (best == nullptr) {
     set(CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);

@@ -5,6 +5,7 @@
 //   TIME <name> <milliseconds>      a timed section: std::chrono around the work, final sync included,
 //                                   measured after one untimed warm-up of the same work
 //   BW <name> <GB/s>                (memcpy_bw) bandwidth, 1 GB = 1e9 bytes
+//   LIBCUDA <path>                  the libcuda.so.1 this process loaded (from /proc/self/maps)
 //   INFO <text>                     anything else worth keeping
 //   RESULT <program> ok             exactly once, last; the exit status is then 0
 //   RESULT <program> FAIL <detail>  on a wrong result or a CUDA error; the exit status is then 1
@@ -17,11 +18,36 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 namespace e2e {
 
 inline const char*& program() { static const char* p = "?"; return p; }
+
+// The path of the libcuda mapped into this process (Orion's or the real driver's), or "none".
+inline std::string loaded_libcuda() {
+  std::string found = "none";
+  if (FILE* f = fopen("/proc/self/maps", "r")) {
+    char line[4096];
+    while (fgets(line, sizeof line, f) != nullptr) {
+      const char* path = strchr(line, '/');
+      if (path != nullptr && strstr(path, "/libcuda.so") != nullptr) {
+        found = path;
+        while (!found.empty() && (found.back() == '\n' || found.back() == ' ')) found.pop_back();
+        break;
+      }
+    }
+    fclose(f);
+  }
+  return found;
+}
+
+inline void print_libcuda_once() {
+  static bool done = false;
+  if (!done) printf("LIBCUDA %s\n", loaded_libcuda().c_str());
+  done = true;
+}
 
 [[noreturn]] inline void fail(const char* f, ...) __attribute__((format(printf, 1, 2)));
 [[noreturn]] inline void fail(const char* f, ...) {
@@ -30,6 +56,7 @@ inline const char*& program() { static const char* p = "?"; return p; }
   va_start(ap, f);
   vsnprintf(buf, sizeof buf, f, ap);
   va_end(ap);
+  print_libcuda_once();
   printf("RESULT %s FAIL %s\n", program(), buf);
   fflush(stdout);
   exit(1);
@@ -52,7 +79,7 @@ inline int pass() {
 // Checks a kernel launch (configuration errors) right after <<<>>>.
 #define E2E_CK_LAUNCH() E2E_CK(cudaGetLastError())
 
-// Line-buffered stdout and a DEVICE line; returns the device properties.
+// Line-buffered stdout, a LIBCUDA and a DEVICE line; returns the device properties.
 inline cudaDeviceProp start(const char* name) {
   setvbuf(stdout, nullptr, _IOLBF, 0);
   program() = name;
@@ -65,6 +92,7 @@ inline cudaDeviceProp start(const char* name) {
   E2E_CK(cudaGetDeviceProperties(&p, 0));
   E2E_CK(cudaSetDevice(0));
   E2E_CK(cudaFree(nullptr));  // create the context outside every timed section
+  print_libcuda_once();
   printf("DEVICE %s cc %d.%d mem %zu driver %d runtime %d devices %d\n", p.name, p.major, p.minor,
          p.totalGlobalMem >> 20, drv, rt, n);
   return p;
@@ -77,14 +105,21 @@ inline double now_ms() {
 inline void nothing() {}
 
 // Runs f once untimed (warm-up), then reset() (untimed: poison the outputs, so that the check that
-// follows sees what the timed run produced), then f once timed. f must end with a synchronization.
+// follows sees what the timed run produced), then f once timed; returns the milliseconds of the timed
+// run. f must end with a synchronization.
 template <class F, class R = void (*)()>
-double timed(const char* name, F&& f, R&& reset = nothing) {
+double measure(F&& f, R&& reset = nothing) {
   f();
   reset();
   const double t0 = now_ms();
   f();
-  const double ms = now_ms() - t0;
+  return now_ms() - t0;
+}
+
+// measure(), and a TIME line with the result.
+template <class F, class R = void (*)()>
+double timed(const char* name, F&& f, R&& reset = nothing) {
+  const double ms = measure(f, reset);
   printf("TIME %s %.3f\n", name, ms);
   return ms;
 }

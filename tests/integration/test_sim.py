@@ -240,3 +240,10 @@ def test_coverage_report_lists_the_required_entry_points_as_real():
     # Only driver API symbols are exported.
     syms = subprocess.run(["nm", "-D", "--defined-only", lib], capture_output=True, text=True).stdout.split("\n")
     assert all(l.split()[-1].startswith("cu") for l in syms if l.strip())
+
+
+def test_per_thread_default_stream_program(oriond):
+    # Built with --default-stream per-thread: cudart asks for the _ptds/_ptsz entry points.
+    r = oriond.run("vadd_ptds", ORION_COVERAGE=1)
+    assert_passed(r)
+    assert re.search(r"orion-coverage: \d+ entry points called, \d+ real, 0 not supported", r.stderr), r.stderr
