@@ -19,7 +19,6 @@ using ivshmem::Backoff;
 using ivshmem::ChannelLayout;
 using ivshmem::kChannelActive;
 using ivshmem::kChannelClaimed;
-using ivshmem::kChannelDead;
 using ivshmem::kChannelFree;
 
 constexpr uint64_t kChunk = 1ull << 20;            // bulk copy chunk
@@ -184,6 +183,9 @@ CUresult Client::ConnectLocked() noexcept {
     std::string why(reinterpret_cast<const char*>(rep.data()), std::min<size_t>(rep_len, rep.size()));
     LogError("Fail to get resource from oriond: " + (why.empty() ? std::string("no answer") : why));
     broken_ = r;
+    stop_lease_.store(true, std::memory_order_relaxed);
+    uint32_t dead = ivshmem::kChannelDead;  // refused: hand the channel back at once
+    desc_->state.compare_exchange_strong(dead, ivshmem::kChannelDetached, std::memory_order_acq_rel);
     return r;
   }
   if (rep_len < sizeof(WelcomeRep)) return Broken(CUDA_ERROR_UNKNOWN, "short Welcome");
@@ -219,8 +221,19 @@ CUresult Client::Broken(CUresult why, const char* what) noexcept {
   if (broken_ == CUDA_SUCCESS) {
     LogError(std::string("Orion session lost: ") + what);
     broken_ = why;
+    // Give the channel back: stop renewing the lease and, if oriond ended the session, say we are
+    // done with it so it is freed at once rather than after the lease times out.
+    stop_lease_.store(true, std::memory_order_relaxed);
+    uint32_t dead = ivshmem::kChannelDead;
+    desc_->state.compare_exchange_strong(dead, ivshmem::kChannelDetached, std::memory_order_acq_rel);
   }
   return broken_;
+}
+
+// Whether oriond still serves this channel (it is dead, or was reset by a restarted oriond, when not).
+static bool Served(const ivshmem::ChannelDesc* d) {
+  const uint32_t s = d->state.load(std::memory_order_acquire);
+  return s == ivshmem::kChannelActive || s == ivshmem::kChannelClaimed;
 }
 
 CUresult Client::PushLocked(const FrameHeader& h, const void* req, uint32_t req_len,
@@ -228,8 +241,7 @@ CUresult Client::PushLocked(const FrameHeader& h, const void* req, uint32_t req_
   Backoff backoff;
   uint8_t* p;
   while ((p = requests_.Reserve(h.payload_len)) == nullptr) {
-    if (desc_->state.load(std::memory_order_acquire) == kChannelDead)
-      return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, "oriond closed the session");
+    if (!Served(desc_)) return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, "oriond closed the session");
     backoff.Pause();
   }
   std::memcpy(p, &h, sizeof h);
@@ -257,9 +269,7 @@ CUresult Client::WaitReplyLocked(uint32_t seq, void* rep, uint32_t rep_cap, uint
       return static_cast<CUresult>(f.header.deferred);
     }
     if (backoff.sleeping()) {
-      if (desc_->state.load(std::memory_order_acquire) == kChannelDead) {
-        return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, "oriond closed the session");
-      }
+      if (!Served(desc_)) return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, "oriond closed the session");
       const uint64_t beat = header_->server_heartbeat.load(std::memory_order_relaxed);
       const uint64_t now = NowNs();
       if (beat != last_beat || last_change == 0) {
@@ -338,7 +348,7 @@ int64_t Client::StageAllocLocked(uint64_t bytes) noexcept {
       stage_fifo_.push_back({stage_head_, 0, false, false});
       return static_cast<int64_t>(off);
     }
-    if (desc_->state.load(std::memory_order_acquire) == kChannelDead) {
+    if (!Served(desc_)) {
       Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, "oriond closed the session");
       return -1;
     }

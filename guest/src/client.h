@@ -140,7 +140,8 @@ CUresult Client::SendLaunch(const LaunchReq& q, Fill&& fill) noexcept {
   uint8_t* p;
   while ((p = requests_.Reserve(len)) == nullptr) {
     if (header_ == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-    if (desc_->state.load(std::memory_order_acquire) == ivshmem::kChannelDead)
+    const uint32_t st = desc_->state.load(std::memory_order_acquire);
+    if (st != ivshmem::kChannelActive && st != ivshmem::kChannelClaimed)
       return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, "oriond closed the session");
     backoff.Pause();
   }
