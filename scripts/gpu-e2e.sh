@@ -68,7 +68,13 @@ ROOT=$PWD
 
 say() { printf '%s\n' "$*"; }
 hr() { say "----------------------------------------------------------------------------------------"; }
-die() { say "gpu-e2e: ERROR: $*" >&2; exit 1; }
+die() {
+  say "gpu-e2e: ERROR: $*" >&2
+  if [ "$mode" = run ] && [ -n "${OUT:-}" ] && [ -d "$OUT" ] && declare -F write_summary >/dev/null; then
+    write_summary "$*" || true
+  fi
+  exit 1
+}
 
 # ---------------------------------------------------------------------------------------------------
 # --prepare (dev machine): a prefix that runs on another Linux machine without Orion's build deps.
@@ -100,8 +106,8 @@ if [ "$mode" = prepare ]; then
   {
     echo "built-by: scripts/gpu-e2e.sh --prepare"
     echo "date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
-    echo "host: $(uname -srm); $(ldd --version 2>/dev/null | head -1)"
-    echo "compiler: $(c++ --version 2>/dev/null | head -1)"
+    echo "host: $(uname -srm); $(ldd --version 2>/dev/null | sed -n 1p)"
+    echo "compiler: $(c++ --version 2>/dev/null | sed -n 1p)"
     echo "git: $(git rev-parse HEAD 2>/dev/null || echo unknown)"
     echo "git-dirty: $(git status --porcelain --untracked-files=no 2>/dev/null | wc -l) modified tracked files"
     echo "glibc-needed: $(objdump -T "$prefix"/bin/* "$prefix"/lib/orion/libcuda.so.1 "$prefix"/lib/deps*/* 2>/dev/null |
@@ -150,322 +156,12 @@ clean_ldpath() {
   echo "$out"
 }
 
-for tool in timeout awk sed grep; do
-  command -v "$tool" >/dev/null || die "'$tool' is not installed"
-done
-
-hr
-say "Orion GPU end-to-end check — $(date '+%Y-%m-%d %H:%M:%S')   output: $OUT"
-hr
-
-# --- the GPU ------------------------------------------------------------------------------------------
-GPU_NAME=unknown DRIVER=unknown DRIVER_CUDA=unknown
-if command -v nvidia-smi >/dev/null; then
-  if ! smi_l=$(nvidia-smi -L 2>&1); then
-    [ "$SELFTEST" = 1 ] || die "nvidia-smi fails: $smi_l"
-  fi
-  say "nvidia-smi -L:"
-  printf '%s\n' "$smi_l" | sed 's/^/  /'
-  GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
-  DRIVER=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1 || true)
-  DRIVER_CUDA=$(nvidia-smi 2>/dev/null | grep -oE 'CUDA Version: *[0-9.]+' | grep -oE '[0-9.]+$' | head -1 || true)
-  : "${GPU_NAME:=unknown}" "${DRIVER:=unknown}" "${DRIVER_CUDA:=unknown}"
-  say "driver version: $DRIVER (supports CUDA $DRIVER_CUDA)"
-  cmode=$(nvidia-smi --query-gpu=compute_mode --format=csv,noheader 2>/dev/null | head -1 || true)
-  case "$cmode" in
-    *Exclusive*|*Prohibited*) say "warning: compute mode $cmode: oriond holds a context during the remoted runs; the native runs come first, before oriond starts" ;;
-  esac
-elif [ "$SELFTEST" = 1 ]; then
-  say "selftest: no nvidia-smi, going on without a GPU"
-else
-  ls /dev/nvidia* >/dev/null 2>&1 || die "no GPU: neither nvidia-smi nor /dev/nvidia* is here"
-  say "warning: nvidia-smi is missing but /dev/nvidia* exists; going on"
-fi
-REAL_LIBCUDA=$( (ldconfig -p 2>/dev/null || /sbin/ldconfig -p 2>/dev/null || true) | awk '/libcuda\.so\.1 / {print $NF; exit}')
-say "real libcuda.so.1 (ldconfig): ${REAL_LIBCUDA:-not in the ld.so cache}; LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-<unset>}"
-say "glibc: $(ldd --version 2>/dev/null | head -1 || echo unknown)"
-
-# --- nvcc ------------------------------------------------------------------------------------------
-NVCC=${NVCC:-}
-if [ -z "$NVCC" ]; then
-  for c in "$(command -v nvcc || true)" "${CUDA_HOME:-}/bin/nvcc" "${CUDA_PATH:-}/bin/nvcc" /usr/local/cuda/bin/nvcc; do
-    if [ -n "$c" ] && [ -x "$c" ] && [ "$c" != /bin/nvcc ]; then NVCC=$c; break; fi
-  done
-fi
-if [ -z "$NVCC" ] || [ ! -x "$NVCC" ]; then die "nvcc not found (set NVCC=/path/to/nvcc)"; fi
-CUDA_ROOT=$(cd "$(dirname "$(readlink -f "$NVCC")")/.." && pwd)
-NVCC_VER=$("$NVCC" --version | grep -oE 'release [0-9.]+' | awk '{print $2}')
-say "nvcc: $NVCC (CUDA $NVCC_VER, toolkit $CUDA_ROOT)"
-if [ "$DRIVER_CUDA" != unknown ] && [ -n "$NVCC_VER" ] &&
-   [ "$(printf '%s\n%s\n' "$DRIVER_CUDA" "$NVCC_VER" | sort -V | head -1)" != "$NVCC_VER" ]; then
-  say "warning: the driver supports CUDA $DRIVER_CUDA, older than nvcc's $NVCC_VER: the native runs of"
-  say "         the nvcc-built programs may fail with cudaErrorInsufficientDriver (35)"
-fi
-
-# --- source revision ----------------------------------------------------------------------------------
-if [ -n "${ORION_E2E_REV:-}" ]; then
-  REV=$ORION_E2E_REV
-elif REV=$(git rev-parse --short HEAD 2>/dev/null); then
-  d=$(git status --porcelain --untracked-files=no 2>/dev/null | wc -l)
-  [ "$d" -eq 0 ] || REV="$REV (+$d modified files)"
-else
-  REV="unknown (no .git; set ORION_E2E_REV)"
-fi
-say "source revision: $REV"
-hr
-
-# --- Orion: build here, or a prebuilt prefix ------------------------------------------------------------
-BUILD_NOTE=""
-CXX_BIN=${CXX:-c++}
-
-# Prints the missing build dependencies, one per line.
-missing_deps() {
-  local h
-  command -v cmake >/dev/null || echo "cmake"
-  command -v "$CXX_BIN" >/dev/null || { echo "a C++ compiler ($CXX_BIN)"; return; }
-  command -v pkg-config >/dev/null || echo "pkg-config (find_package(PkgConfig REQUIRED))"
-  for h in spdlog/spdlog.h fmt/format.h CLI/CLI.hpp ini.h lz4.h zstd.h; do
-    printf '#include <%s>\n' "$h" | "$CXX_BIN" -std=c++20 -fsyntax-only -x c++ - >/dev/null 2>&1 ||
-      echo "header <$h> ($(case $h in spdlog*) echo spdlog;; fmt*) echo fmt;; CLI*) echo CLI11;; ini.h) echo inih;;
-        lz4.h) echo lz4;; zstd.h) echo zstd;; esac))"
-  done
-  if grep -rqis xxhash CMakeLists.txt ./*/CMakeLists.txt cmake/ host/*.cmake 2>/dev/null; then
-    printf '#include <xxhash.h>\n' | "$CXX_BIN" -x c++ -fsyntax-only - >/dev/null 2>&1 || echo "header <xxhash.h> (xxhash)"
-  fi
-  if command -v pkg-config >/dev/null; then
-    for m in liblz4 libzstd inih; do pkg-config --exists "$m" || echo "pkg-config module $m"; done
-  fi
-  if command -v cmake >/dev/null; then
-    local v
-    v=$(cmake --version | head -1 | grep -oE '[0-9]+\.[0-9]+(\.[0-9]+)?' | head -1)
-    [ "$(printf '3.20\n%s\n' "$v" | sort -V | head -1)" = 3.20 ] || echo "cmake >= 3.20 (have $v)"
-  fi
-}
-
-build_orion() {
-  local bdir=$ROOT/build-gpu-local gen=() gtest=() missing
-  missing=$(missing_deps)
-  if [ -n "$missing" ]; then
-    say "cannot build Orion here; missing:"
-    printf '%s\n' "$missing" | sed 's/^/  - /'
-    return 1
-  fi
-  if ! printf '#include <gtest/gtest.h>\n' | "$CXX_BIN" -x c++ -fsyntax-only - >/dev/null 2>&1; then
-    # CMakeLists.txt asks for GTest even with the tests off; a stub package answers (nothing links it).
-    mkdir -p "$bdir/gtest-stub"
-    cat >"$bdir/gtest-stub/GTestConfig.cmake" <<'CMAKE'
-foreach(_t gtest gtest_main gmock gmock_main)
-  if(NOT TARGET GTest::${_t})
-    add_library(GTest::${_t} INTERFACE IMPORTED)
-  endif()
-endforeach()
-set(GTest_FOUND TRUE)
-set(GTest_VERSION 0.0.0)
-CMAKE
-    gtest=(-DGTest_DIR="$bdir/gtest-stub")
-    say "GoogleTest is missing: using a stub package (the tests are not built)"
-  fi
-  if [ ! -f "$bdir/CMakeCache.txt" ] && command -v ninja >/dev/null; then gen=(-G Ninja); fi
-  say "building Orion in $bdir (log: $OUT/orion-build.log) ..."
-  local t=$SECONDS
-  if ! { cmake -S "$ROOT" -B "$bdir" "${gen[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DORION_BUILD_TESTS=OFF \
-           -DORION_BUILD_CUDA_TESTS=OFF -DORION_CUDA_ROOT="$CUDA_ROOT" "${gtest[@]}" &&
-         timeout 400 cmake --build "$bdir" --target oriond orion-shm orion_cuda -j "$(nproc 2>/dev/null || echo 8)" &&
-         rm -rf "$bdir/install" &&
-         cmake --install "$bdir" --prefix "$bdir/install"; } >"$OUT/orion-build.log" 2>&1; then
-    say "the Orion build failed; the end of $OUT/orion-build.log:"
-    tail -25 "$OUT/orion-build.log" | sed 's/^/  | /'
-    return 1
-  fi
-  say "built Orion in $((SECONDS - t)) s"
-  PREFIX=$bdir/install
-}
-
-PREFIX=""
-if [ -n "${ORION_PREBUILT:-}" ]; then
-  [ -d "$ORION_PREBUILT" ] || die "ORION_PREBUILT=$ORION_PREBUILT is not a directory"
-  PREFIX=$(cd "$ORION_PREBUILT" && pwd)
-  BUILD_NOTE="prebuilt prefix (ORION_PREBUILT)"
-  say "using the prebuilt prefix $PREFIX (ORION_PREBUILT)"
-elif build_orion; then
-  BUILD_NOTE="built here with $(cmake --version | head -1)"
-elif [ -x "$ROOT/build-gpu/install/bin/oriond" ]; then
-  PREFIX=$ROOT/build-gpu/install
-  BUILD_NOTE="prebuilt prefix build-gpu/install (the local build was not possible)"
-  say "falling back to the prebuilt prefix $PREFIX"
-else
-  say ""
-  say "No Orion to test. Either install the missing build dependencies, or build a prefix on a"
-  say "machine that has them and bring it here:"
-  say "  dev machine:  scripts/gpu-e2e.sh --prepare          (-> build-gpu/install, git-ignored)"
-  say "  here:         ORION_PREBUILT=build-gpu/install scripts/gpu-e2e.sh"
-  say "(with the device tool, pass carry: [\"build-gpu/install\"] so the ignored prefix travels along)"
-  exit 1
-fi
-PREFIX=$(cd "$PREFIX" && pwd -P)
-if [ -f "$PREFIX/BUILD-INFO" ]; then
-  say "prefix BUILD-INFO:"
-  sed 's/^/  /' "$PREFIX/BUILD-INFO"
-  built_rev=$(awk '/^git:/ {print substr($2, 1, 7)}' "$PREFIX/BUILD-INFO")
-  here_rev=$(git rev-parse --short=7 HEAD 2>/dev/null || true)
-  if [ -n "$here_rev" ] && [ -n "$built_rev" ] && [ "$built_rev" != "$here_rev" ]; then
-    say "warning: the prefix was built from $built_rev, the tree here is at $here_rev"
-  fi
-fi
-for f in bin/oriond bin/orion-shm lib/orion/libcuda.so.1; do
-  [ -f "$PREFIX/$f" ] || die "$PREFIX/$f is missing"
-done
-
-# oriond and orion-shm run with the prefix's bundled libraries (if any) and without Orion's libcuda.
-DAEMON_LDPATH=$(clean_ldpath)
-[ -d "$PREFIX/lib/deps" ] && DAEMON_LDPATH=$PREFIX/lib/deps${DAEMON_LDPATH:+:$DAEMON_LDPATH}
-if ! err=$(with_ldpath "$DAEMON_LDPATH" "$PREFIX/bin/oriond" --help 2>&1 >/dev/null); then
-  if [ -d "$PREFIX/lib/deps-cxx" ] &&
-     with_ldpath "$DAEMON_LDPATH:$PREFIX/lib/deps-cxx" "$PREFIX/bin/oriond" --help >/dev/null 2>&1; then
-    DAEMON_LDPATH=$DAEMON_LDPATH:$PREFIX/lib/deps-cxx
-    say "oriond uses the bundled libstdc++ (lib/deps-cxx)"
-  else
-    say "oriond does not start here: $err"
-    with_ldpath "$DAEMON_LDPATH" ldd "$PREFIX/bin/oriond" 2>&1 | grep -E 'not found|version' | sed 's/^/  /' || true
-    die "the Orion binaries do not load on this machine (missing shared libraries or too old a glibc:
-       a prefix built on Debian bookworm needs glibc >= 2.36; build one with --prepare, or build here)"
-  fi
-fi
-with_ldpath "$DAEMON_LDPATH" "$PREFIX/bin/orion-shm" --help >/dev/null 2>&1 ||
-  die "orion-shm does not start here: $(with_ldpath "$DAEMON_LDPATH" "$PREFIX/bin/orion-shm" --help 2>&1 | head -3)"
-if command -v python3 >/dev/null; then
-  if ! err=$(python3 -c 'import ctypes, sys; ctypes.CDLL(sys.argv[1])' "$PREFIX/lib/orion/libcuda.so.1" 2>&1); then
-    die "Orion's libcuda.so.1 does not load here: $(printf '%s' "$err" | tail -1)"
-  fi
-elif command -v ldd >/dev/null && ldd "$PREFIX/lib/orion/libcuda.so.1" 2>&1 | grep -qE 'not found'; then
-  die "Orion's libcuda.so.1 does not load here: $(ldd "$PREFIX/lib/orion/libcuda.so.1" 2>&1 | grep 'not found')"
-fi
-say "Orion prefix: $PREFIX ($BUILD_NOTE)"
-hr
-
-# --- the test programs ----------------------------------------------------------------------------------
-BIN=$OUT/bin
-ARCH=${ORION_E2E_ARCH:-}
-if [ -z "$ARCH" ]; then
-  # -arch=native, unless nvcc cannot see the GPU (then it warns and silently picks its default arch).
-  printf '__global__ void k() {}\nint main() { k<<<1, 1>>>(); return 0; }\n' >"$BIN/.probe.cu"
-  if probe=$("$NVCC" -arch=native -o "$BIN/.probe" "$BIN/.probe.cu" 2>&1) &&
-     ! printf '%s' "$probe" | grep -qiE 'cannot find valid gpu|default arch'; then
-    ARCH=native
-    resolved=$("$NVCC" -arch=native --dryrun -o "$BIN/.probe" "$BIN/.probe.cu" 2>&1 | grep -oE 'sm_[0-9]+[af]?' | head -1 || true)
-    [ -z "$resolved" ] || ARCH_NOTE=" (= $resolved)"
-  else
-    ARCH=sm_90
-  fi
-  rm -f "$BIN/.probe" "$BIN/.probe.cu"
-fi
-CUBLAS_LIBDIR=""
-for d in "$CUDA_ROOT/lib64" "$CUDA_ROOT/targets/x86_64-linux/lib" "$CUDA_ROOT/lib"; do
-  if compgen -G "$d/libcublas.so*" >/dev/null; then CUBLAS_LIBDIR=$d; break; fi
-done
-say "compiling tests/gpu with nvcc -O2 -arch=$ARCH${ARCH_NOTE:-} (cuBLAS: ${CUBLAS_LIBDIR:-not found under $CUDA_ROOT}) ..."
-declare -A BUILD_PID BUILD_OK
-t=$SECONDS
-for p in "${PROGRAMS[@]}"; do
-  extra=()
-  if [ "$p" = cublas_sgemm ]; then
-    extra=(-lcublas)
-    [ -n "$CUBLAS_LIBDIR" ] && extra=(-L"$CUBLAS_LIBDIR" -Xlinker "-rpath=$CUBLAS_LIBDIR" -lcublas)
-  fi
-  "$NVCC" -O2 -std=c++17 -arch="$ARCH" -I"$ROOT/tests/gpu" -o "$BIN/$p" "$ROOT/tests/gpu/$p.cu" "${extra[@]}" \
-    >"$BIN/$p.build.log" 2>&1 &
-  BUILD_PID[$p]=$!
-done
-for p in "${PROGRAMS[@]}"; do
-  if wait "${BUILD_PID[$p]}"; then
-    BUILD_OK[$p]=1
-  else
-    BUILD_OK[$p]=0
-    say "nvcc failed for $p:"
-    tail -8 "$BIN/$p.build.log" | sed 's/^/  | /'
-  fi
-done
-say "compiled in $((SECONDS - t)) s"
-hr
-
-# --- oriond ---------------------------------------------------------------------------------------------
-WORK_BASE=${TMPDIR:-/tmp}
-if [ -d /dev/shm ] && [ -w /dev/shm ]; then
-  free_kib=$(df -Pk /dev/shm 2>/dev/null | awk 'NR == 2 {print $4}')
-  if [ -n "$free_kib" ] && [ "$free_kib" -gt $(((REGION_MIB + 512) * 1024)) ]; then WORK_BASE=/dev/shm; fi
-fi
-WORK=$(mktemp -d "$WORK_BASE/orion-gpu-e2e.XXXXXX")
-REGION=$WORK/orionsock0
-ORIOND_PID=""
-ORIOND_STARTS=0
-BACKEND=cuda
+# State the summary reads (set for real further down).
+GPU_NAME=unknown DRIVER=unknown DRIVER_CUDA=unknown NVCC_VER="" ARCH="" ARCH_NOTE="" REV=unknown
+PREFIX="" BUILD_NOTE="" WORK="" WORK_BASE="" REGION="" ORIOND_PID="" ORIOND_STARTS=0 BACKEND=cuda
 [ "$SELFTEST" = 1 ] && BACKEND=sim
-
-stop_oriond() {
-  if [ -n "$ORIOND_PID" ] && kill -0 "$ORIOND_PID" 2>/dev/null; then
-    kill -TERM "$ORIOND_PID" 2>/dev/null || true
-    for _ in $(seq 100); do kill -0 "$ORIOND_PID" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$ORIOND_PID" 2>/dev/null || true
-  fi
-  if [ -n "$ORIOND_PID" ]; then wait "$ORIOND_PID" 2>/dev/null || true; fi
-  ORIOND_PID=""
-}
-save_logs() {
-  mkdir -p "$OUT/oriond-logs"
-  cp -r "$WORK"/logs* "$WORK"/server.conf "$OUT/oriond-logs/" 2>/dev/null || true
-}
-cleanup() {
-  stop_oriond
-  save_logs
-  rm -f "$TABLE" "$BWTABLE" "$PYTABLE" "$FAILS"
-  if [ "${ORION_E2E_KEEP:-0}" = 1 ]; then
-    say "kept $WORK"
-  else
-    rm -rf "$WORK"
-  fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-cat >"$WORK/server.conf" <<EOF
-[server]
-    vgpu_count = 2
-[server-shm]
-    shm_buffer_size = 64
-EOF
-
-# start_oriond: a fresh oriond on $REGION (logs in $WORK/logs<N>); fatal when it does not come up on
-# the cuda backend.
-start_oriond() {
-  ORIOND_STARTS=$((ORIOND_STARTS + 1))
-  local logs=$WORK/logs$ORIOND_STARTS
-  mkdir -p "$logs"
-  with_ldpath "$DAEMON_LDPATH" "$PREFIX/bin/oriond" --config "$WORK/server.conf" --backend "$BACKEND" --foreground \
-    --log-dir "$logs" --shm "$REGION" --cache-dir "$WORK/cache" --lease-timeout-ms 1000 \
-    >"$logs/oriond.stderr" 2>&1 &
-  ORIOND_PID=$!
-  local i
-  for i in $(seq 600); do
-    grep -q "Orion Server listens" "$logs/server.log" 2>/dev/null && break
-    kill -0 "$ORIOND_PID" 2>/dev/null || break
-    sleep 0.1
-  done
-  if ! grep -q "Orion Server listens" "$logs/server.log" 2>/dev/null; then
-    say "oriond did not start (after $((i / 10)) s). server.log:"
-    sed 's/^/  | /' "$logs/server.log" 2>/dev/null || true
-    say "oriond stderr:"
-    sed 's/^/  | /' "$logs/oriond.stderr"
-    write_summary "oriond did not start"
-    exit 1
-  fi
-  if [ "$SELFTEST" != 1 ] && grep -qE "SIM backend|\(backend sim\)" "$logs/server.log"; then
-    say "oriond runs on its SIM backend, not on the GPU. server.log:"
-    sed 's/^/  | /' "$logs/server.log"
-    write_summary "oriond fell back to the sim backend"
-    exit 1
-  fi
-  grep -E "Physical GPU|Final virtual gpu list|Using SHM|listens" "$logs/server.log" | sed 's/^/oriond: /'
-}
+NVCC=${NVCC:-}
+BIN=$OUT/bin
 
 # --- running and reading the programs -------------------------------------------------------------------
 declare -A RES RC WALL
@@ -531,6 +227,7 @@ BWTABLE=$OUT/.bw.txt
 PYTABLE=$OUT/.py.txt
 FAILS=$OUT/.fails.txt
 : >"$TABLE"; : >"$BWTABLE"; : >"$PYTABLE"; : >"$FAILS"
+trap 'rm -f "$TABLE" "$BWTABLE" "$PYTABLE" "$FAILS"' EXIT  # replaced by cleanup() once oriond's directory exists
 
 row() { printf '%-26s %-12s %-12s %11s %11s %7s\n' "$@"; }
 write_tables() {
@@ -577,7 +274,7 @@ write_tables() {
         echo "$p ($m): $r   [wall ${WALL[$p.$m]:-?} s, exit ${RC[$p.$m]:-?}; $OUT/$p.$m.txt]"
         if [ -f "$OUT/$p.$m.txt" ]; then
           { grep -E '^(RESULT|LIBCUDA|ORIOND-DIED)' "$OUT/$p.$m.txt" || true; grep -vE '^(RESULT|LIBCUDA|DEVICE|TIME|BW|INFO)' "$OUT/$p.$m.txt" | tail -6 || true; } |
-            head -12 | sed 's/^/    /'
+            sed -n 1,12p | sed 's/^/    /'
         elif [ "$r" = BUILD-FAIL ]; then
           tail -5 "$BIN/$p.build.log" | sed 's/^/    /'
         fi
@@ -595,7 +292,7 @@ write_summary() {
     echo "GPU:            $GPU_NAME"
     echo "driver:         $DRIVER (CUDA $DRIVER_CUDA)"
     echo "nvcc:           $NVCC (CUDA $NVCC_VER), -arch=${ARCH:-?}${ARCH_NOTE:-}"
-    echo "host:           $(uname -srm); $(ldd --version 2>/dev/null | head -1)"
+    echo "host:           $(uname -srm); $(ldd --version 2>/dev/null | sed -n 1p)"
     echo "source:         $REV"
     echo "orion prefix:   ${PREFIX:-none} (${BUILD_NOTE:-})"
     echo "oriond:         backend $BACKEND, region $REGION_MIB MiB in ${WORK_BASE}, vgpu_count 2, channel 64 MiB;"
@@ -624,6 +321,315 @@ write_summary() {
       echo "VERDICT: FAIL — see Problems"
     fi
   } >"$OUT/summary.txt"
+}
+
+for tool in timeout awk sed grep; do
+  command -v "$tool" >/dev/null || die "'$tool' is not installed"
+done
+
+hr
+say "Orion GPU end-to-end check — $(date '+%Y-%m-%d %H:%M:%S')   output: $OUT"
+hr
+
+# --- the GPU ------------------------------------------------------------------------------------------
+if command -v nvidia-smi >/dev/null; then
+  if ! smi_l=$(nvidia-smi -L 2>&1); then
+    [ "$SELFTEST" = 1 ] || die "nvidia-smi fails: $smi_l"
+  fi
+  say "nvidia-smi -L:"
+  printf '%s\n' "$smi_l" | sed 's/^/  /'
+  GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | sed -n 1p || true)
+  DRIVER=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | sed -n 1p || true)
+  DRIVER_CUDA=$(nvidia-smi 2>/dev/null | grep -oE 'CUDA Version: *[0-9.]+' | grep -oE '[0-9.]+$' | sed -n 1p || true)
+  : "${GPU_NAME:=unknown}" "${DRIVER:=unknown}" "${DRIVER_CUDA:=unknown}"
+  say "driver version: $DRIVER (supports CUDA $DRIVER_CUDA)"
+  cmode=$(nvidia-smi --query-gpu=compute_mode --format=csv,noheader 2>/dev/null | sed -n 1p || true)
+  case "$cmode" in
+    *Exclusive*|*Prohibited*) say "warning: compute mode $cmode: oriond holds a context during the remoted runs; the native runs come first, before oriond starts" ;;
+  esac
+elif [ "$SELFTEST" = 1 ]; then
+  say "selftest: no nvidia-smi, going on without a GPU"
+else
+  ls /dev/nvidia* >/dev/null 2>&1 || die "no GPU: neither nvidia-smi nor /dev/nvidia* is here"
+  say "warning: nvidia-smi is missing but /dev/nvidia* exists; going on"
+fi
+REAL_LIBCUDA=$( (ldconfig -p 2>/dev/null || /sbin/ldconfig -p 2>/dev/null || true) | awk '/libcuda\.so\.1 / {print $NF; exit}')
+say "real libcuda.so.1 (ldconfig): ${REAL_LIBCUDA:-not in the ld.so cache}; LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-<unset>}"
+say "glibc: $(ldd --version 2>/dev/null | sed -n 1p || echo unknown)"
+
+# --- nvcc ------------------------------------------------------------------------------------------
+if [ -z "$NVCC" ]; then
+  for c in "$(command -v nvcc || true)" "${CUDA_HOME:-}/bin/nvcc" "${CUDA_PATH:-}/bin/nvcc" /usr/local/cuda/bin/nvcc; do
+    if [ -n "$c" ] && [ -x "$c" ] && [ "$c" != /bin/nvcc ]; then NVCC=$c; break; fi
+  done
+fi
+if [ -z "$NVCC" ] || [ ! -x "$NVCC" ]; then die "nvcc not found (set NVCC=/path/to/nvcc)"; fi
+CUDA_ROOT=$(cd "$(dirname "$(readlink -f "$NVCC")")/.." && pwd)
+NVCC_VER=$("$NVCC" --version | grep -oE 'release [0-9.]+' | awk '{print $2}')
+say "nvcc: $NVCC (CUDA $NVCC_VER, toolkit $CUDA_ROOT)"
+if [ "$DRIVER_CUDA" != unknown ] && [ -n "$NVCC_VER" ] &&
+   [ "$(printf '%s\n%s\n' "$DRIVER_CUDA" "$NVCC_VER" | sort -V | sed -n 1p)" != "$NVCC_VER" ]; then
+  say "warning: the driver supports CUDA $DRIVER_CUDA, older than nvcc's $NVCC_VER: the native runs of"
+  say "         the nvcc-built programs may fail with cudaErrorInsufficientDriver (35)"
+fi
+
+# --- source revision ----------------------------------------------------------------------------------
+if [ -n "${ORION_E2E_REV:-}" ]; then
+  REV=$ORION_E2E_REV
+elif REV=$(git rev-parse --short HEAD 2>/dev/null); then
+  d=$(git status --porcelain --untracked-files=no 2>/dev/null | wc -l)
+  [ "$d" -eq 0 ] || REV="$REV (+$d modified files)"
+else
+  REV="unknown (no .git; set ORION_E2E_REV)"
+fi
+say "source revision: $REV"
+hr
+
+# --- Orion: build here, or a prebuilt prefix ------------------------------------------------------------
+CXX_BIN=${CXX:-c++}
+
+# Prints the missing build dependencies, one per line.
+missing_deps() {
+  local h
+  command -v cmake >/dev/null || echo "cmake"
+  command -v "$CXX_BIN" >/dev/null || { echo "a C++ compiler ($CXX_BIN)"; return; }
+  command -v pkg-config >/dev/null || echo "pkg-config (find_package(PkgConfig REQUIRED))"
+  for h in spdlog/spdlog.h fmt/format.h CLI/CLI.hpp ini.h lz4.h zstd.h; do
+    printf '#include <%s>\n' "$h" | "$CXX_BIN" -std=c++20 -fsyntax-only -x c++ - >/dev/null 2>&1 ||
+      echo "header <$h> ($(case $h in spdlog*) echo spdlog;; fmt*) echo fmt;; CLI*) echo CLI11;; ini.h) echo inih;;
+        lz4.h) echo lz4;; zstd.h) echo zstd;; esac))"
+  done
+  if grep -rqis xxhash CMakeLists.txt ./*/CMakeLists.txt cmake/ host/*.cmake 2>/dev/null; then
+    printf '#include <xxhash.h>\n' | "$CXX_BIN" -x c++ -fsyntax-only - >/dev/null 2>&1 || echo "header <xxhash.h> (xxhash)"
+  fi
+  if command -v pkg-config >/dev/null; then
+    for m in liblz4 libzstd inih; do pkg-config --exists "$m" || echo "pkg-config module $m"; done
+  fi
+  if command -v cmake >/dev/null; then
+    local v
+    v=$(cmake --version | sed -n 1p | grep -oE '[0-9]+\.[0-9]+(\.[0-9]+)?' | sed -n 1p)
+    [ "$(printf '3.20\n%s\n' "$v" | sort -V | sed -n 1p)" = 3.20 ] || echo "cmake >= 3.20 (have $v)"
+  fi
+}
+
+build_orion() {
+  local bdir=$ROOT/build-gpu-local gen=() gtest=() missing
+  missing=$(missing_deps)
+  if [ -n "$missing" ]; then
+    say "cannot build Orion here; missing:"
+    printf '%s\n' "$missing" | sed 's/^/  - /'
+    return 1
+  fi
+  if ! printf '#include <gtest/gtest.h>\n' | "$CXX_BIN" -x c++ -fsyntax-only - >/dev/null 2>&1; then
+    # CMakeLists.txt asks for GTest even with the tests off; a stub package answers (nothing links it).
+    mkdir -p "$bdir/gtest-stub"
+    cat >"$bdir/gtest-stub/GTestConfig.cmake" <<'CMAKE'
+foreach(_t gtest gtest_main gmock gmock_main)
+  if(NOT TARGET GTest::${_t})
+    add_library(GTest::${_t} INTERFACE IMPORTED)
+  endif()
+endforeach()
+set(GTest_FOUND TRUE)
+set(GTest_VERSION 0.0.0)
+CMAKE
+    gtest=(-DGTest_DIR="$bdir/gtest-stub")
+    say "GoogleTest is missing: using a stub package (the tests are not built)"
+  fi
+  if [ ! -f "$bdir/CMakeCache.txt" ] && command -v ninja >/dev/null; then gen=(-G Ninja); fi
+  say "building Orion in $bdir (log: $OUT/orion-build.log) ..."
+  local t=$SECONDS
+  if ! { cmake -S "$ROOT" -B "$bdir" "${gen[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DORION_BUILD_TESTS=OFF \
+           -DORION_BUILD_CUDA_TESTS=OFF -DORION_CUDA_ROOT="$CUDA_ROOT" "${gtest[@]}" &&
+         timeout 400 cmake --build "$bdir" --target oriond orion-shm orion_cuda -j "$(nproc 2>/dev/null || echo 8)" &&
+         rm -rf "$bdir/install" &&
+         cmake --install "$bdir" --prefix "$bdir/install"; } >"$OUT/orion-build.log" 2>&1; then
+    say "the Orion build failed; the end of $OUT/orion-build.log:"
+    tail -25 "$OUT/orion-build.log" | sed 's/^/  | /'
+    return 1
+  fi
+  say "built Orion in $((SECONDS - t)) s"
+  PREFIX=$bdir/install
+}
+
+if [ -n "${ORION_PREBUILT:-}" ]; then
+  [ -d "$ORION_PREBUILT" ] || die "ORION_PREBUILT=$ORION_PREBUILT is not a directory"
+  PREFIX=$(cd "$ORION_PREBUILT" && pwd)
+  BUILD_NOTE="prebuilt prefix (ORION_PREBUILT)"
+  say "using the prebuilt prefix $PREFIX (ORION_PREBUILT)"
+elif build_orion; then
+  BUILD_NOTE="built here with $(cmake --version | sed -n 1p)"
+elif [ -x "$ROOT/build-gpu/install/bin/oriond" ]; then
+  PREFIX=$ROOT/build-gpu/install
+  BUILD_NOTE="prebuilt prefix build-gpu/install (the local build was not possible)"
+  say "falling back to the prebuilt prefix $PREFIX"
+else
+  say ""
+  say "No Orion to test. Either install the missing build dependencies, or build a prefix on a"
+  say "machine that has them and bring it here:"
+  say "  dev machine:  scripts/gpu-e2e.sh --prepare          (-> build-gpu/install, git-ignored)"
+  say "  here:         ORION_PREBUILT=build-gpu/install scripts/gpu-e2e.sh"
+  say "(with the device tool, pass carry: [\"build-gpu/install\"] so the ignored prefix travels along)"
+  write_summary "no Orion build: the build dependencies are missing and there is no prebuilt prefix"
+  exit 1
+fi
+PREFIX=$(cd "$PREFIX" && pwd -P)
+if [ -f "$PREFIX/BUILD-INFO" ]; then
+  say "prefix BUILD-INFO:"
+  sed 's/^/  /' "$PREFIX/BUILD-INFO"
+  built_rev=$(awk '/^git:/ {print substr($2, 1, 7)}' "$PREFIX/BUILD-INFO")
+  here_rev=$(git rev-parse --short=7 HEAD 2>/dev/null || true)
+  if [ -n "$here_rev" ] && [ -n "$built_rev" ] && [ "$built_rev" != "$here_rev" ]; then
+    say "warning: the prefix was built from $built_rev, the tree here is at $here_rev"
+  fi
+fi
+for f in bin/oriond bin/orion-shm lib/orion/libcuda.so.1; do
+  [ -f "$PREFIX/$f" ] || die "$PREFIX/$f is missing"
+done
+
+# oriond and orion-shm run with the prefix's bundled libraries (if any) and without Orion's libcuda.
+DAEMON_LDPATH=$(clean_ldpath)
+[ -d "$PREFIX/lib/deps" ] && DAEMON_LDPATH=$PREFIX/lib/deps${DAEMON_LDPATH:+:$DAEMON_LDPATH}
+if ! err=$(with_ldpath "$DAEMON_LDPATH" "$PREFIX/bin/oriond" --help 2>&1 >/dev/null); then
+  if [ -d "$PREFIX/lib/deps-cxx" ] &&
+     with_ldpath "$DAEMON_LDPATH:$PREFIX/lib/deps-cxx" "$PREFIX/bin/oriond" --help >/dev/null 2>&1; then
+    DAEMON_LDPATH=$DAEMON_LDPATH:$PREFIX/lib/deps-cxx
+    say "oriond uses the bundled libstdc++ (lib/deps-cxx)"
+  else
+    say "oriond does not start here: $err"
+    with_ldpath "$DAEMON_LDPATH" ldd "$PREFIX/bin/oriond" 2>&1 | grep -E 'not found|version' | sed 's/^/  /' || true
+    die "the Orion binaries do not load on this machine (missing shared libraries or too old a glibc:
+       a prefix built on Debian bookworm needs glibc >= 2.36; build one with --prepare, or build here)"
+  fi
+fi
+with_ldpath "$DAEMON_LDPATH" "$PREFIX/bin/orion-shm" --help >/dev/null 2>&1 ||
+  die "orion-shm does not start here: $(with_ldpath "$DAEMON_LDPATH" "$PREFIX/bin/orion-shm" --help 2>&1 | sed -n 1,3p)"
+if command -v python3 >/dev/null; then
+  if ! err=$(python3 -c 'import ctypes, sys; ctypes.CDLL(sys.argv[1])' "$PREFIX/lib/orion/libcuda.so.1" 2>&1); then
+    die "Orion's libcuda.so.1 does not load here: $(printf '%s' "$err" | tail -1)"
+  fi
+elif command -v ldd >/dev/null && ldd "$PREFIX/lib/orion/libcuda.so.1" 2>&1 | grep -qE 'not found'; then
+  die "Orion's libcuda.so.1 does not load here: $(ldd "$PREFIX/lib/orion/libcuda.so.1" 2>&1 | grep 'not found')"
+fi
+say "Orion prefix: $PREFIX ($BUILD_NOTE)"
+hr
+
+# --- the test programs ----------------------------------------------------------------------------------
+ARCH=${ORION_E2E_ARCH:-}
+if [ -z "$ARCH" ]; then
+  # -arch=native, unless nvcc cannot see the GPU (then it warns and silently picks its default arch).
+  printf '__global__ void k() {}\nint main() { k<<<1, 1>>>(); return 0; }\n' >"$BIN/.probe.cu"
+  if probe=$("$NVCC" -arch=native -o "$BIN/.probe" "$BIN/.probe.cu" 2>&1) &&
+     ! printf '%s' "$probe" | grep -qiE 'cannot find valid gpu|default arch'; then
+    ARCH=native
+    resolved=$("$NVCC" -arch=native --dryrun -o "$BIN/.probe" "$BIN/.probe.cu" 2>&1 | grep -oE 'sm_[0-9]+[af]?' | sed -n 1p || true)
+    [ -z "$resolved" ] || ARCH_NOTE=" (= $resolved)"
+  else
+    ARCH=sm_90
+  fi
+  rm -f "$BIN/.probe" "$BIN/.probe.cu"
+fi
+CUBLAS_LIBDIR=""
+for d in "$CUDA_ROOT/lib64" "$CUDA_ROOT/targets/x86_64-linux/lib" "$CUDA_ROOT/lib"; do
+  if compgen -G "$d/libcublas.so*" >/dev/null; then CUBLAS_LIBDIR=$d; break; fi
+done
+say "compiling tests/gpu with nvcc -O2 -arch=$ARCH${ARCH_NOTE:-} (cuBLAS: ${CUBLAS_LIBDIR:-not found under $CUDA_ROOT}) ..."
+declare -A BUILD_PID BUILD_OK
+t=$SECONDS
+for p in "${PROGRAMS[@]}"; do
+  extra=()
+  if [ "$p" = cublas_sgemm ]; then
+    extra=(-lcublas)
+    [ -n "$CUBLAS_LIBDIR" ] && extra=(-L"$CUBLAS_LIBDIR" -Xlinker "-rpath=$CUBLAS_LIBDIR" -lcublas)
+  fi
+  "$NVCC" -O2 -std=c++17 -arch="$ARCH" -I"$ROOT/tests/gpu" -o "$BIN/$p" "$ROOT/tests/gpu/$p.cu" "${extra[@]}" \
+    >"$BIN/$p.build.log" 2>&1 &
+  BUILD_PID[$p]=$!
+done
+for p in "${PROGRAMS[@]}"; do
+  if wait "${BUILD_PID[$p]}"; then
+    BUILD_OK[$p]=1
+  else
+    BUILD_OK[$p]=0
+    say "nvcc failed for $p:"
+    tail -8 "$BIN/$p.build.log" | sed 's/^/  | /'
+  fi
+done
+say "compiled in $((SECONDS - t)) s"
+hr
+
+# --- oriond ---------------------------------------------------------------------------------------------
+WORK_BASE=${TMPDIR:-/tmp}
+if [ -d /dev/shm ] && [ -w /dev/shm ]; then
+  free_kib=$(df -Pk /dev/shm 2>/dev/null | awk 'NR == 2 {print $4}')
+  if [ -n "$free_kib" ] && [ "$free_kib" -gt $(((REGION_MIB + 512) * 1024)) ]; then WORK_BASE=/dev/shm; fi
+fi
+WORK=$(mktemp -d "$WORK_BASE/orion-gpu-e2e.XXXXXX")
+REGION=$WORK/orionsock0
+
+stop_oriond() {
+  if [ -n "$ORIOND_PID" ] && kill -0 "$ORIOND_PID" 2>/dev/null; then
+    kill -TERM "$ORIOND_PID" 2>/dev/null || true
+    for _ in $(seq 100); do kill -0 "$ORIOND_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$ORIOND_PID" 2>/dev/null || true
+  fi
+  if [ -n "$ORIOND_PID" ]; then wait "$ORIOND_PID" 2>/dev/null || true; fi
+  ORIOND_PID=""
+}
+save_logs() {
+  mkdir -p "$OUT/oriond-logs"
+  cp -r "$WORK"/logs* "$WORK"/server.conf "$OUT/oriond-logs/" 2>/dev/null || true
+}
+cleanup() {
+  stop_oriond
+  save_logs
+  rm -f "$TABLE" "$BWTABLE" "$PYTABLE" "$FAILS"
+  if [ "${ORION_E2E_KEEP:-0}" = 1 ]; then
+    say "kept $WORK"
+  else
+    rm -rf "$WORK"
+  fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+cat >"$WORK/server.conf" <<EOF
+[server]
+    vgpu_count = 2
+[server-shm]
+    shm_buffer_size = 64
+EOF
+
+# start_oriond: a fresh oriond on $REGION (logs in $WORK/logs<N>); fatal when it does not come up on
+# the cuda backend.
+start_oriond() {
+  ORIOND_STARTS=$((ORIOND_STARTS + 1))
+  local logs=$WORK/logs$ORIOND_STARTS
+  mkdir -p "$logs"
+  with_ldpath "$DAEMON_LDPATH" "$PREFIX/bin/oriond" --config "$WORK/server.conf" --backend "$BACKEND" --foreground \
+    --log-dir "$logs" --shm "$REGION" --cache-dir "$WORK/cache" --lease-timeout-ms 1000 \
+    >"$logs/oriond.stderr" 2>&1 &
+  ORIOND_PID=$!
+  local i
+  for i in $(seq 600); do
+    grep -q "Orion Server listens" "$logs/server.log" 2>/dev/null && break
+    kill -0 "$ORIOND_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  if ! grep -q "Orion Server listens" "$logs/server.log" 2>/dev/null; then
+    say "oriond did not start (after $((i / 10)) s). server.log:"
+    sed 's/^/  | /' "$logs/server.log" 2>/dev/null || true
+    say "oriond stderr:"
+    sed 's/^/  | /' "$logs/oriond.stderr"
+    write_summary "oriond did not start"
+    exit 1
+  fi
+  if [ "$SELFTEST" != 1 ] && grep -qE "SIM backend|\(backend sim\)" "$logs/server.log"; then
+    say "oriond runs on its SIM backend, not on the GPU. server.log:"
+    sed 's/^/  | /' "$logs/server.log"
+    write_summary "oriond fell back to the sim backend"
+    exit 1
+  fi
+  grep -E "Physical GPU|Final virtual gpu list|Using SHM|listens" "$logs/server.log" | sed 's/^/oriond: /'
 }
 
 # --- go -------------------------------------------------------------------------------------------------

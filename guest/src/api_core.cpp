@@ -486,6 +486,7 @@ ORION_EXPORT CUresult CUDAAPI cuGetErrorName(CUresult error, const char** pStr) 
 #define ORION_CUDA_ERROR(v, n, d) case v: *pStr = #n; return CUDA_SUCCESS;
 #include "cuda_errors.inc"
 #undef ORION_CUDA_ERROR
+    case 9: *pStr = "CUDA_ERROR_INVALID_CONFIGURATION"; return CUDA_SUCCESS;  // undocumented (api_exec.cpp)
     default: *pStr = nullptr; return CUDA_ERROR_INVALID_VALUE;
   }
 }
@@ -497,6 +498,7 @@ ORION_EXPORT CUresult CUDAAPI cuGetErrorString(CUresult error, const char** pStr
 #define ORION_CUDA_ERROR(v, n, d) case v: *pStr = d; return CUDA_SUCCESS;
 #include "cuda_errors.inc"
 #undef ORION_CUDA_ERROR
+    case 9: *pStr = "invalid configuration argument"; return CUDA_SUCCESS;
     default: *pStr = nullptr; return CUDA_ERROR_INVALID_VALUE;
   }
 }

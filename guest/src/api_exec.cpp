@@ -17,6 +17,13 @@ namespace {
 
 constexpr uint32_t kFatbinWrapperMagic = 0x466243B1;  // __fatBinC_Wrapper_t (recipes.md)
 
+// CUresult 9 is not in cuda.h, yet cudart 13 maps it, and only it, to cudaErrorInvalidConfiguration
+// ("invalid configuration argument", what the CUDA runtime reports for <<<1, 2048>>>): checked here
+// by returning each candidate code to cudart 13.0 (1 maps to cudaErrorInvalidValue, 701 to
+// cudaErrorLaunchOutOfResources, ...). So NVIDIA's driver answers 9 for a grid or block beyond the
+// device's limits. scripts/gpu-e2e.sh compares with the real driver.
+constexpr CUresult kCudaErrorInvalidConfiguration = static_cast<CUresult>(9);
+
 CUresult NeedCtx() {
   if (!Client::Get().connected()) return CUDA_ERROR_NOT_INITIALIZED;
   return CurrentCtx() == nullptr ? CUDA_ERROR_INVALID_CONTEXT : CUDA_SUCCESS;
@@ -164,8 +171,10 @@ CUresult Launch(CUfunction hf, unsigned gx, unsigned gy, unsigned gz, unsigned b
       bz > static_cast<unsigned>(a[CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z]) ||
       gx > static_cast<unsigned>(a[CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X]) ||
       gy > static_cast<unsigned>(a[CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y]) ||
-      gz > static_cast<unsigned>(a[CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z]) ||
-      smem > static_cast<unsigned>(a[CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN])) {
+      gz > static_cast<unsigned>(a[CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z])) {
+    return kCudaErrorInvalidConfiguration;
+  }
+  if (smem > static_cast<unsigned>(a[CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN])) {
     return CUDA_ERROR_INVALID_VALUE;
   }
   const void* buffer = nullptr;

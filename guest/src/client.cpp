@@ -1,6 +1,8 @@
 #include "client.h"
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <ini.h>
 #include <time.h>
 #include <unistd.h>
@@ -45,9 +47,71 @@ int ConfHandler(void* user, const char* section, const char* name, const char* v
   return 1;
 }
 
-// Region path: $ORION_SHM, else the first orionsock* under [client-shm] shm_path_base of
-// /etc/orion/client.conf < $HOME/.orion/client.conf.
-std::string FindRegionPath() {
+std::string ReadSmall(const std::string& path) {
+  std::string out;
+  if (FILE* f = std::fopen(path.c_str(), "r")) {
+    char buf[64] = {};
+    if (std::fgets(buf, sizeof buf, f) != nullptr) out = buf;
+    std::fclose(f);
+  }
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  return out;
+}
+
+// A VM's Orion region: an ivshmem-plain PCI device (1af4:1110, QEMU docs/specs/ivshmem-spec.rst)
+// whose BAR2 (sysfs resource2) holds the Orion magic. Enables the device if needed (root, or the
+// udev rule install-client installs). Returns the resource2 path, or "" with *why set.
+std::string FindIvshmem(const std::string& sysfs, std::string* why) {
+  std::vector<std::string> devices;
+  if (DIR* d = opendir(sysfs.c_str()); d != nullptr) {
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      const std::string dev = sysfs + "/" + e->d_name;
+      if (ReadSmall(dev + "/vendor") == "0x1af4" && ReadSmall(dev + "/device") == "0x1110") devices.push_back(dev);
+    }
+    closedir(d);
+  }
+  std::sort(devices.begin(), devices.end());
+  if (devices.empty()) {
+    *why = "no ivshmem device (PCI 1af4:1110) in " + sysfs;
+    return "";
+  }
+  for (const std::string& dev : devices) {
+    if (ReadSmall(dev + "/enable") == "0") {
+      if (FILE* f = std::fopen((dev + "/enable").c_str(), "w")) {
+        std::fputs("1", f);
+        std::fclose(f);
+      }
+      if (ReadSmall(dev + "/enable") == "0") {
+        *why = "ivshmem device " + dev + " is not enabled and this user cannot enable it (run "
+               "'echo 1 > " + dev + "/enable' as root, or install the udev rule from install-client)";
+        continue;
+      }
+    }
+    // A memory BAR's resource file can be mapped but not read(): map its first page.
+    const std::string res = dev + "/resource2";
+    const int fd = ::open(res.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+      *why = "cannot open " + res + ": " + std::strerror(errno) +
+             (errno == EACCES ? " (install-client's udev rule gives the 'orion' group access)" : "");
+      continue;
+    }
+    void* page = ::mmap(nullptr, 4096, PROT_READ, MAP_SHARED, fd, 0);
+    ::close(fd);
+    uint64_t magic = 0;
+    if (page != MAP_FAILED) {
+      std::memcpy(&magic, page, sizeof magic);
+      ::munmap(page, 4096);
+    }
+    if (magic == ivshmem::kRegionMagic) return res;
+    *why = res + " holds no Orion region (is oriond serving this VM?)";
+  }
+  return "";
+}
+
+// Region path: $ORION_SHM; else the first orionsock* under [client-shm] shm_path_base of
+// /etc/orion/client.conf < $HOME/.orion/client.conf; else a VM's ivshmem device.
+std::string FindRegionPath(std::string* why) {
   if (const char* e = std::getenv("ORION_SHM"); e != nullptr && *e != '\0') return e;
   ClientConf conf;
   ini_parse("/etc/orion/client.conf", ConfHandler, &conf);
@@ -64,7 +128,12 @@ std::string FindRegionPath() {
     closedir(d);
   }
   std::sort(found.begin(), found.end());
-  return found.empty() ? dir + "orionsock0" : found.front();
+  if (!found.empty()) return found.front();
+  const char* sysfs = std::getenv("ORION_SYSFS_PCI");  // tests point this at a fake tree
+  std::string bar = FindIvshmem(sysfs != nullptr ? sysfs : "/sys/bus/pci/devices", why);
+  if (!bar.empty()) return bar;
+  *why = "no " + dir + "orionsock* region and " + *why;
+  return "";
 }
 
 uint64_t EnvU64(const char* name, uint64_t dflt, bool* bad) {
@@ -111,7 +180,12 @@ CUresult Client::ConnectLocked() noexcept {
     LogError("ORION_VGPU must be 1.." + std::to_string(kMaxDevices) + " and ORION_GMEM a number of MiB");
     return CUDA_ERROR_INVALID_VALUE;
   }
-  const std::string path = FindRegionPath();
+  std::string why;
+  const std::string path = FindRegionPath(&why);
+  if (path.empty()) {
+    LogError("cannot use Orion region: " + why + " (set ORION_SHM, or create one with orion-shm and start oriond)");
+    return CUDA_ERROR_NO_DEVICE;
+  }
   auto region = ivshmem::MappedRegion::Open(path);
   if (!region.ok()) {
     LogError("cannot use Orion region: " + region.status().message() +
@@ -180,8 +254,8 @@ CUresult Client::ConnectLocked() noexcept {
   uint32_t rep_len = 0;
   CUresult r = WaitReplyLocked(h.seq, rep.data(), static_cast<uint32_t>(rep.size()), &rep_len);
   if (r != CUDA_SUCCESS) {
-    std::string why(reinterpret_cast<const char*>(rep.data()), std::min<size_t>(rep_len, rep.size()));
-    LogError("Fail to get resource from oriond: " + (why.empty() ? std::string("no answer") : why));
+    std::string reason(reinterpret_cast<const char*>(rep.data()), std::min<size_t>(rep_len, rep.size()));
+    LogError("Fail to get resource from oriond: " + (reason.empty() ? std::string("no answer") : reason));
     broken_ = r;
     stop_lease_.store(true, std::memory_order_relaxed);
     uint32_t dead = ivshmem::kChannelDead;  // refused: hand the channel back at once

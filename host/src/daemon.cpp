@@ -2,7 +2,10 @@
 
 #include <dirent.h>
 #include <signal.h>
+#include <poll.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -15,6 +18,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <sstream>
 
 #include "orion/host/session.h"
 #include "orion/ivshmem/ring.h"
@@ -130,25 +134,162 @@ Status Daemon::Start() {
     log_->warn("no shared-memory region to serve (create one with orion-shm, or pass --shm)");
   }
   for (const std::string& p : paths) {
-    auto m = ivshmem::MappedRegion::Open(p);
-    if (!m.ok()) return Status(m.status().code(), "region " + p + ": " + m.status().message());
     Region r;
-    r.map = std::make_unique<ivshmem::MappedRegion>(std::move(*m));
-    const uint64_t size = r.map->size();
-    uint64_t ch = config_.shm_buffer_size_mib << 20;
-    if (ivshmem::ChannelCountFor(size, ch) == 0) ch = (size - ivshmem::kHeaderBytes) & ~uint64_t{4095};
-    if (Status s = ivshmem::FormatRegion(r.map->data(), size, ch); !s.ok()) {
-      return Status(s.code(), "region " + p + ": " + s.message());
-    }
-    r.channel_bytes = ch;
-    r.channel_count = ivshmem::ChannelCountFor(size, ch);
-    r.channels.resize(r.channel_count);
-    log_->info("Using SHM {} for acceleration ({} channels of {} MiB).", p, r.channel_count, ch >> 20);
+    if (Status st = AddRegion(p, &r); !st.ok()) return st;
     regions_.push_back(std::move(r));
   }
+  if (Status st = OpenControlSocket(); !st.ok()) return st;
   log_->info("Orion Server listens on {}:{} (backend {})", config_.bind_addr, config_.listen_port,
              backend_ == BackendKind::kCuda ? "cuda" : "sim");
   return Status::Ok();
+}
+
+Status Daemon::AddRegion(const std::string& p, Region* out) {
+  auto m = ivshmem::MappedRegion::Open(p);
+  if (!m.ok()) return Status(m.status().code(), "region " + p + ": " + m.status().message());
+  Region& r = *out;
+  r.map = std::make_unique<ivshmem::MappedRegion>(std::move(*m));
+  const uint64_t size = r.map->size();
+  uint64_t ch = config_.shm_buffer_size_mib << 20;
+  if (ivshmem::ChannelCountFor(size, ch) == 0) ch = (size - ivshmem::kHeaderBytes) & ~uint64_t{4095};
+  if (Status s = ivshmem::FormatRegion(r.map->data(), size, ch); !s.ok()) {
+    return Status(s.code(), "region " + p + ": " + s.message());
+  }
+  r.channel_bytes = ch;
+  r.channel_count = ivshmem::ChannelCountFor(size, ch);
+  r.channels.resize(r.channel_count);
+  log_->info("Using SHM {} for acceleration ({} channels of {} MiB).", p, r.channel_count, ch >> 20);
+  return Status::Ok();
+}
+
+Status Daemon::OpenControlSocket() {
+  if (config_.control_socket.empty()) return Status::Ok();
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(config_.control_socket).parent_path(), ec);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (config_.control_socket.size() >= sizeof addr.sun_path) {
+    return InvalidArgument("control socket path is too long: " + config_.control_socket);
+  }
+  std::strncpy(addr.sun_path, config_.control_socket.c_str(), sizeof addr.sun_path - 1);
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Internal(std::string("control socket: ") + std::strerror(errno));
+  ::unlink(config_.control_socket.c_str());
+  const mode_t old = umask(0077);  // root-only: it hands out vGPUs to VMs
+  const int rc = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  umask(old);
+  if (rc != 0 || listen(fd, 16) != 0) {
+    const std::string err = std::strerror(errno);
+    ::close(fd);
+    return Status(Code::kPermissionDenied, "cannot listen on " + config_.control_socket + ": " + err +
+                                               " (use --control-socket)");
+  }
+  control_fd_ = fd;
+  return Status::Ok();
+}
+
+// One request per connection: a line in, a line out ("ok ..." or "error ...").
+void Daemon::ServeControl() {
+  if (control_fd_ < 0) return;
+  for (;;) {
+    const int c = accept4(control_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (c < 0) return;
+    std::string line;
+    char buf[512];
+    pollfd pfd{c, POLLIN, 0};
+    while (line.find('\n') == std::string::npos && line.size() < 4096 && poll(&pfd, 1, 1000) > 0) {
+      const ssize_t n = ::read(c, buf, sizeof buf);
+      if (n <= 0) break;
+      line.append(buf, static_cast<size_t>(n));
+    }
+    if (auto nl = line.find('\n'); nl != std::string::npos) line.resize(nl);
+    std::string reply = Control(line) + "\n";
+    ssize_t w = ::write(c, reply.data(), reply.size());
+    (void)w;
+    ::close(c);
+  }
+}
+
+std::string Daemon::Control(const std::string& line) {
+  std::istringstream in(line);
+  std::string cmd;
+  in >> cmd;
+  if (cmd == "attach") {
+    std::string vm, path;
+    uint32_t vgpus = 0;
+    uint64_t gmem = 0;
+    if (!(in >> vm >> path >> vgpus >> gmem)) return "error usage: attach VM REGION VGPUS GMEM_MIB";
+    return Attach(vm, path, vgpus, gmem);
+  }
+  if (cmd == "detach") {
+    std::string vm;
+    if (!(in >> vm)) return "error usage: detach VM";
+    return Detach(vm);
+  }
+  if (cmd == "status") {
+    std::string out = "ok backend=" + std::string(backend_ == BackendKind::kCuda ? "cuda" : "sim") +
+                      " vgpus_total=" + std::to_string(pool_->total_vgpus()) +
+                      " vgpus_free=" + std::to_string(pool_->free_vgpus()) + " sessions=" + std::to_string(serving_);
+    for (const Region& r : regions_) {
+      if (r.vm.empty()) continue;
+      out += " vm=" + r.vm + ":" + std::to_string(r.reserved.size());
+    }
+    return out;
+  }
+  return "error unknown command '" + cmd + "' (attach, detach, status)";
+}
+
+std::string Daemon::Attach(const std::string& vm, const std::string& path, uint32_t vgpus, uint64_t gmem_mib) {
+  if (!config_.enable_kvm) return "error oriond does not serve VMs: set enable_kvm = \"true\" or pass -k";
+  for (const Region& r : regions_) {
+    if (r.vm == vm && r.map->path() == path) return "ok already attached";
+    if (r.map->path() == path) return "error " + path + " is already served";
+    if (r.vm == vm) return "error VM " + vm + " is already attached to " + r.map->path();
+  }
+  auto placements = pool_->Admit(vgpus, gmem_mib);
+  if (!placements.ok()) {
+    log_->warn("VM {}: cannot reserve {} vGPU(s) of {} MiB: {}", vm, vgpus, gmem_mib, placements.status().message());
+    return "error not enough vGPUs for VM " + vm + ": " + placements.status().message();
+  }
+  Region r;
+  if (Status s = AddRegion(path, &r); !s.ok()) {
+    pool_->Release(*placements);
+    return "error " + s.message();
+  }
+  r.vm = vm;
+  r.reserved = std::move(*placements);
+  std::string where;
+  for (const auto& p : r.reserved) {
+    where += (where.empty() ? "" : ",") + std::to_string(p.pgpu) + "/" + std::to_string(p.vgpu) + ":" +
+             std::to_string(p.quota_bytes >> 20) + "MiB";
+  }
+  log_->info("VM {}: attached {} with vGPUs {}", vm, path, where);
+  regions_.push_back(std::move(r));
+  return "ok " + where;
+}
+
+std::string Daemon::Detach(const std::string& vm) {
+  for (size_t i = 0; i < regions_.size(); ++i) {
+    Region& r = regions_[i];
+    if (r.vm != vm) continue;
+    for (Channel& c : r.channels) {
+      if (c.state != Channel::kServing) continue;
+      kill(c.pid, SIGTERM);
+      int status = 0;
+      for (int k = 0; k < 200 && waitpid(c.pid, &status, WNOHANG) == 0; ++k) usleep(10000);
+      if (waitpid(c.pid, &status, WNOHANG) == 0) {
+        kill(c.pid, SIGKILL);
+        waitpid(c.pid, &status, 0);
+      }
+      log_->info("Session {} exits (VM {} stopped).", c.session, vm);
+      --serving_;
+    }
+    pool_->Release(r.reserved);
+    log_->info("VM {}: detached {}", vm, r.map->path());
+    regions_.erase(regions_.begin() + static_cast<std::ptrdiff_t>(i));
+    return "ok";
+  }
+  return "ok not attached";
 }
 
 std::shared_ptr<spdlog::logger> Daemon::SessionLogger(uint32_t session) {
@@ -234,7 +375,25 @@ void Daemon::Admit(Region& r, uint32_t index) {
                                          std::to_string(kMaxDevices));
     return;
   }
-  auto placements = pool_->Admit(hello.vgpu_count, hello.gmem_mib);
+  Result<std::vector<Placement>> placements = std::vector<Placement>{};
+  if (!r.vm.empty()) {
+    // A VM's session runs on the VM's own reserved vGPUs only.
+    if (hello.vgpu_count > r.reserved.size()) {
+      placements = ResourceExhausted("ORION_VGPU=" + std::to_string(hello.vgpu_count) + " is more than VM " + r.vm +
+                                     " has (" + std::to_string(r.reserved.size()) + ")");
+    } else if (hello.gmem_mib != 0 && (hello.gmem_mib << 20) > r.reserved[0].quota_bytes) {
+      placements = InvalidArgument("ORION_GMEM=" + std::to_string(hello.gmem_mib) + " MiB is more than VM " + r.vm +
+                                   "'s vGPUs have (" + std::to_string(r.reserved[0].quota_bytes >> 20) + " MiB)");
+    } else {
+      std::vector<Placement> mine(r.reserved.begin(), r.reserved.begin() + hello.vgpu_count);
+      if (hello.gmem_mib != 0) {
+        for (auto& p : mine) p.quota_bytes = hello.gmem_mib << 20;
+      }
+      placements = std::move(mine);
+    }
+  } else {
+    placements = pool_->Admit(hello.vgpu_count, hello.gmem_mib);
+  }
   if (!placements.ok()) {
     refuse(placements.status().code() == Code::kInvalidArgument ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_OUT_OF_MEMORY,
            placements.status().message());
@@ -252,7 +411,7 @@ void Daemon::Admit(Region& r, uint32_t index) {
   auto slog = SessionLogger(session);
   const pid_t pid = fork();
   if (pid < 0) {
-    pool_->Release(*placements);
+    if (r.vm.empty()) pool_->Release(*placements);
     refuse(CUDA_ERROR_OPERATING_SYSTEM, std::string("oriond cannot fork a worker: ") + std::strerror(errno));
     return;
   }
@@ -346,7 +505,7 @@ void Daemon::Reap() {
       for (uint32_t i = 0; i < r.channel_count; ++i) {
         Channel& c = r.channels[i];
         if (c.state != Channel::kServing || c.pid != pid) continue;
-        pool_->Release(c.placements);
+        if (r.vm.empty()) pool_->Release(c.placements);  // a VM's vGPUs stay reserved for it
         --serving_;
         const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
         const char* why = code == kExitGoodbye        ? "client exited"
@@ -380,6 +539,7 @@ int Daemon::Run() {
       last_beat = now;
     }
     Reap();
+    ServeControl();
     for (Region& r : regions_) {
       for (uint32_t i = 0; i < r.channel_count; ++i) Scan(r, i, now);
     }
@@ -395,6 +555,10 @@ int Daemon::Run() {
   for (int i = 0; i < 200 && serving_ > 0; ++i) {
     Reap();
     usleep(10000);
+  }
+  if (control_fd_ >= 0) {
+    ::close(control_fd_);
+    ::unlink(config_.control_socket.c_str());
   }
   return 0;
 }

@@ -40,6 +40,8 @@ int main(int argc, char** argv) {
   app.add_option("--sim-launch-log", sim_log, "sim: append every kernel launch to this file");
   app.add_option("--sim-gpus", sim_gpus, "sim: number of simulated GPUs")->check(CLI::Range(1, 64));
   app.add_option("--sim-gpu-mem", sim_mem, "sim: MiB per simulated GPU")->check(CLI::Range(64, 1 << 24));
+  std::string control;
+  app.add_option("--control-socket", control, "admin socket for the libvirt hook and orion-vm ('' = none)");
   app.add_option("--lease-timeout-ms", lease_ms, "free a client's vGPUs this long after its lease stops")
       ->check(CLI::Range(200, 600000));
   CLI11_PARSE(app, argc, argv);
@@ -68,6 +70,7 @@ int main(int argc, char** argv) {
   if (sim_gpus != 0) c.sim_gpus = sim_gpus;
   if (sim_mem != 0) c.sim_gpu_mem_mib = sim_mem;
   if (lease_ms != 0) c.lease_timeout_ms = lease_ms;
+  if (app.count("--control-socket") > 0) c.control_socket = control;
   if (c.enable_rdma) std::fprintf(stderr, "oriond: RDMA clients are not available yet; serving shared memory only\n");
 
   if (daemonize && daemon(0, 0) != 0) {

@@ -38,7 +38,8 @@ class Oriond:
         self.proc = subprocess.Popen(
             [PREFIX / "bin" / "oriond", "--config", conf, "--backend", "sim", "--foreground",
              "--log-dir", self.logs, "--shm", self.region, "--cache-dir", tmp / "cache",
-             "--sim-launch-log", self.launch_log, "--lease-timeout-ms", "1000", *extra_args],
+             "--sim-launch-log", self.launch_log, "--lease-timeout-ms", "1000",
+             "--control-socket", tmp / "oriond.sock", *extra_args],
             stdout=subprocess.DEVNULL, stderr=self.stderr)
         deadline = time.time() + 20
         while "Orion Server listens" not in self.log():

@@ -48,6 +48,10 @@ class Daemon {
     uint64_t channel_bytes = 0;
     uint32_t channel_count = 0;
     std::vector<Channel> channels;
+    // A VM's region (attached by the libvirt hook): its sessions are admitted only into the VM's
+    // own reserved vGPUs, never the shared pool.
+    std::string vm;
+    std::vector<Placement> reserved;
   };
 
   void Scan(Region& r, uint32_t index, uint64_t now_ms);
@@ -56,6 +60,12 @@ class Daemon {
   void SetDead(Region& r, uint32_t index, int32_t reason);
   bool LeaseStale(Region& r, uint32_t index, uint64_t now_ms);
   void Reset(Region& r, uint32_t index);
+  Status OpenControlSocket();
+  void ServeControl();
+  std::string Control(const std::string& line);
+  std::string Attach(const std::string& vm, const std::string& path, uint32_t vgpus, uint64_t gmem_mib);
+  std::string Detach(const std::string& vm);
+  Status AddRegion(const std::string& path, Region* out);
   std::shared_ptr<spdlog::logger> SessionLogger(uint32_t session);
 
   ServerConfig config_;
@@ -66,6 +76,7 @@ class Daemon {
   std::atomic<bool> stop_{false};
   uint32_t next_session_ = 1;
   uint32_t serving_ = 0;
+  int control_fd_ = -1;
 };
 
 }  // namespace orion::host
