@@ -83,7 +83,7 @@ if [ "$mode" = prepare ]; then
   prefix=$ROOT/$bdir/install
   gen=()
   if [ ! -f "$bdir/CMakeCache.txt" ] && command -v ninja >/dev/null; then gen=(-G Ninja); fi
-  cmake -S . -B "$bdir" "${gen[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DORION_BUILD_TESTS=OFF \
+  cmake -S . -B "$bdir" ${gen[@]+"${gen[@]}"} -DCMAKE_BUILD_TYPE=RelWithDebInfo -DORION_BUILD_TESTS=OFF \
     -DORION_BUILD_CUDA_TESTS=OFF >/dev/null
   cmake --build "$bdir" --target oriond orion-shm orion_cuda
   rm -rf "$prefix"
@@ -394,6 +394,7 @@ missing_deps() {
   command -v cmake >/dev/null || echo "cmake"
   command -v "$CXX_BIN" >/dev/null || { echo "a C++ compiler ($CXX_BIN)"; return; }
   command -v pkg-config >/dev/null || echo "pkg-config (find_package(PkgConfig REQUIRED))"
+  command -v ninja >/dev/null || command -v make >/dev/null || echo "make or ninja"
   for h in spdlog/spdlog.h fmt/format.h CLI/CLI.hpp ini.h lz4.h zstd.h; do
     printf '#include <%s>\n' "$h" | "$CXX_BIN" -std=c++20 -fsyntax-only -x c++ - >/dev/null 2>&1 ||
       echo "header <$h> ($(case $h in spdlog*) echo spdlog;; fmt*) echo fmt;; CLI*) echo CLI11;; ini.h) echo inih;;
@@ -438,8 +439,8 @@ CMAKE
   if [ ! -f "$bdir/CMakeCache.txt" ] && command -v ninja >/dev/null; then gen=(-G Ninja); fi
   say "building Orion in $bdir (log: $OUT/orion-build.log) ..."
   local t=$SECONDS
-  if ! { cmake -S "$ROOT" -B "$bdir" "${gen[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DORION_BUILD_TESTS=OFF \
-           -DORION_BUILD_CUDA_TESTS=OFF -DORION_CUDA_ROOT="$CUDA_ROOT" "${gtest[@]}" &&
+  if ! { cmake -S "$ROOT" -B "$bdir" ${gen[@]+"${gen[@]}"} -DCMAKE_BUILD_TYPE=RelWithDebInfo -DORION_BUILD_TESTS=OFF \
+           -DORION_BUILD_CUDA_TESTS=OFF -DORION_CUDA_ROOT="$CUDA_ROOT" ${gtest[@]+"${gtest[@]}"} &&
          timeout 400 cmake --build "$bdir" --target oriond orion-shm orion_cuda -j "$(nproc 2>/dev/null || echo 8)" &&
          rm -rf "$bdir/install" &&
          cmake --install "$bdir" --prefix "$bdir/install"; } >"$OUT/orion-build.log" 2>&1; then
@@ -541,7 +542,7 @@ for p in "${PROGRAMS[@]}"; do
     extra=(-lcublas)
     [ -n "$CUBLAS_LIBDIR" ] && extra=(-L"$CUBLAS_LIBDIR" -Xlinker "-rpath=$CUBLAS_LIBDIR" -lcublas)
   fi
-  "$NVCC" -O2 -std=c++17 -arch="$ARCH" -I"$ROOT/tests/gpu" -o "$BIN/$p" "$ROOT/tests/gpu/$p.cu" "${extra[@]}" \
+  "$NVCC" -O2 -std=c++17 -arch="$ARCH" -I"$ROOT/tests/gpu" -o "$BIN/$p" "$ROOT/tests/gpu/$p.cu" ${extra[@]+"${extra[@]}"} \
     >"$BIN/$p.build.log" 2>&1 &
   BUILD_PID[$p]=$!
 done
@@ -605,8 +606,13 @@ start_oriond() {
   ORIOND_STARTS=$((ORIOND_STARTS + 1))
   local logs=$WORK/logs$ORIOND_STARTS
   mkdir -p "$logs"
+  local extra=()
+  # Newer oriond opens an admin socket (default /run/orion/oriond.sock, root only): keep it private.
+  if with_ldpath "$DAEMON_LDPATH" "$PREFIX/bin/oriond" --help 2>/dev/null | grep -q -- --control-socket; then
+    extra=(--control-socket "$WORK/oriond.sock")
+  fi
   with_ldpath "$DAEMON_LDPATH" "$PREFIX/bin/oriond" --config "$WORK/server.conf" --backend "$BACKEND" --foreground \
-    --log-dir "$logs" --shm "$REGION" --cache-dir "$WORK/cache" --lease-timeout-ms 1000 \
+    --log-dir "$logs" --shm "$REGION" --cache-dir "$WORK/cache" --lease-timeout-ms 1000 ${extra[@]+"${extra[@]}"} \
     >"$logs/oriond.stderr" 2>&1 &
   ORIOND_PID=$!
   local i

@@ -35,7 +35,11 @@ int main() {
   E2E_CK(cudaMallocHost(&hout, bytes));
   E2E_CK(cudaMalloc(&din, bytes));
   E2E_CK(cudaMalloc(&dout, bytes));
-  for (size_t i = 0; i < n; ++i) hin[i] = static_cast<float>(i % 4099) * 0.25f - 300.0f;
+  // kDistinct distinct inputs, so that the host computes each expected value once (host fmaf is slow).
+  constexpr size_t kDistinct = 4099;
+  static float table[kDistinct];
+  for (size_t v = 0; v < kDistinct; ++v) table[v] = expected(static_cast<float>(v) * 0.25f - 300.0f);
+  for (size_t i = 0; i < n; ++i) hin[i] = static_cast<float>(i % kDistinct) * 0.25f - 300.0f;
   cudaStream_t s[kStreams];
   for (auto& st : s) E2E_CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   cudaEvent_t e0, e1;
@@ -51,10 +55,10 @@ int main() {
   auto check = [&](const char* what) {
     size_t bad = 0, first = 0;
     for (size_t i = 0; i < n; ++i)
-      if (hout[i] != expected(hin[i]) && bad++ == 0) first = i;
+      if (hout[i] != table[i % kDistinct] && bad++ == 0) first = i;
     if (bad != 0)
       e2e::fail("%s: %zu of %zu wrong, first at %zu: %g for input %g (expected %g)", what, bad, n, first,
-                hout[first], hin[first], expected(hin[first]));
+                hout[first], hin[first], table[first % kDistinct]);
   };
   float ev_ms = 0;
 

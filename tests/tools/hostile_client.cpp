@@ -132,7 +132,29 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: hostile_client REGION bogus|garbage|unknown\n");
     return 2;
   }
-  auto r = MappedRegion::Open(argv[1]);
+  std::string path = argv[1];
+  if (path == "ivshmem") {
+    // Inside a VM: the Orion ivshmem device's BAR2 (PCI 1af4:1110).
+    path.clear();
+    for (int slot = 0; slot < 32 && path.empty(); ++slot) {
+      char dev[64];
+      std::snprintf(dev, sizeof dev, "/sys/bus/pci/devices/0000:00:%02x.0", slot);
+      char vendor[16] = {}, device[16] = {};
+      FILE* v = std::fopen((std::string(dev) + "/vendor").c_str(), "r");
+      FILE* d = std::fopen((std::string(dev) + "/device").c_str(), "r");
+      if (v != nullptr && d != nullptr && std::fgets(vendor, sizeof vendor, v) && std::fgets(device, sizeof device, d) &&
+          std::strncmp(vendor, "0x1af4", 6) == 0 && std::strncmp(device, "0x1110", 6) == 0) {
+        path = std::string(dev) + "/resource2";
+        if (FILE* e = std::fopen((std::string(dev) + "/enable").c_str(), "w")) {
+          std::fputs("1", e);
+          std::fclose(e);
+        }
+      }
+      if (v != nullptr) std::fclose(v);
+      if (d != nullptr) std::fclose(d);
+    }
+  }
+  auto r = MappedRegion::Open(path);
   if (!r.ok()) {
     std::fprintf(stderr, "%s\n", r.status().ToString().c_str());
     return 2;
