@@ -169,7 +169,7 @@ ALL_PASS=1
 
 # run_one KEY MODE TIMEOUT CMD...: runs CMD natively or remoted, output to $OUT/KEY.MODE.txt.
 run_one() {
-  local key=$1 mode=$2 want=$3 lim rc=0 t
+  local key=$1 mode=$2 want=$3 lim rc=0 t cpid deadline dead_at="" why=""
   shift 3
   local file=$OUT/$key.$mode.txt
   lim=$(limit_for "$want")
@@ -180,30 +180,54 @@ run_one() {
   fi
   t=$(date +%s.%N)
   if [ "$mode" = native ]; then
-    env -u ORION_SHM -u ORION_VGPU -u ORION_GMEM timeout -k 5 "$lim" "$@" >"$file" 2>&1 || rc=$?
+    env -u ORION_SHM -u ORION_VGPU -u ORION_GMEM "$@" >"$file" 2>&1 &
   else
     env LD_LIBRARY_PATH="$PREFIX/lib/orion${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ORION_SHM="$REGION" \
-      ORION_VGPU=1 ORION_GMEM="$GMEM" timeout -k 5 "$lim" "$@" >"$file" 2>&1 || rc=$?
+      ORION_VGPU=1 ORION_GMEM="$GMEM" "$@" >"$file" 2>&1 &
   fi
+  cpid=$!
+  # Our own timeout, and for remoted runs a watch on oriond: a client whose server died may wait
+  # for it a long time, so it gets 5 s and is then stopped.
+  deadline=$((SECONDS + lim))
+  while kill -0 "$cpid" 2>/dev/null; do
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      why=TIMEOUT
+    elif [ "$mode" = orion ] && [ -z "$dead_at" ] && ! kill -0 "$ORIOND_PID" 2>/dev/null; then
+      dead_at=$SECONDS
+    elif [ -n "$dead_at" ] && [ $((SECONDS - dead_at)) -ge 5 ]; then
+      why=ORIOND-DIED
+    fi
+    if [ -n "$why" ]; then
+      kill -TERM "$cpid" 2>/dev/null || true
+      for _ in $(seq 50); do kill -0 "$cpid" 2>/dev/null || break; sleep 0.1; done
+      kill -KILL "$cpid" 2>/dev/null || true
+      break
+    fi
+    sleep 0.1
+  done
+  wait "$cpid" || rc=$?
+  [ "$why" != TIMEOUT ] || rc=124
+  [ -z "$why" ] || echo "$why: stopped by scripts/gpu-e2e.sh after $(($(date +%s) - ${t%.*})) s" >>"$file"
   RC[$key.$mode]=$rc
   WALL[$key.$mode]=$(awk -v a="$t" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}')
   if [ "$mode" = orion ] && ! kill -0 "$ORIOND_PID" 2>/dev/null; then
     say "!! oriond died during $key (remoted); its logs are kept; starting a new one"
-    echo "ORIOND-DIED during this run" >>"$file"
+    grep -q '^ORIOND-DIED' "$file" || echo "ORIOND-DIED during this run" >>"$file"
     wait "$ORIOND_PID" 2>/dev/null || true
     ORIOND_PID=""
     start_oriond
   fi
 }
 
-# classify KEY MODE: ok | FAIL | SKIP | TIMEOUT | CRASH(rc) | NOT-REMOTED | NOT-NATIVE | BUILD-FAIL
+# classify KEY MODE: ok | FAIL | SKIP | TIMEOUT | ORIOND-DIED | CRASH(rc) | NOT-REMOTED | NOT-NATIVE | BUDGET
 classify() {
   local key=$1 mode=$2 file=$OUT/$1.$2.txt rc=${RC[$1.$2]:-none} res lib
   if [ "$rc" = none ]; then echo "NOT-RUN"; return; fi
   if [ "$rc" = skip ]; then echo "BUDGET"; return; fi
   res=$(grep -m1 -E "^RESULT $key " "$file" 2>/dev/null | awk '{print $3}' || true)
   lib=$(grep -m1 '^LIBCUDA ' "$file" 2>/dev/null | cut -d' ' -f2- || true)
-  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then echo "TIMEOUT"; return; fi
+  if grep -q '^ORIOND-DIED' "$file" 2>/dev/null; then echo "ORIOND-DIED"; return; fi
+  if [ "$rc" = 124 ]; then echo "TIMEOUT"; return; fi
   if [ "$mode" = orion ] && [ -n "$lib" ] && [ "$lib" != none ] && [[ "$lib" != "$PREFIX/lib/orion/"* ]]; then
     echo "NOT-REMOTED"; return
   fi

@@ -104,6 +104,7 @@ int Handler(void* user, const char* section, const char* name, const char* raw) 
       if (!k.ok()) return bad("is not auto, cuda or sim");
       c.backend = *k;
     } else if (key == "log_dir") c.log_dir = v;
+    else if (key == "control_socket") c.control_socket = v;
     else if (key == "cache_dir") c.cache_dir = v;
     else if (key == "lease_timeout_ms") {
       if (!ParseU64(v, 200, 600000, &n)) return bad("is not a number of ms (200..600000)");

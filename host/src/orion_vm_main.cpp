@@ -1,0 +1,414 @@
+// orion-vm: gives a libvirt domain Orion vGPUs, and is the libvirt qemu hook.
+//
+//   orion-vm enable DOMAIN --vgpus N --gmem MIB [--shm-mib S] [-c URI]
+//        adds <shmem name='orionsock-DOMAIN'><model type='ivshmem-plain'/><size unit='M'>S</size>
+//        </shmem> and the vGPU request (<metadata><orion:vgpu count= gmem=/>) to the persistent
+//        definition (virsh define), and attaches the device live when libvirt allows it
+//   orion-vm disable DOMAIN [-c URI]      removes both
+//   orion-vm status DOMAIN [-c URI]       the request, the region, oriond's view
+//   orion-vm hook DOMAIN OP SUBOP [EXTRA] (installed as /etc/libvirt/hooks/qemu; domain XML on stdin)
+//        prepare: creates the region file (size, owner shm_user_name:shm_group_name, 0660) and
+//        attaches the VM to oriond, which reserves its vGPUs; a refusal exits 1 with the reason,
+//        and libvirt refuses the start. release: detaches (frees the vGPUs) and removes the file.
+//        Idempotent, quick, and never calls back into libvirtd.
+#include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
+#include <pwd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <libxml/parser.h>
+#include <libxml/tree.h>
+#include <libxml/xpath.h>
+#include <libxml/xpathInternals.h>
+
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "orion/host/config.h"
+
+namespace {
+
+constexpr const char* kNs = "http://orion-vgpu.org/xmlns/libvirt/1.0";
+
+struct VgpuRequest {
+  uint32_t count = 1;
+  uint64_t gmem_mib = 0;
+};
+struct Shmem {
+  std::string name;
+  uint64_t bytes = 0;
+};
+
+bool SafeName(const std::string& s) {
+  if (s.empty() || s.size() > 200) return false;
+  for (char c : s) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') return false;
+  }
+  return s[0] != '.';
+}
+
+std::string Run(const std::vector<std::string>& argv, int* rc) {
+  std::string cmd;
+  for (const auto& a : argv) {
+    cmd += "'";
+    for (char c : a) cmd += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    cmd += "' ";
+  }
+  cmd += "2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  if (p == nullptr) {
+    *rc = -1;
+    return "cannot run " + argv[0];
+  }
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  *rc = pclose(p);
+  return out;
+}
+
+uint64_t SizeBytes(const std::string& value, const std::string& unit) {
+  const uint64_t v = std::strtoull(value.c_str(), nullptr, 10);
+  if (unit == "b" || unit == "bytes") return v;
+  if (unit == "k" || unit == "KiB") return v << 10;
+  if (unit == "G" || unit == "GiB") return v << 30;
+  return v << 20;  // libvirt's default unit for <shmem><size> is M (MiB)
+}
+
+// The Orion shmem device and vGPU request of a domain XML.
+bool ParseDomain(const std::string& xml, std::optional<Shmem>* shm, VgpuRequest* req, std::string* err) {
+  xmlDocPtr doc = xmlReadMemory(xml.data(), static_cast<int>(xml.size()), "domain.xml", nullptr, XML_PARSE_NONET);
+  if (doc == nullptr) {
+    *err = "cannot parse the domain XML";
+    return false;
+  }
+  xmlXPathContextPtr ctx = xmlXPathNewContext(doc);
+  xmlXPathRegisterNs(ctx, BAD_CAST "orion", BAD_CAST kNs);
+  xmlXPathObjectPtr r = xmlXPathEvalExpression(BAD_CAST "/domain/devices/shmem[model/@type='ivshmem-plain']", ctx);
+  if (r != nullptr && r->nodesetval != nullptr) {
+    for (int i = 0; i < r->nodesetval->nodeNr; ++i) {
+      xmlNodePtr n = r->nodesetval->nodeTab[i];
+      xmlChar* name = xmlGetProp(n, BAD_CAST "name");
+      const std::string nm = name != nullptr ? reinterpret_cast<char*>(name) : "";
+      xmlFree(name);
+      if (nm.rfind("orionsock", 0) != 0) continue;
+      Shmem s{nm, 4ull << 20};
+      for (xmlNodePtr c = n->children; c != nullptr; c = c->next) {
+        if (c->type == XML_ELEMENT_NODE && xmlStrcmp(c->name, BAD_CAST "size") == 0) {
+          xmlChar* unit = xmlGetProp(c, BAD_CAST "unit");
+          xmlChar* text = xmlNodeGetContent(c);
+          s.bytes = SizeBytes(text != nullptr ? reinterpret_cast<char*>(text) : "0",
+                              unit != nullptr ? reinterpret_cast<char*>(unit) : "M");
+          xmlFree(unit);
+          xmlFree(text);
+        }
+      }
+      *shm = s;
+      break;
+    }
+  }
+  xmlXPathFreeObject(r);
+  r = xmlXPathEvalExpression(BAD_CAST "/domain/metadata/orion:vgpu", ctx);
+  if (r != nullptr && r->nodesetval != nullptr && r->nodesetval->nodeNr > 0) {
+    xmlNodePtr n = r->nodesetval->nodeTab[0];
+    xmlChar* count = xmlGetProp(n, BAD_CAST "count");
+    xmlChar* gmem = xmlGetProp(n, BAD_CAST "gmem");
+    if (count != nullptr) req->count = static_cast<uint32_t>(std::strtoul(reinterpret_cast<char*>(count), nullptr, 10));
+    if (gmem != nullptr) req->gmem_mib = std::strtoull(reinterpret_cast<char*>(gmem), nullptr, 10);
+    xmlFree(count);
+    xmlFree(gmem);
+  }
+  xmlXPathFreeObject(r);
+  xmlXPathFreeContext(ctx);
+  xmlFreeDoc(doc);
+  return true;
+}
+
+// Sends one control line to oriond and returns its reply line.
+std::string Oriond(const std::string& socket_path, const std::string& line, bool* reached) {
+  *reached = false;
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, socket_path.c_str(), sizeof addr.sun_path - 1);
+  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    const std::string err = std::strerror(errno);
+    if (fd >= 0) close(fd);
+    return "error oriond is not running (cannot connect to " + socket_path + ": " + err + ")";
+  }
+  *reached = true;
+  const std::string msg = line + "\n";
+  if (write(fd, msg.data(), msg.size()) != static_cast<ssize_t>(msg.size())) {
+    close(fd);
+    return "error cannot talk to oriond";
+  }
+  std::string reply;
+  char buf[1024];
+  pollfd pfd{fd, POLLIN, 0};
+  while (reply.find('\n') == std::string::npos && poll(&pfd, 1, 15000) > 0) {
+    const ssize_t n = read(fd, buf, sizeof buf);
+    if (n <= 0) break;
+    reply.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  if (auto nl = reply.find('\n'); nl != std::string::npos) reply.resize(nl);
+  return reply.empty() ? "error oriond did not answer" : reply;
+}
+
+int Hook(const orion::host::ServerConfig& conf, const std::string& domain, const std::string& op) {
+  if (op != "prepare" && op != "release") return 0;  // nothing to do at other points
+  std::stringstream ss;
+  ss << std::cin.rdbuf();
+  std::optional<Shmem> shm;
+  VgpuRequest req;
+  std::string err;
+  if (!ParseDomain(ss.str(), &shm, &req, &err)) {
+    std::cerr << "orion: " << err << "\n";
+    return op == "prepare" ? 1 : 0;
+  }
+  if (!shm) return 0;  // not an Orion domain
+  if (!SafeName(shm->name) || !SafeName(domain)) {
+    std::cerr << "orion: refusing unsafe names (domain '" << domain << "', shmem '" << shm->name << "')\n";
+    return op == "prepare" ? 1 : 0;
+  }
+  std::string base = conf.shm_path_base;
+  if (!base.empty() && base.back() != '/') base += '/';
+  const std::string path = base + shm->name;
+  bool reached = false;
+  if (op == "release") {
+    Oriond(conf.control_socket, "detach " + domain, &reached);
+    unlink(path.c_str());
+    return 0;
+  }
+  if (shm->bytes == 0 || (shm->bytes & (shm->bytes - 1)) != 0) {
+    std::cerr << "orion: the ivshmem size of " << domain << " must be a power of two\n";
+    return 1;
+  }
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0660);
+  struct stat st {};
+  if (fd < 0 || fstat(fd, &st) != 0 ||
+      (static_cast<uint64_t>(st.st_size) != shm->bytes && ftruncate(fd, static_cast<off_t>(shm->bytes)) != 0)) {
+    std::cerr << "orion: cannot create " << path << ": " << std::strerror(errno) << "\n";
+    if (fd >= 0) close(fd);
+    return 1;
+  }
+  // QEMU runs as shm_user_name: a root-owned file makes the start fail (recipes.md).
+  passwd* pw = getpwnam(conf.shm_user_name.c_str());
+  group* gr = getgrnam(conf.shm_group_name.c_str());
+  if (pw == nullptr || gr == nullptr) {
+    std::cerr << "orion: user '" << conf.shm_user_name << "' or group '" << conf.shm_group_name
+              << "' does not exist (shm_user_name / shm_group_name in server.conf)\n";
+    close(fd);
+    return 1;
+  }
+  if (fchown(fd, pw->pw_uid, gr->gr_gid) != 0 || fchmod(fd, 0660) != 0) {
+    std::cerr << "orion: cannot give " << path << " to " << conf.shm_user_name << ": " << std::strerror(errno) << "\n";
+    close(fd);
+    return 1;
+  }
+  close(fd);
+  const std::string reply = Oriond(conf.control_socket,
+                                   "attach " + domain + " " + path + " " + std::to_string(req.count) + " " +
+                                       std::to_string(req.gmem_mib),
+                                   &reached);
+  if (reply.rfind("ok", 0) != 0) {
+    std::cerr << "orion: cannot start " << domain << ": " << reply.substr(reply.find(' ') + 1) << "\n";
+    return 1;
+  }
+  return 0;
+}
+
+int Enable(const std::string& uri, const std::string& domain, uint32_t vgpus, uint64_t gmem, uint64_t shm_mib) {
+  if (!SafeName(domain)) {
+    std::cerr << "orion-vm: domain name '" << domain << "' has characters Orion cannot use in a file name\n";
+    return 1;
+  }
+  if (shm_mib == 0 || (shm_mib & (shm_mib - 1)) != 0) {
+    std::cerr << "orion-vm: --shm-mib must be a power of two (an ivshmem BAR)\n";
+    return 1;
+  }
+  int rc = 0;
+  const std::string xml = Run({"virsh", "-c", uri, "dumpxml", "--inactive", domain}, &rc);
+  if (rc != 0) {
+    std::cerr << "orion-vm: " << xml;
+    return 1;
+  }
+  xmlDocPtr doc = xmlReadMemory(xml.data(), static_cast<int>(xml.size()), "domain.xml", nullptr, XML_PARSE_NONET);
+  if (doc == nullptr) {
+    std::cerr << "orion-vm: cannot parse the domain XML\n";
+    return 1;
+  }
+  xmlNodePtr root = xmlDocGetRootElement(doc);
+  xmlNodePtr devices = nullptr, metadata = nullptr;
+  for (xmlNodePtr c = root->children; c != nullptr; c = c->next) {
+    if (c->type != XML_ELEMENT_NODE) continue;
+    if (xmlStrcmp(c->name, BAD_CAST "devices") == 0) devices = c;
+    if (xmlStrcmp(c->name, BAD_CAST "metadata") == 0) metadata = c;
+  }
+  if (devices == nullptr) devices = xmlNewChild(root, nullptr, BAD_CAST "devices", nullptr);
+  // Drop an earlier Orion device and request (enable is idempotent).
+  for (xmlNodePtr c = devices->children; c != nullptr;) {
+    xmlNodePtr next = c->next;
+    xmlChar* name = c->type == XML_ELEMENT_NODE ? xmlGetProp(c, BAD_CAST "name") : nullptr;
+    if (name != nullptr && xmlStrcmp(c->name, BAD_CAST "shmem") == 0 && xmlStrncmp(name, BAD_CAST "orionsock", 9) == 0) {
+      xmlUnlinkNode(c);
+      xmlFreeNode(c);
+    }
+    xmlFree(name);
+    c = next;
+  }
+  const std::string shm_name = "orionsock-" + domain;
+  xmlNodePtr shm = xmlNewChild(devices, nullptr, BAD_CAST "shmem", nullptr);
+  xmlNewProp(shm, BAD_CAST "name", BAD_CAST shm_name.c_str());
+  xmlNewProp(xmlNewChild(shm, nullptr, BAD_CAST "model", nullptr), BAD_CAST "type", BAD_CAST "ivshmem-plain");
+  xmlNewProp(xmlNewChild(shm, nullptr, BAD_CAST "size", BAD_CAST std::to_string(shm_mib).c_str()), BAD_CAST "unit",
+             BAD_CAST "M");
+  if (metadata == nullptr) metadata = xmlNewChild(root, nullptr, BAD_CAST "metadata", nullptr);
+  for (xmlNodePtr c = metadata->children; c != nullptr;) {
+    xmlNodePtr next = c->next;
+    if (c->type == XML_ELEMENT_NODE && c->ns != nullptr && xmlStrcmp(c->ns->href, BAD_CAST kNs) == 0) {
+      xmlUnlinkNode(c);
+      xmlFreeNode(c);
+    }
+    c = next;
+  }
+  xmlNodePtr v = xmlNewChild(metadata, nullptr, BAD_CAST "vgpu", nullptr);
+  xmlSetNs(v, xmlNewNs(v, BAD_CAST kNs, BAD_CAST "orion"));
+  xmlNewProp(v, BAD_CAST "count", BAD_CAST std::to_string(vgpus).c_str());
+  xmlNewProp(v, BAD_CAST "gmem", BAD_CAST std::to_string(gmem).c_str());
+  char tmpl[] = "/tmp/orion-vm-XXXXXX.xml";
+  const int fd = mkstemps(tmpl, 4);
+  xmlChar* out = nullptr;
+  int len = 0;
+  xmlDocDumpFormatMemory(doc, &out, &len, 1);
+  const bool wrote = fd >= 0 && write(fd, out, static_cast<size_t>(len)) == len;
+  xmlFree(out);
+  xmlFreeDoc(doc);
+  if (fd >= 0) close(fd);
+  if (!wrote) {
+    std::cerr << "orion-vm: cannot write a temporary file\n";
+    return 1;
+  }
+  const std::string defined = Run({"virsh", "-c", uri, "define", tmpl}, &rc);
+  unlink(tmpl);
+  if (rc != 0) {
+    std::cerr << "orion-vm: virsh define failed: " << defined;
+    return 1;
+  }
+  std::cout << "Domain " << domain << ": " << vgpus << " vGPU(s) of " << (gmem != 0 ? std::to_string(gmem) : "default")
+            << " MiB through " << shm_name << " (" << shm_mib << " MiB); takes effect at the next start\n";
+  return 0;
+}
+
+int Disable(const std::string& uri, const std::string& domain) {
+  int rc = 0;
+  const std::string xml = Run({"virsh", "-c", uri, "dumpxml", "--inactive", domain}, &rc);
+  if (rc != 0) {
+    std::cerr << "orion-vm: " << xml;
+    return 1;
+  }
+  xmlDocPtr doc = xmlReadMemory(xml.data(), static_cast<int>(xml.size()), "domain.xml", nullptr, XML_PARSE_NONET);
+  if (doc == nullptr) return 1;
+  xmlXPathContextPtr ctx = xmlXPathNewContext(doc);
+  xmlXPathRegisterNs(ctx, BAD_CAST "orion", BAD_CAST kNs);
+  for (const char* q : {"/domain/devices/shmem[starts-with(@name,'orionsock')]", "/domain/metadata/orion:vgpu"}) {
+    xmlXPathObjectPtr r = xmlXPathEvalExpression(BAD_CAST q, ctx);
+    for (int i = 0; r != nullptr && r->nodesetval != nullptr && i < r->nodesetval->nodeNr; ++i) {
+      xmlUnlinkNode(r->nodesetval->nodeTab[i]);
+      xmlFreeNode(r->nodesetval->nodeTab[i]);
+    }
+    xmlXPathFreeObject(r);
+  }
+  xmlXPathFreeContext(ctx);
+  char tmpl[] = "/tmp/orion-vm-XXXXXX.xml";
+  const int fd = mkstemps(tmpl, 4);
+  xmlChar* out = nullptr;
+  int len = 0;
+  xmlDocDumpFormatMemory(doc, &out, &len, 1);
+  const bool wrote = fd >= 0 && write(fd, out, static_cast<size_t>(len)) == len;
+  xmlFree(out);
+  xmlFreeDoc(doc);
+  if (fd >= 0) close(fd);
+  if (!wrote) return 1;
+  const std::string defined = Run({"virsh", "-c", uri, "define", tmpl}, &rc);
+  unlink(tmpl);
+  if (rc != 0) {
+    std::cerr << "orion-vm: virsh define failed: " << defined;
+    return 1;
+  }
+  std::cout << "Domain " << domain << ": Orion vGPUs removed; takes effect at the next start\n";
+  return 0;
+}
+
+int Status(const orion::host::ServerConfig& conf, const std::string& uri, const std::string& domain) {
+  int rc = 0;
+  const std::string xml = Run({"virsh", "-c", uri, "dumpxml", domain}, &rc);
+  if (rc != 0) {
+    std::cerr << "orion-vm: " << xml;
+    return 1;
+  }
+  std::optional<Shmem> shm;
+  VgpuRequest req;
+  std::string err;
+  ParseDomain(xml, &shm, &req, &err);
+  if (!shm) {
+    std::cout << "Domain " << domain << ": no Orion vGPUs (orion-vm enable " << domain << " ...)\n";
+    return 0;
+  }
+  std::cout << "Domain " << domain << ": " << req.count << " vGPU(s), gmem " << req.gmem_mib << " MiB, region "
+            << conf.shm_path_base << shm->name << " (" << (shm->bytes >> 20) << " MiB)\n";
+  bool reached = false;
+  std::cout << "oriond: " << Oriond(conf.control_socket, "status", &reached) << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"orion-vm: Orion vGPUs for libvirt domains"};
+  std::string config_path = "/etc/orion/server.conf", uri = "qemu:///system";
+  app.add_option("--config", config_path, "oriond's server.conf (paths, shm owner, control socket)");
+  app.add_option("-c,--connect", uri, "libvirt URI");
+  std::string domain, op, subop, extra;
+  uint32_t vgpus = 1;
+  uint64_t gmem = 0, shm_mib = 64;
+  auto* en = app.add_subcommand("enable", "give DOMAIN vGPUs");
+  en->add_option("domain", domain)->required();
+  en->add_option("--vgpus", vgpus, "number of vGPUs")->check(CLI::Range(1, 16));
+  en->add_option("--gmem", gmem, "MiB per vGPU (0: the server's default)");
+  en->add_option("--shm-mib", shm_mib, "size of the ivshmem region (a power of two)");
+  auto* dis = app.add_subcommand("disable", "remove DOMAIN's vGPUs");
+  dis->add_option("domain", domain)->required();
+  auto* st = app.add_subcommand("status", "show DOMAIN's vGPUs");
+  st->add_option("domain", domain)->required();
+  auto* hook = app.add_subcommand("hook", "the libvirt qemu hook (domain XML on stdin)");
+  hook->add_option("domain", domain)->required();
+  hook->add_option("op", op)->required();
+  hook->add_option("subop", subop);
+  hook->add_option("extra", extra);
+  app.require_subcommand(1);
+  CLI11_PARSE(app, argc, argv);
+  if (const char* e = std::getenv("ORION_SERVER_CONF")) config_path = e;
+  auto conf = orion::host::LoadServerConfig(config_path);
+  if (!conf.ok() && conf.status().code() != orion::Code::kNotFound) {
+    std::cerr << "orion-vm: " << conf.status().message() << "\n";
+    return 1;
+  }
+  const orion::host::ServerConfig c = conf.ok() ? *conf : orion::host::ServerConfig{};
+  if (en->parsed()) return Enable(uri, domain, vgpus, gmem, shm_mib);
+  if (dis->parsed()) return Disable(uri, domain);
+  if (st->parsed()) return Status(c, uri, domain);
+  return Hook(c, domain, op);
+}

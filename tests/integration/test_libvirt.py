@@ -1,0 +1,165 @@
+"""libvirt for real: virtlogd + libvirtd (started by hand: no systemd), a type='qemu' domain with
+direct kernel boot, `orion-vm enable`, `virsh start`; the qemu hook prepares the region and attaches
+the VM to oriond; the guest runs an nvcc program over ivshmem; the domain powers off and the hook
+releases the vGPUs. Also a start that the hook refuses for lack of vGPUs. Needs root (CI runs as root)."""
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+import vm
+from conftest import PREFIX, ROOT, TEST_BIN
+
+V = ["virsh", "-c", "qemu:///system"]
+HOOK = Path("/etc/libvirt/hooks/qemu")
+
+
+def virsh(*args, check=True):
+    r = subprocess.run(V + list(args), capture_output=True, text=True, timeout=120)
+    if check:
+        assert r.returncode == 0, r.stdout + r.stderr
+    return r
+
+
+@pytest.fixture(scope="module")
+def lab():
+    assert os.geteuid() == 0, "the libvirt tests need root (libvirtd, /etc/libvirt/hooks)"
+    d = Path(tempfile.mkdtemp(prefix="orion-libvirt-"))
+    d.chmod(0o755)  # QEMU runs as libvirt-qemu and must reach the kernel and initrd
+    kernel = subprocess.run([ROOT / "scripts" / "vm-kernel"], capture_output=True, text=True, check=True).stdout.strip()
+    shutil.copy(ROOT / kernel, d / "vmlinuz")
+    vm.build_initramfs(d / "initrd.gz", PREFIX, [TEST_BIN / "device_props", TEST_BIN / "sleeper"])
+    for f in ("vmlinuz", "initrd.gz"):
+        (d / f).chmod(0o644)
+    conf = d / "server.conf"
+    conf.write_text(f"""[server]
+    enable_shm = "false"
+    enable_kvm = "true"
+    vgpu_count = 1
+[server-shm]
+    shm_path_base = "/dev/shm/"
+    shm_user_name = "libvirt-qemu"
+    shm_group_name = "libvirt-qemu"
+    shm_buffer_size = 16
+[orion]
+    control_socket = {d}/oriond.sock
+""")
+    oriond = subprocess.Popen([PREFIX / "bin" / "oriond", "--config", conf, "--backend", "sim", "--log-dir",
+                               d / "logs", "--cache-dir", d / "cache"], stdout=subprocess.DEVNULL,
+                              stderr=open(d / "oriond.err", "w"))
+    old_hook = HOOK.read_bytes() if HOOK.exists() else None
+    HOOK.parent.mkdir(parents=True, exist_ok=True)
+    HOOK.write_text(f"#!/bin/sh\nexport ORION_VM={PREFIX}/bin/orion-vm ORION_SERVER_CONF={conf}\n"
+                    f"exec \"$ORION_VM\" hook \"$@\"\n")
+    HOOK.chmod(0o755)
+    started = []
+    if subprocess.run(["pgrep", "-x", "virtlogd"], capture_output=True).returncode != 0:
+        subprocess.run(["virtlogd", "-d"], check=True)
+        started.append("virtlogd")
+    if subprocess.run(["pgrep", "-x", "libvirtd"], capture_output=True).returncode != 0:
+        subprocess.run(["libvirtd", "-d"], check=True)
+        started.append("libvirtd")
+    else:
+        subprocess.run(["pkill", "-HUP", "-x", "libvirtd"])  # a hook installed later needs a reload
+    deadline = time.time() + 60
+    while virsh("list", check=False).returncode != 0:
+        assert time.time() < deadline, "libvirtd did not come up"
+        time.sleep(0.5)
+    yield d
+    for name in ("orion-test-a", "orion-test-b"):
+        virsh("destroy", name, check=False)
+        virsh("undefine", name, check=False)
+    oriond.send_signal(signal.SIGTERM)
+    oriond.wait(timeout=10)
+    if old_hook is None:
+        HOOK.unlink()
+    else:
+        HOOK.write_bytes(old_hook)
+    for p in started:
+        subprocess.run(["pkill", "-x", p])
+
+
+def define(lab, name, run):
+    xml = f"""<domain type='qemu'>
+  <name>{name}</name>
+  <memory unit='MiB'>512</memory>
+  <vcpu>1</vcpu>
+  <os>
+    <type arch='x86_64' machine='pc'>hvm</type>
+    <kernel>{lab}/vmlinuz</kernel>
+    <initrd>{lab}/initrd.gz</initrd>
+    <cmdline>console=ttyS0 panic=-1 quiet orion.run={run} orion.gmem=256</cmdline>
+  </os>
+  <features><acpi/></features>
+  <on_poweroff>destroy</on_poweroff>
+  <on_reboot>destroy</on_reboot>
+  <devices>
+    <serial type='file'><source path='{lab}/{name}.console'/></serial>
+  </devices>
+</domain>"""
+    (lab / f"{name}.xml").write_text(xml)
+    virsh("destroy", name, check=False)
+    virsh("undefine", name, check=False)
+    virsh("define", lab / f"{name}.xml")
+
+
+def wait_off(name, timeout=120):
+    deadline = time.time() + timeout
+    while "shut off" not in virsh("domstate", name).stdout:
+        assert time.time() < deadline, f"{name} did not power off"
+        time.sleep(0.5)
+
+
+def test_domain_gets_its_vgpu_through_the_hook(lab):
+    define(lab, "orion-test-a", "device_props")
+    r = subprocess.run([PREFIX / "bin" / "orion-vm", "enable", "orion-test-a", "--vgpus", "1", "--gmem", "256"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    xml = virsh("dumpxml", "--inactive", "orion-test-a").stdout
+    assert "<shmem name='orionsock-orion-test-a'>" in xml and "ivshmem-plain" in xml
+    assert 'count="1"' in xml and 'gmem="256"' in xml
+    virsh("start", "orion-test-a")
+    wait_off("orion-test-a")
+    out = vm.outputs((lab / "orion-test-a.console").read_text(errors="replace"))
+    rc, text = out["device_props"]
+    assert rc == 0 and "DONE checks=" in text and "failed=0" in text, text
+    assert "PROP totalGlobalMem=268435456" in text
+    log = (lab / "logs" / "server.log").read_text()
+    assert "VM orion-test-a: attached /dev/shm/orionsock-orion-test-a" in log
+    deadline = time.time() + 10
+    while "VM orion-test-a: detached" not in (lab / "logs" / "server.log").read_text():
+        assert time.time() < deadline, "the release hook did not detach the VM"
+        time.sleep(0.2)
+    assert not Path("/dev/shm/orionsock-orion-test-a").exists()
+    st = subprocess.run([PREFIX / "bin" / "orion-vm", "status", "orion-test-a"], capture_output=True, text=True,
+                        env=dict(os.environ, ORION_SERVER_CONF=str(lab / "server.conf")))
+    assert "1 vGPU(s)" in st.stdout and "vgpus_free=1" in st.stdout, st.stdout + st.stderr
+
+
+def test_start_is_refused_without_free_vgpus(lab):
+    # vgpu_count = 1 on one simulated GPU: while A holds the only vGPU, B cannot start.
+    define(lab, "orion-test-a", "sleeper")
+    define(lab, "orion-test-b", "device_props")
+    for name in ("orion-test-a", "orion-test-b"):
+        subprocess.run([PREFIX / "bin" / "orion-vm", "enable", name, "--gmem", "256"], check=True,
+                       capture_output=True)
+    virsh("start", "orion-test-a")
+    r = virsh("start", "orion-test-b", check=False)
+    assert r.returncode != 0
+    assert "not enough vGPUs for VM orion-test-b" in r.stderr, r.stderr
+    assert "shut off" in virsh("domstate", "orion-test-b").stdout
+    detached = (lab / "logs" / "server.log").read_text().count("VM orion-test-a: detached")
+    virsh("destroy", "orion-test-a")  # release frees A's vGPU ...
+    deadline = time.time() + 10
+    while (lab / "logs" / "server.log").read_text().count("VM orion-test-a: detached") == detached:
+        assert time.time() < deadline, "the release hook did not detach A"
+        time.sleep(0.2)
+    virsh("start", "orion-test-b")  # ... and B starts
+    wait_off("orion-test-b")
+    rc, text = vm.outputs((lab / "orion-test-b.console").read_text(errors="replace"))["device_props"]
+    assert rc == 0, text
