@@ -17,13 +17,13 @@
 # Orion itself. The script builds it with the machine's own cmake into build-gpu-local/ (tests off,
 # only oriond, orion-shm and libcuda.so.1). That needs a C++20 compiler, pkg-config and the headers
 # and libraries of spdlog, fmt, CLI11, inih, lz4 and zstd (Debian packages on the dev machine; a GPU
-# machine usually lacks them and cannot install them). GoogleTest is not needed: a stub package
-# satisfies the top-level find_package(GTest). When something is missing the script says what, and
+# machine usually lacks them and cannot install them). GoogleTest and libxml2 are not needed: stand-ins
+# satisfy their find_package() (the tests and orion-vm, their only users, are not built). When something is missing the script says what, and
 #   ORION_PREBUILT=<prefix>   uses an install prefix built elsewhere (bin/oriond, bin/orion-shm,
 #                             lib/orion/libcuda.so.1, optionally lib/deps*/ with bundled libraries).
 # Without ORION_PREBUILT it falls back to build-gpu/install when that exists. To make one on the dev
 # machine:
-#   scripts/gpu-e2e.sh --prepare   # -> build-gpu/install (~15 MiB): RelWithDebInfo, debug info
+#   scripts/gpu-e2e.sh --prepare   # -> build-gpu/install (~6 MiB): RelWithDebInfo, debug info
 #                                  #    stripped, oriond's non-glibc libraries (spdlog, fmt, inih; and
 #                                  #    libstdc++/libgcc_s in lib/deps-cxx) bundled, BUILD-INFO written
 # build-gpu/ is git-ignored (/build*/), so pass it to the device tool with carry: ["build-gpu/install"].
@@ -33,9 +33,14 @@
 # arc4random through the static libstdc++); the script checks that the binaries load and says so.
 #
 # Other settings (environment):
-#   ORION_E2E_GMEM=<MiB>     ORION_GMEM of the remoted runs (default 16384)
+#   ORION_E2E_GMEM=<MiB>     ORION_GMEM of the remoted runs (default 16384, less on a GPU under 40 GiB)
 #   ORION_E2E_BUDGET_S=<s>   wall-clock budget from the start (default 420): run timeouts shrink to fit
 #   ORION_E2E_ARCH=sm_XX     nvcc -arch (default: native when nvcc can query the GPU, else sm_90)
+#   ORION_E2E_REGION_MIB=<MiB>, ORION_E2E_CHANNEL_MIB=<MiB>   the region (orion-shm -s, default 1024)
+#                            and its per-client channel (server.conf shm_buffer_size, default 64). Note:
+#                            Orion serves cudaMallocHost from the channel's window when it fits, else
+#                            from ordinary memory; the 256 MiB pinned buffers here take the latter path
+#                            unless the channel is made larger than them.
 #   ORION_E2E_REV=<text>     the source revision for the summary when the tree has no .git
 #   ORION_E2E_KEEP=1         keep the temporary directory (region file, logs)
 #   NVCC=<path>              the nvcc to use (default: PATH, $CUDA_HOME, /usr/local/cuda)
@@ -46,8 +51,9 @@ set -euo pipefail
 PROGRAMS=(vector_add matrix_mul reduction streams_overlap cublas_sgemm many_launches memcpy_bw)
 NATIVE_TIMEOUT=90
 ORION_TIMEOUT=120
-PY_TIMEOUT=150
-REGION_MIB=1024
+PY_TIMEOUT=100
+REGION_MIB=${ORION_E2E_REGION_MIB:-1024}
+CHANNEL_MIB=${ORION_E2E_CHANNEL_MIB:-64}
 
 # ---------------------------------------------------------------------------------------------------
 out_arg=""
@@ -63,6 +69,7 @@ if [ -n "$out_arg" ]; then
   mkdir -p "$out_arg"
   out_arg=$(cd "$out_arg" && pwd)
 fi
+ORIG_PWD=$PWD
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
@@ -76,6 +83,24 @@ die() {
   exit 1
 }
 
+# install_three BUILD_DIR PREFIX: copies oriond, orion-shm and libcuda.so.1 out of a build tree that
+# built only those targets (cmake --install would also want every other installed target).
+install_three() {
+  local b=$1 pre=$2 f name dest
+  rm -rf "$pre"
+  mkdir -p "$pre/bin" "$pre/lib/orion"
+  for name in oriond orion-shm libcuda.so.1; do
+    case $name in libcuda.so.1) dest=$pre/lib/orion ;; *) dest=$pre/bin ;; esac
+    f=$b/lib/orion/libcuda.so.1
+    if [ "$name" != libcuda.so.1 ]; then
+      f=$(find "$b" -path "$b/install" -prune -o -path '*/CMakeFiles' -prune -o -type f -name "$name" -perm -u+x -print |
+        sed -n 1p)
+    fi
+    if [ -z "$f" ] || [ ! -f "$f" ]; then say "install_three: no $name under $b" >&2; return 1; fi
+    cp -L "$f" "$dest/$name"
+  done
+}
+
 # ---------------------------------------------------------------------------------------------------
 # --prepare (dev machine): a prefix that runs on another Linux machine without Orion's build deps.
 if [ "$mode" = prepare ]; then
@@ -86,8 +111,7 @@ if [ "$mode" = prepare ]; then
   cmake -S . -B "$bdir" ${gen[@]+"${gen[@]}"} -DCMAKE_BUILD_TYPE=RelWithDebInfo -DORION_BUILD_TESTS=OFF \
     -DORION_BUILD_CUDA_TESTS=OFF >/dev/null
   cmake --build "$bdir" --target oriond orion-shm orion_cuda
-  rm -rf "$prefix"
-  cmake --install "$bdir" --prefix "$prefix" >/dev/null
+  install_three "$bdir" "$prefix" || die "could not collect the binaries from $bdir"
   for f in "$prefix/bin/oriond" "$prefix/bin/orion-shm" "$prefix/lib/orion/libcuda.so.1"; do
     [ -f "$f" ] || die "$f was not installed"
     strip --strip-debug "$f" 2>/dev/null || true
@@ -125,10 +149,16 @@ fi
 T0=$SECONDS
 BUDGET=${ORION_E2E_BUDGET_S:-420}
 SELFTEST=${ORION_E2E_SELFTEST:-0}
-GMEM=${ORION_E2E_GMEM:-16384}
+GMEM=${ORION_E2E_GMEM:-}
 OUT=${out_arg:-$ROOT/bench/results/gpu-e2e-$(date +%Y-%m-%d-%H%M%S)}
 mkdir -p "$OUT/bin"
 exec > >(tee -a "$OUT/console.txt") 2>&1
+TEE_PID=$!
+# At exit: let tee write everything before the script's own exit status is reported.
+flush_output() {
+  exec >&- 2>&-
+  wait "$TEE_PID" 2>/dev/null || true
+}
 
 left() { echo $((BUDGET - (SECONDS - T0))); }
 # The timeout for a run that wants $1 seconds: what the budget leaves, less a margin for teardown.
@@ -158,7 +188,7 @@ clean_ldpath() {
 
 # State the summary reads (set for real further down).
 GPU_NAME=unknown DRIVER=unknown DRIVER_CUDA=unknown NVCC_VER="" ARCH="" ARCH_NOTE="" REV=unknown
-PREFIX="" BUILD_NOTE="" WORK="" WORK_BASE="" REGION="" ORIOND_PID="" ORIOND_STARTS=0 BACKEND=cuda
+GPU_MIB="" PREFIX="" BUILD_NOTE="" WORK="" WORK_BASE="" REGION="" ORIOND_PID="" ORIOND_STARTS=0 BACKEND=cuda
 [ "$SELFTEST" = 1 ] && BACKEND=sim
 NVCC=${NVCC:-}
 BIN=$OUT/bin
@@ -251,7 +281,7 @@ BWTABLE=$OUT/.bw.txt
 PYTABLE=$OUT/.py.txt
 FAILS=$OUT/.fails.txt
 : >"$TABLE"; : >"$BWTABLE"; : >"$PYTABLE"; : >"$FAILS"
-trap 'rm -f "$TABLE" "$BWTABLE" "$PYTABLE" "$FAILS"' EXIT  # replaced by cleanup() once oriond's directory exists
+trap 'rm -f "$TABLE" "$BWTABLE" "$PYTABLE" "$FAILS"; flush_output' EXIT  # replaced by cleanup() later
 
 row() { printf '%-26s %-12s %-12s %11s %11s %7s\n' "$@"; }
 write_tables() {
@@ -319,7 +349,7 @@ write_summary() {
     echo "host:           $(uname -srm); $(ldd --version 2>/dev/null | sed -n 1p)"
     echo "source:         $REV"
     echo "orion prefix:   ${PREFIX:-none} (${BUILD_NOTE:-})"
-    echo "oriond:         backend $BACKEND, region $REGION_MIB MiB in ${WORK_BASE}, vgpu_count 2, channel 64 MiB;"
+    echo "oriond:         backend $BACKEND, region $REGION_MIB MiB in ${WORK_BASE}, vgpu_count 2, channel $CHANNEL_MIB MiB;"
     echo "                started $ORIOND_STARTS time(s)"
     echo "remoted runs:   LD_LIBRARY_PATH=<prefix>/lib/orion ORION_SHM=<region> ORION_VGPU=1 ORION_GMEM=$GMEM"
     if [ -n "${WORK:-}" ] && [ -f "$WORK/logs1/server.log" ]; then
@@ -367,6 +397,7 @@ if command -v nvidia-smi >/dev/null; then
   DRIVER_CUDA=$(nvidia-smi 2>/dev/null | grep -oE 'CUDA Version: *[0-9.]+' | grep -oE '[0-9.]+$' | sed -n 1p || true)
   : "${GPU_NAME:=unknown}" "${DRIVER:=unknown}" "${DRIVER_CUDA:=unknown}"
   say "driver version: $DRIVER (supports CUDA $DRIVER_CUDA)"
+  GPU_MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | sed -n 1p | tr -dc 0-9 || true)
   cmode=$(nvidia-smi --query-gpu=compute_mode --format=csv,noheader 2>/dev/null | sed -n 1p || true)
   case "$cmode" in
     *Exclusive*|*Prohibited*) say "warning: compute mode $cmode: oriond holds a context during the remoted runs; the native runs come first, before oriond starts" ;;
@@ -376,6 +407,11 @@ elif [ "$SELFTEST" = 1 ]; then
 else
   ls /dev/nvidia* >/dev/null 2>&1 || die "no GPU: neither nvidia-smi nor /dev/nvidia* is here"
   say "warning: nvidia-smi is missing but /dev/nvidia* exists; going on"
+fi
+# ORION_GMEM: 16 GiB, or less where a vGPU (half the GPU: vgpu_count = 2) is smaller than that.
+if [ -z "$GMEM" ]; then
+  GMEM=16384
+  if [ -n "${GPU_MIB:-}" ] && [ "$((GPU_MIB * 2 / 5))" -lt "$GMEM" ]; then GMEM=$((GPU_MIB * 2 / 5)); fi
 fi
 REAL_LIBCUDA=$( (ldconfig -p 2>/dev/null || /sbin/ldconfig -p 2>/dev/null || true) | awk '/libcuda\.so\.1 / {print $NF; exit}')
 say "real libcuda.so.1 (ldconfig): ${REAL_LIBCUDA:-not in the ld.so cache}; LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-<unset>}"
@@ -438,7 +474,7 @@ missing_deps() {
 }
 
 build_orion() {
-  local bdir=$ROOT/build-gpu-local gen=() gtest=() missing
+  local bdir=$ROOT/build-gpu-local gen=() gtest=() missing  # gtest: every stand-in's cmake arguments
   missing=$(missing_deps)
   if [ -n "$missing" ]; then
     say "cannot build Orion here; missing:"
@@ -460,14 +496,23 @@ CMAKE
     gtest=(-DGTest_DIR="$bdir/gtest-stub")
     say "GoogleTest is missing: using a stub package (the tests are not built)"
   fi
+  if grep -qs 'find_package(LibXml2' "$ROOT/CMakeLists.txt" "$ROOT"/*/CMakeLists.txt &&
+     ! pkg-config --exists libxml-2.0 2>/dev/null && [ ! -f /usr/include/libxml2/libxml/parser.h ]; then
+    # Only orion-vm (not built here) links libxml2: an empty stand-in satisfies find_package(LibXml2).
+    mkdir -p "$bdir/libxml2-stub/include/libxml"
+    : >"$bdir/libxml2-stub/include/libxml/xmlversion.h"
+    rm -f "$bdir/libxml2-stub/libxml2.a"
+    ar rc "$bdir/libxml2-stub/libxml2.a"
+    gtest+=(-DLIBXML2_INCLUDE_DIR="$bdir/libxml2-stub/include" -DLIBXML2_LIBRARY="$bdir/libxml2-stub/libxml2.a")
+    say "libxml2 is missing: using a stand-in (only orion-vm needs it, and it is not built)"
+  fi
   if [ ! -f "$bdir/CMakeCache.txt" ] && command -v ninja >/dev/null; then gen=(-G Ninja); fi
   say "building Orion in $bdir (log: $OUT/orion-build.log) ..."
   local t=$SECONDS
   if ! { cmake -S "$ROOT" -B "$bdir" ${gen[@]+"${gen[@]}"} -DCMAKE_BUILD_TYPE=RelWithDebInfo -DORION_BUILD_TESTS=OFF \
            -DORION_BUILD_CUDA_TESTS=OFF -DORION_CUDA_ROOT="$CUDA_ROOT" ${gtest[@]+"${gtest[@]}"} &&
-         timeout 400 cmake --build "$bdir" --target oriond orion-shm orion_cuda -j "$(nproc 2>/dev/null || echo 8)" &&
-         rm -rf "$bdir/install" &&
-         cmake --install "$bdir" --prefix "$bdir/install"; } >"$OUT/orion-build.log" 2>&1; then
+         timeout 240 cmake --build "$bdir" --target oriond orion-shm orion_cuda -j "$(nproc 2>/dev/null || echo 8)" &&
+         install_three "$bdir" "$bdir/install"; } >"$OUT/orion-build.log" 2>&1; then
     say "the Orion build failed; the end of $OUT/orion-build.log:"
     tail -25 "$OUT/orion-build.log" | sed 's/^/  | /'
     return 1
@@ -477,8 +522,12 @@ CMAKE
 }
 
 if [ -n "${ORION_PREBUILT:-}" ]; then
-  [ -d "$ORION_PREBUILT" ] || die "ORION_PREBUILT=$ORION_PREBUILT is not a directory"
-  PREFIX=$(cd "$ORION_PREBUILT" && pwd)
+  case "$ORION_PREBUILT" in
+    /*) PREFIX=$ORION_PREBUILT ;;
+    *) PREFIX=$ORIG_PWD/$ORION_PREBUILT; [ -d "$PREFIX" ] || PREFIX=$ROOT/$ORION_PREBUILT ;;
+  esac
+  [ -d "$PREFIX" ] || die "ORION_PREBUILT=$ORION_PREBUILT is not a directory"
+  PREFIX=$(cd "$PREFIX" && pwd)
   BUILD_NOTE="prebuilt prefix (ORION_PREBUILT)"
   say "using the prebuilt prefix $PREFIX (ORION_PREBUILT)"
 elif build_orion; then
@@ -613,6 +662,7 @@ cleanup() {
   else
     rm -rf "$WORK"
   fi
+  flush_output
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -621,7 +671,7 @@ cat >"$WORK/server.conf" <<EOF
 [server]
     vgpu_count = 2
 [server-shm]
-    shm_buffer_size = 64
+    shm_buffer_size = $CHANNEL_MIB
 EOF
 
 # start_oriond: a fresh oriond on $REGION (logs in $WORK/logs<N>); fatal when it does not come up on
@@ -689,7 +739,7 @@ else
     echo "a real driver path in an orion run means the framework bypassed Orion (NOT-REMOTED)."
   } >"$PYTABLE"
   for py in torch cupy; do
-    if [ "$(left)" -lt 220 ]; then
+    if [ "$(left)" -lt 240 ]; then
       echo "$py: skipped (time budget)" >>"$PYTABLE"
       continue
     fi
@@ -706,7 +756,7 @@ else
 fi
 hr
 
-"$PREFIX/bin/orion-shm" -i 0 -s "$REGION_MIB" -d "$WORK" >/dev/null ||
+with_ldpath "$DAEMON_LDPATH" "$PREFIX/bin/orion-shm" -i 0 -s "$REGION_MIB" -d "$WORK" >/dev/null ||
   die "orion-shm could not create a $REGION_MIB MiB region in $WORK"
 start_oriond
 hr

@@ -154,7 +154,7 @@ CUresult Unload(GuestModule* m) {
 }
 
 CUresult Launch(CUfunction hf, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                unsigned smem, CUstream hs, void** params, void** extra) {
+                unsigned smem, CUstream hs, void** params, void** extra, const uint32_t* cluster = nullptr) {
   if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
   GuestFunction* f = AsFunction(hf);
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
@@ -198,7 +198,12 @@ CUresult Launch(CUfunction hf, unsigned gx, unsigned gy, unsigned gz, unsigned b
   q.block[0] = bx; q.block[1] = by; q.block[2] = bz;
   q.shared_mem_bytes = smem;
   q.param_bytes = f->param_bytes;
-  return Client::Get().SendLaunch(q, [&](uint8_t* out) {
+  LaunchExReq x{};
+  if (cluster != nullptr) {
+    x.base = q;
+    std::memcpy(x.cluster, cluster, sizeof x.cluster);
+  }
+  return Client::Get().SendLaunch(q, cluster != nullptr ? &x : nullptr, [&](uint8_t* out) {
     if (buffer != nullptr) {
       std::memcpy(out, buffer, f->param_bytes);
       return;
@@ -473,30 +478,47 @@ ORION_EXPORT CUresult CUDAAPI cuLaunchKernel_ptsz(CUfunction f, unsigned int gx,
   return Launch(f, gx, gy, gz, bx, by, bz, smem, s, params, extra);
 }
 
+static bool ClusterOf(const CUlaunchConfig* config, uint32_t cluster[3]) {
+  cluster[0] = cluster[1] = cluster[2] = 1;
+  for (unsigned i = 0; i < config->numAttrs; ++i) {
+    if (config->attrs[i].id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION) {
+      cluster[0] = config->attrs[i].value.clusterDim.x;
+      cluster[1] = config->attrs[i].value.clusterDim.y;
+      cluster[2] = config->attrs[i].value.clusterDim.z;
+    }
+  }
+  return uint64_t{cluster[0]} * cluster[1] * cluster[2] > 1;
+}
+
 static CUresult LaunchEx(const CUlaunchConfig* config, CUfunction f, void** params, void** extra) {
   if (config == nullptr) return CUDA_ERROR_INVALID_VALUE;
   for (unsigned i = 0; i < config->numAttrs; ++i) {
     const CUlaunchAttribute& a = config->attrs[i];
     switch (a.id) {
       case CU_LAUNCH_ATTRIBUTE_IGNORE:
-        break;
-      case CU_LAUNCH_ATTRIBUTE_COOPERATIVE:
-      case CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION:
+      case CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION:  // carried to oriond
+      // Hints: ignoring them keeps the launch correct (stricter ordering, default placement).
       case CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE:
-        if (a.id == CU_LAUNCH_ATTRIBUTE_COOPERATIVE && a.value.cooperative == 0) break;
-        if (a.id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION && a.value.clusterDim.x * a.value.clusterDim.y *
-                                                                     a.value.clusterDim.z <= 1)
-          break;
-        if (a.id == CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE) break;
-        LogWarn("cuLaunchKernelEx: launch attribute " + std::to_string(a.id) + " is not supported");
-        return CUDA_ERROR_NOT_SUPPORTED;
+      case CU_LAUNCH_ATTRIBUTE_PRIORITY:
+      case CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW:
+      case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN:
+      case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP:
+        break;
+      case CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION:
+        break;  // allows overlap with the previous kernel; running after it is always correct
+      case CU_LAUNCH_ATTRIBUTE_COOPERATIVE:
+        if (a.value.cooperative == 0) break;
+        [[fallthrough]];
       default:
         LogWarn("cuLaunchKernelEx: launch attribute " + std::to_string(a.id) + " is not supported");
         return CUDA_ERROR_NOT_SUPPORTED;
     }
   }
+  uint32_t cluster[3];
+  const bool clustered = ClusterOf(config, cluster);
   return Launch(f, config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX, config->blockDimY,
-                config->blockDimZ, config->sharedMemBytes, config->hStream, params, extra);
+                config->blockDimZ, config->sharedMemBytes, config->hStream, params, extra,
+                clustered ? cluster : nullptr);
 }
 
 ORION_EXPORT CUresult CUDAAPI cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** params,
@@ -533,6 +555,38 @@ ORION_EXPORT CUresult CUDAAPI cuOccupancyMaxActiveBlocksPerMultiprocessorWithFla
                                                                                    unsigned int flags) {
   ORION_API(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags);
   return Occupancy(numBlocks, func, blockSize, smem, flags);
+}
+
+// Both answered by oriond: the real driver's answer on the cuda backend, a model on sim.
+ORION_EXPORT CUresult CUDAAPI cuOccupancyAvailableDynamicSMemPerBlock(size_t* dynamicSmemSize, CUfunction func,
+                                                                     int numBlocks, int blockSize) {
+  ORION_API(cuOccupancyAvailableDynamicSMemPerBlock);
+  if (dynamicSmemSize == nullptr || numBlocks <= 0 || blockSize <= 0) return CUDA_ERROR_INVALID_VALUE;
+  GuestFunction* f = AsFunction(func);
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  OccupancySmemReq q{f->handle, numBlocks, blockSize};
+  U64Rep rep{};
+  CUresult r = Client::Get().Call(Op::kOccupancyAvailableSmem, &q, sizeof q, &rep, sizeof rep);
+  if (r == CUDA_SUCCESS) *dynamicSmemSize = rep.value;
+  return r;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuOccupancyMaxActiveClusters(int* numClusters, CUfunction func,
+                                                          const CUlaunchConfig* config) {
+  ORION_API(cuOccupancyMaxActiveClusters);
+  if (numClusters == nullptr || config == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  GuestFunction* f = AsFunction(func);
+  if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  OccupancyClustersReq q{};
+  q.function = f->handle;
+  q.grid[0] = config->gridDimX; q.grid[1] = config->gridDimY; q.grid[2] = config->gridDimZ;
+  q.block[0] = config->blockDimX; q.block[1] = config->blockDimY; q.block[2] = config->blockDimZ;
+  q.shared_mem_bytes = config->sharedMemBytes;
+  ClusterOf(config, q.cluster);
+  I32Rep rep{};
+  CUresult r = Client::Get().Call(Op::kOccupancyMaxClusters, &q, sizeof q, &rep, sizeof rep);
+  if (r == CUDA_SUCCESS) *numClusters = rep.value;
+  return r;
 }
 
 ORION_EXPORT CUresult CUDAAPI cuOccupancyMaxPotentialBlockSize(int* minGridSize, int* blockSize, CUfunction func,

@@ -222,3 +222,64 @@ ORION_EXPORT CUresult CUDAAPI cuEventElapsedTime_v2(float* ms, CUevent a, CUeven
 }
 
 }  // extern "C"
+
+// Stream capture (CUDA graphs) is not supported, so no stream is ever capturing: these answer
+// truthfully, which is what libraries like cuBLAS ask before they launch.
+namespace {
+CUresult CaptureInfo(CUstream hs, CUstreamCaptureStatus* status, cuuint64_t* id, CUgraph* graph,
+                     const CUgraphNode** deps, const CUgraphEdgeData** edges, size_t* num_deps) {
+  uint64_t sid = 0;
+  if (!Client::Get().connected()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!StreamId(hs, &sid)) return CUDA_ERROR_INVALID_HANDLE;
+  if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *status = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (id != nullptr) *id = 0;
+  if (graph != nullptr) *graph = nullptr;
+  if (deps != nullptr) *deps = nullptr;
+  if (edges != nullptr) *edges = nullptr;
+  if (num_deps != nullptr) *num_deps = 0;
+  return CUDA_SUCCESS;
+}
+}  // namespace
+
+extern "C" {
+ORION_EXPORT CUresult CUDAAPI cuStreamIsCapturing(CUstream hs, CUstreamCaptureStatus* status) {
+  ORION_API(cuStreamIsCapturing);
+  return CaptureInfo(hs, status, nullptr, nullptr, nullptr, nullptr, nullptr);
+}
+ORION_EXPORT CUresult CUDAAPI cuStreamIsCapturing_ptsz(CUstream hs, CUstreamCaptureStatus* status) {
+  ORION_API(cuStreamIsCapturing_ptsz);
+  return CaptureInfo(hs, status, nullptr, nullptr, nullptr, nullptr, nullptr);
+}
+ORION_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo(CUstream hs, CUstreamCaptureStatus* status, cuuint64_t* id) {
+  ORION_API(cuStreamGetCaptureInfo);
+  return CaptureInfo(hs, status, id, nullptr, nullptr, nullptr, nullptr);
+}
+ORION_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo_ptsz(CUstream hs, CUstreamCaptureStatus* status, cuuint64_t* id) {
+  ORION_API(cuStreamGetCaptureInfo_ptsz);
+  return CaptureInfo(hs, status, id, nullptr, nullptr, nullptr, nullptr);
+}
+ORION_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo_v2(CUstream hs, CUstreamCaptureStatus* status, cuuint64_t* id,
+                                                        CUgraph* graph, const CUgraphNode** deps, size_t* n) {
+  ORION_API(cuStreamGetCaptureInfo_v2);
+  return CaptureInfo(hs, status, id, graph, deps, nullptr, n);
+}
+ORION_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo_v2_ptsz(CUstream hs, CUstreamCaptureStatus* status,
+                                                             cuuint64_t* id, CUgraph* graph, const CUgraphNode** deps,
+                                                             size_t* n) {
+  ORION_API(cuStreamGetCaptureInfo_v2_ptsz);
+  return CaptureInfo(hs, status, id, graph, deps, nullptr, n);
+}
+ORION_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo_v3(CUstream hs, CUstreamCaptureStatus* status, cuuint64_t* id,
+                                                        CUgraph* graph, const CUgraphNode** deps,
+                                                        const CUgraphEdgeData** edges, size_t* n) {
+  ORION_API(cuStreamGetCaptureInfo_v3);
+  return CaptureInfo(hs, status, id, graph, deps, edges, n);
+}
+ORION_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo_v3_ptsz(CUstream hs, CUstreamCaptureStatus* status,
+                                                             cuuint64_t* id, CUgraph* graph, const CUgraphNode** deps,
+                                                             const CUgraphEdgeData** edges, size_t* n) {
+  ORION_API(cuStreamGetCaptureInfo_v3_ptsz);
+  return CaptureInfo(hs, status, id, graph, deps, edges, n);
+}
+}  // extern "C"

@@ -3,7 +3,6 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
-#include <ini.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -12,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "orion/ivshmem/discover.h"
 #include "version.h"
 
 namespace orion::guest {
@@ -31,109 +31,6 @@ uint64_t NowNs() {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
-}
-
-struct ClientConf {
-  std::string shm_path_base = "/dev/shm/";
-};
-
-int ConfHandler(void* user, const char* section, const char* name, const char* value) {
-  auto* c = static_cast<ClientConf*>(user);
-  std::string v = value;
-  if (v.size() >= 2 && v.front() == '"' && v.back() == '"') v = v.substr(1, v.size() - 2);
-  if (std::strcmp(section, "client-shm") == 0 && std::strcmp(name, "shm_path_base") == 0) {
-    c->shm_path_base = v;
-  }
-  return 1;
-}
-
-std::string ReadSmall(const std::string& path) {
-  std::string out;
-  if (FILE* f = std::fopen(path.c_str(), "r")) {
-    char buf[64] = {};
-    if (std::fgets(buf, sizeof buf, f) != nullptr) out = buf;
-    std::fclose(f);
-  }
-  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-  return out;
-}
-
-// A VM's Orion region: an ivshmem-plain PCI device (1af4:1110, QEMU docs/specs/ivshmem-spec.rst)
-// whose BAR2 (sysfs resource2) holds the Orion magic. Enables the device if needed (root, or the
-// udev rule install-client installs). Returns the resource2 path, or "" with *why set.
-std::string FindIvshmem(const std::string& sysfs, std::string* why) {
-  std::vector<std::string> devices;
-  if (DIR* d = opendir(sysfs.c_str()); d != nullptr) {
-    while (dirent* e = readdir(d)) {
-      if (e->d_name[0] == '.') continue;
-      const std::string dev = sysfs + "/" + e->d_name;
-      if (ReadSmall(dev + "/vendor") == "0x1af4" && ReadSmall(dev + "/device") == "0x1110") devices.push_back(dev);
-    }
-    closedir(d);
-  }
-  std::sort(devices.begin(), devices.end());
-  if (devices.empty()) {
-    *why = "no ivshmem device (PCI 1af4:1110) in " + sysfs;
-    return "";
-  }
-  for (const std::string& dev : devices) {
-    if (ReadSmall(dev + "/enable") == "0") {
-      if (FILE* f = std::fopen((dev + "/enable").c_str(), "w")) {
-        std::fputs("1", f);
-        std::fclose(f);
-      }
-      if (ReadSmall(dev + "/enable") == "0") {
-        *why = "ivshmem device " + dev + " is not enabled and this user cannot enable it (run "
-               "'echo 1 > " + dev + "/enable' as root, or install the udev rule from install-client)";
-        continue;
-      }
-    }
-    // A memory BAR's resource file can be mapped but not read(): map its first page.
-    const std::string res = dev + "/resource2";
-    const int fd = ::open(res.c_str(), O_RDWR | O_CLOEXEC);
-    if (fd < 0) {
-      *why = "cannot open " + res + ": " + std::strerror(errno) +
-             (errno == EACCES ? " (install-client's udev rule gives the 'orion' group access)" : "");
-      continue;
-    }
-    void* page = ::mmap(nullptr, 4096, PROT_READ, MAP_SHARED, fd, 0);
-    ::close(fd);
-    uint64_t magic = 0;
-    if (page != MAP_FAILED) {
-      std::memcpy(&magic, page, sizeof magic);
-      ::munmap(page, 4096);
-    }
-    if (magic == ivshmem::kRegionMagic) return res;
-    *why = res + " holds no Orion region (is oriond serving this VM?)";
-  }
-  return "";
-}
-
-// Region path: $ORION_SHM; else the first orionsock* under [client-shm] shm_path_base of
-// /etc/orion/client.conf < $HOME/.orion/client.conf; else a VM's ivshmem device.
-std::string FindRegionPath(std::string* why) {
-  if (const char* e = std::getenv("ORION_SHM"); e != nullptr && *e != '\0') return e;
-  ClientConf conf;
-  ini_parse("/etc/orion/client.conf", ConfHandler, &conf);
-  if (const char* home = std::getenv("HOME"); home != nullptr) {
-    ini_parse((std::string(home) + "/.orion/client.conf").c_str(), ConfHandler, &conf);
-  }
-  std::string dir = conf.shm_path_base;
-  if (!dir.empty() && dir.back() != '/') dir += '/';
-  std::vector<std::string> found;
-  if (DIR* d = opendir(dir.c_str()); d != nullptr) {
-    while (dirent* e = readdir(d)) {
-      if (std::strncmp(e->d_name, "orionsock", 9) == 0) found.push_back(dir + e->d_name);
-    }
-    closedir(d);
-  }
-  std::sort(found.begin(), found.end());
-  if (!found.empty()) return found.front();
-  const char* sysfs = std::getenv("ORION_SYSFS_PCI");  // tests point this at a fake tree
-  std::string bar = FindIvshmem(sysfs != nullptr ? sysfs : "/sys/bus/pci/devices", why);
-  if (!bar.empty()) return bar;
-  *why = "no " + dir + "orionsock* region and " + *why;
-  return "";
 }
 
 uint64_t EnvU64(const char* name, uint64_t dflt, bool* bad) {
@@ -180,12 +77,13 @@ CUresult Client::ConnectLocked() noexcept {
     LogError("ORION_VGPU must be 1.." + std::to_string(kMaxDevices) + " and ORION_GMEM a number of MiB");
     return CUDA_ERROR_INVALID_VALUE;
   }
-  std::string why;
-  const std::string path = FindRegionPath(&why);
-  if (path.empty()) {
-    LogError("cannot use Orion region: " + why + " (set ORION_SHM, or create one with orion-shm and start oriond)");
+  auto where = ivshmem::FindClientRegion();
+  if (!where.ok()) {
+    LogError("cannot use Orion region: " + where.status().message() +
+             " (set ORION_SHM, or create one with orion-shm and start oriond)");
     return CUDA_ERROR_NO_DEVICE;
   }
+  const std::string path = where->path;
   auto region = ivshmem::MappedRegion::Open(path);
   if (!region.ok()) {
     LogError("cannot use Orion region: " + region.status().message() +
@@ -310,12 +208,33 @@ static bool Served(const ivshmem::ChannelDesc* d) {
   return s == ivshmem::kChannelActive || s == ivshmem::kChannelClaimed;
 }
 
+bool Client::ServerGoneLocked(uint64_t* last_beat, uint64_t* last_change) noexcept {
+  if (broken_ != CUDA_SUCCESS) return true;
+  if (!Served(desc_)) {
+    Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, "oriond closed the session");
+    return true;
+  }
+  const uint64_t beat = header_->server_heartbeat.load(std::memory_order_relaxed);
+  const uint64_t now = NowNs();
+  if (beat != *last_beat || *last_change == 0) {
+    *last_beat = beat;
+    *last_change = now;
+    return false;
+  }
+  if (now - *last_change > static_cast<uint64_t>(std::chrono::nanoseconds(kHeartbeatTimeout).count())) {
+    Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, "oriond stopped (no heartbeat)");
+    return true;
+  }
+  return false;
+}
+
 CUresult Client::PushLocked(const FrameHeader& h, const void* req, uint32_t req_len,
                             const void* tail, uint32_t tail_len) noexcept {
   Backoff backoff;
   uint8_t* p;
+  uint64_t beat = 0, changed = 0;
   while ((p = requests_.Reserve(h.payload_len)) == nullptr) {
-    if (!Served(desc_)) return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, "oriond closed the session");
+    if (backoff.sleeping() && ServerGoneLocked(&beat, &changed)) return broken_;
     backoff.Pause();
   }
   std::memcpy(p, &h, sizeof h);
@@ -342,17 +261,7 @@ CUresult Client::WaitReplyLocked(uint32_t seq, void* rep, uint32_t rep_cap, uint
       if (status != CUDA_SUCCESS) return status;
       return static_cast<CUresult>(f.header.deferred);
     }
-    if (backoff.sleeping()) {
-      if (!Served(desc_)) return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, "oriond closed the session");
-      const uint64_t beat = header_->server_heartbeat.load(std::memory_order_relaxed);
-      const uint64_t now = NowNs();
-      if (beat != last_beat || last_change == 0) {
-        last_beat = beat;
-        last_change = now;
-      } else if (now - last_change > static_cast<uint64_t>(std::chrono::nanoseconds(kHeartbeatTimeout).count())) {
-        return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, "oriond stopped (no heartbeat)");
-      }
-    }
+    if (backoff.sleeping() && ServerGoneLocked(&last_beat, &last_change)) return broken_;
     backoff.Pause();
   }
 }
@@ -377,7 +286,11 @@ CUresult Client::Call(Op op, const void* req, uint32_t req_len, void* rep, uint3
   if (CUresult r = SyncContextLocked(); r != CUDA_SUCCESS) return r;
   FrameHeader h = MakeHeader(op, req_len + tail_len, true);
   if (CUresult r = PushLocked(h, req, req_len, tail, tail_len); r != CUDA_SUCCESS) return r;
-  return WaitReplyLocked(h.seq, rep, rep_cap, rep_len);
+  const CUresult r = WaitReplyLocked(h.seq, rep, rep_cap, rep_len);
+  if (r != CUDA_SUCCESS && r != static_cast<CUresult>(kStatusNeedBytes)) {
+    LogDebug(std::string("op=") + OpName(static_cast<uint16_t>(op)) + " -> " + std::to_string(r));
+  }
+  return r;
 }
 
 CUresult Client::Send(Op op, const void* req, uint32_t req_len, const void* tail, uint32_t tail_len) noexcept {
@@ -407,6 +320,7 @@ void Client::ReclaimLocked() noexcept {
 int64_t Client::StageAllocLocked(uint64_t bytes) noexcept {
   const uint64_t cap = layout_.staging_bytes;
   Backoff backoff;
+  uint64_t beat = 0, changed = 0;
   for (;;) {
     ReclaimLocked();
     const uint64_t pos = stage_head_ % cap;
@@ -422,10 +336,7 @@ int64_t Client::StageAllocLocked(uint64_t bytes) noexcept {
       stage_fifo_.push_back({stage_head_, 0, false, false});
       return static_cast<int64_t>(off);
     }
-    if (!Served(desc_)) {
-      Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, "oriond closed the session");
-      return -1;
-    }
+    if (backoff.sleeping() && ServerGoneLocked(&beat, &changed)) return -1;
     // Everything outstanding may be guest-owned (our own DtoH chunks): the caller must drain.
     bool any_host = false;
     for (const auto& e : stage_fifo_) any_host |= !e.guest_owned && !e.released;

@@ -47,9 +47,10 @@ class Client {
   CUresult Send(Op op, const void* req, uint32_t req_len, const void* tail = nullptr,
                 uint32_t tail_len = 0) noexcept;
 
-  // Launch fast path: writes a LaunchKernel frame in place. `fill` writes param_bytes bytes.
+  // Launch fast path: writes a LaunchKernel frame (LaunchKernelEx when `ex` is given: a cluster
+  // launch) in place. `fill` writes param_bytes bytes.
   template <typename Fill>
-  CUresult SendLaunch(const LaunchReq& q, Fill&& fill) noexcept;
+  CUresult SendLaunch(const LaunchReq& q, const LaunchExReq* ex, Fill&& fill) noexcept;
 
   // Bulk copies through the data window (chunked, pipelined).
   CUresult CopyHtoD(uint64_t dst, const void* src, uint64_t bytes, uint64_t stream, bool sync) noexcept;
@@ -82,6 +83,8 @@ class Client {
   CUresult WaitReplyLocked(uint32_t seq, void* rep, uint32_t rep_cap, uint32_t* rep_len) noexcept;
   CUresult Broken(CUresult why, const char* what) noexcept;
   CUresult SyncContextLocked() noexcept;
+  // In every wait: true (and the client broken) when oriond ended the session or stopped beating.
+  bool ServerGoneLocked(uint64_t* last_beat, uint64_t* last_change) noexcept;
   FrameHeader MakeHeader(Op op, uint32_t payload_len, bool wants_reply) noexcept;
   // Staging (window[0, staging_bytes)) FIFO: released when the server has executed the frame
   // (host-released) or when we copied the bytes out (guest-released).
@@ -130,24 +133,24 @@ class Client {
 };
 
 template <typename Fill>
-CUresult Client::SendLaunch(const LaunchReq& q, Fill&& fill) noexcept {
+CUresult Client::SendLaunch(const LaunchReq& q, const LaunchExReq* ex, Fill&& fill) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   if (broken_ != CUDA_SUCCESS) return broken_;
   if (CUresult r = SyncContextLocked(); r != CUDA_SUCCESS) return r;
-  const uint32_t len = static_cast<uint32_t>(sizeof(LaunchReq)) + q.param_bytes;
-  FrameHeader h = MakeHeader(Op::kLaunchKernel, len, false);
+  const uint32_t head = ex != nullptr ? sizeof(LaunchExReq) : sizeof(LaunchReq);
+  const uint32_t len = head + q.param_bytes;
+  FrameHeader h = MakeHeader(ex != nullptr ? Op::kLaunchKernelEx : Op::kLaunchKernel, len, false);
   ivshmem::Backoff backoff;
   uint8_t* p;
+  uint64_t beat = 0, changed = 0;
   while ((p = requests_.Reserve(len)) == nullptr) {
     if (header_ == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
-    const uint32_t st = desc_->state.load(std::memory_order_acquire);
-    if (st != ivshmem::kChannelActive && st != ivshmem::kChannelClaimed)
-      return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, "oriond closed the session");
+    if (backoff.sleeping() && ServerGoneLocked(&beat, &changed)) return broken_;
     backoff.Pause();
   }
   std::memcpy(p, &h, sizeof h);
-  std::memcpy(p + sizeof h, &q, sizeof q);
-  fill(p + sizeof h + sizeof q);
+  if (ex != nullptr) std::memcpy(p + sizeof h, ex, sizeof *ex); else std::memcpy(p + sizeof h, &q, sizeof q);
+  fill(p + sizeof h + head);
   requests_.Commit();
   return CUDA_SUCCESS;
 }

@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <utility>
 #include <cstring>
 #include <mutex>
 #include <string_view>
@@ -229,6 +231,29 @@ CUresult IntegrityCheck(uint32_t version, uint64_t unix_seconds, uint64_t out[2]
 }
 CUresult IntegritySetEnabled(int) { return CUDA_SUCCESS; }
 
+// Table 21318c60-9714-3248-8ca6-41ff7324c8f2 (asked for by cuBLAS/cuBLASLt/cuFFT; ~90 slots in
+// NVIDIA's driver). Slots Orion has not identified log their index and answer NOT_SUPPORTED.
+template <int N>
+CUresult UnknownSlot() {
+  static std::atomic<bool> warned{false};
+  if (!warned.exchange(true)) {
+    LogWarn("private table 21318c60 slot " + std::to_string(N) + " is not supported by Orion");
+  }
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+template <std::size_t... I>
+constexpr auto UnknownSlots(std::index_sequence<I...>) {
+  return std::array<const void*, sizeof...(I)>{reinterpret_cast<const void*>(&UnknownSlot<static_cast<int>(I)>)...};
+}
+// Slot 4: the context's unique id (cuCtxGetId's answer), per public reverse engineering.
+CUresult CtxIdentity(CUcontext ctx, unsigned long long* id) { return cuCtxGetId(ctx, id); }
+const auto kContextTable = [] {
+  auto t = UnknownSlots(std::make_index_sequence<96>());
+  t[0] = reinterpret_cast<const void*>(uintptr_t{96 * 8});
+  t[4] = reinterpret_cast<const void*>(&CtxIdentity);
+  return t;
+}();
+
 #define FN(f) reinterpret_cast<const void*>(&(f))
 const void* const kCudartTable[13] = {reinterpret_cast<const void*>(13 * 8), FN(CudartModuleFromCubin),
                                       FN(CudartPrimaryCtx), nullptr, nullptr, nullptr,
@@ -257,6 +282,8 @@ const ExportTable kExportTables[] = {
     {{0xc6, 0x93, 0x33, 0x6e, 0x11, 0x21, 0xdf, 0x11, 0xa8, 0xc3, 0x68, 0xf3, 0x55, 0xd8, 0x95, 0x93}, kClsTable},
     {{0x26, 0x3e, 0x88, 0x60, 0x7c, 0xd2, 0x61, 0x43, 0x92, 0xf6, 0xbb, 0xd5, 0x00, 0x6d, 0xfa, 0x7e}, kCtxChecksTable},
     {{0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1, 0xf2}, kIntegrityTable},
+    {{0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2},
+     kContextTable.data()},
 };
 
 }  // namespace

@@ -120,6 +120,9 @@ namespace {
   X(kernelSetAttribute, cuKernelSetAttribute)                                                \
   X(kernelGetFunction, cuKernelGetFunction)                                                  \
   X(launchKernel, cuLaunchKernel)                                                            \
+  X(launchKernelEx, cuLaunchKernelEx)                                                        \
+  X(occupancyMaxActiveClusters, cuOccupancyMaxActiveClusters)                                \
+  X(occupancyAvailableDynamicSMem, cuOccupancyAvailableDynamicSMemPerBlock)                  \
   X(occupancyMaxActiveBlocks, cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags)          \
   X(streamCreateWithPriority, cuStreamCreateWithPriority)                                    \
   X(streamDestroy, cuStreamDestroy_v2)                                                       \
@@ -675,11 +678,33 @@ class CudaBackend final : public Backend {
   }
 
   CUresult LaunchKernel(void* function, const uint32_t grid[3], const uint32_t block[3], uint32_t shared_mem,
-                        void* stream, const uint8_t* params, uint32_t param_bytes) override {
+                        void* stream, const uint8_t* params, uint32_t param_bytes, const uint32_t cluster[3]) override {
     // cuLaunchKernel: "the API can also be used to launch context-less kernel ::CUkernel by
     // querying the handle using ::cuLibraryGetKernel() and then passing it to the API by casting
     // to ::CUfunction" (<cuda.h>, CUDA 13.0). The parameter buffer is copied at launch.
     const auto f = static_cast<CUfunction>(function);
+    if (uint64_t{cluster[0]} * cluster[1] * cluster[2] > 1) {
+      CUlaunchAttribute attr{};
+      attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+      attr.value.clusterDim.x = cluster[0];
+      attr.value.clusterDim.y = cluster[1];
+      attr.value.clusterDim.z = cluster[2];
+      CUlaunchConfig cfg{};
+      cfg.gridDimX = grid[0];
+      cfg.gridDimY = grid[1];
+      cfg.gridDimZ = grid[2];
+      cfg.blockDimX = block[0];
+      cfg.blockDimY = block[1];
+      cfg.blockDimZ = block[2];
+      cfg.sharedMemBytes = shared_mem;
+      cfg.hStream = Stream(stream);
+      cfg.attrs = &attr;
+      cfg.numAttrs = 1;
+      size_t size = param_bytes;
+      void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, const_cast<uint8_t*>(params), CU_LAUNCH_PARAM_BUFFER_SIZE,
+                       &size, CU_LAUNCH_PARAM_END};
+      return api_.launchKernelEx(&cfg, f, nullptr, param_bytes == 0 ? nullptr : extra);
+    }
     if (param_bytes == 0) {
       return api_.launchKernel(f, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_mem,
                                Stream(stream), nullptr, nullptr);
@@ -699,6 +724,39 @@ class CudaBackend final : public Backend {
     if (r != CUDA_SUCCESS) return r;
     return api_.occupancyMaxActiveBlocks(blocks, f, static_cast<int>(block_size), static_cast<size_t>(dynamic_smem),
                                          flags);
+  }
+
+  CUresult OccupancyMaxClusters(void* function, const uint32_t grid[3], const uint32_t block[3], uint32_t shared_mem,
+                                const uint32_t cluster[3], int* clusters) override {
+    CUfunction f = nullptr;
+    const CUresult r = api_.kernelGetFunction(&f, Kernel(function));
+    if (r != CUDA_SUCCESS) return r;
+    CUlaunchAttribute attr{};
+    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr.value.clusterDim.x = cluster[0];
+    attr.value.clusterDim.y = cluster[1];
+    attr.value.clusterDim.z = cluster[2];
+    CUlaunchConfig cfg{};
+    cfg.gridDimX = grid[0];
+    cfg.gridDimY = grid[1];
+    cfg.gridDimZ = grid[2];
+    cfg.blockDimX = block[0];
+    cfg.blockDimY = block[1];
+    cfg.blockDimZ = block[2];
+    cfg.sharedMemBytes = shared_mem;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    return api_.occupancyMaxActiveClusters(clusters, f, &cfg);
+  }
+
+  CUresult OccupancyAvailableSmem(void* function, int num_blocks, int block_size, uint64_t* bytes) override {
+    CUfunction f = nullptr;
+    const CUresult r = api_.kernelGetFunction(&f, Kernel(function));
+    if (r != CUDA_SUCCESS) return r;
+    size_t n = 0;
+    const CUresult q = api_.occupancyAvailableDynamicSMem(&n, f, num_blocks, block_size);
+    *bytes = n;
+    return q;
   }
 
   // ---- Streams and events ----

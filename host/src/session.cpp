@@ -561,14 +561,43 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       }
       break;
     }
-    case Op::kLaunchKernel: {
-      LaunchReq q;
-      ORION_WANT(Get(payload, len, &q, false) && len == sizeof q + q.param_bytes, "bad LaunchKernel");
+    case Op::kLaunchKernel:
+    case Op::kLaunchKernelEx: {
+      const bool ex = static_cast<Op>(h.op) == Op::kLaunchKernelEx;
+      LaunchExReq x{};
+      x.cluster[0] = x.cluster[1] = x.cluster[2] = 1;
+      const uint32_t head = ex ? sizeof(LaunchExReq) : sizeof(LaunchReq);
+      ORION_WANT(len >= head, "bad LaunchKernel");
+      std::memcpy(&x, payload, head);
+      const LaunchReq& q = x.base;
+      ORION_WANT(len == head + q.param_bytes, "bad LaunchKernel");
       Obj* f = Find(q.function, Kind::kFunction);
       void* s = nullptr;
       if (f == nullptr || !Stream(q.stream, &s)) { r = CUDA_ERROR_INVALID_HANDLE; break; }
       if (q.param_bytes != f->layout.param_bytes) { r = CUDA_ERROR_INVALID_VALUE; break; }
-      r = b_->LaunchKernel(f->backend, q.grid, q.block, q.shared_mem_bytes, s, payload + sizeof q, q.param_bytes);
+      r = b_->LaunchKernel(f->backend, q.grid, q.block, q.shared_mem_bytes, s, payload + head, q.param_bytes,
+                           x.cluster);
+      break;
+    }
+    case Op::kOccupancyMaxClusters: {
+      OccupancyClustersReq q;
+      ORION_WANT(Get(payload, len, &q), "bad OccupancyMaxClusters");
+      Obj* f = Find(q.function, Kind::kFunction);
+      if (f == nullptr) { r = CUDA_ERROR_INVALID_HANDLE; break; }
+      int n = 0;
+      r = b_->OccupancyMaxClusters(f->backend, q.grid, q.block, q.shared_mem_bytes, q.cluster, &n);
+      put(I32Rep{n, 0});
+      break;
+    }
+    case Op::kOccupancyAvailableSmem: {
+      OccupancySmemReq q;
+      ORION_WANT(Get(payload, len, &q), "bad OccupancyAvailableSmem");
+      Obj* f = Find(q.function, Kind::kFunction);
+      if (f == nullptr) { r = CUDA_ERROR_INVALID_HANDLE; break; }
+      uint64_t bytes = 0;
+      r = q.num_blocks <= 0 || q.block_size <= 0 ? CUDA_ERROR_INVALID_VALUE
+                                                 : b_->OccupancyAvailableSmem(f->backend, q.num_blocks, q.block_size, &bytes);
+      put(U64Rep{bytes});
       break;
     }
     case Op::kOccupancyMaxBlocks: {

@@ -108,7 +108,14 @@ struct SimModule {
 struct SimFunction {
   SimModule* module;
   const fatbin::Kernel* kernel;
+  std::map<int, int> attributes;  // set with cuFuncSetAttribute
 };
+
+// The simulated device's 132 SMs in GPCs (an H100 SXM has 8 GPCs of 16-18 usable SMs); thread-block
+// clusters are scheduled within one GPC.
+constexpr int kSimGpcSms[] = {18, 18, 16, 16, 16, 16, 16, 16};
+constexpr uint64_t kSimPortableClusterSize = 8;   // CUDA: larger needs the non-portable attribute
+constexpr uint64_t kSimMaxClusterSize = 16;
 struct SimEvent {
   uint32_t flags = 0;
   bool recorded = false;
@@ -283,7 +290,7 @@ class SimBackend final : public Backend {
     auto* m = static_cast<SimModule*>(module);
     const fatbin::Kernel* k = m->info.FindKernel(name);
     if (k == nullptr) return CUDA_ERROR_NOT_FOUND;
-    auto f = std::make_unique<SimFunction>(SimFunction{m, k});
+    auto f = std::make_unique<SimFunction>(SimFunction{m, k, {}});
     layout->params.clear();
     for (const auto& p : k->params) layout->params.push_back({p.offset, p.size});
     layout->param_bytes = k->param_bytes;
@@ -308,6 +315,10 @@ class SimBackend final : public Backend {
   }
   CUresult FuncGetAttribute(void* function, int attribute, int* value) override {
     auto* f = static_cast<SimFunction*>(function);
+    if (auto it = f->attributes.find(attribute); it != f->attributes.end()) {
+      *value = it->second;
+      return CUDA_SUCCESS;
+    }
     switch (attribute) {
       case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *value = 1024; break;
       case CU_FUNC_ATTRIBUTE_PTX_VERSION:
@@ -322,14 +333,27 @@ class SimBackend final : public Backend {
     }
     return CUDA_SUCCESS;
   }
-  CUresult FuncSetAttribute(void*, int attribute, int value) override {
+  CUresult FuncSetAttribute(void* function, int attribute, int value) override {
     if (attribute == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES && (value < 0 || value > 232448))
       return CUDA_ERROR_INVALID_VALUE;
+    if (attribute < 0 || attribute >= CU_FUNC_ATTRIBUTE_MAX) return CUDA_ERROR_INVALID_VALUE;
+    static_cast<SimFunction*>(function)->attributes[attribute] = value;
     return CUDA_SUCCESS;
   }
+
+  // Largest cluster this function may use: 8 (portable), 16 with the non-portable attribute.
+  static uint64_t MaxCluster(const SimFunction* f) {
+    auto it = f->attributes.find(CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED);
+    return it != f->attributes.end() && it->second != 0 ? kSimMaxClusterSize : kSimPortableClusterSize;
+  }
   CUresult LaunchKernel(void* function, const uint32_t grid[3], const uint32_t block[3], uint32_t shared_mem,
-                        void* stream, const uint8_t* params, uint32_t param_bytes) override {
+                        void* stream, const uint8_t* params, uint32_t param_bytes, const uint32_t cluster[3]) override {
     auto* f = static_cast<SimFunction*>(function);
+    const uint64_t csize = uint64_t{cluster[0]} * cluster[1] * cluster[2];
+    if (csize == 0 || csize > MaxCluster(f)) return CUDA_ERROR_INVALID_CLUSTER_SIZE;
+    for (int d = 0; d < 3; ++d) {
+      if (grid[d] % cluster[d] != 0) return CUDA_ERROR_INVALID_CLUSTER_SIZE;  // the grid is whole clusters
+    }
     const uint64_t threads = uint64_t{block[0]} * block[1] * block[2];
     if (threads == 0 || threads > 1024 || block[0] > 1024 || block[1] > 1024 || block[2] > 64)
       return CUDA_ERROR_INVALID_VALUE;
@@ -346,7 +370,11 @@ class SimBackend final : public Backend {
                          std::to_string(grid[2]) + " block=" + std::to_string(block[0]) + "," +
                          std::to_string(block[1]) + "," + std::to_string(block[2]) +
                          " smem=" + std::to_string(shared_mem) +
-                         " stream=" + std::to_string(reinterpret_cast<uintptr_t>(stream)) + " params=";
+                         " stream=" + std::to_string(reinterpret_cast<uintptr_t>(stream)) +
+                         (csize > 1 ? " cluster=" + std::to_string(cluster[0]) + "," + std::to_string(cluster[1]) +
+                                          "," + std::to_string(cluster[2])
+                                    : std::string()) +
+                         " params=";
       static const char* kHex = "0123456789abcdef";
       for (uint32_t i = 0; i < param_bytes; ++i) {
         line += kHex[params[i] >> 4];
@@ -364,6 +392,31 @@ class SimBackend final : public Backend {
     uint64_t by_threads = 2048 / (uint64_t{warps} * 32);
     uint64_t by_smem = dynamic_smem == 0 ? 32 : 233472 / (dynamic_smem + 1024);
     *blocks = static_cast<int>(std::min<uint64_t>({32, by_threads, by_smem}));
+    return CUDA_SUCCESS;
+  }
+
+  CUresult OccupancyMaxClusters(void* function, const uint32_t[3], const uint32_t block[3], uint32_t shared_mem,
+                                const uint32_t cluster[3], int* clusters) override {
+    auto* f = static_cast<SimFunction*>(function);
+    const uint64_t csize = uint64_t{cluster[0]} * cluster[1] * cluster[2];
+    if (csize == 0 || csize > MaxCluster(f)) return CUDA_ERROR_INVALID_CLUSTER_SIZE;
+    int per_sm = 0;
+    if (CUresult r = OccupancyMaxBlocks(function, block[0] * block[1] * block[2], shared_mem, 0, &per_sm);
+        r != CUDA_SUCCESS)
+      return r;
+    // A cluster's blocks all live in one GPC.
+    uint64_t n = 0;
+    for (int sms : kSimGpcSms) n += static_cast<uint64_t>(sms) * static_cast<uint64_t>(per_sm) / csize;
+    *clusters = static_cast<int>(n);
+    return CUDA_SUCCESS;
+  }
+
+  CUresult OccupancyAvailableSmem(void* function, int num_blocks, int block_size, uint64_t* bytes) override {
+    int static_smem = 0;
+    (void)FuncGetAttribute(function, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, &static_smem);
+    if (block_size > 1024) return CUDA_ERROR_INVALID_VALUE;
+    const int64_t avail = std::min<int64_t>(233472 / num_blocks - 1024, 232448) - static_smem;
+    *bytes = avail > 0 ? static_cast<uint64_t>(avail) : 0;
     return CUDA_SUCCESS;
   }
 

@@ -3,11 +3,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cstring>
-#include <random>
 
 #include "orion/ivshmem/ring.h"
 
@@ -122,7 +123,11 @@ Status FormatRegion(uint8_t* base, uint64_t region_bytes, uint64_t channel_bytes
   h->region_bytes = region_bytes;
   h->channel_count = n;
   h->channel_bytes = channel_bytes;
-  h->server_epoch = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
+  // getrandom(2), not std::random_device: libstdc++'s uses arc4random, which would make everything
+  // linking this (libcuda.so.1 in old guests too) need glibc 2.36.
+  uint64_t epoch = 0;
+  if (getrandom(&epoch, sizeof epoch, 0) != static_cast<ssize_t>(sizeof epoch)) epoch = static_cast<uint64_t>(time(nullptr));
+  h->server_epoch = epoch;
   for (uint32_t i = 0; i < n; ++i) {
     // Only the ring cursors need zeroing; window bytes are the client's business.
     const ChannelLayout l = ChannelLayout::Compute(channel_bytes);

@@ -242,3 +242,10 @@ def test_per_thread_default_stream_program(oriond):
     r = oriond.run("vadd_ptds", ORION_COVERAGE=1)
     assert_passed(r)
     assert re.search(r"orion-coverage: \d+ entry points called, \d+ real, 0 not supported", r.stderr), r.stderr
+
+
+def test_nvidia_cublas_runs_on_top(oriond):
+    r = oriond.run("cublas", ORION_GMEM=2048, ORION_COVERAGE=1)
+    assert_passed(r, expect_checks=4)
+    # cuBLAS chose and launched one of its own kernels (a CUTLASS/cuBLAS GEMM) through Orion.
+    assert any(re.search(r" launch \S*(gemm|Gemm)\S* ", l) for l in oriond.launches()), oriond.launches()[-5:]

@@ -234,6 +234,29 @@ ORION_WIRE_STRUCT(LaunchReq, 48);
 struct OccupancyReq { uint64_t function; uint32_t block_size; uint32_t flags; uint64_t dynamic_smem; };
 ORION_WIRE_STRUCT(OccupancyReq, 24);
 
+// LaunchKernelEx: a LaunchReq with the cluster dimensions (CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION),
+// followed by the parameter buffer.
+struct LaunchExReq {
+  LaunchReq base;
+  uint32_t cluster[3];
+  uint32_t reserved;
+};
+ORION_WIRE_STRUCT(LaunchExReq, 64);
+
+// OccupancyMaxClusters (cuOccupancyMaxActiveClusters) -> I32Rep.
+struct OccupancyClustersReq {
+  uint64_t function;
+  uint32_t grid[3];
+  uint32_t block[3];
+  uint32_t cluster[3];
+  uint32_t shared_mem_bytes;
+};
+ORION_WIRE_STRUCT(OccupancyClustersReq, 48);
+
+// OccupancyAvailableSmem (cuOccupancyAvailableDynamicSMemPerBlock) -> U64Rep.
+struct OccupancySmemReq { uint64_t function; int32_t num_blocks; int32_t block_size; };
+ORION_WIRE_STRUCT(OccupancySmemReq, 16);
+
 struct StreamCreateReq { uint32_t flags; int32_t priority; };
 ORION_WIRE_STRUCT(StreamCreateReq, 8);
 struct StreamWaitEventReq { uint64_t stream; uint64_t event; uint32_t flags; uint32_t reserved; };

@@ -95,11 +95,16 @@ class Backend {
   virtual CUresult ModuleGetGlobal(void* module, const char* name, uint64_t* dptr, uint64_t* bytes) = 0;
   virtual CUresult FuncGetAttribute(void* function, int attribute, int* value) = 0;
   virtual CUresult FuncSetAttribute(void* function, int attribute, int value) = 0;
-  // `params` is the parameter buffer (param_bytes long, laid out per the function's layout).
+  // `params` is the parameter buffer (param_bytes long, laid out per the function's layout);
+  // `cluster` the thread-block cluster dimensions ({1,1,1}: no cluster).
   virtual CUresult LaunchKernel(void* function, const uint32_t grid[3], const uint32_t block[3],
-                                uint32_t shared_mem, void* stream, const uint8_t* params, uint32_t param_bytes) = 0;
+                                uint32_t shared_mem, void* stream, const uint8_t* params, uint32_t param_bytes,
+                                const uint32_t cluster[3]) = 0;
   virtual CUresult OccupancyMaxBlocks(void* function, uint32_t block_size, uint64_t dynamic_smem, uint32_t flags,
                                       int* blocks) = 0;
+  virtual CUresult OccupancyMaxClusters(void* function, const uint32_t grid[3], const uint32_t block[3],
+                                        uint32_t shared_mem, const uint32_t cluster[3], int* clusters) = 0;
+  virtual CUresult OccupancyAvailableSmem(void* function, int num_blocks, int block_size, uint64_t* bytes) = 0;
 
   // Streams and events; a null stream is the current context's default stream.
   virtual CUresult StreamCreate(uint32_t flags, int priority, void** stream) = 0;

@@ -1,0 +1,186 @@
+// orion-check: Orion's diagnostics, with the layout of Orion vGPU's tool (shared/orion-reference.md).
+//
+//   orion-check runtime client    finds this client's region (ORION_SHM, shm_path_base, or a VM's
+//                                 ivshmem device), checks its header and that oriond serves it
+//   orion-check runtime server    oriond's configuration, whether it runs, and its vGPUs
+//   orion-check install {server,client,controller,all}   what is installed where
+// Exit status 0 when everything checked is in order, 1 otherwise.
+#include <pwd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "orion/host/config.h"
+#include "orion/ivshmem/discover.h"
+#include "orion/ivshmem/region.h"
+
+namespace {
+
+void Row(const std::string& label, const std::string& value) { std::printf("%-40s%s\n", label.c_str(), value.c_str()); }
+const char* YesNo(bool b) { return b ? "[Yes]" : "[No]"; }
+bool Exists(const std::string& p) {
+  struct stat st {};
+  return stat(p.c_str(), &st) == 0;
+}
+
+std::string Control(const std::string& socket_path, const std::string& line) {
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, socket_path.c_str(), sizeof addr.sun_path - 1);
+  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    if (fd >= 0) close(fd);
+    return "";
+  }
+  const std::string msg = line + "\n";
+  std::string reply;
+  if (write(fd, msg.data(), msg.size()) == static_cast<ssize_t>(msg.size())) {
+    char buf[1024];
+    ssize_t n;
+    while (reply.find('\n') == std::string::npos && (n = read(fd, buf, sizeof buf)) > 0) reply.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  if (auto nl = reply.find('\n'); nl != std::string::npos) reply.resize(nl);
+  return reply;
+}
+
+std::string Field(const std::string& s, const std::string& key) {
+  const auto at = s.find(key + "=");
+  if (at == std::string::npos) return "";
+  const auto end = s.find(' ', at);
+  return s.substr(at + key.size() + 1, end == std::string::npos ? std::string::npos : end - at - key.size() - 1);
+}
+
+int RuntimeClient() {
+  std::printf("Checking Orion client environment ...\n");
+  auto where = orion::ivshmem::FindClientRegion();
+  if (!where.ok()) {
+    Row("Orion region :", "not found");
+    std::printf("%s\n", where.status().message().c_str());
+    return 1;
+  }
+  Row("Orion region :", where->path);
+  Row("Found through :", where->source);
+  auto region = orion::ivshmem::MappedRegion::Open(where->path);
+  if (!region.ok()) {
+    std::printf("%s\n", region.status().message().c_str());
+    return 1;
+  }
+  auto hdr = orion::ivshmem::ValidateHeader(region->data(), region->size());
+  if (!hdr.ok()) {
+    Row("Region formatted by oriond", YesNo(false));
+    std::printf("%s\n", hdr.status().message().c_str());
+    return 1;
+  }
+  const auto* h = *hdr;
+  uint32_t used = 0;
+  for (uint32_t i = 0; i < h->channel_count; ++i) used += h->channels[i].state.load() != orion::ivshmem::kChannelFree;
+  Row("Region size :", std::to_string(h->region_bytes >> 20) + " MiB");
+  Row("Channels :", std::to_string(h->channel_count) + " (" + std::to_string(used) + " in use)");
+  std::printf("Checking Orion Server status ...\n");
+  const uint64_t beat = h->server_heartbeat.load();
+  timespec ts{0, 350000000};
+  nanosleep(&ts, nullptr);
+  const bool alive = h->server_heartbeat.load() != beat;
+  Row("Orion Server serves this region", YesNo(alive));
+  if (!alive) std::printf("oriond does not answer through this region (heartbeat stopped).\n");
+  return alive ? 0 : 1;
+}
+
+int RuntimeServer(const orion::host::ServerConfig& c) {
+  std::printf("Checking Orion Server status ...\n");
+  const std::string status = Control(c.control_socket, "status");
+  if (status.rfind("ok", 0) != 0) {
+    std::printf("Orion Server is not running (no answer on %s).\n", c.control_socket.c_str());
+  } else {
+    struct stat st {};
+    std::string user = "?";
+    if (stat(c.control_socket.c_str(), &st) == 0) {
+      if (passwd* pw = getpwuid(st.st_uid)) user = pw->pw_name;
+    }
+    Row("Orion Server is running with Linux user :", user);
+  }
+  Row("Enable SHM", YesNo(c.enable_shm));
+  Row("Enable RDMA", YesNo(c.enable_rdma));
+  Row("Enable Local QEMU-KVM with SHM", YesNo(c.enable_kvm));
+  Row("Binding IP Address :", c.bind_addr);
+  Row("Listening Port :", std::to_string(c.listen_port));
+  std::printf("Checking Orion Controller status ...\n");
+  if (c.controller_addr.empty()) {
+    std::printf("No controller configured: oriond admits clients itself (standalone).\n");
+  } else {
+    std::printf("Controller %s is configured, but this oriond does not use a controller yet.\n",
+                c.controller_addr.c_str());
+  }
+  if (status.rfind("ok", 0) == 0) {
+    std::printf("There are %s vGPU under managed by Orion Server. %s vGPU are free now.\n",
+                Field(status, "vgpus_total").c_str(), Field(status, "vgpus_free").c_str());
+  }
+  return status.rfind("ok", 0) == 0 ? 0 : 1;
+}
+
+int Install(const std::string& what, const std::string& self) {
+  const std::string prefix = self.substr(0, self.rfind("/bin/") == std::string::npos ? 0 : self.rfind("/bin/"));
+  bool ok = true;
+  auto check = [&](const std::string& label, const std::string& path) {
+    const bool e = Exists(path);
+    ok &= e;
+    Row(label, std::string(YesNo(e)) + " " + path);
+  };
+  if (what == "server" || what == "all") {
+    std::printf("Checking Orion Server installation ...\n");
+    check("oriond", prefix + "/bin/oriond");
+    check("orion-vm", prefix + "/bin/orion-vm");
+    check("server.conf", "/etc/orion/server.conf");
+    if (Exists("/etc/libvirt")) check("libvirt qemu hook", "/etc/libvirt/hooks/qemu");
+  }
+  if (what == "client" || what == "all") {
+    std::printf("Checking Orion client installation ...\n");
+    const std::string lib = Exists("/usr/lib/orion/libcuda.so.1") ? "/usr/lib/orion/libcuda.so.1"
+                                                                   : prefix + "/lib/orion/libcuda.so.1";
+    check("Orion runtime (libcuda.so.1)", lib);
+    check("client.conf", "/etc/orion/client.conf");
+  }
+  if (what == "controller" || what == "all") {
+    std::printf("Checking Orion Controller installation ...\n");
+    std::printf("orion-controller is not part of this release yet.\n");
+    if (what == "controller") ok = false;
+  }
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"orion-check: Orion diagnostics"};
+  std::string config_path = "/etc/orion/server.conf";
+  app.add_option("--config", config_path, "oriond's server.conf");
+  std::string what;
+  auto* rt = app.add_subcommand("runtime", "check a running installation");
+  rt->add_option("role", what, "server | client")->required()->check(CLI::IsMember({"server", "client"}));
+  auto* in = app.add_subcommand("install", "check what is installed");
+  in->add_option("role", what, "server | client | controller | all")
+      ->required()
+      ->check(CLI::IsMember({"server", "client", "controller", "all"}));
+  app.require_subcommand(1);
+  CLI11_PARSE(app, argc, argv);
+  if (in->parsed()) {
+    char self[4096] = {};
+    const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    return Install(what, n > 0 ? std::string(self, static_cast<size_t>(n)) : "/usr/local/bin/orion-check");
+  }
+  if (what == "client") return RuntimeClient();
+  auto conf = orion::host::LoadServerConfig(config_path);
+  if (!conf.ok() && conf.status().code() != orion::Code::kNotFound) {
+    std::fprintf(stderr, "orion-check: %s\n", conf.status().message().c_str());
+    return 1;
+  }
+  return RuntimeServer(conf.ok() ? *conf : orion::host::ServerConfig{});
+}
