@@ -245,8 +245,13 @@ template <std::size_t... I>
 constexpr auto UnknownSlots(std::index_sequence<I...>) {
   return std::array<const void*, sizeof...(I)>{reinterpret_cast<const void*>(&UnknownSlot<static_cast<int>(I)>)...};
 }
-// Slot 4: the context's unique id (cuCtxGetId's answer), per public reverse engineering.
-CUresult CtxIdentity(CUcontext ctx, unsigned long long* id) { return cuCtxGetId(ctx, id); }
+// Slot 4: asked by cuBLAS with (context, u64* out); public reverse engineering (SCUDA) answers
+// whether a context was given, and so do we.
+CUresult CtxIdentity(CUcontext ctx, unsigned long long* out) {
+  if (out == nullptr) return CUDA_ERROR_UNKNOWN;
+  *out = ctx != nullptr ? 1 : 0;
+  return CUDA_SUCCESS;
+}
 const auto kContextTable = [] {
   auto t = UnknownSlots(std::make_index_sequence<96>());
   t[0] = reinterpret_cast<const void*>(uintptr_t{96 * 8});

@@ -6,7 +6,8 @@
 
 int main() {
   ot::detect_device();
-  const int n = 256;
+  // 1024: smaller GEMMs take a cuBLAS path through undocumented private-table slots (README, limits).
+  const int n = 1024;
   std::vector<float> a(n * n), b(n * n), c(n * n, 0.f);
   for (int i = 0; i < n * n; ++i) {
     a[i] = static_cast<float>(i % 7) - 3.f;
