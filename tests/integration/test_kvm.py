@@ -43,9 +43,15 @@ def vm_oriond(tmp_path):
 
 
 def test_programs_run_in_a_guest_over_ivshmem(vm_oriond, kernel, initrd, tmp_path):
-    console = vm.boot(kernel, initrd, ["device_props", "kernel_params", "driver_api", "memory", "threads",
-                                       "vadd_shared"], region=vm_oriond.region, log=tmp_path / "console.log")
+    console = vm.boot(kernel, initrd, ["orion-check:runtime:client", "device_props", "kernel_params", "driver_api",
+                                       "memory", "threads", "vadd_shared"], region=vm_oriond.region,
+                      log=tmp_path / "console.log")
     out = vm.outputs(console)
+    # orion-check, installed by install-client, finds the device and oriond behind it.
+    rc, text = out.pop("orion-check")
+    assert rc == 0, text
+    assert re.search(r"Found through :\s+ivshmem /sys/bus/pci/devices/0000:00:0\d.0", text), text
+    assert re.search(r"Orion Server serves this region\s+\[Yes\]", text), text
     assert set(out) == {"device_props", "kernel_params", "driver_api", "memory", "threads", "vadd_shared"}, console[-3000:]
     for prog, (rc, text) in out.items():
         assert_passed(Result(rc, text))

@@ -249,3 +249,22 @@ def test_nvidia_cublas_runs_on_top(oriond):
     assert_passed(r, expect_checks=4)
     # cuBLAS chose and launched one of its own kernels (a CUTLASS/cuBLAS GEMM) through Orion.
     assert any(re.search(r" launch \S*(gemm|Gemm)\S* ", l) for l in oriond.launches()), oriond.launches()[-5:]
+
+
+def test_orion_check_runtime_client_and_server(oriond, tmp_path):
+    check = PREFIX / "bin" / "orion-check"
+    r = subprocess.run([check, "runtime", "client"], env=oriond.env(), capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"Found through :\s+ORION_SHM", r.stdout)
+    assert re.search(r"Orion Server serves this region\s+\[Yes\]", r.stdout)
+    # The server view, through oriond's control socket.
+    conf = tmp_path / "check.conf"
+    conf.write_text(f"[server]\n    vgpu_count = 4\n[orion]\n    control_socket = {oriond.tmp}/oriond.sock\n")
+    r = subprocess.run([check, "--config", conf, "runtime", "server"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"Enable SHM\s+\[Yes\]", r.stdout)
+    assert "There are 4 vGPU under managed by Orion Server. 4 vGPU are free now." in r.stdout
+    # No oriond behind a region: a clear "no".
+    oriond.stop()
+    r = subprocess.run([check, "runtime", "client"], env=oriond.env(), capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and re.search(r"Orion Server serves this region\s+\[No\]", r.stdout), r.stdout

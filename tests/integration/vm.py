@@ -15,7 +15,7 @@ INIT = r"""#!/bin/sh
 mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
 mkdir -p /etc /tmp
 /orion-client/install-client -q
-export LD_LIBRARY_PATH=/usr/lib/orion ORION_VGPU=1
+export LD_LIBRARY_PATH=/usr/lib/orion ORION_VGPU=1 PATH=/usr/local/bin:/usr/bin:/bin
 for arg in $(cat /proc/cmdline); do
   case $arg in
     orion.run=*) run=${arg#orion.run=} ;;
@@ -26,7 +26,7 @@ for item in $(echo "$run" | tr ',' ' '); do
   prog=${item%%:*}
   args=$(echo "$item" | cut -s -d: -f2- | tr ':' ' ')
   echo "=== BEGIN $prog"
-  /opt/$prog $args 2>&1
+  if [ -x /opt/$prog ]; then /opt/$prog $args 2>&1; else $prog $args 2>&1; fi
   echo "=== END $prog rc=$?"
 done
 poweroff -f
@@ -41,7 +41,8 @@ def libs_of(exe):
 def build_initramfs(out: Path, prefix: Path, programs):
     root = out.parent / (out.name + ".root")
     shutil.rmtree(root, ignore_errors=True)
-    for d in ["bin", "proc", "sys", "dev", "opt", "orion-client", "lib64", "lib/x86_64-linux-gnu", "usr/lib"]:
+    for d in ["bin", "proc", "sys", "dev", "opt", "orion-client", "lib64", "lib/x86_64-linux-gnu", "usr/lib",
+              "usr/local/bin"]:
         (root / d).mkdir(parents=True, exist_ok=True)
     shutil.copy("/usr/bin/busybox", root / "bin/busybox")
     for app in ["sh", "mount", "poweroff", "cat", "echo", "mkdir", "cp", "ln", "mv", "tr", "cut", "dirname", "sleep"]:
