@@ -677,6 +677,26 @@ class CudaBackend final : public Backend {
                                    CurrentDevice());
   }
 
+  // A launch configuration with one attribute, the cluster dimensions (`attr` must outlive it).
+  static CUlaunchConfig ClusterConfig(const uint32_t grid[3], const uint32_t block[3], uint32_t shared_mem,
+                                      const uint32_t cluster[3], CUlaunchAttribute* attr) {
+    attr->id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr->value.clusterDim.x = cluster[0];
+    attr->value.clusterDim.y = cluster[1];
+    attr->value.clusterDim.z = cluster[2];
+    CUlaunchConfig cfg{};
+    cfg.gridDimX = grid[0];
+    cfg.gridDimY = grid[1];
+    cfg.gridDimZ = grid[2];
+    cfg.blockDimX = block[0];
+    cfg.blockDimY = block[1];
+    cfg.blockDimZ = block[2];
+    cfg.sharedMemBytes = shared_mem;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cfg;
+  }
+
   CUresult LaunchKernel(void* function, const uint32_t grid[3], const uint32_t block[3], uint32_t shared_mem,
                         void* stream, const uint8_t* params, uint32_t param_bytes, const uint32_t cluster[3]) override {
     // cuLaunchKernel: "the API can also be used to launch context-less kernel ::CUkernel by
@@ -685,21 +705,8 @@ class CudaBackend final : public Backend {
     const auto f = static_cast<CUfunction>(function);
     if (uint64_t{cluster[0]} * cluster[1] * cluster[2] > 1) {
       CUlaunchAttribute attr{};
-      attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-      attr.value.clusterDim.x = cluster[0];
-      attr.value.clusterDim.y = cluster[1];
-      attr.value.clusterDim.z = cluster[2];
-      CUlaunchConfig cfg{};
-      cfg.gridDimX = grid[0];
-      cfg.gridDimY = grid[1];
-      cfg.gridDimZ = grid[2];
-      cfg.blockDimX = block[0];
-      cfg.blockDimY = block[1];
-      cfg.blockDimZ = block[2];
-      cfg.sharedMemBytes = shared_mem;
+      CUlaunchConfig cfg = ClusterConfig(grid, block, shared_mem, cluster, &attr);
       cfg.hStream = Stream(stream);
-      cfg.attrs = &attr;
-      cfg.numAttrs = 1;
       size_t size = param_bytes;
       void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, const_cast<uint8_t*>(params), CU_LAUNCH_PARAM_BUFFER_SIZE,
                        &size, CU_LAUNCH_PARAM_END};
@@ -732,20 +739,7 @@ class CudaBackend final : public Backend {
     const CUresult r = api_.kernelGetFunction(&f, Kernel(function));
     if (r != CUDA_SUCCESS) return r;
     CUlaunchAttribute attr{};
-    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attr.value.clusterDim.x = cluster[0];
-    attr.value.clusterDim.y = cluster[1];
-    attr.value.clusterDim.z = cluster[2];
-    CUlaunchConfig cfg{};
-    cfg.gridDimX = grid[0];
-    cfg.gridDimY = grid[1];
-    cfg.gridDimZ = grid[2];
-    cfg.blockDimX = block[0];
-    cfg.blockDimY = block[1];
-    cfg.blockDimZ = block[2];
-    cfg.sharedMemBytes = shared_mem;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
+    const CUlaunchConfig cfg = ClusterConfig(grid, block, shared_mem, cluster, &attr);
     return api_.occupancyMaxActiveClusters(clusters, f, &cfg);
   }
 

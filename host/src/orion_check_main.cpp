@@ -6,9 +6,7 @@
 //   orion-check install {server,client,controller,all}   what is installed where
 // Exit status 0 when everything checked is in order, 1 otherwise.
 #include <pwd.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -18,6 +16,7 @@
 #include <string>
 
 #include "orion/host/config.h"
+#include "orion/host/control.h"
 #include "orion/ivshmem/discover.h"
 #include "orion/ivshmem/region.h"
 
@@ -31,24 +30,8 @@ bool Exists(const std::string& p) {
 }
 
 std::string Control(const std::string& socket_path, const std::string& line) {
-  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, socket_path.c_str(), sizeof addr.sun_path - 1);
-  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    if (fd >= 0) close(fd);
-    return "";
-  }
-  const std::string msg = line + "\n";
-  std::string reply;
-  if (write(fd, msg.data(), msg.size()) == static_cast<ssize_t>(msg.size())) {
-    char buf[1024];
-    ssize_t n;
-    while (reply.find('\n') == std::string::npos && (n = read(fd, buf, sizeof buf)) > 0) reply.append(buf, static_cast<size_t>(n));
-  }
-  close(fd);
-  if (auto nl = reply.find('\n'); nl != std::string::npos) reply.resize(nl);
-  return reply;
+  auto r = orion::host::ControlRequest(socket_path, line, 5000);
+  return r.ok() ? *r : "";
 }
 
 std::string Field(const std::string& s, const std::string& key) {

@@ -13,11 +13,8 @@
 //        Idempotent, quick, and never calls back into libvirtd.
 #include <fcntl.h>
 #include <grp.h>
-#include <poll.h>
 #include <pwd.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <libxml/parser.h>
@@ -36,6 +33,7 @@
 #include <vector>
 
 #include "orion/host/config.h"
+#include "orion/host/control.h"
 
 namespace {
 
@@ -136,35 +134,33 @@ bool ParseDomain(const std::string& xml, std::optional<Shmem>* shm, VgpuRequest*
   return true;
 }
 
-// Sends one control line to oriond and returns its reply line.
-std::string Oriond(const std::string& socket_path, const std::string& line, bool* reached) {
-  *reached = false;
-  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, socket_path.c_str(), sizeof addr.sun_path - 1);
-  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    const std::string err = std::strerror(errno);
-    if (fd >= 0) close(fd);
-    return "error oriond is not running (cannot connect to " + socket_path + ": " + err + ")";
+// One control line to oriond; its reply, or "error <why>".
+std::string Oriond(const std::string& socket_path, const std::string& line) {
+  auto r = orion::host::ControlRequest(socket_path, line);
+  return r.ok() ? *r : "error " + r.status().message();
+}
+
+// Writes `doc` to a temporary file and `virsh define`s it. Frees `doc`.
+bool DefineXml(const std::string& uri, xmlDocPtr doc) {
+  char tmpl[] = "/tmp/orion-vm-XXXXXX.xml";
+  const int fd = mkstemps(tmpl, 4);
+  xmlChar* out = nullptr;
+  int len = 0;
+  xmlDocDumpFormatMemory(doc, &out, &len, 1);
+  const bool wrote = fd >= 0 && write(fd, out, static_cast<size_t>(len)) == len;
+  xmlFree(out);
+  xmlFreeDoc(doc);
+  if (fd >= 0) close(fd);
+  if (!wrote) {
+    std::cerr << "orion-vm: cannot write a temporary file\n";
+    unlink(tmpl);
+    return false;
   }
-  *reached = true;
-  const std::string msg = line + "\n";
-  if (write(fd, msg.data(), msg.size()) != static_cast<ssize_t>(msg.size())) {
-    close(fd);
-    return "error cannot talk to oriond";
-  }
-  std::string reply;
-  char buf[1024];
-  pollfd pfd{fd, POLLIN, 0};
-  while (reply.find('\n') == std::string::npos && poll(&pfd, 1, 15000) > 0) {
-    const ssize_t n = read(fd, buf, sizeof buf);
-    if (n <= 0) break;
-    reply.append(buf, static_cast<size_t>(n));
-  }
-  close(fd);
-  if (auto nl = reply.find('\n'); nl != std::string::npos) reply.resize(nl);
-  return reply.empty() ? "error oriond did not answer" : reply;
+  int rc = 0;
+  const std::string defined = Run({"virsh", "-c", uri, "define", tmpl}, &rc);
+  unlink(tmpl);
+  if (rc != 0) std::cerr << "orion-vm: virsh define failed: " << defined;
+  return rc == 0;
 }
 
 int Hook(const orion::host::ServerConfig& conf, const std::string& domain, const std::string& op) {
@@ -186,9 +182,8 @@ int Hook(const orion::host::ServerConfig& conf, const std::string& domain, const
   std::string base = conf.shm_path_base;
   if (!base.empty() && base.back() != '/') base += '/';
   const std::string path = base + shm->name;
-  bool reached = false;
   if (op == "release") {
-    Oriond(conf.control_socket, "detach " + domain, &reached);
+    Oriond(conf.control_socket, "detach " + domain);
     unlink(path.c_str());
     return 0;
   }
@@ -219,10 +214,8 @@ int Hook(const orion::host::ServerConfig& conf, const std::string& domain, const
     return 1;
   }
   close(fd);
-  const std::string reply = Oriond(conf.control_socket,
-                                   "attach " + domain + " " + path + " " + std::to_string(req.count) + " " +
-                                       std::to_string(req.gmem_mib),
-                                   &reached);
+  const std::string reply = Oriond(conf.control_socket, "attach " + domain + " " + path + " " +
+                                                           std::to_string(req.count) + " " + std::to_string(req.gmem_mib));
   if (reply.rfind("ok", 0) != 0) {
     std::cerr << "orion: cannot start " << domain << ": " << reply.substr(reply.find(' ') + 1) << "\n";
     return 1;
@@ -288,25 +281,7 @@ int Enable(const std::string& uri, const std::string& domain, uint32_t vgpus, ui
   xmlSetNs(v, xmlNewNs(v, BAD_CAST kNs, BAD_CAST "orion"));
   xmlNewProp(v, BAD_CAST "count", BAD_CAST std::to_string(vgpus).c_str());
   xmlNewProp(v, BAD_CAST "gmem", BAD_CAST std::to_string(gmem).c_str());
-  char tmpl[] = "/tmp/orion-vm-XXXXXX.xml";
-  const int fd = mkstemps(tmpl, 4);
-  xmlChar* out = nullptr;
-  int len = 0;
-  xmlDocDumpFormatMemory(doc, &out, &len, 1);
-  const bool wrote = fd >= 0 && write(fd, out, static_cast<size_t>(len)) == len;
-  xmlFree(out);
-  xmlFreeDoc(doc);
-  if (fd >= 0) close(fd);
-  if (!wrote) {
-    std::cerr << "orion-vm: cannot write a temporary file\n";
-    return 1;
-  }
-  const std::string defined = Run({"virsh", "-c", uri, "define", tmpl}, &rc);
-  unlink(tmpl);
-  if (rc != 0) {
-    std::cerr << "orion-vm: virsh define failed: " << defined;
-    return 1;
-  }
+  if (!DefineXml(uri, doc)) return 1;
   std::cout << "Domain " << domain << ": " << vgpus << " vGPU(s) of " << (gmem != 0 ? std::to_string(gmem) : "default")
             << " MiB through " << shm_name << " (" << shm_mib << " MiB); takes effect at the next start\n";
   return 0;
@@ -332,22 +307,7 @@ int Disable(const std::string& uri, const std::string& domain) {
     xmlXPathFreeObject(r);
   }
   xmlXPathFreeContext(ctx);
-  char tmpl[] = "/tmp/orion-vm-XXXXXX.xml";
-  const int fd = mkstemps(tmpl, 4);
-  xmlChar* out = nullptr;
-  int len = 0;
-  xmlDocDumpFormatMemory(doc, &out, &len, 1);
-  const bool wrote = fd >= 0 && write(fd, out, static_cast<size_t>(len)) == len;
-  xmlFree(out);
-  xmlFreeDoc(doc);
-  if (fd >= 0) close(fd);
-  if (!wrote) return 1;
-  const std::string defined = Run({"virsh", "-c", uri, "define", tmpl}, &rc);
-  unlink(tmpl);
-  if (rc != 0) {
-    std::cerr << "orion-vm: virsh define failed: " << defined;
-    return 1;
-  }
+  if (!DefineXml(uri, doc)) return 1;
   std::cout << "Domain " << domain << ": Orion vGPUs removed; takes effect at the next start\n";
   return 0;
 }
@@ -369,8 +329,7 @@ int Status(const orion::host::ServerConfig& conf, const std::string& uri, const 
   }
   std::cout << "Domain " << domain << ": " << req.count << " vGPU(s), gmem " << req.gmem_mib << " MiB, region "
             << conf.shm_path_base << shm->name << " (" << (shm->bytes >> 20) << " MiB)\n";
-  bool reached = false;
-  std::cout << "oriond: " << Oriond(conf.control_socket, "status", &reached) << "\n";
+  std::cout << "oriond: " << Oriond(conf.control_socket, "status") << "\n";
   return 0;
 }
 
