@@ -52,16 +52,8 @@ struct Alloc {
 
 class Session {
  public:
-  Session(const SessionParams& p, std::unique_ptr<Backend> b) : p_(p), b_(std::move(b)) {
-    layout_ = ChannelLayout::Compute(p_.channel_bytes);
-    uint8_t* chan = ivshmem::ChannelBase(p_.region, p_.channel_bytes, p_.channel);
-    desc_ = &ivshmem::Header(p_.region)->channels[p_.channel];
-    requests_ = ivshmem::RingConsumer(chan + layout_.request_ring_offset,
-                                      static_cast<uint32_t>(layout_.request_ring_bytes), p_.generation,
-                                      p_.request_position);
-    replies_ = ivshmem::RingProducer(chan + layout_.reply_ring_offset,
-                                     static_cast<uint32_t>(layout_.reply_ring_bytes), p_.generation);
-    window_ = chan + layout_.window_offset;
+  Session(const SessionParams& p, std::unique_ptr<Backend> b, std::unique_ptr<SessionChannel> ch)
+      : p_(p), b_(std::move(b)), ch_(std::move(ch)), layout_(ch_->layout()), window_(ch_->window()) {
     used_.assign(p_.placements.size(), 0);
   }
 
@@ -109,10 +101,8 @@ class Session {
 
   SessionParams p_;
   std::unique_ptr<Backend> b_;
+  std::unique_ptr<SessionChannel> ch_;
   ChannelLayout layout_{};
-  ivshmem::ChannelDesc* desc_ = nullptr;
-  ivshmem::RingConsumer requests_;
-  ivshmem::RingProducer replies_;
   uint8_t* window_ = nullptr;
   std::unordered_map<uint64_t, Obj> handles_;
   uint64_t next_handle_ = 0x10000;
@@ -140,21 +130,16 @@ bool Session::Reply(const FrameHeader& req, int32_t status, const void* payload,
   h.status = status;
   h.deferred = deferred_;
   deferred_ = 0;
-  if (replies_.Push(h, payload)) return true;  // the common case: no clock, no backoff
-  ivshmem::Backoff backoff(1000, 100, 1000);
-  const uint64_t start = NowMs();
-  while (!replies_.Push(h, payload)) {
-    if (replies_.corrupt()) {
-      p_.log->error("sess={} protocol violation: the reply ring's consumer cursor is impossible", p_.session_id);
-      desc_->close_reason.store(CUDA_ERROR_ILLEGAL_STATE, std::memory_order_relaxed);
-      violation_ = true;
-      return false;
-    }
-    // The client is not draining its replies; give up when its lease has expired.
-    if (NowMs() - start > p_.lease_timeout_ms * 4) return false;
-    backoff.Pause();
+  Status s = ch_->Reply(h, payload, len);
+  if (s.ok()) return true;
+  if (s.code() == Code::kDataLoss) {
+    p_.log->error("sess={} protocol violation: {}", p_.session_id, s.message());
+    ch_->Closing(CUDA_ERROR_ILLEGAL_STATE);
+    violation_ = true;
+  } else {
+    p_.log->info("sess={} cannot answer the client: {}", p_.session_id, s.message());
   }
-  return true;
+  return false;
 }
 
 const std::vector<uint8_t>* Session::Blob(uint64_t lo, uint64_t hi, uint64_t bytes) {
@@ -709,8 +694,7 @@ int Session::Run(const FrameHeader& hello_header, const HelloReq& hello) {
   if (Status s = b_->Init(p_.placements); !s.ok()) {
     log.error("sess={} backend {} failed to start: {}", p_.session_id, b_->name(), s.ToString());
     const std::string msg = "oriond backend failed: " + s.message();
-    PushReply(p_.region, p_.channel_bytes, p_.channel, p_.generation, hello_header, CUDA_ERROR_NO_DEVICE, msg.data(),
-              static_cast<uint32_t>(msg.size()));
+    Reply(hello_header, CUDA_ERROR_NO_DEVICE, msg.data(), static_cast<uint32_t>(msg.size()));
     return kExitBackendFailed;
   }
   b_->RegisterWindow(window_ + layout_.staging_bytes, layout_.window_bytes - layout_.staging_bytes);
@@ -720,6 +704,8 @@ int Session::Run(const FrameHeader& hello_header, const HelloReq& hello) {
   w.device_count = static_cast<uint32_t>(p_.placements.size());
   w.driver_version = b_->DriverVersion();
   w.backend = std::string(b_->name()) == "cuda" ? 1 : 0;
+  w.transport = p_.transport;
+  w.channel_bytes = p_.transport == kTransportShm ? 0 : p_.channel_bytes;
   std::snprintf(w.server_name, sizeof w.server_name, "oriond (%s)", b_->name());
   std::memcpy(welcome.data(), &w, sizeof w);
   overhead_.assign(p_.placements.size(), 0);
@@ -733,33 +719,32 @@ int Session::Run(const FrameHeader& hello_header, const HelloReq& hello) {
   if (!Reply(hello_header, CUDA_SUCCESS, welcome.data(), static_cast<uint32_t>(welcome.size()))) {
     return violation_ ? kExitViolation : kExitLeaseExpired;
   }
-  // W0: the session is served; pairs with the client's and the daemon's acquire loads.
-  desc_->state.store(ivshmem::kChannelActive, std::memory_order_release);
+  ch_->Serving();
 
   std::vector<uint8_t> scratch, reply;
   // Idle: spin ~0.1 ms, yield, then nap up to 2 ms (a sync call after a long idle pays that once).
   ivshmem::Backoff backoff(2000, 100, 2000);
-  uint64_t last_lease = desc_->client_lease.load(std::memory_order_relaxed);
-  uint64_t lease_changed = NowMs();
   uint64_t frames = 0;
+  auto violation = [&](const std::string& what) {
+    log.error("sess={} protocol violation: {}; ending the session", p_.session_id, what);
+    ch_->Closing(CUDA_ERROR_ILLEGAL_STATE);
+    return kExitViolation;
+  };
   for (;;) {
     ivshmem::FrameView f{};
     bool got = false;
-    if (Status s = requests_.Pop(&f, &scratch, &got); !s.ok()) {
-      log.error("sess={} protocol violation: {}; ending the session", p_.session_id, s.message());
-      desc_->close_reason.store(CUDA_ERROR_ILLEGAL_STATE, std::memory_order_relaxed);
-      return kExitViolation;
+    if (Status s = ch_->Pop(&f, &scratch, &got); !s.ok()) {
+      if (s.code() == Code::kUnavailable) {
+        log.info("sess={} {}", p_.session_id, s.message());
+        return kExitClientGone;
+      }
+      return violation(s.message());
     }
     if (!got) {
       if (backoff.sleeping() || (++frames & 0xFFF) == 0) {
-        const uint64_t lease = desc_->client_lease.load(std::memory_order_relaxed);
-        const uint64_t now = NowMs();
-        if (lease != last_lease) {
-          last_lease = lease;
-          lease_changed = now;
-        } else if (now - lease_changed > p_.lease_timeout_ms) {
-          log.info("sess={} client lease expired ({} ms without renewal)", p_.session_id, p_.lease_timeout_ms);
-          return kExitLeaseExpired;
+        if (Status s = ch_->Idle(NowMs()); !s.ok()) {
+          log.info("sess={} {}", p_.session_id, s.message());
+          return s.code() == Code::kUnavailable ? kExitLeaseExpired : kExitClientGone;
         }
       }
       backoff.Pause();
@@ -767,33 +752,98 @@ int Session::Run(const FrameHeader& hello_header, const HelloReq& hello) {
     }
     backoff.Reset();
     const FrameHeader& h = f.header;
-    if (!OpKnown(h.op)) {
-      log.error("sess={} protocol violation: unknown op {}; ending the session", p_.session_id, h.op);
-      desc_->close_reason.store(CUDA_ERROR_ILLEGAL_STATE, std::memory_order_relaxed);
-      return kExitViolation;
+    if (!OpKnown(h.op) || static_cast<Op>(h.op) == Op::kWindowData) {
+      return violation("unknown op " + std::to_string(h.op));
     }
     int32_t status = 0;
     std::string why;
-    if (!Dispatch(h, f.payload, &reply, &status, &why)) {
-      log.error("sess={} op={} protocol violation: {}; ending the session", p_.session_id, OpName(h.op), why);
-      desc_->close_reason.store(CUDA_ERROR_ILLEGAL_STATE, std::memory_order_relaxed);
-      return kExitViolation;
-    }
+    if (!Dispatch(h, f.payload, &reply, &status, &why)) return violation(std::string(OpName(h.op)) + ": " + why);
     if (status != 0 && status != kStatusNeedBytes) {
       log.debug("sess={} op={} -> {}", p_.session_id, OpName(h.op), status);
     }
+    // D0: the frame's window bytes reach the client, its staging bytes are free (shm: pairs with S0
+    // in the client), before its reply.
+    if (Status s = ch_->Done(h, f.payload); !s.ok()) {
+      if (s.code() == Code::kDataLoss) return violation(s.message());
+      log.info("sess={} {}", p_.session_id, s.message());
+      return kExitClientGone;
+    }
     if (h.flags & kFlagWantsReply) {
       if (!Reply(h, status, reply.data(), static_cast<uint32_t>(reply.size()))) {
-        return violation_ ? kExitViolation : kExitLeaseExpired;
+        return violation_ ? kExitViolation : kExitClientGone;
       }
     } else if (status != 0 && deferred_ == 0) {
       deferred_ = status;  // reported with the next reply
     }
-    // D0: frames up to h.seq are done (their staging bytes were read); pairs with S0 in the client.
-    desc_->server_done_seq.store(h.seq, std::memory_order_release);
     if (static_cast<Op>(h.op) == Op::kGoodbye) return kExitGoodbye;
   }
 }
+
+// ---- Shared-memory channel ----------------------------------------------------------------------
+
+class ShmSessionChannel final : public SessionChannel {
+ public:
+  ShmSessionChannel(uint8_t* region, uint64_t channel_bytes, uint32_t channel, uint32_t generation,
+                    uint64_t request_position, uint64_t lease_timeout_ms)
+      : layout_(ChannelLayout::Compute(channel_bytes)), lease_timeout_ms_(lease_timeout_ms) {
+    uint8_t* chan = ivshmem::ChannelBase(region, channel_bytes, channel);
+    desc_ = &ivshmem::Header(region)->channels[channel];
+    requests_ = ivshmem::RingConsumer(chan + layout_.request_ring_offset,
+                                      static_cast<uint32_t>(layout_.request_ring_bytes), generation, request_position);
+    replies_ = ivshmem::RingProducer(chan + layout_.reply_ring_offset, static_cast<uint32_t>(layout_.reply_ring_bytes),
+                                     generation);
+    window_ = chan + layout_.window_offset;
+    last_lease_ = desc_->client_lease.load(std::memory_order_relaxed);
+    lease_changed_ = NowMs();
+  }
+  uint8_t* window() override { return window_; }
+  const ChannelLayout& layout() const override { return layout_; }
+  Status Pop(ivshmem::FrameView* f, std::vector<uint8_t>* scratch, bool* got) override {
+    return requests_.Pop(f, scratch, got);
+  }
+  Status Done(const FrameHeader& req, const uint8_t*) override {
+    // D0: releases the frame's staging bytes; pairs with S0 in Client::ReclaimLocked.
+    desc_->server_done_seq.store(req.seq, std::memory_order_release);
+    return Status::Ok();
+  }
+  Status Reply(const FrameHeader& h, const void* payload, uint32_t) override {
+    if (replies_.Push(h, payload)) return Status::Ok();  // the common case: no clock, no backoff
+    ivshmem::Backoff backoff(1000, 100, 1000);
+    const uint64_t start = NowMs();
+    while (!replies_.Push(h, payload)) {
+      if (replies_.corrupt()) return DataLoss("the reply ring's consumer cursor is impossible");
+      // The client is not draining its replies; give up when its lease has expired.
+      if (NowMs() - start > lease_timeout_ms_ * 4) return Unavailable("the client does not read its replies");
+      backoff.Pause();
+    }
+    return Status::Ok();
+  }
+  Status Idle(uint64_t now) override {
+    const uint64_t lease = desc_->client_lease.load(std::memory_order_relaxed);
+    if (lease != last_lease_) {
+      last_lease_ = lease;
+      lease_changed_ = now;
+    } else if (now - lease_changed_ > lease_timeout_ms_) {
+      return Unavailable("client lease expired (" + std::to_string(lease_timeout_ms_) + " ms without renewal)");
+    }
+    return Status::Ok();
+  }
+  void Serving() override {
+    // W0: the session is served; pairs with the client's and the daemon's acquire loads.
+    desc_->state.store(ivshmem::kChannelActive, std::memory_order_release);
+  }
+  void Closing(int32_t reason) override { desc_->close_reason.store(reason, std::memory_order_relaxed); }
+
+ private:
+  ChannelLayout layout_;
+  uint64_t lease_timeout_ms_;
+  ivshmem::ChannelDesc* desc_ = nullptr;
+  ivshmem::RingConsumer requests_;
+  ivshmem::RingProducer replies_;
+  uint8_t* window_ = nullptr;
+  uint64_t last_lease_ = 0;
+  uint64_t lease_changed_ = 0;
+};
 
 }  // namespace
 
@@ -812,9 +862,21 @@ bool PushReply(uint8_t* region, uint64_t channel_bytes, uint32_t channel, uint32
   return rp.Push(h, payload);
 }
 
+std::unique_ptr<SessionChannel> MakeShmSessionChannel(uint8_t* region, uint64_t channel_bytes, uint32_t channel,
+                                                      uint32_t generation, uint64_t request_position,
+                                                      uint64_t lease_timeout_ms) {
+  return std::make_unique<ShmSessionChannel>(region, channel_bytes, channel, generation, request_position,
+                                             lease_timeout_ms);
+}
+
 int RunSession(const SessionParams& params, std::unique_ptr<Backend> backend, const FrameHeader& hello_header,
                const HelloReq& hello) {
-  Session s(params, std::move(backend));
+  std::unique_ptr<SessionChannel> ch =
+      params.socket_fd >= 0 ? MakeTcpSessionChannel(params.socket_fd, params.channel_bytes)
+                            : MakeShmSessionChannel(params.region, params.channel_bytes, params.channel,
+                                                    params.generation, params.request_position,
+                                                    params.lease_timeout_ms);
+  Session s(params, std::move(backend), std::move(ch));
   return s.Run(hello_header, hello);
 }
 

@@ -81,9 +81,14 @@ inline constexpr uint32_t kMaxDevices = 16;
 inline constexpr uint32_t kMaxDeviceAttributes = 160;  // CU_DEVICE_ATTRIBUTE_MAX is < 160 in CUDA 13
 inline constexpr uint32_t kNameLen = 256;
 
+// Transports a client can use (HelloReq::transports).
+inline constexpr uint16_t kTransportShm = 1u << 0;  // shared memory / ivshmem
+inline constexpr uint16_t kTransportTcp = 1u << 1;
+inline constexpr uint16_t kTransportRdma = 1u << 2;
+
 struct HelloReq {
   uint16_t protocol_version;  // kProtocolVersion
-  uint16_t reserved0;
+  uint16_t transports;        // kTransport* the client can use
   uint32_t vgpu_count;        // ORION_VGPU
   uint64_t gmem_mib;          // ORION_GMEM (0: the server's default per vGPU)
   uint32_t pid;               // informational only (PIDs differ across namespaces and VMs)
@@ -110,9 +115,30 @@ struct WelcomeRep {
   uint32_t device_count;          // <= kMaxDevices; followed by device_count DeviceInfo
   int32_t driver_version;         // the server driver's cuDriverGetVersion
   uint32_t backend;               // 0 sim, 1 cuda
-  char server_name[64];           // "oriond 0.1.0 (sim)"
+  uint64_t channel_bytes;         // network transports: the channel size both ends lay out (0 on shm)
+  uint16_t transport;             // the kTransport* oriond chose
+  uint16_t reserved0;
+  uint32_t reserved1;
+  char server_name[48];           // "oriond (sim)"
 };
 ORION_WIRE_STRUCT(WelcomeRep, 80);
+
+// WindowData (network transports): followed by `bytes` bytes for window[offset, offset + bytes).
+struct WindowDataHdr { uint64_t offset; uint64_t bytes; };
+ORION_WIRE_STRUCT(WindowDataHdr, 16);
+
+// The data-window ranges a request frame reads (the client sends their bytes after the frame on
+// network transports) and writes (oriond sends them back as WindowData before the reply). A pure
+// function of the frame, used by both ends; ranges are not yet checked against the window.
+struct WindowRange { uint64_t offset; uint64_t bytes; };
+struct WindowRanges {
+  WindowRange reads[1];
+  WindowRange writes[1];
+  uint32_t nreads = 0;
+  uint32_t nwrites = 0;
+};
+// False when the payload is too short for the op (a malformed frame).
+bool FrameWindowRanges(uint16_t op, const uint8_t* payload, uint32_t payload_len, WindowRanges* out) noexcept;
 
 struct CtxCreateReq { uint32_t device; uint32_t flags; };
 ORION_WIRE_STRUCT(CtxCreateReq, 8);

@@ -19,11 +19,40 @@
 #include "orion/common/frame.h"
 #include "orion/host/backend.h"
 #include "orion/ivshmem/region.h"
+#include "orion/ivshmem/ring.h"
 
 namespace orion::host {
 
+// What a session worker reads requests from and answers on: a shared-memory channel (rings in the
+// region) or a network connection (TCP; the data window is then a private copy on each end, kept
+// in step by the window ranges each frame reads and writes: docs/spec/frames.md).
+class SessionChannel {
+ public:
+  virtual ~SessionChannel() = default;
+  virtual uint8_t* window() = 0;
+  virtual const ivshmem::ChannelLayout& layout() const = 0;
+  // The next request, validated; on a network channel the window bytes it reads have arrived.
+  // kDataLoss: protocol violation; kUnavailable: the client went away.
+  virtual Status Pop(ivshmem::FrameView* f, std::vector<uint8_t>* scratch, bool* got) = 0;
+  // After executing `req`: the window bytes it wrote reach the client, its staging bytes are free.
+  virtual Status Done(const FrameHeader& req, const uint8_t* payload) = 0;
+  virtual Status Reply(const FrameHeader& h, const void* payload, uint32_t len) = 0;
+  // Called while idle: kUnavailable when the client is gone (stale lease, closed connection).
+  virtual Status Idle(uint64_t now_ms) = 0;
+  virtual void Serving() = 0;               // the session is served (shm: state ACTIVE)
+  virtual void Closing(int32_t reason) = 0;  // the session ends on a violation
+};
+
+std::unique_ptr<SessionChannel> MakeShmSessionChannel(uint8_t* region, uint64_t channel_bytes, uint32_t channel,
+                                                      uint32_t generation, uint64_t request_position,
+                                                      uint64_t lease_timeout_ms);
+// A TCP connection (the worker owns `fd`) whose channel has `channel_bytes` (its window is local).
+std::unique_ptr<SessionChannel> MakeTcpSessionChannel(int fd, uint64_t channel_bytes);
+
 struct SessionParams {
   uint32_t session_id = 0;
+  int socket_fd = -1;                // a network session: its connection (else a region channel)
+  uint16_t transport = kTransportShm;
   uint8_t* region = nullptr;         // mapped region
   uint64_t channel_bytes = 0;        // trusted (from our own FormatRegion)
   uint32_t channel = 0;
@@ -41,6 +70,7 @@ enum SessionExit : int {
   kExitLeaseExpired = 2,   // client stopped renewing its lease (killed, hung)
   kExitViolation = 3,      // protocol violation: hostile or broken client
   kExitBackendFailed = 4,  // the backend could not start
+  kExitClientGone = 5,     // the client closed its connection without Goodbye
 };
 
 // Serves the session until it ends; returns a SessionExit code.

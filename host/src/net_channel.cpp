@@ -1,0 +1,166 @@
+// A session over TCP. Frames are the same as on shared memory; the data window is a private copy
+// on each end, kept in step by the window ranges each request reads (their bytes follow the frame)
+// and writes (oriond sends them back as WindowData before the reply). docs/spec/frames.md, "TCP".
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "orion/host/session.h"
+
+namespace orion::host {
+namespace {
+
+constexpr int kStallMs = 30000;  // a peer that stops in the middle of a frame for this long is gone
+
+class TcpSessionChannel final : public SessionChannel {
+ public:
+  TcpSessionChannel(int fd, uint64_t channel_bytes)
+      : fd_(fd), layout_(ivshmem::ChannelLayout::Compute(channel_bytes)) {
+    void* p = mmap(nullptr, layout_.window_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    window_ = p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
+  }
+  ~TcpSessionChannel() override {
+    if (window_ != nullptr) munmap(window_, layout_.window_bytes);
+    ::close(fd_);
+  }
+  uint8_t* window() override { return window_; }
+  const ivshmem::ChannelLayout& layout() const override { return layout_; }
+
+  Status Pop(ivshmem::FrameView* f, std::vector<uint8_t>* scratch, bool* got) override {
+    *got = false;
+    if (window_ == nullptr) return Internal("no memory for the session's window");
+    if (Status s = Fill(false); !s.ok()) return s;
+    if (in_.size() - at_ < sizeof(FrameHeader)) return Status::Ok();
+    FrameHeader h;
+    std::memcpy(&h, in_.data() + at_, sizeof h);  // the one read of the header
+    if (h.magic != kFrameMagic) return DataLoss("frame has a bad magic");
+    if (h.version != kProtocolVersion) return DataLoss("frame protocol version " + std::to_string(h.version));
+    if (h.payload_len > kMaxPayload) return DataLoss("frame payload is too large");
+    if (in_.size() - at_ < sizeof h + h.payload_len) return Status::Ok();
+    if (scratch->size() < h.payload_len) scratch->resize(std::max<size_t>(h.payload_len, 256));
+    std::memcpy(scratch->data(), in_.data() + at_ + sizeof h, h.payload_len);
+    at_ += sizeof h + h.payload_len;
+    WindowRanges r;
+    if (!FrameWindowRanges(h.op, scratch->data(), h.payload_len, &r)) return DataLoss("malformed frame");
+    for (uint32_t i = 0; i < r.nreads; ++i) {
+      const WindowRange& w = r.reads[i];
+      if (w.offset > layout_.window_bytes || w.bytes > layout_.window_bytes - w.offset) {
+        return DataLoss("frame reads outside the window");
+      }
+      // The window bytes follow the frame: what is buffered, then straight into the window.
+      uint64_t done = std::min<uint64_t>(w.bytes, in_.size() - at_);
+      std::memcpy(window_ + w.offset, in_.data() + at_, done);
+      at_ += done;
+      while (done < w.bytes) {
+        const ssize_t n = RecvWait(window_ + w.offset + done, w.bytes - done);
+        if (n <= 0) return n == 0 ? Unavailable("client closed the connection in a frame") : DataLoss("client stalled in a frame");
+        done += static_cast<uint64_t>(n);
+      }
+    }
+    Compact();
+    f->header = h;
+    f->payload = scratch->data();
+    *got = true;
+    return Status::Ok();
+  }
+
+  Status Done(const FrameHeader& req, const uint8_t* payload) override {
+    WindowRanges r;
+    if (!FrameWindowRanges(req.op, payload, req.payload_len, &r)) return Status::Ok();
+    for (uint32_t i = 0; i < r.nwrites; ++i) {
+      const WindowRange& w = r.writes[i];
+      if (w.offset > layout_.window_bytes || w.bytes > layout_.window_bytes - w.offset) continue;  // refused op
+      FrameHeader h{};
+      h.magic = kFrameMagic;
+      h.version = kProtocolVersion;
+      h.op = static_cast<uint16_t>(Op::kWindowData);
+      h.seq = req.seq;
+      h.payload_len = sizeof(WindowDataHdr);
+      const WindowDataHdr d{w.offset, w.bytes};
+      if (!SendAll(&h, sizeof h) || !SendAll(&d, sizeof d) || !SendAll(window_ + w.offset, w.bytes)) {
+        return Unavailable("cannot send to the client");
+      }
+    }
+    return Status::Ok();
+  }
+
+  Status Reply(const FrameHeader& h, const void* payload, uint32_t len) override {
+    if (!SendAll(&h, sizeof h) || (len != 0 && !SendAll(payload, len))) return Unavailable("cannot send to the client");
+    return Status::Ok();
+  }
+
+  Status Idle(uint64_t) override { return Fill(false); }
+  void Serving() override {}
+  void Closing(int32_t) override { ::shutdown(fd_, SHUT_RDWR); }
+
+ private:
+  // Reads what is available (or waits when `wait`). kUnavailable when the client closed.
+  Status Fill(bool wait) {
+    if (at_ > 0 && at_ == in_.size()) {
+      in_.clear();
+      at_ = 0;
+    }
+    uint8_t buf[65536];
+    for (;;) {
+      const ssize_t n = ::recv(fd_, buf, sizeof buf, wait ? 0 : MSG_DONTWAIT);
+      if (n > 0) {
+        in_.insert(in_.end(), buf, buf + n);
+        if (static_cast<size_t>(n) < sizeof buf || in_.size() - at_ > (1u << 20)) return Status::Ok();
+        continue;
+      }
+      if (n == 0) return Unavailable("client closed the connection");
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return Status::Ok();
+      if (errno == EINTR) continue;
+      return Unavailable(std::string("connection error: ") + std::strerror(errno));
+    }
+  }
+  void Compact() {
+    if (at_ > (1u << 20) || at_ == in_.size()) {
+      in_.erase(in_.begin(), in_.begin() + static_cast<std::ptrdiff_t>(at_));
+      at_ = 0;
+    }
+  }
+  ssize_t RecvWait(uint8_t* p, uint64_t len) {
+    pollfd pfd{fd_, POLLIN, 0};
+    if (poll(&pfd, 1, kStallMs) <= 0) return -1;
+    const ssize_t n = ::recv(fd_, p, len, 0);
+    return n < 0 && errno == EINTR ? RecvWait(p, len) : n;
+  }
+  bool SendAll(const void* p, uint64_t len) {
+    const auto* b = static_cast<const uint8_t*>(p);
+    while (len > 0) {
+      const ssize_t n = ::send(fd_, b, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0) {
+        b += n;
+        len -= static_cast<uint64_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        pollfd pfd{fd_, POLLOUT, 0};
+        if (poll(&pfd, 1, kStallMs) <= 0) return false;
+        continue;
+      }
+      return false;
+    }
+    return true;
+  }
+
+  int fd_;
+  ivshmem::ChannelLayout layout_;
+  uint8_t* window_ = nullptr;
+  std::vector<uint8_t> in_;
+  size_t at_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<SessionChannel> MakeTcpSessionChannel(int fd, uint64_t channel_bytes) {
+  return std::make_unique<TcpSessionChannel>(fd, channel_bytes);
+}
+
+}  // namespace orion::host
