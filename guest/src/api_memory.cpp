@@ -291,6 +291,10 @@ ORION_EXPORT CUresult CUDAAPI cuMemHostGetDevicePointer_v2(CUdeviceptr* pdptr, v
   ORION_API(cuMemHostGetDevicePointer_v2);
   if (pdptr == nullptr || p == nullptr || Flags != 0) return CUDA_ERROR_INVALID_VALUE;
   if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  if (Client::Get().network()) {
+    LogWarn("cuMemHostGetDevicePointer: mapped host memory needs a shared-memory transport (not TCP)");
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
   void* base = nullptr;
   uint64_t bytes = 0;
   if (!Client::Get().PinnedRange(p, &base, &bytes)) {

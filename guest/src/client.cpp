@@ -77,10 +77,27 @@ CUresult Client::ConnectLocked() noexcept {
     LogError("ORION_VGPU must be 1.." + std::to_string(kMaxDevices) + " and ORION_GMEM a number of MiB");
     return CUDA_ERROR_INVALID_VALUE;
   }
+  // Transport: a configured region (ORION_SHM), else a configured server (ORION_SERVER, network),
+  // else a region found on this machine or VM.
+  const char* shm = std::getenv("ORION_SHM");
+  const char* server = std::getenv("ORION_SERVER");
+  if ((shm == nullptr || *shm == '\0') && server != nullptr && *server != '\0') {
+    // The network: TCP (RDMA is not built yet).
+    auto tcp = TcpFrameChannel::Connect(server);
+    if (!tcp.ok()) {
+      LogError("cannot use oriond: " + tcp.status().message());
+      return CUDA_ERROR_NO_DEVICE;
+    }
+    tcp_ = tcp->get();
+    desc_ = tcp_->desc();
+    header_ = tcp_->header();
+    chan_ = std::move(*tcp);
+    return HandshakeLocked(vgpus, gmem, server);
+  }
   auto where = ivshmem::FindClientRegion();
   if (!where.ok()) {
     LogError("cannot use Orion region: " + where.status().message() +
-             " (set ORION_SHM, or create one with orion-shm and start oriond)");
+             " (set ORION_SHM or ORION_SERVER, or create a region with orion-shm and start oriond)");
     return CUDA_ERROR_NO_DEVICE;
   }
   const std::string path = where->path;
@@ -118,10 +135,10 @@ CUresult Client::ConnectLocked() noexcept {
   layout_ = ChannelLayout::Compute(channel_bytes);
   uint8_t* chan = ivshmem::ChannelBase(region_->data(), channel_bytes, channel_index_);
   const uint32_t generation = desc_->generation;  // published before the channel was freed (R0/K0)
-  requests_ = ivshmem::RingProducer(chan + layout_.request_ring_offset,
-                                    static_cast<uint32_t>(layout_.request_ring_bytes), generation);
-  replies_ = ivshmem::RingConsumer(chan + layout_.reply_ring_offset,
-                                   static_cast<uint32_t>(layout_.reply_ring_bytes), generation);
+  chan_ = std::make_unique<ShmFrameChannel>(chan + layout_.request_ring_offset,
+                                            static_cast<uint32_t>(layout_.request_ring_bytes),
+                                            chan + layout_.reply_ring_offset,
+                                            static_cast<uint32_t>(layout_.reply_ring_bytes), generation);
   window_ = chan + layout_.window_offset;
   pinned_free_.clear();
   pinned_free_[layout_.staging_bytes] = layout_.window_bytes - layout_.staging_bytes;
@@ -134,9 +151,13 @@ CUresult Client::ConnectLocked() noexcept {
     }
   });
   lease_thread_.detach();
+  return HandshakeLocked(vgpus, gmem, path);
+}
 
+CUresult Client::HandshakeLocked(uint64_t vgpus, uint64_t gmem, const std::string& where) noexcept {
   HelloReq hello{};
   hello.protocol_version = kProtocolVersion;
+  hello.transports = tcp_ != nullptr ? kTransportTcp : kTransportShm;
   hello.vgpu_count = static_cast<uint32_t>(vgpus);
   hello.gmem_mib = gmem;
   hello.pid = static_cast<uint32_t>(getpid());
@@ -166,14 +187,26 @@ CUresult Client::ConnectLocked() noexcept {
       rep_len < sizeof(WelcomeRep) + welcome_.device_count * sizeof(DeviceInfo)) {
     return Broken(CUDA_ERROR_UNKNOWN, "malformed Welcome");
   }
+  if (tcp_ != nullptr) {
+    // The network channel's window: a private copy, laid out like the server's.
+    if (welcome_.channel_bytes < ivshmem::kMinChannelBytes || welcome_.channel_bytes > (uint64_t{4} << 30)) {
+      return Broken(CUDA_ERROR_UNKNOWN, "oriond announced an impossible channel size");
+    }
+    layout_ = ChannelLayout::Compute(welcome_.channel_bytes);
+    if (!tcp_->SetWindow(layout_.window_bytes)) return Broken(CUDA_ERROR_OUT_OF_MEMORY, "no memory for the window");
+    window_ = tcp_->window();
+    pinned_free_.clear();
+    pinned_free_[layout_.staging_bytes] = layout_.window_bytes - layout_.staging_bytes;
+  }
   devices_.resize(welcome_.device_count);
   std::memcpy(devices_.data(), rep.data() + sizeof(WelcomeRep), welcome_.device_count * sizeof(DeviceInfo));
   for (auto& d : devices_) d.name[kNameLen - 1] = '\0';
   LogInfo(std::string("Orion vGPU client ") + kOrionVersion + " (build " + kOrionBuild + ")");
   allocation_text_ = "(standalone) session-" + std::to_string(welcome_.session_id) + " :";
   for (const auto& d : devices_) {
-    allocation_text_ += " " + path + "/" + std::to_string(d.pgpu) + "/" + std::to_string(d.vgpu);
+    allocation_text_ += " " + where + "/" + std::to_string(d.pgpu) + "/" + std::to_string(d.vgpu);
   }
+  if (tcp_ != nullptr) LogInfo("Orion transport: TCP to " + where + " (RDMA is not available in this build)");
   LogInfo("Using Orion resource " + allocation_text_);
   return CUDA_SUCCESS;
 }
@@ -233,14 +266,14 @@ CUresult Client::PushLocked(const FrameHeader& h, const void* req, uint32_t req_
   Backoff backoff;
   uint8_t* p;
   uint64_t beat = 0, changed = 0;
-  while ((p = requests_.Reserve(h.payload_len)) == nullptr) {
+  while ((p = chan_->Reserve(h.payload_len)) == nullptr) {
     if (backoff.sleeping() && ServerGoneLocked(&beat, &changed)) return broken_;
     backoff.Pause();
   }
   std::memcpy(p, &h, sizeof h);
   if (req_len != 0) std::memcpy(p + sizeof h, req, req_len);
   if (tail_len != 0) std::memcpy(p + sizeof h + req_len, tail, tail_len);
-  requests_.Commit();
+  if (!chan_->Commit()) return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, "the connection to oriond broke");
   return CUDA_SUCCESS;
 }
 
@@ -251,7 +284,7 @@ CUresult Client::WaitReplyLocked(uint32_t seq, void* rep, uint32_t rep_cap, uint
   for (;;) {
     ivshmem::FrameView f{};
     bool got = false;
-    Status s = replies_.Pop(&f, &scratch_, &got);
+    Status s = chan_->Pop(&f, &scratch_, &got);
     if (!s.ok()) return Broken(CUDA_ERROR_UNKNOWN, s.message().c_str());
     if (got) {
       if (f.header.seq != seq) return Broken(CUDA_ERROR_UNKNOWN, "reply out of order");

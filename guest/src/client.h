@@ -27,6 +27,7 @@
 #include "orion/common/frame.h"
 #include "orion/ivshmem/region.h"
 #include "orion/ivshmem/ring.h"
+#include "channel.h"
 
 namespace orion::guest {
 
@@ -69,6 +70,8 @@ class Client {
   const WelcomeRep& welcome() const noexcept { return welcome_; }
   const std::vector<DeviceInfo>& devices() const noexcept { return devices_; }
   const std::string& allocation_text() const noexcept { return allocation_text_; }
+  // Whether the session runs over a network transport (no memory shared with oriond).
+  bool network() const noexcept { return tcp_ != nullptr; }
 
   // Context switching: the handle of the context the channel's next frames run in.
   void NoteContext(uint64_t ctx_handle) noexcept;
@@ -78,6 +81,7 @@ class Client {
  private:
   Client() = default;
   CUresult ConnectLocked() noexcept;
+  CUresult HandshakeLocked(uint64_t vgpus, uint64_t gmem, const std::string& where) noexcept;
   CUresult PushLocked(const FrameHeader& h, const void* req, uint32_t req_len, const void* tail,
                       uint32_t tail_len) noexcept;
   CUresult WaitReplyLocked(uint32_t seq, void* rep, uint32_t rep_cap, uint32_t* rep_len) noexcept;
@@ -105,8 +109,8 @@ class Client {
   uint32_t channel_index_ = 0;
   ivshmem::ChannelLayout layout_{};
   uint8_t* window_ = nullptr;
-  ivshmem::RingProducer requests_;
-  ivshmem::RingConsumer replies_;
+  std::unique_ptr<FrameChannel> chan_;  // the rings of a region channel, or a TCP connection
+  TcpFrameChannel* tcp_ = nullptr;      // chan_, when it is TCP
   std::vector<uint8_t> scratch_;
   uint32_t next_seq_ = 1;
   uint64_t current_ctx_sent_ = 0;
@@ -143,7 +147,7 @@ CUresult Client::SendLaunch(const LaunchReq& q, const LaunchExReq* ex, Fill&& fi
   ivshmem::Backoff backoff;
   uint8_t* p;
   uint64_t beat = 0, changed = 0;
-  while ((p = requests_.Reserve(len)) == nullptr) {
+  while ((p = chan_->Reserve(len)) == nullptr) {
     if (header_ == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
     if (backoff.sleeping() && ServerGoneLocked(&beat, &changed)) return broken_;
     backoff.Pause();
@@ -151,7 +155,7 @@ CUresult Client::SendLaunch(const LaunchReq& q, const LaunchExReq* ex, Fill&& fi
   std::memcpy(p, &h, sizeof h);
   if (ex != nullptr) std::memcpy(p + sizeof h, ex, sizeof *ex); else std::memcpy(p + sizeof h, &q, sizeof q);
   fill(p + sizeof h + head);
-  requests_.Commit();
+  if (!chan_->Commit()) return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, "the connection to oriond broke");
   return CUDA_SUCCESS;
 }
 

@@ -2,6 +2,10 @@
 
 #include <dirent.h>
 #include <signal.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -25,6 +29,14 @@
 
 namespace orion::host {
 namespace {
+
+// A client-chosen name, safe to log: printable ASCII only.
+void SanitizeName(char* name, size_t size) {
+  name[size - 1] = '\0';
+  for (size_t i = 0; i < size && name[i] != '\0'; ++i) {
+    if (name[i] < 0x20 || name[i] > 0x7e) name[i] = '?';
+  }
+}
 
 uint64_t NowMs() {
   timespec ts{};
@@ -139,7 +151,9 @@ Status Daemon::Start() {
     regions_.push_back(std::move(r));
   }
   if (Status st = OpenControlSocket(); !st.ok()) return st;
-  log_->info("Orion Server listens on {}:{} (backend {})", config_.bind_addr, config_.listen_port,
+  if (Status st = OpenListener(); !st.ok()) return st;
+  log_->info("Orion Server listens on {}:{} (backend {})", config_.bind_addr,
+             listen_fd_ >= 0 ? std::to_string(config_.listen_port) : std::string("- (no TCP)"),
              backend_ == BackendKind::kCuda ? "cuda" : "sim");
   return Status::Ok();
 }
@@ -292,6 +306,190 @@ std::string Daemon::Detach(const std::string& vm) {
   return "ok not attached";
 }
 
+Status Daemon::OpenListener() {
+  if (config_.listen_port == 0) return Status::Ok();  // network clients disabled
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICHOST;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(config_.bind_addr.c_str(), std::to_string(config_.listen_port).c_str(), &hints, &res) != 0) {
+    return InvalidArgument("bind_addr '" + config_.bind_addr + "' is not an IP address");
+  }
+  const int fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  const int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  const bool ok = fd >= 0 && bind(fd, res->ai_addr, res->ai_addrlen) == 0 && listen(fd, 64) == 0;
+  freeaddrinfo(res);
+  if (!ok) {
+    const std::string err = std::strerror(errno);
+    if (fd >= 0) ::close(fd);
+    return Unavailable("cannot listen on " + config_.bind_addr + ":" + std::to_string(config_.listen_port) + ": " +
+                       err + " (-b/-p, or -p 0 for no network clients)");
+  }
+  listen_fd_ = fd;
+  return Status::Ok();
+}
+
+void Daemon::AcceptClients(uint64_t now_ms) {
+  if (listen_fd_ < 0) return;
+  for (;;) {
+    sockaddr_storage ss{};
+    socklen_t len = sizeof ss;
+    const int c = accept4(listen_fd_, reinterpret_cast<sockaddr*>(&ss), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (c < 0) break;
+    char host[NI_MAXHOST] = "?", port[NI_MAXSERV] = "?";
+    getnameinfo(reinterpret_cast<sockaddr*>(&ss), len, host, sizeof host, port, sizeof port,
+                NI_NUMERICHOST | NI_NUMERICSERV);
+    const int one = 1;
+    setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    pending_.push_back({c, std::string(host) + ":" + port, {}, now_ms});
+  }
+  for (size_t i = 0; i < pending_.size();) {
+    Pending& p = pending_[i];
+    Handshake(p);
+    if (p.fd < 0) {
+      pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+    } else if (now_ms - p.since_ms > 5000) {
+      log_->warn("client {}: no Hello within 5 s; connection closed", p.peer);
+      ::close(p.fd);
+      pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
+}
+
+// Reads a network client's Hello; admits it (forking its worker) or refuses it. Sets p.fd = -1 when
+// the connection is dealt with.
+void Daemon::Handshake(Pending& p) {
+  uint8_t buf[4096];
+  for (;;) {
+    const ssize_t n = ::recv(p.fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (n > 0) {
+      p.in.insert(p.in.end(), buf, buf + n);
+      if (p.in.size() > 64 * 1024) break;
+      continue;
+    }
+    if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+      ::close(p.fd);
+      p.fd = -1;
+      return;
+    }
+    break;
+  }
+  if (p.in.size() < sizeof(FrameHeader)) return;
+  FrameHeader h;
+  std::memcpy(&h, p.in.data(), sizeof h);
+  if (h.magic != kFrameMagic || h.version != kProtocolVersion || h.op != static_cast<uint16_t>(Op::kHello) ||
+      h.payload_len != sizeof(HelloReq)) {
+    log_->error("client {}: the first frame is not a Hello of protocol {}; connection closed", p.peer, kProtocolVersion);
+    ::close(p.fd);
+    p.fd = -1;
+    return;
+  }
+  if (p.in.size() < sizeof h + sizeof(HelloReq)) return;
+  HelloReq hello;
+  std::memcpy(&hello, p.in.data() + sizeof h, sizeof hello);
+  SanitizeName(hello.process_name, sizeof hello.process_name);
+  auto send_reply = [&](int32_t status, const std::string& msg) {
+    FrameHeader r{};
+    r.magic = kFrameMagic;
+    r.version = kProtocolVersion;
+    r.op = h.op;
+    r.seq = h.seq;
+    r.status = status;
+    r.payload_len = static_cast<uint32_t>(msg.size());
+    std::string out(reinterpret_cast<const char*>(&r), sizeof r);
+    out += msg;
+    ssize_t w = ::send(p.fd, out.data(), out.size(), MSG_NOSIGNAL);
+    (void)w;
+  };
+  auto refuse = [&](CUresult code, const std::string& why) {
+    log_->warn("client {}: refused '{}' (pid {}): {}", p.peer, hello.process_name, hello.pid, why);
+    send_reply(code, why);
+    ::close(p.fd);
+    p.fd = -1;
+  };
+  if (hello.protocol_version != kProtocolVersion) {
+    refuse(CUDA_ERROR_NOT_SUPPORTED, "protocol version " + std::to_string(hello.protocol_version) + " is not supported");
+    return;
+  }
+  // Transport: RDMA when both sides have it (not built into this oriond yet), else TCP.
+  if (hello.transports & kTransportRdma) {
+    log_->info("client {}: Client supports RDMA mode, but {}; falls back to TCP mode.", p.peer,
+               config_.enable_rdma ? "this oriond has no RDMA transport yet" : "enable_rdma is off");
+  }
+  if ((hello.transports & kTransportTcp) == 0) {
+    refuse(CUDA_ERROR_NOT_SUPPORTED, "the client offers no transport this oriond has (TCP)");
+    return;
+  }
+  log_->info("client {}: Client supports TCP mode, then server also falls back to TCP mode.", p.peer);
+  if (serving_ >= config_.max_clients) {
+    refuse(CUDA_ERROR_OUT_OF_MEMORY, "oriond serves its maximum of " + std::to_string(config_.max_clients) + " clients");
+    return;
+  }
+  if (hello.vgpu_count == 0 || hello.vgpu_count > kMaxDevices) {
+    refuse(CUDA_ERROR_INVALID_VALUE, "ORION_VGPU=" + std::to_string(hello.vgpu_count) + " must be 1.." +
+                                         std::to_string(kMaxDevices));
+    return;
+  }
+  auto placements = pool_->Admit(hello.vgpu_count, hello.gmem_mib);
+  if (!placements.ok()) {
+    refuse(placements.status().code() == Code::kInvalidArgument ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_OUT_OF_MEMORY,
+           placements.status().message());
+    return;
+  }
+  const uint32_t session = next_session_++;
+  log_->info("Creating session {} for '{}' (pid {}) from {} over TCP", session, hello.process_name, hello.pid, p.peer);
+  auto slog = SessionLogger(session);
+  const int fd = p.fd;
+  p.fd = -1;
+  const pid_t pid = fork();
+  if (pid < 0) {
+    pool_->Release(*placements);
+    log_->error("cannot fork a worker: {}", std::strerror(errno));
+    ::close(fd);
+    return;
+  }
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGINT, SIG_DFL);
+    if (listen_fd_ >= 0) ::close(listen_fd_);
+    if (control_fd_ >= 0) ::close(control_fd_);
+    const int flags = fcntl(fd, F_GETFL);
+    fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+    std::unique_ptr<Backend> backend;
+    if (backend_ == BackendKind::kCuda) {
+      auto b = MakeCudaBackend(CudaOptions{config_.cuda_driver});
+      if (!b.ok()) {
+        slog->error("sess={} cannot load the CUDA driver: {}", session, b.status().message());
+        send_reply(CUDA_ERROR_NO_DEVICE, "oriond: " + b.status().message());
+        _exit(kExitBackendFailed);
+      }
+      backend = std::move(*b);
+    } else {
+      backend = MakeSimBackend(SimOptions{config_.sim_launch_log, session});
+    }
+    SessionParams sp;
+    sp.session_id = session;
+    sp.socket_fd = fd;
+    sp.transport = kTransportTcp;
+    sp.channel_bytes = config_.shm_buffer_size_mib << 20;
+    sp.placements = *placements;
+    sp.cache_dir = config_.cache_dir;
+    sp.lease_timeout_ms = config_.lease_timeout_ms;
+    sp.log = slog;
+    const int code = RunSession(sp, std::move(backend), h, hello);
+    slog->flush();
+    _exit(code);
+  }
+  ::close(fd);
+  net_sessions_.push_back({pid, session, std::move(*placements)});
+  ++serving_;
+}
+
 std::shared_ptr<spdlog::logger> Daemon::SessionLogger(uint32_t session) {
   std::vector<spdlog::sink_ptr> sinks = log_->sinks();
   try {
@@ -355,7 +553,7 @@ void Daemon::Admit(Region& r, uint32_t index) {
   }
   HelloReq hello;
   std::memcpy(&hello, f.payload, sizeof hello);
-  hello.process_name[sizeof hello.process_name - 1] = '\0';
+  SanitizeName(hello.process_name, sizeof hello.process_name);
   auto refuse = [&](CUresult code, const std::string& why) {
     log_->warn("{}: refused client '{}' (pid {}): {}", where, hello.process_name, hello.pid, why);
     PushReply(base, r.channel_bytes, index, gen, f.header, code, why.data(), static_cast<uint32_t>(why.size()));
@@ -501,6 +699,17 @@ void Daemon::Reap() {
     int status = 0;
     const pid_t pid = waitpid(-1, &status, WNOHANG);
     if (pid <= 0) return;
+    for (auto it = net_sessions_.begin(); it != net_sessions_.end(); ++it) {
+      if (it->pid != pid) continue;
+      pool_->Release(it->placements);
+      --serving_;
+      const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      log_->info("Session {} exits ({}).", it->session,
+                 code == kExitGoodbye ? "client exited" : code == kExitViolation ? "protocol violation"
+                                       : code == kExitClientGone ? "client disconnected" : "worker ended");
+      net_sessions_.erase(it);
+      break;
+    }
     for (Region& r : regions_) {
       for (uint32_t i = 0; i < r.channel_count; ++i) {
         Channel& c = r.channels[i];
@@ -512,6 +721,7 @@ void Daemon::Reap() {
                           : code == kExitLeaseExpired ? "client lease expired"
                           : code == kExitViolation    ? "protocol violation"
                           : code == kExitBackendFailed ? "backend failed"
+                          : code == kExitClientGone   ? "client disconnected"
                                                        : "worker crashed";
         if (WIFSIGNALED(status)) {
           log_->error("Session {} worker died with signal {}", c.session, WTERMSIG(status));
@@ -540,6 +750,7 @@ int Daemon::Run() {
     }
     Reap();
     ServeControl();
+    AcceptClients(now);
     for (Region& r : regions_) {
       for (uint32_t i = 0; i < r.channel_count; ++i) Scan(r, i, now);
     }
@@ -552,6 +763,8 @@ int Daemon::Run() {
       if (r.channels[i].state == Channel::kServing) kill(r.channels[i].pid, SIGTERM);
     }
   }
+  for (const NetSession& n : net_sessions_) kill(n.pid, SIGTERM);
+  if (listen_fd_ >= 0) ::close(listen_fd_);
   for (int i = 0; i < 200 && serving_ > 0; ++i) {
     Reap();
     usleep(10000);

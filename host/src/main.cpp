@@ -30,7 +30,7 @@ int main(int argc, char** argv) {
   app.add_option("--log-dir", log_dir, "log directory (server.log, session/)");
   app.add_option("--shm", shm, "a region to serve (repeatable)");
   app.add_option("-b,--bind", bind, "bind address");
-  app.add_option("-p,--port", port, "listen port")->check(CLI::Range(1, 65533));
+  app.add_option("-p,--port", port, "TCP port for network clients (0: none)")->check(CLI::Range(0, 65533));
   app.add_flag("-m", shm_flag, "enable shared-memory clients");
   app.add_flag("-k", kvm_flag, "enable KVM clients over ivshmem");
   app.add_flag("-r", rdma_flag, "enable RDMA clients");
@@ -60,7 +60,7 @@ int main(int argc, char** argv) {
   if (!log_dir.empty()) c.log_dir = log_dir;
   if (!shm.empty()) c.shm_paths = shm;
   if (!bind.empty()) c.bind_addr = bind;
-  if (port != 0) c.listen_port = static_cast<uint16_t>(port);
+  if (app.count("--port") > 0) c.listen_port = static_cast<uint16_t>(port);
   if (shm_flag) c.enable_shm = true;
   if (kvm_flag) c.enable_kvm = true;
   if (rdma_flag) c.enable_rdma = true;

@@ -23,7 +23,8 @@ TEST_BIN = Path(os.environ.get("ORION_TEST_BIN", ROOT / "build" / "tests" / "cud
 class Oriond:
     """One oriond process serving one region in its own temporary directory."""
 
-    def __init__(self, tmp: Path, region_mib=256, channel_mib=16, conf_text=None, extra_args=()):
+    def __init__(self, tmp: Path, region_mib=256, channel_mib=16, conf_text=None, extra_args=(), tcp_port=0,
+                 netns=None):
         self.tmp = tmp
         self.region = tmp / "orionsock0"
         self.logs = tmp / "logs"
@@ -36,10 +37,10 @@ class Oriond:
                         f"[server]\n    vgpu_count = 4\n[server-shm]\n    shm_buffer_size = {channel_mib}\n")
         self.stderr = open(tmp / "oriond.stderr", "w")
         self.proc = subprocess.Popen(
-            [PREFIX / "bin" / "oriond", "--config", conf, "--backend", "sim", "--foreground",
+            (["ip", "netns", "exec", netns] if netns else []) + [PREFIX / "bin" / "oriond", "--config", conf, "--backend", "sim", "--foreground",
              "--log-dir", self.logs, "--shm", self.region, "--cache-dir", tmp / "cache",
              "--sim-launch-log", self.launch_log, "--lease-timeout-ms", "1000",
-             "--control-socket", tmp / "oriond.sock", *extra_args],
+             "--control-socket", tmp / "oriond.sock", "-p", str(tcp_port), *extra_args],
             stdout=subprocess.DEVNULL, stderr=self.stderr)
         deadline = time.time() + 20
         while "Orion Server listens" not in self.log():
@@ -49,11 +50,11 @@ class Oriond:
 
     def log(self) -> str:
         p = self.logs / "server.log"
-        return p.read_text() if p.exists() else ""
+        return p.read_text(errors="replace") if p.exists() else ""
 
     def session_logs(self) -> str:
         d = self.logs / "session"
-        return "".join(p.read_text() for p in sorted(d.glob("*.log"))) if d.exists() else ""
+        return "".join(p.read_text(errors="replace") for p in sorted(d.glob("*.log"))) if d.exists() else ""
 
     def read_stderr(self) -> str:
         return (self.tmp / "oriond.stderr").read_text()

@@ -50,7 +50,7 @@ def lab():
     control_socket = {d}/oriond.sock
 """)
     oriond = subprocess.Popen([PREFIX / "bin" / "oriond", "--config", conf, "--backend", "sim", "--log-dir",
-                               d / "logs", "--cache-dir", d / "cache"], stdout=subprocess.DEVNULL,
+                               d / "logs", "--cache-dir", d / "cache", "-p", "0"], stdout=subprocess.DEVNULL,
                               stderr=open(d / "oriond.err", "w"))
     old_hook = HOOK.read_bytes() if HOOK.exists() else None
     HOOK.parent.mkdir(parents=True, exist_ok=True)

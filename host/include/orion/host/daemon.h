@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <map>
+#include <sys/types.h>
 #include <memory>
 #include <string>
 #include <vector>
@@ -77,6 +78,25 @@ class Daemon {
   uint32_t next_session_ = 1;
   uint32_t serving_ = 0;
   int control_fd_ = -1;
+
+  // Network clients (TCP): the listener, connections still in their handshake, and sessions.
+  struct Pending {
+    int fd = -1;
+    std::string peer;
+    std::vector<uint8_t> in;
+    uint64_t since_ms = 0;
+  };
+  struct NetSession {
+    pid_t pid = 0;
+    uint32_t session = 0;
+    std::vector<Placement> placements;
+  };
+  Status OpenListener();
+  void AcceptClients(uint64_t now_ms);
+  void Handshake(Pending& p);
+  int listen_fd_ = -1;
+  std::vector<Pending> pending_;
+  std::vector<NetSession> net_sessions_;
 };
 
 }  // namespace orion::host

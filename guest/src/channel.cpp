@@ -1,0 +1,214 @@
+#include "channel.h"
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace orion::guest {
+
+Result<std::unique_ptr<TcpFrameChannel>> TcpFrameChannel::Connect(const std::string& address) {
+  const auto colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
+    return InvalidArgument("ORION_SERVER='" + address + "' is not host:port");
+  }
+  std::string host = address.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  const std::string port = address.substr(colon + 1);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &res); rc != 0) {
+    return Unavailable("cannot resolve " + address + ": " + gai_strerror(rc));
+  }
+  int fd = -1;
+  std::string err = "no address";
+  for (addrinfo* a = res; a != nullptr && fd < 0; a = a->ai_next) {
+    fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0 && connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+      err = std::strerror(errno);
+      ::close(fd);
+      fd = -1;
+    }
+  }
+  freeaddrinfo(res);
+  if (fd < 0) return Unavailable("cannot connect to oriond at " + address + ": " + err);
+  const int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  return std::unique_ptr<TcpFrameChannel>(new TcpFrameChannel(fd, address));
+}
+
+TcpFrameChannel::TcpFrameChannel(int fd, std::string address) noexcept : fd_(fd), address_(std::move(address)) {
+  desc_.state.store(ivshmem::kChannelActive);
+}
+
+TcpFrameChannel::~TcpFrameChannel() {
+  if (window_ != nullptr) munmap(window_, window_bytes_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+bool TcpFrameChannel::SetWindow(uint64_t window_bytes) noexcept {
+  void* p = mmap(nullptr, window_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return false;
+  window_ = static_cast<uint8_t*>(p);
+  window_bytes_ = window_bytes;
+  return true;
+}
+
+void TcpFrameChannel::Fail() noexcept {
+  desc_.state.store(ivshmem::kChannelDead, std::memory_order_release);
+  if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
+}
+
+uint8_t* TcpFrameChannel::Reserve(uint32_t payload_len) noexcept {
+  out_.resize(sizeof(FrameHeader) + payload_len);
+  return out_.data();
+}
+
+bool TcpFrameChannel::Commit() noexcept {
+  if (desc_.state.load() != ivshmem::kChannelActive) return false;
+  FrameHeader h;
+  std::memcpy(&h, out_.data(), sizeof h);
+  if (!Send(out_.data(), out_.size())) return false;
+  WindowRanges r;
+  if (FrameWindowRanges(h.op, out_.data() + sizeof h, h.payload_len, &r)) {
+    for (uint32_t i = 0; i < r.nreads; ++i) {
+      const WindowRange& w = r.reads[i];
+      if (window_ == nullptr || w.offset > window_bytes_ || w.bytes > window_bytes_ - w.offset) {
+        Fail();
+        return false;
+      }
+      if (!Send(window_ + w.offset, w.bytes)) return false;
+    }
+  }
+  // Sent: the frame's staging bytes are in the socket and may be reused.
+  desc_.server_done_seq.store(h.seq, std::memory_order_release);
+  return true;
+}
+
+bool TcpFrameChannel::Send(const uint8_t* p, uint64_t len) noexcept {
+  while (len > 0) {
+    pollfd pfd{fd_, POLLOUT | POLLIN, 0};
+    if (poll(&pfd, 1, 30000) <= 0) {
+      Fail();
+      return false;
+    }
+    if (pfd.revents & POLLIN) {
+      if (!Drain(false)) return false;
+    }
+    if (pfd.revents & (POLLERR | POLLHUP)) {
+      Fail();
+      return false;
+    }
+    if (pfd.revents & POLLOUT) {
+      const ssize_t n = ::send(fd_, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0) {
+        p += n;
+        len -= static_cast<uint64_t>(n);
+      } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        Fail();
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+bool TcpFrameChannel::Drain(bool wait) noexcept {
+  uint8_t buf[65536];
+  for (;;) {
+    // WindowData bytes go straight into the window.
+    if (pending_data_ > 0 && !in_.empty()) {
+      const uint64_t n = std::min<uint64_t>(pending_data_, in_.size());
+      std::memcpy(window_ + pending_offset_, in_.data(), n);
+      in_.erase(in_.begin(), in_.begin() + static_cast<std::ptrdiff_t>(n));
+      pending_offset_ += n;
+      pending_data_ -= n;
+    }
+    // Parse complete messages.
+    while (pending_data_ == 0 && in_.size() >= sizeof(FrameHeader)) {
+      FrameHeader h;
+      std::memcpy(&h, in_.data(), sizeof h);
+      if (h.magic != kFrameMagic || h.payload_len > kMaxPayload) {
+        Fail();
+        return false;
+      }
+      if (in_.size() < sizeof h + h.payload_len) break;
+      if (h.op == static_cast<uint16_t>(Op::kWindowData)) {
+        WindowDataHdr d;
+        if (h.payload_len != sizeof d) {
+          Fail();
+          return false;
+        }
+        std::memcpy(&d, in_.data() + sizeof h, sizeof d);
+        if (window_ == nullptr || d.offset > window_bytes_ || d.bytes > window_bytes_ - d.offset) {
+          Fail();
+          return false;
+        }
+        pending_offset_ = d.offset;
+        pending_data_ = d.bytes;
+        in_.erase(in_.begin(), in_.begin() + static_cast<std::ptrdiff_t>(sizeof h + sizeof d));
+        const uint64_t n = std::min<uint64_t>(pending_data_, in_.size());
+        std::memcpy(window_ + pending_offset_, in_.data(), n);
+        in_.erase(in_.begin(), in_.begin() + static_cast<std::ptrdiff_t>(n));
+        pending_offset_ += n;
+        pending_data_ -= n;
+        continue;
+      }
+      ready_.emplace_back(in_.begin(), in_.begin() + static_cast<std::ptrdiff_t>(sizeof h + h.payload_len));
+      in_.erase(in_.begin(), in_.begin() + static_cast<std::ptrdiff_t>(sizeof h + h.payload_len));
+    }
+    if (!ready_.empty() && !wait) return true;
+    // Large WindowData: receive straight into the window.
+    if (pending_data_ > 0 && in_.empty()) {
+      const ssize_t n = ::recv(fd_, window_ + pending_offset_, pending_data_, wait ? 0 : MSG_DONTWAIT);
+      if (n > 0) {
+        pending_offset_ += static_cast<uint64_t>(n);
+        pending_data_ -= static_cast<uint64_t>(n);
+        continue;
+      }
+      if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        Fail();
+        return false;
+      }
+      return true;
+    }
+    const ssize_t n = ::recv(fd_, buf, sizeof buf, wait ? 0 : MSG_DONTWAIT);
+    if (n > 0) {
+      in_.insert(in_.end(), buf, buf + n);
+      wait = false;
+      continue;
+    }
+    if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+      Fail();
+      return false;
+    }
+    return true;
+  }
+}
+
+Status TcpFrameChannel::Pop(ivshmem::FrameView* f, std::vector<uint8_t>* scratch, bool* got) noexcept {
+  *got = false;
+  if (ready_.empty() && !Drain(false)) return Unavailable("the connection to oriond at " + address_ + " broke");
+  // A healthy connection is a live server (the Client watches this heartbeat).
+  header_.server_heartbeat.fetch_add(1, std::memory_order_relaxed);
+  if (ready_.empty()) return Status::Ok();
+  std::vector<uint8_t>& m = ready_.front();
+  std::memcpy(&f->header, m.data(), sizeof(FrameHeader));
+  const uint32_t len = f->header.payload_len;
+  if (scratch->size() < len) scratch->resize(std::max<size_t>(len, 256));
+  std::memcpy(scratch->data(), m.data() + sizeof(FrameHeader), len);
+  f->payload = scratch->data();
+  ready_.erase(ready_.begin());
+  *got = true;
+  return Status::Ok();
+}
+
+}  // namespace orion::guest

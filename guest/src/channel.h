@@ -1,0 +1,92 @@
+// guest/src/channel.h — how the guest runtime moves frames: the rings of a shared-memory channel, or
+// a TCP connection to oriond. The Client above is the same for both.
+//
+// Over TCP the data window is a private copy on each end (docs/spec/frames.md, "TCP"): Commit()
+// sends a frame followed by the window bytes it reads; Pop() applies WindowData from oriond (the
+// bytes a request wrote) to the local window before it returns the replies that follow them.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "orion/common/frame.h"
+#include "orion/common/status.h"
+#include "orion/ivshmem/region.h"
+#include "orion/ivshmem/ring.h"
+
+namespace orion::guest {
+
+class FrameChannel {
+ public:
+  virtual ~FrameChannel() = default;
+  // Room for a frame with `payload_len` payload bytes (header first), or nullptr if none now.
+  virtual uint8_t* Reserve(uint32_t payload_len) noexcept = 0;
+  // Publishes the reserved frame. False: the transport failed (the session is lost).
+  virtual bool Commit() noexcept = 0;
+  virtual Status Pop(ivshmem::FrameView* f, std::vector<uint8_t>* scratch, bool* got) noexcept = 0;
+};
+
+class ShmFrameChannel final : public FrameChannel {
+ public:
+  ShmFrameChannel(uint8_t* requests, uint32_t request_bytes, uint8_t* replies, uint32_t reply_bytes,
+                  uint32_t generation) noexcept
+      : requests_(requests, request_bytes, generation), replies_(replies, reply_bytes, generation) {}
+  uint8_t* Reserve(uint32_t payload_len) noexcept override { return requests_.Reserve(payload_len); }
+  bool Commit() noexcept override {
+    requests_.Commit();
+    return true;
+  }
+  Status Pop(ivshmem::FrameView* f, std::vector<uint8_t>* scratch, bool* got) noexcept override {
+    return replies_.Pop(f, scratch, got);
+  }
+
+ private:
+  ivshmem::RingProducer requests_;
+  ivshmem::RingConsumer replies_;
+};
+
+// A TCP connection. It also owns the stand-ins for what a shared-memory region would give the
+// Client: a channel descriptor (state ACTIVE while connected, DEAD after an error; server_done_seq =
+// the last frame sent, whose staging bytes were copied into the socket) and a region header whose
+// heartbeat moves while the connection is healthy.
+class TcpFrameChannel final : public FrameChannel {
+ public:
+  // Connects to "host:port". Errors name the address and the reason.
+  static Result<std::unique_ptr<TcpFrameChannel>> Connect(const std::string& address);
+  ~TcpFrameChannel() override;
+  // Lays out the data window once the server said how big the channel is (Welcome).
+  bool SetWindow(uint64_t window_bytes) noexcept;
+  uint8_t* window() noexcept { return window_; }
+  ivshmem::ChannelDesc* desc() noexcept { return &desc_; }
+  ivshmem::RegionHeader* header() noexcept { return &header_; }
+  const std::string& address() const noexcept { return address_; }
+
+  uint8_t* Reserve(uint32_t payload_len) noexcept override;
+  bool Commit() noexcept override;
+  Status Pop(ivshmem::FrameView* f, std::vector<uint8_t>* scratch, bool* got) noexcept override;
+
+ private:
+  explicit TcpFrameChannel(int fd, std::string address) noexcept;
+  // Sends all of [p, p+len), reading (and queueing) what oriond sends meanwhile, so neither side
+  // can block the other with full socket buffers.
+  bool Send(const uint8_t* p, uint64_t len) noexcept;
+  // Reads what is available; applies WindowData, queues frames. False on a broken connection.
+  bool Drain(bool wait) noexcept;
+  void Fail() noexcept;
+
+  int fd_;
+  std::string address_;
+  std::vector<uint8_t> out_;            // the frame being built
+  std::vector<uint8_t> in_;             // received, not yet parsed
+  std::vector<std::vector<uint8_t>> ready_;  // parsed frames (header + payload), in order
+  uint64_t pending_data_ = 0;           // WindowData bytes still to receive
+  uint64_t pending_offset_ = 0;
+  uint8_t* window_ = nullptr;
+  uint64_t window_bytes_ = 0;
+  ivshmem::ChannelDesc desc_{};
+  ivshmem::RegionHeader header_{};
+};
+
+}  // namespace orion::guest

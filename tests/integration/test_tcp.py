@@ -1,0 +1,193 @@
+"""Remote clients over TCP: the same nvcc programs and the same frames, with oriond reached at
+ORION_SERVER=host:port instead of a shared-memory region. Also the transport choice (RDMA is not
+built: a client offering it is told so and gets TCP), garbage on the socket, a client killed in the
+middle of a transfer, oriond killed and restarted, and a client in another network namespace."""
+import os
+import random
+import re
+import signal
+import socket
+import struct
+import subprocess
+import time
+import uuid
+
+import pytest
+
+from conftest import PREFIX, TEST_BIN, Oriond, assert_passed, checks
+from test_sim import assert_launches_logged
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def tcp_oriond(tmp_path):
+    port = free_port()
+    d = Oriond(tmp_path, tcp_port=port)
+    d.port = port
+    yield d
+    d.stop()
+
+
+def run_tcp(d, program, *args, address=None, timeout=120, **env):
+    e = d.env(**env)
+    e.pop("ORION_SHM")
+    e["ORION_SERVER"] = address or f"127.0.0.1:{d.port}"
+    return subprocess.run([str(TEST_BIN / program), *map(str, args)], env=e, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_programs_run_over_tcp(tcp_oriond):
+    d = tcp_oriond
+    for prog in ["device_props", "kernel_params", "driver_api", "threads", "streams_events", "vadd_shared"]:
+        r = run_tcp(d, prog, ORION_GMEM=2048)
+        assert_passed(r)
+        assert "Orion transport: TCP to 127.0.0.1" in r.stderr, r.stderr
+        if prog in ("kernel_params", "driver_api"):
+            assert_launches_logged(r.stdout, d.launches())
+    assert "Client supports TCP mode, then server also falls back to TCP mode." in d.log()
+    assert re.search(r"Creating session \d+ for 'device_props' .* over TCP", d.log())
+
+
+def test_memory_over_tcp_and_mapped_memory_refused(tcp_oriond):
+    # Every round trip (1 B .. 64 MiB), memset, 2D copy and pinned buffer; mapped host memory cannot
+    # cross a network, so it is refused with cudaErrorNotSupported (on shared memory it works).
+    r = run_tcp(tcp_oriond, "memory", ORION_GMEM=2048)
+    assert_passed(r, expect_checks=40)
+    assert "MAPPED unsupported cudaErrorNotSupported" in r.stdout
+
+
+def test_cublas_over_tcp(tcp_oriond):
+    r = run_tcp(tcp_oriond, "cublas", ORION_GMEM=2048)
+    assert_passed(r, expect_checks=4)
+
+
+def hello_frame(transports, vgpus=1, gmem=256):
+    hello = struct.pack("<HHIQII64s", 1, transports, vgpus, gmem, os.getpid(), 0, b"raw-client")
+    header = struct.pack("<IHHIIiiII", 0x4D52464F, 1, 1, 1, len(hello), 0, 0, 1, 0)
+    return header + hello
+
+
+def test_client_offering_rdma_is_told_and_falls_back_to_tcp(tcp_oriond):
+    with socket.create_connection(("127.0.0.1", tcp_oriond.port), timeout=10) as s:
+        s.sendall(hello_frame(transports=2 | 4))  # TCP | RDMA
+        header = s.recv(32, socket.MSG_WAITALL)
+        magic, version, op, seq, plen, status, deferred, flags, _ = struct.unpack("<IHHIIiiII", header)
+        assert magic == 0x4D52464F and op == 1 and status == 0
+        welcome = s.recv(plen, socket.MSG_WAITALL)
+        transport = struct.unpack_from("<H", welcome, 24)[0]
+        assert transport == 2  # TCP
+    log = tcp_oriond.log()
+    assert "Client supports RDMA mode, but this oriond has no RDMA transport yet; falls back to TCP mode." in log or \
+           "Client supports RDMA mode, but enable_rdma is off; falls back to TCP mode." in log
+
+
+def test_garbage_on_the_socket_is_rejected(tcp_oriond):
+    rng = random.Random(3)
+    for payload in [bytes(rng.randrange(256) for _ in range(4096)), b"GET / HTTP/1.1\r\n\r\n" * 4,
+                    hello_frame(2)[:20] + b"\xff" * 100]:
+        with socket.create_connection(("127.0.0.1", tcp_oriond.port), timeout=10) as s:
+            s.sendall(payload)
+            s.settimeout(10)
+            try:
+                s.recv(1)  # oriond closes the connection
+            except (ConnectionResetError, socket.timeout):
+                pass
+    assert "is not a Hello" in tcp_oriond.log()
+    assert tcp_oriond.alive()
+    assert_passed(run_tcp(tcp_oriond, "device_props"))
+
+
+def test_client_killed_mid_transfer_frees_its_vgpu(tmp_path):
+    port = free_port()
+    d = Oriond(tmp_path, tcp_port=port,
+               conf_text="[server]\n    vgpu_count = 1\n[server-shm]\n    shm_buffer_size = 16\n")
+    d.port = port
+    try:
+        e = d.env(ORION_GMEM=2048)
+        e.pop("ORION_SHM")
+        e["ORION_SERVER"] = f"127.0.0.1:{port}"
+        # two_clients writes ORION_GMEM/2 = 1 GiB, then sleeps: killed during the write or the sleep,
+        # it never says Goodbye.
+        p = subprocess.Popen([str(TEST_BIN / "two_clients"), "10000", "9"], env=e, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL)
+        time.sleep(0.5)
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        deadline = time.time() + 10
+        while True:  # the worker sees the connection close at once; the single vGPU is free again
+            r = run_tcp(d, "device_props", ORION_GMEM=256)
+            if r.returncode == 0:
+                break
+            assert time.time() < deadline, r.stderr
+            time.sleep(0.2)
+        deadline = time.time() + 10
+        while not re.search(r"Session \d+ exits \(client disconnected\)", d.log()):
+            assert time.time() < deadline, d.log()[-2000:]
+            time.sleep(0.1)
+    finally:
+        d.stop()
+
+
+def test_oriond_killed_then_restarted(tmp_path):
+    port = free_port()
+    d = Oriond(tmp_path, tcp_port=port)
+    d.port = port
+    e = d.env(ORION_GMEM=256)
+    e.pop("ORION_SHM")
+    e["ORION_SERVER"] = f"127.0.0.1:{port}"
+    client = subprocess.Popen([str(TEST_BIN / "two_clients"), "3000", "1"], env=e, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    time.sleep(1)
+    d.proc.send_signal(signal.SIGKILL)  # oriond dies while the client sleeps
+    d.proc.wait()
+    out, err = client.communicate(timeout=60)  # the client fails cleanly, it does not hang
+    assert client.returncode != 0
+    assert "Orion session lost" in err or "CUDA_ERROR" in out, out + err
+    d.stop()
+    (tmp_path / "again").mkdir()
+    d2 = Oriond(tmp_path / "again", tcp_port=port)
+    d2.port = port
+    try:
+        assert_passed(run_tcp(d2, "device_props"))
+    finally:
+        d2.stop()
+
+
+def test_client_in_another_network_namespace(tmp_path):
+    """oriond in one network namespace, the client in another, joined by a veth pair (addresses of
+    namespaces this test makes itself)."""
+    assert os.geteuid() == 0, "network namespaces need root"
+    tag = uuid.uuid4().hex[:6]
+    srv, cli = f"orion-s-{tag}", f"orion-c-{tag}"
+    sh = lambda *a: subprocess.run(list(a), check=True, capture_output=True)
+    try:
+        sh("ip", "netns", "add", srv)
+        sh("ip", "netns", "add", cli)
+        sh("ip", "link", "add", f"os{tag}", "type", "veth", "peer", "name", f"oc{tag}")
+        sh("ip", "link", "set", f"os{tag}", "netns", srv)
+        sh("ip", "link", "set", f"oc{tag}", "netns", cli)
+        sh("ip", "-n", srv, "addr", "add", "10.253.7.1/24", "dev", f"os{tag}")
+        sh("ip", "-n", cli, "addr", "add", "10.253.7.2/24", "dev", f"oc{tag}")
+        for ns, dev in ((srv, f"os{tag}"), (cli, f"oc{tag}")):
+            sh("ip", "-n", ns, "link", "set", dev, "up")
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+        d = Oriond(tmp_path, tcp_port=9960, extra_args=["-b", "10.253.7.1"], netns=srv)
+        try:
+            e = d.env(ORION_GMEM=1024)
+            e.pop("ORION_SHM")
+            e["ORION_SERVER"] = "10.253.7.1:9960"
+            for prog in ["device_props", "memory", "kernel_params"]:
+                r = subprocess.run(["ip", "netns", "exec", cli, str(TEST_BIN / prog)], env=e, capture_output=True,
+                                   text=True, timeout=300)
+                assert_passed(r)
+            assert "from 10.253.7.2:" in d.log()
+        finally:
+            d.stop()
+    finally:
+        subprocess.run(["ip", "netns", "del", srv], capture_output=True)
+        subprocess.run(["ip", "netns", "del", cli], capture_output=True)
