@@ -8,12 +8,17 @@
 //   orion_bench idle SECONDS               connect, then stay idle (the script measures oriond's CPU)
 // The Orion modes use the installed libcuda.so.1 (LD_LIBRARY_PATH) and a running oriond.
 #include <cuda.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -126,6 +131,106 @@ void BaselineRing(uint64_t mib) {
               rates.back(), static_cast<unsigned long long>(total), static_cast<unsigned long long>(chunk));
 }
 
+// Bare TCP over loopback, the baselines for the TCP transport: a ping-pong of one 32-byte message
+// each way (a frame header's size) and a single-connection stream in 1 MiB writes.
+int TcpPair(int* server_side) {
+  const int l = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  listen(l, 1);
+  getsockname(l, reinterpret_cast<sockaddr*>(&a), &len);
+  const int c = socket(AF_INET, SOCK_STREAM, 0);
+  if (connect(c, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) std::exit(3);
+  *server_side = accept(l, nullptr, nullptr);
+  close(l);
+  const int one = 1;
+  setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  setsockopt(*server_side, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  return c;
+}
+
+// Reads exactly n bytes; `spin` busy-polls with non-blocking reads (Orion's client and worker spin
+// before they nap, so the ping-pong baseline waits the same way).
+bool ReadFull(int fd, void* p, size_t n, bool spin = false) {
+  auto* b = static_cast<uint8_t*>(p);
+  while (n > 0) {
+    const ssize_t r = recv(fd, b, n, spin ? MSG_DONTWAIT : 0);
+    if (r < 0 && spin && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      Relax();
+      continue;
+    }
+    if (r <= 0) return false;
+    b += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+void BaselineTcpPingPong(int n) {
+  int s = -1;
+  const int c = TcpPair(&s);
+  if (fork() == 0) {
+    close(c);
+    uint8_t m[32];
+    while (ReadFull(s, m, sizeof m, true)) {
+      if (write(s, m, sizeof m) != static_cast<ssize_t>(sizeof m)) break;
+    }
+    _exit(0);
+  }
+  close(s);
+  std::vector<uint64_t> lat;
+  uint8_t m[32] = {};
+  for (int i = 0; i < n + 1000; ++i) {
+    const uint64_t t = Ns();
+    if (write(c, m, sizeof m) != static_cast<ssize_t>(sizeof m) || !ReadFull(c, m, sizeof m, true)) std::exit(4);
+    if (i >= 1000) lat.push_back(Ns() - t);
+  }
+  close(c);
+  wait(nullptr);
+  Percentiles("baseline-tcp-pingpong", lat);
+}
+
+void BaselineTcpStream(uint64_t mib) {
+  int s = -1;
+  const int c = TcpPair(&s);
+  const uint64_t total = mib << 20, chunk = 1 << 20;
+  const int reps = 5;
+  if (fork() == 0) {
+    close(c);
+    std::vector<uint8_t> dst(total);
+    for (int r = 0; r < reps; ++r) {
+      if (!ReadFull(s, dst.data(), total)) _exit(1);
+      uint8_t ack = 1;
+      if (write(s, &ack, 1) != 1) _exit(1);
+    }
+    _exit(0);
+  }
+  close(s);
+  std::vector<uint8_t> src(total, 7);
+  std::vector<double> rates;
+  for (int r = 0; r < reps; ++r) {
+    const uint64_t t = Ns();
+    for (uint64_t off = 0; off < total; off += chunk) {
+      for (uint64_t done = 0; done < chunk;) {  // one 1 MiB write, finished if the kernel takes less
+        const ssize_t w = write(c, src.data() + off + done, chunk - done);
+        if (w <= 0) std::exit(4);
+        done += static_cast<uint64_t>(w);
+      }
+    }
+    uint8_t ack;
+    if (!ReadFull(c, &ack, 1)) std::exit(4);
+    rates.push_back(static_cast<double>(total) / static_cast<double>(Ns() - t));
+  }
+  close(c);
+  wait(nullptr);
+  std::sort(rates.begin(), rates.end());
+  std::printf("baseline-tcp-stream median_GBps=%.2f bytes=%llu chunk=%llu\n", rates[rates.size() / 2],
+              static_cast<unsigned long long>(total), static_cast<unsigned long long>(chunk));
+}
+
 CUcontext Init() {
   CK(cuInit(0));
   CUdevice d;
@@ -224,6 +329,8 @@ int main(int argc, char** argv) {
   const long n = std::atol(argv[2]);
   if (mode == "baseline-pingpong") BaselinePingPong(static_cast<int>(n));
   else if (mode == "baseline-ring") BaselineRing(static_cast<uint64_t>(n));
+  else if (mode == "baseline-tcp-pingpong") BaselineTcpPingPong(static_cast<int>(n));
+  else if (mode == "baseline-tcp-stream") BaselineTcpStream(static_cast<uint64_t>(n));
   else if (mode == "null-call") NullCall(static_cast<int>(n));
   else if (mode == "launches" && argc > 3) Launches(static_cast<int>(n), argv[3]);
   else if (mode == "memcpy") Memcpy(static_cast<uint64_t>(n));

@@ -94,6 +94,12 @@ class TcpSessionChannel final : public SessionChannel {
   }
 
   Status Idle(uint64_t) override { return Fill(false); }
+  bool WaitIdle(int timeout_ms) override {
+    if (in_.size() > at_) return true;
+    pollfd pfd{fd_, POLLIN, 0};
+    poll(&pfd, 1, timeout_ms);
+    return true;
+  }
   void Serving() override {}
   void Closing(int32_t) override { ::shutdown(fd_, SHUT_RDWR); }
 

@@ -722,9 +722,11 @@ int Session::Run(const FrameHeader& hello_header, const HelloReq& hello) {
   ch_->Serving();
 
   std::vector<uint8_t> scratch, reply;
-  // Idle: spin ~0.1 ms, yield, then nap up to 2 ms (a sync call after a long idle pays that once).
+  // Idle: spin ~0.1 ms, yield, then nap up to 2 ms; after a second without frames, up to 5 ms (the
+  // first call after a long pause pays that once; shared memory has no doorbell yet).
   ivshmem::Backoff backoff(2000, 100, 2000);
   uint64_t frames = 0;
+  uint64_t last_frame_ms = NowMs();
   auto violation = [&](const std::string& what) {
     log.error("sess={} protocol violation: {}; ending the session", p_.session_id, what);
     ch_->Closing(CUDA_ERROR_ILLEGAL_STATE);
@@ -742,14 +744,17 @@ int Session::Run(const FrameHeader& hello_header, const HelloReq& hello) {
     }
     if (!got) {
       if (backoff.sleeping() || (++frames & 0xFFF) == 0) {
-        if (Status s = ch_->Idle(NowMs()); !s.ok()) {
+        const uint64_t now = NowMs();
+        backoff.set_max_sleep_us(now - last_frame_ms > 1000 ? 5000 : 2000);
+        if (Status s = ch_->Idle(now); !s.ok()) {
           log.info("sess={} {}", p_.session_id, s.message());
           return s.code() == Code::kUnavailable ? kExitLeaseExpired : kExitClientGone;
         }
       }
-      backoff.Pause();
+      if (!(backoff.sleeping() && ch_->WaitIdle(100))) backoff.Pause();
       continue;
     }
+    if (backoff.sleeping() || (frames++ & 0xFF) == 0) last_frame_ms = NowMs();  // after idle, or now and then
     backoff.Reset();
     const FrameHeader& h = f.header;
     if (!OpKnown(h.op) || static_cast<Op>(h.op) == Op::kWindowData) {

@@ -39,6 +39,9 @@ class SessionChannel {
   virtual Status Reply(const FrameHeader& h, const void* payload, uint32_t len) = 0;
   // Called while idle: kUnavailable when the client is gone (stale lease, closed connection).
   virtual Status Idle(uint64_t now_ms) = 0;
+  // Once spinning is over: waits for the next request if the channel can block on it (a socket:
+  // true after up to `timeout_ms`); false when the caller should nap instead (shared memory).
+  virtual bool WaitIdle(int timeout_ms) { (void)timeout_ms; return false; }
   virtual void Serving() = 0;               // the session is served (shm: state ACTIVE)
   virtual void Closing(int32_t reason) = 0;  // the session ends on a violation
 };

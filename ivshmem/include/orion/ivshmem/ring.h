@@ -123,6 +123,7 @@ class Backoff {
       : spin_(spin), yields_(yields), max_sleep_us_(max_sleep_us) {}
   void Pause() noexcept;
   void Reset() noexcept { n_ = 0; sleep_us_ = 1; }
+  void set_max_sleep_us(uint32_t us) noexcept { max_sleep_us_ = us; }
   bool sleeping() const noexcept { return n_ >= spin_ + yields_; }
 
  private:
