@@ -23,7 +23,8 @@ TEST(FrameLayout, HeaderIsPinned) {
 }
 
 TEST(FrameLayout, PayloadsArePinned) {
-  EXPECT_EQ(sizeof(HelloReq), 88u);
+  EXPECT_EQ(sizeof(HelloReq), 120u);
+  EXPECT_EQ(offsetof(HelloReq, key), 88u);
   EXPECT_EQ(offsetof(HelloReq, gmem_mib), 8u);
   EXPECT_EQ(offsetof(HelloReq, process_name), 24u);
   EXPECT_EQ(sizeof(DeviceInfo), 952u);

@@ -1,5 +1,6 @@
 #include "channel.h"
 
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -31,8 +32,19 @@ Result<std::unique_ptr<TcpFrameChannel>> TcpFrameChannel::Connect(const std::str
   int fd = -1;
   std::string err = "no address";
   for (addrinfo* a = res; a != nullptr && fd < 0; a = a->ai_next) {
-    fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd >= 0 && connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+    // Non-blocking connect with a 5 s limit: an unreachable host is an error, not a long hang.
+    fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) continue;
+    int rc = connect(fd, a->ai_addr, a->ai_addrlen);
+    if (rc != 0 && errno == EINPROGRESS) {
+      pollfd pfd{fd, POLLOUT, 0};
+      int so_error = ETIMEDOUT;
+      socklen_t len = sizeof so_error;
+      if (poll(&pfd, 1, 5000) == 1) getsockopt(fd, SOL_SOCKET, SO_ERROR, &so_error, &len);
+      errno = so_error;
+      rc = so_error == 0 ? 0 : -1;
+    }
+    if (rc != 0) {
       err = std::strerror(errno);
       ::close(fd);
       fd = -1;
@@ -40,8 +52,14 @@ Result<std::unique_ptr<TcpFrameChannel>> TcpFrameChannel::Connect(const std::str
   }
   freeaddrinfo(res);
   if (fd < 0) return Unavailable("cannot connect to oriond at " + address + ": " + err);
-  const int one = 1;
+  const int flags = fcntl(fd, F_GETFL);
+  fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  const int one = 1, idle = 10, intvl = 2, cnt = 3;  // a dead server is noticed in ~16 s
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
   return std::unique_ptr<TcpFrameChannel>(new TcpFrameChannel(fd, address));
 }
 

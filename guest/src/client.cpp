@@ -167,6 +167,9 @@ CUresult Client::HandshakeLocked(uint64_t vgpus, uint64_t gmem, const std::strin
     std::fclose(f);
   }
   std::memcpy(hello.process_name, comm, sizeof hello.process_name);
+  if (const char* key = std::getenv("ORION_KEY"); key != nullptr && tcp_ != nullptr) {
+    std::strncpy(hello.key, key, sizeof hello.key - 1);
+  }
   FrameHeader h = MakeHeader(Op::kHello, sizeof hello, true);
   if (CUresult r = PushLocked(h, &hello, sizeof hello, nullptr, 0); r != CUDA_SUCCESS) return r;
   std::vector<uint8_t> rep(sizeof(WelcomeRep) + kMaxDevices * sizeof(DeviceInfo) + 1024);

@@ -328,6 +328,11 @@ Status Daemon::OpenListener() {
                        err + " (-b/-p, or -p 0 for no network clients)");
   }
   listen_fd_ = fd;
+  if (config_.client_key.empty()) {
+    log_->warn("TCP clients on {}:{} are not authenticated: anyone who reaches the port gets vGPUs "
+               "(set client_key in [orion] of server.conf; clients pass ORION_KEY)",
+               config_.bind_addr, config_.listen_port);
+  }
   return Status::Ok();
 }
 
@@ -341,8 +346,12 @@ void Daemon::AcceptClients(uint64_t now_ms) {
     char host[NI_MAXHOST] = "?", port[NI_MAXSERV] = "?";
     getnameinfo(reinterpret_cast<sockaddr*>(&ss), len, host, sizeof host, port, sizeof port,
                 NI_NUMERICHOST | NI_NUMERICSERV);
-    const int one = 1;
+    const int one = 1, idle = 10, intvl = 2, cnt = 3;  // a dead client is noticed in ~16 s
     setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    setsockopt(c, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+    setsockopt(c, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    setsockopt(c, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+    setsockopt(c, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
     pending_.push_back({c, std::string(host) + ":" + port, {}, now_ms});
   }
   for (size_t i = 0; i < pending_.size();) {
@@ -414,6 +423,18 @@ void Daemon::Handshake(Pending& p) {
   if (hello.protocol_version != kProtocolVersion) {
     refuse(CUDA_ERROR_NOT_SUPPORTED, "protocol version " + std::to_string(hello.protocol_version) + " is not supported");
     return;
+  }
+  // The shared client key, compared in constant time.
+  if (!config_.client_key.empty()) {
+    char want[sizeof hello.key] = {};
+    std::memcpy(want, config_.client_key.data(), std::min(config_.client_key.size(), sizeof want - 1));
+    hello.key[sizeof hello.key - 1] = '\0';
+    uint8_t diff = 0;
+    for (size_t i = 0; i < sizeof want; ++i) diff |= static_cast<uint8_t>(want[i] ^ hello.key[i]);
+    if (diff != 0) {
+      refuse(CUDA_ERROR_NOT_PERMITTED, "authentication failed: wrong or missing ORION_KEY");
+      return;
+    }
   }
   // Transport: RDMA when both sides have it (not built into this oriond yet), else TCP.
   if (hello.transports & kTransportRdma) {

@@ -66,8 +66,8 @@ def test_cublas_over_tcp(tcp_oriond):
     assert_passed(r, expect_checks=4)
 
 
-def hello_frame(transports, vgpus=1, gmem=256):
-    hello = struct.pack("<HHIQII64s", 1, transports, vgpus, gmem, os.getpid(), 0, b"raw-client")
+def hello_frame(transports, vgpus=1, gmem=256, key=b""):
+    hello = struct.pack("<HHIQII64s32s", 1, transports, vgpus, gmem, os.getpid(), 0, b"raw-client", key)
     header = struct.pack("<IHHIIiiII", 0x4D52464F, 1, 1, 1, len(hello), 0, 0, 1, 0)
     return header + hello
 
@@ -191,3 +191,33 @@ def test_client_in_another_network_namespace(tmp_path):
     finally:
         subprocess.run(["ip", "netns", "del", srv], capture_output=True)
         subprocess.run(["ip", "netns", "del", cli], capture_output=True)
+
+
+def test_client_key_is_enforced(tmp_path):
+    port = free_port()
+    d = Oriond(tmp_path, tcp_port=port,
+               conf_text="[server]\n    vgpu_count = 4\n[server-shm]\n    shm_buffer_size = 16\n"
+                         "[orion]\n    client_key = s3cret-key\n")
+    d.port = port
+    try:
+        r = run_tcp(d, "device_props")
+        assert r.returncode != 0 and "authentication failed" in r.stderr, r.stderr
+        r = run_tcp(d, "device_props", ORION_KEY="wrong")
+        assert r.returncode != 0 and "authentication failed" in r.stderr
+        assert_passed(run_tcp(d, "device_props", ORION_KEY="s3cret-key"))
+        assert "are not authenticated" not in d.log()
+    finally:
+        d.stop()
+
+
+def test_open_tcp_port_warns(tcp_oriond):
+    assert "are not authenticated: anyone who reaches the port gets vGPUs" in tcp_oriond.log()
+
+
+def test_unreachable_server_is_a_quick_clear_error(tmp_path):
+    env = dict(os.environ, LD_LIBRARY_PATH=str(PREFIX / "lib" / "orion"), ORION_SERVER=f"127.0.0.1:{free_port()}")
+    env.pop("ORION_SHM", None)
+    t = time.time()
+    r = subprocess.run([TEST_BIN / "device_props"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "cannot connect to oriond at 127.0.0.1:" in r.stderr, r.stderr
+    assert time.time() - t < 10

@@ -94,8 +94,9 @@ struct HelloReq {
   uint32_t pid;               // informational only (PIDs differ across namespaces and VMs)
   uint32_t reserved1;
   char process_name[64];      // NUL-padded, informational
+  char key[32];               // network transports: the shared client key (ORION_KEY), NUL-padded
 };
-ORION_WIRE_STRUCT(HelloReq, 88);
+ORION_WIRE_STRUCT(HelloReq, 120);
 
 struct DeviceInfo {
   char name[kNameLen];            // NUL-terminated

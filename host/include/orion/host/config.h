@@ -47,7 +47,8 @@ struct ServerConfig {
   uint64_t sim_gpu_mem_mib = 16384;
   uint64_t lease_timeout_ms = 3000;
   std::string cuda_driver = "libcuda.so.1";
-  std::string control_socket = "/run/orion/oriond.sock";  // root-only admin socket (libvirt hook, orion-vm)
+  std::string control_socket = "/run/orion/oriond.sock";
+  std::string client_key;  // [orion] client_key: network clients must present it (ORION_KEY); "" = open  // root-only admin socket (libvirt hook, orion-vm)
 };
 
 // Parses an INI text (Orion's server.conf syntax: `key = value`, `;` or `#` comments, quoted
