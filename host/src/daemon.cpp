@@ -343,6 +343,12 @@ void Daemon::AcceptClients(uint64_t now_ms) {
     socklen_t len = sizeof ss;
     const int c = accept4(listen_fd_, reinterpret_cast<sockaddr*>(&ss), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (c < 0) break;
+    if (pending_.size() >= 64) {
+      // Connections that have not said Hello yet are capped: a flood of silent ones cannot use up
+      // oriond's descriptors (each is dropped after 5 s anyway).
+      ::close(c);
+      continue;
+    }
     char host[NI_MAXHOST] = "?", port[NI_MAXSERV] = "?";
     getnameinfo(reinterpret_cast<sockaddr*>(&ss), len, host, sizeof host, port, sizeof port,
                 NI_NUMERICHOST | NI_NUMERICSERV);
