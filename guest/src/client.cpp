@@ -312,7 +312,6 @@ CUresult Client::SyncContextLocked() noexcept {
   return CUDA_SUCCESS;
 }
 
-void Client::NoteContext(uint64_t ctx_handle) noexcept { t_ctx_handle = ctx_handle; }
 
 CUresult Client::Call(Op op, const void* req, uint32_t req_len, void* rep, uint32_t rep_cap,
                       uint32_t* rep_len, const void* tail, uint32_t tail_len) noexcept {

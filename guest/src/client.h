@@ -73,9 +73,6 @@ class Client {
   // Whether the session runs over a network transport (no memory shared with oriond).
   bool network() const noexcept { return tcp_ != nullptr; }
 
-  // Context switching: the handle of the context the channel's next frames run in.
-  void NoteContext(uint64_t ctx_handle) noexcept;
-
   void Shutdown() noexcept;  // at exit: Goodbye, stop the lease thread
 
  private:
@@ -114,7 +111,6 @@ class Client {
   std::vector<uint8_t> scratch_;
   uint32_t next_seq_ = 1;
   uint64_t current_ctx_sent_ = 0;
-  uint64_t current_ctx_wanted_ = 0;
 
   struct StageEntry {
     uint64_t end;       // staging cursor after this entry

@@ -451,8 +451,8 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       if (r == CUDA_SUCCESS) {
         put(ModuleLoadRep{AddHandle({Kind::kModule, mod, cur_dev_, cur_ctx_, {}}), 0, 0});
       } else {
-        p_.log->info("sess={} op=ModuleLoad image {} refused: {}", p_.session_id,
-                     HashHex(q.hash_lo, q.hash_hi), static_cast<int>(r));
+        p_.log->info("sess={} op=ModuleLoad image {} refused ({}): {}", p_.session_id,
+                     HashHex(q.hash_lo, q.hash_hi), static_cast<int>(r), b_->ErrorDetail());
       }
       break;
     }

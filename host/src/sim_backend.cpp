@@ -155,6 +155,7 @@ class SimBackend final : public Backend {
     out->vgpu = p.vgpu;
   }
   int DriverVersion() override { return kSimDriverVersion; }
+  std::string ErrorDetail() const override { return last_error_; }
   uint64_t ContextOverhead(uint32_t) override { return 0; }
   CUresult RegisterWindow(void* base, uint64_t bytes) override {
     window_ = static_cast<uint8_t*>(base);
@@ -362,7 +363,6 @@ class SimBackend final : public Backend {
       return CUDA_ERROR_INVALID_VALUE;
     if (shared_mem > 232448) return CUDA_ERROR_INVALID_VALUE;
     if (param_bytes != f->kernel->param_bytes) return CUDA_ERROR_INVALID_VALUE;
-    ++launches_;
     if (log_fd_ >= 0) {
       // One write() per line: lines from concurrent sessions never interleave (O_APPEND).
       std::string line = "sess=" + std::to_string(opt_.session_id) + " launch " + f->kernel->name +
@@ -483,7 +483,6 @@ class SimBackend final : public Backend {
   std::vector<std::unique_ptr<SimModule>> modules_;
   std::vector<std::unique_ptr<SimFunction>> functions_;
   std::unordered_map<SimEvent*, std::unique_ptr<SimEvent>> events_;
-  uint64_t launches_ = 0;
   std::string last_error_;
 };
 

@@ -88,6 +88,10 @@ class Backend {
   // Device address of window memory [host, host+bytes) (mapped pinned memory).
   virtual CUresult HostGetDevicePointer(void* host, uint64_t bytes, uint64_t* dptr) = 0;
 
+  // Why the last call failed, when the backend knows more than its CUresult (e.g. which part of a
+  // module image it could not parse); "" otherwise.
+  virtual std::string ErrorDetail() const { return ""; }
+
   // Modules: `image` is a fatbin, cubin or PTX, already size-checked.
   virtual CUresult ModuleLoad(std::span<const uint8_t> image, void** module) = 0;
   virtual CUresult ModuleUnload(void* module) = 0;
