@@ -90,13 +90,26 @@ uint8_t* TcpFrameChannel::Reserve(uint32_t payload_len) noexcept {
   return out_.data();
 }
 
+bool TcpFrameChannel::Flush() noexcept {
+  if (batch_.empty()) return true;
+  const bool ok = Send(batch_.data(), batch_.size());
+  batch_.clear();
+  return ok;
+}
+
 bool TcpFrameChannel::Commit() noexcept {
   if (desc_.state.load() != ivshmem::kChannelActive) return false;
   FrameHeader h;
   std::memcpy(&h, out_.data(), sizeof h);
-  if (!Send(out_.data(), out_.size())) return false;
   WindowRanges r;
-  if (FrameWindowRanges(h.op, out_.data() + sizeof h, h.payload_len, &r)) {
+  const bool ranges_ok = FrameWindowRanges(h.op, out_.data() + sizeof h, h.payload_len, &r);
+  if (ranges_ok && r.nreads == 0 && (h.flags & kFlagWantsReply) == 0 && batch_.size() + out_.size() <= kBatchBytes) {
+    batch_.insert(batch_.end(), out_.begin(), out_.end());
+    desc_.server_done_seq.store(h.seq, std::memory_order_release);  // no staging bytes to wait for
+    return true;
+  }
+  if (!Flush() || !Send(out_.data(), out_.size())) return false;
+  if (ranges_ok) {
     for (uint32_t i = 0; i < r.nreads; ++i) {
       const WindowRange& w = r.reads[i];
       if (window_ == nullptr || w.offset > window_bytes_ || w.bytes > window_bytes_ - w.offset) {
@@ -214,6 +227,7 @@ bool TcpFrameChannel::Drain(bool wait) noexcept {
 
 Status TcpFrameChannel::Pop(ivshmem::FrameView* f, std::vector<uint8_t>* scratch, bool* got) noexcept {
   *got = false;
+  if (!Flush()) return Unavailable("the connection to oriond at " + address_ + " broke");
   if (ready_.empty() && !Drain(false)) return Unavailable("the connection to oriond at " + address_ + " broke");
   // A healthy connection is a live server (the Client watches this heartbeat).
   header_.server_heartbeat.fetch_add(1, std::memory_order_relaxed);

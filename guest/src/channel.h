@@ -26,6 +26,8 @@ class FrameChannel {
   // Publishes the reserved frame. False: the transport failed (the session is lost).
   virtual bool Commit() noexcept = 0;
   virtual Status Pop(ivshmem::FrameView* f, std::vector<uint8_t>* scratch, bool* got) noexcept = 0;
+  // Sends what is held back (network channels batch asynchronous frames). False: transport failed.
+  virtual bool Flush() noexcept { return true; }
 };
 
 class ShmFrameChannel final : public FrameChannel {
@@ -64,8 +66,13 @@ class TcpFrameChannel final : public FrameChannel {
   const std::string& address() const noexcept { return address_; }
 
   uint8_t* Reserve(uint32_t payload_len) noexcept override;
+  // Asynchronous frames that carry no window bytes are held back (up to kBatchBytes) and sent with
+  // the next frame that wants a reply: over a network nothing the program can observe about them
+  // (results, events, errors) bypasses such a frame.
   bool Commit() noexcept override;
   Status Pop(ivshmem::FrameView* f, std::vector<uint8_t>* scratch, bool* got) noexcept override;
+  bool Flush() noexcept override;
+  static constexpr size_t kBatchBytes = 64 * 1024;
 
  private:
   explicit TcpFrameChannel(int fd, std::string address) noexcept;
@@ -79,6 +86,7 @@ class TcpFrameChannel final : public FrameChannel {
   int fd_;
   std::string address_;
   std::vector<uint8_t> out_;            // the frame being built
+  std::vector<uint8_t> batch_;          // asynchronous frames not sent yet
   std::vector<uint8_t> in_;             // received, not yet parsed
   std::vector<std::vector<uint8_t>> ready_;  // parsed frames (header + payload), in order
   uint64_t pending_data_ = 0;           // WindowData bytes still to receive

@@ -607,6 +607,7 @@ void Client::Shutdown() noexcept {
   if (broken_ == CUDA_SUCCESS) {
     FrameHeader h = MakeHeader(Op::kGoodbye, 0, false);
     (void)PushLocked(h, nullptr, 0, nullptr, 0);
+    (void)chan_->Flush();
     LogInfo("Releasing Orion resource " + allocation_text_);
   }
   broken_ = CUDA_ERROR_DEINITIALIZED;
