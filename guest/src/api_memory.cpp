@@ -521,3 +521,45 @@ ORION_EXPORT CUresult CUDAAPI cuPointerGetAttributes(unsigned int numAttributes,
 }
 
 }  // extern "C"
+
+// Stream-ordered allocation (cudaMallocAsync / cudaFreeAsync, default pool). Allocating at once is a
+// valid stream order (the memory is usable no later than CUDA promises); the free travels as a frame
+// on the process's ordered channel, so it runs after everything issued before it, on every stream.
+namespace {
+CUresult AllocAsync(CUdeviceptr* dptr, size_t bytes, CUstream hs) {
+  uint64_t stream = 0;
+  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  if (!StreamId(hs, &stream)) return CUDA_ERROR_INVALID_HANDLE;
+  return cuMemAlloc_v2(dptr, bytes);
+}
+CUresult FreeAsync(CUdeviceptr dptr, CUstream hs) {
+  uint64_t stream = 0;
+  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  if (!StreamId(hs, &stream)) return CUDA_ERROR_INVALID_HANDLE;
+  DeviceRange range{};
+  if (!S().mirror.Find(dptr, 0, &range) || range.base != dptr || range.kind != RangeKind::kDevice)
+    return CUDA_ERROR_INVALID_VALUE;
+  S().mirror.Remove(dptr, nullptr);
+  MemFreeReq q{dptr};
+  return Client::Get().Send(Op::kMemFree, &q, sizeof q);  // no reply: an error is deferred
+}
+}  // namespace
+
+extern "C" {
+ORION_EXPORT CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
+  ORION_API(cuMemAllocAsync);
+  return AllocAsync(dptr, bytesize, hStream);
+}
+ORION_EXPORT CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
+  ORION_API(cuMemAllocAsync_ptsz);
+  return AllocAsync(dptr, bytesize, hStream);
+}
+ORION_EXPORT CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
+  ORION_API(cuMemFreeAsync);
+  return FreeAsync(dptr, hStream);
+}
+ORION_EXPORT CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
+  ORION_API(cuMemFreeAsync_ptsz);
+  return FreeAsync(dptr, hStream);
+}
+}  // extern "C"
