@@ -3,6 +3,7 @@
 //   orion_bench baseline-pingpong N        bare two-process cache-line ping-pong (spin), p50/p99 ns
 //   orion_bench baseline-ring MiB          bare two-process SPSC ring, 1 MiB chunks, GB/s
 //   orion_bench null-call N                cuCtxSynchronize round trips through Orion, p50/p99 ns
+//   orion_bench idle-call N                the first cuCtxSynchronize after 1.5 s idle, p50/p99 ns
 //   orion_bench launches N FATBIN          asynchronous cuLaunchKernel rate from one thread
 //   orion_bench memcpy MiB                 cuMemcpyHtoD / cuMemcpyDtoH GB/s (pageable host memory)
 //   orion_bench idle SECONDS               connect, then stay idle (the script measures oriond's CPU)
@@ -252,6 +253,21 @@ void NullCall(int n) {
   Percentiles("orion-null-call", lat);
 }
 
+// The first synchronous call after the server has gone idle (it sleeps on the doorbell on shared
+// memory, on its socket over TCP): what a sporadic client, e.g. an inference server, pays.
+void IdleCall(int n) {
+  Init();
+  std::vector<uint64_t> lat;
+  for (int i = 0; i < n; ++i) {
+    timespec ts{1, 500000000};
+    nanosleep(&ts, nullptr);
+    const uint64_t t = Ns();
+    CK(cuCtxSynchronize());
+    lat.push_back(Ns() - t);
+  }
+  Percentiles("orion-idle-call", lat);
+}
+
 void Launches(int n, const char* fatbin_path) {
   Init();
   std::ifstream f(fatbin_path, std::ios::binary);
@@ -332,6 +348,7 @@ int main(int argc, char** argv) {
   else if (mode == "baseline-tcp-pingpong") BaselineTcpPingPong(static_cast<int>(n));
   else if (mode == "baseline-tcp-stream") BaselineTcpStream(static_cast<uint64_t>(n));
   else if (mode == "null-call") NullCall(static_cast<int>(n));
+  else if (mode == "idle-call") IdleCall(static_cast<int>(n));
   else if (mode == "launches" && argc > 3) Launches(static_cast<int>(n), argv[3]);
   else if (mode == "memcpy") Memcpy(static_cast<uint64_t>(n));
   else if (mode == "idle") Idle(static_cast<int>(n));

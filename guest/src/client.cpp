@@ -132,6 +132,9 @@ CUresult Client::ConnectLocked() noexcept {
   }
   desc_ = &header_->channels[channel_index_];
   desc_->client_lease.store(1, std::memory_order_relaxed);
+  // A region file on this kernel: our futex wake-ups reach oriond's worker. Through a VM's
+  // ivshmem BAR they cannot, and oriond then naps instead of waiting for us.
+  desc_->client_rings.store(where->source.rfind("ivshmem", 0) == 0 ? 0 : 1, std::memory_order_relaxed);
   layout_ = ChannelLayout::Compute(channel_bytes);
   uint8_t* chan = ivshmem::ChannelBase(region_->data(), channel_bytes, channel_index_);
   const uint32_t generation = desc_->generation;  // published before the channel was freed (R0/K0)
@@ -179,9 +182,7 @@ CUresult Client::HandshakeLocked(uint64_t vgpus, uint64_t gmem, const std::strin
     std::string reason(reinterpret_cast<const char*>(rep.data()), std::min<size_t>(rep_len, rep.size()));
     LogError("Fail to get resource from oriond: " + (reason.empty() ? std::string("no answer") : reason));
     broken_ = r;
-    stop_lease_.store(true, std::memory_order_relaxed);
-    uint32_t dead = ivshmem::kChannelDead;  // refused: hand the channel back at once
-    desc_->state.compare_exchange_strong(dead, ivshmem::kChannelDetached, std::memory_order_acq_rel);
+    GiveBackLocked();  // refused: hand the channel back at once
     return r;
   }
   if (rep_len < sizeof(WelcomeRep)) return Broken(CUDA_ERROR_UNKNOWN, "short Welcome");
@@ -229,13 +230,17 @@ CUresult Client::Broken(CUresult why, const char* what) noexcept {
   if (broken_ == CUDA_SUCCESS) {
     LogError(std::string("Orion session lost: ") + what);
     broken_ = why;
-    // Give the channel back: stop renewing the lease and, if oriond ended the session, say we are
-    // done with it so it is freed at once rather than after the lease times out.
-    stop_lease_.store(true, std::memory_order_relaxed);
-    uint32_t dead = ivshmem::kChannelDead;
-    desc_->state.compare_exchange_strong(dead, ivshmem::kChannelDetached, std::memory_order_acq_rel);
+    GiveBackLocked();
   }
   return broken_;
+}
+
+// Stops renewing the lease and, if oriond ended the session, says we are done with the channel so
+// it is freed at once rather than after the lease times out.
+void Client::GiveBackLocked() noexcept {
+  stop_lease_.store(true, std::memory_order_relaxed);
+  uint32_t dead = ivshmem::kChannelDead;
+  desc_->state.compare_exchange_strong(dead, ivshmem::kChannelDetached, std::memory_order_acq_rel);
 }
 
 // Whether oriond still serves this channel (it is dead, or was reset by a restarted oriond, when not).
@@ -277,6 +282,7 @@ CUresult Client::PushLocked(const FrameHeader& h, const void* req, uint32_t req_
   if (req_len != 0) std::memcpy(p + sizeof h, req, req_len);
   if (tail_len != 0) std::memcpy(p + sizeof h + req_len, tail, tail_len);
   if (!chan_->Commit()) return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, "the connection to oriond broke");
+  RingDoorbell();
   return CUDA_SUCCESS;
 }
 

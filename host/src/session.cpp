@@ -751,7 +751,9 @@ int Session::Run(const FrameHeader& hello_header, const HelloReq& hello) {
           return s.code() == Code::kUnavailable ? kExitLeaseExpired : kExitClientGone;
         }
       }
-      if (!(backoff.sleeping() && ch_->WaitIdle(100))) backoff.Pause();
+      // Asleep: on the doorbell or the socket when the channel has one (2 ms while recently busy,
+      // 20 ms after a quiet second: the bound on a missed wake-up), else naps.
+      if (!(backoff.sleeping() && ch_->WaitIdle(NowMs() - last_frame_ms > 1000 ? 20 : 2))) backoff.Pause();
       continue;
     }
     if (backoff.sleeping() || (frames++ & 0xFF) == 0) last_frame_ms = NowMs();  // after idle, or now and then
@@ -832,6 +834,17 @@ class ShmSessionChannel final : public SessionChannel {
       return Unavailable("client lease expired (" + std::to_string(lease_timeout_ms_) + " ms without renewal)");
     }
     return Status::Ok();
+  }
+  // Sleeps on the doorbell when the client can ring it (same kernel); else the caller naps.
+  bool WaitIdle(int timeout_ms) override {
+    if (desc_->client_rings.load(std::memory_order_relaxed) != 1) return false;
+    // B0: announce sleep with a full barrier, then look once more, so a frame published before the
+    // client saw the flag is not slept through. Pairs with RingDoorbell's load in the client.
+    desc_->server_sleeping.exchange(1, std::memory_order_seq_cst);
+    const uint32_t bell = desc_->doorbell.load(std::memory_order_acquire);
+    if (!requests_.HasData()) ivshmem::FutexWait(&desc_->doorbell, bell, static_cast<uint32_t>(timeout_ms) * 1000u);
+    desc_->server_sleeping.store(0, std::memory_order_relaxed);
+    return true;
   }
   void Serving() override {
     // W0: the session is served; pairs with the client's and the daemon's acquire loads.

@@ -153,6 +153,9 @@ uint32_t ResetChannel(uint8_t* base, const RegionHeader& trusted, uint32_t index
   d.close_reason.store(0, std::memory_order_relaxed);
   d.session_id = 0;
   d.generation = generation + 1;
+  d.server_sleeping.store(0, std::memory_order_relaxed);
+  d.doorbell.store(0, std::memory_order_relaxed);
+  d.client_rings.store(0, std::memory_order_relaxed);
   // R0: the cleared cursors are visible before the channel can be claimed; pairs with the
   // client's acquire CAS on `state`.
   d.state.store(kChannelFree, std::memory_order_release);

@@ -13,6 +13,9 @@ TEST(RegionLayout, HeaderIsPinned) {
   EXPECT_EQ(offsetof(ChannelDesc, client_lease), 8u);
   EXPECT_EQ(offsetof(ChannelDesc, server_done_seq), 16u);
   EXPECT_EQ(offsetof(ChannelDesc, generation), 28u);
+  EXPECT_EQ(offsetof(ChannelDesc, server_sleeping), 64u);  // its own cache line (see region.h)
+  EXPECT_EQ(offsetof(ChannelDesc, doorbell), 68u);
+  EXPECT_EQ(offsetof(ChannelDesc, client_rings), 72u);
   EXPECT_EQ(offsetof(RegionHeader, channel_count), 24u);
   EXPECT_EQ(offsetof(RegionHeader, channel_bytes), 32u);
   EXPECT_EQ(offsetof(RegionHeader, server_heartbeat), 40u);

@@ -1,6 +1,9 @@
 #include "orion/ivshmem/ring.h"
 
+#include <linux/futex.h>
 #include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <time.h>
 
 #include <string>
@@ -139,6 +142,16 @@ Status RingConsumer::Pop(FrameView* out, std::vector<uint8_t>* scratch, bool* go
   out->payload = scratch->data();
   *got = true;
   return Status::Ok();
+}
+
+void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, uint32_t timeout_us) noexcept {
+  timespec ts{static_cast<time_t>(timeout_us / 1000000), static_cast<long>(timeout_us % 1000000) * 1000};
+  // Not FUTEX_PRIVATE: the word is in memory shared between processes.
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void FutexWake(std::atomic<uint32_t>* word) noexcept {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, 1, nullptr, nullptr, 0);
 }
 
 void Backoff::Pause() noexcept {

@@ -47,7 +47,17 @@ struct ChannelDesc {                 // 128 bytes, in the channel table
   std::atomic<uint64_t> server_done_seq; // oriond: seq of the last executed frame (staging release)
   std::atomic<int32_t> close_reason;     // oriond: a CUresult-space reason when it sets kChannelDead
   uint32_t generation;                   // oriond: bumped at each reset; tags ring stamps (ring.h)
-  uint8_t reserved[96];
+  uint8_t reserved0[32];                 // the doorbell below lives on the second cache line: the
+                                         // first is written per frame (server_done_seq) and the
+                                         // client reads the doorbell flag per frame
+  // Doorbell for clients on the same kernel (a shared futex; a VM cannot reach it, so oriond naps
+  // instead for VM regions): the worker sets `server_sleeping` before it waits on `doorbell`; a
+  // client that publishes a frame while it is set bumps `doorbell` and wakes it.
+  std::atomic<uint32_t> server_sleeping;
+  std::atomic<uint32_t> doorbell;
+  std::atomic<uint32_t> client_rings;    // client: 1 if it shares oriond's kernel (a /dev/shm file,
+                                         // not an ivshmem BAR), so its wake-ups reach the worker
+  uint8_t reserved[52];
 };
 static_assert(sizeof(ChannelDesc) == 128);
 

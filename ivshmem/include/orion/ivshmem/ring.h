@@ -115,6 +115,11 @@ class RingConsumer {
   uint64_t pos_ = 0;
 };
 
+// Shared futex on a word in the region (same kernel only). Wait returns after a wake-up, a value
+// change or `timeout_us`; Wake wakes one waiter.
+void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, uint32_t timeout_us) noexcept;
+void FutexWake(std::atomic<uint32_t>* word) noexcept;
+
 // Waiting: spin, then yield, then sleep with growing naps up to `max_sleep_us`. Call Pause() each
 // time the awaited condition is false; Reset() when it became true.
 class Backoff {
