@@ -24,11 +24,6 @@ constexpr uint32_t kFatbinWrapperMagic = 0x466243B1;  // __fatBinC_Wrapper_t (re
 // device's limits. scripts/gpu-e2e.sh compares with the real driver.
 constexpr CUresult kCudaErrorInvalidConfiguration = static_cast<CUresult>(9);
 
-CUresult NeedCtx() {
-  if (!Client::Get().connected()) return CUDA_ERROR_NOT_INITIALIZED;
-  return CurrentCtx() == nullptr ? CUDA_ERROR_INVALID_CONTEXT : CUDA_SUCCESS;
-}
-
 // Resolves a fatbin wrapper to its data and measures the image.
 CUresult ImageSpan(const void* image, const uint8_t** data, uint64_t* bytes) {
   if (image == nullptr) return CUDA_ERROR_INVALID_VALUE;

@@ -12,11 +12,6 @@ using namespace orion::guest;
 
 namespace {
 
-CUresult NeedCtx() {
-  if (!Client::Get().connected()) return CUDA_ERROR_NOT_INITIALIZED;
-  return CurrentCtx() == nullptr ? CUDA_ERROR_INVALID_CONTEXT : CUDA_SUCCESS;
-}
-
 bool DeviceOk(uint64_t p, uint64_t bytes) { return S().mirror.Find(p, bytes, nullptr); }
 
 CUresult HtoD(CUdeviceptr dst, const void* src, size_t n, CUstream hs, bool async) {

@@ -9,11 +9,6 @@ using namespace orion::guest;
 
 namespace {
 
-CUresult NeedCtx() {
-  if (!Client::Get().connected()) return CUDA_ERROR_NOT_INITIALIZED;
-  return CurrentCtx() == nullptr ? CUDA_ERROR_INVALID_CONTEXT : CUDA_SUCCESS;
-}
-
 CUresult CreateStream(CUstream* ph, unsigned flags, int priority) {
   if (ph == nullptr || (flags & ~1u) != 0) return CUDA_ERROR_INVALID_VALUE;
   priority = std::clamp(priority, -5, 0);  // clamped to cuCtxGetStreamPriorityRange, as CUDA does

@@ -95,6 +95,11 @@ void Mirror::RemoveContext(const GuestCtx* ctx) {
   }
 }
 
+CUresult NeedCtx() noexcept {
+  if (!Client::Get().connected()) return CUDA_ERROR_NOT_INITIALIZED;
+  return CurrentCtx() == nullptr ? CUDA_ERROR_INVALID_CONTEXT : CUDA_SUCCESS;
+}
+
 bool StreamId(CUstream s, uint64_t* id) noexcept {
   const auto v = reinterpret_cast<uint64_t>(s);
   if (v == 0 || v == reinterpret_cast<uint64_t>(CU_STREAM_LEGACY) ||

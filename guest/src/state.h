@@ -35,6 +35,8 @@ const char* SymName(Sym s) noexcept;
 
 // Status of a CUDA call that needs a connected session.
 CUresult EnsureInit() noexcept;
+// Status of a call that needs a connected session and a current context.
+CUresult NeedCtx() noexcept;
 
 // ---- Objects -----------------------------------------------------------------------------------
 struct GuestCtx {

@@ -487,34 +487,41 @@ void Daemon::Handshake(Pending& p) {
     if (control_fd_ >= 0) ::close(control_fd_);
     const int flags = fcntl(fd, F_GETFL);
     fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
-    std::unique_ptr<Backend> backend;
-    if (backend_ == BackendKind::kCuda) {
-      auto b = MakeCudaBackend(CudaOptions{config_.cuda_driver});
-      if (!b.ok()) {
-        slog->error("sess={} cannot load the CUDA driver: {}", session, b.status().message());
-        send_reply(CUDA_ERROR_NO_DEVICE, "oriond: " + b.status().message());
-        _exit(kExitBackendFailed);
-      }
-      backend = std::move(*b);
-    } else {
-      backend = MakeSimBackend(SimOptions{config_.sim_launch_log, session});
+    auto backend = MakeBackend(session);
+    if (!backend.ok()) {
+      slog->error("sess={} cannot load the CUDA driver: {}", session, backend.status().message());
+      send_reply(CUDA_ERROR_NO_DEVICE, "oriond: " + backend.status().message());
+      _exit(kExitBackendFailed);
     }
-    SessionParams sp;
-    sp.session_id = session;
+    SessionParams sp = BaseParams(session, *placements, slog);
     sp.socket_fd = fd;
     sp.transport = kTransportTcp;
     sp.channel_bytes = config_.shm_buffer_size_mib << 20;
-    sp.placements = *placements;
-    sp.cache_dir = config_.cache_dir;
-    sp.lease_timeout_ms = config_.lease_timeout_ms;
-    sp.log = slog;
-    const int code = RunSession(sp, std::move(backend), h, hello);
+    const int code = RunSession(sp, std::move(*backend), h, hello);
     slog->flush();
     _exit(code);
   }
   ::close(fd);
   net_sessions_.push_back({pid, session, std::move(*placements)});
   ++serving_;
+}
+
+// In a worker: the backend of this daemon's kind, or why it cannot start.
+Result<std::unique_ptr<Backend>> Daemon::MakeBackend(uint32_t session) const {
+  if (backend_ == BackendKind::kCuda) return MakeCudaBackend(CudaOptions{config_.cuda_driver});
+  return MakeSimBackend(SimOptions{config_.sim_launch_log, session});
+}
+
+// What every session's worker gets, whatever its transport.
+SessionParams Daemon::BaseParams(uint32_t session, const std::vector<Placement>& placements,
+                                 std::shared_ptr<spdlog::logger> log) const {
+  SessionParams sp;
+  sp.session_id = session;
+  sp.placements = placements;
+  sp.cache_dir = config_.cache_dir;
+  sp.lease_timeout_ms = config_.lease_timeout_ms;
+  sp.log = std::move(log);
+  return sp;
 }
 
 std::shared_ptr<spdlog::logger> Daemon::SessionLogger(uint32_t session) {
@@ -644,32 +651,21 @@ void Daemon::Admit(Region& r, uint32_t index) {
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     signal(SIGTERM, SIG_DFL);
     signal(SIGINT, SIG_DFL);
-    std::unique_ptr<Backend> backend;
-    if (backend_ == BackendKind::kCuda) {
-      auto b = MakeCudaBackend(CudaOptions{config_.cuda_driver});
-      if (!b.ok()) {
-        slog->error("sess={} cannot load the CUDA driver: {}", session, b.status().message());
-        const std::string msg = "oriond: " + b.status().message();
-        PushReply(base, r.channel_bytes, index, gen, f.header, CUDA_ERROR_NO_DEVICE, msg.data(),
-                  static_cast<uint32_t>(msg.size()));
-        _exit(kExitBackendFailed);
-      }
-      backend = std::move(*b);
-    } else {
-      backend = MakeSimBackend(SimOptions{config_.sim_launch_log, session});
+    auto backend = MakeBackend(session);
+    if (!backend.ok()) {
+      slog->error("sess={} cannot load the CUDA driver: {}", session, backend.status().message());
+      const std::string msg = "oriond: " + backend.status().message();
+      PushReply(base, r.channel_bytes, index, gen, f.header, CUDA_ERROR_NO_DEVICE, msg.data(),
+                static_cast<uint32_t>(msg.size()));
+      _exit(kExitBackendFailed);
     }
-    SessionParams sp;
-    sp.session_id = session;
+    SessionParams sp = BaseParams(session, *placements, slog);
     sp.region = base;
     sp.channel_bytes = r.channel_bytes;
     sp.channel = index;
     sp.generation = gen;
     sp.request_position = rc.position();
-    sp.placements = *placements;
-    sp.cache_dir = config_.cache_dir;
-    sp.lease_timeout_ms = config_.lease_timeout_ms;
-    sp.log = slog;
-    const int code = RunSession(sp, std::move(backend), f.header, hello);
+    const int code = RunSession(sp, std::move(*backend), f.header, hello);
     slog->flush();
     _exit(code);
   }

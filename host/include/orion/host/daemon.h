@@ -18,6 +18,7 @@
 #include "orion/host/backend.h"
 #include "orion/host/config.h"
 #include "orion/host/pool.h"
+#include "orion/host/session.h"
 #include "orion/ivshmem/region.h"
 
 namespace orion::host {
@@ -68,6 +69,9 @@ class Daemon {
   std::string Detach(const std::string& vm);
   Status AddRegion(const std::string& path, Region* out);
   std::shared_ptr<spdlog::logger> SessionLogger(uint32_t session);
+  Result<std::unique_ptr<Backend>> MakeBackend(uint32_t session) const;
+  SessionParams BaseParams(uint32_t session, const std::vector<Placement>& placements,
+                           std::shared_ptr<spdlog::logger> log) const;
 
   ServerConfig config_;
   BackendKind backend_ = BackendKind::kSim;
