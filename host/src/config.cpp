@@ -105,6 +105,10 @@ int Handler(void* user, const char* section, const char* name, const char* raw) 
       c.backend = *k;
     } else if (key == "log_dir") c.log_dir = v;
     else if (key == "control_socket") c.control_socket = v;
+    else if (key == "net_stall_ms") {
+      if (!ParseU64(v, 100, 3600000, &n)) return bad("is not a number of ms (100..3600000)");
+      c.net_stall_ms = n;
+    }
     else if (key == "client_key") {
       if (v.size() > 31) return bad("is longer than 31 characters");
       c.client_key = v;

@@ -520,6 +520,7 @@ SessionParams Daemon::BaseParams(uint32_t session, const std::vector<Placement>&
   sp.placements = placements;
   sp.cache_dir = config_.cache_dir;
   sp.lease_timeout_ms = config_.lease_timeout_ms;
+  sp.net_stall_ms = config_.net_stall_ms;
   sp.log = std::move(log);
   return sp;
 }

@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -14,12 +15,16 @@
 namespace orion::host {
 namespace {
 
-constexpr int kStallMs = 30000;  // a peer that stops in the middle of a frame for this long is gone
+uint64_t NowMs() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000ull + static_cast<uint64_t>(ts.tv_nsec) / 1000000ull;
+}
 
 class TcpSessionChannel final : public SessionChannel {
  public:
-  TcpSessionChannel(int fd, uint64_t channel_bytes)
-      : fd_(fd), layout_(ivshmem::ChannelLayout::Compute(channel_bytes)) {
+  TcpSessionChannel(int fd, uint64_t channel_bytes, uint64_t stall_ms)
+      : fd_(fd), stall_ms_(static_cast<int>(stall_ms)), layout_(ivshmem::ChannelLayout::Compute(channel_bytes)) {
     void* p = mmap(nullptr, layout_.window_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     window_ = p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
   }
@@ -34,7 +39,15 @@ class TcpSessionChannel final : public SessionChannel {
     *got = false;
     if (window_ == nullptr) return Internal("no memory for the session's window");
     if (Status s = Fill(false); !s.ok()) return s;
-    if (in_.size() - at_ < sizeof(FrameHeader)) return Status::Ok();
+    // A frame begun but not finished: the client has this long to send the rest.
+    const size_t have = in_.size() - at_;
+    if (have != partial_bytes_) {
+      partial_bytes_ = have;
+      partial_since_ = NowMs();
+    } else if (have != 0 && NowMs() - partial_since_ > static_cast<uint64_t>(stall_ms_)) {
+      return DataLoss("client stopped in the middle of a frame for " + std::to_string(stall_ms_) + " ms");
+    }
+    if (have < sizeof(FrameHeader)) return Status::Ok();
     FrameHeader h;
     std::memcpy(&h, in_.data() + at_, sizeof h);  // the one read of the header
     if (h.magic != kFrameMagic) return DataLoss("frame has a bad magic");
@@ -62,6 +75,8 @@ class TcpSessionChannel final : public SessionChannel {
       }
     }
     Compact();
+    partial_bytes_ = in_.size() - at_;
+    partial_since_ = NowMs();
     f->header = h;
     f->payload = scratch->data();
     *got = true;
@@ -95,7 +110,7 @@ class TcpSessionChannel final : public SessionChannel {
 
   Status Idle(uint64_t) override { return Fill(false); }
   bool WaitIdle(int timeout_ms) override {
-    if (in_.size() > at_) return true;
+    // Pop found no whole frame: whatever is buffered is a partial one, so wait for more bytes.
     pollfd pfd{fd_, POLLIN, 0};
     poll(&pfd, 1, timeout_ms);
     return true;
@@ -132,7 +147,7 @@ class TcpSessionChannel final : public SessionChannel {
   }
   ssize_t RecvWait(uint8_t* p, uint64_t len) {
     pollfd pfd{fd_, POLLIN, 0};
-    if (poll(&pfd, 1, kStallMs) <= 0) return -1;
+    if (poll(&pfd, 1, stall_ms_) <= 0) return -1;
     const ssize_t n = ::recv(fd_, p, len, 0);
     return n < 0 && errno == EINTR ? RecvWait(p, len) : n;
   }
@@ -148,7 +163,7 @@ class TcpSessionChannel final : public SessionChannel {
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
         pollfd pfd{fd_, POLLOUT, 0};
-        if (poll(&pfd, 1, kStallMs) <= 0) return false;
+        if (poll(&pfd, 1, stall_ms_) <= 0) return false;
         continue;
       }
       return false;
@@ -157,7 +172,10 @@ class TcpSessionChannel final : public SessionChannel {
   }
 
   int fd_;
+  int stall_ms_;
   ivshmem::ChannelLayout layout_;
+  size_t partial_bytes_ = 0;   // bytes of an unfinished frame, and since when they stand still
+  uint64_t partial_since_ = 0;
   uint8_t* window_ = nullptr;
   std::vector<uint8_t> in_;
   size_t at_ = 0;
@@ -165,8 +183,8 @@ class TcpSessionChannel final : public SessionChannel {
 
 }  // namespace
 
-std::unique_ptr<SessionChannel> MakeTcpSessionChannel(int fd, uint64_t channel_bytes) {
-  return std::make_unique<TcpSessionChannel>(fd, channel_bytes);
+std::unique_ptr<SessionChannel> MakeTcpSessionChannel(int fd, uint64_t channel_bytes, uint64_t stall_ms) {
+  return std::make_unique<TcpSessionChannel>(fd, channel_bytes, stall_ms);
 }
 
 }  // namespace orion::host

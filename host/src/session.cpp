@@ -890,7 +890,7 @@ std::unique_ptr<SessionChannel> MakeShmSessionChannel(uint8_t* region, uint64_t 
 int RunSession(const SessionParams& params, std::unique_ptr<Backend> backend, const FrameHeader& hello_header,
                const HelloReq& hello) {
   std::unique_ptr<SessionChannel> ch =
-      params.socket_fd >= 0 ? MakeTcpSessionChannel(params.socket_fd, params.channel_bytes)
+      params.socket_fd >= 0 ? MakeTcpSessionChannel(params.socket_fd, params.channel_bytes, params.net_stall_ms)
                             : MakeShmSessionChannel(params.region, params.channel_bytes, params.channel,
                                                     params.generation, params.request_position,
                                                     params.lease_timeout_ms);

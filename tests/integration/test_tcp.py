@@ -221,3 +221,27 @@ def test_unreachable_server_is_a_quick_clear_error(tmp_path):
     r = subprocess.run([TEST_BIN / "device_props"], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "cannot connect to oriond at 127.0.0.1:" in r.stderr, r.stderr
     assert time.time() - t < 10
+
+
+def test_client_that_stops_mid_frame_is_dropped(tmp_path):
+    port = free_port()
+    d = Oriond(tmp_path, tcp_port=port,
+               conf_text="[server]\n    vgpu_count = 4\n[server-shm]\n    shm_buffer_size = 16\n"
+                         "[orion]\n    net_stall_ms = 1000\n")
+    d.port = port
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(hello_frame(2))
+            header = s.recv(32, socket.MSG_WAITALL)
+            plen = struct.unpack("<IHHIIiiII", header)[4]
+            s.recv(plen, socket.MSG_WAITALL)  # Welcome: the session is served
+            # Half a frame header, then silence.
+            s.sendall(struct.pack("<IHH", 0x4D52464F, 1, 3))
+            deadline = time.time() + 15
+            while "client stopped in the middle of a frame" not in d.session_logs() + d.log():
+                assert time.time() < deadline, d.log()[-2000:]
+                time.sleep(0.2)
+        assert d.alive()
+        assert_passed(run_tcp(d, "device_props"))  # others are served
+    finally:
+        d.stop()

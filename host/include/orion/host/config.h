@@ -48,6 +48,7 @@ struct ServerConfig {
   uint64_t lease_timeout_ms = 3000;
   std::string cuda_driver = "libcuda.so.1";
   std::string control_socket = "/run/orion/oriond.sock";
+  uint64_t net_stall_ms = 30000;  // [orion] net_stall_ms: a network client silent mid-frame this long is dropped
   std::string client_key;  // [orion] client_key: network clients must present it (ORION_KEY); "" = open  // root-only admin socket (libvirt hook, orion-vm)
 };
 

@@ -50,7 +50,8 @@ std::unique_ptr<SessionChannel> MakeShmSessionChannel(uint8_t* region, uint64_t 
                                                       uint32_t generation, uint64_t request_position,
                                                       uint64_t lease_timeout_ms);
 // A TCP connection (the worker owns `fd`) whose channel has `channel_bytes` (its window is local).
-std::unique_ptr<SessionChannel> MakeTcpSessionChannel(int fd, uint64_t channel_bytes);
+// A client that stops in the middle of a frame for `stall_ms` is dropped.
+std::unique_ptr<SessionChannel> MakeTcpSessionChannel(int fd, uint64_t channel_bytes, uint64_t stall_ms);
 
 struct SessionParams {
   uint32_t session_id = 0;
@@ -64,6 +65,7 @@ struct SessionParams {
   std::vector<Placement> placements;
   std::string cache_dir;             // content-addressed module cache ("" = memory only)
   uint64_t lease_timeout_ms = 3000;
+  uint64_t net_stall_ms = 30000;     // network sessions: drop a client silent mid-frame this long
   std::shared_ptr<spdlog::logger> log;
 };
 
