@@ -8,17 +8,9 @@ import sys
 import time
 import traceback
 
+from e2e_common import loaded_libcuda  # beside this script
 
-def loaded_libcuda():
-    try:
-        with open("/proc/self/maps") as f:
-            for line in f:
-                i = line.find("/")
-                if i >= 0 and "/libcuda.so" in line[i:]:
-                    return line[i:].strip()
-    except OSError:
-        pass
-    return "none"
+
 
 
 def main():
