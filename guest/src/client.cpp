@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "orion/controller/client.h"
 #include "orion/ivshmem/discover.h"
 #include "version.h"
 
@@ -95,6 +96,22 @@ CUresult Client::ConnectLocked() noexcept {
     return HandshakeLocked(vgpus, gmem, server);
   }
   auto where = ivshmem::FindClientRegion();
+  if (!where.ok() && (shm == nullptr || *shm == '\0') && !ivshmem::ClientControllerAddr().empty()) {
+    // No region here: the controller places us on a server, which we reach over the network.
+    std::string placed;
+    if (CUresult r = AllocateFromControllerLocked(vgpus, gmem, &placed); r != CUDA_SUCCESS) return r;
+    auto tcp = TcpFrameChannel::Connect(placed);
+    if (!tcp.ok()) {
+      LogError("cannot reach oriond " + placed + " of allocation " + controller_alloc_ + ": " + tcp.status().message());
+      ReleaseControllerAllocation("server_unreachable");
+      return CUDA_ERROR_NO_DEVICE;
+    }
+    tcp_ = tcp->get();
+    desc_ = tcp_->desc();
+    header_ = tcp_->header();
+    chan_ = std::move(*tcp);
+    return HandshakeLocked(vgpus, gmem, placed);
+  }
   if (!where.ok()) {
     LogError("cannot use Orion region: " + where.status().message() +
              " (set ORION_SHM or ORION_SERVER, or create a region with orion-shm and start oriond)");
@@ -173,6 +190,8 @@ CUresult Client::HandshakeLocked(uint64_t vgpus, uint64_t gmem, const std::strin
   if (const char* key = std::getenv("ORION_KEY"); key != nullptr && tcp_ != nullptr) {
     std::strncpy(hello.key, key, sizeof hello.key - 1);
   }
+  std::snprintf(hello.allocation_id, sizeof hello.allocation_id, "%s", controller_alloc_.c_str());
+  gethostname(hello.hostname, sizeof hello.hostname - 1);
   FrameHeader h = MakeHeader(Op::kHello, sizeof hello, true);
   if (CUresult r = PushLocked(h, &hello, sizeof hello, nullptr, 0); r != CUDA_SUCCESS) return r;
   std::vector<uint8_t> rep(sizeof(WelcomeRep) + kMaxDevices * sizeof(DeviceInfo) + 1024);
@@ -181,6 +200,7 @@ CUresult Client::HandshakeLocked(uint64_t vgpus, uint64_t gmem, const std::strin
   if (r != CUDA_SUCCESS) {
     std::string reason(reinterpret_cast<const char*>(rep.data()), std::min<size_t>(rep_len, rep.size()));
     LogError("Fail to get resource from oriond: " + (reason.empty() ? std::string("no answer") : reason));
+    ReleaseControllerAllocation("refused");
     broken_ = r;
     GiveBackLocked();  // refused: hand the channel back at once
     return r;
@@ -206,13 +226,83 @@ CUresult Client::HandshakeLocked(uint64_t vgpus, uint64_t gmem, const std::strin
   std::memcpy(devices_.data(), rep.data() + sizeof(WelcomeRep), welcome_.device_count * sizeof(DeviceInfo));
   for (auto& d : devices_) d.name[kNameLen - 1] = '\0';
   LogInfo(std::string("Orion vGPU client ") + kOrionVersion + " (build " + kOrionBuild + ")");
-  allocation_text_ = "(standalone) session-" + std::to_string(welcome_.session_id) + " :";
+  welcome_.allocation_id[sizeof welcome_.allocation_id - 1] = '\0';
+  if (welcome_.allocation_id[0] != '\0') {
+    allocation_text_ = std::string("(controller) ") + welcome_.allocation_id + " :";
+  } else {
+    allocation_text_ = "(standalone) session-" + std::to_string(welcome_.session_id) + " :";
+  }
   for (const auto& d : devices_) {
     allocation_text_ += " " + where + "/" + std::to_string(d.pgpu) + "/" + std::to_string(d.vgpu);
   }
   if (tcp_ != nullptr) LogInfo("Orion transport: TCP to " + where + " (RDMA is not available in this build)");
   LogInfo("Using Orion resource " + allocation_text_);
   return CUDA_SUCCESS;
+}
+
+CUresult Client::AllocateFromControllerLocked(uint64_t vgpus, uint64_t gmem, std::string* server) noexcept {
+  controller_addr_ = ivshmem::ClientControllerAddr();
+  auto ep = controller::ParseEndpoint(controller_addr_);
+  if (!ep.ok()) {
+    LogError("ORION_CONTROLLER / controller_addr: " + ep.status().message());
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  bool bad = false;
+  const uint64_t ratio = EnvU64("ORION_RATIO", 0, &bad);
+  if (bad || ratio > 100) {
+    LogError("ORION_RATIO must be a percentage 1..100");
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  const char* key = std::getenv("ORION_CONTROLLER_KEY");
+  if (key == nullptr || *key == '\0') key = std::getenv("ORION_KEY");
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  char comm[64] = {};
+  if (FILE* f = std::fopen("/proc/self/comm", "r")) {
+    if (std::fgets(comm, sizeof comm, f) != nullptr) comm[std::strcspn(comm, "\n")] = '\0';
+    std::fclose(f);
+  }
+  controller::ControllerClient cc(*ep, key != nullptr ? key : "", 5000);
+  nlohmann::json req = {{"vgpus", vgpus}, {"gmem_mib", gmem},
+                        {"client", {{"host", host}, {"pid", static_cast<uint32_t>(getpid())}, {"process", comm}}}};
+  if (ratio != 0) req["ratio"] = ratio;
+  auto r = cc.Call("POST", "/v1/allocations", req);
+  if (!r.ok()) {
+    LogError("Fail to get resource from controller " + ep->text() + ": " + r.status().message());
+    switch (r.status().code()) {
+      case Code::kInvalidArgument: return CUDA_ERROR_INVALID_VALUE;
+      case Code::kResourceExhausted: return CUDA_ERROR_OUT_OF_MEMORY;
+      case Code::kPermissionDenied: return CUDA_ERROR_NOT_PERMITTED;
+      default: return CUDA_ERROR_NO_DEVICE;
+    }
+  }
+  const nlohmann::json& a = *r;
+  if (!a.contains("id") || !a["id"].is_string() || !a.contains("server") || !a["server"].is_string() ||
+      !a.contains("placements") || !a["placements"].is_array() || a["placements"].empty()) {
+    LogError("Fail to get resource from controller " + ep->text() + ": malformed reply");
+    return CUDA_ERROR_NO_DEVICE;
+  }
+  controller_alloc_ = a["id"].get<std::string>();
+  *server = a["server"].get<std::string>();
+  std::string where;
+  for (const auto& p : a["placements"]) {
+    if (p.contains("text") && p["text"].is_string()) where += " " + p["text"].get<std::string>();
+  }
+  LogInfo("Orion Controller " + ep->text() + " placed allocation " + controller_alloc_ + ":" + where);
+  return CUDA_SUCCESS;
+}
+
+void Client::ReleaseControllerAllocation(const char* why) noexcept {
+  if (controller_alloc_.empty()) return;
+  const std::string id = std::exchange(controller_alloc_, std::string());
+  auto ep = controller::ParseEndpoint(controller_addr_);
+  if (!ep.ok()) return;
+  const char* key = std::getenv("ORION_CONTROLLER_KEY");
+  if (key == nullptr || *key == '\0') key = std::getenv("ORION_KEY");
+  controller::ControllerClient cc(*ep, key != nullptr ? key : "", 2000);
+  // oriond releases it too when the session ends: "not found" here is normal.
+  (void)cc.Call("DELETE", "/v1/allocations/" + id + "?reason=" + why);
+  LogInfo("Client exits with allocation ID " + id);
 }
 
 FrameHeader Client::MakeHeader(Op op, uint32_t payload_len, bool wants_reply) noexcept {
@@ -615,6 +705,7 @@ void Client::Shutdown() noexcept {
     (void)PushLocked(h, nullptr, 0, nullptr, 0);
     (void)chan_->Flush();
     LogInfo("Releasing Orion resource " + allocation_text_);
+    ReleaseControllerAllocation("client_exited");
   }
   broken_ = CUDA_ERROR_DEINITIALIZED;
   stop_lease_.store(true, std::memory_order_relaxed);
