@@ -62,22 +62,31 @@ Result<HttpReply> HttpRequest(const Endpoint& ep, const std::string& method, con
   beast::error_code failed;
   const char* stage = "resolve";
   stream.expires_after(std::chrono::milliseconds(timeout_ms));
-  resolver.async_resolve(ep.host, std::to_string(ep.port), [&](beast::error_code ec, tcp::resolver::results_type r) {
-    if (ec) { failed = ec; return; }
-    stage = "connect";
-    stream.async_connect(r, [&](beast::error_code ec2, const tcp::endpoint&) {
-      if (ec2) { failed = ec2; return; }
-      stage = "write";
-      http::async_write(stream, req, [&](beast::error_code ec3, size_t) {
-        if (ec3) { failed = ec3; return; }
-        stage = "read";
-        http::async_read(stream, buffer, res, [&](beast::error_code ec4, size_t) {
-          if (ec4) failed = ec4;
-          stage = "done";
-        });
+  auto on_connect = [&](beast::error_code ec2) {
+    if (ec2) { failed = ec2; return; }
+    stage = "write";
+    http::async_write(stream, req, [&](beast::error_code ec3, size_t) {
+      if (ec3) { failed = ec3; return; }
+      stage = "read";
+      http::async_read(stream, buffer, res, [&](beast::error_code ec4, size_t) {
+        if (ec4) failed = ec4;
+        stage = "done";
       });
     });
-  });
+  };
+  beast::error_code not_ip;
+  const auto ip = boost::asio::ip::make_address(ep.host, not_ip);
+  if (!not_ip) {
+    // A numeric address (the usual case): no resolver, which would start a thread per request.
+    stage = "connect";
+    stream.async_connect(tcp::endpoint(ip, ep.port), on_connect);
+  } else {
+    resolver.async_resolve(ep.host, std::to_string(ep.port), [&](beast::error_code ec, tcp::resolver::results_type r) {
+      if (ec) { failed = ec; return; }
+      stage = "connect";
+      stream.async_connect(r, [&](beast::error_code ec2, const tcp::endpoint&) { on_connect(ec2); });
+    });
+  }
   ioc.run();
   beast::error_code ignored;
   stream.socket().shutdown(tcp::socket::shutdown_both, ignored);

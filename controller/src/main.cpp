@@ -14,6 +14,8 @@
 #include <cstdio>
 #include <thread>
 
+#include <sys/socket.h>
+
 #include "orion/controller/client.h"
 #include "orion/controller/config.h"
 #include "orion/controller/service.h"
@@ -318,21 +320,31 @@ int main(int argc, char** argv) {
   }
   Api api(*cfg, std::move(*svc), log);
   httplib::Server server;
-  server.new_task_queue = [] { return new httplib::ThreadPool(64); };
+  server.new_task_queue = [] { return new httplib::ThreadPool(32); };
   server.set_keep_alive_max_count(1000);
   server.set_read_timeout(10, 0);
   api.Routes(server);
+  // cpp-httplib listens with a backlog of 5: a burst of clients (each request is a fresh
+  // connection) overflows it and waits a whole SYN retransmit (1 s). Keep the socket and listen
+  // again with a real backlog (Linux allows re-listening to resize the queue).
+  int listen_fd = -1;
+  server.set_socket_options([&listen_fd](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listen_fd = sock;
+  });
   if (!server.bind_to_port(ep->host, ep->port)) {
     log->error("cannot listen on {}: {}", cfg->listen, std::strerror(errno));
     return 1;
   }
+  if (listen_fd >= 0 && ::listen(listen_fd, 1024) != 0) log->warn("cannot enlarge the listen backlog: {}", std::strerror(errno));
   g_server = &server;
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGINT, OnSignal);
   std::atomic<bool> stop{false};
   std::thread sweeper([&] {
-    while (!stop.load()) {
+    for (uint64_t tick = 1; !stop.load(); ++tick) {
       for (const auto& what : api.service().Sweep(oc::WallMs())) log->info("{}", what);
+      if (tick % 10 == 0) api.service().Checkpoint();
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
   });

@@ -1,6 +1,9 @@
 #include "orion/controller/service.h"
 
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -86,21 +89,42 @@ Result<std::unique_ptr<Service>> Service::Open(ServiceOptions opts) {
                        (s->db_ != nullptr ? sqlite3_errmsg(s->db_) : "out of memory"));
   }
   sqlite3_busy_timeout(s->db_, 2000);
-  // One controller per database: exclusive locking (taken by the first write below) keeps a second
-  // one from serving the same state.
-  for (const char* sql : {"PRAGMA locking_mode=EXCLUSIVE", "PRAGMA journal_mode=WAL", "PRAGMA synchronous=NORMAL",
+  // One controller per database: a second one would hand out the same vGPUs.
+  const std::string lock = s->opts_.database + ".lock";
+  s->lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (s->lock_fd_ < 0 || ::flock(s->lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    return FailedPrecondition("database " + s->opts_.database + " is in use by another orion-controller (" + lock +
+                              " is locked)");
+  }
+  // WAL with synchronous=NORMAL: a commit is an append, no fsync. Checkpoints (which fsync) are
+  // not run by commits (they stalled every request queued behind one for tens of ms on this
+  // VM's disk) but by Checkpoint() on a second connection, off the request path.
+  for (const char* sql : {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=NORMAL", "PRAGMA wal_autocheckpoint=0",
                           "CREATE TABLE IF NOT EXISTS servers(id TEXT PRIMARY KEY, doc TEXT NOT NULL)",
                           "CREATE TABLE IF NOT EXISTS allocations(id TEXT PRIMARY KEY, doc TEXT NOT NULL)",
                           "CREATE TABLE IF NOT EXISTS vgpus(server TEXT NOT NULL, pgpu INTEGER NOT NULL, "
                           "vgpu INTEGER NOT NULL, allocation TEXT NOT NULL, PRIMARY KEY(server, pgpu, vgpu))"}) {
     if (Status st = s->Exec(sql); !st.ok()) return Unavailable("database " + s->opts_.database + ": " + st.message());
   }
+  if (sqlite3_open_v2(s->opts_.database.c_str(), &s->checkpoint_db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_FULLMUTEX,
+                      nullptr) != SQLITE_OK) {
+    return Unavailable("cannot open database " + s->opts_.database + " for checkpoints");
+  }
+  sqlite3_busy_timeout(s->checkpoint_db_, 5000);
   if (Status st = s->Load(); !st.ok()) return st;
   return s;
 }
 
+void Service::Checkpoint() {
+  int log = 0, done = 0;
+  sqlite3_wal_checkpoint_v2(checkpoint_db_, nullptr, SQLITE_CHECKPOINT_PASSIVE, &log, &done);
+}
+
 Service::~Service() {
+  for (auto& [sql, st] : stmts_) sqlite3_finalize(st);
+  if (checkpoint_db_ != nullptr) sqlite3_close(checkpoint_db_);
   if (db_ != nullptr) sqlite3_close(db_);
+  if (lock_fd_ >= 0) ::close(lock_fd_);
 }
 
 Status Service::Exec(const std::string& sql) {
@@ -117,33 +141,37 @@ Status Service::Begin() { return Exec("BEGIN IMMEDIATE"); }
 Status Service::Commit() { return Exec("COMMIT"); }
 void Service::Rollback() { (void)Exec("ROLLBACK"); }
 
-namespace {
-Status Run(sqlite3* db, const char* sql, const std::vector<std::string>& text, const std::vector<int64_t>& ints = {}) {
-  sqlite3_stmt* st = nullptr;
-  if (sqlite3_prepare_v2(db, sql, -1, &st, nullptr) != SQLITE_OK) return Internal(sqlite3_errmsg(db));
+Status Service::Run(const char* sql, const std::vector<std::string>& text, const std::vector<int64_t>& ints) {
+  // Prepared once, reused (statements are keyed by their literal's address).
+  sqlite3_stmt*& st = stmts_[sql];
+  if (st == nullptr && sqlite3_prepare_v3(db_, sql, -1, SQLITE_PREPARE_PERSISTENT, &st, nullptr) != SQLITE_OK) {
+    st = nullptr;
+    return Internal(sqlite3_errmsg(db_));
+  }
   int i = 1;
   for (const auto& t : text) sqlite3_bind_text(st, i++, t.c_str(), static_cast<int>(t.size()), SQLITE_TRANSIENT);
   for (int64_t v : ints) sqlite3_bind_int64(st, i++, v);
   const int rc = sqlite3_step(st);
-  sqlite3_finalize(st);
-  if (rc != SQLITE_DONE) return Internal(std::string("database: ") + sqlite3_errmsg(db));
+  sqlite3_reset(st);
+  sqlite3_clear_bindings(st);
+  if (rc != SQLITE_DONE) return Internal(std::string("database: ") + sqlite3_errmsg(db_));
   return Status();
 }
-}  // namespace
 
 Status Service::Put(const Server& s) {
   Json j = ToJson(s);
-  return Run(db_, "INSERT OR REPLACE INTO servers(id, doc) VALUES(?, ?)", {s.id, j.dump()});
+  return Run("INSERT OR REPLACE INTO servers(id, doc) VALUES(?, ?)", {s.id, j.dump()});
 }
 
-Status Service::Put(const Allocation& a) {
-  if (Status st = Run(db_, "INSERT OR REPLACE INTO allocations(id, doc) VALUES(?, ?)", {a.id, ToJson(a).dump()}); !st.ok()) {
+Status Service::Put(const Allocation& a, const Json* doc) {
+  if (Status st = Run("INSERT OR REPLACE INTO allocations(id, doc) VALUES(?, ?)", {a.id, (doc != nullptr ? *doc : ToJson(a)).dump()});
+      !st.ok()) {
     return st;
   }
-  if (Status st = Run(db_, "DELETE FROM vgpus WHERE allocation = ?", {a.id}); !st.ok()) return st;
+  if (Status st = Run("DELETE FROM vgpus WHERE allocation = ?", {a.id}); !st.ok()) return st;
   for (const Slot& s : a.slots) {
     // The primary key (server, pgpu, vgpu) refuses a double booking even if the memory model erred.
-    if (Status st = Run(db_, "INSERT INTO vgpus(server, allocation, pgpu, vgpu) VALUES(?, ?, ?, ?)", {a.server, a.id},
+    if (Status st = Run("INSERT INTO vgpus(server, allocation, pgpu, vgpu) VALUES(?, ?, ?, ?)", {a.server, a.id},
                         {s.pgpu, s.vgpu});
         !st.ok()) {
       return st;
@@ -153,8 +181,8 @@ Status Service::Put(const Allocation& a) {
 }
 
 Status Service::Erase(const Allocation& a) {
-  if (Status st = Run(db_, "DELETE FROM vgpus WHERE allocation = ?", {a.id}); !st.ok()) return st;
-  return Run(db_, "DELETE FROM allocations WHERE id = ?", {a.id});
+  if (Status st = Run("DELETE FROM vgpus WHERE allocation = ?", {a.id}); !st.ok()) return st;
+  return Run("DELETE FROM allocations WHERE id = ?", {a.id});
 }
 
 Json Service::ToJson(const Server& s) {
@@ -248,20 +276,34 @@ Status Service::Load() {
     }
     allocs_[a.id] = std::move(a);
   });
+  pools_ = Pools();
   return st;
 }
 
-host::VgpuPool Service::PoolOf(const Server& s) const {
-  std::vector<host::PhysicalGpu> gpus;
-  for (const Gpu& g : s.gpus) gpus.push_back({g.index, g.name, g.memory_mib << 20, g.uuid});
-  host::VgpuPool pool(std::move(gpus), s.vgpu_count);
+std::map<std::string, host::VgpuPool> Service::Pools(const std::string& only) const {
+  std::map<std::string, host::VgpuPool> pools;
+  std::map<std::string, std::vector<std::vector<host::Placement>>> taken;
   for (const auto& [id, a] : allocs_) {
-    if (a.server != s.id) continue;
-    std::vector<host::Placement> p;
-    for (const Slot& sl : a.slots) p.push_back({sl.pgpu, sl.vgpu, sl.gmem_mib << 20});
-    (void)pool.Reserve(p);  // a slot the server no longer has stays booked in the database only
+    if (!only.empty() && a.server != only) continue;
+    auto& v = taken[a.server].emplace_back();
+    for (const Slot& sl : a.slots) v.push_back({sl.pgpu, sl.vgpu, sl.gmem_mib << 20});
   }
-  return pool;
+  for (const auto& [id, s] : servers_) {
+    if (!only.empty() && id != only) continue;
+    std::vector<host::PhysicalGpu> gpus;
+    for (const Gpu& g : s.gpus) gpus.push_back({g.index, g.name, g.memory_mib << 20, g.uuid});
+    host::VgpuPool pool(std::move(gpus), s.vgpu_count);
+    if (auto t = taken.find(id); t != taken.end()) {
+      for (const auto& p : t->second) (void)pool.Reserve(p);  // as in PoolOf
+    }
+    pools.emplace(id, std::move(pool));
+  }
+  return pools;
+}
+
+host::VgpuPool Service::PoolOf(const Server& s) const {
+  auto it = pools_.find(s.id);
+  return it != pools_.end() ? it->second : host::VgpuPool({}, 1);
 }
 
 Result<Json> Service::RegisterServer(const std::string& id, const Json& body) {
@@ -332,6 +374,8 @@ Result<Json> Service::RegisterServer(const std::string& id, const Json& body) {
   }
   for (const auto& aid : drop) allocs_.erase(aid);
   servers_[id] = s;
+  pools_.erase(id);
+  pools_.emplace(id, std::move(Pools(id).at(id)));
   host::VgpuPool pool = PoolOf(s);
   Json assignments = Json::array();
   for (const auto& [aid, a] : allocs_) {
@@ -400,7 +444,10 @@ Result<Json> Service::DeregisterServer(const std::string& id) {
     Rollback();
     return st;
   }
-  for (const auto& aid : drop) allocs_.erase(aid);
+  for (const auto& aid : drop) {
+    UnreserveLocked(allocs_[aid]);
+    allocs_.erase(aid);
+  }
   return Json{{"server", id}, {"released", released}};
 }
 
@@ -447,11 +494,11 @@ Result<Service::Allocation> Service::Place(const Json& body, const std::string& 
   uint64_t largest_gpu = 0, largest_server_mem = 0;
   uint32_t largest_server_vgpus = 0;
   std::vector<std::pair<double, const Server*>> order;
-  std::vector<host::VgpuPool> pools;
+  std::vector<host::VgpuPool*> pools;
   pools.reserve(cands.size());
   for (const Server* s : cands) {
-    pools.push_back(PoolOf(*s));
-    const host::VgpuPool& p = pools.back();
+    pools.push_back(&pools_.at(s->id));
+    const host::VgpuPool& p = *pools.back();
     uint64_t mem = 0;
     for (const Gpu& g : s->gpus) {
       largest_gpu = std::max(largest_gpu, g.memory_mib);
@@ -475,8 +522,8 @@ Result<Service::Allocation> Service::Place(const Json& body, const std::string& 
   std::vector<size_t> idx(cands.size());
   for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
   auto fill = [&](size_t i) {
-    const uint64_t total = pools[i].total_bytes();
-    return total == 0 ? 1.0 : static_cast<double>(pools[i].used_bytes()) / static_cast<double>(total);
+    const uint64_t total = pools[i]->total_bytes();
+    return total == 0 ? 1.0 : static_cast<double>(pools[i]->used_bytes()) / static_cast<double>(total);
   };
   // pack: the fullest server that still fits (Orion's rule); spread: the emptiest.
   std::stable_sort(idx.begin(), idx.end(), [&](size_t x, size_t y) {
@@ -484,11 +531,13 @@ Result<Service::Allocation> Service::Place(const Json& body, const std::string& 
   });
   std::string why;
   for (size_t i : idx) {
-    auto got = pools[i].Admit(static_cast<uint32_t>(vgpus), gmem, opts_.policy);
+    // Admit takes the slots in the cached pool only when it succeeds; the caller gives them back
+    // (UnreserveLocked) if the allocation is not stored.
+    auto got = pools[i]->Admit(static_cast<uint32_t>(vgpus), gmem, opts_.policy);
     if (!got.ok()) {
-      why += (why.empty() ? "" : "; ") + cands[i]->id + ": " + std::to_string(pools[i].free_vgpus()) + " of " +
-             std::to_string(pools[i].total_vgpus()) + " vGPUs free, " +
-             std::to_string((pools[i].total_bytes() - pools[i].used_bytes()) >> 20) + " MiB unallocated";
+      why += (why.empty() ? "" : "; ") + cands[i]->id + ": " + std::to_string(pools[i]->free_vgpus()) + " of " +
+             std::to_string(pools[i]->total_vgpus()) + " vGPUs free, " +
+             std::to_string((pools[i]->total_bytes() - pools[i]->used_bytes()) >> 20) + " MiB unallocated";
       continue;
     }
     a.id = NewId();
@@ -520,18 +569,18 @@ Result<Json> Service::Allocate(const Json& body, const std::string& server) {
     (void)UInt(body, "session", 0xffffffffu, 0, &session);
     a->session = static_cast<uint32_t>(session);
   }
-  if (Status st = Begin(); !st.ok()) return st;
-  if (Status st = Put(*a); !st.ok()) {
+  Json doc = ToJson(*a);
+  Status st = Begin();
+  if (st.ok()) st = Put(*a, &doc);
+  if (st.ok()) st = Commit();
+  if (!st.ok()) {
     Rollback();
-    return st;
-  }
-  if (Status st = Commit(); !st.ok()) {
-    Rollback();
+    UnreserveLocked(*a);
     return st;
   }
   ++allocations_made_;
-  allocs_[a->id] = *a;
-  return ToJson(*a);
+  allocs_[a->id] = std::move(*a);
+  return doc;
 }
 
 Result<Json> Service::Confirm(const std::string& id, const Json& body) {
@@ -569,8 +618,17 @@ Status Service::ReleaseLocked(const std::string& id) {
   auto it = allocs_.find(id);
   if (it == allocs_.end()) return NotFound("allocation " + id + " does not exist (released or expired)");
   if (Status st = Erase(it->second); !st.ok()) return st;
+  UnreserveLocked(it->second);
   allocs_.erase(it);
   return Status();
+}
+
+void Service::UnreserveLocked(const Allocation& a) {
+  auto p = pools_.find(a.server);
+  if (p == pools_.end()) return;
+  std::vector<host::Placement> v;
+  for (const Slot& sl : a.slots) v.push_back({sl.pgpu, sl.vgpu, sl.gmem_mib << 20});
+  p->second.Release(v);
 }
 
 Result<Json> Service::Release(const std::string& id, const std::string& why) {
@@ -578,9 +636,8 @@ Result<Json> Service::Release(const std::string& id, const std::string& why) {
   auto it = allocs_.find(id);
   if (it == allocs_.end()) return NotFound("allocation " + id + " does not exist (released or expired)");
   if (it->second.kind != "process") return InvalidArgument("allocation " + id + " is VM " + it->second.vm + "'s assignment");
-  Json j = ToJson(it->second);
+  Json j = {{"id", id}, {"server", it->second.server}, {"released", why}};
   if (Status st = ReleaseLocked(id); !st.ok()) return st;
-  j["released"] = why;
   return j;
 }
 
@@ -626,13 +683,12 @@ Result<Json> Service::Assign(const std::string& vm, const Json& body) {
   a->vm = vm;
   a->state = "active";
   a->client_host = vm;
-  if (Status st = Begin(); !st.ok()) return st;
-  if (Status st = Put(*a); !st.ok()) {
+  Status st = Begin();
+  if (st.ok()) st = Put(*a);
+  if (st.ok()) st = Commit();
+  if (!st.ok()) {
     Rollback();
-    return st;
-  }
-  if (Status st = Commit(); !st.ok()) {
-    Rollback();
+    UnreserveLocked(*a);
     return st;
   }
   ++allocations_made_;

@@ -27,6 +27,7 @@
 #include "orion/host/pool.h"
 
 struct sqlite3;
+struct sqlite3_stmt;
 
 namespace orion::controller {
 
@@ -70,6 +71,9 @@ class Service {
   std::string Metrics() const;  // Prometheus text (the pool part)
   // Releases expired leases and withholds silent servers. Returns what it did, for the log.
   std::vector<std::string> Sweep(uint64_t now_ms);
+  // Copies the WAL into the database file (PASSIVE: never blocks requests). The REST layer calls
+  // it every few seconds.
+  void Checkpoint();
 
  private:
   struct Gpu {
@@ -106,7 +110,8 @@ class Service {
   Status Load();
   Status Exec(const std::string& sql);
   Status Put(const Server& s);
-  Status Put(const Allocation& a);
+  Status Put(const Allocation& a, const Json* doc = nullptr);
+  Status Run(const char* sql, const std::vector<std::string>& text, const std::vector<int64_t>& ints = {});
   Status Erase(const Allocation& a);
   Status Begin();
   Status Commit();
@@ -114,14 +119,21 @@ class Service {
   static Json ToJson(const Server& s);
   Json ToJson(const Allocation& a) const;
   host::VgpuPool PoolOf(const Server& s) const;
+  // Every server's pool (or only `only`'s), from one pass over the allocations.
+  std::map<std::string, host::VgpuPool> Pools(const std::string& only = "") const;
   Result<Allocation> Place(const Json& body, const std::string& server, const std::string& kind);
   Status ReleaseLocked(const std::string& id);
+  void UnreserveLocked(const Allocation& a);  // gives its slots back to pools_
 
   ServiceOptions opts_;
   sqlite3* db_ = nullptr;
+  sqlite3* checkpoint_db_ = nullptr;
+  int lock_fd_ = -1;
+  std::map<const char*, struct sqlite3_stmt*> stmts_;
   mutable std::mutex mu_;
   std::map<std::string, Server> servers_;
   std::map<std::string, Allocation> allocs_;
+  std::map<std::string, host::VgpuPool> pools_;  // per server: slots taken by allocs_ (kept in step)
   uint64_t allocations_made_ = 0, refusals_ = 0, expired_ = 0;
 };
 
