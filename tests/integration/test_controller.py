@@ -471,3 +471,27 @@ def test_orion_check_and_orion_smi_report_the_state(cluster):
     assert "No running processes found" in r.stdout
     r = cluster.tool("orion-check", "runtime", "client", ORION_CONTROLLER="127.0.0.1:1")
     assert r.returncode == 1 and "Address 127.0.0.1:1 is not reached" in r.stdout
+
+
+def test_a_restarted_server_releases_what_its_dead_sessions_held(cluster):
+    a = cluster.servers[0]
+    p = subprocess.Popen([str(TEST_BIN / "sleeper"), "16"], env=a.env(ORION_VGPU=2, ORION_GMEM=500),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while "READY" not in (line := p.stdout.readline()):
+        assert line, p.stderr.read()
+    try:
+        held = cluster.allocations()
+        assert len(held) == 1 and held[0]["server"] == a.id
+        a.proc.kill()  # no deregistration; its worker dies with it
+        a.proc.wait()
+        sub = a.tmp.parent / "srv0-again"
+        sub.mkdir()
+        again = Oriond(sub, tcp_port=a.port, conf_text=server_conf(cluster.ctl),
+                       extra_args=("--sim-gpus", "2", "--sim-gpu-mem", "16384"))
+        cluster.servers.append(again)
+        # It registers with a new boot id and without that session: the allocation is released.
+        cluster.wait_allocations(0, timeout=10)
+        assert "released its stale allocations" in cluster.ctl.log()
+        assert cluster.wait_up(2)["vgpus_free"] == 16
+    finally:
+        kill(p)
