@@ -4,7 +4,9 @@ The guest reaches oriond only through an ivshmem-plain device backed by a region
 
 /init installs the client with install-client, then runs the programs named on the kernel command
 line (orion.run=prog[:arg...],...) and prints, for each, "=== BEGIN <prog>", its output, and
-"=== END <prog> rc=<n>" on the serial console, then powers off."""
+"=== END <prog> rc=<n>" on the serial console, then powers off. A test may add files to the image
+and shell lines run before the programs (`setup`, e.g. load modules and start a daemon) and after
+them (`teardown`)."""
 import os
 import re
 import shutil
@@ -22,6 +24,7 @@ for arg in $(cat /proc/cmdline); do
     orion.gmem=*) export ORION_GMEM=${arg#orion.gmem=} ;;
   esac
 done
+@SETUP@
 for item in $(echo "$run" | tr ',' ' '); do
   prog=${item%%:*}
   args=$(echo "$item" | cut -s -d: -f2- | tr ':' ' ')
@@ -29,6 +32,7 @@ for item in $(echo "$run" | tr ',' ' '); do
   if [ -x /opt/$prog ]; then /opt/$prog $args 2>&1; else $prog $args 2>&1; fi
   echo "=== END $prog rc=$?"
 done
+@TEARDOWN@
 poweroff -f
 """
 
@@ -38,14 +42,17 @@ def libs_of(exe):
     return [Path(m) for m in re.findall(r"=> (/\S+)", out)] + [Path(m) for m in re.findall(r"^\s+(/\S+ld-linux\S*)", out, re.M)]
 
 
-def build_initramfs(out: Path, prefix: Path, programs):
+def build_initramfs(out: Path, prefix: Path, programs, extra=None, setup="", teardown="", applets=()):
+    """`extra`: {path in the image: file on the host}; the shared libraries of executables among
+    them are shipped too. `applets`: more busybox applets."""
     root = out.parent / (out.name + ".root")
     shutil.rmtree(root, ignore_errors=True)
     for d in ["bin", "proc", "sys", "dev", "opt", "orion-client", "lib64", "lib/x86_64-linux-gnu", "usr/lib",
               "usr/local/bin"]:
         (root / d).mkdir(parents=True, exist_ok=True)
     shutil.copy("/usr/bin/busybox", root / "bin/busybox")
-    for app in ["sh", "mount", "poweroff", "cat", "echo", "mkdir", "cp", "ln", "mv", "tr", "cut", "dirname", "sleep"]:
+    for app in ["sh", "mount", "poweroff", "cat", "echo", "mkdir", "cp", "ln", "mv", "tr", "cut", "dirname", "sleep",
+                *applets]:
         os.symlink("busybox", root / "bin" / app)
     for f in (prefix / "lib" / "orion").iterdir():
         if f.is_file() and not f.is_symlink():
@@ -54,12 +61,18 @@ def build_initramfs(out: Path, prefix: Path, programs):
     for exe in programs:
         shutil.copy(exe, root / "opt" / Path(exe).name)
         needed.update(libs_of(exe))
+    for dest, src in (extra or {}).items():
+        target = root / dest.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(src, target)
+        if os.access(src, os.X_OK) or ".so" in Path(src).name:
+            needed.update(libs_of(src))
     for lib in needed:
         if "libcuda.so" in lib.name:
             continue
         dest = root / "lib64" if lib.name.startswith("ld-linux") else root / "lib/x86_64-linux-gnu"
         shutil.copy(lib.resolve(), dest / lib.name)
-    (root / "init").write_text(INIT)
+    (root / "init").write_text(INIT.replace("@SETUP@", setup).replace("@TEARDOWN@", teardown))
     (root / "init").chmod(0o755)
     files = subprocess.run(["find", "."], cwd=root, capture_output=True, text=True, check=True).stdout
     cpio = subprocess.run(["cpio", "-o", "-H", "newc", "--quiet"], cwd=root, input=files.encode(),

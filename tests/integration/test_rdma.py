@@ -1,0 +1,118 @@
+"""RDMA for real, with Soft-RoCE: this host's kernel has no RDMA, so a QEMU (TCG) guest boots Debian's
+standard kernel (scripts/vm-kernel --rdma), loads rdma_rxe on a dummy netdev, and runs oriond (sim
+backend, enable_rdma) and the nvcc test programs inside it, over the dummy address. Both logs must
+say RDMA, the programs must pass, and the launches must be in the sim launch log. The fallback to
+TCP on a host without RDMA is in test_tcp.py."""
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import vm
+from conftest import PREFIX, ROOT, TEST_BIN, assert_passed
+from test_sim import assert_launches_logged
+
+ADDR = "10.9.0.1"
+PROGRAMS = ["memory", "kernel_params", "driver_api", "device_props"]
+LIBDIR = Path("/usr/lib/x86_64-linux-gnu")
+
+SETUP = r"""
+for m in $(cat /rdma/modules/order); do insmod /rdma/modules/$m || echo "insmod $m failed"; done
+ip link set lo up
+[ -e /sys/class/net/dummy0 ] || ip link add dummy0 type dummy   # dummy.ko makes one at load
+ip addr add @ADDR@/24 dev dummy0; ip link set dummy0 up
+rdma link add rxe0 type rxe netdev dummy0 || echo "rdma link add failed"
+rdma link show
+mkdir -p /tmp/logs /tmp/cache
+oriond --config /rdma/server.conf --backend sim --foreground --log-dir /tmp/logs --sim-launch-log /tmp/launch.log \
+  --cache-dir /tmp/cache --control-socket /tmp/oriond.sock -b @ADDR@ -p 9960 -r >/tmp/oriond.out 2>&1 &
+oriond_pid=$!
+i=0
+while ! grep -q "Orion Server listens" /tmp/logs/server.log 2>/dev/null && [ $i -lt 150 ]; do sleep 0.2; i=$((i+1)); done
+export ORION_SERVER=@ADDR@:9960
+""".replace("@ADDR@", ADDR)
+
+TEARDOWN = r"""
+kill $oriond_pid; sleep 1
+for f in /tmp/logs/server.log /tmp/launch.log /tmp/oriond.out; do
+  echo "=== BEGIN $(basename $f)"; cat $f; echo "=== END $(basename $f) rc=0"
+done
+echo "=== BEGIN session.log"; cat /tmp/logs/session/*.log; echo "=== END session.log rc=0"
+"""
+
+# A program run with TCP forced: oriond has RDMA, the client says why it does not use it.
+TCP_WRAPPER = "#!/bin/sh\nORION_TRANSPORT=tcp exec /opt/device_props\n"
+
+
+@pytest.fixture(scope="module")
+def rdma_kernel():
+    out = subprocess.run([ROOT / "scripts" / "vm-kernel", "--rdma"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return Path(ROOT / out.stdout.strip())
+
+
+@pytest.fixture(scope="module")
+def rdma_initrd(tmp_path_factory, rdma_kernel):
+    d = tmp_path_factory.mktemp("vm-rdma")
+    modules = rdma_kernel.parent / "modules"
+    provider = LIBDIR / "libibverbs" / "librxe-rdmav34.so"
+    for need in [LIBDIR / "libibverbs.so.1", provider, Path("/etc/libibverbs.d/rxe.driver")]:
+        if not need.exists():
+            pytest.fail(f"{need} is missing: scripts/deps installs rdma-core's libibverbs1 and ibverbs-providers")
+    extra = {f"/rdma/modules/{m.name}": m for m in modules.iterdir()}
+    extra.update({
+        "/usr/local/bin/oriond": PREFIX / "bin" / "oriond",
+        "/usr/local/bin/ip": shutil.which("ip"),
+        "/usr/local/bin/rdma": shutil.which("rdma"),
+        # libcuda.so.1 and oriond dlopen libibverbs; the rxe provider is found through rxe.driver.
+        "/lib/x86_64-linux-gnu/libibverbs.so.1": LIBDIR / "libibverbs.so.1",
+        str(provider): provider,
+        "/etc/libibverbs.d/rxe.driver": "/etc/libibverbs.d/rxe.driver",
+    })
+    conf = d / "server.conf"
+    conf.write_text("[server]\n    vgpu_count = 4\n[server-shm]\n    shm_buffer_size = 16\n")
+    wrapper = d / "tcp_device_props"
+    wrapper.write_text(TCP_WRAPPER)
+    wrapper.chmod(0o755)
+    extra["/rdma/server.conf"] = conf
+    extra["/opt/tcp_device_props"] = wrapper
+    progs = [TEST_BIN / p for p in PROGRAMS]
+    return vm.build_initramfs(d / "initrd.gz", PREFIX, progs, extra=extra, setup=SETUP, teardown=TEARDOWN,
+                              applets=["insmod", "grep", "kill", "basename"])
+
+
+def test_programs_run_over_soft_roce(rdma_kernel, rdma_initrd, tmp_path):
+    console = vm.boot(rdma_kernel, rdma_initrd, PROGRAMS[:3] + ["tcp_device_props"], gmem=256, timeout=600,
+                      log=tmp_path / "console.log")
+    out = vm.outputs(console)
+    setup = console.split("=== BEGIN")[0]
+    assert "failed" not in setup and "link rxe0/1 state ACTIVE" in setup, setup[-3000:]
+    server_log = out.get("server.log", (0, ""))[1]
+    for prog in PROGRAMS[:3]:
+        assert prog in out, console[-4000:]
+        rc, text = out[prog]
+        assert_passed(vm_result(rc, text), expect_checks=40 if prog == "memory" else 1)
+        assert f"Orion transport: RDMA to {ADDR}:9960 (rxe0 port 1" in text, text[-3000:]
+        assert "Orion Simulated GPU" in text or prog == "memory", prog
+    assert len(re.findall(r"Client supports RDMA mode, then server runs in RDMA mode\.", server_log)) == 3, server_log
+    assert len(re.findall(r"Creating session \d+ for '\S+' .* over RDMA", server_log)) == 3, server_log
+    assert "RDMA enabled: device(s) rxe0" in server_log, server_log
+    session_log = out["session.log"][1]
+    assert len(re.findall(r"RDMA queue pair \d+ on rxe0 port 1 .* connected to client queue pair \d+", session_log)) == 3
+    assert "protocol violation" not in session_log, session_log[-3000:]
+    # Forced TCP against the same oriond: the client says why, oriond serves TCP.
+    rc, text = out["tcp_device_props"]
+    assert_passed(vm_result(rc, text))
+    assert f"Orion transport: TCP to {ADDR}:9960 (no RDMA: ORION_TRANSPORT=tcp)" in text, text
+    assert "Client supports TCP mode, then server also falls back to TCP mode." in server_log
+    launches = out["launch.log"][1].splitlines()
+    assert_launches_logged(out["kernel_params"][1], launches)
+    assert_launches_logged(out["driver_api"][1], launches)
+    assert len(re.findall(r"Session \d+ exits \(client exited\)", server_log)) >= 4, server_log
+
+
+class vm_result:
+    def __init__(self, rc, out):
+        self.returncode, self.stdout, self.stderr = rc, out, ""
