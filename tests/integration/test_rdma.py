@@ -44,6 +44,9 @@ echo "=== BEGIN session.log"; cat /tmp/logs/session/*.log; echo "=== END session
 
 # A program run with TCP forced: oriond has RDMA, the client says why it does not use it.
 TCP_WRAPPER = "#!/bin/sh\nORION_TRANSPORT=tcp exec /opt/device_props\n"
+HOSTILE_MODES = ["badconnect", "garbage", "window", "tcpbytes"]
+HOSTILE_WRAPPER = ("#!/bin/sh\nrc=0\nfor m in " + " ".join(HOSTILE_MODES) +
+                   f"; do /opt/hostile_rdma {ADDR} 9960 $m || rc=1; done\nexit $rc\n")
 
 
 @pytest.fixture(scope="module")
@@ -76,16 +79,21 @@ def rdma_initrd(tmp_path_factory, rdma_kernel):
     wrapper = d / "tcp_device_props"
     wrapper.write_text(TCP_WRAPPER)
     wrapper.chmod(0o755)
+    hostile = d / "hostile_all"
+    hostile.write_text(HOSTILE_WRAPPER)
+    hostile.chmod(0o755)
+    extra["/opt/hostile_all"] = hostile
     extra["/rdma/server.conf"] = conf
     extra["/opt/tcp_device_props"] = wrapper
-    progs = [TEST_BIN / p for p in PROGRAMS]
+    progs = [TEST_BIN / p for p in PROGRAMS] + [ROOT / "build" / "hostile_rdma"]
     return vm.build_initramfs(d / "initrd.gz", PREFIX, progs, extra=extra, setup=SETUP, teardown=TEARDOWN,
                               applets=["insmod", "grep", "kill", "basename"])
 
 
 def test_programs_run_over_soft_roce(rdma_kernel, rdma_initrd, tmp_path):
-    console = vm.boot(rdma_kernel, rdma_initrd, PROGRAMS[:3] + ["tcp_device_props"], gmem=256, timeout=600,
-                      log=tmp_path / "console.log")
+    # Hostile RDMA clients first: each loses only its own session, and oriond serves the rest.
+    console = vm.boot(rdma_kernel, rdma_initrd, ["hostile_all"] + PROGRAMS[:3] + ["tcp_device_props"],
+                      gmem=256, timeout=600, log=tmp_path / "console.log")
     out = vm.outputs(console)
     setup = console.split("=== BEGIN")[0]
     assert "failed" not in setup and "link rxe0/1 state ACTIVE" in setup, setup[-3000:]
@@ -96,12 +104,21 @@ def test_programs_run_over_soft_roce(rdma_kernel, rdma_initrd, tmp_path):
         assert_passed(vm_result(rc, text), expect_checks=40 if prog == "memory" else 1)
         assert f"Orion transport: RDMA to {ADDR}:9960 (rxe0 port 1" in text, text[-3000:]
         assert "Orion Simulated GPU" in text or prog == "memory", prog
-    assert len(re.findall(r"Client supports RDMA mode, then server runs in RDMA mode\.", server_log)) == 3, server_log
-    assert len(re.findall(r"Creating session \d+ for '\S+' .* over RDMA", server_log)) == 3, server_log
+    assert len(re.findall(r"Client supports RDMA mode, then server runs in RDMA mode\.", server_log)) == 7, server_log
+    assert len(re.findall(r"Creating session \d+ for '(memory|kernel_params|driver_api)' .* over RDMA", server_log)) == 3
     assert "RDMA enabled: device(s) rxe0" in server_log, server_log
     session_log = out["session.log"][1]
-    assert len(re.findall(r"RDMA queue pair \d+ on rxe0 port 1 .* connected to client queue pair \d+", session_log)) == 3
-    assert "protocol violation" not in session_log, session_log[-3000:]
+    assert len(re.findall(r"RDMA queue pair \d+ on rxe0 port 1 .* connected to client queue pair \d+", session_log)) == 6
+    # The hostile sessions: each ended on its own violation; nothing else was one.
+    rc, text = out["hostile_all"]
+    for check in ["bad_rdma_connect_ends_session", "rdma_garbage_ends_session", "rdma_window_overrun_ends_session",
+                  "tcp_bytes_under_rdma_end_session"]:
+        assert f"RESULT {check} ok" in text, text
+    assert text.count("RESULT nop_over_rdma ok") == 3 and "FAIL" not in text and rc == 0, text
+    assert len(re.findall(r"protocol violation", session_log)) == 4, session_log[-3000:]
+    for why in ["the peer's window is", "frame has a bad magic", "frame reads outside the window",
+                "bytes on the TCP socket of an RDMA session"]:
+        assert why in session_log, why
     # Forced TCP against the same oriond: the client says why, oriond serves TCP.
     rc, text = out["tcp_device_props"]
     assert_passed(vm_result(rc, text))
