@@ -41,6 +41,9 @@ struct Verbs {
   int (*destroy_qp)(ibv_qp*);
   int (*modify_qp)(ibv_qp*, ibv_qp_attr*, int);
   int (*query_gid)(ibv_context*, uint8_t, int, ibv_gid*);
+  // The exported ibv_query_port takes the older, shorter attribute struct (the header's inline
+  // wrapper passes a zeroed ibv_port_attr the same way); only its leading fields are used here.
+  int (*query_port)(ibv_context*, uint8_t, ibv_port_attr*);
 };
 
 std::once_flag g_once;
@@ -79,6 +82,7 @@ void Load() {
   sym(g_verbs.destroy_qp, "ibv_destroy_qp");
   sym(g_verbs.modify_qp, "ibv_modify_qp");
   sym(g_verbs.query_gid, "ibv_query_gid");
+  sym(g_verbs.query_port, "ibv_query_port");
   if (!ok) g_why = "libibverbs.so.1 lacks a needed function (too old?)";
 }
 
@@ -107,6 +111,16 @@ bool AddressGid(const sockaddr* a, uint8_t gid[16]) {
   return false;
 }
 
+uint32_t MtuBytes(ibv_mtu m) {
+  switch (m) {
+    case IBV_MTU_256: return 256;
+    case IBV_MTU_512: return 512;
+    case IBV_MTU_2048: return 2048;
+    case IBV_MTU_4096: return 4096;
+    default: return 1024;
+  }
+}
+
 ibv_mtu MtuEnum(uint32_t bytes) {
   switch (bytes) {
     case 256: return IBV_MTU_256;
@@ -120,13 +134,13 @@ ibv_mtu MtuEnum(uint32_t bytes) {
 // wr_id: kind in the high 32 bits, send slot in the low ones.
 constexpr uint64_t kWrSend = 1ull << 32;
 constexpr uint64_t kWrWrite = 2ull << 32;
-constexpr uint32_t kMtu = 1024;        // Soft-RoCE on a 1500-byte netdev; safe on every RoCE port
 constexpr uint32_t kMaxSendWr = 128;
 
 }  // namespace
 
 std::string Port::Describe() const {
-  return device + " port " + std::to_string(port) + " gid " + std::to_string(gid_index) + " (" + GidText(gid) + ")";
+  return device + " port " + std::to_string(port) + " gid " + std::to_string(gid_index) + " (" + GidText(gid) +
+         ") mtu " + std::to_string(mtu);
 }
 
 std::string GidText(const uint8_t gid[16]) {
@@ -194,7 +208,10 @@ Result<Port> FindPort(const sockaddr* local) {
         ibv_gid g{};
         if (v->query_gid(ctx, port, i, &g) != 0) break;
         if (std::memcmp(g.raw, want, 16) == 0) {
+          ibv_port_attr pa{};
+          if (v->query_port(ctx, port, &pa) != 0 || pa.state != IBV_PORT_ACTIVE) break;  // a port that is down
           Port p;
+          p.mtu = MtuBytes(pa.active_mtu);
           p.device = name ? name : "?";
           p.port = port;
           p.gid_index = i;
@@ -361,7 +378,7 @@ RdmaConnectInfo Endpoint::Local() const {
   }
   i.recv_slots = impl_->recv_slots;
   i.slot_bytes = kSlotBytes;
-  i.mtu = kMtu;
+  i.mtu = impl_->port.mtu;
   return i;
 }
 
@@ -376,7 +393,7 @@ Status Endpoint::Connect(const RdmaConnectInfo& peer) {
   m.peer = peer;
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_RTR;
-  a.path_mtu = MtuEnum(std::min(kMtu, peer.mtu));
+  a.path_mtu = MtuEnum(std::min(m.port.mtu, peer.mtu));  // MtuEnum: anything odd becomes 1024
   a.dest_qp_num = peer.qpn;
   a.rq_psn = peer.psn & 0xffffffu;
   a.max_dest_rd_atomic = 1;

@@ -4,7 +4,6 @@ backend, enable_rdma) and the nvcc test programs inside it, over the dummy addre
 say RDMA, the programs must pass, and the launches must be in the sim launch log. The fallback to
 TCP on a host without RDMA is in test_tcp.py."""
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -14,33 +13,8 @@ import vm
 from conftest import PREFIX, ROOT, TEST_BIN, assert_passed
 from test_sim import assert_launches_logged
 
-ADDR = "10.9.0.1"
+ADDR = vm.SOFT_ROCE_ADDR
 PROGRAMS = ["memory", "kernel_params", "driver_api", "device_props"]
-LIBDIR = Path("/usr/lib/x86_64-linux-gnu")
-
-SETUP = r"""
-for m in $(cat /rdma/modules/order); do insmod /rdma/modules/$m || echo "insmod $m failed"; done
-ip link set lo up
-[ -e /sys/class/net/dummy0 ] || ip link add dummy0 type dummy   # dummy.ko makes one at load
-ip addr add @ADDR@/24 dev dummy0; ip link set dummy0 up
-rdma link add rxe0 type rxe netdev dummy0 || echo "rdma link add failed"
-rdma link show
-mkdir -p /tmp/logs /tmp/cache
-oriond --config /rdma/server.conf --backend sim --foreground --log-dir /tmp/logs --sim-launch-log /tmp/launch.log \
-  --cache-dir /tmp/cache --control-socket /tmp/oriond.sock -b @ADDR@ -p 9960 -r >/tmp/oriond.out 2>&1 &
-oriond_pid=$!
-i=0
-while ! grep -q "Orion Server listens" /tmp/logs/server.log 2>/dev/null && [ $i -lt 150 ]; do sleep 0.2; i=$((i+1)); done
-export ORION_SERVER=@ADDR@:9960
-""".replace("@ADDR@", ADDR)
-
-TEARDOWN = r"""
-kill $oriond_pid; sleep 1
-for f in /tmp/logs/server.log /tmp/launch.log /tmp/oriond.out; do
-  echo "=== BEGIN $(basename $f)"; cat $f; echo "=== END $(basename $f) rc=0"
-done
-echo "=== BEGIN session.log"; cat /tmp/logs/session/*.log; echo "=== END session.log rc=0"
-"""
 
 # A program run with TCP forced: oriond has RDMA, the client says why it does not use it.
 TCP_WRAPPER = "#!/bin/sh\nORION_TRANSPORT=tcp exec /opt/device_props\n"
@@ -59,23 +33,7 @@ def rdma_kernel():
 @pytest.fixture(scope="module")
 def rdma_initrd(tmp_path_factory, rdma_kernel):
     d = tmp_path_factory.mktemp("vm-rdma")
-    modules = rdma_kernel.parent / "modules"
-    provider = LIBDIR / "libibverbs" / "librxe-rdmav34.so"
-    for need in [LIBDIR / "libibverbs.so.1", provider, Path("/etc/libibverbs.d/rxe.driver")]:
-        if not need.exists():
-            pytest.fail(f"{need} is missing: scripts/deps installs rdma-core's libibverbs1 and ibverbs-providers")
-    extra = {f"/rdma/modules/{m.name}": m for m in modules.iterdir()}
-    extra.update({
-        "/usr/local/bin/oriond": PREFIX / "bin" / "oriond",
-        "/usr/local/bin/ip": shutil.which("ip"),
-        "/usr/local/bin/rdma": shutil.which("rdma"),
-        # libcuda.so.1 and oriond dlopen libibverbs; the rxe provider is found through rxe.driver.
-        "/lib/x86_64-linux-gnu/libibverbs.so.1": LIBDIR / "libibverbs.so.1",
-        str(provider): provider,
-        "/etc/libibverbs.d/rxe.driver": "/etc/libibverbs.d/rxe.driver",
-    })
-    conf = d / "server.conf"
-    conf.write_text("[server]\n    vgpu_count = 4\n[server-shm]\n    shm_buffer_size = 16\n")
+    extra = vm.soft_roce_extra(rdma_kernel, PREFIX, d, channel_mib=16)
     wrapper = d / "tcp_device_props"
     wrapper.write_text(TCP_WRAPPER)
     wrapper.chmod(0o755)
@@ -83,11 +41,10 @@ def rdma_initrd(tmp_path_factory, rdma_kernel):
     hostile.write_text(HOSTILE_WRAPPER)
     hostile.chmod(0o755)
     extra["/opt/hostile_all"] = hostile
-    extra["/rdma/server.conf"] = conf
     extra["/opt/tcp_device_props"] = wrapper
     progs = [TEST_BIN / p for p in PROGRAMS] + [ROOT / "build" / "hostile_rdma"]
-    return vm.build_initramfs(d / "initrd.gz", PREFIX, progs, extra=extra, setup=SETUP, teardown=TEARDOWN,
-                              applets=["insmod", "grep", "kill", "basename"])
+    return vm.build_initramfs(d / "initrd.gz", PREFIX, progs, extra=extra, setup=vm.SOFT_ROCE_SETUP,
+                              teardown=vm.SOFT_ROCE_TEARDOWN, applets=vm.SOFT_ROCE_APPLETS)
 
 
 def test_programs_run_over_soft_roce(rdma_kernel, rdma_initrd, tmp_path):

@@ -81,9 +81,9 @@ def build_initramfs(out: Path, prefix: Path, programs, extra=None, setup="", tea
     return out
 
 
-def boot(kernel, initrd, run, region=None, region_mib=64, gmem=512, timeout=300, log=None):
+def boot(kernel, initrd, run, region=None, region_mib=64, gmem=512, timeout=300, log=None, smp=1):
     """Boots the guest; returns the serial console text."""
-    cmd = ["qemu-system-x86_64", "-accel", "tcg", "-m", "512", "-smp", "1", "-nographic", "-no-reboot",
+    cmd = ["qemu-system-x86_64", "-accel", "tcg", "-m", "512", "-smp", str(smp), "-nographic", "-no-reboot",
            "-nodefaults", "-serial", "stdio", "-kernel", str(kernel), "-initrd", str(initrd),
            "-append", f"console=ttyS0 panic=-1 quiet orion.run={','.join(run)} orion.gmem={gmem}"]
     if region is not None:
@@ -102,3 +102,60 @@ def outputs(console):
     for m in re.finditer(r"=== BEGIN (\S+)\r?\n(.*?)=== END \1 rc=(\d+)", console, re.S):
         res[m.group(1)] = (int(m.group(3)), m.group(2).replace("\r", ""))
     return res
+
+
+# ---- Soft-RoCE guest (test_rdma.py, scripts/bench-rdma): the standard kernel of
+# `scripts/vm-kernel --rdma`, rdma_rxe on dummy0, oriond (sim, enable_rdma) started by `setup` on
+# SOFT_ROCE_ADDR:9960, clients pointed at it by ORION_SERVER; `teardown` prints oriond's logs as
+# the outputs "server.log", "launch.log", "oriond.out" and "session.log".
+SOFT_ROCE_ADDR = "10.9.0.1"
+SOFT_ROCE_APPLETS = ["insmod", "grep", "kill", "basename"]
+LIBDIR = Path("/usr/lib/x86_64-linux-gnu")
+
+
+SOFT_ROCE_SETUP = r"""
+for m in $(cat /rdma/modules/order); do insmod /rdma/modules/$m || echo "insmod $m failed"; done
+ip link set lo up
+[ -e /sys/class/net/dummy0 ] || ip link add dummy0 type dummy   # dummy.ko makes one at load
+ip addr add @ADDR@/24 dev dummy0; ip link set dummy0 mtu 9000 up   # RoCE MTU 4096
+rdma link add rxe0 type rxe netdev dummy0 || echo "rdma link add failed"
+rdma link show
+mkdir -p /tmp/logs /tmp/cache
+oriond --config /rdma/server.conf --backend sim --foreground --log-dir /tmp/logs --sim-launch-log /tmp/launch.log \
+  --cache-dir /tmp/cache --control-socket /tmp/oriond.sock -b @ADDR@ -p 9960 -r >/tmp/oriond.out 2>&1 &
+oriond_pid=$!
+i=0
+while ! grep -q "Orion Server listens" /tmp/logs/server.log 2>/dev/null && [ $i -lt 150 ]; do sleep 0.2; i=$((i+1)); done
+export ORION_SERVER=@ADDR@:9960
+""".replace("@ADDR@", SOFT_ROCE_ADDR)
+
+SOFT_ROCE_TEARDOWN = r"""
+kill $oriond_pid; sleep 1
+for f in /tmp/logs/server.log /tmp/launch.log /tmp/oriond.out; do
+  echo "=== BEGIN $(basename $f)"; cat $f; echo "=== END $(basename $f) rc=0"
+done
+echo "=== BEGIN session.log"; cat /tmp/logs/session/*.log; echo "=== END session.log rc=0"
+"""
+
+
+def soft_roce_extra(kernel: Path, prefix: Path, workdir: Path, channel_mib=16):
+    """The files the Soft-RoCE guest needs besides the programs: modules, oriond and its config, ip
+    and rdma (iproute2), libibverbs with the rxe provider and its driver file."""
+    provider = LIBDIR / "libibverbs" / "librxe-rdmav34.so"
+    for need in [LIBDIR / "libibverbs.so.1", provider, Path("/etc/libibverbs.d/rxe.driver")]:
+        if not need.exists():
+            raise FileNotFoundError(f"{need} is missing: scripts/deps installs libibverbs1 and ibverbs-providers")
+    conf = workdir / "server.conf"
+    conf.write_text(f"[server]\n    vgpu_count = 4\n[server-shm]\n    shm_buffer_size = {channel_mib}\n")
+    extra = {f"/rdma/modules/{m.name}": m for m in (kernel.parent / "modules").iterdir()}
+    extra.update({
+        "/usr/local/bin/oriond": prefix / "bin" / "oriond",
+        "/usr/local/bin/ip": shutil.which("ip"),
+        "/usr/local/bin/rdma": shutil.which("rdma"),
+        # libcuda.so.1 and oriond dlopen libibverbs; the rxe provider is found through rxe.driver.
+        "/lib/x86_64-linux-gnu/libibverbs.so.1": LIBDIR / "libibverbs.so.1",
+        str(provider): provider,
+        "/etc/libibverbs.d/rxe.driver": "/etc/libibverbs.d/rxe.driver",
+        "/rdma/server.conf": conf,
+    })
+    return extra

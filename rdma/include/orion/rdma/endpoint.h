@@ -40,7 +40,8 @@ struct Port {
   uint8_t port = 1;
   int gid_index = -1;
   uint8_t gid[16] = {};
-  std::string Describe() const;  // "rxe0 port 1 gid 3"
+  uint32_t mtu = 1024;  // the port's active MTU in bytes; the path MTU is the smaller of both ends'
+  std::string Describe() const;  // "rxe0 port 1 gid 1 (::ffff:10.9.0.1) mtu 4096"
 };
 
 // Whether libibverbs can be loaded; "" if so, else why not (for logs).
