@@ -18,6 +18,18 @@ PROGRAMS = ["memory", "kernel_params", "driver_api", "device_props"]
 
 # A program run with TCP forced: oriond has RDMA, the client says why it does not use it.
 TCP_WRAPPER = "#!/bin/sh\nORION_TRANSPORT=tcp exec /opt/device_props\n"
+# A client killed in the middle of its run: its session ends at once (the TCP connection closes).
+KILLED_WRAPPER = r"""#!/bin/sh
+/opt/memory >/dev/null 2>&1 &
+p=$!
+sleep 4
+kill -9 $p
+i=0
+while ! grep -qE "exits \((client disconnected|worker ended)\)" /tmp/logs/server.log && [ $i -lt 100 ]; do
+  sleep 0.1; i=$((i+1))
+done
+grep -E "exits \((client disconnected|worker ended)\)" /tmp/logs/server.log
+"""
 HOSTILE_MODES = ["badconnect", "garbage", "window", "tcpbytes"]
 HOSTILE_WRAPPER = ("#!/bin/sh\nrc=0\nfor m in " + " ".join(HOSTILE_MODES) +
                    f"; do /opt/hostile_rdma {ADDR} 9960 $m || rc=1; done\nexit $rc\n")
@@ -41,6 +53,10 @@ def rdma_initrd(tmp_path_factory, rdma_kernel):
     hostile.write_text(HOSTILE_WRAPPER)
     hostile.chmod(0o755)
     extra["/opt/hostile_all"] = hostile
+    killed = d / "killed_memory"
+    killed.write_text(KILLED_WRAPPER)
+    killed.chmod(0o755)
+    extra["/opt/killed_memory"] = killed
     extra["/opt/tcp_device_props"] = wrapper
     progs = [TEST_BIN / p for p in PROGRAMS] + [ROOT / "build" / "hostile_rdma"]
     return vm.build_initramfs(d / "initrd.gz", PREFIX, progs, extra=extra, setup=vm.SOFT_ROCE_SETUP,
@@ -49,7 +65,7 @@ def rdma_initrd(tmp_path_factory, rdma_kernel):
 
 def test_programs_run_over_soft_roce(rdma_kernel, rdma_initrd, tmp_path):
     # Hostile RDMA clients first: each loses only its own session, and oriond serves the rest.
-    console = vm.boot(rdma_kernel, rdma_initrd, ["hostile_all"] + PROGRAMS[:3] + ["tcp_device_props"],
+    console = vm.boot(rdma_kernel, rdma_initrd, ["hostile_all", "killed_memory"] + PROGRAMS[:3] + ["tcp_device_props"],
                       gmem=256, timeout=600, log=tmp_path / "console.log")
     out = vm.outputs(console)
     setup = console.split("=== BEGIN")[0]
@@ -61,11 +77,14 @@ def test_programs_run_over_soft_roce(rdma_kernel, rdma_initrd, tmp_path):
         assert_passed(vm_result(rc, text), expect_checks=40 if prog == "memory" else 1)
         assert f"Orion transport: RDMA to {ADDR}:9960 (rxe0 port 1" in text, text[-3000:]
         assert "Orion Simulated GPU" in text or prog == "memory", prog
-    assert len(re.findall(r"Client supports RDMA mode, then server runs in RDMA mode\.", server_log)) == 7, server_log
-    assert len(re.findall(r"Creating session \d+ for '(memory|kernel_params|driver_api)' .* over RDMA", server_log)) == 3
+    assert len(re.findall(r"Client supports RDMA mode, then server runs in RDMA mode\.", server_log)) == 8, server_log
+    assert len(re.findall(r"Creating session \d+ for '(memory|kernel_params|driver_api)' .* over RDMA", server_log)) == 4
     assert "RDMA enabled: device(s) rxe0" in server_log, server_log
     session_log = out["session.log"][1]
-    assert len(re.findall(r"RDMA queue pair \d+ on rxe0 port 1 .* connected to client queue pair \d+", session_log)) == 6
+    assert len(re.findall(r"RDMA queue pair \d+ on rxe0 port 1 .* connected to client queue pair \d+", session_log)) == 7
+    # The killed client's session ended by itself, before oriond stopped.
+    rc, text = out["killed_memory"]
+    assert re.search(r"Session 5 exits \((client disconnected|worker ended)\)", text), text
     # The hostile sessions: each ended on its own violation; nothing else was one.
     rc, text = out["hostile_all"]
     for check in ["bad_rdma_connect_ends_session", "rdma_garbage_ends_session", "rdma_window_overrun_ends_session",

@@ -81,9 +81,9 @@ def build_initramfs(out: Path, prefix: Path, programs, extra=None, setup="", tea
     return out
 
 
-def boot(kernel, initrd, run, region=None, region_mib=64, gmem=512, timeout=300, log=None, smp=1):
+def boot(kernel, initrd, run, region=None, region_mib=64, gmem=512, timeout=300, log=None, smp=1, mem_mib=512):
     """Boots the guest; returns the serial console text."""
-    cmd = ["qemu-system-x86_64", "-accel", "tcg", "-m", "512", "-smp", str(smp), "-nographic", "-no-reboot",
+    cmd = ["qemu-system-x86_64", "-accel", "tcg", "-m", str(mem_mib), "-smp", str(smp), "-nographic", "-no-reboot",
            "-nodefaults", "-serial", "stdio", "-kernel", str(kernel), "-initrd", str(initrd),
            "-append", f"console=ttyS0 panic=-1 quiet orion.run={','.join(run)} orion.gmem={gmem}"]
     if region is not None:
