@@ -49,6 +49,13 @@ TEST(FrameLayout, PayloadsArePinned) {
   EXPECT_EQ(sizeof(FunctionRep), 16u);
   EXPECT_EQ(sizeof(OccupancyReq), 24u);
   EXPECT_EQ(sizeof(StreamWaitEventReq), 24u);
+  EXPECT_EQ(sizeof(RdmaConnectInfo), 72u);
+  EXPECT_EQ(offsetof(RdmaConnectInfo, qpn), 16u);
+  EXPECT_EQ(offsetof(RdmaConnectInfo, window_addr), 24u);
+  EXPECT_EQ(offsetof(RdmaConnectInfo, window_rkey), 40u);
+  EXPECT_EQ(offsetof(RdmaConnectInfo, done_addr), 48u);
+  EXPECT_EQ(offsetof(RdmaConnectInfo, recv_slots), 56u);
+  EXPECT_EQ(offsetof(RdmaConnectInfo, mtu), 64u);
 }
 
 TEST(Ops, NumbersAreStableAndNamed) {
@@ -57,6 +64,7 @@ TEST(Ops, NumbersAreStableAndNamed) {
   EXPECT_EQ(static_cast<int>(Op::kMemAlloc), 20);
   EXPECT_EQ(static_cast<int>(Op::kLaunchKernel), 47);
   EXPECT_EQ(static_cast<int>(Op::kEventElapsedTime), 70);
+  EXPECT_EQ(static_cast<int>(Op::kRdmaConnect), 91);
   EXPECT_STREQ(OpName(47), "LaunchKernel");
   EXPECT_EQ(OpName(0), nullptr);
   EXPECT_EQ(OpName(9), nullptr);

@@ -287,7 +287,7 @@ ORION_EXPORT CUresult CUDAAPI cuMemHostGetDevicePointer_v2(CUdeviceptr* pdptr, v
   if (pdptr == nullptr || p == nullptr || Flags != 0) return CUDA_ERROR_INVALID_VALUE;
   if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
   if (Client::Get().network()) {
-    LogWarn("cuMemHostGetDevicePointer: mapped host memory needs a shared-memory transport (not TCP)");
+    LogWarn("cuMemHostGetDevicePointer: mapped host memory needs a shared-memory transport (not a network one)");
     return CUDA_ERROR_NOT_SUPPORTED;
   }
   void* base = nullptr;

@@ -1,9 +1,11 @@
-// guest/src/channel.h — how the guest runtime moves frames: the rings of a shared-memory channel, or
-// a TCP connection to oriond. The Client above is the same for both.
+// guest/src/channel.h — how the guest runtime moves frames: the rings of a shared-memory channel, a
+// TCP connection to oriond, or an RDMA queue pair to it. The Client above is the same for all.
 //
 // Over TCP the data window is a private copy on each end (docs/spec/frames.md, "TCP"): Commit()
 // sends a frame followed by the window bytes it reads; Pop() applies WindowData from oriond (the
 // bytes a request wrote) to the local window before it returns the replies that follow them.
+// Over RDMA the window is a private copy too, but registered: window ranges travel as RDMA WRITEs
+// into the peer's copy, posted before the SEND of the frame (docs/spec/frames.md, "RDMA").
 #pragma once
 
 #include <cstdint>
@@ -15,6 +17,7 @@
 #include "orion/common/status.h"
 #include "orion/ivshmem/region.h"
 #include "orion/ivshmem/ring.h"
+#include "orion/rdma/endpoint.h"
 
 namespace orion::guest {
 
@@ -28,6 +31,8 @@ class FrameChannel {
   virtual Status Pop(ivshmem::FrameView* f, std::vector<uint8_t>* scratch, bool* got) noexcept = 0;
   // Sends what is held back (network channels batch asynchronous frames). False: transport failed.
   virtual bool Flush() noexcept { return true; }
+  // At exit, after the last Flush: waits (briefly) until what was sent has left this process.
+  virtual void Close() noexcept {}
 };
 
 class ShmFrameChannel final : public FrameChannel {
@@ -64,6 +69,13 @@ class TcpFrameChannel final : public FrameChannel {
   ivshmem::ChannelDesc* desc() noexcept { return &desc_; }
   ivshmem::RegionHeader* header() noexcept { return &header_; }
   const std::string& address() const noexcept { return address_; }
+  int fd() const noexcept { return fd_; }
+  // Hands the connection over (to an RDMA channel after its Welcome); this channel is then unusable.
+  int ReleaseFd() noexcept {
+    const int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
 
   uint8_t* Reserve(uint32_t payload_len) noexcept override;
   // Asynchronous frames that carry no window bytes are held back (up to kBatchBytes) and sent with
@@ -91,6 +103,53 @@ class TcpFrameChannel final : public FrameChannel {
   std::vector<std::vector<uint8_t>> ready_;  // parsed frames (header + payload), in order
   uint64_t pending_data_ = 0;           // WindowData bytes still to receive
   uint64_t pending_offset_ = 0;
+  uint8_t* window_ = nullptr;
+  uint64_t window_bytes_ = 0;
+  ivshmem::ChannelDesc desc_{};
+  ivshmem::RegionHeader header_{};
+};
+
+// An RDMA RC queue pair to oriond, set up after a Welcome that chose RDMA. The TCP connection of
+// the Hello stays open as the liveness signal (oriond closing it ends the session). Like TCP it
+// owns stand-ins for the region's channel descriptor and header; oriond RDMA-writes the seq of the
+// last frame whose window bytes it consumed into the descriptor's server_done_seq (staging release).
+class RdmaFrameChannel final : public FrameChannel {
+ public:
+  // Takes `fd` (closed on failure too), makes this end on `port` with a window of `window_bytes`,
+  // sends `connect` (an RdmaConnect header) with our half and connects to oriond's half.
+  static Result<std::unique_ptr<RdmaFrameChannel>> Connect(int fd, const rdma::Port& port, std::string address,
+                                                           uint64_t window_bytes, const FrameHeader& connect);
+  ~RdmaFrameChannel() override;
+  uint8_t* window() noexcept { return window_; }
+  ivshmem::ChannelDesc* desc() noexcept { return &desc_; }
+  ivshmem::RegionHeader* header() noexcept { return &header_; }
+
+  uint8_t* Reserve(uint32_t payload_len) noexcept override;
+  // Asynchronous frames without window reads are batched into one SEND (up to kBatchBytes); a frame
+  // that reads window bytes flushes the batch, then posts an RDMA WRITE per range and its SEND.
+  bool Commit() noexcept override;
+  Status Pop(ivshmem::FrameView* f, std::vector<uint8_t>* scratch, bool* got) noexcept override;
+  bool Flush() noexcept override;
+  void Close() noexcept override;
+  static constexpr uint32_t kBatchBytes = 64 * 1024;
+  static constexpr uint32_t kRecvSlots = 16;
+
+ private:
+  RdmaFrameChannel(int fd, std::string address) noexcept;
+  // Room for `wrs` work requests and a free send buffer; false (and failed) when oriond is gone.
+  bool Room(uint32_t wrs) noexcept;
+  bool SocketAlive() noexcept;
+  void Fail() noexcept;
+
+  int fd_;
+  std::string address_;
+  std::unique_ptr<rdma::Endpoint> ep_;
+  std::vector<uint8_t> out_;      // the frame being built
+  uint32_t batch_len_ = 0;        // bytes of held-back frames in the current send buffer
+  const uint8_t* msg_ = nullptr;  // the received message being taken apart
+  uint32_t msg_len_ = 0;
+  uint32_t at_ = 0;
+  uint32_t idle_polls_ = 0;
   uint8_t* window_ = nullptr;
   uint64_t window_bytes_ = 0;
   ivshmem::ChannelDesc desc_{};

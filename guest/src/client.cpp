@@ -1,6 +1,7 @@
 #include "client.h"
 
 #include <dirent.h>
+#include <sys/socket.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <time.h>
@@ -83,13 +84,29 @@ CUresult Client::ConnectLocked() noexcept {
   const char* shm = std::getenv("ORION_SHM");
   const char* server = std::getenv("ORION_SERVER");
   if ((shm == nullptr || *shm == '\0') && server != nullptr && *server != '\0') {
-    // The network: TCP (RDMA is not built yet).
+    // The network: the handshake on TCP; RDMA is offered when an RDMA device here owns the address
+    // this connection leaves from (Soft-RoCE or a RoCE/IB NIC), unless ORION_TRANSPORT=tcp.
     auto tcp = TcpFrameChannel::Connect(server);
     if (!tcp.ok()) {
       LogError("cannot use oriond: " + tcp.status().message());
       return CUDA_ERROR_NO_DEVICE;
     }
+    network_ = true;
     tcp_ = tcp->get();
+    const char* force = std::getenv("ORION_TRANSPORT");
+    if (force != nullptr && std::strcmp(force, "tcp") == 0) {
+      rdma_why_ = "ORION_TRANSPORT=tcp";
+    } else {
+      sockaddr_storage ss{};
+      socklen_t len = sizeof ss;
+      if (getsockname(tcp_->fd(), reinterpret_cast<sockaddr*>(&ss), &len) != 0) {
+        rdma_why_ = std::string("getsockname: ") + std::strerror(errno);
+      } else if (auto port = rdma::FindPort(reinterpret_cast<sockaddr*>(&ss)); port.ok()) {
+        rdma_port_ = std::make_unique<rdma::Port>(*port);
+      } else {
+        rdma_why_ = port.status().message();
+      }
+    }
     desc_ = tcp_->desc();
     header_ = tcp_->header();
     chan_ = std::move(*tcp);
@@ -177,7 +194,7 @@ CUresult Client::ConnectLocked() noexcept {
 CUresult Client::HandshakeLocked(uint64_t vgpus, uint64_t gmem, const std::string& where) noexcept {
   HelloReq hello{};
   hello.protocol_version = kProtocolVersion;
-  hello.transports = tcp_ != nullptr ? kTransportTcp : kTransportShm;
+  hello.transports = !network_ ? kTransportShm : rdma_port_ ? (kTransportTcp | kTransportRdma) : kTransportTcp;
   hello.vgpu_count = static_cast<uint32_t>(vgpus);
   hello.gmem_mib = gmem;
   hello.pid = static_cast<uint32_t>(getpid());
@@ -187,7 +204,7 @@ CUresult Client::HandshakeLocked(uint64_t vgpus, uint64_t gmem, const std::strin
     std::fclose(f);
   }
   std::memcpy(hello.process_name, comm, sizeof hello.process_name);
-  if (const char* key = std::getenv("ORION_KEY"); key != nullptr && tcp_ != nullptr) {
+  if (const char* key = std::getenv("ORION_KEY"); key != nullptr && network_) {
     std::strncpy(hello.key, key, sizeof hello.key - 1);
   }
   std::snprintf(hello.allocation_id, sizeof hello.allocation_id, "%s", controller_alloc_.c_str());
@@ -211,14 +228,35 @@ CUresult Client::HandshakeLocked(uint64_t vgpus, uint64_t gmem, const std::strin
       rep_len < sizeof(WelcomeRep) + welcome_.device_count * sizeof(DeviceInfo)) {
     return Broken(CUDA_ERROR_UNKNOWN, "malformed Welcome");
   }
-  if (tcp_ != nullptr) {
+  std::string transport_text;
+  if (network_) {
     // The network channel's window: a private copy, laid out like the server's.
     if (welcome_.channel_bytes < ivshmem::kMinChannelBytes || welcome_.channel_bytes > (uint64_t{4} << 30)) {
       return Broken(CUDA_ERROR_UNKNOWN, "oriond announced an impossible channel size");
     }
     layout_ = ChannelLayout::Compute(welcome_.channel_bytes);
-    if (!tcp_->SetWindow(layout_.window_bytes)) return Broken(CUDA_ERROR_OUT_OF_MEMORY, "no memory for the window");
-    window_ = tcp_->window();
+    if (welcome_.transport == kTransportRdma) {
+      if (rdma_port_ == nullptr) return Broken(CUDA_ERROR_UNKNOWN, "oriond chose RDMA, which this client did not offer");
+      // The queue pair is set up on the Hello's connection, which then only signals liveness.
+      const FrameHeader ch = MakeHeader(Op::kRdmaConnect, sizeof(RdmaConnectInfo), true);
+      auto rc = RdmaFrameChannel::Connect(tcp_->ReleaseFd(), *rdma_port_, where, layout_.window_bytes, ch);
+      tcp_ = nullptr;
+      if (!rc.ok()) {
+        const std::string why = "RDMA setup with oriond failed: " + rc.status().message();
+        return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, why.c_str());
+      }
+      desc_ = (*rc)->desc();
+      header_ = (*rc)->header();
+      window_ = (*rc)->window();
+      chan_ = std::move(*rc);
+      transport_text = "RDMA to " + where + " (" + rdma_port_->Describe() + ")";
+    } else {
+      if (!tcp_->SetWindow(layout_.window_bytes)) return Broken(CUDA_ERROR_OUT_OF_MEMORY, "no memory for the window");
+      window_ = tcp_->window();
+      transport_text = "TCP to " + where + " (" +
+                       (rdma_port_ != nullptr ? std::string("oriond chose TCP; its log says why")
+                                              : "no RDMA: " + rdma_why_) + ")";
+    }
     pinned_free_.clear();
     pinned_free_[layout_.staging_bytes] = layout_.window_bytes - layout_.staging_bytes;
   }
@@ -235,7 +273,7 @@ CUresult Client::HandshakeLocked(uint64_t vgpus, uint64_t gmem, const std::strin
   for (const auto& d : devices_) {
     allocation_text_ += " " + where + "/" + std::to_string(d.pgpu) + "/" + std::to_string(d.vgpu);
   }
-  if (tcp_ != nullptr) LogInfo("Orion transport: TCP to " + where + " (RDMA is not available in this build)");
+  if (network_) LogInfo("Orion transport: " + transport_text);
   LogInfo("Using Orion resource " + allocation_text_);
   return CUDA_SUCCESS;
 }
@@ -704,6 +742,7 @@ void Client::Shutdown() noexcept {
     FrameHeader h = MakeHeader(Op::kGoodbye, 0, false);
     (void)PushLocked(h, nullptr, 0, nullptr, 0);
     (void)chan_->Flush();
+    chan_->Close();
     LogInfo("Releasing Orion resource " + allocation_text_);
     ReleaseControllerAllocation("client_exited");
   }

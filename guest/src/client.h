@@ -71,7 +71,7 @@ class Client {
   const std::vector<DeviceInfo>& devices() const noexcept { return devices_; }
   const std::string& allocation_text() const noexcept { return allocation_text_; }
   // Whether the session runs over a network transport (no memory shared with oriond).
-  bool network() const noexcept { return tcp_ != nullptr; }
+  bool network() const noexcept { return network_; }
 
   void Shutdown() noexcept;  // at exit: Goodbye, stop the lease thread
 
@@ -119,7 +119,10 @@ class Client {
   ivshmem::ChannelLayout layout_{};
   uint8_t* window_ = nullptr;
   std::unique_ptr<FrameChannel> chan_;  // the rings of a region channel, or a TCP connection
-  TcpFrameChannel* tcp_ = nullptr;      // chan_, when it is TCP
+  TcpFrameChannel* tcp_ = nullptr;      // chan_, while it is TCP
+  bool network_ = false;                // ORION_SERVER: TCP, or RDMA after the Welcome
+  std::unique_ptr<rdma::Port> rdma_port_;  // the RDMA port this client offers (null: TCP only)
+  std::string rdma_why_;                // why it offers no RDMA
   std::vector<uint8_t> scratch_;
   uint32_t next_seq_ = 1;
   uint64_t current_ctx_sent_ = 0;

@@ -27,6 +27,7 @@
 
 #include "orion/host/session.h"
 #include "orion/ivshmem/ring.h"
+#include "orion/rdma/endpoint.h"
 
 namespace orion::host {
 namespace {
@@ -460,6 +461,14 @@ Status Daemon::OpenListener() {
                        err + " (-b/-p, or -p 0 for no network clients)");
   }
   listen_fd_ = fd;
+  if (config_.enable_rdma) {
+    if (auto devices = rdma::ListDevices(); devices.ok()) {
+      log_->info("RDMA enabled: device(s) {}; clients that offer RDMA on an address of one of them run in RDMA mode",
+                 *devices);
+    } else {
+      log_->warn("enable_rdma is on, but {}: network clients get TCP", devices.status().message());
+    }
+  }
   if (config_.client_key.empty()) {
     log_->warn("TCP clients on {}:{} are not authenticated: anyone who reaches the port gets vGPUs "
                "(set client_key in [orion] of server.conf; clients pass ORION_KEY)",
@@ -574,16 +583,37 @@ void Daemon::Handshake(Pending& p) {
       return;
     }
   }
-  // Transport: RDMA when both sides have it (not built into this oriond yet), else TCP.
+  // Transport: RDMA when the client offers it, enable_rdma is on and an RDMA device here owns the
+  // address the client reached us on (the queue pair is made in the worker); else TCP.
+  uint16_t transport = kTransportTcp;
   if (hello.transports & kTransportRdma) {
-    log_->info("client {}: Client supports RDMA mode, but {}; falls back to TCP mode.", p.peer,
-               config_.enable_rdma ? "this oriond has no RDMA transport yet" : "enable_rdma is off");
+    std::string why;
+    if (!config_.enable_rdma) {
+      why = "enable_rdma is off";
+    } else {
+      sockaddr_storage ss{};
+      socklen_t len = sizeof ss;
+      if (getsockname(p.fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) {
+        why = std::string("getsockname: ") + std::strerror(errno);
+      } else if (auto port = rdma::FindPort(reinterpret_cast<sockaddr*>(&ss)); !port.ok()) {
+        why = port.status().message();
+      } else {
+        transport = kTransportRdma;
+        log_->info("client {}: Client supports RDMA mode, then server runs in RDMA mode. ({})", p.peer,
+                   port->Describe());
+      }
+    }
+    if (transport != kTransportRdma) {
+      log_->info("client {}: Client supports RDMA mode, but {}; falls back to TCP mode.", p.peer, why);
+    }
   }
-  if ((hello.transports & kTransportTcp) == 0) {
-    refuse(CUDA_ERROR_NOT_SUPPORTED, "the client offers no transport this oriond has (TCP)");
-    return;
+  if (transport == kTransportTcp) {
+    if ((hello.transports & kTransportTcp) == 0) {
+      refuse(CUDA_ERROR_NOT_SUPPORTED, "the client offers no transport this oriond can use (TCP)");
+      return;
+    }
+    log_->info("client {}: Client supports TCP mode, then server also falls back to TCP mode.", p.peer);
   }
-  log_->info("client {}: Client supports TCP mode, then server also falls back to TCP mode.", p.peer);
   if (serving_ >= config_.max_clients) {
     refuse(CUDA_ERROR_OUT_OF_MEMORY, "oriond serves its maximum of " + std::to_string(config_.max_clients) + " clients");
     return;
@@ -608,7 +638,8 @@ void Daemon::Handshake(Pending& p) {
   }
   auto* placements = &admitted->placements;
   const int slot = TakeStatSlot();
-  log_->info("Creating session {} for '{}' (pid {}) from {} over TCP", session, hello.process_name, hello.pid, p.peer);
+  log_->info("Creating session {} for '{}' (pid {}) from {} over {}", session, hello.process_name, hello.pid, p.peer,
+             transport == kTransportRdma ? "RDMA" : "TCP");
   auto slog = SessionLogger(session);
   const int fd = p.fd;
   p.fd = -1;
@@ -637,7 +668,7 @@ void Daemon::Handshake(Pending& p) {
     sp.socket_fd = fd;
     sp.allocation_id = admitted->allocation_id;
     sp.used_out = StatSlot(slot);
-    sp.transport = kTransportTcp;
+    sp.transport = transport;
     sp.channel_bytes = config_.shm_buffer_size_mib << 20;
     const int code = RunSession(sp, std::move(*backend), h, hello);
     slog->flush();

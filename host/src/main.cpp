@@ -71,7 +71,6 @@ int main(int argc, char** argv) {
   if (sim_mem != 0) c.sim_gpu_mem_mib = sim_mem;
   if (lease_ms != 0) c.lease_timeout_ms = lease_ms;
   if (app.count("--control-socket") > 0) c.control_socket = control;
-  if (c.enable_rdma) std::fprintf(stderr, "oriond: RDMA clients are not available yet; serving shared memory only\n");
 
   if (daemonize && daemon(0, 0) != 0) {
     std::perror("oriond: daemon");

@@ -210,6 +210,8 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
   switch (static_cast<Op>(h.op)) {
     case Op::kHello:
       ORION_WANT(false, "second Hello");
+    case Op::kRdmaConnect:
+      ORION_WANT(false, "RdmaConnect inside the frame stream");
     case Op::kGoodbye:
     case Op::kNop:
     case Op::kNopAsync:
@@ -901,10 +903,12 @@ std::unique_ptr<SessionChannel> MakeShmSessionChannel(uint8_t* region, uint64_t 
 int RunSession(const SessionParams& params, std::unique_ptr<Backend> backend, const FrameHeader& hello_header,
                const HelloReq& hello) {
   std::unique_ptr<SessionChannel> ch =
-      params.socket_fd >= 0 ? MakeTcpSessionChannel(params.socket_fd, params.channel_bytes, params.net_stall_ms)
-                            : MakeShmSessionChannel(params.region, params.channel_bytes, params.channel,
-                                                    params.generation, params.request_position,
-                                                    params.lease_timeout_ms);
+      params.socket_fd < 0 ? MakeShmSessionChannel(params.region, params.channel_bytes, params.channel,
+                                                   params.generation, params.request_position, params.lease_timeout_ms)
+      : params.transport == kTransportRdma
+          ? MakeRdmaSessionChannel(params.socket_fd, params.channel_bytes, params.net_stall_ms, params.session_id,
+                                   params.log)
+          : MakeTcpSessionChannel(params.socket_fd, params.channel_bytes, params.net_stall_ms);
   Session s(params, std::move(backend), std::move(ch));
   return s.Run(hello_header, hello);
 }

@@ -1,6 +1,7 @@
 """Remote clients over TCP: the same nvcc programs and the same frames, with oriond reached at
-ORION_SERVER=host:port instead of a shared-memory region. Also the transport choice (RDMA is not
-built: a client offering it is told so and gets TCP), garbage on the socket, a client killed in the
+ORION_SERVER=host:port instead of a shared-memory region. Also the transport choice on this host,
+which has no RDMA (a client offering RDMA, and oriond with enable_rdma, fall back to TCP and say
+why; RDMA itself is tested in a Soft-RoCE guest: test_rdma.py), garbage on the socket, a client killed in the
 middle of a transfer, oriond killed and restarted, and a client in another network namespace."""
 import os
 import random
@@ -85,9 +86,38 @@ def test_client_offering_rdma_is_told_and_falls_back_to_tcp(tcp_oriond):
         welcome = s.recv(plen, socket.MSG_WAITALL)
         transport = struct.unpack_from("<H", welcome, 24)[0]
         assert transport == 2  # TCP
-    log = tcp_oriond.log()
-    assert "Client supports RDMA mode, but this oriond has no RDMA transport yet; falls back to TCP mode." in log or \
-           "Client supports RDMA mode, but enable_rdma is off; falls back to TCP mode." in log
+    assert "Client supports RDMA mode, but enable_rdma is off; falls back to TCP mode." in tcp_oriond.log()
+
+
+def test_enable_rdma_on_a_host_without_rdma_falls_back_to_tcp(tmp_path):
+    # This host's kernel has no RDMA: oriond -r says so at start, a client offering RDMA is told why
+    # and gets TCP, and a real client (which finds no device itself) offers TCP only and says why.
+    port = free_port()
+    d = Oriond(tmp_path, tcp_port=port, extra_args=["-r"])
+    d.port = port
+    try:
+        assert re.search(r"enable_rdma is on, but (this host has no RDMA device|libibverbs\.so\.1 cannot be loaded)"
+                         r".*: network clients get TCP", d.log()), d.log()
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(hello_frame(transports=2 | 4))  # TCP | RDMA
+            header = s.recv(32, socket.MSG_WAITALL)
+            magic, version, op, seq, plen, status, deferred, flags, _ = struct.unpack("<IHHIIiiII", header)
+            assert magic == 0x4D52464F and op == 1 and status == 0
+            welcome = s.recv(plen, socket.MSG_WAITALL)
+            assert struct.unpack_from("<H", welcome, 24)[0] == 2  # TCP
+        assert re.search(r"Client supports RDMA mode, but (this host has no RDMA device|libibverbs\.so\.1 cannot be "
+                         r"loaded).*; falls back to TCP mode\.", d.log()), d.log()
+        r = run_tcp(d, "device_props")
+        assert_passed(r)
+        assert re.search(r"Orion transport: TCP to 127\.0\.0\.1:\d+ \(no RDMA: (this host has no RDMA device|"
+                         r"libibverbs\.so\.1 cannot be loaded)", r.stderr), r.stderr
+        assert "Client supports TCP mode, then server also falls back to TCP mode." in d.log()
+        r = run_tcp(d, "device_props", ORION_TRANSPORT="tcp")
+        assert_passed(r)
+        assert "(no RDMA: ORION_TRANSPORT=tcp)" in r.stderr, r.stderr
+        assert "RDMA mode" not in d.log().replace("Client supports RDMA mode, but", "")
+    finally:
+        d.stop()
 
 
 def test_garbage_on_the_socket_is_rejected(tcp_oriond):

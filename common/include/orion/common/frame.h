@@ -131,6 +131,27 @@ ORION_WIRE_STRUCT(WelcomeRep, 120);
 struct WindowDataHdr { uint64_t offset; uint64_t bytes; };
 ORION_WIRE_STRUCT(WindowDataHdr, 16);
 
+// RdmaConnect (network, after a Welcome whose transport is kTransportRdma): the client sends its
+// end of the RC queue pair on the TCP socket, oriond answers with its own (reply payload, same
+// struct). From then on frames travel as RDMA SENDs and window ranges as RDMA WRITEs into the peer's
+// registered window copy at the same offset (docs/spec/frames.md, "RDMA"). Everything in it is
+// untrusted by the side that receives it.
+struct RdmaConnectInfo {
+  uint8_t gid[16];          // the port GID (RoCE: the IPv4-mapped address of the TCP connection's end)
+  uint32_t qpn;             // RC queue pair number
+  uint32_t psn;             // first packet sequence number (24 bits)
+  uint64_t window_addr;     // the registered window copy (remote address for RDMA WRITE)
+  uint64_t window_bytes;    // must equal the channel layout's window size on both ends
+  uint32_t window_rkey;
+  uint32_t done_rkey;       // client: the word oriond writes the last executed seq into; 0 from oriond
+  uint64_t done_addr;
+  uint32_t recv_slots;      // receive buffers kept posted
+  uint32_t slot_bytes;      // bytes per receive buffer: the largest SEND the peer may post
+  uint32_t mtu;             // path MTU in bytes (256..4096)
+  uint32_t reserved;
+};
+ORION_WIRE_STRUCT(RdmaConnectInfo, 72);
+
 // The data-window ranges a request frame reads (the client sends their bytes after the frame on
 // network transports) and writes (oriond sends them back as WindowData before the reply). A pure
 // function of the frame, used by both ends; ranges are not yet checked against the window.

@@ -54,10 +54,16 @@ std::unique_ptr<SessionChannel> MakeShmSessionChannel(uint8_t* region, uint64_t 
 // A client that stops in the middle of a frame for `stall_ms` is dropped.
 std::unique_ptr<SessionChannel> MakeTcpSessionChannel(int fd, uint64_t channel_bytes, uint64_t stall_ms);
 
+// An RDMA session: the TCP connection `fd` (the worker owns it) carries the Welcome and the
+// RdmaConnect exchange, then only liveness; frames and window bytes travel over an RC queue pair
+// made in this (worker) process. Setup errors surface from the first Pop.
+std::unique_ptr<SessionChannel> MakeRdmaSessionChannel(int fd, uint64_t channel_bytes, uint64_t stall_ms,
+                                                       uint32_t session, std::shared_ptr<spdlog::logger> log);
+
 struct SessionParams {
   uint32_t session_id = 0;
   int socket_fd = -1;                // a network session: its connection (else a region channel)
-  uint16_t transport = kTransportShm;
+  uint16_t transport = kTransportShm;  // with socket_fd: kTransportTcp or kTransportRdma
   uint8_t* region = nullptr;         // mapped region
   uint64_t channel_bytes = 0;        // trusted (from our own FormatRegion)
   uint32_t channel = 0;
