@@ -83,14 +83,11 @@ CUresult Client::ConnectLocked() noexcept {
   // else a region found on this machine or VM.
   const char* shm = std::getenv("ORION_SHM");
   const char* server = std::getenv("ORION_SERVER");
-  if ((shm == nullptr || *shm == '\0') && server != nullptr && *server != '\0') {
-    // The network: the handshake on TCP; RDMA is offered when an RDMA device here owns the address
-    // this connection leaves from (Soft-RoCE or a RoCE/IB NIC), unless ORION_TRANSPORT=tcp.
-    auto tcp = TcpFrameChannel::Connect(server);
-    if (!tcp.ok()) {
-      LogError("cannot use oriond: " + tcp.status().message());
-      return CUDA_ERROR_NO_DEVICE;
-    }
+  // The network: the handshake on TCP; RDMA is offered when an RDMA device here owns the address
+  // this connection leaves from (Soft-RoCE or a RoCE/IB NIC), unless ORION_TRANSPORT=tcp.
+  auto connect_network = [&](const std::string& addr) -> Status {
+    auto tcp = TcpFrameChannel::Connect(addr);
+    if (!tcp.ok()) return tcp.status();
     network_ = true;
     tcp_ = tcp->get();
     const char* force = std::getenv("ORION_TRANSPORT");
@@ -110,6 +107,13 @@ CUresult Client::ConnectLocked() noexcept {
     desc_ = tcp_->desc();
     header_ = tcp_->header();
     chan_ = std::move(*tcp);
+    return Status();
+  };
+  if ((shm == nullptr || *shm == '\0') && server != nullptr && *server != '\0') {
+    if (Status st = connect_network(server); !st.ok()) {
+      LogError("cannot use oriond: " + st.message());
+      return CUDA_ERROR_NO_DEVICE;
+    }
     return HandshakeLocked(vgpus, gmem, server);
   }
   auto where = ivshmem::FindClientRegion();
@@ -117,16 +121,11 @@ CUresult Client::ConnectLocked() noexcept {
     // No region here: the controller places us on a server, which we reach over the network.
     std::string placed;
     if (CUresult r = AllocateFromControllerLocked(vgpus, gmem, &placed); r != CUDA_SUCCESS) return r;
-    auto tcp = TcpFrameChannel::Connect(placed);
-    if (!tcp.ok()) {
-      LogError("cannot reach oriond " + placed + " of allocation " + controller_alloc_ + ": " + tcp.status().message());
+    if (Status st = connect_network(placed); !st.ok()) {
+      LogError("cannot reach oriond " + placed + " of allocation " + controller_alloc_ + ": " + st.message());
       ReleaseControllerAllocation("server_unreachable");
       return CUDA_ERROR_NO_DEVICE;
     }
-    tcp_ = tcp->get();
-    desc_ = tcp_->desc();
-    header_ = tcp_->header();
-    chan_ = std::move(*tcp);
     return HandshakeLocked(vgpus, gmem, placed);
   }
   if (!where.ok()) {
