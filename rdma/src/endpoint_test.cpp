@@ -23,7 +23,9 @@ TEST(FindPort, RefusesNonIpAddresses) {
   auto p = FindPort(reinterpret_cast<sockaddr*>(&u));
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.status().code(), Code::kUnavailable);
-  if (VerbsUnavailableReason().empty()) EXPECT_EQ(p.status().message(), "the connection is not over IP");
+  if (VerbsUnavailableReason().empty()) {
+    EXPECT_EQ(p.status().message(), "the connection is not over IP");
+  }
 }
 
 TEST(FindPort, LoopbackHasNoRdmaPortAndSaysWhy) {
