@@ -27,6 +27,8 @@ using ivshmem::kChannelFree;
 constexpr uint64_t kChunk = 1ull << 20;            // bulk copy chunk
 constexpr uint64_t kPinnedAlign = 256;
 constexpr auto kHeartbeatTimeout = std::chrono::seconds(5);
+// HandshakeLocked: oriond chose RDMA but this end could not set it up; connect again over TCP.
+constexpr auto kRetryOverTcp = static_cast<CUresult>(1002);  // private, never returned to applications
 
 uint64_t NowNs() {
   timespec ts{};
@@ -84,32 +86,41 @@ CUresult Client::ConnectLocked() noexcept {
   const char* server = std::getenv("ORION_SERVER");
   if ((shm == nullptr || *shm == '\0') && server != nullptr && *server != '\0') {
     // The network: the handshake on TCP; RDMA is offered when an RDMA device here owns the address
-    // this connection leaves from (Soft-RoCE or a RoCE/IB NIC), unless ORION_TRANSPORT=tcp.
-    auto tcp = TcpFrameChannel::Connect(server);
-    if (!tcp.ok()) {
-      LogError("cannot use oriond: " + tcp.status().message());
-      return CUDA_ERROR_NO_DEVICE;
-    }
-    network_ = true;
-    tcp_ = tcp->get();
-    const char* force = std::getenv("ORION_TRANSPORT");
-    if (force != nullptr && std::strcmp(force, "tcp") == 0) {
-      rdma_why_ = "ORION_TRANSPORT=tcp";
-    } else {
-      sockaddr_storage ss{};
-      socklen_t len = sizeof ss;
-      if (getsockname(tcp_->fd(), reinterpret_cast<sockaddr*>(&ss), &len) != 0) {
-        rdma_why_ = std::string("getsockname: ") + std::strerror(errno);
-      } else if (auto port = rdma::FindPort(reinterpret_cast<sockaddr*>(&ss)); port.ok()) {
-        rdma_port_ = std::make_unique<rdma::Port>(*port);
-      } else {
-        rdma_why_ = port.status().message();
+    // this connection leaves from (Soft-RoCE or a RoCE/IB NIC), unless ORION_TRANSPORT=tcp. If the
+    // RDMA setup fails after oriond chose it, the client connects again, offering TCP only.
+    for (int attempt = 0;; ++attempt) {
+      auto tcp = TcpFrameChannel::Connect(server);
+      if (!tcp.ok()) {
+        LogError("cannot use oriond: " + tcp.status().message());
+        return CUDA_ERROR_NO_DEVICE;
       }
+      network_ = true;
+      tcp_ = tcp->get();
+      const char* force = std::getenv("ORION_TRANSPORT");
+      if (attempt > 0) {
+        rdma_port_.reset();  // rdma_why_ says what failed
+      } else if (force != nullptr && std::strcmp(force, "tcp") == 0) {
+        rdma_why_ = "ORION_TRANSPORT=tcp";
+      } else {
+        sockaddr_storage ss{};
+        socklen_t len = sizeof ss;
+        if (getsockname(tcp_->fd(), reinterpret_cast<sockaddr*>(&ss), &len) != 0) {
+          rdma_why_ = std::string("getsockname: ") + std::strerror(errno);
+        } else if (auto port = rdma::FindPort(reinterpret_cast<sockaddr*>(&ss)); port.ok()) {
+          rdma_port_ = std::make_unique<rdma::Port>(*port);
+        } else {
+          rdma_why_ = port.status().message();
+        }
+      }
+      desc_ = tcp_->desc();
+      header_ = tcp_->header();
+      chan_ = std::move(*tcp);
+      const CUresult r = HandshakeLocked(vgpus, gmem, server);
+      if (r != kRetryOverTcp || attempt > 0) return r;
+      LogWarn("Orion transport: " + rdma_why_ + "; connecting again over TCP");
+      chan_.reset();
+      tcp_ = nullptr;
     }
-    desc_ = tcp_->desc();
-    header_ = tcp_->header();
-    chan_ = std::move(*tcp);
-    return HandshakeLocked(vgpus, gmem, server);
   }
   auto where = ivshmem::FindClientRegion();
   if (!where.ok()) {
@@ -222,8 +233,9 @@ CUresult Client::HandshakeLocked(uint64_t vgpus, uint64_t gmem, const std::strin
       auto rc = RdmaFrameChannel::Connect(tcp_->ReleaseFd(), *rdma_port_, where, layout_.window_bytes, ch);
       tcp_ = nullptr;
       if (!rc.ok()) {
-        const std::string why = "RDMA setup with oriond failed: " + rc.status().message();
-        return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, why.c_str());
+        // Our connection is closed (oriond's worker then ends that session); ConnectLocked retries.
+        rdma_why_ = "RDMA setup with oriond failed: " + rc.status().message();
+        return kRetryOverTcp;
       }
       desc_ = (*rc)->desc();
       header_ = (*rc)->header();
