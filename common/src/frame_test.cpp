@@ -23,14 +23,17 @@ TEST(FrameLayout, HeaderIsPinned) {
 }
 
 TEST(FrameLayout, PayloadsArePinned) {
-  EXPECT_EQ(sizeof(HelloReq), 120u);
+  EXPECT_EQ(sizeof(HelloReq), 224u);
+  EXPECT_EQ(offsetof(HelloReq, allocation_id), 120u);
+  EXPECT_EQ(offsetof(HelloReq, hostname), 160u);
   EXPECT_EQ(offsetof(HelloReq, key), 88u);
   EXPECT_EQ(offsetof(HelloReq, gmem_mib), 8u);
   EXPECT_EQ(offsetof(HelloReq, process_name), 24u);
   EXPECT_EQ(sizeof(DeviceInfo), 952u);
   EXPECT_EQ(offsetof(DeviceInfo, total_mem), 272u);
   EXPECT_EQ(offsetof(DeviceInfo, attributes), 280u);
-  EXPECT_EQ(sizeof(WelcomeRep), 80u);
+  EXPECT_EQ(sizeof(WelcomeRep), 120u);
+  EXPECT_EQ(offsetof(WelcomeRep, allocation_id), 80u);
   EXPECT_EQ(sizeof(MemcpyReq), 32u);
   EXPECT_EQ(sizeof(Memcpy2DReq), 64u);
   EXPECT_EQ(offsetof(Memcpy2DReq, src_side), 56u);

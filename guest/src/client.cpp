@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "orion/controller/client.h"
 #include "orion/ivshmem/discover.h"
 #include "version.h"
 
@@ -84,45 +85,67 @@ CUresult Client::ConnectLocked() noexcept {
   // else a region found on this machine or VM.
   const char* shm = std::getenv("ORION_SHM");
   const char* server = std::getenv("ORION_SERVER");
-  if ((shm == nullptr || *shm == '\0') && server != nullptr && *server != '\0') {
-    // The network: the handshake on TCP; RDMA is offered when an RDMA device here owns the address
-    // this connection leaves from (Soft-RoCE or a RoCE/IB NIC), unless ORION_TRANSPORT=tcp. If the
-    // RDMA setup fails after oriond chose it, the client connects again, offering TCP only.
-    for (int attempt = 0;; ++attempt) {
-      auto tcp = TcpFrameChannel::Connect(server);
-      if (!tcp.ok()) {
-        LogError("cannot use oriond: " + tcp.status().message());
-        return CUDA_ERROR_NO_DEVICE;
-      }
-      network_ = true;
-      tcp_ = tcp->get();
-      const char* force = std::getenv("ORION_TRANSPORT");
-      if (attempt > 0) {
-        rdma_port_.reset();  // rdma_why_ says what failed
-      } else if (force != nullptr && std::strcmp(force, "tcp") == 0) {
-        rdma_why_ = "ORION_TRANSPORT=tcp";
+  // The network: the handshake on TCP; RDMA is offered when an RDMA device here owns the address
+  // this connection leaves from (Soft-RoCE or a RoCE/IB NIC), unless ORION_TRANSPORT=tcp or
+  // `offer_rdma` is false (rdma_why_ then says why).
+  auto connect_network = [&](const std::string& addr, bool offer_rdma) -> Status {
+    auto tcp = TcpFrameChannel::Connect(addr);
+    if (!tcp.ok()) return tcp.status();
+    network_ = true;
+    tcp_ = tcp->get();
+    const char* force = std::getenv("ORION_TRANSPORT");
+    if (!offer_rdma) {
+      rdma_port_.reset();
+    } else if (force != nullptr && std::strcmp(force, "tcp") == 0) {
+      rdma_why_ = "ORION_TRANSPORT=tcp";
+    } else {
+      sockaddr_storage ss{};
+      socklen_t len = sizeof ss;
+      if (getsockname(tcp_->fd(), reinterpret_cast<sockaddr*>(&ss), &len) != 0) {
+        rdma_why_ = std::string("getsockname: ") + std::strerror(errno);
+      } else if (auto port = rdma::FindPort(reinterpret_cast<sockaddr*>(&ss)); port.ok()) {
+        rdma_port_ = std::make_unique<rdma::Port>(*port);
       } else {
-        sockaddr_storage ss{};
-        socklen_t len = sizeof ss;
-        if (getsockname(tcp_->fd(), reinterpret_cast<sockaddr*>(&ss), &len) != 0) {
-          rdma_why_ = std::string("getsockname: ") + std::strerror(errno);
-        } else if (auto port = rdma::FindPort(reinterpret_cast<sockaddr*>(&ss)); port.ok()) {
-          rdma_port_ = std::make_unique<rdma::Port>(*port);
-        } else {
-          rdma_why_ = port.status().message();
-        }
+        rdma_why_ = port.status().message();
       }
-      desc_ = tcp_->desc();
-      header_ = tcp_->header();
-      chan_ = std::move(*tcp);
-      const CUresult r = HandshakeLocked(vgpus, gmem, server);
-      if (r != kRetryOverTcp || attempt > 0) return r;
-      LogWarn("Orion transport: " + rdma_why_ + "; connecting again over TCP");
-      chan_.reset();
-      tcp_ = nullptr;
     }
+    desc_ = tcp_->desc();
+    header_ = tcp_->header();
+    chan_ = std::move(*tcp);
+    return Status();
+  };
+  // The handshake; if the RDMA setup fails after oriond chose RDMA, connect again offering TCP only.
+  auto handshake_network = [&](const std::string& addr) -> CUresult {
+    const CUresult r = HandshakeLocked(vgpus, gmem, addr);
+    if (r != kRetryOverTcp) return r;
+    LogWarn("Orion transport: " + rdma_why_ + "; connecting again over TCP");
+    chan_.reset();
+    tcp_ = nullptr;
+    if (Status st = connect_network(addr, false); !st.ok()) {
+      LogError("cannot use oriond: " + st.message());
+      return CUDA_ERROR_NO_DEVICE;
+    }
+    return HandshakeLocked(vgpus, gmem, addr);  // offers no RDMA: no second retry
+  };
+  if ((shm == nullptr || *shm == '\0') && server != nullptr && *server != '\0') {
+    if (Status st = connect_network(server, true); !st.ok()) {
+      LogError("cannot use oriond: " + st.message());
+      return CUDA_ERROR_NO_DEVICE;
+    }
+    return handshake_network(server);
   }
   auto where = ivshmem::FindClientRegion();
+  if (!where.ok() && (shm == nullptr || *shm == '\0') && !ivshmem::ClientControllerAddr().empty()) {
+    // No region here: the controller places us on a server, which we reach over the network.
+    std::string placed;
+    if (CUresult r = AllocateFromControllerLocked(vgpus, gmem, &placed); r != CUDA_SUCCESS) return r;
+    if (Status st = connect_network(placed, true); !st.ok()) {
+      LogError("cannot reach oriond " + placed + " of allocation " + controller_alloc_ + ": " + st.message());
+      ReleaseControllerAllocation("server_unreachable");
+      return CUDA_ERROR_NO_DEVICE;
+    }
+    return handshake_network(placed);
+  }
   if (!where.ok()) {
     LogError("cannot use Orion region: " + where.status().message() +
              " (set ORION_SHM or ORION_SERVER, or create a region with orion-shm and start oriond)");
@@ -201,6 +224,8 @@ CUresult Client::HandshakeLocked(uint64_t vgpus, uint64_t gmem, const std::strin
   if (const char* key = std::getenv("ORION_KEY"); key != nullptr && network_) {
     std::strncpy(hello.key, key, sizeof hello.key - 1);
   }
+  std::snprintf(hello.allocation_id, sizeof hello.allocation_id, "%s", controller_alloc_.c_str());
+  gethostname(hello.hostname, sizeof hello.hostname - 1);
   FrameHeader h = MakeHeader(Op::kHello, sizeof hello, true);
   if (CUresult r = PushLocked(h, &hello, sizeof hello, nullptr, 0); r != CUDA_SUCCESS) return r;
   std::vector<uint8_t> rep(sizeof(WelcomeRep) + kMaxDevices * sizeof(DeviceInfo) + 1024);
@@ -209,6 +234,7 @@ CUresult Client::HandshakeLocked(uint64_t vgpus, uint64_t gmem, const std::strin
   if (r != CUDA_SUCCESS) {
     std::string reason(reinterpret_cast<const char*>(rep.data()), std::min<size_t>(rep_len, rep.size()));
     LogError("Fail to get resource from oriond: " + (reason.empty() ? std::string("no answer") : reason));
+    ReleaseControllerAllocation("refused");
     broken_ = r;
     GiveBackLocked();  // refused: hand the channel back at once
     return r;
@@ -256,13 +282,83 @@ CUresult Client::HandshakeLocked(uint64_t vgpus, uint64_t gmem, const std::strin
   std::memcpy(devices_.data(), rep.data() + sizeof(WelcomeRep), welcome_.device_count * sizeof(DeviceInfo));
   for (auto& d : devices_) d.name[kNameLen - 1] = '\0';
   LogInfo(std::string("Orion vGPU client ") + kOrionVersion + " (build " + kOrionBuild + ")");
-  allocation_text_ = "(standalone) session-" + std::to_string(welcome_.session_id) + " :";
+  welcome_.allocation_id[sizeof welcome_.allocation_id - 1] = '\0';
+  if (welcome_.allocation_id[0] != '\0') {
+    allocation_text_ = std::string("(controller) ") + welcome_.allocation_id + " :";
+  } else {
+    allocation_text_ = "(standalone) session-" + std::to_string(welcome_.session_id) + " :";
+  }
   for (const auto& d : devices_) {
     allocation_text_ += " " + where + "/" + std::to_string(d.pgpu) + "/" + std::to_string(d.vgpu);
   }
   if (network_) LogInfo("Orion transport: " + transport_text);
   LogInfo("Using Orion resource " + allocation_text_);
   return CUDA_SUCCESS;
+}
+
+CUresult Client::AllocateFromControllerLocked(uint64_t vgpus, uint64_t gmem, std::string* server) noexcept {
+  controller_addr_ = ivshmem::ClientControllerAddr();
+  auto ep = controller::ParseEndpoint(controller_addr_);
+  if (!ep.ok()) {
+    LogError("ORION_CONTROLLER / controller_addr: " + ep.status().message());
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  bool bad = false;
+  const uint64_t ratio = EnvU64("ORION_RATIO", 0, &bad);
+  if (bad || ratio > 100) {
+    LogError("ORION_RATIO must be a percentage 1..100");
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  const char* key = std::getenv("ORION_CONTROLLER_KEY");
+  if (key == nullptr || *key == '\0') key = std::getenv("ORION_KEY");
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  char comm[64] = {};
+  if (FILE* f = std::fopen("/proc/self/comm", "r")) {
+    if (std::fgets(comm, sizeof comm, f) != nullptr) comm[std::strcspn(comm, "\n")] = '\0';
+    std::fclose(f);
+  }
+  controller::ControllerClient cc(*ep, key != nullptr ? key : "", 5000);
+  nlohmann::json req = {{"vgpus", vgpus}, {"gmem_mib", gmem},
+                        {"client", {{"host", host}, {"pid", static_cast<uint32_t>(getpid())}, {"process", comm}}}};
+  if (ratio != 0) req["ratio"] = ratio;
+  auto r = cc.Call("POST", "/v1/allocations", req);
+  if (!r.ok()) {
+    LogError("Fail to get resource from controller " + ep->text() + ": " + r.status().message());
+    switch (r.status().code()) {
+      case Code::kInvalidArgument: return CUDA_ERROR_INVALID_VALUE;
+      case Code::kResourceExhausted: return CUDA_ERROR_OUT_OF_MEMORY;
+      case Code::kPermissionDenied: return CUDA_ERROR_NOT_PERMITTED;
+      default: return CUDA_ERROR_NO_DEVICE;
+    }
+  }
+  const nlohmann::json& a = *r;
+  if (!a.contains("id") || !a["id"].is_string() || !a.contains("server") || !a["server"].is_string() ||
+      !a.contains("placements") || !a["placements"].is_array() || a["placements"].empty()) {
+    LogError("Fail to get resource from controller " + ep->text() + ": malformed reply");
+    return CUDA_ERROR_NO_DEVICE;
+  }
+  controller_alloc_ = a["id"].get<std::string>();
+  *server = a["server"].get<std::string>();
+  std::string where;
+  for (const auto& p : a["placements"]) {
+    if (p.contains("text") && p["text"].is_string()) where += " " + p["text"].get<std::string>();
+  }
+  LogInfo("Orion Controller " + ep->text() + " placed allocation " + controller_alloc_ + ":" + where);
+  return CUDA_SUCCESS;
+}
+
+void Client::ReleaseControllerAllocation(const char* why) noexcept {
+  if (controller_alloc_.empty()) return;
+  const std::string id = std::exchange(controller_alloc_, std::string());
+  auto ep = controller::ParseEndpoint(controller_addr_);
+  if (!ep.ok()) return;
+  const char* key = std::getenv("ORION_CONTROLLER_KEY");
+  if (key == nullptr || *key == '\0') key = std::getenv("ORION_KEY");
+  controller::ControllerClient cc(*ep, key != nullptr ? key : "", 2000);
+  // oriond releases it too when the session ends: "not found" here is normal.
+  (void)cc.Call("DELETE", "/v1/allocations/" + id + "?reason=" + why);
+  LogInfo("Client exits with allocation ID " + id);
 }
 
 FrameHeader Client::MakeHeader(Op op, uint32_t payload_len, bool wants_reply) noexcept {
@@ -666,6 +762,7 @@ void Client::Shutdown() noexcept {
     (void)chan_->Flush();
     chan_->Close();
     LogInfo("Releasing Orion resource " + allocation_text_);
+    ReleaseControllerAllocation("client_exited");
   }
   broken_ = CUDA_ERROR_DEINITIALIZED;
   stop_lease_.store(true, std::memory_order_relaxed);

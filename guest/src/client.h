@@ -143,6 +143,12 @@ class Client {
   WelcomeRep welcome_{};
   std::vector<DeviceInfo> devices_;
   std::string allocation_text_;
+  // Controller mode (no region; ORION_CONTROLLER / client.conf controller_addr): the allocation this
+  // process asked for, released at exit (oriond also releases it when the session ends).
+  std::string controller_addr_;
+  std::string controller_alloc_;
+  CUresult AllocateFromControllerLocked(uint64_t vgpus, uint64_t gmem, std::string* server) noexcept;
+  void ReleaseControllerAllocation(const char* why) noexcept;
   std::thread lease_thread_;
   std::atomic<bool> stop_lease_{false};
 };

@@ -96,7 +96,11 @@ int Handler(void* user, const char* section, const char* name, const char* raw) 
     }
   } else if (sec == "controller") {
     if (key == "controller_addr") c.controller_addr = v;
-    else return bad("is not a known key");
+    else if (key == "controller_key") c.controller_key = v;
+    else if (key == "heartbeat_ms") {
+      if (!ParseU64(v, 100, 600000, &n)) return bad("is not a number of ms (100..600000)");
+      c.controller_heartbeat_ms = n;
+    } else return bad("is not a known key");
   } else if (sec == "orion") {
     // Orion (ours) extensions, same names as the flags.
     if (key == "backend") {

@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/mman.h>
 #include <sys/un.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -66,7 +67,83 @@ std::string TimeStamp() {
 
 Daemon::Daemon(ServerConfig config) : config_(std::move(config)) {}
 
-Daemon::~Daemon() = default;
+Daemon::~Daemon() {
+  if (link_) link_->Stop();
+}
+
+int Daemon::TakeStatSlot() {
+  for (int i = 0; i < kStatSlots; ++i) {
+    if (!stat_used_[static_cast<size_t>(i)]) {
+      stat_used_[static_cast<size_t>(i)] = true;
+      for (uint32_t d = 0; d < kMaxDevices; ++d) stats_[static_cast<size_t>(i) * kMaxDevices + d].store(0);
+      return i;
+    }
+  }
+  return -1;
+}
+
+std::atomic<uint64_t>* Daemon::StatSlot(int slot) const {
+  return slot < 0 ? nullptr : stats_ + static_cast<size_t>(slot) * kMaxDevices;
+}
+
+Result<Daemon::Admission> Daemon::Acquire(const HelloReq& hello, uint32_t session, const std::string& peer) {
+  Admission a;
+  const std::string want(hello.allocation_id, strnlen(hello.allocation_id, sizeof hello.allocation_id));
+  if (!link_) {
+    if (!want.empty()) {
+      return InvalidArgument("the client holds controller allocation " + want +
+                             " but this oriond is standalone (no controller_addr)");
+    }
+    auto p = pool_->Admit(hello.vgpu_count, hello.gmem_mib);
+    if (!p.ok()) return p.status();
+    a.placements = std::move(*p);
+    return a;
+  }
+  if (!link_->registered()) {
+    return Unavailable("oriond is not registered with its Orion Controller (yet); try again");
+  }
+  const std::string host(hello.hostname, strnlen(hello.hostname, sizeof hello.hostname));
+  auto g = want.empty() ? link_->AllocateHere(hello.vgpu_count, hello.gmem_mib, host.empty() ? peer : host, hello.pid,
+                                              hello.process_name, session)
+                        : link_->Confirm(want, session);
+  if (!g.ok()) return Status(g.status().code(), "Orion Controller: " + g.status().message());
+  if (Status st = pool_->Reserve(g->placements); !st.ok()) {
+    link_->Release(g->allocation_id, "refused_by_server");
+    return FailedPrecondition("the controller's placement conflicts with this server's sessions: " + st.message());
+  }
+  a.placements = std::move(g->placements);
+  a.allocation_id = std::move(g->allocation_id);
+  log_->info("Using Orion resource {} for session {}", a.allocation_id, session);
+  return a;
+}
+
+void Daemon::Finish(const std::vector<Placement>& placements, const std::string& allocation_id, int stat_slot,
+                    const std::string& why) {
+  pool_->Release(placements);
+  if (link_ && !allocation_id.empty()) link_->Release(allocation_id, why);
+  if (stat_slot >= 0) stat_used_[static_cast<size_t>(stat_slot)] = false;
+}
+
+// Sessions whose allocation the controller no longer holds are ended.
+void Daemon::EndRevoked() {
+  if (!link_) return;
+  for (const std::string& id : link_->TakeRevoked()) {
+    for (const NetSession& n : net_sessions_) {
+      if (n.allocation_id == id) {
+        log_->warn("Session {}: the Orion Controller no longer holds allocation {}; ending it", n.session, id);
+        kill(n.pid, SIGTERM);
+      }
+    }
+    for (Region& r : regions_) {
+      for (const Channel& c : r.channels) {
+        if (c.state == Channel::kServing && c.allocation_id == id) {
+          log_->warn("Session {}: the Orion Controller no longer holds allocation {}; ending it", c.session, id);
+          kill(c.pid, SIGTERM);
+        }
+      }
+    }
+  }
+}
 
 Status Daemon::Start() {
   // Logs: <log_dir>/server.log, and the screen when asked.
@@ -119,6 +196,35 @@ Status Daemon::Start() {
   log_->info("Final virtual gpu list <vID:pID:mbSize>: {}", pool_->FinalList());
   for (const auto& g : gpus) {
     for (uint32_t v = 0; v < config_.vgpu_count; ++v) log_->info("Registered v-GPU {} on p-GPU {}.", v, g.index);
+  }
+
+  // Per-session memory counters, shared with the workers (forked later).
+  void* stats = mmap(nullptr, sizeof(std::atomic<uint64_t>) * kStatSlots * kMaxDevices, PROT_READ | PROT_WRITE,
+                     MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (stats == MAP_FAILED) return Internal(std::string("cannot map session counters: ") + std::strerror(errno));
+  stats_ = static_cast<std::atomic<uint64_t>*>(stats);
+  stat_used_.assign(kStatSlots, false);
+
+  // The controller, when one is configured; standalone admission otherwise.
+  const std::string controller = ControllerAddrForServer(config_.controller_addr);
+  if (!controller.empty()) {
+    if (auto ep = controller::ParseEndpoint(controller); !ep.ok()) {
+      return InvalidArgument("controller_addr: " + ep.status().message());
+    }
+    ControllerLinkOptions lo;
+    lo.controller_addr = controller;
+    lo.key = config_.controller_key;
+    lo.server_id = config_.bind_addr + ":" + std::to_string(config_.listen_port);
+    char host[256] = {};
+    gethostname(host, sizeof host - 1);
+    lo.hostname = host;
+    lo.vgpu_count = config_.vgpu_count;
+    lo.gpus = gpus;
+    lo.heartbeat_ms = config_.controller_heartbeat_ms;
+    link_ = std::make_unique<ControllerLink>(lo, log_);
+    link_->Start();
+  } else {
+    log_->info("No Orion Controller configured: standalone mode (this oriond admits its own clients)");
   }
 
   // Module cache.
@@ -244,7 +350,10 @@ std::string Daemon::Control(const std::string& line) {
   if (cmd == "status") {
     std::string out = "ok backend=" + std::string(backend_ == BackendKind::kCuda ? "cuda" : "sim") +
                       " vgpus_total=" + std::to_string(pool_->total_vgpus()) +
-                      " vgpus_free=" + std::to_string(pool_->free_vgpus()) + " sessions=" + std::to_string(serving_);
+                      " vgpus_free=" + std::to_string(pool_->free_vgpus()) + " sessions=" + std::to_string(serving_) +
+                      " controller=" + (link_ ? ControllerAddrForServer(config_.controller_addr) +
+                                                    (link_->registered() ? "(registered)" : "(unreachable)")
+                                              : std::string("none"));
     for (const Region& r : regions_) {
       if (r.vm.empty()) continue;
       out += " vm=" + r.vm + ":" + std::to_string(r.reserved.size());
@@ -261,7 +370,22 @@ std::string Daemon::Attach(const std::string& vm, const std::string& path, uint3
     if (r.map->path() == path) return "error " + path + " is already served";
     if (r.vm == vm) return "error VM " + vm + " is already attached to " + r.map->path();
   }
-  auto placements = pool_->Admit(vgpus, gmem_mib);
+  Result<std::vector<Placement>> placements = std::vector<Placement>{};
+  if (link_) {
+    // Controller mode: the VM's standing assignment (kept by the controller while the VM exists).
+    auto g = link_->Assign(vm, vgpus, gmem_mib);
+    if (!g.ok()) {
+      placements = g.status();
+    } else if (Status st = pool_->Reserve(g->placements); !st.ok()) {
+      link_->Unassign(vm);
+      placements = st;
+    } else {
+      vm_assignment_[vm] = g->allocation_id;
+      placements = std::move(g->placements);
+    }
+  } else {
+    placements = pool_->Admit(vgpus, gmem_mib);
+  }
   if (!placements.ok()) {
     log_->warn("VM {}: cannot reserve {} vGPU(s) of {} MiB: {}", vm, vgpus, gmem_mib, placements.status().message());
     return "error not enough vGPUs for VM " + vm + ": " + placements.status().message();
@@ -269,6 +393,10 @@ std::string Daemon::Attach(const std::string& vm, const std::string& path, uint3
   Region r;
   if (Status s = AddRegion(path, &r); !s.ok()) {
     pool_->Release(*placements);
+    if (link_) {
+      link_->Unassign(vm);
+      vm_assignment_.erase(vm);
+    }
     return "error " + s.message();
   }
   r.vm = vm;
@@ -300,6 +428,10 @@ std::string Daemon::Detach(const std::string& vm) {
       --serving_;
     }
     pool_->Release(r.reserved);
+    if (link_) {
+      link_->Unassign(vm);
+      vm_assignment_.erase(vm);
+    }
     log_->info("VM {}: detached {}", vm, r.map->path());
     regions_.erase(regions_.begin() + static_cast<std::ptrdiff_t>(i));
     return "ok";
@@ -491,13 +623,21 @@ void Daemon::Handshake(Pending& p) {
                                          std::to_string(kMaxDevices));
     return;
   }
-  auto placements = pool_->Admit(hello.vgpu_count, hello.gmem_mib);
-  if (!placements.ok()) {
-    refuse(placements.status().code() == Code::kInvalidArgument ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_OUT_OF_MEMORY,
-           placements.status().message());
+  SanitizeName(hello.hostname, sizeof hello.hostname);
+  SanitizeName(hello.allocation_id, sizeof hello.allocation_id);
+  const uint32_t session = next_session_++;
+  auto admitted = Acquire(hello, session, p.peer.substr(0, p.peer.rfind(':')));
+  if (!admitted.ok()) {
+    const Code c = admitted.status().code();
+    refuse(c == Code::kInvalidArgument ? CUDA_ERROR_INVALID_VALUE
+           : c == Code::kUnavailable   ? CUDA_ERROR_DEVICE_UNAVAILABLE
+           : c == Code::kNotFound      ? CUDA_ERROR_INVALID_VALUE
+                                       : CUDA_ERROR_OUT_OF_MEMORY,
+           admitted.status().message());
     return;
   }
-  const uint32_t session = next_session_++;
+  auto* placements = &admitted->placements;
+  const int slot = TakeStatSlot();
   log_->info("Creating session {} for '{}' (pid {}) from {} over {}", session, hello.process_name, hello.pid, p.peer,
              transport == kTransportRdma ? "RDMA" : "TCP");
   auto slog = SessionLogger(session);
@@ -505,7 +645,7 @@ void Daemon::Handshake(Pending& p) {
   p.fd = -1;
   const pid_t pid = fork();
   if (pid < 0) {
-    pool_->Release(*placements);
+    Finish(*placements, admitted->allocation_id, slot, "fork_failed");
     log_->error("cannot fork a worker: {}", std::strerror(errno));
     ::close(fd);
     return;
@@ -526,6 +666,8 @@ void Daemon::Handshake(Pending& p) {
     }
     SessionParams sp = BaseParams(session, *placements, slog);
     sp.socket_fd = fd;
+    sp.allocation_id = admitted->allocation_id;
+    sp.used_out = StatSlot(slot);
     sp.transport = transport;
     sp.channel_bytes = config_.shm_buffer_size_mib << 20;
     const int code = RunSession(sp, std::move(*backend), h, hello);
@@ -533,7 +675,10 @@ void Daemon::Handshake(Pending& p) {
     _exit(code);
   }
   ::close(fd);
-  net_sessions_.push_back({pid, session, std::move(*placements)});
+  if (link_ && !admitted->allocation_id.empty()) {
+    link_->Track(admitted->allocation_id, StatSlot(slot), static_cast<uint32_t>(placements->size()));
+  }
+  net_sessions_.push_back({pid, session, std::move(*placements), admitted->allocation_id, slot});
   ++serving_;
 }
 
@@ -639,7 +784,11 @@ void Daemon::Admit(Region& r, uint32_t index) {
                                          std::to_string(kMaxDevices));
     return;
   }
+  SanitizeName(hello.hostname, sizeof hello.hostname);
+  SanitizeName(hello.allocation_id, sizeof hello.allocation_id);
+  const uint32_t session = next_session_++;
   Result<std::vector<Placement>> placements = std::vector<Placement>{};
+  std::string allocation_id;
   if (!r.vm.empty()) {
     // A VM's session runs on the VM's own reserved vGPUs only.
     if (hello.vgpu_count > r.reserved.size()) {
@@ -656,14 +805,23 @@ void Daemon::Admit(Region& r, uint32_t index) {
       placements = std::move(mine);
     }
   } else {
-    placements = pool_->Admit(hello.vgpu_count, hello.gmem_mib);
+    auto admitted = Acquire(hello, session, "local");
+    if (admitted.ok()) {
+      placements = std::move(admitted->placements);
+      allocation_id = std::move(admitted->allocation_id);
+    } else {
+      placements = admitted.status();
+    }
   }
   if (!placements.ok()) {
-    refuse(placements.status().code() == Code::kInvalidArgument ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_OUT_OF_MEMORY,
+    const Code c = placements.status().code();
+    refuse(c == Code::kInvalidArgument || c == Code::kNotFound ? CUDA_ERROR_INVALID_VALUE
+           : c == Code::kUnavailable                         ? CUDA_ERROR_DEVICE_UNAVAILABLE
+                                                             : CUDA_ERROR_OUT_OF_MEMORY,
            placements.status().message());
     return;
   }
-  const uint32_t session = next_session_++;
+  const int slot = TakeStatSlot();
   std::string where_placed;
   for (const auto& p : *placements) {
     where_placed += (where_placed.empty() ? "" : ",") + std::to_string(p.pgpu) + "/" + std::to_string(p.vgpu) + ":" +
@@ -675,7 +833,11 @@ void Daemon::Admit(Region& r, uint32_t index) {
   auto slog = SessionLogger(session);
   const pid_t pid = fork();
   if (pid < 0) {
-    if (r.vm.empty()) pool_->Release(*placements);
+    if (r.vm.empty()) {
+      Finish(*placements, allocation_id, slot, "fork_failed");
+    } else if (slot >= 0) {
+      stat_used_[static_cast<size_t>(slot)] = false;
+    }
     refuse(CUDA_ERROR_OPERATING_SYSTEM, std::string("oriond cannot fork a worker: ") + std::strerror(errno));
     return;
   }
@@ -697,6 +859,8 @@ void Daemon::Admit(Region& r, uint32_t index) {
     sp.channel = index;
     sp.generation = gen;
     sp.request_position = rc.position();
+    sp.allocation_id = allocation_id;
+    sp.used_out = StatSlot(slot);
     const int code = RunSession(sp, std::move(*backend), f.header, hello);
     slog->flush();
     _exit(code);
@@ -706,6 +870,11 @@ void Daemon::Admit(Region& r, uint32_t index) {
   c.pid = pid;
   c.session = session;
   c.placements = std::move(*placements);
+  c.allocation_id = allocation_id;
+  c.stat_slot = slot;
+  if (link_ && !allocation_id.empty()) {
+    link_->Track(allocation_id, StatSlot(slot), static_cast<uint32_t>(c.placements.size()));
+  }
   ++serving_;
 }
 
@@ -756,9 +925,9 @@ void Daemon::Reap() {
     if (pid <= 0) return;
     for (auto it = net_sessions_.begin(); it != net_sessions_.end(); ++it) {
       if (it->pid != pid) continue;
-      pool_->Release(it->placements);
       --serving_;
       const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      Finish(it->placements, it->allocation_id, it->stat_slot, code == kExitGoodbye ? "client_exited" : "session_ended");
       log_->info("Session {} exits ({}).", it->session,
                  code == kExitGoodbye ? "client exited" : code == kExitViolation ? "protocol violation"
                                        : code == kExitClientGone ? "client disconnected" : "worker ended");
@@ -769,9 +938,15 @@ void Daemon::Reap() {
       for (uint32_t i = 0; i < r.channel_count; ++i) {
         Channel& c = r.channels[i];
         if (c.state != Channel::kServing || c.pid != pid) continue;
-        if (r.vm.empty()) pool_->Release(c.placements);  // a VM's vGPUs stay reserved for it
         --serving_;
         const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+        if (r.vm.empty()) {
+          Finish(c.placements, c.allocation_id, c.stat_slot, code == kExitGoodbye ? "client_exited" : "session_ended");
+        } else if (c.stat_slot >= 0) {
+          stat_used_[static_cast<size_t>(c.stat_slot)] = false;  // a VM's vGPUs stay reserved for it
+        }
+        c.allocation_id.clear();
+        c.stat_slot = -1;
         const char* why = code == kExitGoodbye        ? "client exited"
                           : code == kExitLeaseExpired ? "client lease expired"
                           : code == kExitViolation    ? "protocol violation"
@@ -804,6 +979,7 @@ int Daemon::Run() {
       last_beat = now;
     }
     Reap();
+    EndRevoked();
     ServeControl();
     AcceptClients(now);
     for (Region& r : regions_) {
@@ -828,6 +1004,7 @@ int Daemon::Run() {
     ::close(control_fd_);
     ::unlink(config_.control_socket.c_str());
   }
+  if (link_) link_->Stop();
   return 0;
 }
 

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <string>
 
+#include "orion/controller/client.h"
 #include "orion/host/config.h"
 #include "orion/host/control.h"
 #include "orion/ivshmem/discover.h"
@@ -41,11 +42,45 @@ std::string Field(const std::string& s, const std::string& key) {
   return s.substr(at + key.size() + 1, end == std::string::npos ? std::string::npos : end - at - key.size() - 1);
 }
 
+// Orion's controller lines: "Address A is reached." and the pool's vGPU counts (GET /v1/status).
+bool ControllerStatus(const std::string& addr, const std::string& key) {
+  std::printf("Checking Orion Controller status ...\n");
+  auto ep = orion::controller::ParseEndpoint(addr);
+  if (!ep.ok()) {
+    std::printf("Controller address '%s' is not valid: %s\n", addr.c_str(), ep.status().message().c_str());
+    return false;
+  }
+  orion::controller::ControllerClient cc(*ep, key, 3000);
+  auto st = cc.Call("GET", "/v1/status");
+  if (!st.ok()) {
+    std::printf("Address %s is not reached: %s\n", ep->text().c_str(), st.status().message().c_str());
+    return false;
+  }
+  std::printf("Address %s is reached.\n", ep->text().c_str());
+  const auto num = [&](const char* k) { return (*st).contains(k) ? (*st)[k].dump() : std::string("?"); };
+  std::printf("There are %s vGPU under managed by Orion Controller. %s vGPU are free now.\n", num("vgpus_total").c_str(),
+              num("vgpus_free").c_str());
+  Row("Servers up :", num("servers_up") + " of " + num("servers"));
+  return true;
+}
+
+std::string ClientKey() {
+  const char* k = std::getenv("ORION_CONTROLLER_KEY");
+  if (k == nullptr || *k == '\0') k = std::getenv("ORION_KEY");
+  return k != nullptr ? k : "";
+}
+
 int RuntimeClient() {
   std::printf("Checking Orion client environment ...\n");
+  const std::string controller = orion::ivshmem::ClientControllerAddr();
   auto where = orion::ivshmem::FindClientRegion();
   if (!where.ok()) {
     Row("Orion region :", "not found");
+    if (!controller.empty()) {
+      // A network client: the controller places it on a server.
+      Row("Orion Controller :", controller);
+      return ControllerStatus(controller, ClientKey()) ? 0 : 1;
+    }
     std::printf("%s\n", where.status().message().c_str());
     return 1;
   }
@@ -74,7 +109,9 @@ int RuntimeClient() {
   const bool alive = h->server_heartbeat.load() != beat;
   Row("Orion Server serves this region", YesNo(alive));
   if (!alive) std::printf("oriond does not answer through this region (heartbeat stopped).\n");
-  return alive ? 0 : 1;
+  bool ok = alive;
+  if (!controller.empty()) ok &= ControllerStatus(controller, ClientKey());
+  return ok ? 0 : 1;
 }
 
 int RuntimeServer(const orion::host::ServerConfig& c) {
@@ -95,18 +132,21 @@ int RuntimeServer(const orion::host::ServerConfig& c) {
   Row("Enable Local QEMU-KVM with SHM", YesNo(c.enable_kvm));
   Row("Binding IP Address :", c.bind_addr);
   Row("Listening Port :", std::to_string(c.listen_port));
-  std::printf("Checking Orion Controller status ...\n");
-  if (c.controller_addr.empty()) {
-    std::printf("No controller configured: oriond admits clients itself (standalone).\n");
-  } else {
-    std::printf("Controller %s is configured, but this oriond does not use a controller yet.\n",
-                c.controller_addr.c_str());
-  }
-  if (status.rfind("ok", 0) == 0) {
+  bool ok = status.rfind("ok", 0) == 0;
+  if (ok) {
     std::printf("There are %s vGPU under managed by Orion Server. %s vGPU are free now.\n",
                 Field(status, "vgpus_total").c_str(), Field(status, "vgpus_free").c_str());
   }
-  return status.rfind("ok", 0) == 0 ? 0 : 1;
+  const char* env = std::getenv("ORION_CONTROLLER");
+  const std::string controller = env != nullptr && *env != '\0' ? env : c.controller_addr;
+  if (controller.empty()) {
+    std::printf("Checking Orion Controller status ...\n");
+    std::printf("No controller configured: oriond admits clients itself (standalone).\n");
+  } else {
+    ok &= ControllerStatus(controller, c.controller_key);
+    if (ok) Row("oriond registered with the controller", YesNo(Field(status, "controller").find("(registered)") != std::string::npos));
+  }
+  return ok ? 0 : 1;
 }
 
 int Install(const std::string& what, const std::string& self) {
@@ -133,8 +173,8 @@ int Install(const std::string& what, const std::string& self) {
   }
   if (what == "controller" || what == "all") {
     std::printf("Checking Orion Controller installation ...\n");
-    std::printf("orion-controller is not part of this release yet.\n");
-    if (what == "controller") ok = false;
+    check("orion-controller", prefix + "/bin/orion-controller");
+    check("controller.yaml", "/etc/orion/controller.yaml");
   }
   return ok ? 0 : 1;
 }

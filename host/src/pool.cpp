@@ -9,7 +9,7 @@ VgpuPool::VgpuPool(std::vector<PhysicalGpu> gpus, uint32_t vgpu_count)
   for (Gpu& g : state_) g.slot_bytes.assign(vgpu_count_, 0);
 }
 
-Result<std::vector<Placement>> VgpuPool::Admit(uint32_t count, uint64_t gmem_mib) {
+Result<std::vector<Placement>> VgpuPool::Admit(uint32_t count, uint64_t gmem_mib, PlacementPolicy policy) {
   if (gpus_.empty()) return ResourceExhausted("this server has no GPU");
   if (count == 0) return InvalidArgument("ORION_VGPU must be at least 1");
   uint64_t largest = 0;
@@ -31,7 +31,12 @@ Result<std::vector<Placement>> VgpuPool::Admit(uint32_t count, uint64_t gmem_mib
       const Gpu& g = trial[i];
       const bool slot = std::count(g.slot_bytes.begin(), g.slot_bytes.end(), 0u) > 0;
       if (!slot || g.used_bytes + bytes > gpus_[i].total_mem) continue;
-      if (best < 0 || g.used_bytes > trial[static_cast<size_t>(best)].used_bytes) best = static_cast<int>(i);
+      if (best < 0) {
+        best = static_cast<int>(i);
+        continue;
+      }
+      const uint64_t b = trial[static_cast<size_t>(best)].used_bytes;
+      if (policy == PlacementPolicy::kPack ? g.used_bytes > b : g.used_bytes < b) best = static_cast<int>(i);
     }
     if (best < 0) {
       return ResourceExhausted("no free vGPU for " + std::to_string(count) + " x " + std::to_string(bytes >> 20) +
@@ -47,6 +52,41 @@ Result<std::vector<Placement>> VgpuPool::Admit(uint32_t count, uint64_t gmem_mib
   }
   state_ = std::move(trial);
   return out;
+}
+
+Status VgpuPool::Reserve(const std::vector<Placement>& placements) {
+  std::vector<Gpu> trial = state_;
+  for (const Placement& p : placements) {
+    size_t i = 0;
+    while (i < gpus_.size() && gpus_[i].index != p.pgpu) ++i;
+    if (i == gpus_.size() || p.vgpu >= trial[i].slot_bytes.size()) {
+      return FailedPrecondition("vGPU " + std::to_string(p.pgpu) + "/" + std::to_string(p.vgpu) + " does not exist here");
+    }
+    Gpu& g = trial[i];
+    if (g.slot_bytes[p.vgpu] != 0 || p.quota_bytes == 0) {
+      return FailedPrecondition("vGPU " + std::to_string(p.pgpu) + "/" + std::to_string(p.vgpu) + " is already taken");
+    }
+    if (g.used_bytes + p.quota_bytes > gpus_[i].total_mem) {
+      return FailedPrecondition("GPU " + std::to_string(p.pgpu) + " has not " + std::to_string(p.quota_bytes >> 20) +
+                                " MiB free");
+    }
+    g.slot_bytes[p.vgpu] = p.quota_bytes;
+    g.used_bytes += p.quota_bytes;
+  }
+  state_ = std::move(trial);
+  return Status();
+}
+
+uint64_t VgpuPool::used_bytes() const {
+  uint64_t n = 0;
+  for (const Gpu& g : state_) n += g.used_bytes;
+  return n;
+}
+
+uint64_t VgpuPool::total_bytes() const {
+  uint64_t n = 0;
+  for (const auto& g : gpus_) n += g.total_mem;
+  return n;
 }
 
 void VgpuPool::Release(const std::vector<Placement>& placements) {

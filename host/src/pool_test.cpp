@@ -60,5 +60,31 @@ TEST(VgpuPool, DefaultSizeIsGpuMemoryOverVgpuCount) {
   EXPECT_EQ(pool.FinalList(), "0:0:4096,1:0:4096,2:0:4096,3:0:4096,0:1:4096,1:1:4096,2:1:4096,3:1:4096");
 }
 
+TEST(VgpuPool, SpreadTakesTheEmptiestGpuForEachVgpu) {
+  VgpuPool pool(TwoV100(), 4);
+  auto p = pool.Admit(2, 1000, PlacementPolicy::kSpread);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_NE((*p)[0].pgpu, (*p)[1].pgpu);
+  auto q = pool.Admit(2, 1000, PlacementPolicy::kPack);
+  ASSERT_TRUE(q.ok());
+  EXPECT_EQ((*q)[0].pgpu, (*q)[1].pgpu);
+}
+
+TEST(VgpuPool, ReserveMirrorsPlacementsDecidedElsewhere) {
+  VgpuPool pool(TwoV100(), 2);
+  ASSERT_TRUE(pool.Reserve({{1, 1, 4096ull << 20}}).ok());
+  EXPECT_EQ(pool.free_vgpus(), 3u);
+  EXPECT_EQ(pool.used_bytes(), 4096ull << 20);
+  // Taken, missing and too large slots are refused, and nothing of the batch is kept.
+  EXPECT_FALSE(pool.Reserve({{0, 0, 1ull << 20}, {1, 1, 1ull << 20}}).ok());
+  EXPECT_FALSE(pool.Reserve({{0, 5, 1ull << 20}}).ok());
+  EXPECT_FALSE(pool.Reserve({{2, 0, 1ull << 20}}).ok());
+  EXPECT_FALSE(pool.Reserve({{1, 0, 13000ull << 20}}).ok());
+  EXPECT_EQ(pool.free_vgpus(), 3u);
+  pool.Release({{1, 1, 4096ull << 20}});
+  EXPECT_EQ(pool.free_vgpus(), 4u);
+  EXPECT_EQ(pool.used_bytes(), 0u);
+}
+
 }  // namespace
 }  // namespace orion::host

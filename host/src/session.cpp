@@ -109,6 +109,12 @@ class Session {
   std::map<uint64_t, Alloc> allocs_;
   std::vector<uint64_t> used_;        // bytes allocated per device (quota)
   std::vector<uint64_t> overhead_;    // context bytes per device (quota)
+  // Tells oriond (and through it the controller) what this session holds on device `d`.
+  void PublishUsed(uint32_t d) {
+    if (p_.used_out != nullptr && d < kMaxDevices && d < used_.size() && d < overhead_.size()) {
+      p_.used_out[d].store(used_[d] + overhead_[d], std::memory_order_relaxed);
+    }
+  }
   uint64_t cur_ctx_ = 0;
   uint32_t cur_dev_ = 0;
   int32_t deferred_ = 0;
@@ -287,6 +293,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
         for (auto it = allocs_.begin(); it != allocs_.end();) {
           if (it->second.dev == q.device) {
             if (it->second.counted) used_[q.device] -= it->second.bytes;
+            PublishUsed(q.device);
             (void)b_->MemFree(it->first);
             it = allocs_.erase(it);
           } else {
@@ -329,6 +336,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       if (r == CUDA_SUCCESS) {
         allocs_[dptr] = {q.bytes, cur_dev_, true};
         used_[cur_dev_] += q.bytes;
+        PublishUsed(cur_dev_);
         put(U64Rep{dptr});
       }
       break;
@@ -341,6 +349,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       r = b_->MemFree(q.dptr);
       if (r == CUDA_SUCCESS) {
         used_[it->second.dev] -= it->second.bytes;
+        PublishUsed(it->second.dev);
         allocs_.erase(it);
       }
       break;
@@ -709,6 +718,7 @@ int Session::Run(const FrameHeader& hello_header, const HelloReq& hello) {
   w.transport = p_.transport;
   w.channel_bytes = p_.transport == kTransportShm ? 0 : p_.channel_bytes;
   std::snprintf(w.server_name, sizeof w.server_name, "oriond (%s)", b_->name());
+  std::snprintf(w.allocation_id, sizeof w.allocation_id, "%s", p_.allocation_id.c_str());
   std::memcpy(welcome.data(), &w, sizeof w);
   overhead_.assign(p_.placements.size(), 0);
   for (uint32_t d = 0; d < p_.placements.size(); ++d) {
@@ -716,6 +726,7 @@ int Session::Run(const FrameHeader& hello_header, const HelloReq& hello) {
     b_->DescribeDevice(d, &info);
     info.total_mem = p_.placements[d].quota_bytes;
     overhead_[d] = b_->ContextOverhead(d);
+    PublishUsed(d);
     std::memcpy(welcome.data() + sizeof w + d * sizeof info, &info, sizeof info);
   }
   if (!Reply(hello_header, CUDA_SUCCESS, welcome.data(), static_cast<uint32_t>(welcome.size()))) {

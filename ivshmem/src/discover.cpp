@@ -20,6 +20,7 @@ namespace {
 
 struct ClientConf {
   std::string shm_path_base = "/dev/shm/";
+  std::string controller_addr;
 };
 
 int ConfHandler(void* user, const char* section, const char* name, const char* value) {
@@ -28,6 +29,9 @@ int ConfHandler(void* user, const char* section, const char* name, const char* v
   if (v.size() >= 2 && v.front() == '"' && v.back() == '"') v = v.substr(1, v.size() - 2);
   if (std::strcmp(section, "client-shm") == 0 && std::strcmp(name, "shm_path_base") == 0) {
     c->shm_path_base = v;
+  }
+  if (std::strcmp(section, "controller") == 0 && std::strcmp(name, "controller_addr") == 0) {
+    c->controller_addr = v;
   }
   return 1;
 }
@@ -138,6 +142,16 @@ Result<RegionLocation> FindClientRegion() {
   const std::string path = FindRegionPath(&why, &source);
   if (path.empty()) return NotFound(why);
   return RegionLocation{path, source};
+}
+
+std::string ClientControllerAddr() {
+  if (const char* e = std::getenv("ORION_CONTROLLER"); e != nullptr && *e != '\0') return e;
+  ClientConf conf;
+  ini_parse("/etc/orion/client.conf", ConfHandler, &conf);
+  if (const char* home = std::getenv("HOME"); home != nullptr) {
+    ini_parse((std::string(home) + "/.orion/client.conf").c_str(), ConfHandler, &conf);
+  }
+  return conf.controller_addr;
 }
 
 }  // namespace orion::ivshmem

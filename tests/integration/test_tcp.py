@@ -67,9 +67,13 @@ def test_cublas_over_tcp(tcp_oriond):
     assert_passed(r, expect_checks=4)
 
 
-def hello_frame(transports, vgpus=1, gmem=256, key=b""):
-    hello = struct.pack("<HHIQII64s32s", 1, transports, vgpus, gmem, os.getpid(), 0, b"raw-client", key)
-    header = struct.pack("<IHHIIiiII", 0x4D52464F, 1, 1, 1, len(hello), 0, 0, 1, 0)
+PROTOCOL = 2  # common/include/orion/common/frame.h kProtocolVersion
+
+
+def hello_frame(transports, vgpus=1, gmem=256, key=b"", allocation=b""):
+    hello = struct.pack("<HHIQII64s32s40s64s", PROTOCOL, transports, vgpus, gmem, os.getpid(), 0, b"raw-client", key,
+                        allocation, b"raw-host")
+    header = struct.pack("<IHHIIiiII", 0x4D52464F, PROTOCOL, 1, 1, len(hello), 0, 0, 1, 0)
     return header + hello
 
 
@@ -266,7 +270,7 @@ def test_client_that_stops_mid_frame_is_dropped(tmp_path):
             plen = struct.unpack("<IHHIIiiII", header)[4]
             s.recv(plen, socket.MSG_WAITALL)  # Welcome: the session is served
             # Half a frame header, then silence.
-            s.sendall(struct.pack("<IHH", 0x4D52464F, 1, 3))
+            s.sendall(struct.pack("<IHH", 0x4D52464F, PROTOCOL, 3))
             deadline = time.time() + 15
             while "client stopped in the middle of a frame" not in d.session_logs() + d.log():
                 assert time.time() < deadline, d.log()[-2000:]

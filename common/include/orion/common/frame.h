@@ -20,7 +20,7 @@ namespace orion {
 static_assert(std::endian::native == std::endian::little, "Orion's wire format is little-endian");
 
 inline constexpr uint32_t kFrameMagic = 0x4D52464Fu;  // "OFRM" in memory
-inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr uint16_t kProtocolVersion = 2;  // 2: Hello/Welcome carry the controller allocation
 inline constexpr uint32_t kMaxPayload = 64 * 1024;    // bulk bytes travel in the data window
 
 enum class Op : uint16_t {
@@ -95,8 +95,10 @@ struct HelloReq {
   uint32_t reserved1;
   char process_name[64];      // NUL-padded, informational
   char key[32];               // network transports: the shared client key (ORION_KEY), NUL-padded
+  char allocation_id[40];     // the controller's allocation the client holds ("" = oriond admits it)
+  char hostname[64];          // informational: the client's host name (orion-smi lists by it)
 };
-ORION_WIRE_STRUCT(HelloReq, 120);
+ORION_WIRE_STRUCT(HelloReq, 224);
 
 struct DeviceInfo {
   char name[kNameLen];            // NUL-terminated
@@ -121,8 +123,9 @@ struct WelcomeRep {
   uint16_t reserved0;
   uint32_t reserved1;
   char server_name[48];           // "oriond (sim)"
+  char allocation_id[40];         // the controller's allocation serving this session ("" standalone)
 };
-ORION_WIRE_STRUCT(WelcomeRep, 80);
+ORION_WIRE_STRUCT(WelcomeRep, 120);
 
 // WindowData (network transports): followed by `bytes` bytes for window[offset, offset + bytes).
 struct WindowDataHdr { uint64_t offset; uint64_t bytes; };

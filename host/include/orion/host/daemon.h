@@ -17,6 +17,7 @@
 
 #include "orion/host/backend.h"
 #include "orion/host/config.h"
+#include "orion/host/controller_link.h"
 #include "orion/host/pool.h"
 #include "orion/host/session.h"
 #include "orion/ivshmem/region.h"
@@ -44,6 +45,8 @@ class Daemon {
     uint64_t lease_changed_ms = 0;
     uint64_t claimed_ms = 0;
     uint32_t generation = 1;  // our record; FormatRegion starts every channel at 1
+    std::string allocation_id;  // the controller's (controller mode)
+    int stat_slot = -1;
   };
   struct Region {
     std::unique_ptr<ivshmem::MappedRegion> map;
@@ -73,6 +76,28 @@ class Daemon {
   SessionParams BaseParams(uint32_t session, const std::vector<Placement>& placements,
                            std::shared_ptr<spdlog::logger> log) const;
 
+  // Where a new session's vGPUs come from: the controller (confirming the client's allocation or
+  // asking for one here) or, standalone, this daemon's own pool. Also mirrors them in pool_.
+  struct Admission {
+    std::vector<Placement> placements;
+    std::string allocation_id;
+  };
+  Result<Admission> Acquire(const HelloReq& hello, uint32_t session, const std::string& peer);
+  // A session ended: its vGPUs go back (and its allocation to the controller).
+  void Finish(const std::vector<Placement>& placements, const std::string& allocation_id, int stat_slot,
+              const std::string& why);
+  int TakeStatSlot();
+  std::atomic<uint64_t>* StatSlot(int slot) const;
+  void EndRevoked();
+
+  std::unique_ptr<ControllerLink> link_;
+  // Bytes in use per session and device, written by workers: kStatSlots x kMaxDevices counters in
+  // an anonymous shared mapping made before any fork.
+  static constexpr int kStatSlots = 1024;
+  std::atomic<uint64_t>* stats_ = nullptr;
+  std::vector<bool> stat_used_;
+  std::map<std::string, std::string> vm_assignment_;  // VM -> allocation id (controller mode)
+
   ServerConfig config_;
   BackendKind backend_ = BackendKind::kSim;
   std::unique_ptr<VgpuPool> pool_;
@@ -94,6 +119,8 @@ class Daemon {
     pid_t pid = 0;
     uint32_t session = 0;
     std::vector<Placement> placements;
+    std::string allocation_id;
+    int stat_slot = -1;
   };
   Status OpenListener();
   void AcceptClients(uint64_t now_ms);

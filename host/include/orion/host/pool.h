@@ -18,19 +18,30 @@
 
 namespace orion::host {
 
+// How the vGPUs of one request are laid on GPUs: `kPack` fills the fullest GPU that still fits
+// (Orion's rule); `kSpread` takes the emptiest GPU for each vGPU.
+enum class PlacementPolicy { kPack, kSpread };
+
 class VgpuPool {
  public:
   VgpuPool(std::vector<PhysicalGpu> gpus, uint32_t vgpu_count);
 
   // `gmem_mib` 0 means the default vGPU size (GPU memory / vgpu_count). Errors (kResourceExhausted
   // or kInvalidArgument) say why: count, memory per GPU, free slots.
-  Result<std::vector<Placement>> Admit(uint32_t count, uint64_t gmem_mib);
+  Result<std::vector<Placement>> Admit(uint32_t count, uint64_t gmem_mib,
+                                       PlacementPolicy policy = PlacementPolicy::kPack);
+  // Marks placements decided elsewhere (the controller) as taken. kFailedPrecondition, with nothing
+  // taken, when a slot does not exist, is already taken, or the GPU's memory would be exceeded.
+  Status Reserve(const std::vector<Placement>& placements);
   void Release(const std::vector<Placement>& placements);
 
   // Orion's "Final virtual gpu list <vID:pID:mbSize>" body: "0:0:4096,1:0:4096,...".
   std::string FinalList() const;
   uint32_t total_vgpus() const;
   uint32_t free_vgpus() const;
+  uint64_t used_bytes() const;   // reserved quota over all GPUs
+  uint64_t total_bytes() const;  // memory of all GPUs
+  uint64_t used_bytes(size_t gpu) const { return state_[gpu].used_bytes; }
   const std::vector<PhysicalGpu>& gpus() const { return gpus_; }
 
  private:

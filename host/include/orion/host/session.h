@@ -12,6 +12,7 @@
 #include <spdlog/logger.h>
 
 #include <cstdint>
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -73,6 +74,8 @@ struct SessionParams {
   uint64_t lease_timeout_ms = 3000;
   uint64_t net_stall_ms = 30000;     // network sessions: drop a client silent mid-frame this long
   std::shared_ptr<spdlog::logger> log;
+  std::string allocation_id;                       // the controller's allocation ("" standalone)
+  std::atomic<uint64_t>* used_out = nullptr;       // kMaxDevices counters in memory shared with oriond
 };
 
 // Exit codes of a session worker.

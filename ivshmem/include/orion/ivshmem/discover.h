@@ -22,4 +22,8 @@ struct RegionLocation {
 
 Result<RegionLocation> FindClientRegion();
 
+// The controller a client asks for vGPUs when it has no region: $ORION_CONTROLLER, else
+// [controller] controller_addr of $HOME/.orion/client.conf, else of /etc/orion/client.conf; "" = none.
+std::string ClientControllerAddr();
+
 }  // namespace orion::ivshmem

@@ -1,0 +1,60 @@
+// orion/controller/client.h — talking to orion-controller's REST API (controller/openapi.yaml).
+// Used by oriond (register, heartbeat, confirm, release), the guest runtime (allocations),
+// orion-check and orion-smi. Plain HTTP/1.1 with JSON bodies and `Authorization: Bearer <key>`;
+// it depends on nothing but libc at run time (Boost.Beast is header-only), so it can live inside
+// the guest's libcuda.so.1.
+//
+//   ControllerClient c("10.0.0.5:9123", key);
+//   auto a = c.Call("POST", "/v1/allocations", {{"vgpus", 2}, {"gmem_mib", 4096}});
+//   if (!a.ok()) ...;   // the controller's message, or why it could not be reached
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+
+#include "orion/common/status.h"
+
+namespace orion::controller {
+
+inline constexpr uint16_t kDefaultPort = 9123;
+
+struct Endpoint {
+  std::string host;
+  uint16_t port = kDefaultPort;
+  std::string text() const { return host + ":" + std::to_string(port); }
+};
+
+// "host:port", "host" (port 9123) or "[v6]:port". kInvalidArgument on garbage.
+Result<Endpoint> ParseEndpoint(const std::string& addr, uint16_t default_port = kDefaultPort);
+
+struct HttpReply {
+  int status = 0;    // HTTP status
+  std::string body;
+};
+
+// One request on a fresh connection. `timeout_ms` bounds connect + write + read.
+// Errors: kUnavailable (cannot connect / connection lost), kInternal (bad response).
+Result<HttpReply> HttpRequest(const Endpoint& ep, const std::string& method, const std::string& target,
+                              const std::string& body, const std::string& bearer, int timeout_ms);
+
+class ControllerClient {
+ public:
+  ControllerClient(Endpoint ep, std::string key, int timeout_ms = 3000)
+      : ep_(std::move(ep)), key_(std::move(key)), timeout_ms_(timeout_ms) {}
+
+  // Sends `body` (null: none) and parses the JSON reply. A non-2xx reply becomes an error whose
+  // message is the controller's "message" (codes: 400 kInvalidArgument, 401/403 kPermissionDenied,
+  // 404 kNotFound, 409 kResourceExhausted, 503 kUnavailable, else kInternal).
+  Result<nlohmann::json> Call(const std::string& method, const std::string& target,
+                              const nlohmann::json& body = nullptr) const;
+  const Endpoint& endpoint() const { return ep_; }
+
+ private:
+  Endpoint ep_;
+  std::string key_;
+  int timeout_ms_;
+};
+
+}  // namespace orion::controller

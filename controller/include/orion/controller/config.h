@@ -1,0 +1,37 @@
+// orion/controller/config.h — controller.yaml (documented in README "Controller").
+//
+//   listen: 0.0.0.0:9123
+//   database: /var/lib/orion/controller.db
+//   placement: pack            # pack | spread
+//   lease_ttl_s: 15
+//   server_timeout_s: 10
+//   server_release_s: 60
+//   log_file: /var/log/orion/controller.log   # "" = stderr only
+//   authentication:            # empty or absent = open (a warning at start)
+//     client: [key1, key2]     # a string or a list
+//     server: key3
+//     admin: key4
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "orion/common/status.h"
+#include "orion/controller/service.h"
+
+namespace orion::controller {
+
+enum class Role { kClient = 1, kServer = 2, kAdmin = 4 };
+
+struct ControllerConfig {
+  std::string listen = "0.0.0.0:9123";
+  ServiceOptions service{.database = "/var/lib/orion/controller.db"};
+  std::string log_file;
+  std::map<std::string, Role> keys;  // empty: authentication is off
+};
+
+// Errors name the file and the key: "controller.yaml: placement 'x' is not pack or spread".
+Result<ControllerConfig> ParseControllerConfig(const std::string& yaml_text, const std::string& source);
+Result<ControllerConfig> LoadControllerConfig(const std::string& path);
+
+}  // namespace orion::controller

@@ -1,0 +1,140 @@
+// orion/controller/service.h — the vGPU pool behind orion-controller: servers and their GPUs,
+// allocations (a process's vGPUs, leased) and assignments (a VM's vGPUs, standing), placement,
+// leases and server liveness. State is kept in memory and written through to SQLite (WAL) in the
+// same critical section, so a restart loses nothing and concurrent requests never double-book a
+// vGPU (one mutex; the placements table's primary key is a second guard).
+//
+// Every method takes and returns JSON objects shaped as in controller/openapi.yaml; errors carry
+// the Code that the REST layer maps to an HTTP status (kInvalidArgument 400, kNotFound 404,
+// kResourceExhausted 409, kUnavailable 503).
+//
+//   auto svc = Service::Open(opts);           // creates or reopens the database
+//   svc->RegisterServer("10.0.0.7:9960", body);
+//   auto a = svc->Allocate({{"vgpus", 2}, {"gmem_mib", 4096}}, "");
+//   svc->Sweep(NowMs());                      // leases and heartbeats (the REST layer calls it)
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "orion/common/status.h"
+#include "orion/host/pool.h"
+
+struct sqlite3;
+struct sqlite3_stmt;
+
+namespace orion::controller {
+
+using Json = nlohmann::json;
+
+struct ServiceOptions {
+  std::string database;                   // SQLite file (created if absent)
+  host::PlacementPolicy policy = host::PlacementPolicy::kPack;
+  uint64_t lease_ttl_ms = 15000;          // an allocation nobody renews is released after this
+  uint64_t server_timeout_ms = 10000;     // a server silent this long is down: its vGPUs are withheld
+  uint64_t server_release_ms = 60000;     // ... and after this long its allocations are released
+};
+
+uint64_t WallMs();
+
+class Service {
+ public:
+  static Result<std::unique_ptr<Service>> Open(ServiceOptions opts);
+  ~Service();
+
+  // Servers (role: server). `id` is the server's data-plane address "ip:port".
+  Result<Json> RegisterServer(const std::string& id, const Json& body);
+  Result<Json> Heartbeat(const std::string& id, const Json& body);
+  Result<Json> DeregisterServer(const std::string& id);
+  Json Servers() const;
+
+  // Allocations. `server` non-empty: placed on that server only (oriond asking for its own client,
+  // which is then active at once).
+  Result<Json> Allocate(const Json& body, const std::string& server);
+  Result<Json> Confirm(const std::string& id, const Json& body);
+  Result<Json> Renew(const std::string& id);
+  Result<Json> Release(const std::string& id, const std::string& why);
+  Result<Json> GetAllocation(const std::string& id) const;
+  Json ListAllocations(const std::string& host, const std::string& kind) const;
+
+  // Standing assignments for VMs, keyed by VM (libvirt domain) name.
+  Result<Json> Assign(const std::string& vm, const Json& body);
+  Result<Json> Unassign(const std::string& vm);
+
+  Json Summary() const;
+  std::string Metrics() const;  // Prometheus text (the pool part)
+  // Releases expired leases and withholds silent servers. Returns what it did, for the log.
+  std::vector<std::string> Sweep(uint64_t now_ms);
+  // Copies the WAL into the database file (PASSIVE: never blocks requests). The REST layer calls
+  // it every few seconds.
+  void Checkpoint();
+
+ private:
+  struct Gpu {
+    uint32_t index = 0;
+    std::string uuid, name;
+    uint64_t memory_mib = 0;
+  };
+  struct Server {
+    std::string id, hostname, boot_id;
+    uint32_t vgpu_count = 1;
+    std::vector<Gpu> gpus;
+    bool up = true;
+    uint64_t last_seen_ms = 0;
+    uint64_t registered_ms = 0;
+  };
+  struct Slot {
+    uint32_t pgpu = 0, vgpu = 0;
+    uint64_t gmem_mib = 0;
+    uint64_t used_mib = 0;  // reported by oriond
+  };
+  struct Allocation {
+    std::string id, kind = "process", vm, server;
+    uint32_t vgpus = 0, ratio = 0;
+    uint64_t gmem_mib = 0;
+    std::string client_host, client_process;
+    uint32_t client_pid = 0;
+    std::string state = "pending";  // pending (not yet confirmed by oriond) | active
+    uint32_t session = 0;
+    uint64_t created_ms = 0, lease_expires_ms = 0;
+    std::vector<Slot> slots;
+  };
+
+  explicit Service(ServiceOptions opts) : opts_(std::move(opts)) {}
+  Status Load();
+  Status Exec(const std::string& sql);
+  Status Put(const Server& s);
+  Status Put(const Allocation& a, const Json* doc = nullptr);
+  Status Run(const char* sql, const std::vector<std::string>& text, const std::vector<int64_t>& ints = {});
+  Status Erase(const Allocation& a);
+  Status Begin();
+  Status Commit();
+  void Rollback();
+  static Json ToJson(const Server& s);
+  Json ToJson(const Allocation& a) const;
+  host::VgpuPool PoolOf(const Server& s) const;
+  // Every server's pool (or only `only`'s), from one pass over the allocations.
+  std::map<std::string, host::VgpuPool> Pools(const std::string& only = "") const;
+  Result<Allocation> Place(const Json& body, const std::string& server, const std::string& kind);
+  Status ReleaseLocked(const std::string& id);
+  void UnreserveLocked(const Allocation& a);  // gives its slots back to pools_
+
+  ServiceOptions opts_;
+  sqlite3* db_ = nullptr;
+  sqlite3* checkpoint_db_ = nullptr;
+  int lock_fd_ = -1;
+  std::map<const char*, struct sqlite3_stmt*> stmts_;
+  mutable std::mutex mu_;
+  std::map<std::string, Server> servers_;
+  std::map<std::string, Allocation> allocs_;
+  std::map<std::string, host::VgpuPool> pools_;  // per server: slots taken by allocs_ (kept in step)
+  uint64_t allocations_made_ = 0, refusals_ = 0, expired_ = 0;
+};
+
+}  // namespace orion::controller

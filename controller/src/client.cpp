@@ -1,0 +1,125 @@
+#include "orion/controller/client.h"
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+#include <chrono>
+
+namespace orion::controller {
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = boost::asio::ip::tcp;
+
+Result<Endpoint> ParseEndpoint(const std::string& addr, uint16_t default_port) {
+  Endpoint ep;
+  std::string port;
+  if (!addr.empty() && addr.front() == '[') {
+    const size_t close = addr.find(']');
+    if (close == std::string::npos) return InvalidArgument("'" + addr + "' is not host:port");
+    ep.host = addr.substr(1, close - 1);
+    if (close + 1 < addr.size()) {
+      if (addr[close + 1] != ':') return InvalidArgument("'" + addr + "' is not host:port");
+      port = addr.substr(close + 2);
+    }
+  } else {
+    const size_t colon = addr.rfind(':');
+    ep.host = addr.substr(0, colon);
+    if (colon != std::string::npos) port = addr.substr(colon + 1);
+  }
+  if (ep.host.empty() || ep.host.find_first_of(" /\t\r\n") != std::string::npos) {
+    return InvalidArgument("'" + addr + "' is not host:port");
+  }
+  ep.port = default_port;
+  if (!port.empty()) {
+    char* end = nullptr;
+    const unsigned long p = std::strtoul(port.c_str(), &end, 10);
+    if (*end != '\0' || p == 0 || p > 65535) return InvalidArgument("'" + addr + "' has no valid port");
+    ep.port = static_cast<uint16_t>(p);
+  }
+  return ep;
+}
+
+Result<HttpReply> HttpRequest(const Endpoint& ep, const std::string& method, const std::string& target,
+                              const std::string& body, const std::string& bearer, int timeout_ms) {
+  boost::asio::io_context ioc;
+  tcp::resolver resolver(ioc);
+  beast::tcp_stream stream(ioc);
+  http::request<http::string_body> req{http::string_to_verb(method), target, 11};
+  req.set(http::field::host, ep.text());
+  req.set(http::field::user_agent, "orion");
+  if (!bearer.empty()) req.set(http::field::authorization, "Bearer " + bearer);
+  if (!body.empty()) {
+    req.set(http::field::content_type, "application/json");
+    req.body() = body;
+  }
+  req.prepare_payload();
+  beast::flat_buffer buffer;
+  http::response<http::string_body> res;
+  beast::error_code failed;
+  const char* stage = "resolve";
+  stream.expires_after(std::chrono::milliseconds(timeout_ms));
+  auto on_connect = [&](beast::error_code ec2) {
+    if (ec2) { failed = ec2; return; }
+    stage = "write";
+    http::async_write(stream, req, [&](beast::error_code ec3, size_t) {
+      if (ec3) { failed = ec3; return; }
+      stage = "read";
+      http::async_read(stream, buffer, res, [&](beast::error_code ec4, size_t) {
+        if (ec4) failed = ec4;
+        stage = "done";
+      });
+    });
+  };
+  beast::error_code not_ip;
+  const auto ip = boost::asio::ip::make_address(ep.host, not_ip);
+  if (!not_ip) {
+    // A numeric address (the usual case): no resolver, which would start a thread per request.
+    stage = "connect";
+    stream.async_connect(tcp::endpoint(ip, ep.port), on_connect);
+  } else {
+    resolver.async_resolve(ep.host, std::to_string(ep.port), [&](beast::error_code ec, tcp::resolver::results_type r) {
+      if (ec) { failed = ec; return; }
+      stage = "connect";
+      stream.async_connect(r, [&](beast::error_code ec2, const tcp::endpoint&) { on_connect(ec2); });
+    });
+  }
+  ioc.run();
+  beast::error_code ignored;
+  stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+  if (failed || std::string(stage) != "done") {
+    const std::string why = failed ? failed.message() : std::string("no answer");
+    return Unavailable("controller " + ep.text() + " (" + stage + "): " + why);
+  }
+  return HttpReply{static_cast<int>(res.result_int()), std::move(res.body())};
+}
+
+Result<nlohmann::json> ControllerClient::Call(const std::string& method, const std::string& target,
+                                              const nlohmann::json& body) const {
+  auto r = HttpRequest(ep_, method, target, body.is_null() ? std::string() : body.dump(), key_, timeout_ms_);
+  if (!r.ok()) return r.status();
+  nlohmann::json j = nlohmann::json::parse(r->body, nullptr, /*allow_exceptions=*/false);
+  if (r->status >= 200 && r->status < 300) {
+    if (j.is_discarded()) return Internal("controller " + ep_.text() + " sent a reply that is not JSON");
+    return j;
+  }
+  std::string msg = "HTTP " + std::to_string(r->status);
+  if (!j.is_discarded() && j.is_object() && j.contains("message") && j["message"].is_string()) {
+    msg = j["message"].get<std::string>();
+  }
+  Code code = Code::kInternal;
+  switch (r->status) {
+    case 400: code = Code::kInvalidArgument; break;
+    case 401: case 403: code = Code::kPermissionDenied; break;
+    case 404: code = Code::kNotFound; break;
+    case 409: code = Code::kResourceExhausted; break;
+    case 503: code = Code::kUnavailable; break;
+    default: break;
+  }
+  return Status(code, msg);
+}
+
+}  // namespace orion::controller

@@ -1,0 +1,99 @@
+#include "orion/controller/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "orion/controller/client.h"
+
+namespace orion::controller {
+
+Result<ControllerConfig> ParseControllerConfig(const std::string& text, const std::string& source) {
+  ControllerConfig c;
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    return InvalidArgument(source + ": " + e.what());
+  }
+  if (root.IsNull()) return c;
+  if (!root.IsMap()) return InvalidArgument(source + ": the top level must be a mapping of keys");
+  auto bad = [&](const std::string& key, const std::string& why) { return InvalidArgument(source + ": " + key + " " + why); };
+  try {
+    for (const auto& kv : root) {
+      const std::string key = kv.first.as<std::string>();
+      const YAML::Node& v = kv.second;
+      auto seconds = [&](uint64_t* out) -> Status {
+        const double s = v.as<double>();
+        if (!(s > 0) || s > 86400 * 365) return bad(key, "must be a number of seconds > 0");
+        *out = static_cast<uint64_t>(std::llround(s * 1000));
+        return Status();
+      };
+      Status st;
+      if (key == "listen") {
+        c.listen = v.as<std::string>();
+        if (!ParseEndpoint(c.listen).ok()) return bad(key, "'" + c.listen + "' is not ip:port");
+      } else if (key == "database") {
+        c.service.database = v.as<std::string>();
+        if (c.service.database.empty()) return bad(key, "is empty");
+      } else if (key == "placement") {
+        const std::string p = v.as<std::string>();
+        if (p == "pack") c.service.policy = host::PlacementPolicy::kPack;
+        else if (p == "spread") c.service.policy = host::PlacementPolicy::kSpread;
+        else return bad(key, "'" + p + "' is not pack or spread");
+      } else if (key == "lease_ttl_s") {
+        st = seconds(&c.service.lease_ttl_ms);
+      } else if (key == "server_timeout_s") {
+        st = seconds(&c.service.server_timeout_ms);
+      } else if (key == "server_release_s") {
+        st = seconds(&c.service.server_release_ms);
+      } else if (key == "log_file") {
+        c.log_file = v.IsNull() ? "" : v.as<std::string>();
+      } else if (key == "authentication") {
+        if (v.IsNull()) continue;
+        if (!v.IsMap()) return bad(key, "must map client/server/admin to keys");
+        for (const auto& r : v) {
+          const std::string rname = r.first.as<std::string>();
+          Role role;
+          if (rname == "client") role = Role::kClient;
+          else if (rname == "server") role = Role::kServer;
+          else if (rname == "admin" || rname == "administrator") role = Role::kAdmin;
+          else return bad("authentication." + rname, "is not client, server or admin");
+          std::vector<std::string> ks;
+          if (r.second.IsSequence()) {
+            for (const auto& k : r.second) ks.push_back(k.as<std::string>());
+          } else if (!r.second.IsNull()) {
+            ks.push_back(r.second.as<std::string>());
+          }
+          for (const auto& k : ks) {
+            if (k.empty()) continue;
+            if (k.size() < 8) return bad("authentication." + rname, "keys must be at least 8 characters");
+            if (c.keys.count(k) && c.keys[k] != role) return bad("authentication", "one key is given two roles");
+            c.keys[k] = role;
+          }
+        }
+      } else {
+        return bad(key, "is not a controller.yaml key");
+      }
+      if (!st.ok()) return st;
+    }
+  } catch (const YAML::Exception& e) {
+    return InvalidArgument(source + ": " + e.what());
+  }
+  if (c.service.server_release_ms < c.service.server_timeout_ms) {
+    return InvalidArgument(source + ": server_release_s must not be shorter than server_timeout_s");
+  }
+  return c;
+}
+
+Result<ControllerConfig> LoadControllerConfig(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return NotFound("cannot read " + path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ParseControllerConfig(ss.str(), path);
+}
+
+}  // namespace orion::controller

@@ -1,0 +1,360 @@
+// orion-controller: the vGPU pool's REST service (controller/openapi.yaml).
+//
+//   orion-controller start --config-file /etc/orion/controller.yaml [--listen ip:port] [--database F]
+#include <CLI/CLI.hpp>
+#include <httplib.h>
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <thread>
+
+#include <sys/socket.h>
+
+#include "orion/controller/client.h"
+#include "orion/controller/config.h"
+#include "orion/controller/service.h"
+
+namespace oc = orion::controller;
+using orion::Code;
+using orion::Result;
+using orion::Status;
+
+namespace {
+
+std::atomic<httplib::Server*> g_server{nullptr};
+
+void OnSignal(int) {
+  if (httplib::Server* s = g_server.load()) s->stop();
+}
+
+// Request latency per route, as a Prometheus histogram.
+class Latency {
+ public:
+  static constexpr std::array<double, 10> kBounds{0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 2.0};
+  void Observe(const std::string& route, double seconds) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Hist& h = by_route_[route];
+    for (size_t i = 0; i < kBounds.size(); ++i) h.buckets[i] += seconds <= kBounds[i];
+    h.count++;
+    h.sum += seconds;
+  }
+  std::string Text() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::string out = "# HELP orion_controller_request_seconds REST request latency\n"
+                      "# TYPE orion_controller_request_seconds histogram\n";
+    for (const auto& [route, h] : by_route_) {
+      const std::string l = "route=\"" + route + "\"";
+      for (size_t i = 0; i < kBounds.size(); ++i) {
+        char b[32];
+        std::snprintf(b, sizeof b, "%g", kBounds[i]);
+        out += "orion_controller_request_seconds_bucket{" + l + ",le=\"" + b + "\"} " + std::to_string(h.buckets[i]) + "\n";
+      }
+      out += "orion_controller_request_seconds_bucket{" + l + ",le=\"+Inf\"} " + std::to_string(h.count) + "\n";
+      out += "orion_controller_request_seconds_sum{" + l + "} " + std::to_string(h.sum) + "\n";
+      out += "orion_controller_request_seconds_count{" + l + "} " + std::to_string(h.count) + "\n";
+    }
+    return out;
+  }
+
+ private:
+  struct Hist {
+    std::array<uint64_t, kBounds.size()> buckets{};
+    uint64_t count = 0;
+    double sum = 0;
+  };
+  std::mutex mu_;
+  std::map<std::string, Hist> by_route_;
+};
+
+int HttpStatus(Code c) {
+  switch (c) {
+    case Code::kInvalidArgument: return 400;
+    case Code::kPermissionDenied: return 403;
+    case Code::kNotFound: return 404;
+    case Code::kResourceExhausted: case Code::kAlreadyExists: case Code::kFailedPrecondition: return 409;
+    case Code::kUnavailable: return 503;
+    default: return 500;
+  }
+}
+
+void SendJson(httplib::Response& res, int status, const oc::Json& j) {
+  res.status = status;
+  res.set_content(j.dump(), "application/json");
+}
+
+void SendError(httplib::Response& res, int status, const std::string& msg) {
+  SendJson(res, status, {{"error", status}, {"message", msg}});
+}
+
+class Api {
+ public:
+  Api(oc::ControllerConfig cfg, std::unique_ptr<oc::Service> svc, std::shared_ptr<spdlog::logger> log)
+      : cfg_(std::move(cfg)), svc_(std::move(svc)), log_(std::move(log)) {}
+
+  void Routes(httplib::Server& s);
+  oc::Service& service() { return *svc_; }
+
+ private:
+  using Handler = std::function<void(const httplib::Request&, httplib::Response&)>;
+  // Wraps a handler with authentication (roles: a bitmask of oc::Role; 0 = open) and timing.
+  httplib::Server::Handler Wrap(const std::string& route, int roles, Handler h) {
+    return [this, route, roles, h](const httplib::Request& req, httplib::Response& res) {
+      const auto t0 = std::chrono::steady_clock::now();
+      if (Authorized(req, res, roles)) {
+        try {
+          h(req, res);
+        } catch (const std::exception& e) {
+          SendError(res, 500, std::string("internal error: ") + e.what());
+        }
+      }
+      latency_.Observe(route, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    };
+  }
+  bool Authorized(const httplib::Request& req, httplib::Response& res, int roles) {
+    if (roles == 0 || cfg_.keys.empty()) return true;
+    const std::string auth = req.get_header_value("Authorization");
+    const std::string prefix = "Bearer ";
+    if (auth.compare(0, prefix.size(), prefix) != 0) {
+      SendError(res, 401, "this controller needs a key (Authorization: Bearer <key>)");
+      return false;
+    }
+    const std::string key = auth.substr(prefix.size());
+    int have = 0;
+    for (const auto& [k, role] : cfg_.keys) {
+      // Constant time in the key's content.
+      uint8_t diff = k.size() != key.size();
+      for (size_t i = 0; i < k.size(); ++i) diff |= static_cast<uint8_t>(k[i] ^ (i < key.size() ? key[i] : 0));
+      if (diff == 0) have = static_cast<int>(role);
+    }
+    if (have == 0) {
+      SendError(res, 401, "unknown key");
+      return false;
+    }
+    if (have != static_cast<int>(oc::Role::kAdmin) && (have & roles) == 0) {
+      SendError(res, 403, "this key's role may not do that");
+      return false;
+    }
+    role_of_request_ = have;
+    return true;
+  }
+  static Result<oc::Json> Body(const httplib::Request& req) {
+    if (req.body.empty()) return oc::Json::object();
+    oc::Json j = oc::Json::parse(req.body, nullptr, false);
+    if (j.is_discarded()) return orion::InvalidArgument("the body is not JSON");
+    if (!j.is_object()) return orion::InvalidArgument("the body must be a JSON object");
+    return j;
+  }
+  void Reply(httplib::Response& res, const Result<oc::Json>& r, int ok_status = 200) {
+    if (r.ok()) {
+      SendJson(res, ok_status, *r);
+    } else {
+      SendError(res, HttpStatus(r.status().code()), r.status().message());
+    }
+  }
+
+  oc::ControllerConfig cfg_;
+  std::unique_ptr<oc::Service> svc_;
+  std::shared_ptr<spdlog::logger> log_;
+  Latency latency_;
+  static thread_local int role_of_request_;
+};
+
+thread_local int Api::role_of_request_ = 0;
+
+constexpr int kClient = static_cast<int>(oc::Role::kClient);
+constexpr int kServer = static_cast<int>(oc::Role::kServer);
+constexpr int kAdmin = static_cast<int>(oc::Role::kAdmin);
+
+void Api::Routes(httplib::Server& s) {
+  s.Get("/v1/health", Wrap("health", 0, [](const httplib::Request&, httplib::Response& res) {
+          SendJson(res, 200, {{"status", "ok"}});
+        }));
+  s.Get("/v1/status", Wrap("status", kClient | kServer, [this](const httplib::Request&, httplib::Response& res) {
+          SendJson(res, 200, svc_->Summary());
+        }));
+  s.Get("/v1/servers", Wrap("servers", kServer, [this](const httplib::Request&, httplib::Response& res) {
+          SendJson(res, 200, svc_->Servers());
+        }));
+  s.Put(R"(/v1/servers/([^/]+))", Wrap("register", kServer, [this](const httplib::Request& req, httplib::Response& res) {
+          auto body = Body(req);
+          if (!body.ok()) return Reply(res, body.status());
+          auto r = svc_->RegisterServer(req.matches[1], *body);
+          if (r.ok()) {
+            log_->info("server {} registered: {} vGPUs, {} free{}", std::string(req.matches[1]), (*r)["vgpus_total"].get<int>(),
+                       (*r)["vgpus_free"].get<int>(),
+                       (*r)["released"].empty() ? "" : "; released its stale allocations " + (*r)["released"].dump());
+          }
+          Reply(res, r);
+        }));
+  s.Post(R"(/v1/servers/([^/]+)/heartbeat)", Wrap("heartbeat", kServer, [this](const httplib::Request& req, httplib::Response& res) {
+           auto body = Body(req);
+           if (!body.ok()) return Reply(res, body.status());
+           auto r = svc_->Heartbeat(req.matches[1], *body);
+           if (r.ok() && (*r)["back"].get<bool>()) log_->info("server {} is back", std::string(req.matches[1]));
+           Reply(res, r);
+         }));
+  s.Delete(R"(/v1/servers/([^/]+))", Wrap("deregister", kServer, [this](const httplib::Request& req, httplib::Response& res) {
+             auto r = svc_->DeregisterServer(req.matches[1]);
+             if (r.ok()) log_->info("server {} deregistered", std::string(req.matches[1]));
+             Reply(res, r);
+           }));
+  s.Post("/v1/allocations", Wrap("allocate", kClient | kServer, [this](const httplib::Request& req, httplib::Response& res) {
+           auto body = Body(req);
+           if (!body.ok()) return Reply(res, body.status());
+           std::string server;
+           if (body->contains("server")) {
+             if (!(*body)["server"].is_string()) return SendError(res, 400, "server must be a string");
+             server = (*body)["server"].get<std::string>();
+             if (role_of_request_ == kClient) return SendError(res, 403, "a client key may not choose the server");
+           }
+           auto r = svc_->Allocate(*body, server);
+           if (r.ok()) {
+             std::string where;
+             for (const auto& p : (*r)["placements"]) where += " " + p["text"].get<std::string>();
+             log_->info("allocation {} for {} pid {} '{}': {} x {} MiB:{}", (*r)["id"].get<std::string>(),
+                        (*r)["client"]["host"].get<std::string>(), (*r)["client"]["pid"].get<uint32_t>(),
+                        (*r)["client"]["process"].get<std::string>(), (*r)["vgpus"].get<uint32_t>(),
+                        (*r)["gmem_mib"].get<uint64_t>(), where);
+           } else {
+             log_->warn("allocation refused: {}", r.status().message());
+           }
+           Reply(res, r, 201);
+         }));
+  s.Get("/v1/allocations", Wrap("allocations", kClient | kServer, [this](const httplib::Request& req, httplib::Response& res) {
+          SendJson(res, 200, svc_->ListAllocations(req.get_param_value("host"), req.get_param_value("kind")));
+        }));
+  s.Get(R"(/v1/allocations/([^/]+))", Wrap("allocation", kClient | kServer, [this](const httplib::Request& req, httplib::Response& res) {
+          Reply(res, svc_->GetAllocation(req.matches[1]));
+        }));
+  s.Post(R"(/v1/allocations/([^/]+)/confirm)", Wrap("confirm", kServer, [this](const httplib::Request& req, httplib::Response& res) {
+           auto body = Body(req);
+           if (!body.ok()) return Reply(res, body.status());
+           Reply(res, svc_->Confirm(req.matches[1], *body));
+         }));
+  s.Put(R"(/v1/allocations/([^/]+)/lease)", Wrap("renew", kClient | kServer, [this](const httplib::Request& req, httplib::Response& res) {
+          Reply(res, svc_->Renew(req.matches[1]));
+        }));
+  s.Delete(R"(/v1/allocations/([^/]+))", Wrap("release", kClient | kServer, [this](const httplib::Request& req, httplib::Response& res) {
+             std::string why = req.get_param_value("reason");
+             if (why.size() > 64) why.resize(64);
+             auto r = svc_->Release(req.matches[1], why.empty() ? "released" : why);
+             if (r.ok()) log_->info("allocation {} released ({})", std::string(req.matches[1]), why.empty() ? "by request" : why);
+             Reply(res, r);
+           }));
+  s.Get("/v1/assignments", Wrap("assignments", kServer, [this](const httplib::Request&, httplib::Response& res) {
+          SendJson(res, 200, svc_->ListAllocations("", "vm"));
+        }));
+  s.Put(R"(/v1/assignments/([^/]+))", Wrap("assign", kServer, [this](const httplib::Request& req, httplib::Response& res) {
+          auto body = Body(req);
+          if (!body.ok()) return Reply(res, body.status());
+          auto r = svc_->Assign(req.matches[1], *body);
+          if (r.ok()) log_->info("VM {} holds assignment {}", std::string(req.matches[1]), (*r)["id"].get<std::string>());
+          Reply(res, r);
+        }));
+  s.Delete(R"(/v1/assignments/([^/]+))", Wrap("unassign", kServer, [this](const httplib::Request& req, httplib::Response& res) {
+             auto r = svc_->Unassign(req.matches[1]);
+             if (r.ok()) log_->info("VM {} released its assignment", std::string(req.matches[1]));
+             Reply(res, r);
+           }));
+  s.Get("/metrics", Wrap("metrics", kAdmin, [this](const httplib::Request&, httplib::Response& res) {
+          res.set_content(svc_->Metrics() + latency_.Text(), "text/plain; version=0.0.4");
+        }));
+  s.set_error_handler([](const httplib::Request&, httplib::Response& res) {
+    if (res.body.empty()) SendError(res, res.status, res.status == 404 ? "no such endpoint" : "request failed");
+  });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"orion-controller: the Orion vGPU pool (REST on :9123)"};
+  app.require_subcommand(1);
+  auto* start = app.add_subcommand("start", "serve the REST API");
+  std::string config_file = "/etc/orion/controller.yaml", listen, database;
+  start->add_option("--config-file", config_file, "controller.yaml");
+  start->add_option("--listen", listen, "ip:port (overrides listen)");
+  start->add_option("--database", database, "SQLite file (overrides database)");
+  CLI11_PARSE(app, argc, argv);
+
+  auto cfg = oc::LoadControllerConfig(config_file);
+  if (!cfg.ok()) {
+    if (cfg.status().code() != Code::kNotFound) {
+      std::fprintf(stderr, "orion-controller: %s\n", cfg.status().message().c_str());
+      return 2;
+    }
+    std::fprintf(stderr, "orion-controller: %s; using defaults\n", cfg.status().message().c_str());
+    cfg = oc::ControllerConfig{};
+  }
+  if (!listen.empty()) cfg->listen = listen;
+  if (!database.empty()) cfg->service.database = database;
+  auto ep = oc::ParseEndpoint(cfg->listen);
+  if (!ep.ok()) {
+    std::fprintf(stderr, "orion-controller: listen: %s\n", ep.status().message().c_str());
+    return 2;
+  }
+  std::vector<spdlog::sink_ptr> sinks{std::make_shared<spdlog::sinks::stderr_color_sink_mt>()};
+  if (!cfg->log_file.empty()) {
+    try {
+      sinks.push_back(std::make_shared<spdlog::sinks::basic_file_sink_mt>(cfg->log_file));
+    } catch (const spdlog::spdlog_ex& e) {
+      std::fprintf(stderr, "orion-controller: log_file: %s\n", e.what());
+      return 2;
+    }
+  }
+  auto log = std::make_shared<spdlog::logger>("controller", sinks.begin(), sinks.end());
+  log->flush_on(spdlog::level::info);
+  auto svc = oc::Service::Open(cfg->service);
+  if (!svc.ok()) {
+    log->error("{}", svc.status().message());
+    return 1;
+  }
+  if (cfg->keys.empty()) {
+    log->warn("authentication is off: anyone who reaches {} can allocate and release vGPUs "
+              "(set authentication in the config file)", cfg->listen);
+  }
+  Api api(*cfg, std::move(*svc), log);
+  httplib::Server server;
+  server.new_task_queue = [] { return new httplib::ThreadPool(32); };
+  server.set_keep_alive_max_count(1000);
+  server.set_read_timeout(10, 0);
+  api.Routes(server);
+  // cpp-httplib listens with a backlog of 5: a burst of clients (each request is a fresh
+  // connection) overflows it and waits a whole SYN retransmit (1 s). Keep the socket and listen
+  // again with a real backlog (Linux allows re-listening to resize the queue).
+  int listen_fd = -1;
+  server.set_socket_options([&listen_fd](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listen_fd = sock;
+  });
+  if (!server.bind_to_port(ep->host, ep->port)) {
+    log->error("cannot listen on {}: {}", cfg->listen, std::strerror(errno));
+    return 1;
+  }
+  if (listen_fd >= 0 && ::listen(listen_fd, 1024) != 0) log->warn("cannot enlarge the listen backlog: {}", std::strerror(errno));
+  g_server = &server;
+  std::signal(SIGTERM, OnSignal);
+  std::signal(SIGINT, OnSignal);
+  std::atomic<bool> stop{false};
+  std::thread sweeper([&] {
+    for (uint64_t tick = 1; !stop.load(); ++tick) {
+      for (const auto& what : api.service().Sweep(oc::WallMs())) log->info("{}", what);
+      if (tick % 10 == 0) api.service().Checkpoint();
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  });
+  const oc::Json sum = api.service().Summary();
+  log->info("Orion Controller listens on {} (database {}, placement {}, {} servers, {} allocations, {} assignments)",
+            cfg->listen, cfg->service.database, sum["policy"].get<std::string>(), sum["servers"].get<size_t>(),
+            sum["allocations"].get<size_t>(), sum["assignments"].get<size_t>());
+  server.listen_after_bind();
+  stop = true;
+  sweeper.join();
+  log->info("Orion Controller stops");
+  return 0;
+}

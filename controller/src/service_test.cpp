@@ -1,0 +1,253 @@
+#include "orion/controller/service.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <set>
+#include <thread>
+
+#include "orion/controller/config.h"
+
+namespace orion::controller {
+namespace {
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / ("orion-ctl-" + std::to_string(getpid()) + "-" +
+                                                     ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    opts_.database = (dir_ / "c.db").string();
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::unique_ptr<Service> Open() {
+    auto s = Service::Open(opts_);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    return std::move(*s);
+  }
+  static Json TwoGpuServer(const std::string& host, uint32_t vgpu_count = 4) {
+    return {{"hostname", host}, {"vgpu_count", vgpu_count}, {"boot_id", "b1"},
+            {"gpus", {{{"index", 0}, {"uuid", "GPU-a"}, {"name", "V100"}, {"memory_mib", 16384}},
+                      {{"index", 1}, {"uuid", "GPU-b"}, {"name", "V100"}, {"memory_mib", 16384}}}}};
+  }
+  static Json Req(uint32_t vgpus, uint64_t gmem) {
+    return {{"vgpus", vgpus}, {"gmem_mib", gmem}, {"client", {{"host", "c1"}, {"pid", 42}, {"process", "train"}}}};
+  }
+  std::filesystem::path dir_;
+  ServiceOptions opts_;
+};
+
+TEST_F(ServiceTest, PacksVgpusOntoOneGpuThenTheFullestServer) {
+  auto s = Open();
+  ASSERT_TRUE(s->RegisterServer("10.0.0.1:9960", TwoGpuServer("a")).ok());
+  ASSERT_TRUE(s->RegisterServer("10.0.0.2:9960", TwoGpuServer("b")).ok());
+  auto a = s->Allocate(Req(2, 7000), "");
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  const auto& p = (*a)["placements"];
+  ASSERT_EQ(p.size(), 2u);
+  EXPECT_EQ(p[0]["pgpu"], p[1]["pgpu"]);  // two < 8 GB vGPUs share one 16 GB card (Orion's rule)
+  EXPECT_EQ((*a)["state"], "pending");
+  EXPECT_EQ((*a)["gmem_mib"], 7000);
+  auto b = s->Allocate(Req(1, 9000), "");  // only the other GPU fits it: same (fuller) server
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ((*b)["server"], (*a)["server"]);
+  EXPECT_NE((*b)["placements"][0]["pgpu"], (*a)["placements"][0]["pgpu"]);
+  auto c = s->Allocate(Req(1, 8000), "");  // the first server has no 8000 MiB left on any GPU
+  ASSERT_TRUE(c.ok());
+  EXPECT_NE((*c)["server"], (*a)["server"]);
+  EXPECT_EQ(s->Summary()["vgpus_used"], 4);
+}
+
+TEST_F(ServiceTest, SpreadPolicyTakesTheEmptiestServerAndGpu) {
+  opts_.policy = host::PlacementPolicy::kSpread;
+  auto s = Open();
+  ASSERT_TRUE(s->RegisterServer("10.0.0.1:9960", TwoGpuServer("a")).ok());
+  ASSERT_TRUE(s->RegisterServer("10.0.0.2:9960", TwoGpuServer("b")).ok());
+  auto a = s->Allocate(Req(2, 1000), "");
+  ASSERT_TRUE(a.ok());
+  EXPECT_NE((*a)["placements"][0]["pgpu"], (*a)["placements"][1]["pgpu"]);
+  auto b = s->Allocate(Req(1, 1000), "");
+  ASSERT_TRUE(b.ok());
+  EXPECT_NE((*b)["server"], (*a)["server"]);
+}
+
+TEST_F(ServiceTest, RefusalsSayWhyAndAllocateNothing) {
+  auto s = Open();
+  EXPECT_EQ(s->Allocate(Req(1, 1000), "").status().code(), Code::kUnavailable);  // no server yet
+  ASSERT_TRUE(s->RegisterServer("10.0.0.1:9960", TwoGpuServer("a")).ok());
+  auto big = s->Allocate(Req(1, 20000), "");
+  EXPECT_EQ(big.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(big.status().message().find("more than any GPU has (16384 MiB)"), std::string::npos) << big.status().message();
+  auto many = s->Allocate(Req(9, 100), "");
+  EXPECT_EQ(many.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(many.status().message().find("more than any server holds (8 vGPUs)"), std::string::npos);
+  auto mem = s->Allocate(Req(3, 12000), "");
+  EXPECT_EQ(mem.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(mem.status().message().find("more than any server's GPU memory (32768 MiB)"), std::string::npos);
+  for (const Json& garbage : {Json{{"vgpus", "two"}}, Json{{"vgpus", -1}}, Json{{"vgpus", 0}}, Json{{"vgpus", 1.5}},
+                              Json{{"vgpus", 1}, {"gmem_mib", "x"}}, Json{{"vgpus", 1}, {"client", 3}},
+                              Json{{"vgpus", 1}, {"gmem_mib", 1ull << 40}}, Json::array()}) {
+    EXPECT_EQ(s->Allocate(garbage, "").status().code(), Code::kInvalidArgument) << garbage.dump();
+  }
+  ASSERT_TRUE(s->Allocate(Req(2, 16000), "").ok());
+  auto full = s->Allocate(Req(1, 1000), "");
+  EXPECT_EQ(full.status().code(), Code::kResourceExhausted);
+  EXPECT_NE(full.status().message().find("10.0.0.1:9960: 6 of 8 vGPUs free, 768 MiB unallocated"), std::string::npos)
+      << full.status().message();
+  EXPECT_EQ(s->Summary()["allocations"], 1);
+}
+
+TEST_F(ServiceTest, ConcurrentRequestsNeverDoubleBook) {
+  auto s = Open();
+  ASSERT_TRUE(s->RegisterServer("10.0.0.1:9960", TwoGpuServer("a")).ok());
+  ASSERT_TRUE(s->RegisterServer("10.0.0.2:9960", TwoGpuServer("b")).ok());
+  std::vector<std::thread> ts;
+  std::mutex mu;
+  std::vector<Json> got;
+  int refused = 0;
+  for (int i = 0; i < 50; ++i) {
+    ts.emplace_back([&] {
+      auto a = s->Allocate(Req(1, 1000), "");
+      std::lock_guard<std::mutex> lock(mu);
+      if (a.ok()) got.push_back(*a);
+      else refused += a.status().code() == Code::kResourceExhausted;
+    });
+  }
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(got.size(), 16u);  // 2 servers x 2 GPUs x 4 vGPUs
+  EXPECT_EQ(refused, 34);
+  std::set<std::string> slots;
+  for (const Json& a : got) slots.insert(a["placements"][0]["text"].get<std::string>());
+  EXPECT_EQ(slots.size(), 16u);
+}
+
+TEST_F(ServiceTest, ARestartLosesNothing) {
+  std::string id, vm_id;
+  {
+    auto s = Open();
+    ASSERT_TRUE(s->RegisterServer("10.0.0.1:9960", TwoGpuServer("a")).ok());
+    auto a = s->Allocate(Req(2, 4000), "");
+    ASSERT_TRUE(a.ok());
+    id = (*a)["id"];
+    ASSERT_TRUE(s->Confirm(id, {{"server", "10.0.0.1:9960"}, {"session", 7}}).ok());
+    auto v = s->Assign("vm-1", {{"vgpus", 1}, {"gmem_mib", 2000}, {"server", "10.0.0.1:9960"}});
+    ASSERT_TRUE(v.ok()) << v.status().ToString();
+    vm_id = (*v)["id"];
+  }
+  auto s = Open();
+  auto a = s->GetAllocation(id);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ((*a)["state"], "active");
+  EXPECT_EQ((*a)["session"], 7);
+  EXPECT_EQ((*a)["placements"].size(), 2u);
+  EXPECT_EQ(s->Summary()["vgpus_free"], 5);
+  auto v = s->Assign("vm-1", {{"vgpus", 1}, {"gmem_mib", 2000}, {"server", "10.0.0.1:9960"}});
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ((*v)["id"], vm_id);  // idempotent across restarts
+  // A second controller cannot serve the same database.
+  auto second = Service::Open(opts_);
+  ASSERT_FALSE(second.ok());
+  EXPECT_NE(second.status().message().find("in use by another orion-controller"), std::string::npos);
+}
+
+TEST_F(ServiceTest, UnrenewedLeasesExpireAndHeartbeatsRenewThem) {
+  opts_.lease_ttl_ms = 1000;
+  auto s = Open();
+  ASSERT_TRUE(s->RegisterServer("10.0.0.1:9960", TwoGpuServer("a")).ok());
+  auto kept = s->Allocate(Req(1, 1000), "");
+  auto lost = s->Allocate(Req(1, 1000), "");
+  ASSERT_TRUE(kept.ok() && lost.ok());
+  const uint64_t t0 = WallMs();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_TRUE(s->Heartbeat("10.0.0.1:9960", {{"boot_id", "b1"}, {"allocations", {{{"id", (*kept)["id"]}, {"used_mib", {300}}}}}}).ok());
+  auto did = s->Sweep(t0 + 1005);
+  ASSERT_EQ(did.size(), 1u);
+  EXPECT_NE(did[0].find((*lost)["id"].get<std::string>()), std::string::npos);
+  EXPECT_TRUE(s->GetAllocation((*kept)["id"]).ok());
+  EXPECT_EQ((*s->GetAllocation((*kept)["id"]))["placements"][0]["used_mib"], 300);
+  EXPECT_EQ(s->GetAllocation((*lost)["id"]).status().code(), Code::kNotFound);
+  // A heartbeat naming an allocation the controller does not hold gets it back as revoked.
+  auto hb = s->Heartbeat("10.0.0.1:9960", {{"allocations", {{{"id", (*lost)["id"]}}}}});
+  ASSERT_TRUE(hb.ok());
+  EXPECT_EQ((*hb)["revoked"][0], (*lost)["id"]);
+}
+
+TEST_F(ServiceTest, SilentServersAreWithheldAndComeBack) {
+  opts_.server_timeout_ms = 1000;
+  opts_.server_release_ms = 5000;
+  opts_.lease_ttl_ms = 100000;
+  auto s = Open();
+  ASSERT_TRUE(s->RegisterServer("10.0.0.1:9960", TwoGpuServer("a")).ok());
+  auto a = s->Allocate(Req(1, 1000), "");
+  ASSERT_TRUE(a.ok());
+  const uint64_t t0 = WallMs();
+  EXPECT_EQ(s->Sweep(t0 + 1500).size(), 1u);  // down
+  EXPECT_EQ(s->Summary()["vgpus_total"], 0);
+  EXPECT_EQ(s->Allocate(Req(1, 1000), "").status().code(), Code::kUnavailable);
+  EXPECT_TRUE(s->GetAllocation((*a)["id"]).ok());  // kept until server_release_ms
+  ASSERT_TRUE(s->Heartbeat("10.0.0.1:9960", {{"boot_id", "b1"}}).ok());
+  EXPECT_EQ(s->Summary()["vgpus_total"], 8);
+  EXPECT_EQ(s->Sweep(WallMs() + 5500).size(), 2u);  // down again, and its allocation released
+  EXPECT_EQ(s->GetAllocation((*a)["id"]).status().code(), Code::kNotFound);
+}
+
+TEST_F(ServiceTest, ARestartedServerLosesTheSessionsItNoLongerHas) {
+  auto s = Open();
+  ASSERT_TRUE(s->RegisterServer("10.0.0.1:9960", TwoGpuServer("a")).ok());
+  auto a = s->Allocate(Req(1, 1000), "10.0.0.1:9960");
+  auto b = s->Allocate(Req(1, 1000), "10.0.0.1:9960");
+  auto v = s->Assign("vm-1", {{"vgpus", 1}, {"server", "10.0.0.1:9960"}});
+  ASSERT_TRUE(a.ok() && b.ok() && v.ok());
+  EXPECT_EQ((*a)["state"], "active");
+  Json again = TwoGpuServer("a");
+  again["boot_id"] = "b2";
+  again["allocations"] = {(*b)["id"]};
+  auto r = s->RegisterServer("10.0.0.1:9960", again);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ((*r)["released"], Json::array({(*a)["id"]}));
+  EXPECT_EQ((*r)["assignments"].size(), 1u);  // a VM's standing assignment outlives oriond restarts
+  EXPECT_EQ(s->Heartbeat("10.0.0.1:9960", {{"boot_id", "b1"}}).status().code(), Code::kNotFound);
+  EXPECT_TRUE(s->Unassign("vm-1").ok());
+  EXPECT_EQ(s->Unassign("vm-1").status().code(), Code::kNotFound);
+  EXPECT_EQ(s->Assign("bad name!", {{"vgpus", 1}}).status().code(), Code::kInvalidArgument);
+}
+
+TEST_F(ServiceTest, ConfirmChecksTheServer) {
+  auto s = Open();
+  ASSERT_TRUE(s->RegisterServer("10.0.0.1:9960", TwoGpuServer("a")).ok());
+  auto a = s->Allocate(Req(1, 1000), "");
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(s->Confirm((*a)["id"], {{"server", "10.0.0.2:9960"}}).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(s->Confirm("nope", {{"server", "10.0.0.1:9960"}}).status().code(), Code::kNotFound);
+  ASSERT_TRUE(s->Confirm((*a)["id"], {{"server", "10.0.0.1:9960"}, {"session", 3}}).ok());
+  EXPECT_EQ(s->Confirm((*a)["id"], {{"server", "10.0.0.1:9960"}, {"session", 4}}).status().code(), Code::kInvalidArgument);
+  EXPECT_TRUE(s->Release((*a)["id"], "test").ok());
+  EXPECT_EQ(s->Summary()["vgpus_free"], 8);
+}
+
+TEST(ControllerConfig, ParsesKeysAndRejectsGarbage) {
+  auto c = ParseControllerConfig(
+      "listen: 127.0.0.1:9200\ndatabase: /tmp/x.db\nplacement: spread\nlease_ttl_s: 2.5\n"
+      "authentication:\n  client: [clientkey1, clientkey2]\n  server: serverkey\n  admin: adminkey1\n",
+      "c.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->listen, "127.0.0.1:9200");
+  EXPECT_EQ(c->service.policy, host::PlacementPolicy::kSpread);
+  EXPECT_EQ(c->service.lease_ttl_ms, 2500u);
+  EXPECT_EQ(c->keys.size(), 4u);
+  EXPECT_EQ(c->keys["serverkey"], Role::kServer);
+  for (const char* bad : {"placement: tight\n", "lease_ttl_s: -1\n", "nonsense: 1\n", "listen: 'a b'\n",
+                          "authentication:\n  root: k12345678\n", "authentication:\n  client: short\n", "[1, 2]\n",
+                          "server_timeout_s: 100\nserver_release_s: 10\n"}) {
+    auto r = ParseControllerConfig(bad, "c.yaml");
+    EXPECT_FALSE(r.ok()) << bad;
+    if (!r.ok()) {
+      EXPECT_EQ(r.status().message().rfind("c.yaml: ", 0), 0u) << r.status().message();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace orion::controller

@@ -1,0 +1,101 @@
+// orion/host/controller_link.h — oriond's side of orion-controller (controller/openapi.yaml):
+// registers this server's GPUs, heartbeats every `heartbeat_ms` with the allocations it serves
+// (renewing their leases and reporting the memory each session uses), confirms a client's
+// allocation before serving it, asks for allocations on behalf of clients that come without one
+// (shared memory, or TCP without a controller of their own), holds VM assignments for the libvirt
+// hook, releases what ends, and deregisters at shutdown.
+//
+// The daemon's loop calls Confirm/AllocateHere/Assign synchronously (bounded by `timeout_ms`);
+// releases, heartbeats and re-registration run on the link's own thread.
+#pragma once
+
+#include <spdlog/logger.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "orion/common/status.h"
+#include "orion/controller/client.h"
+#include "orion/host/backend.h"
+
+namespace orion::host {
+
+struct ControllerGrant {
+  std::string allocation_id;
+  std::vector<Placement> placements;  // all on this server
+};
+
+struct ControllerLinkOptions {
+  std::string controller_addr;  // ip:port
+  std::string key;              // the controller's server key ("" = open controller)
+  std::string server_id;        // this oriond's data-plane address, "bind_addr:listen_port"
+  std::string hostname;
+  uint32_t vgpu_count = 1;
+  std::vector<PhysicalGpu> gpus;
+  uint64_t heartbeat_ms = 2000;
+  int timeout_ms = 3000;
+};
+
+class ControllerLink {
+ public:
+  ControllerLink(ControllerLinkOptions opts, std::shared_ptr<spdlog::logger> log);
+  ~ControllerLink();
+  // Registers once (so the first clients can be served) and starts the heartbeat thread, which
+  // keeps trying when the controller is not reachable yet.
+  void Start();
+  // Deregisters (best effort) and stops the thread.
+  void Stop();
+
+  // A client that brought an allocation id: the controller must hold it for this server.
+  Result<ControllerGrant> Confirm(const std::string& allocation_id, uint32_t session);
+  // A client without one: ask for `vgpus` x `gmem_mib` here.
+  Result<ControllerGrant> AllocateHere(uint32_t vgpus, uint64_t gmem_mib, const std::string& host, uint32_t pid,
+                                       const std::string& process, uint32_t session);
+  Result<ControllerGrant> Assign(const std::string& vm, uint32_t vgpus, uint64_t gmem_mib);
+  void Unassign(const std::string& vm);  // queued
+
+  // The session serving `allocation_id` is live; `used` points at kMaxDevices counters the
+  // worker updates (bytes in use per device), or null.
+  void Track(const std::string& allocation_id, const std::atomic<uint64_t>* used, uint32_t devices);
+  // The session ended: stop reporting it and release the allocation (queued).
+  void Release(const std::string& allocation_id, const std::string& why);
+  // Allocations the controller no longer holds (revoked by an administrator, or released while
+  // this server was unreachable): the daemon ends their sessions.
+  std::vector<std::string> TakeRevoked();
+  bool registered() const { return registered_.load(); }
+
+ private:
+  Result<ControllerGrant> Grant(const Result<nlohmann::json>& r, const std::string& what);
+  bool Register();
+  void Loop();
+
+  ControllerLinkOptions opts_;
+  std::shared_ptr<spdlog::logger> log_;
+  controller::ControllerClient client_;
+  std::string boot_id_;
+  std::atomic<bool> registered_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  struct Tracked {
+    const std::atomic<uint64_t>* used = nullptr;
+    uint32_t devices = 0;
+  };
+  std::map<std::string, Tracked> active_;
+  std::deque<std::pair<std::string, std::string>> releases_;  // (method+path, why)
+  std::vector<std::string> revoked_;
+  std::thread thread_;
+};
+
+// "ip:port" of the controller for oriond: $ORION_CONTROLLER beats server.conf's controller_addr.
+std::string ControllerAddrForServer(const std::string& configured);
+
+}  // namespace orion::host

@@ -1,0 +1,195 @@
+#include "orion/host/controller_link.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <random>
+
+#include "orion/common/frame.h"
+
+namespace orion::host {
+
+using nlohmann::json;
+
+std::string ControllerAddrForServer(const std::string& configured) {
+  if (const char* e = std::getenv("ORION_CONTROLLER"); e != nullptr && *e != '\0') return e;
+  return configured;
+}
+
+namespace {
+controller::Endpoint EndpointOr(const std::string& addr) {
+  auto ep = controller::ParseEndpoint(addr);
+  return ep.ok() ? *ep : controller::Endpoint{addr, controller::kDefaultPort};
+}
+}  // namespace
+
+ControllerLink::ControllerLink(ControllerLinkOptions opts, std::shared_ptr<spdlog::logger> log)
+    : opts_(std::move(opts)), log_(std::move(log)), client_(EndpointOr(opts_.controller_addr), opts_.key, opts_.timeout_ms) {
+  std::mt19937_64 rng{std::random_device{}()};
+  boot_id_ = std::to_string(rng());
+}
+
+ControllerLink::~ControllerLink() { Stop(); }
+
+bool ControllerLink::Register() {
+  json gpus = json::array();
+  for (const auto& g : opts_.gpus) {
+    gpus.push_back({{"index", g.index}, {"uuid", g.uuid}, {"name", g.name}, {"memory_mib", g.total_mem >> 20}});
+  }
+  json active = json::array();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [id, t] : active_) active.push_back(id);
+  }
+  auto r = client_.Call("PUT", "/v1/servers/" + opts_.server_id,
+                        {{"hostname", opts_.hostname}, {"vgpu_count", opts_.vgpu_count}, {"boot_id", boot_id_},
+                         {"gpus", gpus}, {"allocations", active}});
+  if (!r.ok()) {
+    if (registered_.exchange(false) || r.status().code() != Code::kUnavailable) {
+      log_->warn("Orion Controller {}: cannot register: {}", client_.endpoint().text(), r.status().message());
+    }
+    return false;
+  }
+  if (!registered_.exchange(true)) {
+    log_->info("Registered with Orion Controller {} as {}: {} vGPUs, {} free", client_.endpoint().text(),
+               opts_.server_id, (*r)["vgpus_total"].get<int>(), (*r)["vgpus_free"].get<int>());
+  }
+  return true;
+}
+
+void ControllerLink::Start() {
+  if (!Register()) {
+    log_->warn("Orion Controller {} is not reachable yet; clients are refused until it is", client_.endpoint().text());
+  }
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void ControllerLink::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return;
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  // Flush what is queued, then say goodbye.
+  for (const auto& [path, why] : releases_) (void)client_.Call("DELETE", path);
+  if (registered_.load()) {
+    auto r = client_.Call("DELETE", "/v1/servers/" + opts_.server_id);
+    if (r.ok()) log_->info("Deregistered from Orion Controller {}", client_.endpoint().text());
+  }
+}
+
+void ControllerLink::Loop() {
+  auto next_beat = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    cv_.wait_until(lock, next_beat, [&] { return stop_ || !releases_.empty(); });
+    if (stop_) break;
+    while (!releases_.empty()) {
+      auto [path, why] = releases_.front();
+      releases_.pop_front();
+      lock.unlock();
+      auto r = client_.Call("DELETE", path);
+      lock.lock();
+      if (!r.ok() && r.status().code() == Code::kUnavailable) {
+        releases_.emplace_front(path, why);  // the controller is away: try again with the next beat
+        break;
+      }
+    }
+    if (std::chrono::steady_clock::now() < next_beat) continue;
+    next_beat = std::chrono::steady_clock::now() + std::chrono::milliseconds(opts_.heartbeat_ms);
+    json allocs = json::array();
+    for (const auto& [id, t] : active_) {
+      json used = json::array();
+      for (uint32_t d = 0; d < t.devices && t.used != nullptr; ++d) used.push_back(t.used[d].load(std::memory_order_relaxed) >> 20);
+      allocs.push_back({{"id", id}, {"used_mib", used}});
+    }
+    lock.unlock();
+    if (!registered_.load()) {
+      Register();
+    } else {
+      auto r = client_.Call("POST", "/v1/servers/" + opts_.server_id + "/heartbeat", {{"boot_id", boot_id_}, {"allocations", allocs}});
+      if (!r.ok()) {
+        if (r.status().code() == Code::kNotFound) {
+          log_->warn("Orion Controller {}: {}; registering again", client_.endpoint().text(), r.status().message());
+          registered_ = false;
+          Register();
+        } else {
+          log_->warn("Orion Controller {}: heartbeat failed: {}", client_.endpoint().text(), r.status().message());
+        }
+      } else if (r->contains("revoked") && !(*r)["revoked"].empty()) {
+        std::lock_guard<std::mutex> g(mu_);
+        for (const auto& id : (*r)["revoked"]) {
+          if (id.is_string()) revoked_.push_back(id.get<std::string>());
+        }
+      }
+    }
+    lock.lock();
+  }
+}
+
+Result<ControllerGrant> ControllerLink::Grant(const Result<json>& r, const std::string& what) {
+  if (!r.ok()) return Status(r.status().code(), r.status().message());
+  ControllerGrant g;
+  try {
+    g.allocation_id = (*r).at("id").get<std::string>();
+    if ((*r).at("server").get<std::string>() != opts_.server_id) {
+      return FailedPrecondition(what + " is placed on " + (*r)["server"].get<std::string>() + ", not on this server");
+    }
+    for (const auto& p : (*r).at("placements")) {
+      g.placements.push_back({p.at("pgpu").get<uint32_t>(), p.at("vgpu").get<uint32_t>(), p.at("gmem_mib").get<uint64_t>() << 20});
+    }
+  } catch (const json::exception& e) {
+    return Internal("Orion Controller sent a malformed allocation: " + std::string(e.what()));
+  }
+  if (g.placements.empty() || g.placements.size() > kMaxDevices) return Internal("Orion Controller sent no placements");
+  return g;
+}
+
+Result<ControllerGrant> ControllerLink::Confirm(const std::string& allocation_id, uint32_t session) {
+  if (allocation_id.size() > 64 || allocation_id.find_first_of("/?#% ") != std::string::npos) {
+    return InvalidArgument("allocation id '" + allocation_id + "' is malformed");
+  }
+  return Grant(client_.Call("POST", "/v1/allocations/" + allocation_id + "/confirm",
+                            {{"server", opts_.server_id}, {"session", session}}),
+               "allocation " + allocation_id);
+}
+
+Result<ControllerGrant> ControllerLink::AllocateHere(uint32_t vgpus, uint64_t gmem_mib, const std::string& host,
+                                                     uint32_t pid, const std::string& process, uint32_t session) {
+  return Grant(client_.Call("POST", "/v1/allocations",
+                            {{"vgpus", vgpus}, {"gmem_mib", gmem_mib}, {"server", opts_.server_id}, {"session", session},
+                             {"client", {{"host", host}, {"pid", pid}, {"process", process}}}}),
+               "the allocation");
+}
+
+Result<ControllerGrant> ControllerLink::Assign(const std::string& vm, uint32_t vgpus, uint64_t gmem_mib) {
+  return Grant(client_.Call("PUT", "/v1/assignments/" + vm,
+                            {{"vgpus", vgpus}, {"gmem_mib", gmem_mib}, {"server", opts_.server_id}}),
+               "VM " + vm + "'s assignment");
+}
+
+void ControllerLink::Unassign(const std::string& vm) {
+  std::lock_guard<std::mutex> lock(mu_);
+  releases_.emplace_back("/v1/assignments/" + vm, "detached");
+  cv_.notify_all();
+}
+
+void ControllerLink::Track(const std::string& allocation_id, const std::atomic<uint64_t>* used, uint32_t devices) {
+  std::lock_guard<std::mutex> lock(mu_);
+  active_[allocation_id] = {used, devices};
+}
+
+void ControllerLink::Release(const std::string& allocation_id, const std::string& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  active_.erase(allocation_id);
+  releases_.emplace_back("/v1/allocations/" + allocation_id + "?reason=" + why, why);
+  cv_.notify_all();
+}
+
+std::vector<std::string> ControllerLink::TakeRevoked() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::exchange(revoked_, {});
+}
+
+}  // namespace orion::host

@@ -1,0 +1,497 @@
+"""orion-controller end to end: a controller on a temporary SQLite file, two or more oriond (sim)
+registered with it on different TCP ports, and real nvcc-built clients that ask the controller for
+vGPUs (ORION_CONTROLLER, no region) or come through a region with oriond asking on their behalf.
+
+Covers: placements (pack and spread), refusals with reasons and nothing allocated, 50 concurrent
+requests without double booking, a client SIGKILLed -> its vGPUs free within the lease, the
+controller killed and restarted -> same state, a server that stops heartbeating -> its vGPUs
+withheld, keys (401/403), VM assignments through oriond's control socket, orion-check, orion-smi
+and /metrics against the state."""
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import PREFIX, TEST_BIN, Oriond, assert_passed, checks
+
+ADMIN, SERVER, CLIENT = "admin-key-0001", "server-key-0001", "client-key-0001"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Controller:
+    def __init__(self, tmp: Path, placement="pack", keys=False, port=None, db=None):
+        self.tmp = tmp
+        self.port = port or free_port()
+        self.addr = f"127.0.0.1:{self.port}"
+        self.db = db or tmp / "controller.db"
+        self.placement = placement
+        self.keys = keys
+        self.log_path = tmp / "controller.log"
+        self.start()
+
+    def start(self):
+        conf = self.tmp / "controller.yaml"
+        text = (f"listen: {self.addr}\ndatabase: {self.db}\nplacement: {self.placement}\n"
+                "lease_ttl_s: 2\nserver_timeout_s: 1.5\nserver_release_s: 30\n")
+        if self.keys:
+            text += f"authentication:\n  client: {CLIENT}\n  server: [{SERVER}]\n  admin: {ADMIN}\n"
+        conf.write_text(text)
+        self.err = open(self.log_path, "a")
+        self.proc = subprocess.Popen([PREFIX / "bin" / "orion-controller", "start", "--config-file", conf],
+                                     stdout=subprocess.DEVNULL, stderr=self.err)
+        deadline = time.time() + 20
+        while True:
+            assert self.proc.poll() is None, self.log()
+            try:
+                if self.call("GET", "/v1/health")[0] == 200:
+                    return
+            except OSError:
+                pass
+            assert time.time() < deadline, self.log()
+            time.sleep(0.05)
+
+    def log(self):
+        return self.log_path.read_text(errors="replace")
+
+    def call(self, method, path, body=None, key=ADMIN):
+        req = urllib.request.Request(f"http://{self.addr}{path}", method=method,
+                                     data=None if body is None else json.dumps(body).encode())
+        if body is not None:
+            req.add_header("Content-Type", "application/json")
+        if key and self.keys:
+            req.add_header("Authorization", f"Bearer {key}")
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                data = r.read()
+                return r.status, (json.loads(data) if r.headers.get_content_type() == "application/json" else data.decode())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"{}")
+
+    def get(self, path, **kw):
+        code, body = self.call("GET", path, **kw)
+        assert code == 200, (code, body)
+        return body
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait()
+        self.err.close()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+        self.err.close()
+
+
+def server_conf(ctl, key=None, gpus=2):
+    return ("[server]\n    vgpu_count = 4\n[server-shm]\n    shm_buffer_size = 16\n"
+            f"[controller]\n    controller_addr = {ctl.addr}\n    heartbeat_ms = 300\n" +
+            (f"    controller_key = {key}\n" if key else ""))
+
+
+class Cluster:
+    """A controller and oriond servers (2 sim GPUs of 16384 MiB, 4 vGPUs each) registered with it."""
+
+    def __init__(self, tmp: Path, servers=2, placement="pack", keys=False):
+        self.tmp = tmp
+        self.ctl = Controller(tmp, placement=placement, keys=keys)
+        self.servers = []
+        for i in range(servers):
+            self.add_server(key=SERVER if keys else None)
+        self.wait_up(servers)
+        # Clients see no region: a HOME whose client.conf points shm_path_base at an empty directory,
+        # and no PCI devices.
+        self.home = tmp / "home"
+        (self.home / ".orion").mkdir(parents=True)
+        (tmp / "noshm").mkdir()
+        (tmp / "nopci").mkdir()
+        (self.home / ".orion" / "client.conf").write_text(f"[client-shm]\n    shm_path_base = {tmp / 'noshm'}/\n")
+
+    def add_server(self, key=None):
+        sub = self.tmp / f"srv{len(self.servers)}"
+        sub.mkdir()
+        port = free_port()
+        d = Oriond(sub, tcp_port=port, conf_text=server_conf(self.ctl, key) +
+                   f"[orion]\n    control_socket = {sub / 'oriond.sock'}\n",
+                   extra_args=("--sim-gpus", "2", "--sim-gpu-mem", "16384", "-k"))
+        d.port = port
+        d.id = f"127.0.0.1:{port}"
+        self.servers.append(d)
+        return d
+
+    def wait_up(self, n, timeout=20):
+        deadline = time.time() + timeout
+        while True:
+            st = self.ctl.get("/v1/status")
+            if st["servers_up"] == n:
+                return st
+            assert time.time() < deadline, (st, self.ctl.log())
+            time.sleep(0.1)
+
+    def env(self, **extra):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")}
+        env.update({"LD_LIBRARY_PATH": str(PREFIX / "lib" / "orion"), "HOME": str(self.home),
+                    "ORION_SYSFS_PCI": str(self.tmp / "nopci"), "ORION_CONTROLLER": self.ctl.addr,
+                    "ORION_VGPU": "1", "ORION_GMEM": "512"})
+        env.update({k: str(v) for k, v in extra.items()})
+        return env
+
+    def run(self, program, *args, timeout=120, **env):
+        return subprocess.run([str(TEST_BIN / program), *map(str, args)], env=self.env(**env), capture_output=True,
+                              text=True, timeout=timeout)
+
+    def sleeper(self, mib=64, **env):
+        p = subprocess.Popen([str(TEST_BIN / "sleeper"), str(mib)], env=self.env(**env), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        line = ""
+        while "READY" not in line:
+            line = p.stdout.readline()
+            if not line:
+                raise AssertionError(f"sleeper failed: {p.stderr.read()}")
+        return p
+
+    def tool(self, name, *args, **env):
+        return subprocess.run([str(PREFIX / "bin" / name), *map(str, args)], env=self.env(**env), capture_output=True,
+                              text=True, timeout=60)
+
+    def allocations(self):
+        return self.ctl.get("/v1/allocations?kind=process")
+
+    def wait_allocations(self, n, timeout=10):
+        deadline = time.time() + timeout
+        while len(self.allocations()) != n:
+            assert time.time() < deadline, (self.allocations(), self.ctl.log()[-3000:])
+            time.sleep(0.1)
+
+    def stop(self):
+        for d in self.servers:
+            if d.proc.poll() is None:
+                os.kill(d.proc.pid, signal.SIGCONT)
+            d.stop()
+        self.ctl.stop()
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = Cluster(tmp_path)
+    yield c
+    c.stop()
+
+
+def kill(p):
+    p.kill()
+    p.wait()
+
+
+USING = re.compile(r"Using Orion resource \(controller\) ([0-9a-f-]{36}) :((?: \S+/\d+/\d+)+)")
+
+
+def test_clients_get_placements_from_the_controller_and_release_them(cluster):
+    a, b = cluster.servers
+    st = cluster.ctl.get("/v1/status")
+    assert (st["vgpus_total"], st["vgpus_free"], st["servers"]) == (16, 16, 2)
+    r = cluster.run("device_props", ORION_VGPU=2, ORION_GMEM=7000)
+    assert_passed(r)
+    m = USING.search(r.stderr)
+    assert m, r.stderr
+    places = m.group(2).split()
+    servers = {p.rsplit("/", 2)[0] for p in places}
+    pgpus = {p.rsplit("/", 2)[1] for p in places}
+    assert len(servers) == 1 and servers <= {a.id, b.id}
+    assert len(pgpus) == 1, places  # two < 8 GB vGPUs share one 16 GB GPU (Orion's packing)
+    assert "Releasing Orion resource (controller) " + m.group(1) in r.stderr
+    assert f"Client exits with allocation ID {m.group(1)}" in r.stderr
+    assert checks(r.stdout)["device_count"] == "ok"
+    assert f"PROP totalGlobalMem={7000 << 20}" in r.stdout  # the quota the controller placed
+    # The server confirmed it before serving it, and it is gone after the client.
+    server = a if servers == {a.id} else b
+    assert f"Using Orion resource {m.group(1)} for session" in server.log()
+    cluster.wait_allocations(0)
+    assert cluster.ctl.get("/v1/status")["vgpus_free"] == 16
+
+
+def test_pack_fills_the_fullest_server_and_gpu_first(cluster):
+    s1 = cluster.sleeper(ORION_VGPU=1, ORION_GMEM=9000)
+    first = cluster.allocations()[0]
+    s2 = cluster.sleeper(ORION_VGPU=1, ORION_GMEM=9000)   # only the other GPU of the same server fits it
+    s3 = cluster.sleeper(ORION_VGPU=1, ORION_GMEM=9000)   # that server is full for 9000 MiB: the other one
+    try:
+        allocs = sorted(cluster.allocations(), key=lambda x: x["created_ms"])
+        assert allocs[0]["id"] == first["id"]
+        assert allocs[1]["server"] == first["server"]
+        assert allocs[1]["placements"][0]["pgpu"] != first["placements"][0]["pgpu"]
+        assert allocs[2]["server"] != first["server"]
+        assert all(x["state"] == "active" for x in allocs)
+    finally:
+        for p in (s1, s2, s3):
+            kill(p)
+    cluster.wait_allocations(0)
+
+
+def test_spread_policy(tmp_path):
+    c = Cluster(tmp_path, placement="spread")
+    try:
+        s1 = c.sleeper(ORION_VGPU=2, ORION_GMEM=1000)
+        s2 = c.sleeper(ORION_VGPU=1, ORION_GMEM=1000)
+        allocs = sorted(c.allocations(), key=lambda x: x["created_ms"])
+        assert allocs[0]["placements"][0]["pgpu"] != allocs[0]["placements"][1]["pgpu"]
+        assert allocs[1]["server"] != allocs[0]["server"]
+        kill(s1)
+        kill(s2)
+    finally:
+        c.stop()
+
+
+def test_refusals_say_why_and_allocate_nothing(cluster):
+    cases = [({"ORION_GMEM": 20000}, "more than any GPU has (16384 MiB)"),
+             ({"ORION_VGPU": 9}, "more than any server holds (8 vGPUs)"),
+             ({"ORION_VGPU": 3, "ORION_GMEM": 12000}, "more than any server's GPU memory (32768 MiB)"),
+             ({"ORION_GMEM": "lots"}, "ORION_GMEM='lots' is not a number"),
+             ({"ORION_RATIO": 150}, "ORION_RATIO must be a percentage")]
+    for env, why in cases:
+        r = cluster.run("device_props", **env)
+        assert r.returncode != 0
+        assert why in r.stderr, (env, r.stderr)
+        if "not a number" not in why and "RATIO" not in why:
+            assert "Fail to get resource from controller" in r.stderr
+    # Exhaustion: all 16 vGPUs held, then one more is refused with each server's state.
+    holders = [cluster.sleeper(ORION_VGPU=4, ORION_GMEM=4000) for _ in range(4)]
+    try:
+        r = cluster.run("device_props", ORION_GMEM=100)
+        assert r.returncode != 0
+        assert re.search(r"no server has 1 free vGPU\(s\) of 100 MiB now \(.*0 of 8 vGPUs free", r.stderr), r.stderr
+        assert len(cluster.allocations()) == 4
+    finally:
+        for p in holders:
+            kill(p)
+    cluster.wait_allocations(0)
+    assert "allocation refused" in cluster.ctl.log()
+
+
+def test_fifty_concurrent_requests_never_double_book(cluster):
+    results = []
+    lock = threading.Lock()
+
+    def ask(i):
+        code, body = cluster.ctl.call("POST", "/v1/allocations",
+                                      {"vgpus": 1, "gmem_mib": 1000, "client": {"host": "h", "pid": i}})
+        with lock:
+            results.append((code, body))
+
+    ts = [threading.Thread(target=ask, args=(i,)) for i in range(50)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    ok = [b for c, b in results if c == 201]
+    refused = [b for c, b in results if c == 409]
+    assert len(ok) == 16 and len(refused) == 34, [c for c, _ in results]
+    slots = {b["placements"][0]["text"] for b in ok}
+    assert len(slots) == 16
+    assert cluster.ctl.get("/v1/status")["vgpus_free"] == 0
+    for b in ok:
+        assert cluster.ctl.call("DELETE", f"/v1/allocations/{b['id']}")[0] == 200
+    assert cluster.ctl.get("/v1/status")["vgpus_free"] == 16
+
+
+def test_killed_clients_free_their_vgpus_within_the_lease(cluster):
+    # Connected and served: oriond sees the connection drop and releases at once.
+    p = cluster.sleeper(ORION_VGPU=2, ORION_GMEM=1000)
+    assert len(cluster.allocations()) == 1
+    t0 = time.time()
+    kill(p)
+    cluster.wait_allocations(0, timeout=4)
+    assert time.time() - t0 < 4
+    # Allocated but never connected (killed in between): nobody renews it; the 2 s lease ends it.
+    code, a = cluster.ctl.call("POST", "/v1/allocations", {"vgpus": 1, "gmem_mib": 100}, key=CLIENT)
+    assert code == 201 and a["state"] == "pending"
+    cluster.wait_allocations(0, timeout=5)
+    assert "expired: nobody renewed its lease" in cluster.ctl.log()
+
+
+def test_controller_restart_keeps_state(cluster):
+    p = cluster.sleeper(ORION_VGPU=2, ORION_GMEM=1000)
+    try:
+        before = cluster.allocations()
+        servers_before = {s["id"] for s in cluster.ctl.get("/v1/servers")}
+        cluster.ctl.kill()
+        time.sleep(1)
+        cluster.ctl.start()
+        after = cluster.allocations()
+        assert [a["id"] for a in after] == [a["id"] for a in before]
+        assert after[0]["placements"] == before[0]["placements"] or \
+            [x["text"] for x in after[0]["placements"]] == [x["text"] for x in before[0]["placements"]]
+        assert {s["id"] for s in cluster.ctl.get("/v1/servers")} == servers_before
+        assert cluster.ctl.get("/v1/status")["vgpus_free"] == 14
+        # The lease survives: oriond's heartbeats renew it well past lease_ttl_s.
+        time.sleep(3)
+        assert [a["id"] for a in cluster.allocations()] == [a["id"] for a in before]
+        # Data still flows and a new client is served after the restart.
+        assert_passed(cluster.run("device_props"))
+    finally:
+        kill(p)
+    cluster.wait_allocations(0)
+
+
+def test_silent_server_is_withheld_and_comes_back(cluster):
+    a, b = cluster.servers
+    os.kill(b.proc.pid, signal.SIGSTOP)
+    try:
+        deadline = time.time() + 10
+        while cluster.ctl.get("/v1/status")["servers_up"] != 1:
+            assert time.time() < deadline
+            time.sleep(0.1)
+        assert cluster.ctl.get("/v1/status")["vgpus_total"] == 8
+        assert "stopped heartbeating; its vGPUs are withheld" in cluster.ctl.log()
+        holders = [cluster.sleeper(ORION_VGPU=4, ORION_GMEM=1000) for _ in range(2)]
+        try:
+            assert {x["server"] for x in cluster.allocations()} == {a.id}
+            r = cluster.run("device_props")
+            assert r.returncode != 0 and "0 of 8 vGPUs free" in r.stderr, r.stderr
+        finally:
+            for p in holders:
+                kill(p)
+    finally:
+        os.kill(b.proc.pid, signal.SIGCONT)
+    cluster.wait_up(2)
+    assert f"server {b.id} is back" in cluster.ctl.log()
+    cluster.wait_allocations(0)
+
+
+def test_keys_are_enforced(tmp_path):
+    c = Cluster(tmp_path, keys=True)
+    try:
+        assert c.ctl.call("GET", "/v1/status", key=None)[0] == 401
+        assert c.ctl.call("GET", "/v1/status", key="wrong-key-123")[0] == 401
+        assert c.ctl.call("GET", "/v1/status", key=CLIENT)[0] == 200
+        code, body = c.ctl.call("PUT", "/v1/servers/1.2.3.4:9960", {"vgpu_count": 1, "gpus": []}, key=CLIENT)
+        assert code == 403 and "role" in body["message"]
+        assert c.ctl.call("GET", "/metrics", key=SERVER)[0] == 403
+        code, _ = c.ctl.call("POST", "/v1/allocations", {"vgpus": 1, "server": c.servers[0].id}, key=CLIENT)
+        assert code == 403  # a client may not pick the server
+        assert "authentication is off" not in c.ctl.log()
+        r = c.run("device_props")
+        assert r.returncode != 0 and "this controller needs a key" in r.stderr, r.stderr
+        r = c.run("device_props", ORION_CONTROLLER_KEY="not-the-key")
+        assert r.returncode != 0 and "unknown key" in r.stderr
+        assert_passed(c.run("device_props", ORION_CONTROLLER_KEY=CLIENT))
+        c.wait_allocations(0)
+        code, metrics = c.ctl.call("GET", "/metrics", key=ADMIN)
+        assert code == 200
+        assert "orion_vgpus_total 16" in metrics and "orion_allocations_created_total 1" in metrics
+        assert re.search(r'orion_controller_request_seconds_count\{route="allocate"\} \d+', metrics)
+    finally:
+        c.stop()
+
+
+def test_shm_clients_are_allocated_by_oriond_and_vms_get_assignments(cluster):
+    a = cluster.servers[0]
+    # A client on a region: oriond asks the controller on its behalf.
+    p = subprocess.Popen([str(TEST_BIN / "sleeper"), "32"], env=a.env(ORION_VGPU=1, ORION_GMEM=600),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while "READY" not in (line := p.stdout.readline()):
+        assert line, p.stderr.read()
+    try:
+        allocs = cluster.allocations()
+        assert len(allocs) == 1 and allocs[0]["server"] == a.id and allocs[0]["state"] == "active"
+        assert allocs[0]["client"]["process"] == "sleeper" and allocs[0]["client"]["pid"] == p.pid
+    finally:
+        kill(p)
+    cluster.wait_allocations(0)
+    # A VM's standing assignment, through oriond's control socket (what the libvirt hook does).
+    region = a.tmp / "orionsock-vm1"
+    subprocess.run([PREFIX / "bin" / "orion-shm", "-i", "1", "-s", "64", "-d", a.tmp], check=True, capture_output=True)
+    os.rename(a.tmp / "orionsock1", region)
+
+    def control(line):
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(str(a.tmp / "oriond.sock"))
+            s.sendall(line.encode() + b"\n")
+            return s.makefile().readline().strip()
+
+    reply = control(f"attach vm1 {region} 2 1024")
+    assert reply.startswith("ok"), reply
+    vms = cluster.ctl.get("/v1/assignments")
+    assert len(vms) == 1 and vms[0]["vm"] == "vm1" and vms[0]["server"] == a.id and len(vms[0]["placements"]) == 2
+    assert cluster.ctl.get("/v1/status")["vgpus_free"] == 14
+    assert control("detach vm1") == "ok"
+    deadline = time.time() + 5
+    while cluster.ctl.get("/v1/assignments"):
+        assert time.time() < deadline
+        time.sleep(0.1)
+
+
+def test_orion_check_and_orion_smi_report_the_state(cluster):
+    p = cluster.sleeper(100, ORION_VGPU=2, ORION_GMEM=1000)
+    try:
+        alloc = cluster.allocations()[0]
+        r = cluster.tool("orion-check", "runtime", "client")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"Address {cluster.ctl.addr} is reached." in r.stdout
+        assert "There are 16 vGPU under managed by Orion Controller. 14 vGPU are free now." in r.stdout
+        a = cluster.servers[0]
+        r = cluster.tool("orion-check", "--config", a.tmp / "server.conf", "runtime", "server")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "Address" in r.stdout and "is reached." in r.stdout
+        assert re.search(r"oriond registered with the controller\s+\[Yes\]", r.stdout), r.stdout
+        # orion-smi: the used memory arrives with oriond's next heartbeat (300 ms here).
+        deadline = time.time() + 5
+        while True:
+            r = cluster.tool("orion-smi")
+            assert r.returncode == 0, r.stderr
+            if re.search(r"\|\s+127\.0\.0\.1:\d+\s+\|\s+\d+ \|\s+\d+ \| Orion Simulated GPU\s+\|\s+1\d\dMiB / 1000MiB \|", r.stdout):
+                break
+            assert time.time() < deadline, r.stdout
+            time.sleep(0.2)
+        for pl in alloc["placements"]:
+            assert re.search(rf"\|\s+{re.escape(pl['server'])}\s+{pl['pgpu']}\s+{pl['vgpu']}\s+{p.pid}\s+sleeper\s", r.stdout), r.stdout
+        r = cluster.tool("orion-smi", "--json")
+        assert json.loads(r.stdout)[0]["id"] == alloc["id"]
+        r = cluster.tool("orion-smi", ORION_CONTROLLER="127.0.0.1:1")
+        assert r.returncode == 1 and "127.0.0.1:1" in r.stderr
+    finally:
+        kill(p)
+    cluster.wait_allocations(0)
+    r = cluster.tool("orion-smi")
+    assert "No running processes found" in r.stdout
+    r = cluster.tool("orion-check", "runtime", "client", ORION_CONTROLLER="127.0.0.1:1")
+    assert r.returncode == 1 and "Address 127.0.0.1:1 is not reached" in r.stdout
+
+
+def test_a_restarted_server_releases_what_its_dead_sessions_held(cluster):
+    a = cluster.servers[0]
+    p = subprocess.Popen([str(TEST_BIN / "sleeper"), "16"], env=a.env(ORION_VGPU=2, ORION_GMEM=500),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while "READY" not in (line := p.stdout.readline()):
+        assert line, p.stderr.read()
+    try:
+        held = cluster.allocations()
+        assert len(held) == 1 and held[0]["server"] == a.id
+        a.proc.kill()  # no deregistration; its worker dies with it
+        a.proc.wait()
+        sub = a.tmp.parent / "srv0-again"
+        sub.mkdir()
+        again = Oriond(sub, tcp_port=a.port, conf_text=server_conf(cluster.ctl),
+                       extra_args=("--sim-gpus", "2", "--sim-gpu-mem", "16384"))
+        cluster.servers.append(again)
+        # It registers with a new boot id and without that session: the allocation is released.
+        cluster.wait_allocations(0, timeout=10)
+        assert "released its stale allocations" in cluster.ctl.log()
+        assert cluster.wait_up(2)["vgpus_free"] == 16
+    finally:
+        kill(p)
