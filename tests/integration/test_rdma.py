@@ -79,7 +79,8 @@ def rdma_initrd(tmp_path_factory, rdma_kernel):
 def test_programs_run_over_soft_roce(rdma_kernel, rdma_initrd, tmp_path):
     # Hostile RDMA clients first: each loses only its own session, and oriond serves the rest.
     run = ["hostile_all", "killed_memory", *PROGRAMS[:3], "tcp_device_props", "lowmem_device_props"]
-    console = vm.boot(rdma_kernel, rdma_initrd, run, gmem=256, timeout=600, log=tmp_path / "console.log")
+    console = vm.boot(rdma_kernel, rdma_initrd, run, gmem=256, timeout=600, log=tmp_path / "console.log",
+                      mem_mib=1024)  # oriond, its worker and the 64 MiB round trips of memory, in RAM
     out = vm.outputs(console)
     setup = console.split("=== BEGIN")[0]
     assert "failed" not in setup and "link rxe0/1 state ACTIVE" in setup, setup[-3000:]
