@@ -132,7 +132,7 @@ class RdmaFrameChannel final : public FrameChannel {
   bool Flush() noexcept override;
   void Close() noexcept override;
   static constexpr uint32_t kBatchBytes = 64 * 1024;
-  static constexpr uint32_t kRecvSlots = 16;
+  static constexpr uint32_t kRecvSlots = 32;  // more than the 24 DtoH chunks a copy keeps in flight
 
  private:
   RdmaFrameChannel(int fd, std::string address) noexcept;

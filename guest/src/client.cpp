@@ -28,6 +28,8 @@ using ivshmem::kChannelFree;
 constexpr uint64_t kChunk = 1ull << 20;            // bulk copy chunk
 constexpr uint64_t kPinnedAlign = 256;
 constexpr auto kHeartbeatTimeout = std::chrono::seconds(5);
+// HandshakeLocked: oriond chose RDMA but this end could not set it up; connect again over TCP.
+constexpr auto kRetryOverTcp = static_cast<CUresult>(1002);  // private, never returned to applications
 
 uint64_t NowNs() {
   timespec ts{};
@@ -84,14 +86,17 @@ CUresult Client::ConnectLocked() noexcept {
   const char* shm = std::getenv("ORION_SHM");
   const char* server = std::getenv("ORION_SERVER");
   // The network: the handshake on TCP; RDMA is offered when an RDMA device here owns the address
-  // this connection leaves from (Soft-RoCE or a RoCE/IB NIC), unless ORION_TRANSPORT=tcp.
-  auto connect_network = [&](const std::string& addr) -> Status {
+  // this connection leaves from (Soft-RoCE or a RoCE/IB NIC), unless ORION_TRANSPORT=tcp or
+  // `offer_rdma` is false (rdma_why_ then says why).
+  auto connect_network = [&](const std::string& addr, bool offer_rdma) -> Status {
     auto tcp = TcpFrameChannel::Connect(addr);
     if (!tcp.ok()) return tcp.status();
     network_ = true;
     tcp_ = tcp->get();
     const char* force = std::getenv("ORION_TRANSPORT");
-    if (force != nullptr && std::strcmp(force, "tcp") == 0) {
+    if (!offer_rdma) {
+      rdma_port_.reset();
+    } else if (force != nullptr && std::strcmp(force, "tcp") == 0) {
       rdma_why_ = "ORION_TRANSPORT=tcp";
     } else {
       sockaddr_storage ss{};
@@ -109,24 +114,37 @@ CUresult Client::ConnectLocked() noexcept {
     chan_ = std::move(*tcp);
     return Status();
   };
-  if ((shm == nullptr || *shm == '\0') && server != nullptr && *server != '\0') {
-    if (Status st = connect_network(server); !st.ok()) {
+  // The handshake; if the RDMA setup fails after oriond chose RDMA, connect again offering TCP only.
+  auto handshake_network = [&](const std::string& addr) -> CUresult {
+    const CUresult r = HandshakeLocked(vgpus, gmem, addr);
+    if (r != kRetryOverTcp) return r;
+    LogWarn("Orion transport: " + rdma_why_ + "; connecting again over TCP");
+    chan_.reset();
+    tcp_ = nullptr;
+    if (Status st = connect_network(addr, false); !st.ok()) {
       LogError("cannot use oriond: " + st.message());
       return CUDA_ERROR_NO_DEVICE;
     }
-    return HandshakeLocked(vgpus, gmem, server);
+    return HandshakeLocked(vgpus, gmem, addr);  // offers no RDMA: no second retry
+  };
+  if ((shm == nullptr || *shm == '\0') && server != nullptr && *server != '\0') {
+    if (Status st = connect_network(server, true); !st.ok()) {
+      LogError("cannot use oriond: " + st.message());
+      return CUDA_ERROR_NO_DEVICE;
+    }
+    return handshake_network(server);
   }
   auto where = ivshmem::FindClientRegion();
   if (!where.ok() && (shm == nullptr || *shm == '\0') && !ivshmem::ClientControllerAddr().empty()) {
     // No region here: the controller places us on a server, which we reach over the network.
     std::string placed;
     if (CUresult r = AllocateFromControllerLocked(vgpus, gmem, &placed); r != CUDA_SUCCESS) return r;
-    if (Status st = connect_network(placed); !st.ok()) {
+    if (Status st = connect_network(placed, true); !st.ok()) {
       LogError("cannot reach oriond " + placed + " of allocation " + controller_alloc_ + ": " + st.message());
       ReleaseControllerAllocation("server_unreachable");
       return CUDA_ERROR_NO_DEVICE;
     }
-    return HandshakeLocked(vgpus, gmem, placed);
+    return handshake_network(placed);
   }
   if (!where.ok()) {
     LogError("cannot use Orion region: " + where.status().message() +
@@ -241,8 +259,9 @@ CUresult Client::HandshakeLocked(uint64_t vgpus, uint64_t gmem, const std::strin
       auto rc = RdmaFrameChannel::Connect(tcp_->ReleaseFd(), *rdma_port_, where, layout_.window_bytes, ch);
       tcp_ = nullptr;
       if (!rc.ok()) {
-        const std::string why = "RDMA setup with oriond failed: " + rc.status().message();
-        return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, why.c_str());
+        // Our connection is closed (oriond's worker then ends that session); ConnectLocked retries.
+        rdma_why_ = "RDMA setup with oriond failed: " + rc.status().message();
+        return kRetryOverTcp;
       }
       desc_ = (*rc)->desc();
       header_ = (*rc)->header();

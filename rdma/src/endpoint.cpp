@@ -9,6 +9,7 @@
 #include <infiniband/verbs.h>
 #include <netinet/in.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -303,7 +304,22 @@ Result<std::unique_ptr<Endpoint>> Endpoint::Create(const Port& port, uint8_t* wi
   m->window_bytes = window_bytes;
   m->done_word = done_word;
   m->recv_slots = recv_slots;
-  auto fail = [&](const char* what) { return Unavailable(std::string(what) + " failed on " + port.device + ": " + std::strerror(errno)); };
+  auto fail = [&](const char* what) {
+    const int e = errno;
+    std::string hint;
+    rlimit rl{};
+    if ((e == ENOMEM || e == EPERM || e == EAGAIN) && getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+      const uint64_t need = window_bytes + static_cast<uint64_t>(kSendSlots + recv_slots) * kSlotBytes;
+      hint = " (`ulimit -l` is " + std::to_string(rl.rlim_cur / 1024) + " KiB, and RDMA registers about " +
+             std::to_string((need >> 20) + 1) + " MiB here: raise it, e.g. to unlimited)";
+    }
+    return Unavailable(std::string(what) + " failed on " + port.device + ": " + std::strerror(e) + hint);
+  };
+  // Registered memory counts against RLIMIT_MEMLOCK (unless CAP_IPC_LOCK): take what is allowed.
+  if (rlimit rl{}; getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_MEMLOCK, &rl);
+  }
   int n = 0;
   ibv_device** list = v->get_device_list(&n);
   for (int d = 0; list != nullptr && d < n && m->ctx == nullptr; ++d) {

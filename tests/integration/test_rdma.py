@@ -1,8 +1,10 @@
 """RDMA for real, with Soft-RoCE: this host's kernel has no RDMA, so a QEMU (TCG) guest boots Debian's
 standard kernel (scripts/vm-kernel --rdma), loads rdma_rxe on a dummy netdev, and runs oriond (sim
 backend, enable_rdma) and the nvcc test programs inside it, over the dummy address. Both logs must
-say RDMA, the programs must pass, and the launches must be in the sim launch log. The fallback to
-TCP on a host without RDMA is in test_tcp.py."""
+say RDMA, the programs must pass, and the launches must be in the sim launch log. Also: hostile RDMA
+clients, a client killed mid-run, a client forced to TCP, and one whose RDMA setup fails after
+oriond chose RDMA (it connects again over TCP). The fallback to TCP on a host without RDMA is in
+test_tcp.py."""
 import re
 import subprocess
 from pathlib import Path
@@ -29,6 +31,13 @@ while ! grep -qE "exits \((client disconnected|worker ended)\)" /tmp/logs/server
   sleep 0.1; i=$((i+1))
 done
 grep -E "exits \((client disconnected|worker ended)\)" /tmp/logs/server.log
+"""
+# A client that cannot register its window (a non-root user with a 64 KiB `ulimit -l`): the RDMA
+# setup fails after oriond chose RDMA, and the client connects again over TCP, saying why.
+LOWMEM_WRAPPER = """#!/bin/sh
+grep -q '^u:' /etc/passwd 2>/dev/null || echo 'u:x:1000:1000::/tmp:/bin/sh' >> /etc/passwd
+ulimit -l 64
+exec su u -c /opt/device_props
 """
 HOSTILE_MODES = ["badconnect", "garbage", "window", "tcpbytes"]
 HOSTILE_WRAPPER = ("#!/bin/sh\nrc=0\nfor m in " + " ".join(HOSTILE_MODES) +
@@ -57,16 +66,21 @@ def rdma_initrd(tmp_path_factory, rdma_kernel):
     killed.write_text(KILLED_WRAPPER)
     killed.chmod(0o755)
     extra["/opt/killed_memory"] = killed
+    lowmem = d / "lowmem_device_props"
+    lowmem.write_text(LOWMEM_WRAPPER)
+    lowmem.chmod(0o755)
+    extra["/opt/lowmem_device_props"] = lowmem
     extra["/opt/tcp_device_props"] = wrapper
     progs = [TEST_BIN / p for p in PROGRAMS] + [ROOT / "build" / "hostile_rdma"]
     return vm.build_initramfs(d / "initrd.gz", PREFIX, progs, extra=extra, setup=vm.SOFT_ROCE_SETUP,
-                              teardown=vm.SOFT_ROCE_TEARDOWN, applets=vm.SOFT_ROCE_APPLETS)
+                              teardown=vm.SOFT_ROCE_TEARDOWN, applets=vm.SOFT_ROCE_APPLETS + ["su"])
 
 
 def test_programs_run_over_soft_roce(rdma_kernel, rdma_initrd, tmp_path):
     # Hostile RDMA clients first: each loses only its own session, and oriond serves the rest.
-    console = vm.boot(rdma_kernel, rdma_initrd, ["hostile_all", "killed_memory"] + PROGRAMS[:3] + ["tcp_device_props"],
-                      gmem=256, timeout=600, log=tmp_path / "console.log", mem_mib=1024)  # initramfs + oriond + client in RAM
+    run = ["hostile_all", "killed_memory", *PROGRAMS[:3], "tcp_device_props", "lowmem_device_props"]
+    console = vm.boot(rdma_kernel, rdma_initrd, run, gmem=256, timeout=600, log=tmp_path / "console.log",
+                      mem_mib=1024)  # oriond, its worker and the 64 MiB round trips of memory, in RAM
     out = vm.outputs(console)
     setup = console.split("=== BEGIN")[0]
     assert "failed" not in setup and "link rxe0/1 state ACTIVE" in setup, setup[-3000:]
@@ -77,7 +91,7 @@ def test_programs_run_over_soft_roce(rdma_kernel, rdma_initrd, tmp_path):
         assert_passed(vm_result(rc, text), expect_checks=40 if prog == "memory" else 1)
         assert f"Orion transport: RDMA to {ADDR}:9960 (rxe0 port 1" in text, text[-3000:]
         assert "Orion Simulated GPU" in text or prog == "memory", prog
-    assert len(re.findall(r"Client supports RDMA mode, then server runs in RDMA mode\.", server_log)) == 8, server_log
+    assert len(re.findall(r"Client supports RDMA mode, then server runs in RDMA mode\.", server_log)) == 9, server_log
     assert len(re.findall(r"Creating session \d+ for '(memory|kernel_params|driver_api)' .* over RDMA", server_log)) == 4
     assert "RDMA enabled: device(s) rxe0" in server_log, server_log
     session_log = out["session.log"][1]
@@ -100,6 +114,13 @@ def test_programs_run_over_soft_roce(rdma_kernel, rdma_initrd, tmp_path):
     assert_passed(vm_result(rc, text))
     assert f"Orion transport: TCP to {ADDR}:9960 (no RDMA: ORION_TRANSPORT=tcp)" in text, text
     assert "Client supports TCP mode, then server also falls back to TCP mode." in server_log
+    # RDMA setup failing on the client after oriond chose RDMA: it connects again, over TCP.
+    rc, text = out["lowmem_device_props"]
+    assert_passed(vm_result(rc, text))
+    assert re.search(r"\[warning\] Orion transport: RDMA setup with oriond failed: ibv_reg_mr \(\w+\) failed on rxe0: "
+                     r".*`ulimit -l` is 64 KiB.*; connecting again over TCP", text), text
+    assert f"Orion transport: TCP to {ADDR}:9960 (no RDMA: RDMA setup with oriond failed" in text, text
+    assert "client sent no RdmaConnect" in session_log
     launches = out["launch.log"][1].splitlines()
     assert_launches_logged(out["kernel_params"][1], launches)
     assert_launches_logged(out["driver_api"][1], launches)
