@@ -301,9 +301,10 @@ std::map<std::string, host::VgpuPool> Service::Pools(const std::string& only) co
   return pools;
 }
 
-host::VgpuPool Service::PoolOf(const Server& s) const {
+const host::VgpuPool& Service::PoolOf(const Server& s) const {
+  static const host::VgpuPool kEmpty({}, 1);
   auto it = pools_.find(s.id);
-  return it != pools_.end() ? it->second : host::VgpuPool({}, 1);
+  return it != pools_.end() ? it->second : kEmpty;
 }
 
 Result<Json> Service::RegisterServer(const std::string& id, const Json& body) {
@@ -376,7 +377,7 @@ Result<Json> Service::RegisterServer(const std::string& id, const Json& body) {
   servers_[id] = s;
   pools_.erase(id);
   pools_.emplace(id, std::move(Pools(id).at(id)));
-  host::VgpuPool pool = PoolOf(s);
+  const host::VgpuPool& pool = PoolOf(s);
   Json assignments = Json::array();
   for (const auto& [aid, a] : allocs_) {
     if (a.server == id && a.kind == "vm") assignments.push_back(ToJson(a));
@@ -456,7 +457,7 @@ Json Service::Servers() const {
   Json out = Json::array();
   for (const auto& [id, s] : servers_) {
     Json j = ToJson(s);
-    host::VgpuPool pool = PoolOf(s);
+    const host::VgpuPool& pool = PoolOf(s);
     j["vgpus_total"] = pool.total_vgpus();
     j["vgpus_free"] = pool.free_vgpus();
     Json used = Json::array();
@@ -493,7 +494,6 @@ Result<Service::Allocation> Service::Place(const Json& body, const std::string& 
   }
   uint64_t largest_gpu = 0, largest_server_mem = 0;
   uint32_t largest_server_vgpus = 0;
-  std::vector<std::pair<double, const Server*>> order;
   std::vector<host::VgpuPool*> pools;
   pools.reserve(cands.size());
   for (const Server* s : cands) {
@@ -714,7 +714,7 @@ Json Service::Summary() const {
   for (const auto& [id, s] : servers_) {
     if (!s.up) continue;
     ++up;
-    host::VgpuPool p = PoolOf(s);
+    const host::VgpuPool& p = PoolOf(s);
     total += p.total_vgpus();
     free += p.free_vgpus();
   }
@@ -729,11 +729,16 @@ Json Service::Summary() const {
 std::string Service::Metrics() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::string out;
-  auto line = [&](const std::string& s) { out += s + "\n"; };
+  // One metric family: HELP and TYPE, then its samples ("{labels} value" or " value").
+  auto family = [&](const char* name, const char* type, const char* help, const std::vector<std::string>& samples) {
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+    for (const auto& v : samples) out += name + v + "\n";
+  };
+  auto num = [](uint64_t v) { return " " + std::to_string(v); };
   uint32_t total = 0, free = 0, up = 0;
-  std::string gpu_total, gpu_alloc, gpu_used;
+  std::vector<std::string> gpu_total, gpu_alloc, gpu_used;
   for (const auto& [id, s] : servers_) {
-    host::VgpuPool p = PoolOf(s);
+    const host::VgpuPool& p = PoolOf(s);
     if (s.up) {
       ++up;
       total += p.total_vgpus();
@@ -741,47 +746,31 @@ std::string Service::Metrics() const {
     }
     for (size_t i = 0; i < s.gpus.size(); ++i) {
       const std::string lbl = "{server=\"" + id + "\",gpu=\"" + std::to_string(s.gpus[i].index) + "\",name=\"" + s.gpus[i].name + "\"}";
-      gpu_total += "orion_gpu_memory_total_mib" + lbl + " " + std::to_string(s.gpus[i].memory_mib) + "\n";
-      gpu_alloc += "orion_gpu_memory_allocated_mib" + lbl + " " + std::to_string(p.used_bytes(i) >> 20) + "\n";
       uint64_t used = 0;
       for (const auto& [aid, a] : allocs_) {
         if (a.server != id) continue;
         for (const Slot& sl : a.slots) used += sl.pgpu == s.gpus[i].index ? sl.used_mib : 0;
       }
-      gpu_used += "orion_gpu_memory_used_mib" + lbl + " " + std::to_string(used) + "\n";
+      gpu_total.push_back(lbl + num(s.gpus[i].memory_mib));
+      gpu_alloc.push_back(lbl + num(p.used_bytes(i) >> 20));
+      gpu_used.push_back(lbl + num(used));
     }
   }
   size_t vms = 0;
   for (const auto& [id, a] : allocs_) vms += a.kind == "vm";
-  line("# HELP orion_vgpus_total vGPUs on servers that are up");
-  line("# TYPE orion_vgpus_total gauge");
-  line("orion_vgpus_total " + std::to_string(total));
-  line("# HELP orion_vgpus_free free vGPUs on servers that are up");
-  line("# TYPE orion_vgpus_free gauge");
-  line("orion_vgpus_free " + std::to_string(free));
-  line("# HELP orion_vgpus_used vGPUs held by allocations and assignments on servers that are up");
-  line("# TYPE orion_vgpus_used gauge");
-  line("orion_vgpus_used " + std::to_string(total - free));
-  line("# HELP orion_servers registered servers by state");
-  line("# TYPE orion_servers gauge");
-  line("orion_servers{state=\"up\"} " + std::to_string(up));
-  line("orion_servers{state=\"down\"} " + std::to_string(servers_.size() - up));
-  line("# HELP orion_allocations live allocations by kind");
-  line("# TYPE orion_allocations gauge");
-  line("orion_allocations{kind=\"process\"} " + std::to_string(allocs_.size() - vms));
-  line("orion_allocations{kind=\"vm\"} " + std::to_string(vms));
-  line("# HELP orion_allocations_created_total allocations and assignments made since start");
-  line("# TYPE orion_allocations_created_total counter");
-  line("orion_allocations_created_total " + std::to_string(allocations_made_));
-  line("# HELP orion_allocation_refusals_total requests refused since start");
-  line("# TYPE orion_allocation_refusals_total counter");
-  line("orion_allocation_refusals_total " + std::to_string(refusals_));
-  line("# HELP orion_allocations_expired_total allocations released because nobody renewed their lease");
-  line("# TYPE orion_allocations_expired_total counter");
-  line("orion_allocations_expired_total " + std::to_string(expired_));
-  out += "# HELP orion_gpu_memory_total_mib physical GPU memory\n# TYPE orion_gpu_memory_total_mib gauge\n" + gpu_total;
-  out += "# HELP orion_gpu_memory_allocated_mib vGPU quota placed on the GPU\n# TYPE orion_gpu_memory_allocated_mib gauge\n" + gpu_alloc;
-  out += "# HELP orion_gpu_memory_used_mib memory the GPU's sessions use (oriond's heartbeats)\n# TYPE orion_gpu_memory_used_mib gauge\n" + gpu_used;
+  family("orion_vgpus_total", "gauge", "vGPUs on servers that are up", {num(total)});
+  family("orion_vgpus_free", "gauge", "free vGPUs on servers that are up", {num(free)});
+  family("orion_vgpus_used", "gauge", "vGPUs held by allocations and assignments on servers that are up", {num(total - free)});
+  family("orion_servers", "gauge", "registered servers by state",
+         {"{state=\"up\"}" + num(up), "{state=\"down\"}" + num(servers_.size() - up)});
+  family("orion_allocations", "gauge", "live allocations by kind",
+         {"{kind=\"process\"}" + num(allocs_.size() - vms), "{kind=\"vm\"}" + num(vms)});
+  family("orion_allocations_created_total", "counter", "allocations and assignments made since start", {num(allocations_made_)});
+  family("orion_allocation_refusals_total", "counter", "requests refused since start", {num(refusals_)});
+  family("orion_allocations_expired_total", "counter", "allocations released because nobody renewed their lease", {num(expired_)});
+  family("orion_gpu_memory_total_mib", "gauge", "physical GPU memory", gpu_total);
+  family("orion_gpu_memory_allocated_mib", "gauge", "vGPU quota placed on the GPU", gpu_alloc);
+  family("orion_gpu_memory_used_mib", "gauge", "memory the GPU's sessions use (oriond's heartbeats)", gpu_used);
   return out;
 }
 

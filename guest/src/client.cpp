@@ -51,6 +51,16 @@ uint64_t EnvU64(const char* name, uint64_t dflt, bool* bad) {
   return v;
 }
 
+// This process's name (/proc/self/comm), for oriond's logs and the controller's records.
+std::string ProcessName() {
+  char comm[64] = {};
+  if (FILE* f = std::fopen("/proc/self/comm", "r")) {
+    if (std::fgets(comm, sizeof comm, f) != nullptr) comm[std::strcspn(comm, "\n")] = '\0';
+    std::fclose(f);
+  }
+  return comm;
+}
+
 thread_local uint64_t t_ctx_handle = 0;
 
 }  // namespace
@@ -215,12 +225,7 @@ CUresult Client::HandshakeLocked(uint64_t vgpus, uint64_t gmem, const std::strin
   hello.vgpu_count = static_cast<uint32_t>(vgpus);
   hello.gmem_mib = gmem;
   hello.pid = static_cast<uint32_t>(getpid());
-  char comm[64] = {};
-  if (FILE* f = std::fopen("/proc/self/comm", "r")) {
-    if (std::fgets(comm, sizeof comm, f) != nullptr) comm[std::strcspn(comm, "\n")] = '\0';
-    std::fclose(f);
-  }
-  std::memcpy(hello.process_name, comm, sizeof hello.process_name);
+  std::snprintf(hello.process_name, sizeof hello.process_name, "%s", ProcessName().c_str());
   if (const char* key = std::getenv("ORION_KEY"); key != nullptr && network_) {
     std::strncpy(hello.key, key, sizeof hello.key - 1);
   }
@@ -309,18 +314,11 @@ CUresult Client::AllocateFromControllerLocked(uint64_t vgpus, uint64_t gmem, std
     LogError("ORION_RATIO must be a percentage 1..100");
     return CUDA_ERROR_INVALID_VALUE;
   }
-  const char* key = std::getenv("ORION_CONTROLLER_KEY");
-  if (key == nullptr || *key == '\0') key = std::getenv("ORION_KEY");
   char host[256] = {};
   gethostname(host, sizeof host - 1);
-  char comm[64] = {};
-  if (FILE* f = std::fopen("/proc/self/comm", "r")) {
-    if (std::fgets(comm, sizeof comm, f) != nullptr) comm[std::strcspn(comm, "\n")] = '\0';
-    std::fclose(f);
-  }
-  controller::ControllerClient cc(*ep, key != nullptr ? key : "", 5000);
+  controller::ControllerClient cc(*ep, ivshmem::ClientControllerKey(), 5000);
   nlohmann::json req = {{"vgpus", vgpus}, {"gmem_mib", gmem},
-                        {"client", {{"host", host}, {"pid", static_cast<uint32_t>(getpid())}, {"process", comm}}}};
+                        {"client", {{"host", host}, {"pid", static_cast<uint32_t>(getpid())}, {"process", ProcessName()}}}};
   if (ratio != 0) req["ratio"] = ratio;
   auto r = cc.Call("POST", "/v1/allocations", req);
   if (!r.ok()) {
@@ -353,9 +351,7 @@ void Client::ReleaseControllerAllocation(const char* why) noexcept {
   const std::string id = std::exchange(controller_alloc_, std::string());
   auto ep = controller::ParseEndpoint(controller_addr_);
   if (!ep.ok()) return;
-  const char* key = std::getenv("ORION_CONTROLLER_KEY");
-  if (key == nullptr || *key == '\0') key = std::getenv("ORION_KEY");
-  controller::ControllerClient cc(*ep, key != nullptr ? key : "", 2000);
+  controller::ControllerClient cc(*ep, ivshmem::ClientControllerKey(), 2000);
   // oriond releases it too when the session ends: "not found" here is normal.
   (void)cc.Call("DELETE", "/v1/allocations/" + id + "?reason=" + why);
   LogInfo("Client exits with allocation ID " + id);

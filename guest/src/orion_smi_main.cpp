@@ -43,11 +43,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "orion-smi: %s\n", ep.status().message().c_str());
     return 1;
   }
-  const char* key = std::getenv("ORION_CONTROLLER_KEY");
-  if (key == nullptr || *key == '\0') key = std::getenv("ORION_KEY");
   char host[256] = {};
   gethostname(host, sizeof host - 1);
-  orion::controller::ControllerClient cc(*ep, key != nullptr ? key : "", 5000);
+  orion::controller::ControllerClient cc(*ep, orion::ivshmem::ClientControllerKey(), 5000);
   auto list = cc.Call("GET", all ? "/v1/allocations?kind=process" : std::string("/v1/allocations?kind=process&host=") + host);
   if (!list.ok()) {
     std::fprintf(stderr, "orion-smi: Orion Controller %s: %s\n", ep->text().c_str(), list.status().message().c_str());

@@ -63,7 +63,30 @@ std::string TimeStamp() {
   return b;
 }
 
+// The CUresult a refused Hello gets for an admission error.
+CUresult RefusalCode(Code c) {
+  switch (c) {
+    case Code::kInvalidArgument:
+    case Code::kNotFound: return CUDA_ERROR_INVALID_VALUE;
+    case Code::kUnavailable: return CUDA_ERROR_DEVICE_UNAVAILABLE;
+    default: return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+}
+
 }  // namespace
+
+// What every transport checks in a Hello before admission; makes its strings safe to log.
+Status Daemon::CheckRequest(HelloReq* hello) const {
+  if (serving_ >= config_.max_clients) {
+    return ResourceExhausted("oriond serves its maximum of " + std::to_string(config_.max_clients) + " clients");
+  }
+  if (hello->vgpu_count == 0 || hello->vgpu_count > kMaxDevices) {
+    return InvalidArgument("ORION_VGPU=" + std::to_string(hello->vgpu_count) + " must be 1.." + std::to_string(kMaxDevices));
+  }
+  SanitizeName(hello->hostname, sizeof hello->hostname);
+  SanitizeName(hello->allocation_id, sizeof hello->allocation_id);
+  return Status::Ok();
+}
 
 Daemon::Daemon(ServerConfig config) : config_(std::move(config)) {}
 
@@ -380,7 +403,6 @@ std::string Daemon::Attach(const std::string& vm, const std::string& path, uint3
       link_->Unassign(vm);
       placements = st;
     } else {
-      vm_assignment_[vm] = g->allocation_id;
       placements = std::move(g->placements);
     }
   } else {
@@ -393,10 +415,7 @@ std::string Daemon::Attach(const std::string& vm, const std::string& path, uint3
   Region r;
   if (Status s = AddRegion(path, &r); !s.ok()) {
     pool_->Release(*placements);
-    if (link_) {
-      link_->Unassign(vm);
-      vm_assignment_.erase(vm);
-    }
+    if (link_) link_->Unassign(vm);
     return "error " + s.message();
   }
   r.vm = vm;
@@ -428,10 +447,7 @@ std::string Daemon::Detach(const std::string& vm) {
       --serving_;
     }
     pool_->Release(r.reserved);
-    if (link_) {
-      link_->Unassign(vm);
-      vm_assignment_.erase(vm);
-    }
+    if (link_) link_->Unassign(vm);
     log_->info("VM {}: detached {}", vm, r.map->path());
     regions_.erase(regions_.begin() + static_cast<std::ptrdiff_t>(i));
     return "ok";
@@ -614,26 +630,14 @@ void Daemon::Handshake(Pending& p) {
     }
     log_->info("client {}: Client supports TCP mode, then server also falls back to TCP mode.", p.peer);
   }
-  if (serving_ >= config_.max_clients) {
-    refuse(CUDA_ERROR_OUT_OF_MEMORY, "oriond serves its maximum of " + std::to_string(config_.max_clients) + " clients");
+  if (Status st = CheckRequest(&hello); !st.ok()) {
+    refuse(RefusalCode(st.code()), st.message());
     return;
   }
-  if (hello.vgpu_count == 0 || hello.vgpu_count > kMaxDevices) {
-    refuse(CUDA_ERROR_INVALID_VALUE, "ORION_VGPU=" + std::to_string(hello.vgpu_count) + " must be 1.." +
-                                         std::to_string(kMaxDevices));
-    return;
-  }
-  SanitizeName(hello.hostname, sizeof hello.hostname);
-  SanitizeName(hello.allocation_id, sizeof hello.allocation_id);
   const uint32_t session = next_session_++;
   auto admitted = Acquire(hello, session, p.peer.substr(0, p.peer.rfind(':')));
   if (!admitted.ok()) {
-    const Code c = admitted.status().code();
-    refuse(c == Code::kInvalidArgument ? CUDA_ERROR_INVALID_VALUE
-           : c == Code::kUnavailable   ? CUDA_ERROR_DEVICE_UNAVAILABLE
-           : c == Code::kNotFound      ? CUDA_ERROR_INVALID_VALUE
-                                       : CUDA_ERROR_OUT_OF_MEMORY,
-           admitted.status().message());
+    refuse(RefusalCode(admitted.status().code()), admitted.status().message());
     return;
   }
   auto* placements = &admitted->placements;
@@ -775,17 +779,10 @@ void Daemon::Admit(Region& r, uint32_t index) {
                                          " is not supported (oriond speaks " + std::to_string(kProtocolVersion) + ")");
     return;
   }
-  if (serving_ >= config_.max_clients) {
-    refuse(CUDA_ERROR_OUT_OF_MEMORY, "oriond serves its maximum of " + std::to_string(config_.max_clients) + " clients");
+  if (Status st = CheckRequest(&hello); !st.ok()) {
+    refuse(RefusalCode(st.code()), st.message());
     return;
   }
-  if (hello.vgpu_count == 0 || hello.vgpu_count > kMaxDevices) {
-    refuse(CUDA_ERROR_INVALID_VALUE, "ORION_VGPU=" + std::to_string(hello.vgpu_count) + " must be 1.." +
-                                         std::to_string(kMaxDevices));
-    return;
-  }
-  SanitizeName(hello.hostname, sizeof hello.hostname);
-  SanitizeName(hello.allocation_id, sizeof hello.allocation_id);
   const uint32_t session = next_session_++;
   Result<std::vector<Placement>> placements = std::vector<Placement>{};
   std::string allocation_id;
@@ -814,11 +811,7 @@ void Daemon::Admit(Region& r, uint32_t index) {
     }
   }
   if (!placements.ok()) {
-    const Code c = placements.status().code();
-    refuse(c == Code::kInvalidArgument || c == Code::kNotFound ? CUDA_ERROR_INVALID_VALUE
-           : c == Code::kUnavailable                         ? CUDA_ERROR_DEVICE_UNAVAILABLE
-                                                             : CUDA_ERROR_OUT_OF_MEMORY,
-           placements.status().message());
+    refuse(RefusalCode(placements.status().code()), placements.status().message());
     return;
   }
   const int slot = TakeStatSlot();

@@ -64,12 +64,6 @@ bool ControllerStatus(const std::string& addr, const std::string& key) {
   return true;
 }
 
-std::string ClientKey() {
-  const char* k = std::getenv("ORION_CONTROLLER_KEY");
-  if (k == nullptr || *k == '\0') k = std::getenv("ORION_KEY");
-  return k != nullptr ? k : "";
-}
-
 int RuntimeClient() {
   std::printf("Checking Orion client environment ...\n");
   const std::string controller = orion::ivshmem::ClientControllerAddr();
@@ -79,7 +73,7 @@ int RuntimeClient() {
     if (!controller.empty()) {
       // A network client: the controller places it on a server.
       Row("Orion Controller :", controller);
-      return ControllerStatus(controller, ClientKey()) ? 0 : 1;
+      return ControllerStatus(controller, orion::ivshmem::ClientControllerKey()) ? 0 : 1;
     }
     std::printf("%s\n", where.status().message().c_str());
     return 1;
@@ -110,7 +104,7 @@ int RuntimeClient() {
   Row("Orion Server serves this region", YesNo(alive));
   if (!alive) std::printf("oriond does not answer through this region (heartbeat stopped).\n");
   bool ok = alive;
-  if (!controller.empty()) ok &= ControllerStatus(controller, ClientKey());
+  if (!controller.empty()) ok &= ControllerStatus(controller, orion::ivshmem::ClientControllerKey());
   return ok ? 0 : 1;
 }
 

@@ -154,4 +154,10 @@ std::string ClientControllerAddr() {
   return conf.controller_addr;
 }
 
+std::string ClientControllerKey() {
+  const char* k = std::getenv("ORION_CONTROLLER_KEY");
+  if (k == nullptr || *k == '\0') k = std::getenv("ORION_KEY");
+  return k != nullptr ? k : "";
+}
+
 }  // namespace orion::ivshmem

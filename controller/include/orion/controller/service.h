@@ -118,7 +118,7 @@ class Service {
   void Rollback();
   static Json ToJson(const Server& s);
   Json ToJson(const Allocation& a) const;
-  host::VgpuPool PoolOf(const Server& s) const;
+  const host::VgpuPool& PoolOf(const Server& s) const;  // pools_'s entry (empty if none)
   // Every server's pool (or only `only`'s), from one pass over the allocations.
   std::map<std::string, host::VgpuPool> Pools(const std::string& only = "") const;
   Result<Allocation> Place(const Json& body, const std::string& server, const std::string& kind);

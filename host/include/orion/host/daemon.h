@@ -82,6 +82,7 @@ class Daemon {
     std::vector<Placement> placements;
     std::string allocation_id;
   };
+  Status CheckRequest(HelloReq* hello) const;
   Result<Admission> Acquire(const HelloReq& hello, uint32_t session, const std::string& peer);
   // A session ended: its vGPUs go back (and its allocation to the controller).
   void Finish(const std::vector<Placement>& placements, const std::string& allocation_id, int stat_slot,
@@ -96,7 +97,6 @@ class Daemon {
   static constexpr int kStatSlots = 1024;
   std::atomic<uint64_t>* stats_ = nullptr;
   std::vector<bool> stat_used_;
-  std::map<std::string, std::string> vm_assignment_;  // VM -> allocation id (controller mode)
 
   ServerConfig config_;
   BackendKind backend_ = BackendKind::kSim;

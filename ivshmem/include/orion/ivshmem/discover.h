@@ -25,5 +25,7 @@ Result<RegionLocation> FindClientRegion();
 // The controller a client asks for vGPUs when it has no region: $ORION_CONTROLLER, else
 // [controller] controller_addr of $HOME/.orion/client.conf, else of /etc/orion/client.conf; "" = none.
 std::string ClientControllerAddr();
+// The key a client presents to the controller: $ORION_CONTROLLER_KEY, else $ORION_KEY; "" = none.
+std::string ClientControllerKey();
 
 }  // namespace orion::ivshmem
