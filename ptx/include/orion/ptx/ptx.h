@@ -1,0 +1,107 @@
+// orion/ptx/ptx.h — executes PTX kernels on the CPU, for the sim backend (no GPU).
+//
+// A module's PTX text (what nvcc embeds next to SASS, or what a program passes to cuModuleLoadData)
+// is parsed once into a Program. Each kernel is lowered once, at its first launch, to a flat array
+// of decoded instructions (registers resolved to indices, labels to instruction numbers, the
+// functions it calls copied in with their own registers). A launch then runs the grid block by
+// block; inside a block, warps of 32 lanes run in lockstep with an active mask.
+//
+// Semantics follow the PTX ISA (PTX ISA 9.0, "Parallel Thread Execution ISA", NVIDIA):
+//   * SIMT: a warp executes the instruction at the lowest program counter among its lanes that can
+//     run (min-PC scheduling: divergent paths reconverge where they meet again, which is the
+//     immediate post-dominator for structured code). Warp collectives (shfl.sync, vote.sync,
+//     match.sync, redux.sync, bar.warp.sync) wait until every lane of their member mask arrives.
+//   * bar.sync / barrier.sync / bar.red: all non-exited threads of the block (exited threads count
+//     as arrived).
+//   * State spaces: global (the session's allocations, every access bounds-checked through
+//     GlobalMemory), shared (per block: static + dynamic), local (per thread), param (the kernel's
+//     parameter buffer; per-thread for .func calls), const (module globals in device memory).
+//     Generic addresses: shared and local live in two windows (kSharedWindow, kLocalWindow) that
+//     cvta converts to and from; everything else is global.
+//   * An access outside every allocation ends the launch with CUDA_ERROR_ILLEGAL_ADDRESS, a
+//     misaligned one with CUDA_ERROR_MISALIGNED_ADDRESS; `trap` with CUDA_ERROR_LAUNCH_FAILED;
+//     `__assertfail` with CUDA_ERROR_ASSERT; exceeding the timeout with CUDA_ERROR_LAUNCH_TIMEOUT.
+//     Nothing outside the session's memory is ever touched.
+//   * An instruction the executor does not implement fails the *parse* of its kernel (at the first
+//     launch) with CUDA_ERROR_NOT_SUPPORTED and the instruction named: never a silent no-op.
+//
+// Not implemented (named in the error when met): textures and surfaces (tex, suld, sust), tensor
+// cores (mma, wmma, wgmma), cp.async / TMA, indirect calls, recursion, grid-wide sync
+// (cooperative launch), clusters' distributed shared memory.
+//
+// Thread-safety: a Program is immutable after Parse except for its lowered-kernel cache, which is
+// guarded; several launches of one Program may run at once from different threads.
+#pragma once
+
+#include <cuda.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "orion/common/status.h"
+
+namespace orion::ptx {
+
+// Generic-address windows for the shared and local state spaces (never valid device addresses).
+inline constexpr uint64_t kSharedWindow = 0x0000100000000000ull;
+inline constexpr uint64_t kLocalWindow = 0x0000110000000000ull;
+inline constexpr uint64_t kWindowBytes = 0x0000010000000000ull;
+
+// The device memory a launch may touch: the session's allocations.
+class GlobalMemory {
+ public:
+  struct Span {
+    uint64_t base = 0;     // device address of the allocation
+    uint64_t bytes = 0;    // its size
+    uint8_t* host = nullptr;  // where its bytes live in this process
+  };
+  virtual ~GlobalMemory() = default;
+  // The allocation containing device address `addr`; false if none does.
+  virtual bool Find(uint64_t addr, Span* out) = 0;
+};
+
+// A module-scope variable (.global / .const) the launch needs in device memory.
+struct ModuleVar {
+  std::string name;
+  uint64_t size = 0;
+  std::vector<uint8_t> init;  // initial bytes (may be shorter than size: the rest is zero)
+};
+
+class Program;
+
+// Parses PTX text. Errors name the line. Instructions are checked when a kernel is first lowered.
+Result<std::shared_ptr<Program>> Parse(std::string_view text);
+
+// Module-scope .global and .const variables, in declaration order.
+const std::vector<ModuleVar>& Vars(const Program& p);
+bool HasKernel(const Program& p, std::string_view name);
+
+struct LaunchConfig {
+  uint32_t grid[3] = {1, 1, 1};
+  uint32_t block[3] = {1, 1, 1};
+  uint32_t dynamic_smem = 0;
+  const uint8_t* params = nullptr;   // the kernel's parameter buffer (laid out per the PTX ABI)
+  uint32_t param_bytes = 0;
+  // Device address of each entry of Vars(program), same order (allocated by the caller).
+  const uint64_t* var_addrs = nullptr;
+  uint64_t timeout_ms = 0;           // 0: none
+  uint32_t workers = 1;              // host threads running blocks in parallel
+  std::string* printf_out = nullptr;  // device printf text is appended here (nullptr: dropped)
+  uint64_t printf_limit = 1 << 20;    // bytes of printf text kept per launch (cudaLimitPrintfFifoSize)
+};
+
+struct LaunchResult {
+  CUresult code = CUDA_SUCCESS;
+  std::string message;               // why it failed: instruction, lane, address
+  uint64_t warp_instructions = 0;    // instructions issued (one per warp step)
+  uint64_t thread_instructions = 0;  // lane-instructions executed
+};
+
+// Runs one launch of `kernel` to completion (or to its first fault).
+LaunchResult Launch(Program& p, std::string_view kernel, const LaunchConfig& cfg, GlobalMemory& mem);
+
+}  // namespace orion::ptx

@@ -1,0 +1,1325 @@
+// ptx/src/parse.cpp — PTX text to Funcs (Parse), and a kernel to one flat instruction array (Lower).
+//
+// The accepted syntax is what NVVM (nvcc 11..13) and hand-written PTX use: module directives
+// (.version .target .address_size .file .section), module variables (.global .const .shared with
+// .align, arrays and initialisers), .entry/.func declarations and definitions, and bodies made of
+// .reg/.local/.shared/.param declarations, nested { } scopes, labels, and instructions with guard
+// predicates. Debug directives (.loc, .pragma, .section blocks) are skipped.
+#include <cstring>
+#include <functional>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+
+#include "ir.h"
+
+namespace orion::ptx {
+
+int TyBytes(Ty t) {
+  switch (t) {
+    case Ty::kB8: case Ty::kU8: case Ty::kS8: return 1;
+    case Ty::kB16: case Ty::kU16: case Ty::kS16: case Ty::kF16: case Ty::kBF16: return 2;
+    case Ty::kB32: case Ty::kU32: case Ty::kS32: case Ty::kF32: case Ty::kF16x2: case Ty::kBF16x2: return 4;
+    case Ty::kB64: case Ty::kU64: case Ty::kS64: case Ty::kF64: return 8;
+    case Ty::kB128: return 16;
+    case Ty::kPred: return 1;
+    case Ty::kNone: return 0;
+  }
+  return 0;
+}
+bool TyFloat(Ty t) {
+  return t == Ty::kF16 || t == Ty::kF16x2 || t == Ty::kBF16 || t == Ty::kBF16x2 || t == Ty::kF32 || t == Ty::kF64;
+}
+bool TySigned(Ty t) { return t == Ty::kS8 || t == Ty::kS16 || t == Ty::kS32 || t == Ty::kS64; }
+const char* TyName(Ty t) {
+  static const char* const kNames[] = {"none", "b8",  "b16",  "b32",    "b64",  "b128", "u8",
+                                       "u16",  "u32", "u64",  "s8",     "s16",  "s32",  "s64",
+                                       "f16",  "f16x2", "bf16", "bf16x2", "f32", "f64", "pred"};
+  return kNames[static_cast<int>(t)];
+}
+
+const char* OpName(Op op) {
+  static const char* const kNames[] = {
+      "nop",  "add",   "sub",  "mul",   "mad",  "mul24", "mad24", "sad",   "div",     "rem",   "abs",
+      "neg",  "min",   "max",  "popc",  "clz",  "bfind", "brev",  "bfe",   "bfi",     "prmt",  "and",
+      "or",   "xor",   "not",  "cnot",  "shl",  "shr",   "shf",   "lop3",  "addc",    "subc",  "madc",
+      "dp4a", "dp2a",  "fma",  "rcp",   "sqrt", "rsqrt", "sin",   "cos",   "lg2",     "ex2",   "tanh",
+      "copysign", "testp", "setp", "set", "selp", "slct", "mov",  "cvt",   "cvta",    "ld",    "ldu",
+      "st",   "prefetch", "isspacep", "atom", "red", "bra", "call", "ret", "exit",   "trap",  "brkpt",
+      "bar",  "bar.red", "bar.arrive", "membar", "nanosleep", "shfl", "vote", "activemask", "match", "redux",
+      "bar.warp.sync", "vprintf", "__assertfail"};
+  return kNames[static_cast<int>(op)];
+}
+
+namespace {
+
+// ---- lexer ----------------------------------------------------------------------------------
+
+struct Tok {
+  enum Kind : uint8_t { kEnd, kIdent, kNum, kStr, kPunct } kind = kEnd;
+  std::string_view text;
+  uint32_t line = 0;
+};
+
+bool IdentStart(char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '_' || c == '$' || c == '%' || c == '.'; }
+bool IdentChar(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '$' || c == '.'; }
+
+class Lexer {
+ public:
+  explicit Lexer(std::string_view s) : s_(s) {}
+  Tok Next() {
+    Skip();
+    Tok t;
+    t.line = line_;
+    if (i_ >= s_.size()) return t;
+    const size_t b = i_;
+    const char c = s_[i_];
+    if (c == '"') {
+      ++i_;
+      while (i_ < s_.size() && s_[i_] != '"') {
+        if (s_[i_] == '\n') ++line_;
+        ++i_;
+      }
+      if (i_ < s_.size()) ++i_;
+      t.kind = Tok::kStr;
+    } else if (std::isdigit(static_cast<unsigned char>(c))) {
+      ++i_;
+      while (i_ < s_.size() && (std::isalnum(static_cast<unsigned char>(s_[i_])) || s_[i_] == '.' ||
+                                ((s_[i_] == '+' || s_[i_] == '-') && (s_[i_ - 1] == 'e' || s_[i_ - 1] == 'E') &&
+                                 !(s_[b] == '0' && b + 1 < s_.size() && (s_[b + 1] == 'x' || s_[b + 1] == 'X' ||
+                                                                          s_[b + 1] == 'f' || s_[b + 1] == 'F' ||
+                                                                          s_[b + 1] == 'd' || s_[b + 1] == 'D')))))
+        ++i_;
+      t.kind = Tok::kNum;
+    } else if (IdentStart(c)) {
+      ++i_;
+      while (i_ < s_.size()) {
+        if (IdentChar(s_[i_])) {
+          ++i_;
+        } else if (s_[i_] == ':' && i_ + 2 < s_.size() && s_[i_ + 1] == ':' && IdentChar(s_[i_ + 2])) {
+          i_ += 2;  // .shared::cta, .L2::128B
+        } else {
+          break;
+        }
+      }
+      t.kind = Tok::kIdent;
+    } else {
+      ++i_;
+      t.kind = Tok::kPunct;
+    }
+    t.text = s_.substr(b, i_ - b);
+    return t;
+  }
+
+ private:
+  void Skip() {
+    while (i_ < s_.size()) {
+      const char c = s_[i_];
+      if (c == '\n') {
+        ++line_;
+        ++i_;
+      } else if (std::isspace(static_cast<unsigned char>(c))) {
+        ++i_;
+      } else if (c == '/' && i_ + 1 < s_.size() && s_[i_ + 1] == '/') {
+        while (i_ < s_.size() && s_[i_] != '\n') ++i_;
+      } else if (c == '/' && i_ + 1 < s_.size() && s_[i_ + 1] == '*') {
+        i_ += 2;
+        while (i_ + 1 < s_.size() && !(s_[i_] == '*' && s_[i_ + 1] == '/')) {
+          if (s_[i_] == '\n') ++line_;
+          ++i_;
+        }
+        i_ += 2;
+      } else {
+        break;
+      }
+    }
+  }
+  std::string_view s_;
+  size_t i_ = 0;
+  uint32_t line_ = 1;
+};
+
+std::optional<Ty> TypeOf(std::string_view m) {
+  static const std::pair<const char*, Ty> kTypes[] = {
+      {"b8", Ty::kB8},     {"b16", Ty::kB16},   {"b32", Ty::kB32},       {"b64", Ty::kB64},   {"b128", Ty::kB128},
+      {"u8", Ty::kU8},     {"u16", Ty::kU16},   {"u32", Ty::kU32},       {"u64", Ty::kU64},   {"s8", Ty::kS8},
+      {"s16", Ty::kS16},   {"s32", Ty::kS32},   {"s64", Ty::kS64},       {"f16", Ty::kF16},   {"f16x2", Ty::kF16x2},
+      {"bf16", Ty::kBF16}, {"bf16x2", Ty::kBF16x2}, {"f32", Ty::kF32},   {"f64", Ty::kF64},   {"pred", Ty::kPred}};
+  for (const auto& [n, t] : kTypes)
+    if (m == n) return t;
+  return std::nullopt;
+}
+
+std::optional<Cmp> CmpOf(std::string_view m) {
+  static const char* const kNames[] = {"eq", "ne", "lt", "le", "gt", "ge", "lo", "ls", "hi",
+                                       "hs", "equ", "neu", "ltu", "leu", "gtu", "geu", "num", "nan"};
+  for (size_t i = 0; i < std::size(kNames); ++i)
+    if (m == kNames[i]) return static_cast<Cmp>(i);
+  return std::nullopt;
+}
+
+std::optional<Rnd> RndOf(std::string_view m) {
+  static const char* const kNames[] = {"", "rn", "rz", "rm", "rp", "rna", "rni", "rzi", "rmi", "rpi"};
+  for (size_t i = 1; i < std::size(kNames); ++i)
+    if (m == kNames[i]) return static_cast<Rnd>(i);
+  return std::nullopt;
+}
+
+std::optional<uint32_t> SpecialOf(std::string_view n) {
+  static const std::pair<const char*, uint32_t> kRegs[] = {
+      {"%tid.x", kTidX},       {"%tid.y", kTidY},       {"%tid.z", kTidZ},         {"%ntid.x", kNtidX},
+      {"%ntid.y", kNtidY},     {"%ntid.z", kNtidZ},     {"%ctaid.x", kCtaidX},     {"%ctaid.y", kCtaidY},
+      {"%ctaid.z", kCtaidZ},   {"%nctaid.x", kNctaidX}, {"%nctaid.y", kNctaidY},   {"%nctaid.z", kNctaidZ},
+      {"%laneid", kLaneid},    {"%warpid", kWarpid},    {"%nwarpid", kNwarpid},    {"%smid", kSmid},
+      {"%nsmid", kNsmid},      {"%gridid", kGridid},    {"%clock", kClock},        {"%clock64", kClock64},
+      {"%globaltimer", kGlobaltimer}, {"%lanemask_eq", kLanemaskEq}, {"%lanemask_lt", kLanemaskLt},
+      {"%lanemask_le", kLanemaskLe},  {"%lanemask_gt", kLanemaskGt}, {"%lanemask_ge", kLanemaskGe},
+      {"%dynamic_smem_size", kDynSmem}, {"%total_smem_size", kTotalSmem}, {"%cluster_ctarank", kClusterCtarank},
+      {"%cluster_nctarank", kClusterNctarank}, {"%is_explicit_cluster", kIsExplicitCluster}};
+  for (const auto& [name, id] : kRegs)
+    if (n == name) return id;
+  if (n.starts_with("%envreg")) {
+    uint32_t k = 0;
+    for (char c : n.substr(7)) {
+      if (!std::isdigit(static_cast<unsigned char>(c))) return std::nullopt;
+      k = k * 10 + static_cast<uint32_t>(c - '0');
+    }
+    if (k < 32) return kEnvreg0 + k;
+  }
+  return std::nullopt;
+}
+
+std::vector<std::string_view> SplitDots(std::string_view s) {
+  std::vector<std::string_view> parts;
+  size_t b = 0;
+  for (size_t i = 0; i <= s.size(); ++i) {
+    if (i == s.size() || s[i] == '.') {
+      parts.push_back(s.substr(b, i - b));
+      b = i + 1;
+    }
+  }
+  return parts;
+}
+
+// ---- parser ---------------------------------------------------------------------------------
+
+class Parser {
+ public:
+  explicit Parser(std::string_view text) : lx_(text) { Advance(); }
+
+  Result<std::shared_ptr<Program>> Run() {
+    p_ = std::make_shared<Program>();
+    while (t_.kind != Tok::kEnd) {
+      if (Status s = TopLevel(); !s.ok()) return s;
+    }
+    return p_;
+  }
+
+ private:
+  // -- token helpers --
+  void Advance() { t_ = lx_.Next(); }
+  bool Is(std::string_view s) const { return t_.kind != Tok::kEnd && t_.text == s; }
+  bool Accept(std::string_view s) {
+    if (!Is(s)) return false;
+    Advance();
+    return true;
+  }
+  Status Error(const std::string& what) const {
+    return InvalidArgument("PTX line " + std::to_string(t_.line) + ": " + what +
+                           (t_.kind == Tok::kEnd ? " (at end of text)" : " (at '" + std::string(t_.text) + "')"));
+  }
+  Status Expect(std::string_view s) {
+    if (Accept(s)) return Status::Ok();
+    return Error("expected '" + std::string(s) + "'");
+  }
+  Result<std::string_view> Ident() {
+    if (t_.kind != Tok::kIdent) return Error("expected a name");
+    std::string_view s = t_.text;
+    Advance();
+    return s;
+  }
+  Result<uint64_t> Integer() {
+    bool neg = Accept("-");
+    if (t_.kind != Tok::kNum) return Error("expected a number");
+    auto v = ParseInt(t_.text);
+    if (!v) return Error("bad integer");
+    Advance();
+    return neg ? ~*v + 1 : *v;
+  }
+  static std::optional<uint64_t> ParseInt(std::string_view s) {
+    if (!s.empty() && (s.back() == 'U' || s.back() == 'u')) s.remove_suffix(1);
+    if (s.empty()) return std::nullopt;
+    int base = 10;
+    if (s.size() > 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
+      base = 16;
+      s.remove_prefix(2);
+    } else if (s.size() > 2 && s[0] == '0' && (s[1] == 'b' || s[1] == 'B')) {
+      base = 2;
+      s.remove_prefix(2);
+    } else if (s.size() > 1 && s[0] == '0') {
+      base = 8;
+      s.remove_prefix(1);
+    }
+    uint64_t v = 0;
+    for (char c : s) {
+      int d;
+      if (c >= '0' && c <= '9') d = c - '0';
+      else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
+      else if (c >= 'A' && c <= 'F') d = c - 'A' + 10;
+      else return std::nullopt;
+      if (d >= base) return std::nullopt;
+      v = v * static_cast<uint64_t>(base) + static_cast<uint64_t>(d);
+    }
+    return v;
+  }
+  // A numeric literal as an immediate operand.
+  static std::optional<Operand> NumberOperand(std::string_view s, bool neg) {
+    Operand o;
+    o.kind = Operand::kImm;
+    if (s.size() == 10 && s[0] == '0' && (s[1] == 'f' || s[1] == 'F')) {
+      auto v = ParseInt(std::string("0x") + std::string(s.substr(2)));
+      if (!v) return std::nullopt;
+      o.imm = *v ^ (neg ? 0x80000000u : 0);
+      o.imm_kind = 1;
+      return o;
+    }
+    if (s.size() == 18 && s[0] == '0' && (s[1] == 'd' || s[1] == 'D')) {
+      auto v = ParseInt(std::string("0x") + std::string(s.substr(2)));
+      if (!v) return std::nullopt;
+      o.imm = *v ^ (neg ? 0x8000000000000000ull : 0);
+      o.imm_kind = 2;
+      return o;
+    }
+    const bool is_float = s.find_first_of(".eE") != std::string_view::npos &&
+                          !(s.size() > 1 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X'));
+    if (is_float) {
+      double d = std::strtod(std::string(s).c_str(), nullptr);
+      if (neg) d = -d;
+      std::memcpy(&o.imm, &d, 8);
+      o.imm_kind = 3;
+      return o;
+    }
+    auto v = ParseInt(s);
+    if (!v) return std::nullopt;
+    o.imm = neg ? ~*v + 1 : *v;
+    return o;
+  }
+
+  // Skips to the matching '}' of a '{' just consumed.
+  void SkipBlock() {
+    int depth = 1;
+    while (t_.kind != Tok::kEnd && depth > 0) {
+      if (Is("{")) ++depth;
+      if (Is("}")) --depth;
+      Advance();
+    }
+  }
+  void SkipStatement() {
+    while (t_.kind != Tok::kEnd && !Is(";")) Advance();
+    Accept(";");
+  }
+
+  // -- module level --
+  Status TopLevel() {
+    if (Is(".version") || Is(".target") || Is(".address_size") || Is(".file")) {
+      const uint32_t line = t_.line;
+      while (t_.kind != Tok::kEnd && t_.line == line) Advance();  // one line each
+      return Status::Ok();
+    }
+    if (Accept(".section")) {
+      while (t_.kind != Tok::kEnd && !Is("{")) Advance();
+      if (Accept("{")) SkipBlock();
+      return Status::Ok();
+    }
+    if (Accept(".pragma")) {
+      SkipStatement();
+      return Status::Ok();
+    }
+    bool is_extern = false;
+    bool is_weak = false;
+    for (;;) {
+      if (Accept(".visible") || Accept(".common")) continue;
+      if (Accept(".weak")) { is_weak = true; continue; }
+      if (Accept(".extern")) { is_extern = true; continue; }
+      break;
+    }
+    (void)is_weak;
+    if (Is(".entry") || Is(".func")) return Function(is_extern);
+    if (Is(".global") || Is(".const") || Is(".shared") || Is(".local")) return Variable(-1, is_extern);
+    return Error("unexpected module-level token");
+  }
+
+  // [.align N] [.vN] .type name[[N]]... [= init];   (the state space token is current)
+  struct Decl {
+    Space space = Space::kGlobal;
+    uint32_t align = 0;
+    uint32_t vec = 1;
+    Ty type = Ty::kNone;
+    std::string_view name;
+    uint64_t count = 1;
+    bool unsized = false;
+    bool ptr = false;
+  };
+  Result<Decl> Declarator() {
+    Decl d;
+    if (Accept(".global")) d.space = Space::kGlobal;
+    else if (Accept(".const")) d.space = Space::kConst;
+    else if (Accept(".shared")) d.space = Space::kShared;
+    else if (Accept(".local")) d.space = Space::kLocal;
+    else if (Accept(".param")) d.space = Space::kParam;
+    else return Error("expected a state space");
+    for (;;) {
+      if (Accept(".align")) {
+        auto a = Integer();
+        if (!a.ok()) return a.status();
+        d.align = static_cast<uint32_t>(*a);
+      } else if (Accept(".v2")) {
+        d.vec = 2;
+      } else if (Accept(".v4")) {
+        d.vec = 4;
+      } else if (Accept(".ptr")) {
+        d.ptr = true;
+      } else if (Is(".global") || Is(".const") || Is(".shared") || Is(".local")) {
+        Advance();  // .param .u64 .ptr .global .align 1 name
+      } else if (t_.kind == Tok::kIdent && t_.text.size() > 1 && t_.text[0] == '.' && TypeOf(t_.text.substr(1))) {
+        d.type = *TypeOf(t_.text.substr(1));
+        Advance();
+      } else {
+        break;
+      }
+    }
+    if (d.type == Ty::kNone) return Error("declaration without a type");
+    auto name = Ident();
+    if (!name.ok()) return name.status();
+    d.name = *name;
+    while (Accept("[")) {
+      if (Accept("]")) {
+        d.unsized = true;
+        continue;
+      }
+      auto n = Integer();
+      if (!n.ok()) return n.status();
+      if (Status s = Expect("]"); !s.ok()) return s;
+      d.count *= *n;
+    }
+    return d;
+  }
+  uint64_t DeclBytes(const Decl& d) const {
+    return d.unsized ? 0 : static_cast<uint64_t>(TyBytes(d.type)) * d.vec * d.count;
+  }
+
+  Status Variable(int32_t func, bool is_extern) {
+    auto d = Declarator();
+    if (!d.ok()) return d.status();
+    Sym s;
+    s.name = std::string(d->name);
+    s.space = d->space;
+    s.size = DeclBytes(*d);
+    if (s.size > (uint64_t{1} << 32)) return Error("variable larger than 4 GiB");
+    s.align = d->align != 0 ? d->align : static_cast<uint32_t>(TyBytes(d->type) * d->vec);
+    s.func = func;
+    s.extern_shared = d->space == Space::kShared && (is_extern || d->unsized);
+    if (Accept("=")) {
+      if (Status st = Initializer(*d, &s.init); !st.ok()) return st;
+    }
+    if (Status st = Expect(";"); !st.ok()) return st;
+    if (is_extern && !s.extern_shared) return Status::Ok();  // defined in another module
+    const uint32_t idx = static_cast<uint32_t>(p_->syms.size());
+    if (func < 0 && (s.space == Space::kGlobal || s.space == Space::kConst)) {
+      s.var = static_cast<int32_t>(p_->vars.size());
+      p_->vars.push_back({s.name, s.size, s.init});
+    }
+    if (func < 0) {
+      p_->module_syms[s.name] = idx;
+    } else {
+      scopes_.back()[s.name] = Name{Name::kSym, idx};
+      p_->funcs[static_cast<size_t>(func)].syms.push_back(idx);
+    }
+    p_->syms.push_back(std::move(s));
+    return Status::Ok();
+  }
+
+  Status Initializer(const Decl& d, std::vector<uint8_t>* out) {
+    const int elem = TyBytes(d.type);
+    auto one = [&]() -> Status {
+      bool neg = Accept("-");
+      if (t_.kind != Tok::kNum) return Error("unsupported initialiser (only numeric constants are)");
+      auto o = NumberOperand(t_.text, neg);
+      if (!o) return Error("bad number in initialiser");
+      Advance();
+      uint64_t bits = o->imm;
+      if (d.type == Ty::kF32 && o->imm_kind >= 2) {
+        double v;
+        std::memcpy(&v, &bits, 8);
+        float f = static_cast<float>(v);
+        uint32_t b32;
+        std::memcpy(&b32, &f, 4);
+        bits = b32;
+      } else if (d.type == Ty::kF64 && o->imm_kind == 1) {
+        float f;
+        uint32_t b32 = static_cast<uint32_t>(bits);
+        std::memcpy(&f, &b32, 4);
+        double v = f;
+        std::memcpy(&bits, &v, 8);
+      }
+      for (int i = 0; i < elem; ++i) out->push_back(static_cast<uint8_t>(bits >> (8 * i)));
+      return Status::Ok();
+    };
+    std::function<Status()> list = [&]() -> Status {
+      if (Accept("{")) {
+        if (Accept("}")) return Status::Ok();
+        do {
+          if (Status s = list(); !s.ok()) return s;
+        } while (Accept(","));
+        return Expect("}");
+      }
+      return one();
+    };
+    if (Status s = list(); !s.ok()) return s;
+    if (out->size() > DeclBytes(d) && !d.unsized) out->resize(DeclBytes(d));
+    return Status::Ok();
+  }
+
+  // ( .param .type name, ... )
+  Status ParamList(uint32_t fidx, std::vector<uint32_t>* out, bool entry) {
+    if (Status s = Expect("("); !s.ok()) return s;
+    uint64_t offset = 0;
+    if (!Accept(")")) {
+      do {
+        if (!Is(".param") && !Is(".reg")) return Error("expected .param");
+        const bool is_reg = Is(".reg");
+        if (is_reg) return Error(".reg parameters are not supported");
+        auto d = Declarator();
+        if (!d.ok()) return d.status();
+        Sym s;
+        s.name = std::string(d->name);
+        s.space = Space::kParam;
+        s.size = DeclBytes(*d);
+        s.align = d->align != 0 ? d->align : static_cast<uint32_t>(TyBytes(d->type) * d->vec);
+        if (s.align == 0) s.align = 1;
+        s.func = static_cast<int32_t>(fidx);
+        if (entry) {  // kernel parameters: their offset in the parameter buffer (PTX ABI)
+          offset = (offset + s.align - 1) / s.align * s.align;
+          s.init.resize(8);
+          std::memcpy(s.init.data(), &offset, 8);
+          offset += s.size;
+        }
+        const uint32_t idx = static_cast<uint32_t>(p_->syms.size());
+        p_->syms.push_back(std::move(s));
+        out->push_back(idx);
+      } while (Accept(","));
+      if (Status s = Expect(")"); !s.ok()) return s;
+    }
+    return Status::Ok();
+  }
+
+  Status Function(bool is_extern) {
+    const bool entry = Is(".entry");
+    const uint32_t line = t_.line;
+    Advance();
+    Func f;
+    f.entry = entry;
+    f.line = line;
+    const uint32_t fidx = static_cast<uint32_t>(p_->funcs.size());
+    std::vector<uint32_t> rets;
+    if (!entry && Is("(")) {
+      if (Status s = ParamList(fidx, &rets, false); !s.ok()) return s;
+    }
+    auto name = Ident();
+    if (!name.ok()) return name.status();
+    f.name = std::string(*name);
+    std::vector<uint32_t> params;
+    if (Is("(")) {
+      if (Status s = ParamList(fidx, &params, entry); !s.ok()) return s;
+    }
+    // Performance directives until the body or ';'.
+    while (t_.kind != Tok::kEnd && !Is("{") && !Is(";")) Advance();
+    auto existing = p_->func_index.find(f.name);
+    uint32_t idx = fidx;
+    if (existing != p_->func_index.end()) {
+      idx = existing->second;  // a declaration earlier, the definition now (or a repeat)
+    } else {
+      p_->func_index[f.name] = fidx;
+      p_->funcs.push_back(std::move(f));
+    }
+    Func& fn = p_->funcs[idx];
+    if (Accept(";")) {
+      if (fn.params.empty()) fn.params = params;
+      if (fn.rets.empty()) fn.rets = rets;
+      return Status::Ok();
+    }
+    (void)is_extern;
+    if (fn.defined) return Error("function " + fn.name + " defined twice");
+    fn.params = params;
+    fn.rets = rets;
+    for (uint32_t s : params) p_->syms[s].func = static_cast<int32_t>(idx);
+    for (uint32_t s : rets) p_->syms[s].func = static_cast<int32_t>(idx);
+    fn.defined = true;
+    fn.entry = entry;
+    if (Status s = Expect("{"); !s.ok()) return s;
+    func_ = idx;
+    scopes_.clear();
+    scopes_.emplace_back();
+    for (uint32_t s : params) scopes_.back()[p_->syms[s].name] = Name{Name::kSym, s};
+    for (uint32_t s : rets) scopes_.back()[p_->syms[s].name] = Name{Name::kSym, s};
+    labels_.clear();
+    fixups_.clear();
+    unsupported_.clear();
+    if (Status s = Body(); !s.ok()) return s;
+    for (const auto& [ins, slot, label, line2] : fixups_) {
+      auto it = labels_.find(label);
+      if (it == labels_.end())
+        return InvalidArgument("PTX line " + std::to_string(line2) + ": undefined label " + label);
+      fn.code[ins].o[slot].reg = it->second;
+    }
+    if (!unsupported_.empty()) unsupported_by_func_[idx] = unsupported_;
+    return Status::Ok();
+  }
+
+  // -- function bodies --
+  struct Name {
+    enum Kind : uint8_t { kReg, kSym } kind;
+    uint32_t index;
+  };
+
+  Status Body() {
+    int depth = 1;
+    while (depth > 0) {
+      if (t_.kind == Tok::kEnd) return Error("unterminated function body");
+      if (Accept("{")) {
+        ++depth;
+        scopes_.emplace_back();
+        continue;
+      }
+      if (Accept("}")) {
+        --depth;
+        scopes_.pop_back();
+        continue;
+      }
+      if (Is(".reg")) {
+        if (Status s = RegDecl(); !s.ok()) return s;
+        continue;
+      }
+      if (Is(".local") || Is(".shared") || Is(".param") || Is(".const") || Is(".global")) {
+        if (Is(".param")) {
+          if (Status s = Variable(static_cast<int32_t>(func_), false); !s.ok()) return s;
+        } else {
+          if (Status s = Variable(static_cast<int32_t>(func_), false); !s.ok()) return s;
+        }
+        continue;
+      }
+      if (Accept(".extern")) {
+        if (Status s = Variable(static_cast<int32_t>(func_), true); !s.ok()) return s;
+        continue;
+      }
+      if (Is(".pragma") || Is(".loc") || Is(".maxnreg") || Is(".maxntid") || Is(".reqntid") || Is(".minnctapersm")) {
+        if (Is(".loc")) {
+          const uint32_t line = t_.line;
+          while (t_.kind != Tok::kEnd && t_.line == line && !Is(";")) Advance();
+          Accept(";");
+        } else {
+          SkipStatement();
+        }
+        continue;
+      }
+      if (t_.kind == Tok::kIdent && t_.text[0] != '.') {
+        // label?
+        Tok save = t_;
+        Lexer lx_save = lx_;
+        Advance();
+        if (Accept(":")) {
+          labels_[std::string(save.text)] = static_cast<uint32_t>(p_->funcs[func_].code.size());
+          continue;
+        }
+        t_ = save;
+        lx_ = lx_save;
+      }
+      if (Status s = Instruction(); !s.ok()) return s;
+    }
+    return Status::Ok();
+  }
+
+  Status RegDecl() {
+    Advance();  // .reg
+    uint32_t vec = 1;
+    if (Accept(".v2")) vec = 2;
+    else if (Accept(".v4")) vec = 4;
+    if (t_.kind != Tok::kIdent || t_.text[0] != '.' || !TypeOf(t_.text.substr(1))) return Error("expected a register type");
+    Advance();
+    if (vec != 1) return Error("vector registers are not supported");
+    Func& f = p_->funcs[func_];
+    do {
+      auto name = Ident();
+      if (!name.ok()) return name.status();
+      if (Accept("<")) {
+        auto n = Integer();
+        if (!n.ok()) return n.status();
+        if (Status s = Expect(">"); !s.ok()) return s;
+        if (*n > 1000000) return Error("too many registers");
+        for (uint64_t i = 0; i < *n; ++i)
+          scopes_.back()[std::string(*name) + std::to_string(i)] = Name{Name::kReg, f.nregs++};
+      } else {
+        scopes_.back()[std::string(*name)] = Name{Name::kReg, f.nregs++};
+      }
+    } while (Accept(","));
+    return Expect(";");
+  }
+
+  const Name* Lookup(std::string_view n) const {
+    for (auto it = scopes_.rbegin(); it != scopes_.rend(); ++it) {
+      auto f = it->find(std::string(n));
+      if (f != it->end()) return &f->second;
+    }
+    return nullptr;
+  }
+
+  // One operand. `label_ok`: a bare name may be a label (branch target).
+  Status ParseOperand(Operand* o, bool label_ok, uint32_t ins_index, uint32_t slot) {
+    if (Accept("!")) {
+      if (Status s = ParseOperand(o, false, ins_index, slot); !s.ok()) return s;
+      o->neg = true;
+      return Status::Ok();
+    }
+    if (Accept("[")) {
+      o->kind = Operand::kMem;
+      if (t_.kind == Tok::kIdent) {
+        auto n = Ident();
+        const Name* nm = Lookup(*n);
+        if (nm != nullptr && nm->kind == Name::kReg) {
+          o->reg = nm->index;
+        } else if (nm != nullptr) {
+          o->sym = nm->index;
+        } else if (auto m = p_->module_syms.find(std::string(*n)); m != p_->module_syms.end()) {
+          o->sym = m->second;
+        } else {
+          return Error("unknown name " + std::string(*n));
+        }
+      } else {
+        auto v = Integer();
+        if (!v.ok()) return v.status();
+        o->imm = *v;
+      }
+      while (Is("+") || Is("-")) {
+        const bool minus = Is("-");
+        Advance();
+        auto v = Integer();
+        if (!v.ok()) return v.status();
+        o->imm += minus ? ~*v + 1 : *v;
+      }
+      return Expect("]");
+    }
+    if (Accept("{") || Is("(")) {
+      const bool paren = Accept("(");
+      o->kind = paren ? Operand::kList : Operand::kVec;
+      const char* close = paren ? ")" : "}";
+      if (!Accept(close)) {
+        do {
+          if (o->n >= 8) return Error("too many vector elements");
+          if (Accept("_")) {
+            o->regs[o->n++] = kNoReg;
+            continue;
+          }
+          auto n = Ident();
+          if (!n.ok()) return n.status();
+          const Name* nm = Lookup(*n);
+          if (nm == nullptr) return Error("unknown name " + std::string(*n));
+          // In a call list, entries are param symbols (kSym) or registers; mark symbols.
+          o->regs[o->n++] = nm->kind == Name::kReg ? nm->index : (nm->index | 0x80000000u);
+        } while (Accept(","));
+        if (Status s = Expect(close); !s.ok()) return s;
+      }
+      return Status::Ok();
+    }
+    if (Is("-") || t_.kind == Tok::kNum) {
+      const bool neg = Accept("-");
+      if (t_.kind != Tok::kNum) return Error("expected a number");
+      auto v = NumberOperand(t_.text, neg);
+      if (!v) return Error("bad number");
+      Advance();
+      *o = *v;
+      return Status::Ok();
+    }
+    if (Accept("_")) {
+      o->kind = Operand::kSink;
+      return Status::Ok();
+    }
+    if (t_.kind != Tok::kIdent) return Error("expected an operand");
+    std::string_view n = t_.text;
+    Advance();
+    if (auto sp = SpecialOf(n)) {
+      o->kind = Operand::kSpecial;
+      o->reg = *sp;
+      return Status::Ok();
+    }
+    if (const Name* nm = Lookup(n)) {
+      if (nm->kind == Name::kReg) {
+        o->kind = Operand::kReg;
+        o->reg = nm->index;
+      } else {
+        o->kind = Operand::kSym;
+        o->reg = nm->index;
+      }
+    } else if (auto m = p_->module_syms.find(std::string(n)); m != p_->module_syms.end()) {
+      o->kind = Operand::kSym;
+      o->reg = m->second;
+    } else if (auto f = p_->func_index.find(std::string(n)); f != p_->func_index.end()) {
+      o->kind = Operand::kFunc;
+      o->reg = f->second;
+    } else if (label_ok) {
+      o->kind = Operand::kLabel;
+      fixups_.push_back({ins_index, slot, std::string(n), t_.line});
+    } else {
+      return Error("unknown name " + std::string(n));
+    }
+    if (Accept("+")) {  // sym+imm as a value (address arithmetic)
+      auto v = Integer();
+      if (!v.ok()) return v.status();
+      o->imm = *v;
+    }
+    return Status::Ok();
+  }
+
+  Status Instruction() {
+    Ins ins;
+    ins.line = t_.line;
+    if (Accept("@")) {
+      ins.pred_neg = Accept("!");
+      auto n = Ident();
+      if (!n.ok()) return n.status();
+      const Name* nm = Lookup(*n);
+      if (nm == nullptr || nm->kind != Name::kReg) return Error("guard is not a predicate register");
+      ins.pred = nm->index;
+    }
+    if (t_.kind != Tok::kIdent) return Error("expected an instruction");
+    const std::string opcode(t_.text);
+    Advance();
+    Func& f = p_->funcs[func_];
+    const uint32_t index = static_cast<uint32_t>(f.code.size());
+    std::string why;
+    const bool known = Decode(opcode, &ins, &why);
+    const bool is_call = ins.op == Op::kCall;
+    // Operands.
+    if (!Is(";")) {
+      do {
+        if (ins.nops >= 6) return Error("too many operands");
+        const bool label_ok = ins.op == Op::kBra || is_call || !known;
+        Operand& o = ins.o[ins.nops];
+        if (Status s = ParseOperand(&o, label_ok, index, ins.nops); !s.ok()) {
+          if (known) return s;
+          SkipStatement();
+          unsupported_.push_back({opcode, ins.line});
+          f.code.push_back(Ins{});
+          return Status::Ok();
+        }
+        ++ins.nops;
+        if (Accept("|")) {  // setp's second destination: p|q
+          if (ins.nops >= 6) return Error("too many operands");
+          if (Status s = ParseOperand(&ins.o[ins.nops], false, index, ins.nops); !s.ok()) return s;
+          ins.o[ins.nops - 1].n = 1;  // mark: a second destination follows
+          ++ins.nops;
+        }
+      } while (Accept(","));
+    }
+    if (Status s = Expect(";"); !s.ok()) return s;
+    if (!known) {
+      unsupported_.push_back({opcode + (why.empty() ? "" : " (" + why + ")"), ins.line});
+      f.code.push_back(Ins{});
+      return Status::Ok();
+    }
+    FixImmediates(&ins);
+    if (is_call) {
+      // call[.uni] [(rets),] func, [(args)]: builtins become their own ops.
+      const Operand* fn = nullptr;
+      for (int i = 0; i < ins.nops; ++i)
+        if (ins.o[i].kind == Operand::kFunc) fn = &ins.o[i];
+      if (fn == nullptr) {
+        unsupported_.push_back({"call through a register (indirect call)", ins.line});
+        f.code.push_back(Ins{});
+        return Status::Ok();
+      }
+      const std::string& callee = p_->funcs[fn->reg].name;
+      if (!p_->funcs[fn->reg].defined) {
+        if (callee == "vprintf") ins.op = Op::kVprintf;
+        else if (callee == "__assertfail") ins.op = Op::kAssertFail;
+      }
+    }
+    f.code.push_back(ins);
+    return Status::Ok();
+  }
+
+  // Converts float immediates to the float width of the operand they stand for.
+  static void FixImmediates(Ins* ins) {
+    for (int i = 0; i < ins->nops; ++i) {
+      Operand& o = ins->o[i];
+      if (o.kind != Operand::kImm || o.imm_kind == 0) continue;
+      Ty t = ins->type;
+      if (ins->op == Op::kCvt || ins->op == Op::kSet) t = ins->type2;
+      if (ins->op == Op::kSlct && i == 3) t = ins->type2;
+      if (t == Ty::kF32 && o.imm_kind != 1) {
+        double d;
+        std::memcpy(&d, &o.imm, 8);
+        float fl = static_cast<float>(d);
+        uint32_t b;
+        std::memcpy(&b, &fl, 4);
+        o.imm = b;
+        o.imm_kind = 1;
+      } else if (t == Ty::kF64 && o.imm_kind == 1) {
+        float fl;
+        uint32_t b = static_cast<uint32_t>(o.imm);
+        std::memcpy(&fl, &b, 4);
+        double d = fl;
+        std::memcpy(&o.imm, &d, 8);
+        o.imm_kind = 2;
+      }
+    }
+  }
+
+  // Opcode text -> Ins fields. False (with `why`) for what the executor does not implement.
+  static bool Decode(const std::string& text, Ins* ins, std::string* why) {
+    auto parts = SplitDots(text);
+    const std::string_view base = parts[0];
+    static const std::pair<const char*, Op> kOps[] = {
+        {"add", Op::kAdd},     {"sub", Op::kSub},       {"mul", Op::kMul},     {"mad", Op::kMad},
+        {"mul24", Op::kMul24}, {"mad24", Op::kMad24},   {"sad", Op::kSad},     {"div", Op::kDiv},
+        {"rem", Op::kRem},     {"abs", Op::kAbs},       {"neg", Op::kNeg},     {"min", Op::kMin},
+        {"max", Op::kMax},     {"popc", Op::kPopc},     {"clz", Op::kClz},     {"bfind", Op::kBfind},
+        {"brev", Op::kBrev},   {"bfe", Op::kBfe},       {"bfi", Op::kBfi},     {"prmt", Op::kPrmt},
+        {"and", Op::kAnd},     {"or", Op::kOr},         {"xor", Op::kXor},     {"not", Op::kNot},
+        {"cnot", Op::kCnot},   {"shl", Op::kShl},       {"shr", Op::kShr},     {"shf", Op::kShf},
+        {"lop3", Op::kLop3},   {"addc", Op::kAddc},     {"subc", Op::kSubc},   {"madc", Op::kMadc},
+        {"dp4a", Op::kDp4a},   {"dp2a", Op::kDp2a},     {"fma", Op::kFma},     {"rcp", Op::kRcp},
+        {"sqrt", Op::kSqrt},   {"rsqrt", Op::kRsqrt},   {"sin", Op::kSin},     {"cos", Op::kCos},
+        {"lg2", Op::kLg2},     {"ex2", Op::kEx2},       {"tanh", Op::kTanh},   {"copysign", Op::kCopysign},
+        {"testp", Op::kTestp}, {"setp", Op::kSetp},     {"set", Op::kSet},     {"selp", Op::kSelp},
+        {"slct", Op::kSlct},   {"mov", Op::kMov},       {"cvt", Op::kCvt},     {"cvta", Op::kCvta},
+        {"ld", Op::kLd},       {"ldu", Op::kLdu},       {"st", Op::kSt},       {"prefetch", Op::kPrefetch},
+        {"prefetchu", Op::kPrefetch}, {"isspacep", Op::kIsspacep}, {"atom", Op::kAtom}, {"red", Op::kRed},
+        {"bra", Op::kBra},     {"call", Op::kCall},     {"ret", Op::kRet},     {"exit", Op::kExit},
+        {"trap", Op::kTrap},   {"brkpt", Op::kBrkpt},   {"bar", Op::kBar},     {"barrier", Op::kBar},
+        {"membar", Op::kMembar}, {"fence", Op::kMembar}, {"nanosleep", Op::kNanosleep}, {"shfl", Op::kShfl},
+        {"vote", Op::kVote},   {"activemask", Op::kActivemask}, {"match", Op::kMatch}, {"redux", Op::kRedux},
+        {"discard", Op::kPrefetch}, {"applypriority", Op::kPrefetch}, {"createpolicy", Op::kNop}};
+    bool found = false;
+    for (const auto& [n, op] : kOps) {
+      if (base == n) {
+        ins->op = op;
+        found = true;
+        break;
+      }
+    }
+    if (!found) {
+      *why = "";
+      return false;
+    }
+    if (ins->op == Op::kNop) {
+      *why = "";
+      return false;
+    }
+    bool first_type = true;
+    bool seen_cmp = false;
+    for (size_t i = 1; i < parts.size(); ++i) {
+      const std::string_view m = parts[i];
+      if (auto t = TypeOf(m)) {
+        if (first_type) ins->type = *t;
+        else ins->type2 = *t;
+        first_type = false;
+        continue;
+      }
+      if (auto r = RndOf(m)) { ins->rnd = *r; continue; }
+      if (m == "global") { ins->space = Space::kGlobal; continue; }
+      if (m == "shared" || m.starts_with("shared::")) {
+        if (m == "shared::cluster") { *why = "distributed shared memory"; return false; }
+        ins->space = Space::kShared;
+        continue;
+      }
+      if (m == "local") { ins->space = Space::kLocal; continue; }
+      if (m == "param" || m.starts_with("param::")) { ins->space = Space::kParam; continue; }
+      if (m == "const") { ins->space = Space::kConst; continue; }
+      if (m == "ftz") { ins->ftz = true; continue; }
+      if (m == "sat" || m == "satfinite") { ins->sat = true; continue; }
+      if (m == "approx") { ins->approx = true; continue; }
+      if (m == "full") { continue; }
+      if (m == "relu") { ins->relu = true; continue; }
+      if (m == "cc") { ins->cc = true; continue; }
+      if (m == "to") { ins->to = true; continue; }
+      if (m == "uni") { ins->uni = true; continue; }
+      if (m == "wrap") { ins->wrap = true; continue; }
+      if (m == "clamp") { ins->wrap = false; continue; }
+      if (m == "v2") { ins->vec = 2; continue; }
+      if (m == "v4") { ins->vec = 4; continue; }
+      if (m == "v8") { ins->vec = 8; continue; }
+      if (m == "sync" || m == "aligned" || m == "volatile" || m == "relaxed" || m == "acquire" || m == "release" ||
+          m == "acq_rel" || m == "sc" || m == "weak" || m == "cta" || m == "gpu" || m == "sys" || m == "cluster" ||
+          m == "gl" || m == "ca" || m == "cg" || m == "cs" || m == "lu" || m == "cv" || m == "wb" || m == "wt" ||
+          m == "nc" || m == "noftz" || m == "mmio" || m == "L1" || m == "L2" || m.starts_with("L1::") ||
+          m.starts_with("L2::") || m == "uni" || m == "proxy" || m == "async" || m == "b8x16" ||
+          m == "NaN" || m == "xorsign" || m == "abs")
+        continue;
+      if (ins->op == Op::kBar || ins->op == Op::kBarRed) {
+        if (m == "red") { ins->op = Op::kBarRed; continue; }
+        if (m == "arrive") { ins->op = Op::kBarArrive; continue; }
+        if (m == "warp") { ins->op = Op::kBarWarp; continue; }
+        if (m == "popc") { ins->sub = 0; continue; }
+        if (m == "and") { ins->sub = 1; continue; }
+        if (m == "or") { ins->sub = 2; continue; }
+      }
+      if (ins->op == Op::kSetp || ins->op == Op::kSet) {
+        if (!seen_cmp) {
+          if (auto c = CmpOf(m)) { ins->cmp = *c; seen_cmp = true; continue; }
+        }
+        if (m == "and") { ins->boolop = BoolOp::kAnd; continue; }
+        if (m == "or") { ins->boolop = BoolOp::kOr; continue; }
+        if (m == "xor") { ins->boolop = BoolOp::kXor; continue; }
+      }
+      if (ins->op == Op::kSlct) continue;  // slct.dtype.s32/f32 handled by types
+      if (ins->op == Op::kMul || ins->op == Op::kMad || ins->op == Op::kMul24 || ins->op == Op::kMad24 || ins->op == Op::kMadc) {
+        if (m == "lo") { ins->mul = MulMode::kLo; continue; }
+        if (m == "hi") { ins->mul = MulMode::kHi; continue; }
+        if (m == "wide") { ins->mul = MulMode::kWide; continue; }
+      }
+      if (ins->op == Op::kAtom || ins->op == Op::kRed) {
+        static const char* const kA[] = {"add", "inc", "dec", "min", "max", "and", "or", "xor", "exch", "cas"};
+        bool hit = false;
+        for (size_t k = 0; k < std::size(kA); ++k) {
+          if (m == kA[k]) { ins->sub = static_cast<uint8_t>(k); hit = true; }
+        }
+        if (hit) continue;
+      }
+      if (ins->op == Op::kShfl) {
+        if (m == "up") { ins->sub = 0; continue; }
+        if (m == "down") { ins->sub = 1; continue; }
+        if (m == "bfly") { ins->sub = 2; continue; }
+        if (m == "idx") { ins->sub = 3; continue; }
+      }
+      if (ins->op == Op::kVote) {
+        if (m == "all") { ins->sub = 0; continue; }
+        if (m == "any") { ins->sub = 1; continue; }
+        if (m == "uni") { ins->sub = 2; continue; }
+        if (m == "ballot") { ins->sub = 3; continue; }
+      }
+      if (ins->op == Op::kMatch) {
+        if (m == "any") { ins->sub = 0; continue; }
+        if (m == "all") { ins->sub = 1; continue; }
+      }
+      if (ins->op == Op::kRedux) {
+        static const char* const kR[] = {"add", "min", "max", "and", "or", "xor"};
+        bool hit = false;
+        for (size_t k = 0; k < std::size(kR); ++k) {
+          if (m == kR[k]) { ins->sub = static_cast<uint8_t>(k); hit = true; }
+        }
+        if (hit) continue;
+      }
+      if (ins->op == Op::kBfind && m == "shiftamt") { ins->sub = 1; continue; }
+      if (ins->op == Op::kShf) {
+        if (m == "l") { ins->sub = 0; continue; }
+        if (m == "r") { ins->sub = 1; continue; }
+      }
+      if (ins->op == Op::kPrmt) {
+        static const char* const kP[] = {"", "f4e", "b4e", "rc8", "ecl", "ecr", "rc16"};
+        bool hit = false;
+        for (size_t k = 1; k < std::size(kP); ++k) {
+          if (m == kP[k]) { ins->sub = static_cast<uint8_t>(k); hit = true; }
+        }
+        if (hit) continue;
+      }
+      if (ins->op == Op::kTestp) {
+        static const char* const kT[] = {"finite", "infinite", "number", "notanumber", "normal", "subnormal"};
+        bool hit = false;
+        for (size_t k = 0; k < std::size(kT); ++k) {
+          if (m == kT[k]) { ins->sub = static_cast<uint8_t>(k); hit = true; }
+        }
+        if (hit) continue;
+      }
+      if (ins->op == Op::kMembar || ins->op == Op::kPrefetch || ins->op == Op::kIsspacep) continue;
+      if (ins->op == Op::kCvta && (m == "global" || m == "shared" || m == "local" || m == "const" || m == "param")) continue;
+      *why = "modifier ." + std::string(m);
+      return false;
+    }
+    if ((ins->op == Op::kSetp || ins->op == Op::kSet) && !seen_cmp) {
+      *why = "no comparison";
+      return false;
+    }
+    // setp/set: one type is the comparison type (set: .dtype.stype).
+    if (ins->op == Op::kSetp) ins->type2 = ins->type;
+    if (ins->op == Op::kLdu) ins->op = Op::kLd;
+    return true;
+  }
+
+  Lexer lx_;
+  Tok t_;
+  std::shared_ptr<Program> p_;
+  uint32_t func_ = 0;
+  std::vector<std::unordered_map<std::string, Name>> scopes_;
+  std::unordered_map<std::string, uint32_t> labels_;
+  struct Fixup {
+    uint32_t ins;
+    uint32_t slot;
+    std::string label;
+    uint32_t line;
+  };
+  std::vector<Fixup> fixups_;
+  struct Unsupported {
+    std::string what;
+    uint32_t line;
+  };
+  std::vector<Unsupported> unsupported_;
+
+ public:
+  std::map<uint32_t, std::vector<Unsupported>> unsupported_by_func_;
+};
+
+}  // namespace
+
+Result<std::shared_ptr<Program>> Parse(std::string_view text) {
+  Parser parser(text);
+  auto p = parser.Run();
+  if (!p.ok()) return p.status();
+  for (const auto& [f, list] : parser.unsupported_by_func_)
+    (*p)->unsupported[f] = {list.front().what, list.front().line};
+  return *p;
+}
+
+const std::vector<ModuleVar>& Vars(const Program& p) { return p.vars; }
+
+bool HasKernel(const Program& p, std::string_view name) {
+  auto it = p.func_index.find(std::string(name));
+  return it != p.func_index.end() && p.funcs[it->second].entry && p.funcs[it->second].defined;
+}
+
+// ---- lowering -------------------------------------------------------------------------------
+
+Result<std::shared_ptr<const Kernel>> Lower(const Program& p, uint32_t kfunc) {
+  // Functions reachable from the kernel, in first-call order; recursion is refused.
+  std::vector<uint32_t> order{kfunc};
+  std::vector<int> state(p.funcs.size(), 0);  // 0 unseen, 1 on stack, 2 done
+  std::string error;
+  std::function<bool(uint32_t)> visit = [&](uint32_t f) -> bool {
+    state[f] = 1;
+    for (const Ins& ins : p.funcs[f].code) {
+      if (ins.op != Op::kCall) continue;
+      for (int i = 0; i < ins.nops; ++i) {
+        if (ins.o[i].kind != Operand::kFunc) continue;
+        const uint32_t g = ins.o[i].reg;
+        if (!p.funcs[g].defined) {
+          error = "PTX line " + std::to_string(ins.line) + ": call to " + p.funcs[g].name +
+                  ", which the module does not define (only vprintf and __assertfail are built in)";
+          return false;
+        }
+        if (state[g] == 1) {
+          error = "PTX line " + std::to_string(ins.line) + ": recursive call to " + p.funcs[g].name + " (not supported)";
+          return false;
+        }
+        if (state[g] == 0) {
+          order.push_back(g);
+          if (!visit(g)) return false;
+        }
+      }
+    }
+    state[f] = 2;
+    return true;
+  };
+  if (!visit(kfunc)) return Status(Code::kUnimplemented, error);
+  for (uint32_t f : order) {
+    auto u = p.unsupported.find(f);
+    if (u != p.unsupported.end())
+      return Status(Code::kUnimplemented, "PTX line " + std::to_string(u->second.second) + ": instruction '" +
+                                              u->second.first + "' is not supported by the sim executor");
+  }
+
+  auto k = std::make_shared<Kernel>();
+  k->name = p.funcs[kfunc].name;
+  // Symbol offsets: shared (block), local (thread), param (kernel buffer or thread scratch).
+  std::unordered_map<uint32_t, uint64_t> offset;
+  auto place = [](uint64_t* cursor, const Sym& s) {
+    const uint64_t a = s.align == 0 ? 1 : s.align;
+    *cursor = (*cursor + a - 1) / a * a;
+    const uint64_t at = *cursor;
+    *cursor += s.size;
+    return at;
+  };
+  uint64_t shared = 0;
+  std::vector<uint32_t> extern_shared;
+  for (uint32_t i = 0; i < p.syms.size(); ++i) {
+    const Sym& s = p.syms[i];
+    if (s.space != Space::kShared) continue;
+    bool mine = s.func < 0;
+    for (uint32_t f : order) mine = mine || s.func == static_cast<int32_t>(f);
+    if (!mine) continue;
+    if (s.extern_shared) {
+      extern_shared.push_back(i);
+      continue;
+    }
+    offset[i] = place(&shared, s);
+  }
+  shared = (shared + 15) / 16 * 16;
+  for (uint32_t i : extern_shared) offset[i] = shared;  // dynamic shared memory follows the static
+  k->shared_static = shared;
+  uint64_t local = 0;
+  uint64_t fparam = kFuncParamBase;
+  for (uint32_t f : order) {
+    for (uint32_t i : p.funcs[f].syms) {
+      const Sym& s = p.syms[i];
+      if (s.space == Space::kLocal) offset[i] = place(&local, s);
+      if (s.space == Space::kParam) offset[i] = place(&fparam, s);
+    }
+    if (f == kfunc) {
+      for (uint32_t i : p.funcs[f].params) {
+        uint64_t off = 0;
+        std::memcpy(&off, p.syms[i].init.data(), 8);
+        offset[i] = off;
+        k->param_bytes = static_cast<uint32_t>(std::max<uint64_t>(k->param_bytes, off + p.syms[i].size));
+      }
+    } else {
+      for (uint32_t i : p.funcs[f].params) offset[i] = place(&fparam, p.syms[i]);
+      for (uint32_t i : p.funcs[f].rets) offset[i] = place(&fparam, p.syms[i]);
+    }
+  }
+  k->local_bytes = (local + 15) / 16 * 16;
+  k->fparam_bytes = (fparam - kFuncParamBase + 15) / 16 * 16;
+
+  // Code: each function after the previous, registers and labels rebased.
+  std::vector<uint32_t> code_base(p.funcs.size(), 0), reg_base(p.funcs.size(), 0);
+  uint32_t pc = 0, regs = 0;
+  for (uint32_t f : order) {
+    code_base[f] = pc;
+    reg_base[f] = regs;
+    pc += static_cast<uint32_t>(p.funcs[f].code.size()) + 1;  // + an implicit ret at the end
+    regs += p.funcs[f].nregs;
+  }
+  k->nregs = regs;
+  k->code.reserve(pc);
+  auto fold = [&](Operand& o, uint32_t f, const Ins& ins) -> Status {
+    auto rebase = [&](uint32_t r) { return r == kNoReg ? r : r + reg_base[f]; };
+    switch (o.kind) {
+      case Operand::kReg: o.reg = rebase(o.reg); break;
+      case Operand::kLabel: o.reg += code_base[f]; break;
+      case Operand::kVec:
+        for (int i = 0; i < o.n; ++i) o.regs[i] = rebase(o.regs[i]);
+        break;
+      case Operand::kMem:
+        o.reg = rebase(o.reg);
+        [[fallthrough]];
+      case Operand::kSym: {
+        const uint32_t sidx = o.kind == Operand::kMem ? o.sym : o.reg;
+        if (sidx == kNoSym) break;
+        const Sym& s = p.syms[sidx];
+        if (s.var >= 0) {
+          // Module .global/.const: the address is known at launch (var_addrs).
+          if (o.kind == Operand::kMem) o.sym = static_cast<uint32_t>(s.var);
+          else o.reg = static_cast<uint32_t>(s.var) | 0x80000000u;
+          break;
+        }
+        auto it = offset.find(sidx);
+        if (it == offset.end())
+          return InvalidArgument("PTX line " + std::to_string(ins.line) + ": symbol " + s.name +
+                                 " is not in reach of kernel " + k->name);
+        if (o.kind == Operand::kMem) {
+          o.imm += it->second;
+          o.sym = kNoSym;
+        } else {
+          o.kind = Operand::kImm;
+          o.imm += it->second;
+          o.reg = kNoReg;
+        }
+        break;
+      }
+      default: break;
+    }
+    return Status::Ok();
+  };
+  for (uint32_t f : order) {
+    for (const Ins& src : p.funcs[f].code) {
+      Ins ins = src;
+      if (ins.pred != kNoReg) ins.pred += reg_base[f];
+      if (ins.op == Op::kCall || ins.op == Op::kVprintf || ins.op == Op::kAssertFail) {
+        // Operands: [(rets)], func, [(args)] -> a CallSite.
+        CallSite cs;
+        const Operand* rets = nullptr;
+        const Operand* args = nullptr;
+        uint32_t callee = 0;
+        bool seen_func = false;
+        for (int i = 0; i < ins.nops; ++i) {
+          const Operand& o = ins.o[i];
+          if (o.kind == Operand::kFunc) {
+            callee = o.reg;
+            seen_func = true;
+          } else if (o.kind == Operand::kList) {
+            (seen_func ? args : rets) = &o;
+          }
+        }
+        const Func& cf = p.funcs[callee];
+        auto copies = [&](const Operand* list, const std::vector<uint32_t>& formals, bool to_callee,
+                          std::vector<CallSite::Copy>* out) -> Status {
+          const size_t n = list == nullptr ? 0 : list->n;
+          if (n != formals.size() && cf.defined)
+            return InvalidArgument("PTX line " + std::to_string(ins.line) + ": call to " + cf.name + " with " +
+                                   std::to_string(n) + " values for " + std::to_string(formals.size()) + " parameters");
+          for (size_t i = 0; i < n; ++i) {
+            CallSite::Copy c;
+            const uint32_t e = list->regs[i];
+            const bool is_sym = (e & 0x80000000u) != 0 && e != kNoReg;
+            uint64_t actual = 0;
+            if (is_sym) {
+              auto it = offset.find(e & 0x7fffffffu);
+              if (it == offset.end())
+                return InvalidArgument("PTX line " + std::to_string(ins.line) + ": call argument is not a parameter");
+              actual = it->second;
+            }
+            const uint64_t formal = cf.defined ? offset.at(formals[i]) : 0;
+            c.bytes = static_cast<uint32_t>(i < formals.size() ? p.syms[formals[i]].size : 8);
+            if (to_callee) {
+              c.dst = formal;
+              if (is_sym) c.src = actual;
+              else c.src_reg = e + reg_base[f];
+            } else {
+              c.src = formal;
+              if (!is_sym) return InvalidArgument("PTX line " + std::to_string(ins.line) + ": return value into a register");
+              c.dst = actual;
+            }
+            if (!cf.defined) {  // builtin: args are read in place
+              c.dst = is_sym ? actual : 0;
+            }
+            out->push_back(c);
+          }
+          return Status::Ok();
+        };
+        if (Status s = copies(args, cf.params, true, &cs.args); !s.ok()) return s;
+        if (Status s = copies(rets, cf.rets, false, &cs.rets); !s.ok()) return s;
+        cs.entry = cf.defined ? code_base[callee] : 0;
+        ins.aux = static_cast<uint32_t>(k->calls.size());
+        k->calls.push_back(std::move(cs));
+        ins.nops = 0;
+      } else {
+        for (int i = 0; i < ins.nops; ++i) {
+          if (Status s = fold(ins.o[i], f, ins); !s.ok()) return s;
+        }
+      }
+      k->code.push_back(ins);
+    }
+    Ins ret;
+    ret.op = Op::kRet;
+    ret.line = p.funcs[f].code.empty() ? p.funcs[f].line : p.funcs[f].code.back().line;
+    k->code.push_back(ret);
+  }
+  return std::shared_ptr<const Kernel>(std::move(k));
+}
+
+Result<std::shared_ptr<const Kernel>> Program::GetKernel(std::string_view name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = kernels_.find(name); it != kernels_.end()) return it->second;
+  if (auto it = kernel_errors_.find(name); it != kernel_errors_.end())
+    return Status(Code::kUnimplemented, it->second);
+  auto f = func_index.find(std::string(name));
+  if (f == func_index.end() || !funcs[f->second].entry || !funcs[f->second].defined)
+    return NotFound("no kernel " + std::string(name) + " in the PTX");
+  auto k = Lower(*this, f->second);
+  if (!k.ok()) {
+    kernel_errors_.emplace(std::string(name), k.status().message());
+    return k.status();
+  }
+  kernels_.emplace(std::string(name), *k);
+  return *k;
+}
+
+}  // namespace orion::ptx

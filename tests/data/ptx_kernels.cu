@@ -1,0 +1,61 @@
+#include <cstdio>
+#include <cuda_fp16.h>
+#include <cooperative_groups.h>
+namespace cg = cooperative_groups;
+__global__ void vadd(const float* a, const float* b, float* c, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) c[i] = a[i] + b[i];
+}
+#define T 16
+__global__ void matmul(const float* A, const float* B, float* C, int n) {
+  __shared__ float as[T][T], bs[T][T];
+  int r = blockIdx.y * T + threadIdx.y, c = blockIdx.x * T + threadIdx.x;
+  float acc = 0;
+  for (int k0 = 0; k0 < n; k0 += T) {
+    as[threadIdx.y][threadIdx.x] = (r < n && k0 + threadIdx.x < n) ? A[r * n + k0 + threadIdx.x] : 0.f;
+    bs[threadIdx.y][threadIdx.x] = (c < n && k0 + threadIdx.y < n) ? B[(k0 + threadIdx.y) * n + c] : 0.f;
+    __syncthreads();
+    for (int k = 0; k < T; ++k) acc += as[threadIdx.y][k] * bs[k][threadIdx.x];
+    __syncthreads();
+  }
+  if (r < n && c < n) C[r * n + c] = acc;
+}
+__global__ void reduce(const int* in, int* out, int n) {
+  int v = 0;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) v += in[i];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffff, v, o);
+  __shared__ int ws[32];
+  if ((threadIdx.x & 31) == 0) ws[threadIdx.x >> 5] = v;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    v = threadIdx.x < blockDim.x / 32 ? ws[threadIdx.x] : 0;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffff, v, o);
+    if (threadIdx.x == 0) atomicAdd(out, v);
+  }
+}
+__global__ void hist(const unsigned char* in, unsigned* h, int n) {
+  __shared__ unsigned sh[256];
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) sh[i] = 0;
+  __syncthreads();
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) atomicAdd(&sh[in[i]], 1u);
+  __syncthreads();
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) atomicAdd(&h[i], sh[i]);
+}
+__global__ void pr(int x, double d) { printf("hello %d %f from %d\n", x, d, threadIdx.x); }
+struct S { int a; double b; char c[3]; };
+__global__ void st(S s, double* o) { o[threadIdx.x] = s.a + s.b + s.c[1] + sqrt((double)threadIdx.x); }
+__global__ void hf(const __half* a, __half* b, int n) { int i = threadIdx.x; if (i < n) b[i] = __hadd(a[i], __float2half(1.5f)) * a[i]; }
+__global__ void asrt(int x) { assert(x != threadIdx.x); }
+__global__ void coop(int* d, int n) {
+  cg::grid_group g = cg::this_grid();
+  d[g.thread_rank()] = 1;
+  g.sync();
+  if (g.thread_rank() == 0) { int s = 0; for (int i = 0; i < n; i++) s += d[i]; d[0] = s; }
+}
+__global__ void scan(int* d) {
+  __shared__ int t[256];
+  int i = threadIdx.x; t[i] = d[i]; __syncthreads();
+  for (int o = 1; o < 256; o <<= 1) { int v = i >= o ? t[i - o] : 0; __syncthreads(); t[i] += v; __syncthreads(); }
+  d[i] = t[i];
+}
+__global__ void math(float* f) { int i = threadIdx.x; f[i] = sinf(f[i]) + expf(f[i]) + __fdividef(1.f, f[i]+1) + rsqrtf(f[i]+2) + tanhf(f[i]); }
