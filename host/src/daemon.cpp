@@ -689,7 +689,13 @@ void Daemon::Handshake(Pending& p) {
 // In a worker: the backend of this daemon's kind, or why it cannot start.
 Result<std::unique_ptr<Backend>> Daemon::MakeBackend(uint32_t session) const {
   if (backend_ == BackendKind::kCuda) return MakeCudaBackend(CudaOptions{config_.cuda_driver});
-  return MakeSimBackend(SimOptions{config_.sim_launch_log, session});
+  SimOptions o;
+  o.launch_log = config_.sim_launch_log;
+  o.session_id = session;
+  o.execute = config_.sim_execute;
+  o.kernel_timeout_ms = config_.sim_kernel_timeout_ms;
+  o.workers = config_.sim_workers;
+  return MakeSimBackend(o);
 }
 
 // What every session's worker gets, whatever its transport.

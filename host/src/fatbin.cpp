@@ -951,6 +951,24 @@ Result<Module> ParseImage(std::span<const uint8_t> image, uint32_t prefer_sm) {
   return Unrecognised(image, image.size());
 }
 
+Result<std::string> ExtractPtx(std::span<const uint8_t> image, uint32_t prefer_sm) {
+  uint32_t magic = 0;
+  if (Load(image, 0, magic) && magic == kFatbinMagic) {
+    std::optional<Entry> ptx;
+    auto pick = [&](const Entry& e) {
+      if (e.kind == kKindPtx && (!ptx || BetterArch(e.arch, ptx->arch, prefer_sm))) ptx = e;
+      return Status::Ok();
+    };
+    FB_RETURN_IF_ERROR(ForEachEntry(image, pick));
+    if (!ptx) return NotFound("the fatbin has no PTX entry (SASS only)");
+    FB_ASSIGN_OR_RETURN(const std::vector<uint8_t> data, EntryData(*ptx));
+    return std::string(reinterpret_cast<const char*>(data.data()), FindNul(data));
+  }
+  if (IsElf(image)) return NotFound("the image is a cubin (SASS only, no PTX)");
+  if (const auto len = PtxLength(image)) return std::string(reinterpret_cast<const char*>(image.data()), *len);
+  return Unrecognised(image, image.size());
+}
+
 Result<uint64_t> ImageSize(const uint8_t* p, uint64_t max) {
   if (p == nullptr) return InvalidArgument("ImageSize: null image pointer");
   // Nothing below reads beyond what it has checked against `max`.

@@ -40,6 +40,15 @@ int main(int argc, char** argv) {
   app.add_option("--sim-launch-log", sim_log, "sim: append every kernel launch to this file");
   app.add_option("--sim-gpus", sim_gpus, "sim: number of simulated GPUs")->check(CLI::Range(1, 64));
   app.add_option("--sim-gpu-mem", sim_mem, "sim: MiB per simulated GPU")->check(CLI::Range(64, 1 << 24));
+  std::string sim_execute;
+  uint64_t sim_timeout_ms = 0;
+  uint32_t sim_workers = 0;
+  app.add_option("--sim-execute", sim_execute, "sim: run kernels from their PTX (ptx, default) or only validate and log them (none)")
+      ->check(CLI::IsMember({"ptx", "none"}));
+  app.add_option("--sim-kernel-timeout", sim_timeout_ms, "sim: end a kernel running longer than this many ms (CUDA_ERROR_LAUNCH_TIMEOUT)")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{86400000}));
+  app.add_option("--sim-workers", sim_workers, "sim: host threads running one launch's blocks (default: all cores)")
+      ->check(CLI::Range(1, 1024));
   std::string control;
   app.add_option("--control-socket", control, "admin socket for the libvirt hook and orion-vm ('' = none)");
   app.add_option("--lease-timeout-ms", lease_ms, "free a client's vGPUs this long after its lease stops")
@@ -69,6 +78,9 @@ int main(int argc, char** argv) {
   if (!sim_log.empty()) c.sim_launch_log = sim_log;
   if (sim_gpus != 0) c.sim_gpus = sim_gpus;
   if (sim_mem != 0) c.sim_gpu_mem_mib = sim_mem;
+  if (!sim_execute.empty()) c.sim_execute = sim_execute == "ptx";
+  if (sim_timeout_ms != 0) c.sim_kernel_timeout_ms = sim_timeout_ms;
+  if (sim_workers != 0) c.sim_workers = sim_workers;
   if (lease_ms != 0) c.lease_timeout_ms = lease_ms;
   if (app.count("--control-socket") > 0) c.control_socket = control;
 

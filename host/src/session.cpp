@@ -573,6 +573,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       if (q.param_bytes != f->layout.param_bytes) { r = CUDA_ERROR_INVALID_VALUE; break; }
       r = b_->LaunchKernel(f->backend, q.grid, q.block, q.shared_mem_bytes, s, payload + head, q.param_bytes,
                            x.cluster);
+      for (const std::string& note : b_->TakeNotices()) p_.log->warn("sess={} {}", p_.session_id, note);
       break;
     }
     case Op::kOccupancyMaxClusters: {

@@ -12,9 +12,14 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
+#include <utility>
+
+#include <thread>
 
 #include "orion/host/backend.h"
 #include "orion/host/fatbin.h"
+#include "orion/ptx/ptx.h"
 
 namespace orion::host {
 namespace {
@@ -104,6 +109,12 @@ struct Block {
 struct SimModule {
   fatbin::Module info;
   std::unordered_map<std::string, uint64_t> globals;  // name -> device address
+  // The executor's view, built at the first launch: the image is kept until then.
+  std::vector<uint8_t> image;
+  bool ptx_tried = false;
+  std::shared_ptr<ptx::Program> program;  // null: no PTX (or it did not parse)
+  std::string ptx_error;
+  std::vector<uint64_t> var_addrs;        // device address of each ptx::Vars() entry
 };
 struct SimFunction {
   SimModule* module;
@@ -122,7 +133,7 @@ struct SimEvent {
   uint64_t ns = 0;
 };
 
-class SimBackend final : public Backend {
+class SimBackend final : public Backend, private ptx::GlobalMemory {
  public:
   explicit SimBackend(SimOptions o) : opt_(std::move(o)) {
     if (!opt_.launch_log.empty()) {
@@ -174,7 +185,7 @@ class SimBackend final : public Backend {
   }
   CUresult CtxDestroy(void*) override { return CUDA_SUCCESS; }
   CUresult SetCurrent(void*) override { return CUDA_SUCCESS; }
-  CUresult CtxSynchronize() override { return CUDA_SUCCESS; }
+  CUresult CtxSynchronize() override { return sticky_; }
   CUresult CtxSetLimit(uint32_t limit, uint64_t value) override {
     if (limit > CU_LIMIT_MAX) return CUDA_ERROR_INVALID_VALUE;
     limits_[limit] = value;
@@ -212,18 +223,21 @@ class SimBackend final : public Backend {
     return CUDA_SUCCESS;
   }
   CUresult MemcpyHtoD(uint64_t dst, const void* src, uint64_t bytes, void*) override {
+    if (sticky_ != CUDA_SUCCESS) return sticky_;
     uint8_t* d = Host(dst, bytes);
     if (d == nullptr) return CUDA_ERROR_INVALID_VALUE;
     std::memcpy(d, src, bytes);
     return CUDA_SUCCESS;
   }
   CUresult MemcpyDtoH(void* dst, uint64_t src, uint64_t bytes, void*, bool) override {
+    if (sticky_ != CUDA_SUCCESS) return sticky_;
     uint8_t* s = Host(src, bytes);
     if (s == nullptr) return CUDA_ERROR_INVALID_VALUE;
     std::memcpy(dst, s, bytes);
     return CUDA_SUCCESS;
   }
   CUresult MemcpyDtoD(uint64_t dst, uint64_t src, uint64_t bytes, void*) override {
+    if (sticky_ != CUDA_SUCCESS) return sticky_;
     uint8_t* d = Host(dst, bytes);
     uint8_t* s = Host(src, bytes);
     if (d == nullptr || s == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -276,6 +290,7 @@ class SimBackend final : public Backend {
     }
     auto m = std::make_unique<SimModule>();
     m->info = std::move(*parsed);
+    if (opt_.execute) m->image.assign(image.begin(), image.end());
     *module = m.get();
     modules_.push_back(std::move(m));
     return CUDA_SUCCESS;
@@ -363,6 +378,45 @@ class SimBackend final : public Backend {
       return CUDA_ERROR_INVALID_VALUE;
     if (shared_mem > 232448) return CUDA_ERROR_INVALID_VALUE;
     if (param_bytes != f->kernel->param_bytes) return CUDA_ERROR_INVALID_VALUE;
+    if (sticky_ != CUDA_SUCCESS) return sticky_;
+    // Execute (when the module has PTX for this kernel), then log the launch with its outcome.
+    std::string exec = "off";
+    CUresult result = CUDA_SUCCESS;
+    if (opt_.execute) {
+      ptx::Program* prog = ProgramOf(f->module);
+      if (prog == nullptr || !ptx::HasKernel(*prog, f->kernel->name)) {
+        exec = "no-ptx";
+        if (warned_.insert(f->kernel->name).second)
+          notices_.push_back("kernel " + f->kernel->name + " was not executed: " +
+                             (prog == nullptr ? f->module->ptx_error : "the module's PTX does not define it") +
+                             " (validated and logged only)");
+      } else {
+        ptx::LaunchConfig cfg;
+        std::memcpy(cfg.grid, grid, sizeof cfg.grid);
+        std::memcpy(cfg.block, block, sizeof cfg.block);
+        cfg.dynamic_smem = shared_mem;
+        cfg.params = params;
+        cfg.param_bytes = param_bytes;
+        cfg.var_addrs = f->module->var_addrs.data();
+        cfg.timeout_ms = opt_.kernel_timeout_ms;
+        cfg.workers = opt_.workers != 0 ? opt_.workers : std::max(1u, std::thread::hardware_concurrency());
+        cfg.printf_out = &output_;
+        const ptx::LaunchResult r = ptx::Launch(*prog, f->kernel->name, cfg, *this);
+        executed_lane_instructions_ += r.thread_instructions;
+        if (r.code == CUDA_SUCCESS) {
+          exec = "ran";
+        } else {
+          exec = "error:" + std::to_string(static_cast<int>(r.code));
+          last_error_ = r.message;
+          notices_.push_back("kernel " + f->kernel->name + " failed (" + std::to_string(static_cast<int>(r.code)) +
+                             "): " + r.message);
+          result = r.code;
+          // As on a GPU, a fault in a kernel leaves the context unusable; a kernel the executor
+          // cannot run fails alone.
+          if (r.code != CUDA_ERROR_NOT_SUPPORTED && r.code != CUDA_ERROR_INVALID_VALUE) sticky_ = r.code;
+        }
+      }
+    }
     if (log_fd_ >= 0) {
       // One write() per line: lines from concurrent sessions never interleave (O_APPEND).
       std::string line = "sess=" + std::to_string(opt_.session_id) + " launch " + f->kernel->name +
@@ -380,12 +434,15 @@ class SimBackend final : public Backend {
         line += kHex[params[i] >> 4];
         line += kHex[params[i] & 15];
       }
-      line += '\n';
+      line += " exec=" + exec + "\n";
       ssize_t w = ::write(log_fd_, line.data(), line.size());
       (void)w;
     }
-    return CUDA_SUCCESS;
+    return result;
   }
+  std::vector<std::string> TakeNotices() override { return std::exchange(notices_, {}); }
+  std::string TakeOutput() override { return std::exchange(output_, {}); }
+
   CUresult OccupancyMaxBlocks(void*, uint32_t block_size, uint64_t dynamic_smem, uint32_t, int* blocks) override {
     // Simulated occupancy from the sm_90 limits: threads, blocks and shared memory per SM.
     const uint32_t warps = (block_size + 31) / 32;
@@ -425,8 +482,9 @@ class SimBackend final : public Backend {
     return CUDA_SUCCESS;
   }
   CUresult StreamDestroy(void*) override { return CUDA_SUCCESS; }
-  CUresult StreamSynchronize(void*) override { return CUDA_SUCCESS; }  // everything ran in order already
-  CUresult StreamQuery(void*) override { return CUDA_SUCCESS; }
+  // Everything ran in order already: launches execute when they arrive (see LaunchKernel).
+  CUresult StreamSynchronize(void*) override { return sticky_; }
+  CUresult StreamQuery(void*) override { return sticky_; }
   CUresult StreamWaitEvent(void*, void*, uint32_t) override { return CUDA_SUCCESS; }
   CUresult EventCreate(uint32_t flags, void** event) override {
     auto e = std::make_unique<SimEvent>();
@@ -444,8 +502,8 @@ class SimBackend final : public Backend {
     e->ns = NowNs();
     return CUDA_SUCCESS;
   }
-  CUresult EventSynchronize(void*) override { return CUDA_SUCCESS; }
-  CUresult EventQuery(void*) override { return CUDA_SUCCESS; }
+  CUresult EventSynchronize(void*) override { return sticky_; }
+  CUresult EventQuery(void*) override { return sticky_; }
   CUresult EventElapsedTime(void* start, void* end, float* ms) override {
     auto* a = static_cast<SimEvent*>(start);
     auto* b = static_cast<SimEvent*>(end);
@@ -456,6 +514,47 @@ class SimBackend final : public Backend {
   }
 
  private:
+  // ptx::GlobalMemory: the executor reaches device memory only through the session's blocks.
+  bool Find(uint64_t addr, ptx::GlobalMemory::Span* out) override {
+    auto it = blocks_.upper_bound(addr);
+    if (it == blocks_.begin()) return false;
+    --it;
+    if (addr - it->first >= it->second.bytes || it->second.host == nullptr) return false;
+    *out = ptx::GlobalMemory::Span{it->first, it->second.bytes, it->second.host};
+    return true;
+  }
+  // The module's PTX program, parsed at its first launch; nullptr (with ptx_error) if none.
+  ptx::Program* ProgramOf(SimModule* m) {
+    if (m->ptx_tried) return m->program.get();
+    m->ptx_tried = true;
+    auto text = fatbin::ExtractPtx(m->image, 90);
+    std::vector<uint8_t>().swap(m->image);
+    if (!text.ok()) {
+      m->ptx_error = text.status().message();
+      return nullptr;
+    }
+    auto prog = ptx::Parse(*text);
+    if (!prog.ok()) {
+      m->ptx_error = "its PTX did not parse: " + prog.status().message();
+      return nullptr;
+    }
+    // Module variables live in device memory, shared with cuModuleGetGlobal.
+    for (const ptx::ModuleVar& v : ptx::Vars(**prog)) {
+      auto it = m->globals.find(v.name);
+      if (it == m->globals.end()) {
+        uint64_t addr = 0;
+        if (MemAlloc(std::max<uint64_t>(v.size, 1), &addr) != CUDA_SUCCESS) {
+          m->ptx_error = "no memory for its variable " + v.name;
+          return nullptr;
+        }
+        std::memcpy(Host(addr, v.size), v.init.data(), std::min<uint64_t>(v.init.size(), v.size));
+        it = m->globals.emplace(v.name, addr).first;
+      }
+      m->var_addrs.push_back(it->second);
+    }
+    m->program = std::move(*prog);
+    return m->program.get();
+  }
   static void Release(Block& b) {
     if (b.owned && b.host != nullptr) ::munmap(b.host, b.bytes);
     b.host = nullptr;
@@ -484,6 +583,11 @@ class SimBackend final : public Backend {
   std::vector<std::unique_ptr<SimFunction>> functions_;
   std::unordered_map<SimEvent*, std::unique_ptr<SimEvent>> events_;
   std::string last_error_;
+  CUresult sticky_ = CUDA_SUCCESS;          // a kernel fault: every later call fails with it
+  std::vector<std::string> notices_;
+  std::unordered_set<std::string> warned_;  // kernels already reported as not executed
+  std::string output_;                      // device printf text not yet taken
+  uint64_t executed_lane_instructions_ = 0;
 };
 
 }  // namespace

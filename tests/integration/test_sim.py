@@ -25,7 +25,7 @@ def assert_launches_logged(program_stdout, launch_log):
     assert want, "program printed no LAUNCH lines"
     logged = []
     for line in launch_log:
-        m = re.search(r" launch (\S+) grid=(\S+) block=(\S+) smem=\d+ stream=\d+ params=([0-9a-f]*)$", line)
+        m = re.search(r" launch (\S+) grid=(\S+) block=(\S+) smem=\d+ stream=\d+ params=([0-9a-f]*) exec=\S+$", line)
         if m:
             logged.append(m.groups())
     i = 0

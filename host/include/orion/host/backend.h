@@ -91,6 +91,10 @@ class Backend {
   // Why the last call failed, when the backend knows more than its CUresult (e.g. which part of a
   // module image it could not parse); "" otherwise.
   virtual std::string ErrorDetail() const { return ""; }
+  // Things the worker should log once (e.g. "kernel K was not executed: no PTX"); cleared by the call.
+  virtual std::vector<std::string> TakeNotices() { return {}; }
+  // Device printf text produced since the last call (the sim executor's; "" otherwise).
+  virtual std::string TakeOutput() { return ""; }
 
   // Modules: `image` is a fatbin, cubin or PTX, already size-checked.
   virtual CUresult ModuleLoad(std::span<const uint8_t> image, void** module) = 0;
@@ -125,10 +129,14 @@ class Backend {
 };
 
 // Simulator: no GPU. Memory is host RAM at device-like addresses; modules are parsed; launches are
-// validated and appended to `launch_log` (if not empty) but never executed.
+// validated, appended to `launch_log` (if not empty), and executed on the CPU by the PTX executor
+// (orion/ptx) when the module carries PTX for the kernel and `execute` is on.
 struct SimOptions {
   std::string launch_log;      // file, appended; "" = none
   uint32_t session_id = 0;
+  bool execute = true;                  // --sim-execute ptx (true) | none (validate and log only)
+  uint64_t kernel_timeout_ms = 600000;  // --sim-kernel-timeout: a longer launch ends with LAUNCH_TIMEOUT
+  uint32_t workers = 0;                 // host threads per launch; 0: the machine's cores
 };
 std::unique_ptr<Backend> MakeSimBackend(const SimOptions& options);
 // The simulated physical GPUs the daemon offers (`count` GPUs of `mem_mib` each).

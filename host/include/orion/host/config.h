@@ -45,6 +45,9 @@ struct ServerConfig {
   std::string cache_dir = "/var/cache/orion/modules";
   std::vector<std::string> shm_paths;  // --shm; empty: every <shm_path_base>/orionsock*
   std::string sim_launch_log;
+  bool sim_execute = true;                  // --sim-execute ptx|none
+  uint64_t sim_kernel_timeout_ms = 600000;  // --sim-kernel-timeout (ms)
+  uint32_t sim_workers = 0;                 // --sim-workers: threads per launch (0: all cores)
   uint32_t sim_gpus = 1;
   uint64_t sim_gpu_mem_mib = 16384;
   uint64_t lease_timeout_ms = 3000;

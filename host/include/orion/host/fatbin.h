@@ -78,6 +78,10 @@ inline constexpr uint64_t kMaxDecompressedBytes = uint64_t{256} << 20;
 // kMaxDecompressedBytes, kNotFound for a fatbin with neither a cubin nor a PTX entry.
 orion::Result<Module> ParseImage(std::span<const uint8_t> image, uint32_t prefer_sm = 90);
 
+// The PTX text of an image: a fatbin's PTX entry (highest arch <= prefer_sm, else the lowest;
+// decompressed), or the image itself when it is PTX. kNotFound for a cubin or a SASS-only fatbin.
+orion::Result<std::string> ExtractPtx(std::span<const uint8_t> image, uint32_t prefer_sm = 90);
+
 // Size in bytes of the image starting at `p`, reading at most `max` bytes: fatbin header_size +
 // payload_size; ELF the furthest end of the ELF header, section/program header tables, sections
 // (except SHT_NOBITS) and segments; PTX strlen + 1. An error if the image is not recognised or
