@@ -226,7 +226,12 @@ class Block {
       case kSmid: return (ctaid_[0] + ctaid_[1] * cfg_.grid[0]) % 132;
       case kNsmid: return 132;
       case kGridid: return 1;
-      case kClock: case kClock64: return w.steps;
+      case kClock: case kClock64:
+        // The SM clock: host time at the device's reported clock rate (1.98 GHz), so clock64()
+        // spin loops wait for the time they ask for, as on a GPU.
+        return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                         std::chrono::steady_clock::now().time_since_epoch())
+                                         .count()) * 198 / 100 + w.steps;
       case kGlobaltimer:
         return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                          std::chrono::steady_clock::now().time_since_epoch())

@@ -36,7 +36,7 @@ int main() {
       if (std::abs(c[j * n + i] - want) > 1e-3 * (1 + std::abs(want))) ++bad;
     }
   }
-  ot::check_kernel("sgemm_result", bad == 0, ot::fmt("%d sampled entries wrong", bad));
+  ot::check_sass_kernel("sgemm_result", bad == 0, ot::fmt("%d sampled entries wrong", bad));
   ot::check("cublas_destroy", cublasDestroy(h) == CUBLAS_STATUS_SUCCESS);
   return ot::finish();
 }
