@@ -7,6 +7,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cstdio>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -442,11 +444,42 @@ CUresult Client::WaitReplyLocked(uint32_t seq, void* rep, uint32_t rep_cap, uint
       if (rep_len != nullptr) *rep_len = f.header.payload_len;
       if (rep != nullptr) std::memcpy(rep, f.payload, std::min(rep_cap, f.header.payload_len));
       const auto status = static_cast<CUresult>(f.header.status);
+      const auto deferred = static_cast<CUresult>(f.header.deferred);
+      if ((f.header.flags & kFlagOutputPending) != 0 && f.header.op != static_cast<uint16_t>(Op::kTakeOutput))
+        DrainOutputLocked();
       if (status != CUDA_SUCCESS) return status;
-      return static_cast<CUresult>(f.header.deferred);
+      return deferred;
     }
     if (backoff.sleeping() && ServerGoneLocked(&last_beat, &last_change)) return broken_;
     backoff.Pause();
+  }
+}
+
+// Device printf text oriond holds for this process: fetched at the first reply that says so (every
+// reply follows the launches before it, so this is at or before the next synchronizing call, as on
+// a GPU) and written to the process's stdout.
+void Client::DrainOutputLocked() noexcept {
+  for (int round = 0; round < 64; ++round) {  // at most kMaxPendingOutput bytes
+    FrameHeader h = MakeHeader(Op::kTakeOutput, 0, true);
+    if (PushLocked(h, nullptr, 0, nullptr, 0) != CUDA_SUCCESS) return;
+    ivshmem::FrameView f{};
+    Backoff backoff(20000, 200, 200);
+    uint64_t last_beat = 0, last_change = 0;
+    for (;;) {
+      bool got = false;
+      if (!chan_->Pop(&f, &scratch_, &got).ok()) return;
+      if (got) break;
+      if (backoff.sleeping() && ServerGoneLocked(&last_beat, &last_change)) return;
+      backoff.Pause();
+    }
+    if (f.header.seq != h.seq || f.header.op != static_cast<uint16_t>(Op::kTakeOutput)) {
+      (void)Broken(CUDA_ERROR_UNKNOWN, "reply out of order");
+      return;
+    }
+    // Through the program's own stdout stream, so device lines keep their place among its lines.
+    std::fwrite(f.payload, 1, std::min<uint32_t>(f.header.payload_len, kMaxPayload), stdout);
+    std::fflush(stdout);
+    if ((f.header.flags & kFlagOutputPending) == 0) return;
   }
 }
 

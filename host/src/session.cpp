@@ -123,6 +123,7 @@ class Session {
   std::map<std::string, std::vector<uint8_t>> blobs_;
   std::string upload_hex_;
   std::vector<uint8_t> upload_;
+  std::string output_;  // device printf text not yet taken by the client (at most kMaxPendingOutput)
   uint64_t upload_received_ = 0;
 };
 
@@ -136,6 +137,7 @@ bool Session::Reply(const FrameHeader& req, int32_t status, const void* payload,
   h.status = status;
   h.deferred = deferred_;
   deferred_ = 0;
+  if (!output_.empty()) h.flags |= kFlagOutputPending;
   Status s = ch_->Reply(h, payload, len);
   if (s.ok()) return true;
   if (s.code() == Code::kDataLoss) {
@@ -217,6 +219,12 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
     case Op::kNopAsync:
     case Op::kSync:
       break;
+    case Op::kTakeOutput: {
+      const size_t n = std::min<size_t>(output_.size(), kMaxPayload);
+      reply->assign(output_.begin(), output_.begin() + static_cast<std::ptrdiff_t>(n));
+      output_.erase(0, n);
+      break;
+    }
 
     case Op::kCtxCreate: {
       CtxCreateReq q;
@@ -574,6 +582,8 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       r = b_->LaunchKernel(f->backend, q.grid, q.block, q.shared_mem_bytes, s, payload + head, q.param_bytes,
                            x.cluster);
       for (const std::string& note : b_->TakeNotices()) p_.log->warn("sess={} {}", p_.session_id, note);
+      if (std::string out = b_->TakeOutput(); !out.empty() && output_.size() < kMaxPendingOutput)
+        output_.append(out, 0, std::min<size_t>(out.size(), kMaxPendingOutput - output_.size()));
       break;
     }
     case Op::kOccupancyMaxClusters: {

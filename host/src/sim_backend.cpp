@@ -200,6 +200,7 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
   }
 
   CUresult MemAlloc(uint64_t bytes, uint64_t* dptr) override {
+    if (sticky_ != CUDA_SUCCESS) return sticky_;
     const uint64_t span = (bytes + kSimAlign - 1) & ~(kSimAlign - 1);
     // MAP_NORESERVE: pages are committed when touched, as device memory would be by the app.
     void* p = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);

@@ -520,6 +520,33 @@ TEST_F(Nvcc, MathFunctions) {
     EXPECT_NEAR(o[i], want, 1e-4 * std::max(1.0, std::fabs(want))) << i << " x=" << x;
   }
 }
+TEST_F(Nvcc, DivergentWarpThenBallot) {
+  const uint64_t d = mem_.Alloc(64 * 4);
+  Params p;
+  p.Add(d);
+  auto r = run_.Go(mem_, "_Z9divergentPi", {1, 1, 1}, {64, 1, 1}, p, 0, nullptr, 1, 5000);
+  ASSERT_EQ(r.code, CUDA_SUCCESS) << r.message;
+  auto got = mem_.Download<int>(d, 64);
+  for (int w = 0; w < 2; ++w) {
+    int vals[32];
+    unsigned ballot = 0;
+    for (int l = 0; l < 32; ++l) {
+      const int t = w * 32 + l;
+      int v = 0;
+      if (t % 3 == 0) {
+        for (int k = 0; k < t; ++k) v += k;
+      } else if (t % 3 == 1) {
+        v = -t;
+        while (v < 100) v = (v < 0 ? -v : v) * 2 + 7;
+      } else {
+        v = __builtin_popcount(static_cast<unsigned>(t)) * 1000 + (t == 0 ? 32 : __builtin_clz(static_cast<unsigned>(t)));
+      }
+      vals[l] = v;
+      if (v & 1) ballot |= 1u << l;
+    }
+    for (int l = 0; l < 32; ++l) EXPECT_EQ(got[w * 32 + l], vals[l] ^ static_cast<int>(ballot)) << w * 32 + l;
+  }
+}
 #endif
 
 }  // namespace

@@ -59,3 +59,16 @@ __global__ void scan(int* d) {
   d[i] = t[i];
 }
 __global__ void math(float* f) { int i = threadIdx.x; f[i] = sinf(f[i]) + expf(f[i]) + __fdividef(1.f, f[i]+1) + rsqrtf(f[i]+2) + tanhf(f[i]); }
+__global__ void divergent(int* out) {
+  int t = threadIdx.x, v = 0;
+  if (t % 3 == 0) {
+    for (int k = 0; k < t; ++k) v += k;
+  } else if (t % 3 == 1) {
+    v = -t;
+    while (v < 100) v = (v < 0 ? -v : v) * 2 + 7;
+  } else {
+    v = __popc(t) * 1000 + __clz(t);
+  }
+  unsigned ballot = __ballot_sync(0xffffffff, v & 1);
+  out[t] = v ^ (int)ballot;
+}

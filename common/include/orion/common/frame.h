@@ -40,6 +40,9 @@ bool OpWantsReply(uint16_t op) noexcept;
 // Frame flags.
 inline constexpr uint32_t kFlagWantsReply = 1u << 0;  // set by the client on every kSync op, and on
                                                       // kAsync ops it wants to wait for (e.g. Memcpy2D into the window)
+inline constexpr uint32_t kFlagOutputPending = 1u << 1;  // reply: oriond holds device printf text for the
+                                                         // client; it fetches it with TakeOutput
+inline constexpr uint64_t kMaxPendingOutput = 1u << 20;  // bytes held per session (cudaLimitPrintfFifoSize default)
 
 struct FrameHeader {
   uint32_t magic;        // kFrameMagic
