@@ -205,8 +205,8 @@ Status Daemon::Start() {
       return Unavailable("--backend cuda: no GPU answered: " + probe.status().message());
     } else {
       log_->warn("No GPU answered ({}).", probe.status().message());
-      log_->warn("*** Using the SIM backend: device memory lives in host RAM; kernels are validated and logged "
-                 "but NEVER run. ***");
+      log_->warn("*** Using the SIM backend: device memory lives in host RAM; kernels run on the CPU from "
+                 "their PTX, SASS-only kernels (e.g. cuBLAS's) are validated and logged but NOT run. ***");
       backend_ = BackendKind::kSim;
     }
   }

@@ -40,6 +40,8 @@ int main(int argc, char** argv) {
   app.add_option("--sim-launch-log", sim_log, "sim: append every kernel launch to this file");
   app.add_option("--sim-gpus", sim_gpus, "sim: number of simulated GPUs")->check(CLI::Range(1, 64));
   app.add_option("--sim-gpu-mem", sim_mem, "sim: MiB per simulated GPU")->check(CLI::Range(64, 1 << 24));
+  std::string cuda_driver;
+  app.add_option("--cuda-driver", cuda_driver, "cuda: the driver library to dlopen (default libcuda.so.1)");
   std::string sim_execute;
   uint64_t sim_timeout_ms = 0;
   uint32_t sim_workers = 0;
@@ -79,6 +81,7 @@ int main(int argc, char** argv) {
   if (sim_gpus != 0) c.sim_gpus = sim_gpus;
   if (sim_mem != 0) c.sim_gpu_mem_mib = sim_mem;
   if (!sim_execute.empty()) c.sim_execute = sim_execute == "ptx";
+  if (!cuda_driver.empty()) c.cuda_driver = cuda_driver;
   if (sim_timeout_ms != 0) c.sim_kernel_timeout_ms = sim_timeout_ms;
   if (sim_workers != 0) c.sim_workers = sim_workers;
   if (lease_ms != 0) c.lease_timeout_ms = lease_ms;
