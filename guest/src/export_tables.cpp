@@ -247,6 +247,25 @@ CUresult ToolsCtxStreamId(CUcontext ctx, CUstream stream, unsigned long long* ou
   return CUDA_SUCCESS;
 }
 
+// ---- Tools module (6e163fbe) ----------------------------------------------------------------------
+// Slot 7: calls visit(user, function) for each function of `mod` and returns how many it visited
+// (not a CUresult). cuFFT uses it to find the kernel of a module it loaded without knowing the
+// kernel's name (its callback keeps the last function) and requires the answer 1; for the single-
+// kernel modules it loads, "visited one" and "found it" agree. 0 when `mod` or `ctx` is unknown.
+uint32_t ToolsModuleForEachFunction(CUcontext ctx, CUmodule mod, void (*visit)(void*, CUfunction), void* user) {
+  if (visit == nullptr || ValidCtx(ctx) == nullptr) return 0;
+  unsigned n = 0;
+  if (ModuleFunctionCount(mod, &n) != CUDA_SUCCESS) return 0;
+  uint32_t visited = 0;
+  for (unsigned i = 0; i < n; ++i) {
+    CUfunction f = nullptr;
+    if (ModuleFunctionAt(mod, i, &f) != CUDA_SUCCESS) break;
+    visit(user, f);
+    ++visited;
+  }
+  return visited;
+}
+
 // ---- Integrity check (HMAC-MD2, md2.h) ------------------------------------------------------------
 const void* const* CudartTable();
 const void* const* IntegrityTable();
@@ -338,6 +357,8 @@ struct Tables {
     tools_context[4] = SERVE(kToolsContext, 4, ToolsCtxId);
     tools_context[39] = SERVE(kToolsContext, 39, ToolsCtxStreamId);
     tools_context[51] = SERVE(kToolsContext, 51, ToolsCtxResolveStream);
+
+    tools_module[7] = SERVE(kToolsModule, 7, ToolsModuleForEachFunction);
   }
   const void* Get(int t) const {
     switch (t) {

@@ -149,6 +149,10 @@ bool IsRegisteredHost(const void* p, uint64_t bytes) noexcept;
 // Runs cudart's context-local-storage destructors for `ctx` (export_tables.cpp).
 void RunContextDestructors(CUcontext ctx) noexcept;
 
+// A module's function count and its index-th function (ModuleFunctionName op; api_exec.cpp).
+CUresult ModuleFunctionCount(CUmodule mod, unsigned* count) noexcept;
+CUresult ModuleFunctionAt(CUmodule mod, unsigned index, CUfunction* out) noexcept;
+
 // ---- Private tables (cuGetExportTable; export_tables.cpp, docs/spec/export-tables.md) ----------
 // The table with this UUID, or nullptr: an unknown UUID is logged (once) and counted for
 // ORION_COVERAGE, so is a table Orion declines on purpose. Thread-safe.

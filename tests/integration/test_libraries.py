@@ -84,7 +84,6 @@ def test_cublaslt_matmul(oriond):
     assert_library_run(oriond, "blaslt", expect_checks=10, kernel_re=r"gemm|Gemm|xmma|cutlass")
 
 
-@pytest.mark.xfail(strict=True, reason="tools-module slot 7 (a module's functions) is not served yet")
 def test_cufft_c2c_and_r2c(oriond):
     r, by_mark = assert_library_run(oriond, "fft", expect_checks=8)
     assert set(by_mark) == {"c2c_exec", "r2c_exec"}
