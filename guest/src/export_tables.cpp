@@ -38,6 +38,7 @@ enum Tbl : int {
   kIntegrity,    // d4082055: integrity check
   kToolsContext, // 21318c60: contexts and streams (cuBLAS, cuBLASLt, cuSOLVER, cuFFT)
   kToolsModule,  // 6e163fbe: modules and functions (cuFFT)
+  kLt1734,       // 1734dc26: asked for by cuBLASLt 13.2+ (wheel), slots unknown: all refused
   kTblCount
 };
 
@@ -54,6 +55,7 @@ constexpr TableInfo kInfo[kTblCount] = {
     {"integrity", {0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1, 0xf2}},
     {"tools-context", {0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2}},
     {"tools-module", {0x6e, 0x16, 0x3f, 0xbe, 0xb9, 0x58, 0x44, 0x4d, 0x83, 0x5c, 0xe1, 0x82, 0xaf, 0xf1, 0x99, 0x1e}},
+    {"unidentified", {0x17, 0x34, 0xdc, 0x26, 0x80, 0x0d, 0x47, 0x45, 0x87, 0x26, 0xc0, 0xf1, 0xe7, 0xdd, 0x8b, 0xca}},
 };
 
 // Declined on purpose: cudart asks for it before cuInit and goes on when it is refused (as with
@@ -324,6 +326,9 @@ struct Tables {
   std::array<const void*, 3> integrity = NewTable<kIntegrity, 3>(true);
   std::array<const void*, 96> tools_context = NewTable<kToolsContext, 96>(true);
   std::array<const void*, 64> tools_module = NewTable<kToolsModule, 64>(true);
+  // cuBLASLt 13.2 calls slot 4 through this table without checking cuGetExportTable's result (a
+  // refused table crashes it), but it checks the slot's result: served, every slot refused.
+  std::array<const void*, 64> lt1734 = NewTable<kLt1734, 64>(true);
 
   Tables() {
     cudart[1] = SERVE(kCudart, 1, CudartModuleFromCubin);
@@ -370,6 +375,7 @@ struct Tables {
       case kIntegrity: return integrity.data();
       case kToolsContext: return tools_context.data();
       case kToolsModule: return tools_module.data();
+      case kLt1734: return lt1734.data();
       default: return nullptr;
     }
   }
