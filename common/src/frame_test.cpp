@@ -47,6 +47,10 @@ TEST(FrameLayout, PayloadsArePinned) {
   EXPECT_EQ(offsetof(LaunchReq, shared_mem_bytes), 40u);
   EXPECT_EQ(offsetof(LaunchReq, param_bytes), 44u);
   EXPECT_EQ(sizeof(FunctionRep), 16u);
+  EXPECT_EQ(sizeof(ModuleFunctionNameReq), 16u);
+  EXPECT_EQ(offsetof(ModuleFunctionNameReq, index), 8u);
+  EXPECT_EQ(sizeof(ModuleFunctionNameRep), 8u);
+  EXPECT_EQ(offsetof(ModuleFunctionNameRep, name_len), 4u);
   EXPECT_EQ(sizeof(OccupancyReq), 24u);
   EXPECT_EQ(sizeof(StreamWaitEventReq), 24u);
   EXPECT_EQ(sizeof(RdmaConnectInfo), 72u);

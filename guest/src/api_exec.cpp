@@ -212,6 +212,48 @@ CUresult Launch(CUfunction hf, unsigned gx, unsigned gy, unsigned gz, unsigned b
 
 }  // namespace
 
+namespace orion::guest {
+
+CUresult ModuleFunctionCount(CUmodule hmod, unsigned* count) noexcept {
+  GuestModule* m = AsModule(hmod);
+  if (m == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  ModuleFunctionNameReq q{m->handle, kModuleFunctionCountOnly, 0};
+  ModuleFunctionNameRep rep{};
+  uint32_t rep_len = 0;
+  CUresult r = Client::Get().Call(Op::kModuleFunctionName, &q, sizeof q, &rep, sizeof rep, &rep_len);
+  if (r != CUDA_SUCCESS) return r;
+  if (rep_len != sizeof rep) return CUDA_ERROR_UNKNOWN;
+  *count = rep.count;
+  return CUDA_SUCCESS;
+}
+
+CUresult ModuleFunctionAt(CUmodule hmod, unsigned index, CUfunction* out) noexcept {
+  GuestModule* m = AsModule(hmod);
+  if (m == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (out == nullptr || index == kModuleFunctionCountOnly) return CUDA_ERROR_INVALID_VALUE;
+  try {
+    ModuleFunctionNameReq q{m->handle, index, 0};
+    std::vector<uint8_t> rep(sizeof(ModuleFunctionNameRep) + 4 * kNameLen);
+    uint32_t rep_len = 0;
+    CUresult r = Client::Get().Call(Op::kModuleFunctionName, &q, sizeof q, rep.data(),
+                                    static_cast<uint32_t>(rep.size()), &rep_len);
+    if (r != CUDA_SUCCESS) return r;
+    ModuleFunctionNameRep h{};
+    if (rep_len < sizeof h) return CUDA_ERROR_UNKNOWN;
+    std::memcpy(&h, rep.data(), sizeof h);
+    if (h.name_len == 0 || rep_len != sizeof h + h.name_len || rep[rep_len - 1] != '\0') return CUDA_ERROR_UNKNOWN;
+    GuestFunction* f = nullptr;
+    r = GetFunction(m, reinterpret_cast<const char*>(rep.data() + sizeof h), &f);
+    if (r == CUDA_SUCCESS) *out = reinterpret_cast<CUfunction>(f);
+    return r;
+  } catch (...) {
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+}
+
+}  // namespace orion::guest
+
 extern "C" {
 
 ORION_EXPORT CUresult CUDAAPI cuModuleLoadData(CUmodule* module, const void* image) {
@@ -271,6 +313,24 @@ ORION_EXPORT CUresult CUDAAPI cuModuleGetFunction(CUfunction* hfunc, CUmodule hm
   CUresult r = GetFunction(AsModule(hmod), name, &f);
   if (r == CUDA_SUCCESS) *hfunc = reinterpret_cast<CUfunction>(f);
   return r;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuModuleGetFunctionCount(unsigned int* count, CUmodule mod) {
+  ORION_API(cuModuleGetFunctionCount);
+  return ModuleFunctionCount(mod, count);
+}
+
+ORION_EXPORT CUresult CUDAAPI cuModuleEnumerateFunctions(CUfunction* functions, unsigned int numFunctions,
+                                                         CUmodule mod) {
+  ORION_API(cuModuleEnumerateFunctions);
+  if (functions == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  unsigned n = 0;
+  if (CUresult r = ModuleFunctionCount(mod, &n); r != CUDA_SUCCESS) return r;
+  if (numFunctions > n) return CUDA_ERROR_INVALID_VALUE;  // asks for more than the module has
+  for (unsigned i = 0; i < numFunctions; ++i) {
+    if (CUresult r = ModuleFunctionAt(mod, i, &functions[i]); r != CUDA_SUCCESS) return r;
+  }
+  return CUDA_SUCCESS;
 }
 
 ORION_EXPORT CUresult CUDAAPI cuModuleGetGlobal_v2(CUdeviceptr* dptr, size_t* bytes, CUmodule hmod,

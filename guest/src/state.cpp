@@ -58,8 +58,10 @@ __attribute__((destructor)) static void CoverageReport() {
     lines += std::string("orion-coverage: ") + (r ? "real " : "STUB ") + kSymNames[i] + " " +
              std::to_string(n) + "\n";
   }
-  std::fprintf(stderr, "%sorion-coverage: %zu entry points called, %zu real, %zu not supported\n",
-               lines.c_str(), called, real, called - real);
+  size_t not_supported = called - real, declined = 0;
+  lines += ExportTableCoverage(&called, &real, &not_supported, &declined);
+  std::fprintf(stderr, "%sorion-coverage: %zu entry points called, %zu real, %zu not supported, %zu declined\n",
+               lines.c_str(), called, real, not_supported, declined);
 }
 
 void Mirror::Add(const DeviceRange& r) {

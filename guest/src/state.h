@@ -146,7 +146,20 @@ uint64_t& ThreadContextHandle() noexcept;
 // Stream handle from the application -> server id (0 = default). False if unknown.
 bool StreamId(CUstream s, uint64_t* id) noexcept;
 bool IsRegisteredHost(const void* p, uint64_t bytes) noexcept;
-// Runs cudart's context-local-storage destructors for `ctx` (proc.cpp).
+// Runs cudart's context-local-storage destructors for `ctx` (export_tables.cpp).
 void RunContextDestructors(CUcontext ctx) noexcept;
+
+// A module's function count and its index-th function (ModuleFunctionName op; api_exec.cpp).
+CUresult ModuleFunctionCount(CUmodule mod, unsigned* count) noexcept;
+CUresult ModuleFunctionAt(CUmodule mod, unsigned index, CUfunction* out) noexcept;
+
+// ---- Private tables (cuGetExportTable; export_tables.cpp, docs/spec/export-tables.md) ----------
+// The table with this UUID, or nullptr: an unknown UUID is logged (once) and counted for
+// ORION_COVERAGE, so is a table Orion declines on purpose. Thread-safe.
+const void* FindExportTable(const CUuuid* id) noexcept;
+// ORION_COVERAGE lines for the private tables and slots called so far; each table or slot counts as
+// one entry point in `called` and in `real` (served) or `not_supported` (refused); `declined`
+// counts tables that are refused by design (callers go on without them).
+std::string ExportTableCoverage(size_t* called, size_t* real, size_t* not_supported, size_t* declined) noexcept;
 
 }  // namespace orion::guest

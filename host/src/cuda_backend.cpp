@@ -149,6 +149,10 @@ struct Api {
   decltype(&::cuEventElapsedTime_v2) eventElapsedTime = nullptr;
   // Optional: only for error messages.
   decltype(&::cuGetErrorName) getErrorName = nullptr;
+  // Optional (driver >= 12.4): a module's kernels, for ModuleFunctionNames.
+  decltype(&::cuLibraryGetKernelCount) libraryGetKernelCount = nullptr;
+  decltype(&::cuLibraryEnumerateKernels) libraryEnumerateKernels = nullptr;
+  decltype(&::cuKernelGetName) kernelGetName = nullptr;
 };
 
 template <typename F>
@@ -185,6 +189,9 @@ Status LoadApi(void* lib, const std::string& path, Api* api) {
     return MissingSymbol(path, "cuEventElapsedTime_v2 or cuEventElapsedTime", nullptr);
   }
   (void)Sym(lib, "cuGetErrorName", &api->getErrorName);
+  (void)Sym(lib, "cuLibraryGetKernelCount", &api->libraryGetKernelCount);
+  (void)Sym(lib, "cuLibraryEnumerateKernels", &api->libraryEnumerateKernels);
+  (void)Sym(lib, "cuKernelGetName", &api->kernelGetName);
   return Status::Ok();
 }
 
@@ -650,6 +657,29 @@ class CudaBackend final : public Backend {
       layout->params = std::move(params);
       layout->param_bytes = static_cast<uint32_t>(end);
       *function = k;  // a CUkernel; LaunchKernel passes it as a CUfunction (documented)
+      return CUDA_SUCCESS;
+    } catch (...) {
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+  }
+
+  CUresult ModuleFunctionNames(void* module, std::vector<std::string>* names) override {
+    if (api_.libraryGetKernelCount == nullptr || api_.libraryEnumerateKernels == nullptr ||
+        api_.kernelGetName == nullptr) {
+      return CUDA_ERROR_NOT_SUPPORTED;  // a driver older than 12.4
+    }
+    try {
+      unsigned n = 0;
+      CUresult r = api_.libraryGetKernelCount(&n, Library(module));
+      if (r != CUDA_SUCCESS) return r;
+      std::vector<CUkernel> ks(n);
+      if (n != 0 && (r = api_.libraryEnumerateKernels(ks.data(), n, Library(module))) != CUDA_SUCCESS) return r;
+      names->clear();
+      for (CUkernel k : ks) {
+        const char* name = nullptr;
+        if ((r = api_.kernelGetName(&name, k)) != CUDA_SUCCESS) return r;
+        names->push_back(name != nullptr ? name : "");
+      }
       return CUDA_SUCCESS;
     } catch (...) {
       return CUDA_ERROR_OUT_OF_MEMORY;

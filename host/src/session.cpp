@@ -550,6 +550,24 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       for (const ParamInfo& pi : layout.params) put(pi);
       break;
     }
+    case Op::kModuleFunctionName: {
+      ModuleFunctionNameReq q;
+      ORION_WANT(Get(payload, len, &q), "bad ModuleFunctionName");
+      Obj* o = Find(q.module, Kind::kModule);
+      if (o == nullptr) { r = CUDA_ERROR_INVALID_HANDLE; break; }
+      std::vector<std::string> names;
+      r = b_->ModuleFunctionNames(o->backend, &names);
+      if (r != CUDA_SUCCESS) break;
+      ModuleFunctionNameRep rep{static_cast<uint32_t>(std::min<size_t>(names.size(), UINT32_MAX - 1)), 0};
+      if (q.index == kModuleFunctionCountOnly) { put(rep); break; }
+      if (q.index >= rep.count) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      const std::string& n = names[q.index];
+      if (n.empty() || n.size() >= 4 * kNameLen) { r = CUDA_ERROR_NOT_SUPPORTED; break; }  // as ModuleGetFunction
+      rep.name_len = static_cast<uint32_t>(n.size() + 1);
+      put(rep);
+      reply->insert(reply->end(), n.c_str(), n.c_str() + n.size() + 1);
+      break;
+    }
     case Op::kFuncGetAttribute:
     case Op::kFuncSetAttribute: {
       FuncAttributeReq q;

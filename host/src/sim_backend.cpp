@@ -315,6 +315,11 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     functions_.push_back(std::move(f));
     return CUDA_SUCCESS;
   }
+  CUresult ModuleFunctionNames(void* module, std::vector<std::string>* names) override {
+    names->clear();
+    for (const fatbin::Kernel& k : static_cast<SimModule*>(module)->info.kernels) names->push_back(k.name);
+    return CUDA_SUCCESS;
+  }
   CUresult ModuleGetGlobal(void* module, const char* name, uint64_t* dptr, uint64_t* bytes) override {
     auto* m = static_cast<SimModule*>(module);
     const fatbin::Global* g = m->info.FindGlobal(name);

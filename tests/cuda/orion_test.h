@@ -166,6 +166,23 @@ inline bool expect_failure(const std::string& name, cudaError_t got) {
   return check(name, got != cudaSuccess, fmt("got %s (%d), want an error", cudaGetErrorName(got), (int)got));
 }
 
+// Copies `bytes` from device memory `d` back and checks them byte for byte against `want`: proves
+// that a buffer a library only read (an input) crossed Orion intact in both directions.
+inline bool check_device_bytes(const std::string& name, const void* d, const void* want, size_t bytes) {
+  std::vector<uint8_t> got(bytes);
+  cudaError_t e = cudaMemcpy(got.data(), d, bytes, cudaMemcpyDeviceToHost);
+  if (e != cudaSuccess) return check(name, false, fmt("cudaMemcpy DtoH: %s", cudaGetErrorName(e)));
+  return check(name, memcmp(got.data(), want, bytes) == 0, diff_details(got.data(), want, bytes));
+}
+
+// Allocates device memory and copies `bytes` from host `src` into it (exits on a CUDA error).
+inline void* upload(const void* src, size_t bytes) {
+  void* d = nullptr;
+  CUDA_OK(cudaMalloc(&d, bytes));
+  CUDA_OK(cudaMemcpy(d, src, bytes, cudaMemcpyHostToDevice));
+  return d;
+}
+
 // Device 0's properties; sets is_sim() and prints "DEVICE name=<name> sim=<0|1>".
 inline cudaDeviceProp detect_device() {
   init_output();

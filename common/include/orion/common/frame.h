@@ -268,6 +268,16 @@ ORION_WIRE_STRUCT(FunctionRep, 16);
 struct GlobalRep { uint64_t dptr; uint64_t bytes; };
 ORION_WIRE_STRUCT(GlobalRep, 16);
 
+// ModuleFunctionName: how many functions (kernels) the module has and, when index < count, the
+// index-th one's name (the order is the server's and stable for the module's life; cuModuleEnumerate-
+// Functions). Index kModuleFunctionCountOnly asks for the count alone. The reply is a
+// ModuleFunctionNameRep followed by name_len bytes: the NUL-terminated name (name_len 0 for no name).
+inline constexpr uint32_t kModuleFunctionCountOnly = 0xFFFFFFFFu;
+struct ModuleFunctionNameReq { uint64_t module; uint32_t index; uint32_t reserved; };
+ORION_WIRE_STRUCT(ModuleFunctionNameReq, 16);
+struct ModuleFunctionNameRep { uint32_t count; uint32_t name_len; };
+ORION_WIRE_STRUCT(ModuleFunctionNameRep, 8);
+
 struct FuncAttributeReq { uint64_t function; int32_t attribute; int32_t value; };
 ORION_WIRE_STRUCT(FuncAttributeReq, 16);
 struct I32Rep { int32_t value; uint32_t reserved; };

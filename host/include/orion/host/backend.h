@@ -101,6 +101,8 @@ class Backend {
   virtual CUresult ModuleUnload(void* module) = 0;
   virtual CUresult ModuleGetFunction(void* module, const char* name, void** function, KernelLayout* layout) = 0;
   virtual CUresult ModuleGetGlobal(void* module, const char* name, uint64_t* dptr, uint64_t* bytes) = 0;
+  // The names of the module's functions (kernels), in a stable order (cuModuleEnumerateFunctions).
+  virtual CUresult ModuleFunctionNames(void* module, std::vector<std::string>* names) = 0;
   virtual CUresult FuncGetAttribute(void* function, int attribute, int* value) = 0;
   virtual CUresult FuncSetAttribute(void* function, int attribute, int value) = 0;
   // `params` is the parameter buffer (param_bytes long, laid out per the function's layout);
