@@ -951,7 +951,7 @@ Result<Module> ParseImage(std::span<const uint8_t> image, uint32_t prefer_sm) {
   return Unrecognised(image, image.size());
 }
 
-Result<std::string> ExtractPtx(std::span<const uint8_t> image, uint32_t prefer_sm) {
+Result<PtxEntry> ExtractPtx(std::span<const uint8_t> image, uint32_t prefer_sm) {
   uint32_t magic = 0;
   if (Load(image, 0, magic) && magic == kFatbinMagic) {
     std::optional<Entry> ptx;
@@ -962,10 +962,11 @@ Result<std::string> ExtractPtx(std::span<const uint8_t> image, uint32_t prefer_s
     FB_RETURN_IF_ERROR(ForEachEntry(image, pick));
     if (!ptx) return NotFound("the fatbin has no PTX entry (SASS only)");
     FB_ASSIGN_OR_RETURN(const std::vector<uint8_t> data, EntryData(*ptx));
-    return std::string(reinterpret_cast<const char*>(data.data()), FindNul(data));
+    return PtxEntry{std::string(reinterpret_cast<const char*>(data.data()), FindNul(data)), ptx->arch};
   }
   if (IsElf(image)) return NotFound("the image is a cubin (SASS only, no PTX)");
-  if (const auto len = PtxLength(image)) return std::string(reinterpret_cast<const char*>(image.data()), *len);
+  if (const auto len = PtxLength(image))
+    return PtxEntry{std::string(reinterpret_cast<const char*>(image.data()), *len), 0};
   return Unrecognised(image, image.size());
 }
 

@@ -533,13 +533,22 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
   ptx::Program* ProgramOf(SimModule* m) {
     if (m->ptx_tried) return m->program.get();
     m->ptx_tried = true;
-    auto text = fatbin::ExtractPtx(m->image, 90);
+    auto ptx = fatbin::ExtractPtx(m->image, 90);
     std::vector<uint8_t>().swap(m->image);
-    if (!text.ok()) {
-      m->ptx_error = text.status().message();
+    if (!ptx.ok()) {
+      m->ptx_error = ptx.status().message();
       return nullptr;
     }
-    auto prog = ptx::Parse(*text);
+    // The driver's rule: a GPU runs the module's SASS for its own arch when there is one (sm_90
+    // here: only sm_90 cubins run on an sm_90 device) and JIT-compiles the PTX only otherwise. PTX
+    // of another arch can differ from that SASS (libraries tune block sizes per arch), so it is
+    // executed only when it is what the GPU would run.
+    if (m->info.sm_arch == 90 && ptx->arch != 0 && ptx->arch != 90) {
+      m->ptx_error = "a GPU would run the module's sm_90 SASS, and its PTX is for compute_" +
+                     std::to_string(ptx->arch) + " (SASS only for this device)";
+      return nullptr;
+    }
+    auto prog = ptx::Parse(ptx->text);
     if (!prog.ok()) {
       m->ptx_error = "its PTX did not parse: " + prog.status().message();
       return nullptr;

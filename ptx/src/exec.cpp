@@ -269,7 +269,9 @@ class Block {
   // ---- memory ----
   // Host address of [addr, addr+bytes) in `sp`, or nullptr with the fault set.
   uint8_t* Mem(Space sp, uint64_t addr, uint32_t bytes, const Warp& w, int lane, bool write, const Ins& ins) {
-    if (bytes > 1 && (addr & (bytes - 1)) != 0) {
+    // Parameters live in a constant bank on the GPU: NVVM loads 8-byte fields of `.align 4` byte
+    // arrays at 4-aligned offsets there, so only memory-backed spaces require natural alignment.
+    if (bytes > 1 && (addr & (bytes - 1)) != 0 && sp != Space::kParam) {
       SetFault(CUDA_ERROR_MISALIGNED_ADDRESS, "misaligned " + std::to_string(bytes) + "-byte access to 0x" +
                                                   Hex(addr) + " by " + Where(w, lane, ins));
       return nullptr;
@@ -1632,6 +1634,13 @@ LaunchResult Launch(Program& p, std::string_view kernel, const LaunchConfig& cfg
     res.code = CUDA_ERROR_INVALID_VALUE;
     res.message = "parameter buffer of " + std::to_string(cfg.param_bytes) + " bytes; the kernel's PTX needs " +
                   std::to_string(kern.param_bytes);
+    return res;
+  }
+  const uint64_t threads = uint64_t{cfg.block[0]} * cfg.block[1] * cfg.block[2];
+  if (kern.max_threads != 0 && threads > kern.max_threads) {
+    res.code = CUDA_ERROR_INVALID_VALUE;
+    res.message = "a block of " + std::to_string(threads) + " threads exceeds the kernel's .maxntid/.reqntid " +
+                  std::to_string(kern.max_threads);
     return res;
   }
   const uint64_t blocks = uint64_t{cfg.grid[0]} * cfg.grid[1] * cfg.grid[2];

@@ -126,6 +126,7 @@ struct Func {
   std::vector<Ins> code;
   uint32_t nregs = 0;
   std::vector<uint32_t> syms;     // symbols declared inside (shared, local, param)
+  uint64_t max_threads = 0;       // .maxntid / .reqntid product (0: none declared)
 };
 
 // One call site in a lowered kernel: bytes copied into the callee's formals, and back.
@@ -153,6 +154,7 @@ struct Kernel {
   uint64_t local_bytes = 0;    // per thread
   uint64_t fparam_bytes = 0;   // per thread (.func parameters)
   uint32_t param_bytes = 0;    // kernel parameter buffer
+  uint64_t max_threads = 0;    // from .maxntid / .reqntid (0: none)
 };
 
 class Program {

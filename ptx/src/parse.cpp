@@ -5,6 +5,7 @@
 // .align, arrays and initialisers), .entry/.func declarations and definitions, and bodies made of
 // .reg/.local/.shared/.param declarations, nested { } scopes, labels, and instructions with guard
 // predicates. Debug directives (.loc, .pragma, .section blocks) are skipped.
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <optional>
@@ -373,7 +374,8 @@ class Parser {
       if (Accept(".align")) {
         auto a = Integer();
         if (!a.ok()) return a.status();
-        d.align = static_cast<uint32_t>(*a);
+        // `.param .u64 .ptr .global .align 1 p`: after .ptr, .align is the pointee's alignment.
+        if (!d.ptr) d.align = static_cast<uint32_t>(*a);
       } else if (Accept(".v2")) {
         d.vec = 2;
       } else if (Accept(".v4")) {
@@ -533,8 +535,21 @@ class Parser {
     if (Is("(")) {
       if (Status s = ParamList(fidx, &params, entry); !s.ok()) return s;
     }
-    // Performance directives until the body or ';'.
-    while (t_.kind != Tok::kEnd && !Is("{") && !Is(";")) Advance();
+    // Performance directives until the body or ';'. .maxntid/.reqntid bound the block size.
+    uint64_t max_threads = 0;
+    while (t_.kind != Tok::kEnd && !Is("{") && !Is(";")) {
+      if (Accept(".maxntid") || Accept(".reqntid")) {
+        uint64_t n = 1;
+        do {
+          auto v = Integer();
+          if (!v.ok()) return v.status();
+          n *= std::max<uint64_t>(*v, 1);
+        } while (Accept(","));
+        max_threads = max_threads == 0 ? n : std::min(max_threads, n);
+        continue;
+      }
+      Advance();
+    }
     auto existing = p_->func_index.find(f.name);
     uint32_t idx = fidx;
     if (existing != p_->func_index.end()) {
@@ -553,6 +568,7 @@ class Parser {
     if (fn.defined) return Error("function " + fn.name + " defined twice");
     fn.params = params;
     fn.rets = rets;
+    fn.max_threads = max_threads;
     for (uint32_t s : params) p_->syms[s].func = static_cast<int32_t>(idx);
     for (uint32_t s : rets) p_->syms[s].func = static_cast<int32_t>(idx);
     fn.defined = true;
@@ -899,7 +915,10 @@ class Parser {
         {"trap", Op::kTrap},   {"brkpt", Op::kBrkpt},   {"bar", Op::kBar},     {"barrier", Op::kBar},
         {"membar", Op::kMembar}, {"fence", Op::kMembar}, {"nanosleep", Op::kNanosleep}, {"shfl", Op::kShfl},
         {"vote", Op::kVote},   {"activemask", Op::kActivemask}, {"match", Op::kMatch}, {"redux", Op::kRedux},
-        {"discard", Op::kPrefetch}, {"applypriority", Op::kPrefetch}, {"createpolicy", Op::kNop}};
+        {"discard", Op::kPrefetch}, {"applypriority", Op::kPrefetch}, {"createpolicy", Op::kNop},
+        // Programmatic dependent launch (sm_90): grids run one after another here, so waiting for
+        // the previous grid and releasing the next are already satisfied.
+        {"griddepcontrol", Op::kMembar}};
     bool found = false;
     for (const auto& [n, op] : kOps) {
       if (base == n) {
@@ -1129,6 +1148,7 @@ Result<std::shared_ptr<const Kernel>> Lower(const Program& p, uint32_t kfunc) {
 
   auto k = std::make_shared<Kernel>();
   k->name = p.funcs[kfunc].name;
+  k->max_threads = p.funcs[kfunc].max_threads;
   // Symbol offsets: shared (block), local (thread), param (kernel buffer or thread scratch).
   std::unordered_map<uint32_t, uint64_t> offset;
   auto place = [](uint64_t* cursor, const Sym& s) {

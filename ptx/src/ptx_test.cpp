@@ -356,6 +356,56 @@ TEST(PtxMemory, OutOfBoundsIsAnErrorNotACrash) {
   EXPECT_EQ(r.code, CUDA_ERROR_ILLEGAL_ADDRESS);
 }
 
+TEST(PtxMemory, ParamLoadsNeedOnlyTheParamAlignment) {
+  // A u64 at offset 4 of an `.align 4` byte-array parameter (as NVVM emits for cuBLAS's structs).
+  const std::string text = ".version 8.0\n.target sm_75\n.address_size 64\n"
+                           ".visible .entry k(.param .align 4 .b8 k_s[12], .param .u64 k_out)\n{\n"
+                           ".reg .b64 %rd<4>;\nld.param.u64 %rd1, [k_s+4];\nld.param.u64 %rd2, [k_out];\n"
+                           "cvta.to.global.u64 %rd2, %rd2;\nst.global.u64 [%rd2], %rd1;\nret;\n}\n";
+  TestMemory mem;
+  Runner run = MustParse(text);
+  const uint64_t out = mem.Alloc(8);
+  std::vector<uint8_t> params(24, 0);
+  const uint64_t v = 0x1122334455667788ull;
+  std::memcpy(params.data() + 4, &v, 8);
+  std::memcpy(params.data() + 16, &out, 8);
+  LaunchConfig cfg;
+  cfg.params = params.data();
+  cfg.param_bytes = 24;
+  auto r = Launch(*run.prog, "k", cfg, mem);
+  ASSERT_EQ(r.code, CUDA_SUCCESS) << r.message;
+  EXPECT_EQ(mem.Download<uint64_t>(out, 1)[0], v);
+}
+
+TEST(PtxMemory, PtrAlignIsThePointeesNotTheParameters) {
+  // `.ptr .align 1` must not pack the next parameter at offset 9 (cuBLAS's reduce kernels).
+  const std::string text = ".version 8.0\n.target sm_75\n.address_size 64\n"
+                           ".visible .entry k(.param .u64 .ptr .align 1 k_out, .param .f32 k_v, .param .u64 k_w)\n{\n"
+                           ".reg .b64 %rd<4>;\n.reg .f32 %f<2>;\nld.param.u64 %rd1, [k_out];\nld.param.f32 %f1, [k_v];\n"
+                           "ld.param.u64 %rd2, [k_w];\nst.global.f32 [%rd1], %f1;\nst.global.u64 [%rd1+8], %rd2;\nret;\n}\n";
+  TestMemory mem;
+  Runner run = MustParse(text);
+  const uint64_t out = mem.Alloc(16);
+  Params p;
+  p.Add(out).Add(2.5f).Add(uint64_t{77});
+  auto r = run.Go(mem, "k", {1, 1, 1}, {1, 1, 1}, p);
+  ASSERT_EQ(r.code, CUDA_SUCCESS) << r.message;
+  EXPECT_EQ(mem.Download<float>(out, 1)[0], 2.5f);
+  EXPECT_EQ(mem.Download<uint64_t>(out, 2)[1], 77u);
+}
+
+TEST(PtxErrors, BlockLargerThanMaxntidIsRefused) {
+  const std::string text = ".version 8.0\n.target sm_75\n.address_size 64\n"
+                           ".visible .entry k() .maxntid 128, 1, 1\n{\nret;\n}\n";
+  TestMemory mem;
+  Runner run = MustParse(text);
+  Params p;
+  EXPECT_EQ(run.Go(mem, "k", {1, 1, 1}, {128, 1, 1}, p).code, CUDA_SUCCESS);
+  auto r = run.Go(mem, "k", {1, 1, 1}, {256, 1, 1}, p);
+  EXPECT_EQ(r.code, CUDA_ERROR_INVALID_VALUE);
+  EXPECT_NE(r.message.find(".maxntid"), std::string::npos) << r.message;
+}
+
 TEST(PtxErrors, UnsupportedInstructionIsNamed) {
   TestMemory mem;
   Runner run = MustParse(Wrap("", "tex.2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%f5, %f6}];"));

@@ -68,7 +68,7 @@ static void gemm_case(cublasHandle_t h, const char* type, int n) {
       if (std::abs(to_double(c[static_cast<size_t>(j) * n + i]) - want) > 1e-3 * (1 + std::abs(want))) ++bad;
     }
   }
-  ot::check_kernel(name + "_result", bad == 0, fmt("%d sampled entries wrong", bad));
+  ot::check_sass_kernel(name + "_result", bad == 0, fmt("%d sampled entries wrong", bad));
   CUDA_OK(cudaFree(da));
   CUDA_OK(cudaFree(db));
   CUDA_OK(cudaFree(dc));
@@ -105,7 +105,7 @@ static void strided_batched(cublasHandle_t h) {
       }
     }
   }
-  ot::check_kernel("sgemm_strided_batched_result", bad == 0, fmt("%d sampled entries wrong", bad));
+  ot::check_sass_kernel("sgemm_strided_batched_result", bad == 0, fmt("%d sampled entries wrong", bad));
   CUDA_OK(cudaFree(da));
   CUDA_OK(cudaFree(db));
   CUDA_OK(cudaFree(dc));
@@ -129,7 +129,7 @@ static void sdot(cublasHandle_t h) {
   check("sdot", st == CUBLAS_STATUS_SUCCESS, fmt("status %d", static_cast<int>(st)));
   ot::check_device_bytes("sdot_x_intact", dx, x.data(), n * 4);
   ot::check_device_bytes("sdot_y_intact", dy, y.data(), n * 4);
-  ot::check_kernel("sdot_result", std::abs(result - want) < 1e-3, fmt("got %f want %f", result, want));
+  ot::check_sass_kernel("sdot_result", std::abs(result - want) < 1e-3, fmt("got %f want %f", result, want));
   CUDA_OK(cudaFree(dx));
   CUDA_OK(cudaFree(dy));
 }

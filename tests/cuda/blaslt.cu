@@ -63,7 +63,7 @@ int main() {
       if (std::abs(d[j * m + i] - want) > 1e-3 * (1 + std::abs(want))) ++bad;
     }
   }
-  ot::check_kernel("lt_result", bad == 0, fmt("%d entries wrong", bad));
+  ot::check_sass_kernel("lt_result", bad == 0, fmt("%d entries wrong", bad));
   cublasLtMatmulPreferenceDestroy(pref);
   cublasLtMatrixLayoutDestroy(la);
   cublasLtMatrixLayoutDestroy(lb);

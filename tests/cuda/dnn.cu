@@ -38,7 +38,7 @@ int main() {
   CUDA_OK(cudaMemcpy(y.data(), dy, count * 4, cudaMemcpyDeviceToHost));
   int bad = 0;
   for (int i = 0; i < count; ++i) bad += y[i] != (x[i] > 0 ? x[i] : 0.f);
-  ot::check_kernel("relu_result", bad == 0, fmt("%d entries wrong", bad));
+  ot::check_sass_kernel("relu_result", bad == 0, fmt("%d entries wrong", bad));
   cudnnDestroyActivationDescriptor(act);
   cudnnDestroyTensorDescriptor(t);
   DNN_OK("dnn_destroy", cudnnDestroy(dnn));

@@ -32,7 +32,7 @@ int main() {
       ot::check_device_bytes("c2c_input_intact", din, in.data(), in.size() * sizeof(cufftComplex));
       CUDA_OK(cudaMemcpy(out.data(), dout, out.size() * sizeof(cufftComplex), cudaMemcpyDeviceToHost));
       bool ok = std::abs(out[0].x - n) < 1e-2 && std::abs(out[n].x - n) < 1e-2 && std::abs(out[1].x) < 1e-2;
-      ot::check_kernel("c2c_result", ok, fmt("out[0]=%f out[1]=%f", out[0].x, out[1].x));
+      ot::check_sass_kernel("c2c_result", ok, fmt("out[0]=%f out[1]=%f", out[0].x, out[1].x));
       check("c2c_destroy", cufftDestroy(plan) == CUFFT_SUCCESS);
     }
     CUDA_OK(cudaFree(din));
@@ -57,7 +57,7 @@ int main() {
       ot::check_device_bytes("r2c_input_intact", din, in.data(), in.size() * 4);
       CUDA_OK(cudaMemcpy(out.data(), dout, out.size() * sizeof(cufftComplex), cudaMemcpyDeviceToHost));
       bool ok = std::abs(out[0].x - 2.f * n) < 1e-1 && std::abs(out[1].x) < 1e-2;
-      ot::check_kernel("r2c_result", ok, fmt("out[0]=%f out[1]=%f", out[0].x, out[1].x));
+      ot::check_sass_kernel("r2c_result", ok, fmt("out[0]=%f out[1]=%f", out[0].x, out[1].x));
       check("r2c_destroy", cufftDestroy(plan) == CUFFT_SUCCESS);
     }
     CUDA_OK(cudaFree(din));

@@ -42,8 +42,8 @@ int main() {
     out_of_range += !(u[i] >= 0.f && u[i] <= 1.f);
     same += i > 0 && v[i] == v[i - 1];
   }
-  ot::check_kernel("uniform_range", out_of_range == 0, fmt("%zu values outside [0, 1]", out_of_range));
-  ot::check_kernel("integers_vary", same < n / 100, fmt("%zu repeats", same));
+  ot::check_sass_kernel("uniform_range", out_of_range == 0, fmt("%zu values outside [0, 1]", out_of_range));
+  ot::check_sass_kernel("integers_vary", same < n / 100, fmt("%zu repeats", same));
   check("rand_destroy", curandDestroyGenerator(g) == CURAND_STATUS_SUCCESS);
   return ot::finish();
 }

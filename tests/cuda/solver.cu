@@ -48,7 +48,7 @@ int main() {
   check("getrf_sync", cudaDeviceSynchronize() == cudaSuccess);
   int info = -1;
   CUDA_OK(cudaMemcpy(&info, dinfo, 4, cudaMemcpyDeviceToHost));
-  ot::check_kernel("getrf_info", info == 0, fmt("devInfo %d", info));
+  ot::check_sass_kernel("getrf_info", info == 0, fmt("devInfo %d", info));
   ot::mark(2, "getrs");
   SOLVER_OK("getrs", cusolverDnSgetrs(h, CUBLAS_OP_N, n, 1, da, n, dpiv, db, n, dinfo));
   check("getrs_sync", cudaDeviceSynchronize() == cudaSuccess);
@@ -56,7 +56,7 @@ int main() {
   CUDA_OK(cudaMemcpy(x.data(), db, x.size() * 4, cudaMemcpyDeviceToHost));
   int bad = 0;
   for (int i = 0; i < n; ++i) bad += std::abs(x[i] - 1.f) > 1e-3f;
-  ot::check_kernel("getrs_result", bad == 0, fmt("%d entries of x wrong", bad));
+  ot::check_sass_kernel("getrs_result", bad == 0, fmt("%d entries of x wrong", bad));
   SOLVER_OK("solver_destroy", cusolverDnDestroy(h));
   return ot::finish();
 }

@@ -69,7 +69,7 @@ int main() {
     double want = 2.0 * x[i] - (i > 0 ? x[i - 1] : 0) - (i + 1 < n ? x[i + 1] : 0);
     if (std::abs(y[i] - want) > 1e-4) ++bad;
   }
-  ot::check_kernel("spmv_result", bad == 0, fmt("%d entries wrong", bad));
+  ot::check_sass_kernel("spmv_result", bad == 0, fmt("%d entries wrong", bad));
   cusparseDestroySpMat(a);
   cusparseDestroyDnVec(vx);
   cusparseDestroyDnVec(vy);

@@ -80,7 +80,11 @@ orion::Result<Module> ParseImage(std::span<const uint8_t> image, uint32_t prefer
 
 // The PTX text of an image: a fatbin's PTX entry (highest arch <= prefer_sm, else the lowest;
 // decompressed), or the image itself when it is PTX. kNotFound for a cubin or a SASS-only fatbin.
-orion::Result<std::string> ExtractPtx(std::span<const uint8_t> image, uint32_t prefer_sm = 90);
+struct PtxEntry {
+  std::string text;
+  uint32_t arch = 0;  // the entry's compute_XX (0 for a bare PTX image)
+};
+orion::Result<PtxEntry> ExtractPtx(std::span<const uint8_t> image, uint32_t prefer_sm = 90);
 
 // Size in bytes of the image starting at `p`, reading at most `max` bytes: fatbin header_size +
 // payload_size; ELF the furthest end of the ELF header, section/program header tables, sections
