@@ -289,7 +289,7 @@ Status Daemon::Start() {
 }
 
 Status Daemon::AddRegion(const std::string& p, Region* out) {
-  auto m = ivshmem::MappedRegion::Open(p);
+  auto m = ivshmem::MappedRegion::OpenServed(p);
   if (!m.ok()) return Status(m.status().code(), "region " + p + ": " + m.status().message());
   Region& r = *out;
   r.map = std::make_unique<ivshmem::MappedRegion>(std::move(*m));
@@ -301,6 +301,7 @@ Status Daemon::AddRegion(const std::string& p, Region* out) {
   }
   r.channel_bytes = ch;
   r.channel_count = ivshmem::ChannelCountFor(size, ch);
+  r.epoch = ivshmem::Header(r.map->data())->server_epoch;
   r.channels.resize(r.channel_count);
   log_->info("Using SHM {} for acceleration ({} channels of {} MiB).", p, r.channel_count, ch >> 20);
   return Status::Ok();
@@ -738,6 +739,45 @@ void Daemon::Reset(Region& r, uint32_t index) {
   r.channels[index].generation = gen;
 }
 
+bool Daemon::RegionIntact(Region& r) {
+  if (r.severed) return false;
+  std::string why;
+  const auto bytes = r.map->FileBytes();
+  if (r.map->faulted()) {
+    why = "was truncated (an access past the end of the file faulted)";
+  } else if (!bytes.ok()) {
+    why = bytes.status().message();
+  } else if (*bytes != r.map->size()) {
+    why = "was truncated or resized to " + std::to_string(*bytes) + " bytes (oriond serves " +
+          std::to_string(r.map->size()) + ")";
+  } else {
+    // One copy of the header, checked against what FormatRegion wrote; tenants may write it.
+    ivshmem::RegionHeader h;
+    std::memcpy(static_cast<void*>(&h), r.map->data(), offsetof(ivshmem::RegionHeader, channels));
+    if (r.map->faulted()) {
+      why = "was truncated (an access past the end of the file faulted)";
+    } else if (h.magic != ivshmem::kRegionMagic || h.layout_version != ivshmem::kLayoutVersion ||
+               h.header_bytes != ivshmem::kHeaderBytes || h.region_bytes != r.map->size() ||
+               h.channel_count != r.channel_count || h.channel_bytes != r.channel_bytes || h.server_epoch != r.epoch) {
+      why = "was overwritten (its header is no longer the one oriond wrote)";
+    }
+  }
+  if (why.empty()) return true;
+  r.map->Sever();  // from now on nothing here touches the file
+  r.severed = true;
+  uint32_t sessions = 0;
+  for (Channel& c : r.channels) {
+    if (c.state != Channel::kServing) continue;
+    kill(c.pid, SIGKILL);  // its view of the channel is gone; Reap frees its vGPUs
+    ++sessions;
+  }
+  log_->error("region {} {}: a violation by a tenant of this region; ending its {} session(s); the region is no "
+              "longer served (other regions and network clients are not affected; restart oriond, or detach and "
+              "attach the VM, to serve it again)",
+              r.map->path(), why, sessions);
+  return false;
+}
+
 void Daemon::SetDead(Region& r, uint32_t index, int32_t reason) {
   auto& d = ivshmem::Header(r.map->data())->channels[index];
   d.close_reason.store(reason, std::memory_order_relaxed);
@@ -940,13 +980,14 @@ void Daemon::Reap() {
         }
         c.allocation_id.clear();
         c.stat_slot = -1;
-        const char* why = code == kExitGoodbye        ? "client exited"
+        const char* why = r.severed                    ? "its region was truncated or overwritten"
+                          : code == kExitGoodbye        ? "client exited"
                           : code == kExitLeaseExpired ? "client lease expired"
                           : code == kExitViolation    ? "protocol violation"
                           : code == kExitBackendFailed ? "backend failed"
                           : code == kExitClientGone   ? "client disconnected"
                                                        : "worker crashed";
-        if (WIFSIGNALED(status)) {
+        if (WIFSIGNALED(status) && !r.severed) {
           log_->error("Session {} worker died with signal {}", c.session, WTERMSIG(status));
         }
         log_->info("Session {} exits ({}).", c.session, why);
@@ -966,6 +1007,7 @@ int Daemon::Run() {
     const uint64_t now = NowMs();
     if (now - last_beat >= 100) {
       for (Region& r : regions_) {
+        if (!RegionIntact(r)) continue;
         // H0: liveness only; clients compare successive values.
         ivshmem::Header(r.map->data())->server_heartbeat.fetch_add(1, std::memory_order_relaxed);
       }
@@ -976,6 +1018,7 @@ int Daemon::Run() {
     ServeControl();
     AcceptClients(now);
     for (Region& r : regions_) {
+      if (r.severed) continue;
       for (uint32_t i = 0; i < r.channel_count; ++i) Scan(r, i, now);
     }
     timespec ts{0, 5000000};  // 5 ms: a new client waits at most this long for its worker

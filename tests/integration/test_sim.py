@@ -276,3 +276,65 @@ def test_two_vgpus_are_two_devices_with_their_quota(oriond):
     assert "DEVICES count=2" in r.stdout
     # Both vGPUs of the request were placed (packed onto the one simulated GPU).
     assert re.search(r"vGPUs 0/\d:512MiB,0/\d:512MiB", oriond.log()), oriond.log()[-1500:]
+
+
+def wait_ready(proc):
+    line = ""
+    while "READY" not in line:
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read()
+
+
+@pytest.mark.parametrize("how", ["truncate", "random"])
+def test_a_tenant_truncating_its_region_ends_only_its_sessions(tmp_path, how):
+    # Two regions and TCP clients served by one oriond. A tenant with region A open read-write
+    # shrinks it (or truncates it and writes random bytes over it): oriond's main process must not
+    # die of SIGBUS; it ends A's sessions, says why, and goes on serving region B and TCP.
+    from conftest import Oriond
+    from test_tcp import free_port, run_tcp
+    subprocess.run([PREFIX / "bin" / "orion-shm", "-i", "1", "-s", "64", "-d", tmp_path], check=True,
+                   capture_output=True)
+    region_b = tmp_path / "orionsock1"
+    port = free_port()
+    d = Oriond(tmp_path, tcp_port=port, extra_args=("--shm", region_b))
+    d.port = port
+    a = d.popen("sleeper", 16)
+    b = d.popen("sleeper", 16, ORION_SHM=region_b)
+    try:
+        wait_ready(a)
+        wait_ready(b)
+        size = d.region.stat().st_size
+        if how == "truncate":
+            os.truncate(d.region, 4096)
+        else:
+            with open(d.region, "r+b") as f:
+                f.truncate(0)
+                for _ in range(size >> 20):
+                    f.write(os.urandom(1 << 20))
+        # The tenant's own process goes (its program SIGBUSes on the shrunken file, or it exits):
+        # oriond then recycles the channel, touching the truncated pages.
+        a.kill()
+        a.wait()
+        deadline = time.time() + 10
+        while "no longer served" not in d.log():
+            assert d.alive(), f"oriond died: {d.proc.returncode} {d.read_stderr()[-2000:]}"
+            assert time.time() < deadline, d.log()[-3000:]
+            time.sleep(0.1)
+        assert re.search(r"region .*orionsock0.*(truncated|overwritten)", d.log()), d.log()[-2000:]
+        time.sleep(0.5)
+        assert d.alive()
+        # Region B's session is untouched and B still admits new clients; TCP too.
+        assert b.poll() is None
+        assert_passed(d.run("device_props", ORION_SHM=region_b))
+        assert_passed(run_tcp(d, "device_props"))
+        ended = re.findall(r"Session (\d+) exits", d.log())
+        created = dict((m.group(2), m.group(1)) for m in
+                       re.finditer(r"Creating session (\d+) for 'sleeper' \(pid (\d+)\)", d.log()))
+        assert created[str(a.pid)] in ended, d.log()[-2000:]
+        assert created[str(b.pid)] not in ended, d.log()[-2000:]
+    finally:
+        for p in (a, b):
+            p.kill()
+            p.wait()
+        d.stop()
+
