@@ -169,6 +169,12 @@ void Daemon::EndRevoked() {
 }
 
 Status Daemon::Start() {
+  Status s = StartServing();
+  if (!s.ok() && log_) log_->error("oriond cannot start: {}", s.message());
+  return s;
+}
+
+Status Daemon::StartServing() {
   // Logs: <log_dir>/server.log, and the screen when asked.
   std::vector<spdlog::sink_ptr> sinks;
   std::error_code ec;
@@ -228,28 +234,6 @@ Status Daemon::Start() {
   stats_ = static_cast<std::atomic<uint64_t>*>(stats);
   stat_used_.assign(kStatSlots, false);
 
-  // The controller, when one is configured; standalone admission otherwise.
-  const std::string controller = ControllerAddrForServer(config_.controller_addr);
-  if (!controller.empty()) {
-    if (auto ep = controller::ParseEndpoint(controller); !ep.ok()) {
-      return InvalidArgument("controller_addr: " + ep.status().message());
-    }
-    ControllerLinkOptions lo;
-    lo.controller_addr = controller;
-    lo.key = config_.controller_key;
-    lo.server_id = config_.bind_addr + ":" + std::to_string(config_.listen_port);
-    char host[256] = {};
-    gethostname(host, sizeof host - 1);
-    lo.hostname = host;
-    lo.vgpu_count = config_.vgpu_count;
-    lo.gpus = gpus;
-    lo.heartbeat_ms = config_.controller_heartbeat_ms;
-    link_ = std::make_unique<ControllerLink>(lo, log_);
-    link_->Start();
-  } else {
-    log_->info("No Orion Controller configured: standalone mode (this oriond admits its own clients)");
-  }
-
   // Module cache.
   if (!config_.cache_dir.empty()) {
     std::filesystem::create_directories(config_.cache_dir, ec);
@@ -275,6 +259,8 @@ Status Daemon::Start() {
   if (paths.empty()) {
     log_->warn("no shared-memory region to serve (create one with orion-shm, or pass --shm)");
   }
+  // Everything this oriond owns alone (each region, the control socket, the TCP port) is taken
+  // before it registers anywhere: a second oriond fails here, loudly, and changes nothing.
   for (const std::string& p : paths) {
     Region r;
     if (Status st = AddRegion(p, &r); !st.ok()) return st;
@@ -282,6 +268,29 @@ Status Daemon::Start() {
   }
   if (Status st = OpenControlSocket(); !st.ok()) return st;
   if (Status st = OpenListener(); !st.ok()) return st;
+
+  // The controller, when one is configured; standalone admission otherwise.
+  const std::string controller = ControllerAddrForServer(config_.controller_addr);
+  if (!controller.empty()) {
+    if (auto ep = controller::ParseEndpoint(controller); !ep.ok()) {
+      return InvalidArgument("controller_addr: " + ep.status().message());
+    }
+    ControllerLinkOptions lo;
+    lo.controller_addr = controller;
+    lo.key = config_.controller_key;
+    lo.server_id = config_.bind_addr + ":" + std::to_string(config_.listen_port);
+    char host[256] = {};
+    gethostname(host, sizeof host - 1);
+    lo.hostname = host;
+    lo.vgpu_count = config_.vgpu_count;
+    lo.gpus = gpus;
+    lo.heartbeat_ms = config_.controller_heartbeat_ms;
+    link_ = std::make_unique<ControllerLink>(lo, log_);
+    link_->Start();
+  } else {
+    log_->info("No Orion Controller configured: standalone mode (this oriond admits its own clients)");
+  }
+
   log_->info("Orion Server listens on {}:{} (backend {})", config_.bind_addr,
              listen_fd_ >= 0 ? std::to_string(config_.listen_port) : std::string("- (no TCP)"),
              backend_ == BackendKind::kCuda ? "cuda" : "sim");
@@ -317,6 +326,16 @@ Status Daemon::OpenControlSocket() {
     return InvalidArgument("control socket path is too long: " + config_.control_socket);
   }
   std::strncpy(addr.sun_path, config_.control_socket.c_str(), sizeof addr.sun_path - 1);
+  // One owner: a socket someone still answers on belongs to a running oriond; only a stale one
+  // (nobody listening: ECONNREFUSED) is replaced.
+  if (const int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0); probe >= 0) {
+    const bool answered = connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+    ::close(probe);
+    if (answered) {
+      return Status(Code::kAlreadyExists, "control socket " + config_.control_socket +
+                                              " is in use: another oriond is running (or use --control-socket)");
+    }
+  }
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return Internal(std::string("control socket: ") + std::strerror(errno));
   ::unlink(config_.control_socket.c_str());

@@ -173,6 +173,17 @@ Result<MappedRegion> MappedRegion::OpenServed(const std::string& path) {
     if (errno == EACCES || errno == EPERM) return Status(Code::kPermissionDenied, Errno("cannot open", path));
     return Internal(Errno("cannot open", path));
   }
+  // One owner per region. flock, not fcntl locks: QEMU takes OFD byte-range locks on some files
+  // it opens, and the two kinds never conflict on Linux.
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const bool busy = errno == EWOULDBLOCK;
+    const std::string err = std::strerror(errno);
+    ::close(fd);
+    if (busy) {
+      return Status(Code::kAlreadyExists, path + " is already served by another oriond (it holds the region's lock)");
+    }
+    return Internal("cannot lock " + path + ": " + err);
+  }
   // The mapping itself: Open's checks, on a second descriptor (closed by Open) of the same file.
   auto m = Open(path);
   if (!m.ok()) {

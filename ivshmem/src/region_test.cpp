@@ -97,6 +97,25 @@ TEST(Region, ServedMappingSurvivesTruncation) {
   unlink(path);
 }
 
+// A region has one owner: a second OpenServed (a second oriond) is refused while the first holds it.
+TEST(Region, ServedRegionHasOneOwner) {
+  char path[] = "/tmp/orion_region_testXXXXXX";
+  int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 8ull << 20), 0);
+  close(fd);
+  {
+    auto first = MappedRegion::OpenServed(path);
+    ASSERT_TRUE(first.ok()) << first.status().ToString();
+    auto second = MappedRegion::OpenServed(path);
+    EXPECT_EQ(second.status().code(), Code::kAlreadyExists);
+    EXPECT_NE(second.status().message().find("already served by another oriond"), std::string::npos);
+    EXPECT_TRUE(MappedRegion::Open(path).ok());  // clients do not take the lock
+  }
+  EXPECT_TRUE(MappedRegion::OpenServed(path).ok());  // released with the first mapping
+  unlink(path);
+}
+
 TEST(Region, OpenErrorsAreClear) {
   auto r = MappedRegion::Open("/nonexistent/dir/orionsock0");
   EXPECT_EQ(r.status().code(), Code::kNotFound);

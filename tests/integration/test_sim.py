@@ -338,3 +338,58 @@ def test_a_tenant_truncating_its_region_ends_only_its_sessions(tmp_path, how):
             p.wait()
         d.stop()
 
+
+def test_a_region_a_port_and_a_control_socket_have_one_oriond_each(tmp_path):
+    # A second oriond must refuse to start, loudly, instead of reformatting a live region (its
+    # clients and the first oriond's would then share channels), taking over the control socket
+    # or splitting the TCP port.
+    from conftest import Oriond
+    from test_tcp import free_port, run_tcp
+    first_dir = tmp_path / "first"
+    first_dir.mkdir()
+    port = free_port()
+    d = Oriond(first_dir, tcp_port=port)
+    d.port = port
+    sleeper = d.popen("sleeper", 16)
+    try:
+        wait_ready(sleeper)
+        header = d.region.read_bytes()[:64]
+
+        def second(name, conf_extra="", args=()):
+            sub = tmp_path / name
+            sub.mkdir()
+            conf = sub / "server.conf"
+            conf.write_text("[server]\n    vgpu_count = 4\n" + conf_extra)
+            return subprocess.run([PREFIX / "bin" / "oriond", "--config", conf, "--backend", "sim", "--foreground",
+                                   "--log-dir", sub / "logs", "--lease-timeout-ms", "1000", *map(str, args)],
+                                  capture_output=True, text=True, timeout=30)
+
+        # The same region, named.
+        r = second("same_region", args=("--shm", d.region, "--control-socket", tmp_path / "s1.sock", "-p", 0))
+        assert r.returncode != 0 and "already served by another oriond" in r.stderr, r.stderr[-2000:]
+        # Every orionsock* under shm_path_base (no --shm): finds the same region.
+        r = second("scan", conf_extra=f"    enable_shm = true\n[server-shm]\n    shm_path_base = {first_dir}\n",
+                   args=("--control-socket", tmp_path / "s2.sock", "-p", 0))
+        assert r.returncode != 0 and "already served by another oriond" in r.stderr, r.stderr[-2000:]
+        assert "oriond cannot start" in (tmp_path / "scan" / "logs" / "server.log").read_text()
+        # Its own region, but the first one's control socket.
+        subprocess.run([PREFIX / "bin" / "orion-shm", "-i", "5", "-s", "32", "-d", tmp_path], check=True,
+                       capture_output=True)
+        r = second("same_socket", args=("--shm", tmp_path / "orionsock5", "--control-socket", first_dir / "oriond.sock",
+                                         "-p", 0))
+        assert r.returncode != 0 and "is in use: another oriond is running" in r.stderr, r.stderr[-2000:]
+        # Its own region and socket, but the first one's TCP port.
+        r = second("same_port", args=("--shm", tmp_path / "orionsock5", "--control-socket", tmp_path / "s3.sock",
+                                      "-b", "127.0.0.1", "-p", port))
+        assert r.returncode != 0 and "Address already in use" in r.stderr, r.stderr[-2000:]
+        # The first oriond was not disturbed: same header (not reformatted), same session, same socket.
+        assert d.region.read_bytes()[:40] == header[:40]  # bytes 40..48 are the heartbeat
+        assert d.region.read_bytes()[48:64] == header[48:64]
+        assert d.alive() and sleeper.poll() is None
+        assert_passed(d.run("device_props"))
+        assert_passed(run_tcp(d, "device_props"))
+        assert (first_dir / "oriond.sock").exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        d.stop()

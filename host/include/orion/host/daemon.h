@@ -29,6 +29,8 @@ class Daemon {
   explicit Daemon(ServerConfig config);
   ~Daemon();
   // Opens logs, picks the backend, finds the GPUs, formats and maps the regions.
+  // Refuses (kAlreadyExists / kUnavailable, also logged) when another oriond owns one of its
+  // regions (flock), its control socket (it answers) or its TCP port (address in use).
   Status Start();
   // Serves until Stop(); returns the process exit code.
   int Run();
@@ -61,6 +63,7 @@ class Daemon {
     bool severed = false;   // a tenant broke the region: no longer served (RegionIntact)
   };
 
+  Status StartServing();
   void Scan(Region& r, uint32_t index, uint64_t now_ms);
   void Admit(Region& r, uint32_t index);
   void Reap();

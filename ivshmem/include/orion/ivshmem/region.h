@@ -97,6 +97,8 @@ uint32_t ChannelCountFor(uint64_t region_bytes, uint64_t channel_bytes);
 // An mmap of a region file (or a sysfs BAR2 resource file). RAII: unmaps on destruction.
 //
 // oriond's mappings (OpenServed) are hardened against the tenants who share the file:
+// - One owner: OpenServed takes an exclusive flock(2) on the file and holds it for the mapping's
+//   life, so a second oriond cannot format (and serve) a region that one already serves.
 // - Truncation: a tenant with the file open read-write can shrink it at any moment; touching a
 //   page past the new end of a MAP_SHARED mapping raises SIGBUS, which would kill the daemon with
 //   every session. A process-wide SIGBUS handler (installed by the first OpenServed) checks whether
@@ -113,9 +115,10 @@ class MappedRegion {
   // created with that size (mode 0660). Errors: kNotFound (no file), kPermissionDenied,
   // kInvalidArgument (size 0 or not a multiple of 4096), kInternal (mmap).
   static Result<MappedRegion> Open(const std::string& path, uint64_t create_bytes = 0);
-  // oriond's side (see above): opens an existing region, maps it and guards the mapping against
-  // truncation. Errors: as Open, kResourceExhausted when 256 mappings are guarded already.
-  // The descriptor stays open (O_CLOEXEC) until destruction.
+  // oriond's side (see above): opens an existing region, takes its exclusive lock, maps it and
+  // guards the mapping against truncation. Errors: as Open, kAlreadyExists when another process
+  // (another oriond) holds the lock, kResourceExhausted when 256 mappings are guarded already.
+  // The descriptor stays open (O_CLOEXEC) with the lock until destruction.
   static Result<MappedRegion> OpenServed(const std::string& path);
   MappedRegion(MappedRegion&& o) noexcept;
   MappedRegion& operator=(MappedRegion&& o) noexcept;
@@ -142,7 +145,7 @@ class MappedRegion {
   uint8_t* data_ = nullptr;
   uint64_t size_ = 0;
   std::string path_;
-  int fd_ = -1;          // OpenServed: for FileBytes
+  int fd_ = -1;          // OpenServed: holds the flock
   int guard_slot_ = -1;  // OpenServed: the SIGBUS guard's slot
 };
 
