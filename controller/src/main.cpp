@@ -327,9 +327,14 @@ int main(int argc, char** argv) {
   // cpp-httplib listens with a backlog of 5: a burst of clients (each request is a fresh
   // connection) overflows it and waits a whole SYN retransmit (1 s). Keep the socket and listen
   // again with a real backlog (Linux allows re-listening to resize the queue).
+  // Not httplib::default_socket_options: it sets SO_REUSEPORT, so a second controller (another
+  // database) would bind the same address and the kernel would split requests between the two
+  // pools. SO_REUSEADDR only lets a restart bind over TIME_WAIT connections; a live listener still
+  // makes bind fail with "Address already in use".
   int listen_fd = -1;
   server.set_socket_options([&listen_fd](socket_t sock) {
-    httplib::default_socket_options(sock);
+    const int one = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     listen_fd = sock;
   });
   if (!server.bind_to_port(ep->host, ep->port)) {
