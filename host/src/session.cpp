@@ -402,14 +402,13 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       ORION_WANT(Get(payload, len, &q), "bad Memcpy2D");
       void* s = nullptr;
       if (q.width_bytes == 0 || q.height == 0) break;
+      uint64_t src_span = 0, dst_span = 0;
       if (q.src_side > kSideWindow || q.dst_side > kSideWindow || !Stream(q.stream, &s) ||
-          (q.height > 1 && (q.src_pitch < q.width_bytes || q.dst_pitch < q.width_bytes)) ||
-          q.src_pitch > (1ull << 40) || q.dst_pitch > (1ull << 40) || q.height > (1ull << 24)) {
+          !Span2D(q.height, q.src_pitch, q.width_bytes, &src_span) ||
+          !Span2D(q.height, q.dst_pitch, q.width_bytes, &dst_span)) {
         r = CUDA_ERROR_INVALID_VALUE;
         break;
       }
-      const uint64_t src_span = (q.height - 1) * q.src_pitch + q.width_bytes;
-      const uint64_t dst_span = (q.height - 1) * q.dst_pitch + q.width_bytes;
       const bool src_ok = q.src_side == kSideWindow ? WindowRange(q.src, src_span) : DeviceRange(q.src, src_span);
       const bool dst_ok = q.dst_side == kSideWindow ? WindowRange(q.dst, dst_span) : DeviceRange(q.dst, dst_span);
       if (!src_ok || !dst_ok) { r = CUDA_ERROR_INVALID_VALUE; break; }
@@ -422,13 +421,12 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       MemsetReq q;
       ORION_WANT(Get(payload, len, &q), "bad Memset");
       void* s = nullptr;
-      if ((q.elem_size != 1 && q.elem_size != 2 && q.elem_size != 4) || q.width == 0 || q.height == 0 ||
-          q.width > (1ull << 40) || q.height > (1ull << 24) || (q.height > 1 && q.pitch < q.width * q.elem_size) ||
-          q.pitch > (1ull << 40) || !Stream(q.stream, &s)) {
+      uint64_t row_bytes = 0, span = 0;
+      if ((q.elem_size != 1 && q.elem_size != 2 && q.elem_size != 4) || !CheckedMul(q.width, q.elem_size, &row_bytes) ||
+          !Span2D(q.height, q.height > 1 ? q.pitch : row_bytes, row_bytes, &span) || !Stream(q.stream, &s)) {
         r = CUDA_ERROR_INVALID_VALUE;
         break;
       }
-      const uint64_t span = (q.height - 1) * q.pitch + q.width * q.elem_size;
       if (!DeviceRange(q.dst, span)) { r = CUDA_ERROR_INVALID_VALUE; break; }
       r = b_->Memset(q.dst, q.value, q.elem_size, q.width, q.height, q.pitch, s);
       break;
@@ -566,7 +564,8 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       ORION_WANT(len >= head, "bad LaunchKernel");
       std::memcpy(&x, payload, head);
       const LaunchReq& q = x.base;
-      ORION_WANT(len == head + q.param_bytes, "bad LaunchKernel");
+      uint64_t want_len = 0;
+      ORION_WANT(CheckedAdd(head, q.param_bytes, &want_len) && len == want_len, "bad LaunchKernel");
       Obj* f = Find(q.function, Kind::kFunction);
       void* s = nullptr;
       if (f == nullptr || !Stream(q.stream, &s)) { r = CUDA_ERROR_INVALID_HANDLE; break; }
