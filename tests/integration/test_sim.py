@@ -393,3 +393,22 @@ def test_a_region_a_port_and_a_control_socket_have_one_oriond_each(tmp_path):
         sleeper.kill()
         sleeper.wait()
         d.stop()
+
+
+def test_threads_calling_cuinit_while_the_first_initialises(oriond):
+    # The first cuInit is stalled after it connected (a guest-runtime test hook); 8 more threads call
+    # cuInit and use the primary context meanwhile. They must wait for initialisation to finish
+    # instead of running into empty context tables.
+    r = oriond.run("driver_races", "init", ORION_TEST_INIT_DELAY_MS=1500, timeout=60)
+    assert_passed(r, expect_checks=17)
+
+
+def test_threads_allocating_and_freeing_at_once_keep_their_ranges(oriond):
+    # The sim backend hands freed addresses out again (as a GPU does): a free must drop its local
+    # range before the address can be handed to another thread, never after.
+    for _ in range(3):
+        assert_passed(oriond.run("driver_races", "free", ORION_GMEM=2048, timeout=120), expect_checks=8)
+
+
+def test_threads_setting_context_flags_at_once(oriond):
+    assert_passed(oriond.run("driver_races", "flags", timeout=60))
