@@ -48,6 +48,7 @@ struct Alloc {
   uint64_t bytes;
   uint32_t dev;
   bool counted;  // counts against the quota (device allocations; not globals or mapped memory)
+  uint64_t charged = 0;  // what it costs against the quota: bytes rounded up to kAllocGranularity
 };
 
 class Session {
@@ -292,7 +293,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
         // The reset frees the context's allocations.
         for (auto it = allocs_.begin(); it != allocs_.end();) {
           if (it->second.dev == q.device) {
-            if (it->second.counted) used_[q.device] -= it->second.bytes;
+            if (it->second.counted) used_[q.device] -= it->second.charged;
             PublishUsed(q.device);
             (void)b_->MemFree(it->first);
             it = allocs_.erase(it);
@@ -324,18 +325,26 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       if (cur_ctx_ == 0) { r = CUDA_ERROR_INVALID_CONTEXT; break; }
       if (q.bytes == 0) { r = CUDA_ERROR_INVALID_VALUE; break; }
       const Placement& pl = p_.placements[cur_dev_];
-      const uint64_t after = used_[cur_dev_] + overhead_[cur_dev_] + q.bytes;
-      if (q.bytes > pl.quota_bytes || after > pl.quota_bytes) {
-        p_.log->warn("sess={} op=MemAlloc cuMemAlloc(): memory {} MB exceeds <vgpu {}, pgpu {}> quota",
-                     p_.session_id, (after + (1 << 20) - 1) >> 20, pl.vgpu, pl.pgpu);
+      // Each allocation costs at least the driver's allocation granularity (kAllocGranularity):
+      // many tiny allocations cannot hold more device memory than the quota.
+      uint64_t charged = 0, after = 0;
+      bool fits = CheckedAdd(q.bytes, kAllocGranularity - 1, &charged);
+      charged &= ~(kAllocGranularity - 1);
+      fits = fits && CheckedAdd(used_[cur_dev_] + overhead_[cur_dev_], charged, &after) && after <= pl.quota_bytes;
+      if (!fits) {
+        // In MiB, rounded up; a request too large to add up is shown as itself.
+        const uint64_t want = after != 0 ? after : q.bytes;
+        p_.log->warn("sess={} op=MemAlloc cuMemAlloc(): memory {} MB exceeds <vgpu {}, pgpu {}> quota ({} MB)",
+                     p_.session_id, want / (1 << 20) + (want % (1 << 20) != 0 ? 1 : 0), pl.vgpu, pl.pgpu,
+                     pl.quota_bytes >> 20);
         r = CUDA_ERROR_OUT_OF_MEMORY;
         break;
       }
       uint64_t dptr = 0;
       r = b_->MemAlloc(q.bytes, &dptr);
       if (r == CUDA_SUCCESS) {
-        allocs_[dptr] = {q.bytes, cur_dev_, true};
-        used_[cur_dev_] += q.bytes;
+        allocs_[dptr] = {q.bytes, cur_dev_, true, charged};
+        used_[cur_dev_] += charged;
         PublishUsed(cur_dev_);
         put(U64Rep{dptr});
       }
@@ -348,7 +357,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       if (it == allocs_.end() || !it->second.counted) { r = CUDA_ERROR_INVALID_VALUE; break; }
       r = b_->MemFree(q.dptr);
       if (r == CUDA_SUCCESS) {
-        used_[it->second.dev] -= it->second.bytes;
+        used_[it->second.dev] -= it->second.charged;
         PublishUsed(it->second.dev);
         allocs_.erase(it);
       }

@@ -9,6 +9,8 @@
 //                       (cuMemGetAddressRange) until that thread frees it, and every free succeeds.
 //   driver_races flags  threads set and read the current context's flags at once (a data race
 //                       without the runtime's lock; TSan builds see it).
+//   driver_races tiny   (quota accounting, not a race) one-byte cuMemAlloc's until the quota
+//                       (ORION_GMEM) refuses one, at most 20000; prints "TINY allocated=<n>".
 // Output: CHECK lines and DONE (orion_test.h).
 #include <cuda.h>
 #include <unistd.h>
@@ -121,6 +123,31 @@ int FlagsRace() {
   return ot::finish();
 }
 
+int Tiny() {
+  CUcontext ctx = nullptr;
+  if (cuInit(0) != CUDA_SUCCESS || cuDevicePrimaryCtxRetain(&ctx, 0) != CUDA_SUCCESS ||
+      cuCtxSetCurrent(ctx) != CUDA_SUCCESS) {
+    ot::check("setup", false, "cuInit / cuDevicePrimaryCtxRetain");
+    return ot::finish();
+  }
+  std::vector<CUdeviceptr> held;
+  CUresult last = CUDA_SUCCESS;
+  while (held.size() < 20000) {
+    CUdeviceptr p = 0;
+    last = cuMemAlloc(&p, 1);
+    if (last != CUDA_SUCCESS) break;
+    held.push_back(p);
+  }
+  printf("TINY allocated=%zu\n", held.size());
+  ot::check("tiny_refused_with_oom", held.size() == 20000 || last == CUDA_ERROR_OUT_OF_MEMORY, Name(last));
+  bool freed = true;
+  for (CUdeviceptr p : held) freed = cuMemFree(p) == CUDA_SUCCESS && freed;
+  ot::check("tiny_freed", freed);
+  CUdeviceptr p = 0;
+  ot::check("tiny_alloc_after_free", cuMemAlloc(&p, 1 << 20) == CUDA_SUCCESS && cuMemFree(p) == CUDA_SUCCESS);
+  return ot::finish();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -129,6 +156,7 @@ int main(int argc, char** argv) {
   if (mode == "init") return InitRace();
   if (mode == "free") return FreeRace();
   if (mode == "flags") return FlagsRace();
-  fprintf(stderr, "usage: driver_races init|free|flags\n");
+  if (mode == "tiny") return Tiny();
+  fprintf(stderr, "usage: driver_races init|free|flags|tiny\n");
   return 2;
 }

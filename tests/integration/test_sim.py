@@ -412,3 +412,14 @@ def test_threads_allocating_and_freeing_at_once_keep_their_ranges(oriond):
 
 def test_threads_setting_context_flags_at_once(oriond):
     assert_passed(oriond.run("driver_races", "flags", timeout=60))
+
+
+def test_tiny_allocations_are_charged_at_the_allocation_granularity(oriond):
+    # Each allocation costs at least 512 bytes (kAllocGranularity) against the quota: 20000 one-byte
+    # allocations do not fit in 8 MiB (16384 x 512 B), as they would not on a GPU.
+    r = oriond.run("driver_races", "tiny", ORION_GMEM=8, timeout=120)
+    assert_passed(r, expect_checks=3)
+    n = int(re.search(r"^TINY allocated=(\d+)$", r.stdout, re.M).group(1))
+    assert 0 < n < 20000 and n * 512 <= 8 << 20, n
+    assert re.search(r"cuMemAlloc\(\): memory 9 MB exceeds <vgpu \d+, pgpu \d+> quota \(8 MB\)",
+                     oriond.session_logs()), oriond.session_logs()[-1000:]

@@ -159,6 +159,12 @@ ORION_WIRE_STRUCT(RdmaConnectInfo, 72);
 // CUDA_ERROR_INVALID_VALUE; nothing of it executes.
 inline constexpr uint64_t kMax2DHeight = uint64_t{1} << 24;  // rows of a 2D copy or memset
 inline constexpr uint64_t kMax2DPitch = uint64_t{1} << 40;   // bytes between rows, and bytes per row
+// What one device allocation costs against a vGPU's quota at least: its size rounded up to this.
+// The CUDA programming guide promises allocations aligned to at least 256 bytes; GPUs since sm_50
+// report textureAlignment 512 and space small cudaMalloc's 512 bytes apart (large allocations come
+// in 2 MiB pages, but small ones are sub-allocated from them, so 2 MiB per allocation would
+// overcharge). Without it, 70,000 one-byte allocations would hold 35 MB against a 70 KB charge.
+inline constexpr uint64_t kAllocGranularity = 512;
 
 // a * b and a + b into *out; false (and *out untouched) when the result does not fit in 64 bits.
 inline bool CheckedMul(uint64_t a, uint64_t b, uint64_t* out) noexcept {
