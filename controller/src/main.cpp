@@ -15,6 +15,7 @@
 #include <thread>
 
 #include <sys/socket.h>
+#include <sys/stat.h>
 
 #include "orion/controller/client.h"
 #include "orion/controller/config.h"
@@ -298,10 +299,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "orion-controller: listen: %s\n", ep.status().message().c_str());
     return 2;
   }
+  // The database (keys' effects, every allocation, host and process names) and the log are the
+  // controller's own: 0600 (SQLite's -wal and -shm files too).
+  umask(077);
   std::vector<spdlog::sink_ptr> sinks{std::make_shared<spdlog::sinks::stderr_color_sink_mt>()};
   if (!cfg->log_file.empty()) {
     try {
       sinks.push_back(std::make_shared<spdlog::sinks::basic_file_sink_mt>(cfg->log_file));
+      ::chmod(cfg->log_file.c_str(), 0600);
     } catch (const spdlog::spdlog_ex& e) {
       std::fprintf(stderr, "orion-controller: log_file: %s\n", e.what());
       return 2;

@@ -175,6 +175,10 @@ Status Daemon::Start() {
 }
 
 Status Daemon::StartServing() {
+  // What oriond (and its workers) create is not world-readable: logs name clients, processes and
+  // hosts, and the module cache holds the tenants' code. Logs 0640, directories 0750; the cache
+  // is private (session.cpp).
+  umask(umask(0) | 027);
   // Logs: <log_dir>/server.log, and the screen when asked.
   std::vector<spdlog::sink_ptr> sinks;
   std::error_code ec;
@@ -182,6 +186,7 @@ Status Daemon::StartServing() {
   if (config_.log_to_file) {
     try {
       auto f = std::make_shared<spdlog::sinks::basic_file_sink_mt>(config_.log_dir + "/server.log");
+      ::chmod((config_.log_dir + "/server.log").c_str(), 0640);  // also one an older oriond made
       f->set_level(Level(config_.file_log_level));
       sinks.push_back(f);
     } catch (const std::exception& e) {
@@ -237,6 +242,7 @@ Status Daemon::StartServing() {
   // Module cache.
   if (!config_.cache_dir.empty()) {
     std::filesystem::create_directories(config_.cache_dir, ec);
+    if (!ec) ::chmod(config_.cache_dir.c_str(), 0700);
     if (ec || access(config_.cache_dir.c_str(), W_OK) != 0) {
       log_->warn("module cache {} is not writable; caching modules per session only", config_.cache_dir);
       config_.cache_dir.clear();

@@ -165,7 +165,7 @@ const std::vector<uint8_t>* Session::Blob(uint64_t lo, uint64_t hi, uint64_t byt
 void Session::StoreBlob(const std::string& hex, std::vector<uint8_t> data) {
   if (!p_.cache_dir.empty()) {
     const std::string tmp = p_.cache_dir + "/." + hex + "." + std::to_string(getpid());
-    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);  // tenants' code: oriond's only
     if (fd >= 0) {
       bool ok = ::write(fd, data.data(), data.size()) == static_cast<ssize_t>(data.size());
       ::close(fd);

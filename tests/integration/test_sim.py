@@ -423,3 +423,18 @@ def test_tiny_allocations_are_charged_at_the_allocation_granularity(oriond):
     assert 0 < n < 20000 and n * 512 <= 8 << 20, n
     assert re.search(r"cuMemAlloc\(\): memory 9 MB exceeds <vgpu \d+, pgpu \d+> quota \(8 MB\)",
                      oriond.session_logs()), oriond.session_logs()[-1000:]
+
+
+def test_logs_and_module_cache_are_not_world_readable(oriond):
+    # Logs name tenants' processes and hosts; the module cache holds their code.
+    assert_passed(oriond.run("vadd_shared"))
+    logs = [oriond.logs / "server.log", *sorted((oriond.logs / "session").glob("*.log"))]
+    assert len(logs) >= 2
+    for p in logs:
+        assert p.stat().st_mode & 0o007 == 0, f"{p} is {oct(p.stat().st_mode)}"
+    cache = oriond.tmp / "cache"
+    assert cache.stat().st_mode & 0o077 == 0, oct(cache.stat().st_mode)
+    cached = list(cache.iterdir())
+    assert cached
+    for p in cached:
+        assert p.stat().st_mode & 0o077 == 0, f"{p} is {oct(p.stat().st_mode)}"
