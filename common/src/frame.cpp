@@ -37,6 +37,15 @@ constexpr auto kOps = MakeTable();
 
 const char* OpName(uint16_t op) noexcept { return op < kOpTableSize ? kOps.e[op].name : nullptr; }
 bool OpKnown(uint16_t op) noexcept { return OpName(op) != nullptr; }
+bool Span2D(uint64_t height, uint64_t pitch, uint64_t row_bytes, uint64_t* span) noexcept {
+  if (height == 0 || row_bytes == 0 || height > kMax2DHeight || row_bytes > kMax2DPitch || pitch > kMax2DPitch) {
+    return false;
+  }
+  if (height > 1 && pitch < row_bytes) return false;
+  uint64_t rows = 0;
+  return CheckedMul(height - 1, pitch, &rows) && CheckedAdd(rows, row_bytes, span);
+}
+
 bool FrameWindowRanges(uint16_t op, const uint8_t* payload, uint32_t len, WindowRanges* out) noexcept {
   *out = WindowRanges{};
   auto get = [&](auto* v) {
@@ -67,12 +76,13 @@ bool FrameWindowRanges(uint16_t op, const uint8_t* payload, uint32_t len, Window
     case Op::kMemcpy2D: {
       Memcpy2DReq q;
       if (!get(&q)) return false;
-      if (q.height == 0 || q.width_bytes == 0) return true;
-      if (q.height > (1ull << 24) || q.src_pitch > (1ull << 40) || q.dst_pitch > (1ull << 40) ||
-          q.width_bytes > (1ull << 40))
-        return true;  // the session refuses it; nothing crosses
-      if (q.src_side == kSideWindow) out->reads[out->nreads++] = {q.src, (q.height - 1) * q.src_pitch + q.width_bytes};
-      if (q.dst_side == kSideWindow) out->writes[out->nwrites++] = {q.dst, (q.height - 1) * q.dst_pitch + q.width_bytes};
+      uint64_t src_span = 0, dst_span = 0;
+      if (!Span2D(q.height, q.src_pitch, q.width_bytes, &src_span) ||
+          !Span2D(q.height, q.dst_pitch, q.width_bytes, &dst_span)) {
+        return true;  // empty, or the session refuses it: nothing crosses
+      }
+      if (q.src_side == kSideWindow) out->reads[out->nreads++] = {q.src, src_span};
+      if (q.dst_side == kSideWindow) out->writes[out->nwrites++] = {q.dst, dst_span};
       return true;
     }
     default:

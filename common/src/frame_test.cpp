@@ -90,6 +90,50 @@ TEST(Ops, EveryOpHasAUniqueNameAndReplyKind) {
   EXPECT_FALSE(OpWantsReply(static_cast<uint16_t>(Op::kLaunchKernel)));
 }
 
+TEST(Limits, Span2DRefusesWhatWrapsOrExceeds) {
+  uint64_t span = 0;
+  EXPECT_TRUE(Span2D(1, 0, 100, &span));
+  EXPECT_EQ(span, 100u);
+  EXPECT_TRUE(Span2D(3, 256, 100, &span));
+  EXPECT_EQ(span, 612u);
+  EXPECT_TRUE(Span2D(kMax2DHeight, kMax2DPitch / 2, 8, &span));
+  // (2^24 - 1) * 2^40 + 2^40 = 2^64: wraps to 0 unchecked.
+  EXPECT_FALSE(Span2D(kMax2DHeight, kMax2DPitch, kMax2DPitch, &span));
+  EXPECT_FALSE(Span2D(kMax2DHeight + 1, 1, 1, &span));
+  EXPECT_FALSE(Span2D(2, kMax2DPitch + 1, 1, &span));
+  EXPECT_FALSE(Span2D(1, 0, kMax2DPitch + 1, &span));
+  EXPECT_FALSE(Span2D(0, 1, 1, &span));
+  EXPECT_FALSE(Span2D(1, 1, 0, &span));
+  EXPECT_FALSE(Span2D(2, 4, 8, &span));  // overlapping rows
+  uint64_t v = 0;
+  EXPECT_FALSE(CheckedMul(uint64_t{1} << 62, 4, &v));
+  EXPECT_FALSE(CheckedAdd(~uint64_t{0}, 1, &v));
+  EXPECT_TRUE(CheckedAdd(1, 2, &v));
+  EXPECT_EQ(v, 3u);
+}
+
+TEST(Limits, WindowRangesOfAWrappingMemcpy2DAreEmpty) {
+  Memcpy2DReq q{};
+  q.src_side = kSideWindow;
+  q.dst_side = kSideWindow;
+  q.width_bytes = q.src_pitch = q.dst_pitch = kMax2DPitch;
+  q.height = kMax2DHeight;
+  WindowRanges r;
+  ASSERT_TRUE(FrameWindowRanges(static_cast<uint16_t>(Op::kMemcpy2D), reinterpret_cast<const uint8_t*>(&q),
+                                sizeof q, &r));
+  EXPECT_EQ(r.nreads, 0u);  // unchecked: one read range of 0 bytes
+  EXPECT_EQ(r.nwrites, 0u);
+  q.height = 2;
+  q.width_bytes = 16;
+  q.src_pitch = q.dst_pitch = 32;
+  ASSERT_TRUE(FrameWindowRanges(static_cast<uint16_t>(Op::kMemcpy2D), reinterpret_cast<const uint8_t*>(&q),
+                                sizeof q, &r));
+  ASSERT_EQ(r.nreads, 1u);
+  EXPECT_EQ(r.reads[0].bytes, 48u);
+  ASSERT_EQ(r.nwrites, 1u);
+  EXPECT_EQ(r.writes[0].bytes, 48u);
+}
+
 TEST(Frame, SpanRoundsToEight) {
   EXPECT_EQ(FrameSpan(0), 32u);
   EXPECT_EQ(FrameSpan(1), 40u);

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include <sys/socket.h>
+#include <sys/stat.h>
 
 #include "orion/controller/client.h"
 #include "orion/controller/config.h"
@@ -298,10 +299,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "orion-controller: listen: %s\n", ep.status().message().c_str());
     return 2;
   }
+  // The database (keys' effects, every allocation, host and process names) and the log are the
+  // controller's own: 0600 (SQLite's -wal and -shm files too).
+  umask(077);
   std::vector<spdlog::sink_ptr> sinks{std::make_shared<spdlog::sinks::stderr_color_sink_mt>()};
   if (!cfg->log_file.empty()) {
     try {
       sinks.push_back(std::make_shared<spdlog::sinks::basic_file_sink_mt>(cfg->log_file));
+      ::chmod(cfg->log_file.c_str(), 0600);
     } catch (const spdlog::spdlog_ex& e) {
       std::fprintf(stderr, "orion-controller: log_file: %s\n", e.what());
       return 2;
@@ -327,9 +332,14 @@ int main(int argc, char** argv) {
   // cpp-httplib listens with a backlog of 5: a burst of clients (each request is a fresh
   // connection) overflows it and waits a whole SYN retransmit (1 s). Keep the socket and listen
   // again with a real backlog (Linux allows re-listening to resize the queue).
+  // Not httplib::default_socket_options: it sets SO_REUSEPORT, so a second controller (another
+  // database) would bind the same address and the kernel would split requests between the two
+  // pools. SO_REUSEADDR only lets a restart bind over TIME_WAIT connections; a live listener still
+  // makes bind fail with "Address already in use".
   int listen_fd = -1;
   server.set_socket_options([&listen_fd](socket_t sock) {
-    httplib::default_socket_options(sock);
+    const int one = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     listen_fd = sock;
   });
   if (!server.bind_to_port(ep->host, ep->port)) {

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sqlite3.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -89,6 +90,7 @@ Result<std::unique_ptr<Service>> Service::Open(ServiceOptions opts) {
                        (s->db_ != nullptr ? sqlite3_errmsg(s->db_) : "out of memory"));
   }
   sqlite3_busy_timeout(s->db_, 2000);
+  ::chmod(s->opts_.database.c_str(), 0600);  // also a database an older controller made world-readable
   // One controller per database: a second one would hand out the same vGPUs.
   const std::string lock = s->opts_.database + ".lock";
   s->lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);

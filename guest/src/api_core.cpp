@@ -1,7 +1,10 @@
 // Exported driver API: initialisation, versions, devices, contexts, errors.
 // Device facts come from the Welcome (fetched once); contexts are mirrored locally.
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "export.h"
 #include "state.h"
@@ -10,34 +13,65 @@ using namespace orion;
 using namespace orion::guest;
 
 namespace orion::guest {
+namespace {
 
+// Test hook: ORION_TEST_INIT_DELAY_MS stalls the thread that initialises, after it connected and
+// before the primary contexts exist, so a test can send other threads into cuInit meanwhile.
+void TestInitDelay() noexcept {
+  const char* v = std::getenv("ORION_TEST_INIT_DELAY_MS");
+  if (v == nullptr) return;
+  const long ms = std::strtol(v, nullptr, 10);
+  if (ms > 0 && ms <= 60000) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+}
+
+}  // namespace
+
+// Initialisation happens once, completely, before any thread sees it done: `initialized` is set
+// last, after the primary contexts exist (Client::connected() alone is not enough: it turns true
+// before them). Threads that arrive meanwhile wait on `init_mu` and then see the flag.
 CUresult EnsureInit() noexcept {
+  static std::atomic<bool> initialized{false};
+  static std::mutex init_mu;
+  // I1: pairs with I0 below; the primary contexts written before I0 are visible after this load.
+  if (initialized.load(std::memory_order_acquire)) return CUDA_SUCCESS;
+  std::lock_guard<std::mutex> once(init_mu);
+  if (initialized.load(std::memory_order_relaxed)) return CUDA_SUCCESS;
   Client& c = Client::Get();
-  if (c.connected()) return CUDA_SUCCESS;
   CUresult r = c.Connect();
   if (r != CUDA_SUCCESS) return r;
+  TestInitDelay();
   State& s = S();
   std::lock_guard<std::mutex> l(s.mu);
   if (s.primary.empty()) {
     // Primary contexts exist from cuInit on (cudart asks for them through its private table
-    // and makes them current before retaining them); the server creates them now.
+    // and makes them current before retaining them); the server creates them now. Published in
+    // State only when every one exists, so a failure leaves nothing half-made (the next call
+    // tries again).
     const size_t n = c.devices().size();
-    s.primary_refs.assign(n, 0);
-    s.primary_flags.assign(n, 0);
+    std::vector<GuestCtx*> made;
     for (size_t d = 0; d < n; ++d) {
       DeviceReq q{static_cast<uint32_t>(d), 0};
       HandleRep rep{};
-      if (CUresult rr = c.Call(Op::kPrimaryCtxRetain, &q, sizeof q, &rep, sizeof rep); rr != CUDA_SUCCESS)
+      if (CUresult rr = c.Call(Op::kPrimaryCtxRetain, &q, sizeof q, &rep, sizeof rep); rr != CUDA_SUCCESS) {
+        for (GuestCtx* g : made) delete g;
         return rr;
+      }
       auto* ctx = new GuestCtx();
       ctx->handle = rep.handle;
       ctx->device = static_cast<int>(d);
       ctx->primary = true;
       ctx->id = s.next_ctx_id++;
+      made.push_back(ctx);
+    }
+    s.primary_refs.assign(n, 0);
+    s.primary_flags.assign(n, 0);
+    for (GuestCtx* ctx : made) {
       s.primary.push_back(ctx);
       s.contexts.Add(ctx);
     }
   }
+  // I0: publishes the primary contexts; pairs with I1.
+  initialized.store(true, std::memory_order_release);
   return CUDA_SUCCESS;
 }
 
@@ -394,6 +428,7 @@ ORION_EXPORT CUresult CUDAAPI cuCtxGetFlags(unsigned int* flags) {
   if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
   GuestCtx* c = CurrentCtx();
   if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  std::lock_guard<std::mutex> l(S().mu);  // GuestCtx::flags is written under it
   *flags = c->flags;
   return CUDA_SUCCESS;
 }
@@ -402,6 +437,7 @@ ORION_EXPORT CUresult CUDAAPI cuCtxSetFlags(unsigned int flags) {
   ORION_API(cuCtxSetFlags);
   GuestCtx* c = CurrentCtx();
   if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  std::lock_guard<std::mutex> l(S().mu);  // as cuCtxGetFlags and cuDevicePrimaryCtxSetFlags
   c->flags = flags;
   return CUDA_SUCCESS;
 }

@@ -223,12 +223,14 @@ ORION_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
   ORION_API(cuMemFree_v2);
   if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
   if (dptr == 0) return CUDA_SUCCESS;
+  // The local range goes first, in one step with the check: once oriond frees the address, another
+  // thread's cuMemAlloc may get it at once, and its new range must not be the one removed here.
+  // (Two threads freeing one pointer: one of them gets CUDA_ERROR_INVALID_VALUE.)
   DeviceRange range{};
-  if (!S().mirror.Find(dptr, 0, &range) || range.base != dptr || range.kind != RangeKind::kDevice)
-    return CUDA_ERROR_INVALID_VALUE;
+  if (!S().mirror.RemoveDevice(dptr, &range)) return CUDA_ERROR_INVALID_VALUE;
   MemFreeReq q{dptr};
   CUresult r = Client::Get().Call(Op::kMemFree, &q, sizeof q);
-  if (r == CUDA_SUCCESS) S().mirror.Remove(dptr, nullptr);
+  if (r != CUDA_SUCCESS) S().mirror.Add(range);  // still allocated on the server: still ours
   return r;
 }
 
@@ -531,10 +533,7 @@ CUresult FreeAsync(CUdeviceptr dptr, CUstream hs) {
   uint64_t stream = 0;
   if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
   if (!StreamId(hs, &stream)) return CUDA_ERROR_INVALID_HANDLE;
-  DeviceRange range{};
-  if (!S().mirror.Find(dptr, 0, &range) || range.base != dptr || range.kind != RangeKind::kDevice)
-    return CUDA_ERROR_INVALID_VALUE;
-  S().mirror.Remove(dptr, nullptr);
+  if (!S().mirror.RemoveDevice(dptr, nullptr)) return CUDA_ERROR_INVALID_VALUE;
   MemFreeReq q{dptr};
   return Client::Get().Send(Op::kMemFree, &q, sizeof q);  // no reply: an error is deferred
 }

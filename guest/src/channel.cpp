@@ -236,7 +236,7 @@ Status TcpFrameChannel::Pop(ivshmem::FrameView* f, std::vector<uint8_t>* scratch
   std::memcpy(&f->header, m.data(), sizeof(FrameHeader));
   const uint32_t len = f->header.payload_len;
   if (scratch->size() < len) scratch->resize(std::max<size_t>(len, 256));
-  std::memcpy(scratch->data(), m.data() + sizeof(FrameHeader), len);
+  if (len != 0) std::memcpy(scratch->data(), m.data() + sizeof(FrameHeader), len);  // data() may be null
   f->payload = scratch->data();
   ready_.erase(ready_.begin());
   *got = true;

@@ -215,7 +215,7 @@ Status RdmaFrameChannel::Pop(ivshmem::FrameView* f, std::vector<uint8_t>* scratc
   }
   f->header = h;
   if (scratch->size() < h.payload_len) scratch->resize(std::max<size_t>(h.payload_len, 256));
-  std::memcpy(scratch->data(), msg_ + at_ + sizeof h, h.payload_len);
+  if (h.payload_len != 0) std::memcpy(scratch->data(), msg_ + at_ + sizeof h, h.payload_len);  // data() may be null
   f->payload = scratch->data();
   at_ += static_cast<uint32_t>(sizeof h) + h.payload_len;
   if (at_ == msg_len_) {

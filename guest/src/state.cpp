@@ -78,6 +78,15 @@ bool Mirror::Remove(uint64_t base, DeviceRange* out) {
   return true;
 }
 
+bool Mirror::RemoveDevice(uint64_t base, DeviceRange* out) {
+  std::unique_lock l(mu_);
+  auto it = ranges_.find(base);
+  if (it == ranges_.end() || it->second.kind != RangeKind::kDevice) return false;
+  if (out != nullptr) *out = it->second;
+  ranges_.erase(it);
+  return true;
+}
+
 bool Mirror::Find(uint64_t p, uint64_t bytes, DeviceRange* out) const {
   std::shared_lock l(mu_);
   auto it = ranges_.upper_bound(p);

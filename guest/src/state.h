@@ -112,6 +112,9 @@ class Mirror {
  public:
   void Add(const DeviceRange& r);
   bool Remove(uint64_t base, DeviceRange* out);
+  // Removes the kDevice range that starts exactly at `base` (a cuMemAlloc), atomically with the
+  // check; false (nothing removed) if there is none.
+  bool RemoveDevice(uint64_t base, DeviceRange* out);
   // The range containing [p, p+bytes), if any.
   bool Find(uint64_t p, uint64_t bytes, DeviceRange* out) const;
   // Drops every range of a context that was destroyed or reset.

@@ -169,6 +169,16 @@ void Daemon::EndRevoked() {
 }
 
 Status Daemon::Start() {
+  Status s = StartServing();
+  if (!s.ok() && log_) log_->error("oriond cannot start: {}", s.message());
+  return s;
+}
+
+Status Daemon::StartServing() {
+  // What oriond (and its workers) create is not world-readable: logs name clients, processes and
+  // hosts, and the module cache holds the tenants' code. Logs 0640, directories 0750; the cache
+  // is private (session.cpp).
+  umask(umask(0) | 027);
   // Logs: <log_dir>/server.log, and the screen when asked.
   std::vector<spdlog::sink_ptr> sinks;
   std::error_code ec;
@@ -176,6 +186,7 @@ Status Daemon::Start() {
   if (config_.log_to_file) {
     try {
       auto f = std::make_shared<spdlog::sinks::basic_file_sink_mt>(config_.log_dir + "/server.log");
+      ::chmod((config_.log_dir + "/server.log").c_str(), 0640);  // also one an older oriond made
       f->set_level(Level(config_.file_log_level));
       sinks.push_back(f);
     } catch (const std::exception& e) {
@@ -228,31 +239,10 @@ Status Daemon::Start() {
   stats_ = static_cast<std::atomic<uint64_t>*>(stats);
   stat_used_.assign(kStatSlots, false);
 
-  // The controller, when one is configured; standalone admission otherwise.
-  const std::string controller = ControllerAddrForServer(config_.controller_addr);
-  if (!controller.empty()) {
-    if (auto ep = controller::ParseEndpoint(controller); !ep.ok()) {
-      return InvalidArgument("controller_addr: " + ep.status().message());
-    }
-    ControllerLinkOptions lo;
-    lo.controller_addr = controller;
-    lo.key = config_.controller_key;
-    lo.server_id = config_.bind_addr + ":" + std::to_string(config_.listen_port);
-    char host[256] = {};
-    gethostname(host, sizeof host - 1);
-    lo.hostname = host;
-    lo.vgpu_count = config_.vgpu_count;
-    lo.gpus = gpus;
-    lo.heartbeat_ms = config_.controller_heartbeat_ms;
-    link_ = std::make_unique<ControllerLink>(lo, log_);
-    link_->Start();
-  } else {
-    log_->info("No Orion Controller configured: standalone mode (this oriond admits its own clients)");
-  }
-
   // Module cache.
   if (!config_.cache_dir.empty()) {
     std::filesystem::create_directories(config_.cache_dir, ec);
+    if (!ec) ::chmod(config_.cache_dir.c_str(), 0700);
     if (ec || access(config_.cache_dir.c_str(), W_OK) != 0) {
       log_->warn("module cache {} is not writable; caching modules per session only", config_.cache_dir);
       config_.cache_dir.clear();
@@ -275,6 +265,8 @@ Status Daemon::Start() {
   if (paths.empty()) {
     log_->warn("no shared-memory region to serve (create one with orion-shm, or pass --shm)");
   }
+  // Everything this oriond owns alone (each region, the control socket, the TCP port) is taken
+  // before it registers anywhere: a second oriond fails here, loudly, and changes nothing.
   for (const std::string& p : paths) {
     Region r;
     if (Status st = AddRegion(p, &r); !st.ok()) return st;
@@ -282,6 +274,29 @@ Status Daemon::Start() {
   }
   if (Status st = OpenControlSocket(); !st.ok()) return st;
   if (Status st = OpenListener(); !st.ok()) return st;
+
+  // The controller, when one is configured; standalone admission otherwise.
+  const std::string controller = ControllerAddrForServer(config_.controller_addr);
+  if (!controller.empty()) {
+    if (auto ep = controller::ParseEndpoint(controller); !ep.ok()) {
+      return InvalidArgument("controller_addr: " + ep.status().message());
+    }
+    ControllerLinkOptions lo;
+    lo.controller_addr = controller;
+    lo.key = config_.controller_key;
+    lo.server_id = config_.bind_addr + ":" + std::to_string(config_.listen_port);
+    char host[256] = {};
+    gethostname(host, sizeof host - 1);
+    lo.hostname = host;
+    lo.vgpu_count = config_.vgpu_count;
+    lo.gpus = gpus;
+    lo.heartbeat_ms = config_.controller_heartbeat_ms;
+    link_ = std::make_unique<ControllerLink>(lo, log_);
+    link_->Start();
+  } else {
+    log_->info("No Orion Controller configured: standalone mode (this oriond admits its own clients)");
+  }
+
   log_->info("Orion Server listens on {}:{} (backend {})", config_.bind_addr,
              listen_fd_ >= 0 ? std::to_string(config_.listen_port) : std::string("- (no TCP)"),
              backend_ == BackendKind::kCuda ? "cuda" : "sim");
@@ -289,7 +304,7 @@ Status Daemon::Start() {
 }
 
 Status Daemon::AddRegion(const std::string& p, Region* out) {
-  auto m = ivshmem::MappedRegion::Open(p);
+  auto m = ivshmem::MappedRegion::OpenServed(p);
   if (!m.ok()) return Status(m.status().code(), "region " + p + ": " + m.status().message());
   Region& r = *out;
   r.map = std::make_unique<ivshmem::MappedRegion>(std::move(*m));
@@ -301,6 +316,7 @@ Status Daemon::AddRegion(const std::string& p, Region* out) {
   }
   r.channel_bytes = ch;
   r.channel_count = ivshmem::ChannelCountFor(size, ch);
+  r.epoch = ivshmem::Header(r.map->data())->server_epoch;
   r.channels.resize(r.channel_count);
   log_->info("Using SHM {} for acceleration ({} channels of {} MiB).", p, r.channel_count, ch >> 20);
   return Status::Ok();
@@ -316,6 +332,16 @@ Status Daemon::OpenControlSocket() {
     return InvalidArgument("control socket path is too long: " + config_.control_socket);
   }
   std::strncpy(addr.sun_path, config_.control_socket.c_str(), sizeof addr.sun_path - 1);
+  // One owner: a socket someone still answers on belongs to a running oriond; only a stale one
+  // (nobody listening: ECONNREFUSED) is replaced.
+  if (const int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0); probe >= 0) {
+    const bool answered = connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+    ::close(probe);
+    if (answered) {
+      return Status(Code::kAlreadyExists, "control socket " + config_.control_socket +
+                                              " is in use: another oriond is running (or use --control-socket)");
+    }
+  }
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return Internal(std::string("control socket: ") + std::strerror(errno));
   ::unlink(config_.control_socket.c_str());
@@ -744,6 +770,45 @@ void Daemon::Reset(Region& r, uint32_t index) {
   r.channels[index].generation = gen;
 }
 
+bool Daemon::RegionIntact(Region& r) {
+  if (r.severed) return false;
+  std::string why;
+  const auto bytes = r.map->FileBytes();
+  if (r.map->faulted()) {
+    why = "was truncated (an access past the end of the file faulted)";
+  } else if (!bytes.ok()) {
+    why = bytes.status().message();
+  } else if (*bytes != r.map->size()) {
+    why = "was truncated or resized to " + std::to_string(*bytes) + " bytes (oriond serves " +
+          std::to_string(r.map->size()) + ")";
+  } else {
+    // One copy of the header, checked against what FormatRegion wrote; tenants may write it.
+    ivshmem::RegionHeader h;
+    std::memcpy(static_cast<void*>(&h), r.map->data(), offsetof(ivshmem::RegionHeader, channels));
+    if (r.map->faulted()) {
+      why = "was truncated (an access past the end of the file faulted)";
+    } else if (h.magic != ivshmem::kRegionMagic || h.layout_version != ivshmem::kLayoutVersion ||
+               h.header_bytes != ivshmem::kHeaderBytes || h.region_bytes != r.map->size() ||
+               h.channel_count != r.channel_count || h.channel_bytes != r.channel_bytes || h.server_epoch != r.epoch) {
+      why = "was overwritten (its header is no longer the one oriond wrote)";
+    }
+  }
+  if (why.empty()) return true;
+  r.map->Sever();  // from now on nothing here touches the file
+  r.severed = true;
+  uint32_t sessions = 0;
+  for (Channel& c : r.channels) {
+    if (c.state != Channel::kServing) continue;
+    kill(c.pid, SIGKILL);  // its view of the channel is gone; Reap frees its vGPUs
+    ++sessions;
+  }
+  log_->error("region {} {}: a violation by a tenant of this region; ending its {} session(s); the region is no "
+              "longer served (other regions and network clients are not affected; restart oriond, or detach and "
+              "attach the VM, to serve it again)",
+              r.map->path(), why, sessions);
+  return false;
+}
+
 void Daemon::SetDead(Region& r, uint32_t index, int32_t reason) {
   auto& d = ivshmem::Header(r.map->data())->channels[index];
   d.close_reason.store(reason, std::memory_order_relaxed);
@@ -946,13 +1011,14 @@ void Daemon::Reap() {
         }
         c.allocation_id.clear();
         c.stat_slot = -1;
-        const char* why = code == kExitGoodbye        ? "client exited"
+        const char* why = r.severed                    ? "its region was truncated or overwritten"
+                          : code == kExitGoodbye        ? "client exited"
                           : code == kExitLeaseExpired ? "client lease expired"
                           : code == kExitViolation    ? "protocol violation"
                           : code == kExitBackendFailed ? "backend failed"
                           : code == kExitClientGone   ? "client disconnected"
                                                        : "worker crashed";
-        if (WIFSIGNALED(status)) {
+        if (WIFSIGNALED(status) && !r.severed) {
           log_->error("Session {} worker died with signal {}", c.session, WTERMSIG(status));
         }
         log_->info("Session {} exits ({}).", c.session, why);
@@ -972,6 +1038,7 @@ int Daemon::Run() {
     const uint64_t now = NowMs();
     if (now - last_beat >= 100) {
       for (Region& r : regions_) {
+        if (!RegionIntact(r)) continue;
         // H0: liveness only; clients compare successive values.
         ivshmem::Header(r.map->data())->server_heartbeat.fetch_add(1, std::memory_order_relaxed);
       }
@@ -982,6 +1049,7 @@ int Daemon::Run() {
     ServeControl();
     AcceptClients(now);
     for (Region& r : regions_) {
+      if (r.severed) continue;
       for (uint32_t i = 0; i < r.channel_count; ++i) Scan(r, i, now);
     }
     timespec ts{0, 5000000};  // 5 ms: a new client waits at most this long for its worker

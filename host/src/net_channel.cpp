@@ -55,7 +55,8 @@ class TcpSessionChannel final : public SessionChannel {
     if (h.payload_len > kMaxPayload) return DataLoss("frame payload is too large");
     if (in_.size() - at_ < sizeof h + h.payload_len) return Status::Ok();
     if (scratch->size() < h.payload_len) scratch->resize(std::max<size_t>(h.payload_len, 256));
-    std::memcpy(scratch->data(), in_.data() + at_ + sizeof h, h.payload_len);
+    // An empty scratch has no buffer (data() may be null): memcpy(null, _, 0) is undefined behaviour.
+    if (h.payload_len != 0) std::memcpy(scratch->data(), in_.data() + at_ + sizeof h, h.payload_len);
     at_ += sizeof h + h.payload_len;
     WindowRanges r;
     if (!FrameWindowRanges(h.op, scratch->data(), h.payload_len, &r)) return DataLoss("malformed frame");

@@ -93,7 +93,7 @@ class RdmaSessionChannel final : public SessionChannel {
     if (h.version != kProtocolVersion) return DataLoss("frame protocol version " + std::to_string(h.version));
     if (h.payload_len > kMaxPayload || h.payload_len > left - sizeof h) return DataLoss("frame payload is too large");
     if (scratch->size() < h.payload_len) scratch->resize(std::max<size_t>(h.payload_len, 256));
-    std::memcpy(scratch->data(), msg_ + at_ + sizeof h, h.payload_len);
+    if (h.payload_len != 0) std::memcpy(scratch->data(), msg_ + at_ + sizeof h, h.payload_len);  // data() may be null
     at_ += static_cast<uint32_t>(sizeof h) + h.payload_len;
     if (at_ == msg_len_) {
       msg_ = nullptr;

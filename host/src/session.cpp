@@ -48,6 +48,7 @@ struct Alloc {
   uint64_t bytes;
   uint32_t dev;
   bool counted;  // counts against the quota (device allocations; not globals or mapped memory)
+  uint64_t charged = 0;  // what it costs against the quota: bytes rounded up to kAllocGranularity
 };
 
 class Session {
@@ -166,7 +167,7 @@ const std::vector<uint8_t>* Session::Blob(uint64_t lo, uint64_t hi, uint64_t byt
 void Session::StoreBlob(const std::string& hex, std::vector<uint8_t> data) {
   if (!p_.cache_dir.empty()) {
     const std::string tmp = p_.cache_dir + "/." + hex + "." + std::to_string(getpid());
-    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);  // tenants' code: oriond's only
     if (fd >= 0) {
       bool ok = ::write(fd, data.data(), data.size()) == static_cast<ssize_t>(data.size());
       ::close(fd);
@@ -300,7 +301,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
         // The reset frees the context's allocations.
         for (auto it = allocs_.begin(); it != allocs_.end();) {
           if (it->second.dev == q.device) {
-            if (it->second.counted) used_[q.device] -= it->second.bytes;
+            if (it->second.counted) used_[q.device] -= it->second.charged;
             PublishUsed(q.device);
             (void)b_->MemFree(it->first);
             it = allocs_.erase(it);
@@ -332,18 +333,26 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       if (cur_ctx_ == 0) { r = CUDA_ERROR_INVALID_CONTEXT; break; }
       if (q.bytes == 0) { r = CUDA_ERROR_INVALID_VALUE; break; }
       const Placement& pl = p_.placements[cur_dev_];
-      const uint64_t after = used_[cur_dev_] + overhead_[cur_dev_] + q.bytes;
-      if (q.bytes > pl.quota_bytes || after > pl.quota_bytes) {
-        p_.log->warn("sess={} op=MemAlloc cuMemAlloc(): memory {} MB exceeds <vgpu {}, pgpu {}> quota",
-                     p_.session_id, (after + (1 << 20) - 1) >> 20, pl.vgpu, pl.pgpu);
+      // Each allocation costs at least the driver's allocation granularity (kAllocGranularity):
+      // many tiny allocations cannot hold more device memory than the quota.
+      uint64_t charged = 0, after = 0;
+      bool fits = CheckedAdd(q.bytes, kAllocGranularity - 1, &charged);
+      charged &= ~(kAllocGranularity - 1);
+      fits = fits && CheckedAdd(used_[cur_dev_] + overhead_[cur_dev_], charged, &after) && after <= pl.quota_bytes;
+      if (!fits) {
+        // In MiB, rounded up; a request too large to add up is shown as itself.
+        const uint64_t want = after != 0 ? after : q.bytes;
+        p_.log->warn("sess={} op=MemAlloc cuMemAlloc(): memory {} MB exceeds <vgpu {}, pgpu {}> quota ({} MB)",
+                     p_.session_id, want / (1 << 20) + (want % (1 << 20) != 0 ? 1 : 0), pl.vgpu, pl.pgpu,
+                     pl.quota_bytes >> 20);
         r = CUDA_ERROR_OUT_OF_MEMORY;
         break;
       }
       uint64_t dptr = 0;
       r = b_->MemAlloc(q.bytes, &dptr);
       if (r == CUDA_SUCCESS) {
-        allocs_[dptr] = {q.bytes, cur_dev_, true};
-        used_[cur_dev_] += q.bytes;
+        allocs_[dptr] = {q.bytes, cur_dev_, true, charged};
+        used_[cur_dev_] += charged;
         PublishUsed(cur_dev_);
         put(U64Rep{dptr});
       }
@@ -356,7 +365,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       if (it == allocs_.end() || !it->second.counted) { r = CUDA_ERROR_INVALID_VALUE; break; }
       r = b_->MemFree(q.dptr);
       if (r == CUDA_SUCCESS) {
-        used_[it->second.dev] -= it->second.bytes;
+        used_[it->second.dev] -= it->second.charged;
         PublishUsed(it->second.dev);
         allocs_.erase(it);
       }
@@ -410,14 +419,13 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       ORION_WANT(Get(payload, len, &q), "bad Memcpy2D");
       void* s = nullptr;
       if (q.width_bytes == 0 || q.height == 0) break;
+      uint64_t src_span = 0, dst_span = 0;
       if (q.src_side > kSideWindow || q.dst_side > kSideWindow || !Stream(q.stream, &s) ||
-          (q.height > 1 && (q.src_pitch < q.width_bytes || q.dst_pitch < q.width_bytes)) ||
-          q.src_pitch > (1ull << 40) || q.dst_pitch > (1ull << 40) || q.height > (1ull << 24)) {
+          !Span2D(q.height, q.src_pitch, q.width_bytes, &src_span) ||
+          !Span2D(q.height, q.dst_pitch, q.width_bytes, &dst_span)) {
         r = CUDA_ERROR_INVALID_VALUE;
         break;
       }
-      const uint64_t src_span = (q.height - 1) * q.src_pitch + q.width_bytes;
-      const uint64_t dst_span = (q.height - 1) * q.dst_pitch + q.width_bytes;
       const bool src_ok = q.src_side == kSideWindow ? WindowRange(q.src, src_span) : DeviceRange(q.src, src_span);
       const bool dst_ok = q.dst_side == kSideWindow ? WindowRange(q.dst, dst_span) : DeviceRange(q.dst, dst_span);
       if (!src_ok || !dst_ok) { r = CUDA_ERROR_INVALID_VALUE; break; }
@@ -430,13 +438,12 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       MemsetReq q;
       ORION_WANT(Get(payload, len, &q), "bad Memset");
       void* s = nullptr;
-      if ((q.elem_size != 1 && q.elem_size != 2 && q.elem_size != 4) || q.width == 0 || q.height == 0 ||
-          q.width > (1ull << 40) || q.height > (1ull << 24) || (q.height > 1 && q.pitch < q.width * q.elem_size) ||
-          q.pitch > (1ull << 40) || !Stream(q.stream, &s)) {
+      uint64_t row_bytes = 0, span = 0;
+      if ((q.elem_size != 1 && q.elem_size != 2 && q.elem_size != 4) || !CheckedMul(q.width, q.elem_size, &row_bytes) ||
+          !Span2D(q.height, q.height > 1 ? q.pitch : row_bytes, row_bytes, &span) || !Stream(q.stream, &s)) {
         r = CUDA_ERROR_INVALID_VALUE;
         break;
       }
-      const uint64_t span = (q.height - 1) * q.pitch + q.width * q.elem_size;
       if (!DeviceRange(q.dst, span)) { r = CUDA_ERROR_INVALID_VALUE; break; }
       r = b_->Memset(q.dst, q.value, q.elem_size, q.width, q.height, q.pitch, s);
       break;
@@ -592,7 +599,8 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       ORION_WANT(len >= head, "bad LaunchKernel");
       std::memcpy(&x, payload, head);
       const LaunchReq& q = x.base;
-      ORION_WANT(len == head + q.param_bytes, "bad LaunchKernel");
+      uint64_t want_len = 0;
+      ORION_WANT(CheckedAdd(head, q.param_bytes, &want_len) && len == want_len, "bad LaunchKernel");
       Obj* f = Find(q.function, Kind::kFunction);
       void* s = nullptr;
       if (f == nullptr || !Stream(q.stream, &s)) { r = CUDA_ERROR_INVALID_HANDLE; break; }

@@ -205,14 +205,14 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     // MAP_NORESERVE: pages are committed when touched, as device memory would be by the app.
     void* p = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
-    *dptr = next_addr_;
-    blocks_[next_addr_] = Block{span, static_cast<uint8_t*>(p), true};
-    next_addr_ += (span + (2ull << 20) - 1) & ~((2ull << 20) - 1);  // never reused: stale pointers stay invalid
+    *dptr = TakeAddress(span);
+    blocks_[*dptr] = Block{span, static_cast<uint8_t*>(p), true};
     return CUDA_SUCCESS;
   }
   CUresult MemFree(uint64_t dptr) override {
     auto it = blocks_.find(dptr);
     if (it == blocks_.end()) return CUDA_ERROR_INVALID_VALUE;
+    GiveAddress(dptr, it->second.bytes);
     Release(it->second);
     blocks_.erase(it);
     return CUDA_SUCCESS;
@@ -277,9 +277,8 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
         return CUDA_SUCCESS;
       }
     }
-    *dptr = next_addr_;
-    blocks_[next_addr_] = Block{bytes, static_cast<uint8_t*>(host), false};
-    next_addr_ += (bytes + (2ull << 20) - 1) & ~((2ull << 20) - 1);
+    *dptr = TakeAddress(bytes);
+    blocks_[*dptr] = Block{bytes, static_cast<uint8_t*>(host), false};
     return CUDA_SUCCESS;
   }
 
@@ -584,6 +583,38 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     return it->second.host + off;
   }
 
+  // Device addresses, in 2 MiB granules as a GPU hands them out. Freed ranges are handed out again
+  // (lowest first, as the CUDA driver tends to), so that client bugs that touch or forget an
+  // address after its free show up on sim too.
+  static uint64_t Granules(uint64_t bytes) { return (bytes + (2ull << 20) - 1) & ~((2ull << 20) - 1); }
+  uint64_t TakeAddress(uint64_t bytes) {
+    const uint64_t span = Granules(bytes);
+    for (auto it = free_addrs_.begin(); it != free_addrs_.end(); ++it) {
+      if (it->second < span) continue;
+      const uint64_t addr = it->first, left = it->second - span;
+      free_addrs_.erase(it);
+      if (left > 0) free_addrs_[addr + span] = left;
+      return addr;
+    }
+    const uint64_t addr = next_addr_;
+    next_addr_ += span;
+    return addr;
+  }
+  void GiveAddress(uint64_t addr, uint64_t bytes) {
+    uint64_t span = Granules(bytes);
+    auto next = free_addrs_.find(addr + span);  // merge with the free range after ...
+    if (next != free_addrs_.end()) {
+      span += next->second;
+      free_addrs_.erase(next);
+    }
+    auto it = free_addrs_.lower_bound(addr);    // ... and the one before
+    if (it != free_addrs_.begin() && std::prev(it)->first + std::prev(it)->second == addr) {
+      std::prev(it)->second += span;
+      return;
+    }
+    free_addrs_[addr] = span;
+  }
+
   SimOptions opt_;
   int log_fd_ = -1;
   std::vector<Placement> placements_;
@@ -591,6 +622,7 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
   uint64_t window_bytes_ = 0;
   std::map<uint64_t, Block> blocks_;
   uint64_t next_addr_ = kSimBase;
+  std::map<uint64_t, uint64_t> free_addrs_;  // address -> bytes (2 MiB granules), handed out again
   uintptr_t next_ctx_ = 1;
   uintptr_t next_stream_ = 0x5000;
   std::map<uint32_t, uint64_t> limits_;

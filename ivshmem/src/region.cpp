@@ -2,6 +2,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -9,6 +11,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <mutex>
 
 #include "orion/ivshmem/ring.h"
 
@@ -19,6 +22,83 @@ uint64_t FloorPow2(uint64_t v) { return v == 0 ? 0 : uint64_t{1} << (63 - __buil
 
 std::string Errno(const std::string& what, const std::string& path) {
   return what + " " + path + ": " + std::strerror(errno);
+}
+
+// ---- The SIGBUS guard (see MappedRegion in region.h) ----------------------------------------
+// Slots are claimed and released by the owning thread; the handler only reads `base`/`bytes` and
+// sets `faulted`. A slot is published by storing `bytes` and `faulted` first, then `base`
+// (release); it is retired by storing `base` = 0 before the mapping goes away.
+struct GuardSlot {
+  std::atomic<uintptr_t> base{0};
+  std::atomic<uint64_t> bytes{0};
+  std::atomic<uint32_t> faulted{0};
+};
+constexpr int kGuardSlots = 256;
+GuardSlot g_guard[kGuardSlots];
+std::mutex g_guard_mu;  // claims and releases of slots (never taken by the handler)
+struct sigaction g_previous_sigbus {};
+
+// Replaces [base, base+bytes) by private zero pages, in place. mmap is a plain system call here
+// (not on POSIX's async-signal-safe list, but it takes no user-space lock).
+bool ZeroOver(uintptr_t base, uint64_t bytes) {
+  void* p = ::mmap(reinterpret_cast<void*>(base), bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+  return p != MAP_FAILED;
+}
+
+void OnSigbus(int sig, siginfo_t* info, void* uctx) {
+  const auto addr = reinterpret_cast<uintptr_t>(info->si_addr);
+  for (GuardSlot& g : g_guard) {
+    // G1: pairs with G0 in GuardClaim.
+    const uintptr_t base = g.base.load(std::memory_order_acquire);
+    if (base == 0 || addr < base || addr - base >= g.bytes.load(std::memory_order_relaxed)) continue;
+    if (ZeroOver(base, g.bytes.load(std::memory_order_relaxed))) {
+      g.faulted.store(1, std::memory_order_relaxed);
+      return;  // the faulting access is retried on the zero pages
+    }
+    break;
+  }
+  // Not a guarded region (a real bug): the previous disposition takes over.
+  if ((g_previous_sigbus.sa_flags & SA_SIGINFO) != 0 && g_previous_sigbus.sa_sigaction != nullptr) {
+    g_previous_sigbus.sa_sigaction(sig, info, uctx);
+    return;
+  }
+  if (g_previous_sigbus.sa_handler != SIG_DFL && g_previous_sigbus.sa_handler != SIG_IGN &&
+      g_previous_sigbus.sa_handler != nullptr) {
+    g_previous_sigbus.sa_handler(sig);
+    return;
+  }
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigaction(SIGBUS, &dfl, nullptr);  // returning re-executes the access, which now kills us
+}
+
+int GuardClaim(uint8_t* base, uint64_t bytes) {
+  static std::once_flag installed;
+  std::call_once(installed, [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = OnSigbus;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGBUS, &sa, &g_previous_sigbus);
+  });
+  std::lock_guard<std::mutex> l(g_guard_mu);
+  for (int i = 0; i < kGuardSlots; ++i) {
+    GuardSlot& g = g_guard[i];
+    if (g.base.load(std::memory_order_relaxed) != 0) continue;
+    g.bytes.store(bytes, std::memory_order_relaxed);
+    g.faulted.store(0, std::memory_order_relaxed);
+    // G0: publishes bytes/faulted with the base; pairs with G1 in OnSigbus.
+    g.base.store(reinterpret_cast<uintptr_t>(base), std::memory_order_release);
+    return i;
+  }
+  return -1;
+}
+
+void GuardRelease(int slot) {
+  if (slot < 0) return;
+  std::lock_guard<std::mutex> l(g_guard_mu);
+  g_guard[slot].base.store(0, std::memory_order_release);
 }
 
 }  // namespace
@@ -86,27 +166,88 @@ Result<MappedRegion> MappedRegion::Open(const std::string& path, uint64_t create
   return MappedRegion(static_cast<uint8_t*>(p), size, path);
 }
 
+Result<MappedRegion> MappedRegion::OpenServed(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return NotFound(Errno("cannot open", path));
+    if (errno == EACCES || errno == EPERM) return Status(Code::kPermissionDenied, Errno("cannot open", path));
+    return Internal(Errno("cannot open", path));
+  }
+  // One owner per region. flock, not fcntl locks: QEMU takes OFD byte-range locks on some files
+  // it opens, and the two kinds never conflict on Linux.
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const bool busy = errno == EWOULDBLOCK;
+    const std::string err = std::strerror(errno);
+    ::close(fd);
+    if (busy) {
+      return Status(Code::kAlreadyExists, path + " is already served by another oriond (it holds the region's lock)");
+    }
+    return Internal("cannot lock " + path + ": " + err);
+  }
+  // The mapping itself: Open's checks, on a second descriptor (closed by Open) of the same file.
+  auto m = Open(path);
+  if (!m.ok()) {
+    ::close(fd);
+    return m.status();
+  }
+  m->fd_ = fd;
+  m->guard_slot_ = GuardClaim(m->data_, m->size_);
+  if (m->guard_slot_ < 0) return ResourceExhausted("cannot guard " + path + ": too many regions");
+  return m;
+}
+
+Result<uint64_t> MappedRegion::FileBytes() const {
+  struct stat st {};
+  if (fd_ < 0 || ::fstat(fd_, &st) != 0) return Internal(Errno("cannot stat", path_));
+  return static_cast<uint64_t>(st.st_size);
+}
+
+bool MappedRegion::faulted() const noexcept {
+  return guard_slot_ >= 0 && g_guard[guard_slot_].faulted.load(std::memory_order_relaxed) != 0;
+}
+
+void MappedRegion::Sever() noexcept {
+  if (data_ == nullptr || guard_slot_ < 0) return;
+  if (ZeroOver(reinterpret_cast<uintptr_t>(data_), size_)) {
+    g_guard[guard_slot_].faulted.store(1, std::memory_order_relaxed);
+  }
+}
+
+void MappedRegion::Release() noexcept {
+  GuardRelease(guard_slot_);  // before the munmap: the range may be reused by any later mmap
+  guard_slot_ = -1;
+  if (data_ != nullptr) ::munmap(data_, size_);
+  data_ = nullptr;
+  size_ = 0;
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
 MappedRegion::MappedRegion(MappedRegion&& o) noexcept
-    : data_(o.data_), size_(o.size_), path_(std::move(o.path_)) {
+    : data_(o.data_), size_(o.size_), path_(std::move(o.path_)), fd_(o.fd_), guard_slot_(o.guard_slot_) {
   o.data_ = nullptr;
   o.size_ = 0;
+  o.fd_ = -1;
+  o.guard_slot_ = -1;
 }
 
 MappedRegion& MappedRegion::operator=(MappedRegion&& o) noexcept {
   if (this != &o) {
-    if (data_ != nullptr) ::munmap(data_, size_);
+    Release();
     data_ = o.data_;
     size_ = o.size_;
     path_ = std::move(o.path_);
+    fd_ = o.fd_;
+    guard_slot_ = o.guard_slot_;
     o.data_ = nullptr;
     o.size_ = 0;
+    o.fd_ = -1;
+    o.guard_slot_ = -1;
   }
   return *this;
 }
 
-MappedRegion::~MappedRegion() {
-  if (data_ != nullptr) ::munmap(data_, size_);
-}
+MappedRegion::~MappedRegion() { Release(); }
 
 Status FormatRegion(uint8_t* base, uint64_t region_bytes, uint64_t channel_bytes) {
   const uint32_t n = ChannelCountFor(region_bytes, channel_bytes);

@@ -75,6 +75,47 @@ TEST(Region, FormatValidateAndReset) {
   unlink(path);
 }
 
+// oriond's mapping survives a tenant shrinking the file under it: the access past the new end
+// reads zeros instead of killing the process, and the mapping says it faulted.
+TEST(Region, ServedMappingSurvivesTruncation) {
+  char path[] = "/tmp/orion_region_testXXXXXX";
+  int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 8ull << 20), 0);
+  close(fd);
+  auto r = MappedRegion::OpenServed(path);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  r->data()[(4ull << 20) + 1] = 7;
+  EXPECT_FALSE(r->faulted());
+  EXPECT_EQ(*r->FileBytes(), 8ull << 20);
+  ASSERT_EQ(truncate(path, 4096), 0);
+  EXPECT_EQ(*r->FileBytes(), 4096u);
+  volatile uint8_t* p = r->data();
+  EXPECT_EQ(p[(4ull << 20) + 1], 0);  // SIGBUS without the guard
+  EXPECT_TRUE(r->faulted());
+  p[5ull << 20] = 1;                   // writes land in private zero pages
+  unlink(path);
+}
+
+// A region has one owner: a second OpenServed (a second oriond) is refused while the first holds it.
+TEST(Region, ServedRegionHasOneOwner) {
+  char path[] = "/tmp/orion_region_testXXXXXX";
+  int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 8ull << 20), 0);
+  close(fd);
+  {
+    auto first = MappedRegion::OpenServed(path);
+    ASSERT_TRUE(first.ok()) << first.status().ToString();
+    auto second = MappedRegion::OpenServed(path);
+    EXPECT_EQ(second.status().code(), Code::kAlreadyExists);
+    EXPECT_NE(second.status().message().find("already served by another oriond"), std::string::npos);
+    EXPECT_TRUE(MappedRegion::Open(path).ok());  // clients do not take the lock
+  }
+  EXPECT_TRUE(MappedRegion::OpenServed(path).ok());  // released with the first mapping
+  unlink(path);
+}
+
 TEST(Region, OpenErrorsAreClear) {
   auto r = MappedRegion::Open("/nonexistent/dir/orionsock0");
   EXPECT_EQ(r.status().code(), Code::kNotFound);

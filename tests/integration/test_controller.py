@@ -495,3 +495,46 @@ def test_a_restarted_server_releases_what_its_dead_sessions_held(cluster):
         assert cluster.wait_up(2)["vgpus_free"] == 16
     finally:
         kill(p)
+
+
+def test_a_second_controller_on_the_same_port_refuses_to_start(tmp_path):
+    # Port reuse would let a second controller (another database) "listen" on the same address and
+    # take half of the requests: two pools booking the same vGPUs. It must fail instead.
+    first = Controller(tmp_path)
+    try:
+        sub = tmp_path / "second"
+        sub.mkdir()
+        conf = sub / "controller.yaml"
+        conf.write_text(f"listen: {first.addr}\ndatabase: {sub / 'controller.db'}\n")
+        try:
+            r = subprocess.run([PREFIX / "bin" / "orion-controller", "start", "--config-file", conf],
+                               capture_output=True, text=True, timeout=10)
+        except subprocess.TimeoutExpired:
+            pytest.fail("a second controller started on a port that one already serves")
+        assert r.returncode != 0
+        assert "Address already in use" in r.stderr, r.stderr[-2000:]
+        # Every request still reaches the first one (its database).
+        for _ in range(20):
+            assert first.get("/v1/health") is not None
+        assert first.proc.poll() is None
+    finally:
+        first.stop()
+
+
+def test_the_database_and_log_are_private(tmp_path):
+    # The database holds every allocation with host and process names; so does the log.
+    port = free_port()
+    conf = tmp_path / "controller.yaml"
+    conf.write_text(f"listen: 127.0.0.1:{port}\ndatabase: {tmp_path / 'c.db'}\nlog_file: {tmp_path / 'c.log'}\n")
+    proc = subprocess.Popen([PREFIX / "bin" / "orion-controller", "start", "--config-file", conf],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 20
+        while "listens on" not in ((tmp_path / "c.log").read_text() if (tmp_path / "c.log").exists() else ""):
+            assert proc.poll() is None and time.time() < deadline
+            time.sleep(0.05)
+        for p in [tmp_path / "c.db", tmp_path / "c.log"]:
+            assert p.stat().st_mode & 0o077 == 0, f"{p} is {oct(p.stat().st_mode)}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

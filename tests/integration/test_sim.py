@@ -158,7 +158,7 @@ def test_two_clients_at_once(oriond):
     assert len(re.findall(r"Creating session", oriond.log())) >= 2
 
 
-@pytest.mark.parametrize("mode", ["bogus", "garbage", "unknown", "cursor"])
+@pytest.mark.parametrize("mode", ["bogus", "garbage", "unknown", "cursor", "overflow"])
 def test_hostile_client_only_loses_its_own_session(oriond, mode):
     victim = oriond.popen("two_clients", 3000, 7, ORION_GMEM=128)
     time.sleep(0.5)
@@ -279,3 +279,165 @@ def test_two_vgpus_are_two_devices_with_their_quota(oriond):
     assert "DEVICES count=2" in r.stdout
     # Both vGPUs of the request were placed (packed onto the one simulated GPU).
     assert re.search(r"vGPUs 0/\d:512MiB,0/\d:512MiB", oriond.log()), oriond.log()[-1500:]
+
+
+def wait_ready(proc):
+    line = ""
+    while "READY" not in line:
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read()
+
+
+@pytest.mark.parametrize("how", ["truncate", "random"])
+def test_a_tenant_truncating_its_region_ends_only_its_sessions(tmp_path, how):
+    # Two regions and TCP clients served by one oriond. A tenant with region A open read-write
+    # shrinks it (or truncates it and writes random bytes over it): oriond's main process must not
+    # die of SIGBUS; it ends A's sessions, says why, and goes on serving region B and TCP.
+    from conftest import Oriond
+    from test_tcp import free_port, run_tcp
+    subprocess.run([PREFIX / "bin" / "orion-shm", "-i", "1", "-s", "64", "-d", tmp_path], check=True,
+                   capture_output=True)
+    region_b = tmp_path / "orionsock1"
+    port = free_port()
+    d = Oriond(tmp_path, tcp_port=port, extra_args=("--shm", region_b))
+    d.port = port
+    a = d.popen("sleeper", 16)
+    b = d.popen("sleeper", 16, ORION_SHM=region_b)
+    try:
+        wait_ready(a)
+        wait_ready(b)
+        size = d.region.stat().st_size
+        if how == "truncate":
+            os.truncate(d.region, 4096)
+        else:
+            with open(d.region, "r+b") as f:
+                f.truncate(0)
+                for _ in range(size >> 20):
+                    f.write(os.urandom(1 << 20))
+        # The tenant's own process goes (its program SIGBUSes on the shrunken file, or it exits):
+        # oriond then recycles the channel, touching the truncated pages.
+        a.kill()
+        a.wait()
+        deadline = time.time() + 10
+        while "no longer served" not in d.log():
+            assert d.alive(), f"oriond died: {d.proc.returncode} {d.read_stderr()[-2000:]}"
+            assert time.time() < deadline, d.log()[-3000:]
+            time.sleep(0.1)
+        assert re.search(r"region .*orionsock0.*(truncated|overwritten)", d.log()), d.log()[-2000:]
+        time.sleep(0.5)
+        assert d.alive()
+        # Region B's session is untouched and B still admits new clients; TCP too.
+        assert b.poll() is None
+        assert_passed(d.run("device_props", ORION_SHM=region_b))
+        assert_passed(run_tcp(d, "device_props"))
+        ended = re.findall(r"Session (\d+) exits", d.log())
+        created = dict((m.group(2), m.group(1)) for m in
+                       re.finditer(r"Creating session (\d+) for 'sleeper' \(pid (\d+)\)", d.log()))
+        assert created[str(a.pid)] in ended, d.log()[-2000:]
+        assert created[str(b.pid)] not in ended, d.log()[-2000:]
+    finally:
+        for p in (a, b):
+            p.kill()
+            p.wait()
+        d.stop()
+
+
+def test_a_region_a_port_and_a_control_socket_have_one_oriond_each(tmp_path):
+    # A second oriond must refuse to start, loudly, instead of reformatting a live region (its
+    # clients and the first oriond's would then share channels), taking over the control socket
+    # or splitting the TCP port.
+    from conftest import Oriond
+    from test_tcp import free_port, run_tcp
+    first_dir = tmp_path / "first"
+    first_dir.mkdir()
+    port = free_port()
+    d = Oriond(first_dir, tcp_port=port)
+    d.port = port
+    sleeper = d.popen("sleeper", 16)
+    try:
+        wait_ready(sleeper)
+        header = d.region.read_bytes()[:64]
+
+        def second(name, conf_extra="", args=()):
+            sub = tmp_path / name
+            sub.mkdir()
+            conf = sub / "server.conf"
+            conf.write_text("[server]\n    vgpu_count = 4\n" + conf_extra)
+            return subprocess.run([PREFIX / "bin" / "oriond", "--config", conf, "--backend", "sim", "--foreground",
+                                   "--log-dir", sub / "logs", "--lease-timeout-ms", "1000", *map(str, args)],
+                                  capture_output=True, text=True, timeout=30)
+
+        # The same region, named.
+        r = second("same_region", args=("--shm", d.region, "--control-socket", tmp_path / "s1.sock", "-p", 0))
+        assert r.returncode != 0 and "already served by another oriond" in r.stderr, r.stderr[-2000:]
+        # Every orionsock* under shm_path_base (no --shm): finds the same region.
+        r = second("scan", conf_extra=f"    enable_shm = true\n[server-shm]\n    shm_path_base = {first_dir}\n",
+                   args=("--control-socket", tmp_path / "s2.sock", "-p", 0))
+        assert r.returncode != 0 and "already served by another oriond" in r.stderr, r.stderr[-2000:]
+        assert "oriond cannot start" in (tmp_path / "scan" / "logs" / "server.log").read_text()
+        # Its own region, but the first one's control socket.
+        subprocess.run([PREFIX / "bin" / "orion-shm", "-i", "5", "-s", "32", "-d", tmp_path], check=True,
+                       capture_output=True)
+        r = second("same_socket", args=("--shm", tmp_path / "orionsock5", "--control-socket", first_dir / "oriond.sock",
+                                         "-p", 0))
+        assert r.returncode != 0 and "is in use: another oriond is running" in r.stderr, r.stderr[-2000:]
+        # Its own region and socket, but the first one's TCP port.
+        r = second("same_port", args=("--shm", tmp_path / "orionsock5", "--control-socket", tmp_path / "s3.sock",
+                                      "-b", "127.0.0.1", "-p", port))
+        assert r.returncode != 0 and "Address already in use" in r.stderr, r.stderr[-2000:]
+        # The first oriond was not disturbed: same header (not reformatted), same session, same socket.
+        assert d.region.read_bytes()[:40] == header[:40]  # bytes 40..48 are the heartbeat
+        assert d.region.read_bytes()[48:64] == header[48:64]
+        assert d.alive() and sleeper.poll() is None
+        assert_passed(d.run("device_props"))
+        assert_passed(run_tcp(d, "device_props"))
+        assert (first_dir / "oriond.sock").exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        d.stop()
+
+
+def test_threads_calling_cuinit_while_the_first_initialises(oriond):
+    # The first cuInit is stalled after it connected (a guest-runtime test hook); 8 more threads call
+    # cuInit and use the primary context meanwhile. They must wait for initialisation to finish
+    # instead of running into empty context tables.
+    r = oriond.run("driver_races", "init", ORION_TEST_INIT_DELAY_MS=1500, timeout=60)
+    assert_passed(r, expect_checks=17)
+
+
+def test_threads_allocating_and_freeing_at_once_keep_their_ranges(oriond):
+    # The sim backend hands freed addresses out again (as a GPU does): a free must drop its local
+    # range before the address can be handed to another thread, never after.
+    for _ in range(3):
+        assert_passed(oriond.run("driver_races", "free", ORION_GMEM=2048, timeout=120), expect_checks=8)
+
+
+def test_threads_setting_context_flags_at_once(oriond):
+    assert_passed(oriond.run("driver_races", "flags", timeout=60))
+
+
+def test_tiny_allocations_are_charged_at_the_allocation_granularity(oriond):
+    # Each allocation costs at least 512 bytes (kAllocGranularity) against the quota: 20000 one-byte
+    # allocations do not fit in 8 MiB (16384 x 512 B), as they would not on a GPU.
+    r = oriond.run("driver_races", "tiny", ORION_GMEM=8, timeout=120)
+    assert_passed(r, expect_checks=3)
+    n = int(re.search(r"^TINY allocated=(\d+)$", r.stdout, re.M).group(1))
+    assert 0 < n < 20000 and n * 512 <= 8 << 20, n
+    assert re.search(r"cuMemAlloc\(\): memory 9 MB exceeds <vgpu \d+, pgpu \d+> quota \(8 MB\)",
+                     oriond.session_logs()), oriond.session_logs()[-1000:]
+
+
+def test_logs_and_module_cache_are_not_world_readable(oriond):
+    # Logs name tenants' processes and hosts; the module cache holds their code.
+    assert_passed(oriond.run("vadd_shared"))
+    logs = [oriond.logs / "server.log", *sorted((oriond.logs / "session").glob("*.log"))]
+    assert len(logs) >= 2
+    for p in logs:
+        assert p.stat().st_mode & 0o007 == 0, f"{p} is {oct(p.stat().st_mode)}"
+    cache = oriond.tmp / "cache"
+    assert cache.stat().st_mode & 0o077 == 0, oct(cache.stat().st_mode)
+    cached = list(cache.iterdir())
+    assert cached
+    for p in cached:
+        assert p.stat().st_mode & 0o077 == 0, f"{p} is {oct(p.stat().st_mode)}"

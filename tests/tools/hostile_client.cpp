@@ -5,6 +5,7 @@
 //   hostile_client REGION bogus    # valid session; bogus handles, pointers, window offsets, quota
 //   hostile_client REGION garbage  # random bytes in the request ring with an impossible cursor
 //   hostile_client REGION unknown  # a well-formed frame with an unknown op
+//   hostile_client REGION overflow # 2D copy / memset sizes whose span wraps around 2^64
 // Prints "RESULT <check> ok|FAIL ..." lines; exits 0 when oriond answered every check as expected.
 #include <time.h>
 #include <unistd.h>
@@ -195,6 +196,40 @@ int main(int argc, char** argv) {
       if (Send(&c, Op::kNop, nullptr, 0, false, nullptr, nullptr, 0) != 0) usleep(1000);
     }
     Report("impossible_cursor_ends_session", WaitDead(&c, 10), "channel not closed");
+    return g_failed == 0 ? 0 : 1;
+  }
+  if (mode == "overflow") {
+    // Sizes whose products wrap to 0 in 64 bits: (2^24 - 1) * 2^40 + 2^40 = 2^64. Unchecked, the
+    // span check passes and the worker copies (or sets) a terabyte.
+    DeviceReq dq{0, 0};
+    Report("primary_ctx", Handle(&c, Op::kPrimaryCtxRetain, &dq, sizeof dq) != 0);
+    MemAllocReq aq{1 << 20};
+    const uint64_t dptr = Handle(&c, Op::kMemAlloc, &aq, sizeof aq);
+    Report("alloc", dptr != 0);
+    Memcpy2DReq q{};
+    q.src = 0;
+    q.src_side = kSideWindow;
+    q.dst = 0;
+    q.dst_side = kSideWindow;
+    q.width_bytes = uint64_t{1} << 40;
+    q.src_pitch = q.dst_pitch = uint64_t{1} << 40;
+    q.height = uint64_t{1} << 24;
+    Expect("memcpy2d_window_wrapping_span", Send(&c, Op::kMemcpy2D, &q, sizeof q, true), CUDA_ERROR_INVALID_VALUE);
+    q.dst = dptr;
+    q.dst_side = kSideDevice;
+    Expect("memcpy2d_wrapping_span", Send(&c, Op::kMemcpy2D, &q, sizeof q, true), CUDA_ERROR_INVALID_VALUE);
+    q.src = dptr;
+    q.src_side = kSideDevice;
+    Expect("memcpy2d_dtod_wrapping_span", Send(&c, Op::kMemcpy2D, &q, sizeof q, true), CUDA_ERROR_INVALID_VALUE);
+    MemsetReq sq{dptr, uint64_t{1} << 38, uint64_t{1} << 24, uint64_t{1} << 40, 0, 0x55, 4};
+    Expect("memset_wrapping_span", Send(&c, Op::kMemset, &sq, sizeof sq, true), CUDA_ERROR_INVALID_VALUE);
+    MemsetReq wq{dptr, uint64_t{1} << 62, 1, 0, 0, 0x55, 4};  // width * 4 wraps to 0
+    Expect("memset_wrapping_width", Send(&c, Op::kMemset, &wq, sizeof wq, true), CUDA_ERROR_INVALID_VALUE);
+    MemcpyReq ok{dptr, 0, 64, 0};
+    Report("session_still_serves", Send(&c, Op::kMemcpyHtoD, &ok, sizeof ok, true) == 0);
+    uint8_t junk[3] = {1, 2, 3};
+    Send(&c, Op::kMemAlloc, junk, sizeof junk, false);
+    Report("malformed_payload_ends_session", WaitDead(&c, 10), "channel not closed");
     return g_failed == 0 ? 0 : 1;
   }
   // bogus: every request names something this session does not own.

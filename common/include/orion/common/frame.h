@@ -155,6 +155,38 @@ struct RdmaConnectInfo {
 };
 ORION_WIRE_STRUCT(RdmaConnectInfo, 72);
 
+// ---- Limits on sizes a client chooses --------------------------------------------------------
+// Every size in a request is hostile input: each product or sum of guest values is computed with
+// the checked helpers below (never plain `*`/`+`), against these limits, in the frame decoder
+// (FrameWindowRanges) and in oriond's session alike. A request beyond them gets
+// CUDA_ERROR_INVALID_VALUE; nothing of it executes.
+inline constexpr uint64_t kMax2DHeight = uint64_t{1} << 24;  // rows of a 2D copy or memset
+inline constexpr uint64_t kMax2DPitch = uint64_t{1} << 40;   // bytes between rows, and bytes per row
+// What one device allocation costs against a vGPU's quota at least: its size rounded up to this.
+// The CUDA programming guide promises allocations aligned to at least 256 bytes; GPUs since sm_50
+// report textureAlignment 512 and space small cudaMalloc's 512 bytes apart (large allocations come
+// in 2 MiB pages, but small ones are sub-allocated from them, so 2 MiB per allocation would
+// overcharge). Without it, 70,000 one-byte allocations would hold 35 MB against a 70 KB charge.
+inline constexpr uint64_t kAllocGranularity = 512;
+
+// a * b and a + b into *out; false (and *out untouched) when the result does not fit in 64 bits.
+inline bool CheckedMul(uint64_t a, uint64_t b, uint64_t* out) noexcept {
+  uint64_t v;
+  if (__builtin_mul_overflow(a, b, &v)) return false;
+  *out = v;
+  return true;
+}
+inline bool CheckedAdd(uint64_t a, uint64_t b, uint64_t* out) noexcept {
+  uint64_t v;
+  if (__builtin_add_overflow(a, b, &v)) return false;
+  *out = v;
+  return true;
+}
+// The bytes a 2D access of `height` rows of `row_bytes`, `pitch` bytes apart, spans from its first
+// byte: (height - 1) * pitch + row_bytes. False when height or row_bytes is 0, when a value is past
+// its limit, when rows would overlap (pitch < row_bytes with height > 1), or on overflow.
+bool Span2D(uint64_t height, uint64_t pitch, uint64_t row_bytes, uint64_t* span) noexcept;
+
 // The data-window ranges a request frame reads (the client sends their bytes after the frame on
 // network transports) and writes (oriond sends them back as WindowData before the reply). A pure
 // function of the frame, used by both ends; ranges are not yet checked against the window.

@@ -29,6 +29,8 @@ class Daemon {
   explicit Daemon(ServerConfig config);
   ~Daemon();
   // Opens logs, picks the backend, finds the GPUs, formats and maps the regions.
+  // Refuses (kAlreadyExists / kUnavailable, also logged) when another oriond owns one of its
+  // regions (flock), its control socket (it answers) or its TCP port (address in use).
   Status Start();
   // Serves until Stop(); returns the process exit code.
   int Run();
@@ -57,14 +59,20 @@ class Daemon {
     // own reserved vGPUs, never the shared pool.
     std::string vm;
     std::vector<Placement> reserved;
+    uint64_t epoch = 0;     // the server_epoch FormatRegion wrote (a copy: the header is hostile)
+    bool severed = false;   // a tenant broke the region: no longer served (RegionIntact)
   };
 
+  Status StartServing();
   void Scan(Region& r, uint32_t index, uint64_t now_ms);
   void Admit(Region& r, uint32_t index);
   void Reap();
   void SetDead(Region& r, uint32_t index, int32_t reason);
   bool LeaseStale(Region& r, uint32_t index, uint64_t now_ms);
   void Reset(Region& r, uint32_t index);
+  // Whether the region is still what oriond formatted: same file size, no fault past its end, the
+  // header as written. If not, it is severed: its sessions end and it is no longer served.
+  bool RegionIntact(Region& r);
   Status OpenControlSocket();
   void ServeControl();
   std::string Control(const std::string& line);

@@ -95,12 +95,31 @@ struct ChannelLayout {
 uint32_t ChannelCountFor(uint64_t region_bytes, uint64_t channel_bytes);
 
 // An mmap of a region file (or a sysfs BAR2 resource file). RAII: unmaps on destruction.
+//
+// oriond's mappings (OpenServed) are hardened against the tenants who share the file:
+// - One owner: OpenServed takes an exclusive flock(2) on the file and holds it for the mapping's
+//   life, so a second oriond cannot format (and serve) a region that one already serves.
+// - Truncation: a tenant with the file open read-write can shrink it at any moment; touching a
+//   page past the new end of a MAP_SHARED mapping raises SIGBUS, which would kill the daemon with
+//   every session. A process-wide SIGBUS handler (installed by the first OpenServed) checks whether
+//   the fault lies in a guarded mapping; if so it replaces that whole mapping, in place, by private
+//   zero pages (mmap MAP_FIXED|MAP_ANONYMOUS) and flags it (faulted()); the access is retried and
+//   reads zeros. The daemon notices the flag (or the smaller size, FileBytes()) at its next check
+//   and stops serving the region. The same design as Wayland's wl_shm_buffer_begin_access; no
+//   longjmp, so no C++ state is skipped. A fault anywhere else gets the previous disposition
+//   (default: the process dies), so real bugs still crash. memfd sealing (F_SEAL_SHRINK) would
+//   prevent the truncation itself, but a /dev/shm file shared with a container cannot be sealed.
 class MappedRegion {
  public:
   // Opens `path` read-write and maps it. If `create_bytes` > 0 and the file does not exist, it is
   // created with that size (mode 0660). Errors: kNotFound (no file), kPermissionDenied,
   // kInvalidArgument (size 0 or not a multiple of 4096), kInternal (mmap).
   static Result<MappedRegion> Open(const std::string& path, uint64_t create_bytes = 0);
+  // oriond's side (see above): opens an existing region, takes its exclusive lock, maps it and
+  // guards the mapping against truncation. Errors: as Open, kAlreadyExists when another process
+  // (another oriond) holds the lock, kResourceExhausted when 256 mappings are guarded already.
+  // The descriptor stays open (O_CLOEXEC) with the lock until destruction.
+  static Result<MappedRegion> OpenServed(const std::string& path);
   MappedRegion(MappedRegion&& o) noexcept;
   MappedRegion& operator=(MappedRegion&& o) noexcept;
   MappedRegion(const MappedRegion&) = delete;
@@ -111,11 +130,23 @@ class MappedRegion {
   uint64_t size() const noexcept { return size_; }
   const std::string& path() const noexcept { return path_; }
 
+  // OpenServed mappings only. The file's size now (fstat), which a tenant may have changed.
+  Result<uint64_t> FileBytes() const;
+  // OpenServed mappings only: whether an access faulted past the file's end, so the mapping now
+  // holds private zero pages instead of the file. Async-signal-safe read of the guard's flag.
+  bool faulted() const noexcept;
+  // Replaces the mapping by private zero pages (once the daemon stops serving the file): later
+  // accesses through data() are harmless and reach nobody. Idempotent.
+  void Sever() noexcept;
+
  private:
   MappedRegion(uint8_t* d, uint64_t s, std::string p) : data_(d), size_(s), path_(std::move(p)) {}
+  void Release() noexcept;
   uint8_t* data_ = nullptr;
   uint64_t size_ = 0;
   std::string path_;
+  int fd_ = -1;          // OpenServed: holds the flock
+  int guard_slot_ = -1;  // OpenServed: the SIGBUS guard's slot
 };
 
 // Server side: writes a fresh header and channel table for channels of `channel_bytes`; every

@@ -1,0 +1,162 @@
+// driver_races.cpp — application threads racing through the driver API (pure driver API, no cudart).
+//
+//   driver_races init   the first cuInit stalls inside initialisation (run with
+//                       ORION_TEST_INIT_DELAY_MS, a guest-runtime test hook) while 8 more threads call
+//                       cuInit and use the primary context at once: every call must succeed, and all
+//                       threads must get the same primary context.
+//   driver_races free   8 threads allocate, check and free device memory at once (the sim backend
+//                       hands freed addresses out again): each thread's own allocation stays known
+//                       (cuMemGetAddressRange) until that thread frees it, and every free succeeds.
+//   driver_races flags  threads set and read the current context's flags at once (a data race
+//                       without the runtime's lock; TSan builds see it).
+//   driver_races tiny   (quota accounting, not a race) one-byte cuMemAlloc's until the quota
+//                       (ORION_GMEM) refuses one, at most 20000; prints "TINY allocated=<n>".
+// Output: CHECK lines and DONE (orion_test.h).
+#include <cuda.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "orion_test.h"
+
+namespace {
+
+const char* Name(CUresult r) {
+  const char* s = nullptr;
+  cuGetErrorName(r, &s);
+  return s != nullptr ? s : "?";
+}
+
+int InitRace() {
+  CUresult first = CUDA_ERROR_UNKNOWN;
+  std::thread initialiser([&] { first = cuInit(0); });
+  usleep(300 * 1000);  // the initialiser is connected now, and stalled before it finishes
+  const int kThreads = 8;
+  std::vector<std::string> errors(kThreads);
+  std::vector<CUcontext> ctxs(kThreads, nullptr);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < kThreads; ++t) {
+    pool.emplace_back([t, &errors, &ctxs] {
+      CUresult r = cuInit(0);
+      if (r != CUDA_SUCCESS) { errors[t] = ot::fmt("cuInit %s", Name(r)); return; }
+      unsigned flags = 0;
+      int active = 0;
+      r = cuDevicePrimaryCtxGetState(0, &flags, &active);
+      if (r != CUDA_SUCCESS) { errors[t] = ot::fmt("cuDevicePrimaryCtxGetState %s", Name(r)); return; }
+      r = cuDevicePrimaryCtxRetain(&ctxs[t], 0);
+      if (r != CUDA_SUCCESS || ctxs[t] == nullptr) { errors[t] = ot::fmt("cuDevicePrimaryCtxRetain %s", Name(r)); return; }
+    });
+  }
+  for (auto& th : pool) th.join();
+  initialiser.join();
+  ot::check("init_first_thread", first == CUDA_SUCCESS, Name(first));
+  for (int t = 0; t < kThreads; ++t) {
+    ot::check(ot::fmt("init_thread%d", t), errors[t].empty(), errors[t]);
+    ot::check(ot::fmt("init_thread%d_same_primary", t), ctxs[t] != nullptr && ctxs[t] == ctxs[0]);
+  }
+  return ot::finish();
+}
+
+int FreeRace() {
+  CUcontext ctx = nullptr;
+  if (cuInit(0) != CUDA_SUCCESS || cuDevicePrimaryCtxRetain(&ctx, 0) != CUDA_SUCCESS) {
+    ot::check("setup", false, "cuInit / cuDevicePrimaryCtxRetain");
+    return ot::finish();
+  }
+  const int kThreads = 8, kIters = 400;
+  std::vector<std::string> errors(kThreads);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < kThreads; ++t) {
+    pool.emplace_back([t, ctx, &errors] {
+      if (cuCtxSetCurrent(ctx) != CUDA_SUCCESS) { errors[t] = "cuCtxSetCurrent"; return; }
+      ot::Rng rng(77 + t);
+      for (int i = 0; i < kIters && errors[t].empty(); ++i) {
+        const size_t bytes = 1 + rng.next() % (3 << 20);
+        CUdeviceptr p = 0;
+        CUresult r = cuMemAlloc(&p, bytes);
+        if (r != CUDA_SUCCESS) { errors[t] = ot::fmt("iteration %d: cuMemAlloc %s", i, Name(r)); break; }
+        CUdeviceptr base = 0;
+        size_t size = 0;
+        r = cuMemGetAddressRange(&base, &size, p);
+        if (r != CUDA_SUCCESS || base != p || size != bytes) {
+          errors[t] = ot::fmt("iteration %d: own allocation 0x%llx lost: cuMemGetAddressRange %s", i,
+                              (unsigned long long)p, Name(r));
+          break;
+        }
+        r = cuMemsetD8(p, static_cast<unsigned char>(t), bytes);
+        if (r != CUDA_SUCCESS) { errors[t] = ot::fmt("iteration %d: cuMemsetD8 %s", i, Name(r)); break; }
+        r = cuMemFree(p);
+        if (r != CUDA_SUCCESS) { errors[t] = ot::fmt("iteration %d: cuMemFree(0x%llx) %s", i, (unsigned long long)p, Name(r)); break; }
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  for (int t = 0; t < kThreads; ++t) ot::check(ot::fmt("free_thread%d", t), errors[t].empty(), errors[t]);
+  return ot::finish();
+}
+
+int FlagsRace() {
+  CUcontext ctx = nullptr;
+  if (cuInit(0) != CUDA_SUCCESS || cuDevicePrimaryCtxRetain(&ctx, 0) != CUDA_SUCCESS) {
+    ot::check("setup", false, "cuInit / cuDevicePrimaryCtxRetain");
+    return ot::finish();
+  }
+  std::atomic<int> bad{0};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < 4; ++t) {
+    pool.emplace_back([t, ctx, &bad] {
+      cuCtxSetCurrent(ctx);
+      for (int i = 0; i < 2000; ++i) {
+        const unsigned want = (t & 1) ? CU_CTX_SCHED_SPIN : CU_CTX_SCHED_YIELD;
+        if (cuCtxSetFlags(want) != CUDA_SUCCESS) ++bad;
+        unsigned got = 0;
+        if (cuCtxGetFlags(&got) != CUDA_SUCCESS ||
+            (got != CU_CTX_SCHED_SPIN && got != CU_CTX_SCHED_YIELD)) ++bad;
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  ot::check("ctx_flags_threads", bad.load() == 0, ot::fmt("%d bad calls", bad.load()));
+  return ot::finish();
+}
+
+int Tiny() {
+  CUcontext ctx = nullptr;
+  if (cuInit(0) != CUDA_SUCCESS || cuDevicePrimaryCtxRetain(&ctx, 0) != CUDA_SUCCESS ||
+      cuCtxSetCurrent(ctx) != CUDA_SUCCESS) {
+    ot::check("setup", false, "cuInit / cuDevicePrimaryCtxRetain");
+    return ot::finish();
+  }
+  std::vector<CUdeviceptr> held;
+  CUresult last = CUDA_SUCCESS;
+  while (held.size() < 20000) {
+    CUdeviceptr p = 0;
+    last = cuMemAlloc(&p, 1);
+    if (last != CUDA_SUCCESS) break;
+    held.push_back(p);
+  }
+  printf("TINY allocated=%zu\n", held.size());
+  ot::check("tiny_refused_with_oom", held.size() == 20000 || last == CUDA_ERROR_OUT_OF_MEMORY, Name(last));
+  bool freed = true;
+  for (CUdeviceptr p : held) freed = cuMemFree(p) == CUDA_SUCCESS && freed;
+  ot::check("tiny_freed", freed);
+  CUdeviceptr p = 0;
+  ot::check("tiny_alloc_after_free", cuMemAlloc(&p, 1 << 20) == CUDA_SUCCESS && cuMemFree(p) == CUDA_SUCCESS);
+  return ot::finish();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ot::init_output();
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "init") return InitRace();
+  if (mode == "free") return FreeRace();
+  if (mode == "flags") return FlagsRace();
+  if (mode == "tiny") return Tiny();
+  fprintf(stderr, "usage: driver_races init|free|flags|tiny\n");
+  return 2;
+}
