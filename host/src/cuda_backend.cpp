@@ -272,11 +272,27 @@ constexpr size_t kMaxParamProbe = 32768;
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(const Api& api) : api_(api) {}
+  // The worker's stdout becomes a non-blocking pipe of 1 MiB (the driver's default printf FIFO):
+  // device printf is read back from it (TakeOutput); past 1 MiB unread, the driver's writes fail
+  // and the text is lost rather than stalling the worker, as a full printf FIFO loses it on a GPU.
+  void CaptureStdout() {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) return;
+    (void)::fcntl(fds[1], F_SETPIPE_SZ, 1 << 20);
+    if (::dup2(fds[1], 1) < 0) {
+      ::close(fds[0]);
+      ::close(fds[1]);
+      return;
+    }
+    ::close(fds[1]);
+    out_fd_ = fds[0];
+  }
   ~CudaBackend() override = default;  // see the file comment: no dlclose, no driver calls
 
   const char* name() const override { return "cuda"; }
 
   Status Init(const std::vector<Placement>& placements) override {
+    CaptureStdout();
     try {
       if (placements.empty()) return InvalidArgument("cuda backend: a session needs at least one placement");
       const CUresult r = api_.init(0);
@@ -733,6 +749,7 @@ class CudaBackend final : public Backend {
     // querying the handle using ::cuLibraryGetKernel() and then passing it to the API by casting
     // to ::CUfunction" (<cuda.h>, CUDA 13.0). The parameter buffer is copied at launch.
     const auto f = static_cast<CUfunction>(function);
+    launched_ = true;
     if (uint64_t{cluster[0]} * cluster[1] * cluster[2] > 1) {
       CUlaunchAttribute attr{};
       CUlaunchConfig cfg = ClusterConfig(grid, block, shared_mem, cluster, &attr);
@@ -751,6 +768,21 @@ class CudaBackend final : public Backend {
                      CU_LAUNCH_PARAM_END};
     return api_.launchKernel(f, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_mem, Stream(stream),
                              nullptr, extra);
+  }
+
+  // Device printf: the driver prints it on this worker's stdout at synchronizing calls; the worker's
+  // stdout is a pipe (CaptureStdout), read here after any launch so the text reaches the client.
+  std::string TakeOutput() override {
+    if (!launched_ || out_fd_ < 0) return "";
+    std::fflush(stdout);
+    std::string out;
+    char buf[16384];
+    while (out.size() < kMaxPendingOutput) {
+      const ssize_t n = ::read(out_fd_, buf, sizeof buf);
+      if (n <= 0) break;  // EAGAIN: nothing more now
+      out.append(buf, static_cast<size_t>(n));
+    }
+    return out;
   }
 
   CUresult OccupancyMaxBlocks(void* function, uint32_t block_size, uint64_t dynamic_smem, uint32_t flags,
@@ -852,6 +884,8 @@ class CudaBackend final : public Backend {
   }
 
   Api api_;  // from a driver handle that is never dlclose'd
+  int out_fd_ = -1;        // read end of the worker's stdout (device printf)
+  bool launched_ = false;  // TakeOutput reads only once a kernel was launched
   std::vector<Placement> placements_;
   std::vector<CUdevice> devices_;               // per placement
   std::map<CUdevice, uint64_t> overhead_;       // ContextOverhead, per physical GPU

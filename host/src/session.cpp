@@ -138,6 +138,9 @@ bool Session::Reply(const FrameHeader& req, int32_t status, const void* payload,
   h.status = status;
   h.deferred = deferred_;
   deferred_ = 0;
+  // Device printf text the backend produced (sim: at launches; cuda: at synchronizing calls).
+  if (std::string out = b_->TakeOutput(); !out.empty() && output_.size() < kMaxPendingOutput)
+    output_.append(out, 0, std::min<size_t>(out.size(), kMaxPendingOutput - output_.size()));
   if (!output_.empty()) h.flags |= kFlagOutputPending;
   Status s = ch_->Reply(h, payload, len);
   if (s.ok()) return true;
@@ -608,8 +611,6 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       r = b_->LaunchKernel(f->backend, q.grid, q.block, q.shared_mem_bytes, s, payload + head, q.param_bytes,
                            x.cluster);
       for (const std::string& note : b_->TakeNotices()) p_.log->warn("sess={} {}", p_.session_id, note);
-      if (std::string out = b_->TakeOutput(); !out.empty() && output_.size() < kMaxPendingOutput)
-        output_.append(out, 0, std::min<size_t>(out.size(), kMaxPendingOutput - output_.size()));
       break;
     }
     case Op::kOccupancyMaxClusters: {

@@ -24,7 +24,7 @@ class Oriond:
     """One oriond process serving one region in its own temporary directory."""
 
     def __init__(self, tmp: Path, region_mib=256, channel_mib=16, conf_text=None, extra_args=(), tcp_port=0,
-                 netns=None):
+                 netns=None, backend="sim"):
         self.tmp = tmp
         self.region = tmp / "orionsock0"
         self.logs = tmp / "logs"
@@ -37,7 +37,7 @@ class Oriond:
                         f"[server]\n    vgpu_count = 4\n[server-shm]\n    shm_buffer_size = {channel_mib}\n")
         self.stderr = open(tmp / "oriond.stderr", "w")
         self.proc = subprocess.Popen(
-            (["ip", "netns", "exec", netns] if netns else []) + [PREFIX / "bin" / "oriond", "--config", conf, "--backend", "sim", "--foreground",
+            (["ip", "netns", "exec", netns] if netns else []) + [PREFIX / "bin" / "oriond", "--config", conf, "--backend", backend, "--foreground",
              "--log-dir", self.logs, "--shm", self.region, "--cache-dir", tmp / "cache",
              "--sim-launch-log", self.launch_log, "--lease-timeout-ms", "1000",
              "--control-socket", tmp / "oriond.sock", "-p", str(tcp_port), *extra_args],

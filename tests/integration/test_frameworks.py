@@ -1,8 +1,10 @@
 """PyTorch, unmodified, on Orion's sim backend (issue #9). Needs the frameworks venv
 (`scripts/venv --frameworks`, tests/requirements-frameworks.txt: torch 2.15 built for CUDA 13.2,
 whose cudart, cuBLAS, cuDNN come from nvidia-* wheels newer than the 13.0 toolkit); skipped
-without it. tests/frameworks/torch_probe.py runs the steps; kernels do not run on sim, so only
-status, data movement and the launched kernels are checked."""
+without it (.ci/run installs it, so CI never skips). tests/frameworks/torch_probe.py runs the steps.
+PyTorch's kernels are SASS for the device's arch (its PTX is for a newer one), which the sim backend
+validates and logs but does not execute, so only status, data movement and the launched kernels
+are checked."""
 import re
 import sys
 

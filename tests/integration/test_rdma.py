@@ -20,11 +20,13 @@ PROGRAMS = ["memory", "kernel_params", "driver_api", "device_props"]
 
 # A program run with TCP forced: oriond has RDMA, the client says why it does not use it.
 TCP_WRAPPER = "#!/bin/sh\nORION_TRANSPORT=tcp exec /opt/device_props\n"
-# A client killed in the middle of its run: its session ends at once (the TCP connection closes).
+# A client killed in the middle of its run (sleeper holds its session until killed, whatever the
+# guest's speed): its session ends at once (the TCP connection closes).
 KILLED_WRAPPER = r"""#!/bin/sh
-/opt/memory >/dev/null 2>&1 &
+/opt/sleeper 16 > /tmp/sleeper.out 2>&1 &
 p=$!
-sleep 4
+i=0
+while ! grep -q READY /tmp/sleeper.out && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done
 kill -9 $p
 i=0
 while ! grep -qE "exits \((client disconnected|worker ended)\)" /tmp/logs/server.log && [ $i -lt 100 ]; do
@@ -71,7 +73,7 @@ def rdma_initrd(tmp_path_factory, rdma_kernel):
     lowmem.chmod(0o755)
     extra["/opt/lowmem_device_props"] = lowmem
     extra["/opt/tcp_device_props"] = wrapper
-    progs = [TEST_BIN / p for p in PROGRAMS] + [ROOT / "build" / "hostile_rdma"]
+    progs = [TEST_BIN / p for p in PROGRAMS] + [TEST_BIN / "sleeper", ROOT / "build" / "hostile_rdma"]
     return vm.build_initramfs(d / "initrd.gz", PREFIX, progs, extra=extra, setup=vm.SOFT_ROCE_SETUP,
                               teardown=vm.SOFT_ROCE_TEARDOWN, applets=vm.SOFT_ROCE_APPLETS + ["su"])
 

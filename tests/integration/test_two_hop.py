@@ -1,0 +1,53 @@
+"""The cuda backend, run in CI without a GPU (issue #10): oriond A uses `--backend cuda` with its
+driver library pointed at Orion's own libcuda.so.1, whose ORION_SHM leads to oriond B on the sim
+backend. Every cuda-backend path a program exercises (contexts, the registered data window, copies,
+modules, launches, streams, events, the quota) then meets a complete driver-API implementation,
+and the results that B's PTX executor computes come back through both hops."""
+import pytest
+
+from conftest import PREFIX, Oriond, assert_passed, checks
+
+
+@pytest.fixture
+def two_hop(tmp_path, monkeypatch):
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a").mkdir()
+    # A's session workers end with _exit (no Goodbye reaches B), so B frees their slots at lease
+    # expiry: give B enough slots for programs run back to back.
+    b = Oriond(tmp_path / "b", conf_text="[server]\n    vgpu_count = 16\n[server-shm]\n    shm_buffer_size = 16\n")
+    # oriond A's probe and its session workers are clients of B (each worker its own session).
+    monkeypatch.setenv("ORION_SHM", str(b.region))
+    monkeypatch.setenv("ORION_VGPU", "1")
+    monkeypatch.setenv("ORION_GMEM", "1024")
+    monkeypatch.setenv("ORION_LOG_LEVEL", "WARNING")
+    a = Oriond(tmp_path / "a", extra_args=("--cuda-driver", str(PREFIX / "lib" / "orion" / "libcuda.so.1")),
+               backend="cuda")
+    for k in ("ORION_SHM", "ORION_VGPU", "ORION_GMEM", "ORION_LOG_LEVEL"):
+        monkeypatch.delenv(k)
+    yield a, b
+    a.stop()
+    b.stop()
+
+
+def test_the_cuda_backend_serves_programs_over_a_second_oriond(two_hop):
+    a, b = two_hop
+    assert "(backend cuda)" in a.log(), a.log()[-2000:]
+    assert "Orion Simulated GPU" in a.log()  # the GPU A found is B's vGPU
+    for prog in ["compute", "device_props", "memory", "kernel_params", "driver_api", "streams_events", "vadd_shared"]:
+        r = a.run(prog, ORION_GMEM=512)
+        assert_passed(r)
+        if prog == "compute":
+            assert all(v == "ok" for k, v in checks(r.stdout).items()), checks(r.stdout)
+            assert sum(l.startswith("DEVPRINTF") for l in r.stdout.splitlines()) == 4, r.stdout
+    # Kernels ran at the far end, launched by A's cuda backend.
+    ran = [l for l in b.launches() if l.endswith(" exec=ran")]
+    assert any(" launch _Z6matmul" in l for l in ran), b.launches()[-5:]
+    assert a.alive() and b.alive()
+
+
+def test_a_fault_at_the_far_end_stays_in_its_session(two_hop):
+    a, b = two_hop
+    r = a.run("compute", "oob")
+    assert_passed(r, expect_checks=2)
+    assert a.alive() and b.alive()
+    assert_passed(a.run("compute"), expect_checks=8)
