@@ -149,7 +149,8 @@ CUresult Unload(GuestModule* m) {
 }
 
 CUresult Launch(CUfunction hf, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                unsigned smem, CUstream hs, void** params, void** extra, const uint32_t* cluster = nullptr) {
+                unsigned smem, CUstream hs, void** params, void** extra, const uint32_t* cluster = nullptr,
+                bool cooperative = false) {
   if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
   GuestFunction* f = AsFunction(hf);
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
@@ -171,6 +172,18 @@ CUresult Launch(CUfunction hf, unsigned gx, unsigned gy, unsigned gz, unsigned b
   }
   if (smem > static_cast<unsigned>(a[CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN])) {
     return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (cooperative) {
+    if (a[CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH] == 0) return CUDA_ERROR_NOT_SUPPORTED;
+    // Refused at the call, as by the driver, when the grid cannot be resident at once.
+    OccupancyReq oq{f->handle, static_cast<uint32_t>(threads), 0, smem};
+    I32Rep per_sm{};
+    if (CUresult r = Client::Get().Call(Op::kOccupancyMaxBlocks, &oq, sizeof oq, &per_sm, sizeof per_sm);
+        r != CUDA_SUCCESS)
+      return r;
+    const uint64_t resident = static_cast<uint64_t>(std::max(per_sm.value, 0)) *
+                              static_cast<uint64_t>(std::max(a[CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT], 0));
+    if (uint64_t{gx} * gy * gz > resident) return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
   }
   const void* buffer = nullptr;
   size_t buffer_size = 0;
@@ -194,11 +207,14 @@ CUresult Launch(CUfunction hf, unsigned gx, unsigned gy, unsigned gz, unsigned b
   q.shared_mem_bytes = smem;
   q.param_bytes = f->param_bytes;
   LaunchExReq x{};
-  if (cluster != nullptr) {
+  const bool ex = cluster != nullptr || cooperative;
+  if (ex) {
+    static const uint32_t kNoCluster[3] = {1, 1, 1};
     x.base = q;
-    std::memcpy(x.cluster, cluster, sizeof x.cluster);
+    std::memcpy(x.cluster, cluster != nullptr ? cluster : kNoCluster, sizeof x.cluster);
+    x.flags = cooperative ? kLaunchCooperative : 0;
   }
-  return Client::Get().SendLaunch(q, cluster != nullptr ? &x : nullptr, [&](uint8_t* out) {
+  return Client::Get().SendLaunch(q, ex ? &x : nullptr, [&](uint8_t* out) {
     if (buffer != nullptr) {
       std::memcpy(out, buffer, f->param_bytes);
       return;
@@ -561,9 +577,8 @@ static CUresult LaunchEx(const CUlaunchConfig* config, CUfunction f, void** para
         break;
       case CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION:
         break;  // allows overlap with the previous kernel; running after it is always correct
-      case CU_LAUNCH_ATTRIBUTE_COOPERATIVE:
-        if (a.value.cooperative == 0) break;
-        [[fallthrough]];
+      case CU_LAUNCH_ATTRIBUTE_COOPERATIVE:  // carried to oriond
+        break;
       default:
         LogWarn("cuLaunchKernelEx: launch attribute " + std::to_string(a.id) + " is not supported");
         return CUDA_ERROR_NOT_SUPPORTED;
@@ -571,9 +586,31 @@ static CUresult LaunchEx(const CUlaunchConfig* config, CUfunction f, void** para
   }
   uint32_t cluster[3];
   const bool clustered = ClusterOf(config, cluster);
+  bool cooperative = false;
+  for (unsigned i = 0; i < config->numAttrs; ++i)
+    if (config->attrs[i].id == CU_LAUNCH_ATTRIBUTE_COOPERATIVE && config->attrs[i].value.cooperative != 0)
+      cooperative = true;
   return Launch(f, config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX, config->blockDimY,
                 config->blockDimZ, config->sharedMemBytes, config->hStream, params, extra,
-                clustered ? cluster : nullptr);
+                clustered ? cluster : nullptr, cooperative);
+}
+
+// All blocks co-resident, so the kernel may synchronize the whole grid (cooperative groups'
+// grid.sync()); oriond refuses grids that cannot be resident with
+// CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE.
+ORION_EXPORT CUresult CUDAAPI cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                                                       unsigned int bx, unsigned int by, unsigned int bz,
+                                                       unsigned int smem, CUstream s, void** params) {
+  ORION_API(cuLaunchCooperativeKernel);
+  return Launch(f, gx, gy, gz, bx, by, bz, smem, s, params, nullptr, nullptr, true);
+}
+
+ORION_EXPORT CUresult CUDAAPI cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
+                                                            unsigned int gz, unsigned int bx, unsigned int by,
+                                                            unsigned int bz, unsigned int smem, CUstream s,
+                                                            void** params) {
+  ORION_API(cuLaunchCooperativeKernel_ptsz);
+  return Launch(f, gx, gy, gz, bx, by, bz, smem, s, params, nullptr, nullptr, true);
 }
 
 ORION_EXPORT CUresult CUDAAPI cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** params,

@@ -744,16 +744,24 @@ class CudaBackend final : public Backend {
   }
 
   CUresult LaunchKernel(void* function, const uint32_t grid[3], const uint32_t block[3], uint32_t shared_mem,
-                        void* stream, const uint8_t* params, uint32_t param_bytes, const uint32_t cluster[3]) override {
+                        void* stream, const uint8_t* params, uint32_t param_bytes, const uint32_t cluster[3],
+                        uint32_t flags) override {
     // cuLaunchKernel: "the API can also be used to launch context-less kernel ::CUkernel by
     // querying the handle using ::cuLibraryGetKernel() and then passing it to the API by casting
     // to ::CUfunction" (<cuda.h>, CUDA 13.0). The parameter buffer is copied at launch.
     const auto f = static_cast<CUfunction>(function);
     launched_ = true;
-    if (uint64_t{cluster[0]} * cluster[1] * cluster[2] > 1) {
-      CUlaunchAttribute attr{};
-      CUlaunchConfig cfg = ClusterConfig(grid, block, shared_mem, cluster, &attr);
+    if (uint64_t{cluster[0]} * cluster[1] * cluster[2] > 1 || (flags & kLaunchCooperative) != 0) {
+      CUlaunchAttribute attrs[2]{};
+      CUlaunchConfig cfg = ClusterConfig(grid, block, shared_mem, cluster, &attrs[0]);
       cfg.hStream = Stream(stream);
+      if (uint64_t{cluster[0]} * cluster[1] * cluster[2] == 1) cfg.numAttrs = 0;  // pre-sm_90 GPUs have no clusters
+      if ((flags & kLaunchCooperative) != 0) {
+        attrs[cfg.numAttrs].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+        attrs[cfg.numAttrs].value.cooperative = 1;
+        cfg.attrs = attrs;
+        ++cfg.numAttrs;
+      }
       size_t size = param_bytes;
       void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, const_cast<uint8_t*>(params), CU_LAUNCH_PARAM_BUFFER_SIZE,
                        &size, CU_LAUNCH_PARAM_END};

@@ -608,8 +608,9 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       void* s = nullptr;
       if (f == nullptr || !Stream(q.stream, &s)) { r = CUDA_ERROR_INVALID_HANDLE; break; }
       if (q.param_bytes != f->layout.param_bytes) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      if ((x.flags & ~kLaunchCooperative) != 0) { r = CUDA_ERROR_INVALID_VALUE; break; }
       r = b_->LaunchKernel(f->backend, q.grid, q.block, q.shared_mem_bytes, s, payload + head, q.param_bytes,
-                           x.cluster);
+                           x.cluster, x.flags);
       for (const std::string& note : b_->TakeNotices()) p_.log->warn("sess={} {}", p_.session_id, note);
       break;
     }

@@ -90,7 +90,7 @@ void FillSimAttributes(int32_t* a, uint32_t pgpu) {
   set(CU_DEVICE_ATTRIBUTE_SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO, 2);
   set(CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED, 1);
   set(CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM, 0);
-  set(CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, 0);
+  set(CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, 1);  // the executor runs all blocks at once
   set(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, 232448);
   set(CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR, 32);
   set(CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK, 1024);
@@ -125,6 +125,7 @@ struct SimFunction {
 // The simulated device's 132 SMs in GPCs (an H100 SXM has 8 GPCs of 16-18 usable SMs); thread-block
 // clusters are scheduled within one GPC.
 constexpr int kSimGpcSms[] = {18, 18, 16, 16, 16, 16, 16, 16};
+constexpr uint64_t kSimSms = 132;  // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
 constexpr uint64_t kSimPortableClusterSize = 8;   // CUDA: larger needs the non-portable attribute
 constexpr uint64_t kSimMaxClusterSize = 16;
 struct SimEvent {
@@ -368,7 +369,8 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     return it != f->attributes.end() && it->second != 0 ? kSimMaxClusterSize : kSimPortableClusterSize;
   }
   CUresult LaunchKernel(void* function, const uint32_t grid[3], const uint32_t block[3], uint32_t shared_mem,
-                        void* stream, const uint8_t* params, uint32_t param_bytes, const uint32_t cluster[3]) override {
+                        void* stream, const uint8_t* params, uint32_t param_bytes, const uint32_t cluster[3],
+                        uint32_t flags) override {
     auto* f = static_cast<SimFunction*>(function);
     const uint64_t csize = uint64_t{cluster[0]} * cluster[1] * cluster[2];
     if (csize == 0 || csize > MaxCluster(f)) return CUDA_ERROR_INVALID_CLUSTER_SIZE;
@@ -384,6 +386,14 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     if (shared_mem > 232448) return CUDA_ERROR_INVALID_VALUE;
     if (param_bytes != f->kernel->param_bytes) return CUDA_ERROR_INVALID_VALUE;
     if (sticky_ != CUDA_SUCCESS) return sticky_;
+    const bool cooperative = (flags & kLaunchCooperative) != 0;
+    if (cooperative) {
+      // Every block must be resident at once: the occupancy model's blocks per SM times the SMs.
+      int per_sm = 0;
+      (void)OccupancyMaxBlocks(function, static_cast<uint32_t>(threads), shared_mem, 0, &per_sm);
+      if (uint64_t{grid[0]} * grid[1] * grid[2] > static_cast<uint64_t>(per_sm) * kSimSms)
+        return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
+    }
     // Execute (when the module has PTX for this kernel), then log the launch with its outcome.
     std::string exec = "off";
     CUresult result = CUDA_SUCCESS;
@@ -406,7 +416,15 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
         cfg.timeout_ms = opt_.kernel_timeout_ms;
         cfg.workers = opt_.workers != 0 ? opt_.workers : std::max(1u, std::thread::hardware_concurrency());
         cfg.printf_out = &output_;
+        uint64_t workspace = 0;
+        if (cooperative) {
+          if (CUresult w = MemAlloc(64, &workspace); w != CUDA_SUCCESS) return w;
+          std::memset(Host(workspace, 64), 0, 64);
+          cfg.cooperative = true;
+          cfg.grid_workspace = workspace;
+        }
         const ptx::LaunchResult r = ptx::Launch(*prog, f->kernel->name, cfg, *this);
+        if (workspace != 0) (void)MemFree(workspace);
         executed_lane_instructions_ += r.thread_instructions;
         if (r.code == CUDA_SUCCESS) {
           exec = "ran";
@@ -430,6 +448,7 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
                          std::to_string(block[1]) + "," + std::to_string(block[2]) +
                          " smem=" + std::to_string(shared_mem) +
                          " stream=" + std::to_string(reinterpret_cast<uintptr_t>(stream)) +
+                         (cooperative ? " cooperative=1" : "") +
                          (csize > 1 ? " cluster=" + std::to_string(cluster[0]) + "," + std::to_string(cluster[1]) +
                                           "," + std::to_string(cluster[2])
                                     : std::string()) +

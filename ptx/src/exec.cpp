@@ -12,8 +12,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <thread>
+
+#include <pthread.h>
+#include <sched.h>
 
 #include "ir.h"
 
@@ -246,7 +250,9 @@ class Block {
       case kClusterCtarank: return 0;
       case kClusterNctarank: return 1;
       case kIsExplicitCluster: return 0;
-      default: return 0;  // %envregN: 0 (no cooperative-launch workspace)
+      case kEnvreg0 + 1: return cfg_.cooperative ? cfg_.grid_workspace >> 32 : 0;
+      case kEnvreg0 + 2: return cfg_.cooperative ? cfg_.grid_workspace & 0xffffffffu : 0;
+      default: return 0;  // other %envregN: 0
     }
   }
   uint64_t Val(const Warp& w, const Operand& o, int lane) const {
@@ -390,6 +396,8 @@ class Block {
         SetFault(CUDA_ERROR_LAUNCH_FAILED, "ran past the end of the kernel");
         return false;
       }
+      // Blocks of a cooperative launch spin on each other in grid.sync(): let the others run.
+      if (cfg_.cooperative && (warp_ins_ & 0x3ff) == 0) sched_yield();
       if ((++warp_ins_ & 0xffff) == 0) {
         if (stop_.load(std::memory_order_relaxed)) {
           SetFault(CUDA_ERROR_LAUNCH_FAILED, "stopped");
@@ -1682,7 +1690,51 @@ LaunchResult Launch(Program& p, std::string_view kernel, const LaunchConfig& cfg
     res.warp_instructions += wi;
     res.thread_instructions += li;
   };
-  if (workers <= 1) {
+  if (cfg.cooperative) {
+    // All blocks resident at once: one host thread each (small stacks), so blocks spinning in
+    // grid.sync() never wait for a block that has not started.
+    std::vector<pthread_t> block_threads;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, 1 << 20);
+    auto run_one = [](void* arg) -> void* {
+      (*static_cast<std::function<void()>*>(arg))();
+      return nullptr;
+    };
+    std::function<void()> one = [&] {
+      Block b(kern, cfg, mem, stop, deadline);
+      Fault f;
+      std::string out;
+      uint64_t wi = 0, li = 0;
+      const uint64_t i = next.fetch_add(1);
+      const uint32_t ctaid[3] = {static_cast<uint32_t>(i % cfg.grid[0]),
+                                 static_cast<uint32_t>((i / cfg.grid[0]) % cfg.grid[1]),
+                                 static_cast<uint32_t>(i / (uint64_t{cfg.grid[0]} * cfg.grid[1]))};
+      const bool ok = b.Run(ctaid, &f, cfg.printf_out != nullptr ? &out : nullptr, &wi, &li);
+      std::lock_guard<std::mutex> lock(mu);
+      if (cfg.printf_out != nullptr && cfg.printf_out->size() < cfg.printf_limit)
+        cfg.printf_out->append(out, 0, std::min<size_t>(out.size(), cfg.printf_limit - cfg.printf_out->size()));
+      if (!ok && !(f.code == CUDA_ERROR_LAUNCH_FAILED && f.message == "stopped")) {
+        if (fault.code == CUDA_SUCCESS) fault = f;
+        stop = true;
+      }
+      res.warp_instructions += wi;
+      res.thread_instructions += li;
+    };
+    for (uint64_t i = 0; i < blocks; ++i) {
+      pthread_t t;
+      if (pthread_create(&t, &attr, run_one, &one) != 0) {
+        stop = true;
+        std::lock_guard<std::mutex> lock(mu);
+        if (fault.code == CUDA_SUCCESS)
+          fault = Fault{CUDA_ERROR_OUT_OF_MEMORY, "cannot start a host thread for every block of the cooperative launch"};
+        break;
+      }
+      block_threads.push_back(t);
+    }
+    for (pthread_t t : block_threads) pthread_join(t, nullptr);
+    pthread_attr_destroy(&attr);
+  } else if (workers <= 1) {
     work();
   } else {
     std::vector<std::thread> pool;

@@ -3,6 +3,8 @@
 //   compute            every kernel below; CHECK lines; device printf lines "DEVPRINTF ..." on stdout
 //   compute assert     a kernel whose assert fails: the sync returns cudaErrorAssert (sticky)
 //   compute oob        a kernel writing outside its allocation: cudaErrorIllegalAddress (sticky)
+//   compute coop       a cooperative launch whose blocks exchange data across grid.sync()
+#include <cooperative_groups.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -105,6 +107,20 @@ __global__ void halves(const __half* a, __half* b, float* f, int n) {
 }
 
 __global__ void hello(int x) { printf("DEVPRINTF block %d thread %d x=%d pi=%.3f\n", blockIdx.x, threadIdx.x, x, 3.14159); }
+
+// Phase 1 writes one value per thread; after grid.sync() every thread reads a value written by a
+// thread of another block. Without a real grid-wide barrier the reads see zeros.
+__global__ void grid_exchange(int* a, int* out, int n) {
+  namespace cg = cooperative_groups;
+  cg::grid_group g = cg::this_grid();
+  const int i = (int)g.thread_rank();
+  a[i] = i * 3 + 1;
+  g.sync();
+  const int j = (i + blockDim.x * 5 + 7) % n;  // in a block five blocks later
+  out[i] = a[j] + i;
+  g.sync();
+  a[i] = 0;
+}
 
 __global__ void asserting(int bad) { assert(threadIdx.x != bad); }
 
@@ -290,6 +306,40 @@ int main(int argc, char** argv) {
     ot::expect_error("assert_sync", e, cudaErrorAssert);
     int* p;
     ot::expect_error("assert_sticky", cudaMalloc(&p, 16), cudaErrorAssert);
+    return ot::finish();
+  }
+  if (mode == "coop") {
+    ot::detect_device();
+    int coop = 0;
+    CUDA_OK(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, 0));
+    ot::check("coop_attribute", coop == 1, ot::fmt("cudaDevAttrCooperativeLaunch = %d", coop));
+    const int blocks = 12, threads = 128, n = blocks * threads;
+    int *a, *out;
+    CUDA_OK(cudaMalloc(&a, n * 4));
+    CUDA_OK(cudaMalloc(&out, n * 4));
+    CUDA_OK(cudaMemset(out, 0, n * 4));
+    int nn = n;
+    void* args[] = {&a, &out, &nn};
+    CUDA_OK(cudaLaunchCooperativeKernel((void*)grid_exchange, blocks, threads, args, 0, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    std::vector<int> got(n), zeros(n);
+    CUDA_OK(cudaMemcpy(got.data(), out, n * 4, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(zeros.data(), a, n * 4, cudaMemcpyDeviceToHost));
+    int bad = 0, nonzero = 0;
+    for (int i = 0; i < n; ++i) {
+      const int j = (i + threads * 5 + 7) % n;
+      bad += got[i] != j * 3 + 1 + i;
+      nonzero += zeros[i] != 0;
+    }
+    ot::check_kernel("coop_grid_sync", bad == 0 && nonzero == 0, ot::fmt("%d wrong, %d not cleared", bad, nonzero));
+    // A grid that cannot be resident at once is refused, as by the driver.
+    int per_sm = 0, sms = 0;
+    CUDA_OK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, grid_exchange, threads, 0));
+    CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    const int too_many = per_sm * sms + 1;
+    ot::expect_error("coop_too_large",
+                     cudaLaunchCooperativeKernel((void*)grid_exchange, too_many, threads, args, 0, nullptr),
+                     cudaErrorCooperativeLaunchTooLarge);
     return ot::finish();
   }
   if (mode == "oob") {

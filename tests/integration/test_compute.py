@@ -51,6 +51,13 @@ def test_device_assert_is_sticky_and_printed(oriond):
     assert "failed (710): device-side assert" in oriond.session_logs()
 
 
+def test_cooperative_launch_synchronizes_the_grid(oriond):
+    r = oriond.run("compute", "coop")
+    assert_passed(r, expect_checks=3)
+    coop = [l for l in oriond.launches() if "grid_exchange" in l]
+    assert coop and "cooperative=1" in coop[0] and coop[0].endswith(" exec=ran"), coop
+
+
 def test_out_of_bounds_kernel_ends_only_its_session(oriond):
     r = oriond.run("compute", "oob")
     assert_passed(r, expect_checks=2)

@@ -39,6 +39,9 @@ def test_the_cuda_backend_serves_programs_over_a_second_oriond(two_hop):
         if prog == "compute":
             assert all(v == "ok" for k, v in checks(r.stdout).items()), checks(r.stdout)
             assert sum(l.startswith("DEVPRINTF") for l in r.stdout.splitlines()) == 4, r.stdout
+    # A cooperative launch goes through A's cuda backend (CU_LAUNCH_ATTRIBUTE_COOPERATIVE) to B.
+    assert_passed(a.run("compute", "coop", ORION_GMEM=512), expect_checks=3)
+    assert any("grid_exchange" in l and "cooperative=1" in l and l.endswith(" exec=ran") for l in b.launches())
     # Kernels ran at the far end, launched by A's cuda backend.
     ran = [l for l in b.launches() if l.endswith(" exec=ran")]
     assert any(" launch _Z6matmul" in l for l in ran), b.launches()[-5:]

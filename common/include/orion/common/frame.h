@@ -335,8 +335,11 @@ ORION_WIRE_STRUCT(OccupancyReq, 24);
 struct LaunchExReq {
   LaunchReq base;
   uint32_t cluster[3];
-  uint32_t reserved;
+  uint32_t flags;  // kLaunchCooperative; other bits must be 0
 };
+// LaunchExReq.flags: all blocks co-resident, grid-wide sync allowed (cuLaunchCooperativeKernel,
+// CU_LAUNCH_ATTRIBUTE_COOPERATIVE). Too many blocks: CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE.
+inline constexpr uint32_t kLaunchCooperative = 1u << 0;
 ORION_WIRE_STRUCT(LaunchExReq, 64);
 
 // OccupancyMaxClusters (cuOccupancyMaxActiveClusters) -> I32Rep.

@@ -106,10 +106,11 @@ class Backend {
   virtual CUresult FuncGetAttribute(void* function, int attribute, int* value) = 0;
   virtual CUresult FuncSetAttribute(void* function, int attribute, int value) = 0;
   // `params` is the parameter buffer (param_bytes long, laid out per the function's layout);
-  // `cluster` the thread-block cluster dimensions ({1,1,1}: no cluster).
+  // `cluster` the thread-block cluster dimensions ({1,1,1}: no cluster); `flags` kLaunchCooperative
+  // (frame.h) for a cooperative launch.
   virtual CUresult LaunchKernel(void* function, const uint32_t grid[3], const uint32_t block[3],
                                 uint32_t shared_mem, void* stream, const uint8_t* params, uint32_t param_bytes,
-                                const uint32_t cluster[3]) = 0;
+                                const uint32_t cluster[3], uint32_t flags) = 0;
   virtual CUresult OccupancyMaxBlocks(void* function, uint32_t block_size, uint64_t dynamic_smem, uint32_t flags,
                                       int* blocks) = 0;
   virtual CUresult OccupancyMaxClusters(void* function, const uint32_t grid[3], const uint32_t block[3],

@@ -26,8 +26,8 @@
 //     launch) with CUDA_ERROR_NOT_SUPPORTED and the instruction named: never a silent no-op.
 //
 // Not implemented (named in the error when met): textures and surfaces (tex, suld, sust), tensor
-// cores (mma, wmma, wgmma), cp.async / TMA, indirect calls, recursion, grid-wide sync
-// (cooperative launch), clusters' distributed shared memory.
+// cores (mma, wmma, wgmma), cp.async / TMA, indirect calls, recursion, clusters' distributed
+// shared memory.
 //
 // Thread-safety: a Program is immutable after Parse except for its lowered-kernel cache, which is
 // guarded; several launches of one Program may run at once from different threads.
@@ -90,6 +90,11 @@ struct LaunchConfig {
   const uint64_t* var_addrs = nullptr;
   uint64_t timeout_ms = 0;           // 0: none
   uint32_t workers = 1;              // host threads running blocks in parallel
+  // Cooperative launch: every block runs at once on its own host thread, and %envreg1:%envreg2 hold
+  // `grid_workspace` (>= 8 zeroed device bytes), where cooperative groups' grid.sync() counts
+  // arrivals. Without it, %envreg* read 0 and grid.sync() traps, as on a GPU.
+  bool cooperative = false;
+  uint64_t grid_workspace = 0;
   std::string* printf_out = nullptr;  // device printf text is appended here (nullptr: dropped)
   uint64_t printf_limit = 1 << 20;    // bytes of printf text kept per launch (cudaLimitPrintfFifoSize)
 };
