@@ -14,6 +14,7 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include <pthread.h>
@@ -74,6 +75,17 @@ class RoundScope {
  private:
   int saved_ = -1;
 };
+
+inline bool Directed(Rnd r) {
+  return r == Rnd::kRz || r == Rnd::kRm || r == Rnd::kRp || r == Rnd::kRzi || r == Rnd::kRmi || r == Rnd::kRpi;
+}
+
+// Lanes in a mask, without relying on a POPCNT instruction (the baseline x86-64 has none).
+inline uint64_t LaneCount(uint32_t m) {
+  m = m - ((m >> 1) & 0x55555555u);
+  m = (m & 0x33333333u) + ((m >> 2) & 0x33333333u);
+  return (((m + (m >> 4)) & 0x0f0f0f0fu) * 0x01010101u) >> 24;
+}
 
 // ---- state -----------------------------------------------------------------------------------
 
@@ -275,6 +287,10 @@ class Block {
   // ---- memory ----
   // Host address of [addr, addr+bytes) in `sp`, or nullptr with the fault set.
   uint8_t* Mem(Space sp, uint64_t addr, uint32_t bytes, const Warp& w, int lane, bool write, const Ins& ins) {
+    // Fast path: an aligned access inside the allocation the last global access hit.
+    if ((sp == Space::kGlobal || sp == Space::kGeneric) && (addr & (bytes - 1)) == 0 &&
+        addr - span_.base < span_.bytes && bytes <= span_.bytes - (addr - span_.base))
+      return span_.host + (addr - span_.base);
     // Parameters live in a constant bank on the GPU: NVVM loads 8-byte fields of `.align 4` byte
     // arrays at 4-aligned offsets there, so only memory-backed spaces require natural alignment.
     if (bytes > 1 && (addr & (bytes - 1)) != 0 && sp != Space::kParam) {
@@ -340,9 +356,21 @@ class Block {
     return a;
   }
   static uint64_t Load(const uint8_t* p, int bytes) {
-    uint64_t v = 0;
-    std::memcpy(&v, p, static_cast<size_t>(bytes));
-    return v;
+    switch (bytes) {  // fixed sizes: inlined moves instead of a memcpy call per lane
+      case 1: return *p;
+      case 2: { uint16_t v; std::memcpy(&v, p, 2); return v; }
+      case 4: { uint32_t v; std::memcpy(&v, p, 4); return v; }
+      case 8: { uint64_t v; std::memcpy(&v, p, 8); return v; }
+      default: { uint64_t v = 0; std::memcpy(&v, p, static_cast<size_t>(std::min(bytes, 8))); return v; }
+    }
+  }
+  static void Store(uint8_t* p, uint64_t v, int bytes) {
+    switch (bytes) {
+      case 1: *p = static_cast<uint8_t>(v); break;
+      case 2: { const auto x = static_cast<uint16_t>(v); std::memcpy(p, &x, 2); break; }
+      case 4: { const auto x = static_cast<uint32_t>(v); std::memcpy(p, &x, 4); break; }
+      default: std::memcpy(p, &v, static_cast<size_t>(std::min(bytes, 8))); break;
+    }
   }
 
   // ---- the warp loop ----
@@ -419,7 +447,7 @@ class Block {
           if (((group >> l) & 1) && (((pr[l] & 1) != 0) != ins.pred_neg)) m |= 1u << l;
         mask = m;
       }
-      lane_ins_ += static_cast<uint64_t>(std::popcount(mask));
+      lane_ins_ += LaneCount(mask);
       // Control flow ends the group's straight-line run.
       switch (ins.op) {
         case Op::kBra: {
@@ -845,11 +873,13 @@ class Block {
       case Ty::kF32: {
         const float x = ins.ftz ? FtzF(F32(a)) : F32(a), y = ins.ftz ? FtzF(F32(b)) : F32(b),
                     z = ins.ftz ? FtzF(F32(c)) : F32(c);
+        if (!Directed(ins.rnd)) return B32(post32(fn(x, y, z)));
         RoundScope rs(ins.rnd);
         return B32(post32(fn(x, y, z)));
       }
       case Ty::kF64: {
-        RoundScope rs(ins.rnd);
+        std::optional<RoundScope> rs;
+        if (Directed(ins.rnd)) rs.emplace(ins.rnd);
         double r = fn(F64(a), F64(b), F64(c));
         if (ins.sat) r = std::isnan(r) ? 0.0 : std::fmin(std::fmax(r, 0.0), 1.0);
         return B64(r);
@@ -1199,7 +1229,7 @@ class Block {
             const uint64_t v = a.kind == Operand::kVec
                                    ? (a.regs[i] == kNoReg ? 0 : w.regs[a.regs[i] * 32 + static_cast<uint32_t>(l)])
                                    : Val(w, a, l);
-            std::memcpy(p + e * i, &v, static_cast<size_t>(e));
+            Store(p + e * i, v, e);
           }
         }
         return true;
@@ -1348,6 +1378,38 @@ class Block {
       const __int128 lo = -(static_cast<__int128>(1) << (bits - 1)), hi = (static_cast<__int128>(1) << (bits - 1)) - 1;
       return static_cast<uint64_t>(static_cast<int64_t>(v < lo ? lo : v > hi ? hi : v));
     };
+    // Fast paths for the most common forms: no carry, no saturation, low half.
+    if (!ins.cc && !ins.sat) {
+      switch (ins.op) {
+        case Op::kAdd: Lanes(mask, [&](int l) { put(l, A(l) + B(l)); }); return true;
+        case Op::kSub: Lanes(mask, [&](int l) { put(l, A(l) - B(l)); }); return true;
+        case Op::kMul:
+          if (ins.mul == MulMode::kLo || ins.mul == MulMode::kNone) {
+            Lanes(mask, [&](int l) { put(l, A(l) * B(l)); });
+            return true;
+          }
+          if (ins.mul == MulMode::kWide && n == 4) {
+            Lanes(mask, [&](int l) {
+              Set(w, ins.o[0], l, sg ? static_cast<uint64_t>(SExt(A(l), 4) * SExt(B(l), 4)) : Trunc(A(l), 4) * Trunc(B(l), 4));
+            });
+            return true;
+          }
+          break;
+        case Op::kMad:
+          if (ins.mul == MulMode::kLo) {
+            Lanes(mask, [&](int l) { put(l, A(l) * B(l) + C(l)); });
+            return true;
+          }
+          if (ins.mul == MulMode::kWide && n == 4) {
+            Lanes(mask, [&](int l) {
+              Set(w, ins.o[0], l, (sg ? static_cast<uint64_t>(SExt(A(l), 4) * SExt(B(l), 4)) : Trunc(A(l), 4) * Trunc(B(l), 4)) + C(l));
+            });
+            return true;
+          }
+          break;
+        default: break;
+      }
+    }
     switch (ins.op) {
       case Op::kAdd:
       case Op::kSub:
