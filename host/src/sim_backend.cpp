@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -130,8 +131,10 @@ constexpr uint64_t kSimPortableClusterSize = 8;   // CUDA: larger needs the non-
 constexpr uint64_t kSimMaxClusterSize = 16;
 struct SimEvent {
   uint32_t flags = 0;
-  bool recorded = false;
+  bool recorded = false;      // its record has been reached (completed)
   uint64_t ns = 0;
+  uint64_t pending_seq = 0;   // the seq of its latest record still queued (0: none)
+  void* pending_stream = nullptr;
 };
 
 class SimBackend final : public Backend, private ptx::GlobalMemory {
@@ -186,7 +189,7 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
   }
   CUresult CtxDestroy(void*) override { return CUDA_SUCCESS; }
   CUresult SetCurrent(void*) override { return CUDA_SUCCESS; }
-  CUresult CtxSynchronize() override { return sticky_; }
+  CUresult CtxSynchronize() override { return Synced(FlushBlocking(true)); }
   CUresult CtxSetLimit(uint32_t limit, uint64_t value) override {
     if (limit > CU_LIMIT_MAX) return CUDA_ERROR_INVALID_VALUE;
     limits_[limit] = value;
@@ -211,6 +214,7 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     return CUDA_SUCCESS;
   }
   CUresult MemFree(uint64_t dptr) override {
+    (void)FlushBlocking(true);  // cuMemFree synchronizes the device; a fault stays sticky
     auto it = blocks_.find(dptr);
     if (it == blocks_.end()) return CUDA_ERROR_INVALID_VALUE;
     GiveAddress(dptr, it->second.bytes);
@@ -224,21 +228,24 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     *free = *total;
     return CUDA_SUCCESS;
   }
-  CUresult MemcpyHtoD(uint64_t dst, const void* src, uint64_t bytes, void*) override {
+  CUresult MemcpyHtoD(uint64_t dst, const void* src, uint64_t bytes, void* stream) override {
+    if (CUresult r = FlushFor(stream); r != CUDA_SUCCESS) return r;
     if (sticky_ != CUDA_SUCCESS) return sticky_;
     uint8_t* d = Host(dst, bytes);
     if (d == nullptr) return CUDA_ERROR_INVALID_VALUE;
     std::memcpy(d, src, bytes);
     return CUDA_SUCCESS;
   }
-  CUresult MemcpyDtoH(void* dst, uint64_t src, uint64_t bytes, void*, bool) override {
+  CUresult MemcpyDtoH(void* dst, uint64_t src, uint64_t bytes, void* stream, bool) override {
+    if (CUresult r = FlushFor(stream); r != CUDA_SUCCESS) return r;
     if (sticky_ != CUDA_SUCCESS) return sticky_;
     uint8_t* s = Host(src, bytes);
     if (s == nullptr) return CUDA_ERROR_INVALID_VALUE;
     std::memcpy(dst, s, bytes);
     return CUDA_SUCCESS;
   }
-  CUresult MemcpyDtoD(uint64_t dst, uint64_t src, uint64_t bytes, void*) override {
+  CUresult MemcpyDtoD(uint64_t dst, uint64_t src, uint64_t bytes, void* stream) override {
+    if (CUresult r = FlushFor(stream); r != CUDA_SUCCESS) return r;
     if (sticky_ != CUDA_SUCCESS) return sticky_;
     uint8_t* d = Host(dst, bytes);
     uint8_t* s = Host(src, bytes);
@@ -247,7 +254,8 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     return CUDA_SUCCESS;
   }
   CUresult Memcpy2D(uint64_t dst, void* dst_host, uint64_t dst_pitch, uint64_t src, const void* src_host,
-                    uint64_t src_pitch, uint64_t width, uint64_t height, void*) override {
+                    uint64_t src_pitch, uint64_t width, uint64_t height, void* stream) override {
+    if (CUresult r = FlushFor(stream); r != CUDA_SUCCESS) return r;
     for (uint64_t r = 0; r < height; ++r) {
       uint8_t* d = dst_host != nullptr ? static_cast<uint8_t*>(dst_host) + r * dst_pitch
                                        : Host(dst + r * dst_pitch, width);
@@ -259,7 +267,8 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     return CUDA_SUCCESS;
   }
   CUresult Memset(uint64_t dst, uint32_t value, uint32_t elem, uint64_t width, uint64_t height, uint64_t pitch,
-                  void*) override {
+                  void* stream) override {
+    if (CUresult r = FlushFor(stream); r != CUDA_SUCCESS) return r;
     for (uint64_t r = 0; r < height; ++r) {
       uint8_t* d = Host(dst + r * pitch, width * elem);
       if (d == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -297,6 +306,7 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     return CUDA_SUCCESS;
   }
   CUresult ModuleUnload(void* module) override {
+    (void)FlushBlocking(true);
     auto it = std::find_if(modules_.begin(), modules_.end(), [&](auto& m) { return m.get() == module; });
     if (it == modules_.end()) return CUDA_ERROR_INVALID_HANDLE;
     for (auto& [name, addr] : (*it)->globals) (void)MemFree(addr);
@@ -394,7 +404,55 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
       if (uint64_t{grid[0]} * grid[1] * grid[2] > static_cast<uint64_t>(per_sm) * kSimSms)
         return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
     }
-    // Execute (when the module has PTX for this kernel), then log the launch with its outcome.
+    // Launches on a stream other than the legacy default stream are deferred until something
+    // orders them (see Flush): stream order is all CUDA promises, so a program that forgot a
+    // cuStreamWaitEvent reads stale data here too, every time, instead of by luck on a GPU.
+    Pending p;
+    p.seq = ++seq_;
+    p.f = f;
+    std::memcpy(p.grid, grid, sizeof p.grid);
+    std::memcpy(p.block, block, sizeof p.block);
+    p.smem = shared_mem;
+    p.params.assign(params, params + param_bytes);
+    p.cooperative = cooperative;
+    p.stream = stream;
+    if (stream != nullptr && opt_.execute) {
+      LogLaunch(p, cluster, "deferred");
+      queues_[stream].push_back(std::move(p));
+      return CUDA_SUCCESS;
+    }
+    if (CUresult r = FlushBlocking(); r != CUDA_SUCCESS) return r;
+    std::string exec;
+    const CUresult result = Execute(p, &exec);
+    LogLaunch(p, cluster, exec);
+    return result;
+  }
+
+  // Runs one launch (when the module has PTX for its kernel); `exec` gets the launch log outcome.
+  struct Pending {
+    enum Kind : uint8_t { kLaunch, kRecord, kWait } kind = kLaunch;
+    SimEvent* event = nullptr;     // kRecord / kWait
+    uint64_t wait_seq = 0;         // kWait: the record it waits for
+    void* wait_stream = nullptr;   // kWait: that record's stream
+    uint64_t seq = 0;
+    SimFunction* f = nullptr;
+    uint32_t grid[3] = {}, block[3] = {}, smem = 0;
+    std::vector<uint8_t> params;
+    bool cooperative = false;
+    void* stream = nullptr;
+  };
+  CUresult Execute(const Pending& p, std::string* exec_out) {
+    SimFunction* f = p.f;
+    const uint32_t* grid = p.grid;
+    const uint32_t* block = p.block;
+    const uint32_t shared_mem = p.smem;
+    const uint8_t* params = p.params.data();
+    const uint32_t param_bytes = static_cast<uint32_t>(p.params.size());
+    const bool cooperative = p.cooperative;
+    if (sticky_ != CUDA_SUCCESS) {
+      *exec_out = "error:" + std::to_string(static_cast<int>(sticky_));
+      return sticky_;
+    }
     std::string exec = "off";
     CUresult result = CUDA_SUCCESS;
     if (opt_.execute) {
@@ -440,7 +498,22 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
         }
       }
     }
-    if (log_fd_ >= 0) {
+    *exec_out = exec;
+    return result;
+  }
+
+  void LogLaunch(const Pending& p, const uint32_t cluster[3], const std::string& exec) {
+    if (log_fd_ < 0) return;
+    SimFunction* f = p.f;
+    const uint32_t* grid = p.grid;
+    const uint32_t* block = p.block;
+    const uint32_t shared_mem = p.smem;
+    const uint8_t* params = p.params.data();
+    const uint32_t param_bytes = static_cast<uint32_t>(p.params.size());
+    const bool cooperative = p.cooperative;
+    void* stream = p.stream;
+    const uint64_t csize = uint64_t{cluster[0]} * cluster[1] * cluster[2];
+    {
       // One write() per line: lines from concurrent sessions never interleave (O_APPEND).
       std::string line = "sess=" + std::to_string(opt_.session_id) + " launch " + f->kernel->name +
                          " grid=" + std::to_string(grid[0]) + "," + std::to_string(grid[1]) + "," +
@@ -462,8 +535,84 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
       ssize_t w = ::write(log_fd_, line.data(), line.size());
       (void)w;
     }
-    return result;
   }
+
+  // Executes the deferred launches of `stream` in order and returns the sticky error, if any. A
+  // launch that fails without poisoning the context (an instruction the executor lacks) is kept in
+  // async_error_ and reported by the next synchronizing call, as CUDA reports asynchronous errors.
+  CUresult Flush(void* stream) {
+    auto it = queues_.find(stream);
+    if (it == queues_.end() || it->second.empty()) return sticky_;
+    std::deque<Pending> q = std::move(it->second);
+    queues_.erase(it);
+    for (Pending& p : q) RunItem(p);
+    return sticky_;
+  }
+  // Runs one queued item: a launch, an event record (the event completes), or a wait (the
+  // awaited stream runs up to the awaited record first).
+  void RunItem(Pending& p) {
+    switch (p.kind) {
+      case Pending::kRecord:
+        if (p.event->pending_seq == p.seq) p.event->pending_seq = 0;
+        p.event->recorded = true;
+        p.event->ns = NowNs();
+        return;
+      case Pending::kWait:
+        (void)FlushUntil(p.wait_stream, p.wait_seq);
+        return;
+      case Pending::kLaunch: {
+        std::string exec;
+        const CUresult r = Execute(p, &exec);
+        LogOutcome(p, exec);
+        if (r != CUDA_SUCCESS && async_error_ == CUDA_SUCCESS) async_error_ = r;
+        return;
+      }
+    }
+  }
+  // Runs `stream`'s queue up to and including the item numbered `seq`.
+  CUresult FlushUntil(void* stream, uint64_t seq) {
+    for (;;) {
+      auto it = queues_.find(stream);
+      if (it == queues_.end() || it->second.empty() || it->second.front().seq > seq) break;
+      Pending p = std::move(it->second.front());
+      it->second.pop_front();
+      RunItem(p);
+    }
+    return sticky_;
+  }
+  // Everything the legacy default stream waits for: every queue except non-blocking streams',
+  // in launch order (`all`: the non-blocking ones too, for device-wide synchronization).
+  CUresult FlushBlocking(bool all = false) {
+    for (;;) {
+      // The queue holding the oldest pending launch goes first: launch order is kept across streams.
+      void* next = nullptr;
+      uint64_t oldest = UINT64_MAX;
+      for (auto& [s, q] : queues_) {
+        if (q.empty() || (!all && (stream_flags_[s] & CU_STREAM_NON_BLOCKING) != 0)) continue;
+        if (q.front().seq < oldest) oldest = q.front().seq, next = s;
+      }
+      if (next == nullptr) break;
+      std::deque<Pending>& q = queues_[next];
+      Pending p = std::move(q.front());
+      q.pop_front();
+      RunItem(p);
+    }
+    return sticky_;
+  }
+  CUresult FlushFor(void* stream) { return stream != nullptr ? Flush(stream) : FlushBlocking(); }
+  // For synchronizing calls: the sticky error, else the first asynchronous one not yet reported.
+  CUresult Synced(CUresult sticky) {
+    if (sticky != CUDA_SUCCESS) return sticky;
+    return std::exchange(async_error_, CUDA_SUCCESS);
+  }
+  void LogOutcome(const Pending& p, const std::string& exec) {
+    if (log_fd_ < 0) return;
+    const std::string line = "sess=" + std::to_string(opt_.session_id) + " ran " + p.f->kernel->name +
+                             " stream=" + std::to_string(reinterpret_cast<uintptr_t>(p.stream)) + " exec=" + exec + "\n";
+    ssize_t w = ::write(log_fd_, line.data(), line.size());
+    (void)w;
+  }
+
   std::vector<std::string> TakeNotices() override { return std::exchange(notices_, {}); }
   std::string TakeOutput() override { return std::exchange(output_, {}); }
 
@@ -501,15 +650,38 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     return CUDA_SUCCESS;
   }
 
-  CUresult StreamCreate(uint32_t, int, void** stream) override {
+  CUresult StreamCreate(uint32_t flags, int, void** stream) override {
     *stream = reinterpret_cast<void*>(next_stream_++);
+    stream_flags_[*stream] = flags;
     return CUDA_SUCCESS;
   }
-  CUresult StreamDestroy(void*) override { return CUDA_SUCCESS; }
+  CUresult StreamDestroy(void* stream) override {
+    // Work queued on a destroyed stream still completes (CUDA: cuStreamDestroy does not wait, the
+    // work is not lost).
+    const CUresult r = Flush(stream);
+    stream_flags_.erase(stream);
+    return r;
+  }
   // Everything ran in order already: launches execute when they arrive (see LaunchKernel).
-  CUresult StreamSynchronize(void*) override { return sticky_; }
-  CUresult StreamQuery(void*) override { return sticky_; }
-  CUresult StreamWaitEvent(void*, void*, uint32_t) override { return CUDA_SUCCESS; }
+  CUresult StreamSynchronize(void* stream) override { return Synced(FlushFor(stream)); }
+  CUresult StreamQuery(void* stream) override { return Synced(FlushFor(stream)); }
+  // Records and waits are stream-ordered like launches: a wait on a stream holds that stream's
+  // later work until the awaited record is reached (running the other stream up to it). A program
+  // that drops a wait, or records too early, reads stale data here deterministically.
+  CUresult StreamWaitEvent(void* stream, void* event, uint32_t) override {
+    auto* e = static_cast<SimEvent*>(event);
+    if (e->pending_seq == 0) return sticky_;  // nothing to wait for: recorded and reached, or never recorded
+    if (stream == nullptr || !opt_.execute) return FlushUntil(e->pending_stream, e->pending_seq);
+    Pending w;
+    w.kind = Pending::kWait;
+    w.seq = ++seq_;
+    w.event = e;
+    w.wait_seq = e->pending_seq;
+    w.wait_stream = e->pending_stream;
+    w.stream = stream;
+    queues_[stream].push_back(std::move(w));
+    return sticky_;
+  }
   CUresult EventCreate(uint32_t flags, void** event) override {
     auto e = std::make_unique<SimEvent>();
     e->flags = flags;
@@ -518,19 +690,44 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     return CUDA_SUCCESS;
   }
   CUresult EventDestroy(void* event) override {
-    return events_.erase(static_cast<SimEvent*>(event)) != 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
-  }
-  CUresult EventRecord(void* event, void*) override {
     auto* e = static_cast<SimEvent*>(event);
-    e->recorded = true;
-    e->ns = NowNs();
+    if (events_.count(e) == 0) return CUDA_ERROR_INVALID_HANDLE;
+    // Queued records and waits point at it: run everything first (cuEventDestroy of a pending
+    // event is legal; its work completes).
+    (void)FlushBlocking(true);
+    events_.erase(e);
     return CUDA_SUCCESS;
   }
-  CUresult EventSynchronize(void*) override { return sticky_; }
-  CUresult EventQuery(void*) override { return sticky_; }
+  CUresult EventRecord(void* event, void* stream) override {
+    auto* e = static_cast<SimEvent*>(event);
+    if (stream == nullptr || !opt_.execute) {
+      if (CUresult r = FlushFor(stream); r != CUDA_SUCCESS) return r;
+      e->recorded = true;
+      e->pending_seq = 0;
+      e->ns = NowNs();
+      return CUDA_SUCCESS;
+    }
+    Pending rec;
+    rec.kind = Pending::kRecord;
+    rec.seq = ++seq_;
+    rec.event = e;
+    rec.stream = stream;
+    e->recorded = false;
+    e->pending_seq = rec.seq;
+    e->pending_stream = stream;
+    queues_[stream].push_back(std::move(rec));
+    return sticky_;
+  }
+  CUresult EventSynchronize(void* event) override {
+    auto* e = static_cast<SimEvent*>(event);
+    if (e->pending_seq != 0) return Synced(FlushUntil(e->pending_stream, e->pending_seq));
+    return sticky_;
+  }
+  CUresult EventQuery(void* event) override { return EventSynchronize(event); }
   CUresult EventElapsedTime(void* start, void* end, float* ms) override {
     auto* a = static_cast<SimEvent*>(start);
     auto* b = static_cast<SimEvent*>(end);
+    if (a->pending_seq != 0 || b->pending_seq != 0) return CUDA_ERROR_NOT_READY;
     if ((a->flags | b->flags) & CU_EVENT_DISABLE_TIMING) return CUDA_ERROR_INVALID_HANDLE;
     if (!a->recorded || !b->recorded) return CUDA_ERROR_INVALID_HANDLE;
     *ms = static_cast<float>(static_cast<double>(static_cast<int64_t>(b->ns - a->ns)) / 1e6);
@@ -653,6 +850,10 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
   std::vector<std::string> notices_;
   std::unordered_set<std::string> warned_;  // kernels already reported as not executed
   std::string output_;                      // device printf text not yet taken
+  std::map<void*, std::deque<Pending>> queues_;  // deferred launches per stream (never the default)
+  std::map<void*, uint32_t> stream_flags_;       // CU_STREAM_NON_BLOCKING: not ordered with the default stream
+  uint64_t seq_ = 0;                             // launch order across streams
+  CUresult async_error_ = CUDA_SUCCESS;          // a deferred launch's non-sticky failure, not yet reported
   uint64_t executed_lane_instructions_ = 0;
 };
 

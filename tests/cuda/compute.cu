@@ -4,6 +4,8 @@
 //   compute assert     a kernel whose assert fails: the sync returns cudaErrorAssert (sticky)
 //   compute oob        a kernel writing outside its allocation: cudaErrorIllegalAddress (sticky)
 //   compute coop       a cooperative launch whose blocks exchange data across grid.sync()
+//   compute streams    a consumer on stream B sees a producer's data on stream A through an event
+//                      wait; on sim, without the wait it deterministically reads stale data
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -120,6 +122,13 @@ __global__ void grid_exchange(int* a, int* out, int n) {
   out[i] = a[j] + i;
   g.sync();
   a[i] = 0;
+}
+
+__global__ void fill(int* p, int n, int v) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) p[i] = v;
+}
+__global__ void copy_plus(const int* src, int* dst, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) dst[i] = src[i] + 1;
 }
 
 __global__ void asserting(int bad) { assert(threadIdx.x != bad); }
@@ -340,6 +349,47 @@ int main(int argc, char** argv) {
     ot::expect_error("coop_too_large",
                      cudaLaunchCooperativeKernel((void*)grid_exchange, too_many, threads, args, 0, nullptr),
                      cudaErrorCooperativeLaunchTooLarge);
+    return ot::finish();
+  }
+  if (mode == "streams") {
+    ot::detect_device();
+    const int n = 4096;
+    int *x, *y;
+    CUDA_OK(cudaMalloc(&x, n * 4));
+    CUDA_OK(cudaMalloc(&y, n * 4));
+    cudaStream_t a, b;
+    cudaEvent_t done;
+    CUDA_OK(cudaStreamCreate(&a));
+    CUDA_OK(cudaStreamCreate(&b));
+    CUDA_OK(cudaEventCreate(&done));
+    std::vector<int> got(n);
+    auto count = [&](int want) {
+      int k = 0;
+      for (int v : got) k += v == want;
+      return k;
+    };
+    // With the dependency: B waits for A's event, so the consumer sees every 7.
+    CUDA_OK(cudaMemset(x, 0, n * 4));
+    CUDA_OK(cudaMemset(y, 0, n * 4));
+    fill<<<8, 128, 0, a>>>(x, n, 7);
+    CUDA_OK(cudaEventRecord(done, a));
+    CUDA_OK(cudaStreamWaitEvent(b, done, 0));
+    copy_plus<<<8, 128, 0, b>>>(x, y, n);
+    CUDA_OK(cudaStreamSynchronize(b));
+    CUDA_OK(cudaMemcpy(got.data(), y, n * 4, cudaMemcpyDeviceToHost));
+    ot::check_kernel("stream_wait_orders", count(8) == n, ot::fmt("%d of %d saw the producer", count(8), n));
+    // Without it, nothing orders the two streams: on sim the consumer runs first, every time.
+    CUDA_OK(cudaMemset(x, 0, n * 4));
+    CUDA_OK(cudaMemset(y, 0, n * 4));
+    fill<<<8, 128, 0, a>>>(x, n, 9);
+    copy_plus<<<8, 128, 0, b>>>(x, y, n);
+    CUDA_OK(cudaStreamSynchronize(b));
+    CUDA_OK(cudaMemcpy(got.data(), y, n * 4, cudaMemcpyDeviceToHost));
+    if (ot::is_sim())
+      ot::check("missing_wait_reads_stale", count(1) == n, ot::fmt("%d of %d read stale data", count(1), n));
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaMemcpy(got.data(), x, n * 4, cudaMemcpyDeviceToHost));
+    ot::check_kernel("producer_ran_by_sync", count(9) == n, ot::fmt("%d of %d", count(9), n));
     return ot::finish();
   }
   if (mode == "oob") {

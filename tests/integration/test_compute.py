@@ -58,6 +58,18 @@ def test_cooperative_launch_synchronizes_the_grid(oriond):
     assert coop and "cooperative=1" in coop[0] and coop[0].endswith(" exec=ran"), coop
 
 
+def test_streams_are_ordered_by_events_only(oriond):
+    # The sim runs work of different streams in an order CUDA allows but a racy program does not
+    # expect: a kernel after cuStreamWaitEvent sees the producer's data, one without the wait reads
+    # stale data, deterministically (so a dropped wait in Orion would fail stream_wait_orders).
+    r = oriond.run("compute", "streams")
+    assert_passed(r, expect_checks=3)
+    assert checks(r.stdout)["missing_wait_reads_stale"] == "ok"
+    log = oriond.launches()
+    assert any(" launch _Z9copy_plus" in l and l.endswith(" exec=deferred") for l in log), log
+    assert any(" ran _Z9copy_plus" in l and l.endswith(" exec=ran") for l in log), log
+
+
 def test_out_of_bounds_kernel_ends_only_its_session(oriond):
     r = oriond.run("compute", "oob")
     assert_passed(r, expect_checks=2)
