@@ -476,9 +476,28 @@ void Client::DrainOutputLocked() noexcept {
       (void)Broken(CUDA_ERROR_UNKNOWN, "reply out of order");
       return;
     }
+    OutputRep rep{};
+    const uint32_t len = std::min<uint32_t>(f.header.payload_len, kMaxPayload);
+    if (len < sizeof rep) return;
+    std::memcpy(&rep, f.payload, sizeof rep);
+    if (uint64_t{rep.stdout_bytes} + rep.notice_bytes > len - sizeof rep) {
+      (void)Broken(CUDA_ERROR_UNKNOWN, "malformed TakeOutput reply");
+      return;
+    }
     // Through the program's own stdout stream, so device lines keep their place among its lines.
-    std::fwrite(f.payload, 1, std::min<uint32_t>(f.header.payload_len, kMaxPayload), stdout);
+    const uint8_t* text = f.payload + sizeof rep;
+    std::fwrite(text, 1, rep.stdout_bytes, stdout);
     std::fflush(stdout);
+    // Notices (e.g. a kernel the sim backend could not execute) go to the client's log, once each.
+    std::string notes(reinterpret_cast<const char*>(text + rep.stdout_bytes), rep.notice_bytes);
+    for (size_t b = 0, e; b < notes.size(); b = e + 1) {
+      e = notes.find('\n', b);
+      if (e == std::string::npos) e = notes.size();
+      std::string line = notes.substr(b, e - b);
+      for (char& c : line)
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';  // peer text: no control bytes
+      if (!line.empty()) LogWarn("oriond: " + line);
+    }
     if ((f.header.flags & kFlagOutputPending) == 0) return;
   }
 }

@@ -124,7 +124,8 @@ class Session {
   std::map<std::string, std::vector<uint8_t>> blobs_;
   std::string upload_hex_;
   std::vector<uint8_t> upload_;
-  std::string output_;  // device printf text not yet taken by the client (at most kMaxPendingOutput)
+  std::string output_;   // device printf text not yet taken by the client (at most kMaxPendingOutput)
+  std::string notices_;  // backend notices for the client's log, one per line (at most kMaxPendingNotices)
   uint64_t upload_received_ = 0;
 };
 
@@ -141,7 +142,7 @@ bool Session::Reply(const FrameHeader& req, int32_t status, const void* payload,
   // Device printf text the backend produced (sim: at launches; cuda: at synchronizing calls).
   if (std::string out = b_->TakeOutput(); !out.empty() && output_.size() < kMaxPendingOutput)
     output_.append(out, 0, std::min<size_t>(out.size(), kMaxPendingOutput - output_.size()));
-  if (!output_.empty()) h.flags |= kFlagOutputPending;
+  if (!output_.empty() || !notices_.empty()) h.flags |= kFlagOutputPending;
   Status s = ch_->Reply(h, payload, len);
   if (s.ok()) return true;
   if (s.code() == Code::kDataLoss) {
@@ -224,9 +225,14 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
     case Op::kSync:
       break;
     case Op::kTakeOutput: {
-      const size_t n = std::min<size_t>(output_.size(), kMaxPayload);
-      reply->assign(output_.begin(), output_.begin() + static_cast<std::ptrdiff_t>(n));
+      const size_t room = kMaxPayload - sizeof(OutputRep);
+      const size_t n = std::min<size_t>(output_.size(), room);
+      const size_t m = std::min<size_t>(notices_.size(), room - n);
+      put(OutputRep{static_cast<uint32_t>(n), static_cast<uint32_t>(m)});
+      reply->insert(reply->end(), output_.begin(), output_.begin() + static_cast<std::ptrdiff_t>(n));
+      reply->insert(reply->end(), notices_.begin(), notices_.begin() + static_cast<std::ptrdiff_t>(m));
       output_.erase(0, n);
+      notices_.erase(0, m);
       break;
     }
 
@@ -611,7 +617,10 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       if ((x.flags & ~kLaunchCooperative) != 0) { r = CUDA_ERROR_INVALID_VALUE; break; }
       r = b_->LaunchKernel(f->backend, q.grid, q.block, q.shared_mem_bytes, s, payload + head, q.param_bytes,
                            x.cluster, x.flags);
-      for (const std::string& note : b_->TakeNotices()) p_.log->warn("sess={} {}", p_.session_id, note);
+      for (const std::string& note : b_->TakeNotices()) {
+        p_.log->warn("sess={} {}", p_.session_id, note);
+        if (notices_.size() < kMaxPendingNotices) notices_ += note.substr(0, 1024) + "\n";  // for the client's log
+      }
       break;
     }
     case Op::kOccupancyMaxClusters: {

@@ -99,3 +99,6 @@ def test_sass_only_kernels_are_marked_not_executed(oriond):
     gemm = [l for l in oriond.launches() if re.search(r"gemm|Gemm", l)]
     assert gemm and all(l.endswith(" exec=no-ptx") for l in gemm), gemm[:3]
     assert re.search(r"kernel \S*(gemm|Gemm)\S* was not executed: .*SASS only", oriond.session_logs())
+    # ... and the client is told once per kernel, at warning level.
+    told = re.findall(r"^\[warning\] oriond: kernel (\S+) was not executed: ", r.stderr, re.M)
+    assert told and len(told) == len(set(told)), r.stderr[-2000:]

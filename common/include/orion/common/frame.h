@@ -43,6 +43,14 @@ inline constexpr uint32_t kFlagWantsReply = 1u << 0;  // set by the client on ev
 inline constexpr uint32_t kFlagOutputPending = 1u << 1;  // reply: oriond holds device printf text for the
                                                          // client; it fetches it with TakeOutput
 inline constexpr uint64_t kMaxPendingOutput = 1u << 20;  // bytes held per session (cudaLimitPrintfFifoSize default)
+// TakeOutput reply: this header, then stdout_bytes of device printf text, then notice_bytes of
+// notices for the client's log (lines, e.g. "kernel K was not executed: ..."), each part at most
+// what fits in kMaxPayload.
+struct OutputRep {
+  uint32_t stdout_bytes;
+  uint32_t notice_bytes;
+};
+inline constexpr uint64_t kMaxPendingNotices = 64u << 10;
 
 struct FrameHeader {
   uint32_t magic;        // kFrameMagic
