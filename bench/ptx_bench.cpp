@@ -14,33 +14,13 @@
 #include <vector>
 
 #include "orion/ptx/ptx.h"
+#include "test_memory.h"
 
 using namespace orion::ptx;
 
 namespace {
 
-class Memory : public GlobalMemory {
- public:
-  uint64_t Alloc(uint64_t bytes) {
-    const uint64_t a = next_;
-    blocks_[a].resize(bytes);
-    next_ += (bytes + (2u << 20)) & ~uint64_t{(1u << 20) - 1};
-    return a;
-  }
-  uint8_t* Host(uint64_t a) { return blocks_.at(a).data(); }
-  bool Find(uint64_t addr, Span* out) override {
-    auto it = blocks_.upper_bound(addr);
-    if (it == blocks_.begin()) return false;
-    --it;
-    if (addr - it->first >= it->second.size()) return false;
-    *out = Span{it->first, it->second.size(), it->second.data()};
-    return true;
-  }
-
- private:
-  std::map<uint64_t, std::vector<uint8_t>> blocks_;
-  uint64_t next_ = 0x200000000000ull;
-};
+using Memory = TestMemory;
 
 struct Figure {
   double seconds;

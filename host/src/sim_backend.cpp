@@ -443,12 +443,6 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
   };
   CUresult Execute(const Pending& p, std::string* exec_out) {
     SimFunction* f = p.f;
-    const uint32_t* grid = p.grid;
-    const uint32_t* block = p.block;
-    const uint32_t shared_mem = p.smem;
-    const uint8_t* params = p.params.data();
-    const uint32_t param_bytes = static_cast<uint32_t>(p.params.size());
-    const bool cooperative = p.cooperative;
     if (sticky_ != CUDA_SUCCESS) {
       *exec_out = "error:" + std::to_string(static_cast<int>(sticky_));
       return sticky_;
@@ -465,17 +459,17 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
                              " (validated and logged only)");
       } else {
         ptx::LaunchConfig cfg;
-        std::memcpy(cfg.grid, grid, sizeof cfg.grid);
-        std::memcpy(cfg.block, block, sizeof cfg.block);
-        cfg.dynamic_smem = shared_mem;
-        cfg.params = params;
-        cfg.param_bytes = param_bytes;
+        std::memcpy(cfg.grid, p.grid, sizeof cfg.grid);
+        std::memcpy(cfg.block, p.block, sizeof cfg.block);
+        cfg.dynamic_smem = p.smem;
+        cfg.params = p.params.data();
+        cfg.param_bytes = static_cast<uint32_t>(p.params.size());
         cfg.var_addrs = f->module->var_addrs.data();
         cfg.timeout_ms = opt_.kernel_timeout_ms;
         cfg.workers = opt_.workers != 0 ? opt_.workers : std::max(1u, std::thread::hardware_concurrency());
         cfg.printf_out = &output_;
         uint64_t workspace = 0;
-        if (cooperative) {
+        if (p.cooperative) {
           if (CUresult w = MemAlloc(64, &workspace); w != CUDA_SUCCESS) return w;
           std::memset(Host(workspace, 64), 0, 64);
           cfg.cooperative = true;
@@ -505,31 +499,24 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
   void LogLaunch(const Pending& p, const uint32_t cluster[3], const std::string& exec) {
     if (log_fd_ < 0) return;
     SimFunction* f = p.f;
-    const uint32_t* grid = p.grid;
-    const uint32_t* block = p.block;
-    const uint32_t shared_mem = p.smem;
-    const uint8_t* params = p.params.data();
-    const uint32_t param_bytes = static_cast<uint32_t>(p.params.size());
-    const bool cooperative = p.cooperative;
-    void* stream = p.stream;
     const uint64_t csize = uint64_t{cluster[0]} * cluster[1] * cluster[2];
     {
       // One write() per line: lines from concurrent sessions never interleave (O_APPEND).
       std::string line = "sess=" + std::to_string(opt_.session_id) + " launch " + f->kernel->name +
-                         " grid=" + std::to_string(grid[0]) + "," + std::to_string(grid[1]) + "," +
-                         std::to_string(grid[2]) + " block=" + std::to_string(block[0]) + "," +
-                         std::to_string(block[1]) + "," + std::to_string(block[2]) +
-                         " smem=" + std::to_string(shared_mem) +
-                         " stream=" + std::to_string(reinterpret_cast<uintptr_t>(stream)) +
-                         (cooperative ? " cooperative=1" : "") +
+                         " grid=" + std::to_string(p.grid[0]) + "," + std::to_string(p.grid[1]) + "," +
+                         std::to_string(p.grid[2]) + " block=" + std::to_string(p.block[0]) + "," +
+                         std::to_string(p.block[1]) + "," + std::to_string(p.block[2]) +
+                         " smem=" + std::to_string(p.smem) +
+                         " stream=" + std::to_string(reinterpret_cast<uintptr_t>(p.stream)) +
+                         (p.cooperative ? " p.cooperative=1" : "") +
                          (csize > 1 ? " cluster=" + std::to_string(cluster[0]) + "," + std::to_string(cluster[1]) +
                                           "," + std::to_string(cluster[2])
                                     : std::string()) +
                          " params=";
       static const char* kHex = "0123456789abcdef";
-      for (uint32_t i = 0; i < param_bytes; ++i) {
-        line += kHex[params[i] >> 4];
-        line += kHex[params[i] & 15];
+      for (size_t i = 0; i < p.params.size(); ++i) {
+        line += kHex[p.params[i] >> 4];
+        line += kHex[p.params[i] & 15];
       }
       line += " exec=" + exec + "\n";
       ssize_t w = ::write(log_fd_, line.data(), line.size());

@@ -10,45 +10,11 @@
 #include <sstream>
 
 #include "orion/ptx/ptx.h"
+#include "test_memory.h"
+#include "../../tests/cuda/divergent_value.h"
 
 namespace orion::ptx {
 namespace {
-
-// Device memory for tests: allocations at fake device addresses.
-class TestMemory : public GlobalMemory {
- public:
-  uint64_t Alloc(uint64_t bytes) {
-    const uint64_t addr = next_;
-    blocks_[addr].resize(bytes);
-    next_ += (bytes + 0xfffff) & ~uint64_t{0xfffff};
-    next_ += 0x100000;  // a gap: neighbours are never contiguous
-    return addr;
-  }
-  template <class T>
-  uint64_t Upload(const std::vector<T>& v) {
-    const uint64_t a = Alloc(v.size() * sizeof(T));
-    std::memcpy(blocks_[a].data(), v.data(), v.size() * sizeof(T));
-    return a;
-  }
-  template <class T>
-  std::vector<T> Download(uint64_t a, size_t n) {
-    std::vector<T> v(n);
-    std::memcpy(v.data(), blocks_.at(a).data(), n * sizeof(T));
-    return v;
-  }
-  bool Find(uint64_t addr, Span* out) override {
-    auto it = blocks_.upper_bound(addr);
-    if (it == blocks_.begin()) return false;
-    --it;
-    if (addr - it->first >= it->second.size()) return false;
-    *out = Span{it->first, it->second.size(), it->second.data()};
-    return true;
-  }
-
- private:
-  std::map<uint64_t, std::vector<uint8_t>> blocks_;
-  uint64_t next_ = 0x200000000000ull;
-};
 
 // Packs kernel arguments at their natural alignment (the PTX ABI for scalars).
 class Params {
@@ -577,25 +543,9 @@ TEST_F(Nvcc, DivergentWarpThenBallot) {
   auto r = run_.Go(mem_, "_Z9divergentPi", {1, 1, 1}, {64, 1, 1}, p, 0, nullptr, 1, 5000);
   ASSERT_EQ(r.code, CUDA_SUCCESS) << r.message;
   auto got = mem_.Download<int>(d, 64);
-  for (int w = 0; w < 2; ++w) {
-    int vals[32];
-    unsigned ballot = 0;
-    for (int l = 0; l < 32; ++l) {
-      const int t = w * 32 + l;
-      int v = 0;
-      if (t % 3 == 0) {
-        for (int k = 0; k < t; ++k) v += k;
-      } else if (t % 3 == 1) {
-        v = -t;
-        while (v < 100) v = (v < 0 ? -v : v) * 2 + 7;
-      } else {
-        v = __builtin_popcount(static_cast<unsigned>(t)) * 1000 + (t == 0 ? 32 : __builtin_clz(static_cast<unsigned>(t)));
-      }
-      vals[l] = v;
-      if (v & 1) ballot |= 1u << l;
-    }
-    for (int l = 0; l < 32; ++l) EXPECT_EQ(got[w * 32 + l], vals[l] ^ static_cast<int>(ballot)) << w * 32 + l;
-  }
+  std::vector<int> want(64);
+  DivergentReference(64, want.data());
+  EXPECT_EQ(got, want);
 }
 #endif
 

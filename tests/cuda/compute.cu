@@ -18,25 +18,7 @@
 
 #include "orion_test.h"
 
-__global__ void vadd(const float* a, const float* b, float* c, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) c[i] = a[i] + b[i];
-}
-
-#define TILE 16
-__global__ void matmul(const float* A, const float* B, float* C, int n) {
-  __shared__ float as[TILE][TILE], bs[TILE][TILE];
-  int r = blockIdx.y * TILE + threadIdx.y, c = blockIdx.x * TILE + threadIdx.x;
-  float acc = 0;
-  for (int k0 = 0; k0 < n; k0 += TILE) {
-    as[threadIdx.y][threadIdx.x] = (r < n && k0 + threadIdx.x < n) ? A[r * n + k0 + threadIdx.x] : 0.f;
-    bs[threadIdx.y][threadIdx.x] = (c < n && k0 + threadIdx.y < n) ? B[(k0 + threadIdx.y) * n + c] : 0.f;
-    __syncthreads();
-    for (int k = 0; k < TILE; ++k) acc += as[threadIdx.y][k] * bs[k][threadIdx.x];
-    __syncthreads();
-  }
-  if (r < n && c < n) C[r * n + c] = acc;
-}
+#include "kernels_common.cuh"
 
 __global__ void reduce(const int* in, unsigned long long* out, int n) {
   long long v = 0;
@@ -73,20 +55,6 @@ __global__ void histogram(const unsigned char* in, unsigned* h, int n) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) atomicAdd(&sh[in[i]], 1u);
   __syncthreads();
   for (int i = threadIdx.x; i < 256; i += blockDim.x) atomicAdd(&h[i], sh[i]);
-}
-
-__global__ void divergent(int* out) {  // every lane takes its own path through loops and branches
-  int t = threadIdx.x, v = 0;
-  if (t % 3 == 0) {
-    for (int k = 0; k < t; ++k) v += k;
-  } else if (t % 3 == 1) {
-    v = -t;
-    while (v < 100) v = (v < 0 ? -v : v) * 2 + 7;
-  } else {
-    v = __popc(t) * 1000 + __clz(t);
-  }
-  unsigned ballot = __ballot_sync(0xffffffff, v & 1);
-  out[t] = v ^ (int)ballot;
 }
 
 struct Particle {
@@ -167,7 +135,7 @@ static int normal() {
     CUDA_OK(cudaMalloc(&dC, n * n * 4));
     CUDA_OK(cudaMemcpy(dA, A.data(), n * n * 4, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(dB, B.data(), n * n * 4, cudaMemcpyHostToDevice));
-    matmul<<<dim3((n + TILE - 1) / TILE, (n + TILE - 1) / TILE), dim3(TILE, TILE)>>>(dA, dB, dC, n);
+    matmul<<<dim3((n + kTile - 1) / kTile, (n + kTile - 1) / kTile), dim3(kTile, kTile)>>>(dA, dB, dC, n);
     CUDA_OK(cudaMemcpy(C.data(), dC, n * n * 4, cudaMemcpyDeviceToHost));
     int bad = 0;
     for (int i = 0; i < n; ++i)
@@ -235,25 +203,7 @@ static int normal() {
     CUDA_OK(cudaMalloc(&d, 64 * 4));
     divergent<<<1, 64>>>(d);
     CUDA_OK(cudaMemcpy(got.data(), d, 64 * 4, cudaMemcpyDeviceToHost));
-    for (int w = 0; w < 2; ++w) {
-      int vals[32];
-      unsigned ballot = 0;
-      for (int l = 0; l < 32; ++l) {
-        const int t = w * 32 + l;
-        int v = 0;
-        if (t % 3 == 0) {
-          for (int k = 0; k < t; ++k) v += k;
-        } else if (t % 3 == 1) {
-          v = -t;
-          while (v < 100) v = (v < 0 ? -v : v) * 2 + 7;
-        } else {
-          v = __builtin_popcount(t) * 1000 + (t == 0 ? 32 : __builtin_clz(t));
-        }
-        vals[l] = v;
-        if (v & 1) ballot |= 1u << l;
-      }
-      for (int l = 0; l < 32; ++l) want[w * 32 + l] = vals[l] ^ (int)ballot;
-    }
+    DivergentReference(64, want.data());
     ot::check_kernel("divergent_warp", got == want, ot::diff_details(got.data(), want.data(), 64 * 4));
     cudaFree(d);
   }

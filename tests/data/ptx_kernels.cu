@@ -2,24 +2,8 @@
 #include <cuda_fp16.h>
 #include <cooperative_groups.h>
 namespace cg = cooperative_groups;
-__global__ void vadd(const float* a, const float* b, float* c, int n) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) c[i] = a[i] + b[i];
-}
-#define T 16
-__global__ void matmul(const float* A, const float* B, float* C, int n) {
-  __shared__ float as[T][T], bs[T][T];
-  int r = blockIdx.y * T + threadIdx.y, c = blockIdx.x * T + threadIdx.x;
-  float acc = 0;
-  for (int k0 = 0; k0 < n; k0 += T) {
-    as[threadIdx.y][threadIdx.x] = (r < n && k0 + threadIdx.x < n) ? A[r * n + k0 + threadIdx.x] : 0.f;
-    bs[threadIdx.y][threadIdx.x] = (c < n && k0 + threadIdx.y < n) ? B[(k0 + threadIdx.y) * n + c] : 0.f;
-    __syncthreads();
-    for (int k = 0; k < T; ++k) acc += as[threadIdx.y][k] * bs[k][threadIdx.x];
-    __syncthreads();
-  }
-  if (r < n && c < n) C[r * n + c] = acc;
-}
+#include "../cuda/kernels_common.cuh"
+
 __global__ void reduce(const int* in, int* out, int n) {
   int v = 0;
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) v += in[i];
@@ -59,16 +43,3 @@ __global__ void scan(int* d) {
   d[i] = t[i];
 }
 __global__ void math(float* f) { int i = threadIdx.x; f[i] = sinf(f[i]) + expf(f[i]) + __fdividef(1.f, f[i]+1) + rsqrtf(f[i]+2) + tanhf(f[i]); }
-__global__ void divergent(int* out) {
-  int t = threadIdx.x, v = 0;
-  if (t % 3 == 0) {
-    for (int k = 0; k < t; ++k) v += k;
-  } else if (t % 3 == 1) {
-    v = -t;
-    while (v < 100) v = (v < 0 ? -v : v) * 2 + 7;
-  } else {
-    v = __popc(t) * 1000 + __clz(t);
-  }
-  unsigned ballot = __ballot_sync(0xffffffff, v & 1);
-  out[t] = v ^ (int)ballot;
-}
