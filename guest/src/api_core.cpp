@@ -492,6 +492,19 @@ ORION_EXPORT CUresult CUDAAPI cuCtxSetLimit(CUlimit limit, size_t value) {
   return Client::Get().Call(Op::kCtxSetLimit, &q, sizeof q);
 }
 
+// No profiler is attached to a remoted context: as NVIDIA's driver does then, starting and
+// stopping profiling succeed and do nothing (CUDA driver API: cuProfilerStart "enable profiling";
+// with no profiler attached the call is a no-op). Both need a current context.
+ORION_EXPORT CUresult CUDAAPI cuProfilerStart() {
+  ORION_API(cuProfilerStart);
+  return CurrentCtx() == nullptr ? CUDA_ERROR_INVALID_CONTEXT : CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuProfilerStop() {
+  ORION_API(cuProfilerStop);
+  return CurrentCtx() == nullptr ? CUDA_ERROR_INVALID_CONTEXT : CUDA_SUCCESS;
+}
+
 ORION_EXPORT CUresult CUDAAPI cuCtxGetCacheConfig(CUfunc_cache* pconfig) {
   ORION_API(cuCtxGetCacheConfig);
   if (pconfig == nullptr) return CUDA_ERROR_INVALID_VALUE;

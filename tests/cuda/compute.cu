@@ -8,6 +8,7 @@
 //                      wait; on sim, without the wait it deterministically reads stale data
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <cassert>
@@ -248,6 +249,8 @@ static int normal() {
     ot::check_kernel("half_precision", bad == 0, ot::fmt("%d wrong", bad));
     cudaFree(da), cudaFree(db), cudaFree(df);
   }
+  // Profiling brackets (no profiler attached): succeed, as with NVIDIA's driver.
+  ot::check("profiler_start_stop", cudaProfilerStart() == cudaSuccess && cudaProfilerStop() == cudaSuccess);
   // device printf reaches this process's stdout, in order with its own lines
   printf("HOST before printf kernel\n");
   hello<<<2, 2>>>(42);

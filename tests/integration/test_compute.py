@@ -8,7 +8,7 @@ from conftest import Oriond, assert_passed, checks
 from test_tcp import free_port, run_tcp
 
 RESULTS = ["vadd", "matmul_shared_tiles", "shuffle_reduction", "scan", "histogram_atomics", "divergent_warp",
-           "struct_by_value_double", "half_precision"]
+           "struct_by_value_double", "half_precision", "profiler_start_stop"]
 
 
 def assert_computed(r):
