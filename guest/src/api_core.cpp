@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <set>
 #include <thread>
 
 #include "export.h"
@@ -219,15 +221,6 @@ ORION_EXPORT CUresult CUDAAPI cuDeviceGetByPCIBusId(CUdevice* dev, const char* p
     }
   }
   return CUDA_ERROR_INVALID_DEVICE;
-}
-
-ORION_EXPORT CUresult CUDAAPI cuDeviceCanAccessPeer(int* canAccessPeer, CUdevice dev, CUdevice peerDev) {
-  ORION_API(cuDeviceCanAccessPeer);
-  if (canAccessPeer == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (CUresult r = CheckDevice(dev); r != CUDA_SUCCESS) return r;
-  if (CUresult r = CheckDevice(peerDev); r != CUDA_SUCCESS) return r;
-  *canAccessPeer = 0;  // peer access between vGPUs is not offered
-  return CUDA_SUCCESS;
 }
 
 // ---- Primary contexts -----------------------------------------------------------------------
@@ -490,6 +483,67 @@ ORION_EXPORT CUresult CUDAAPI cuCtxSetLimit(CUlimit limit, size_t value) {
   if (CurrentCtx() == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
   LimitReq q{static_cast<uint32_t>(limit), 0, value};
   return Client::Get().Call(Op::kCtxSetLimit, &q, sizeof q);
+}
+
+// ---- Peer access between the vGPUs of this process -------------------------------------------
+// Device pointers are unique within a session and oriond's backend copies between any of them
+// (sim: one address space; cuda: unified addressing, and real peer access enabled between the
+// session's GPUs where the hardware allows it), so every pair of distinct vGPUs can access each
+// other. Enabling is tracked here with the driver's errors (CUDA driver API, Peer Context Memory
+// Access).
+namespace {
+std::mutex g_peer_mu;
+std::set<std::pair<const GuestCtx*, const GuestCtx*>> g_peer;  // (context, peer it may access)
+}  // namespace
+
+ORION_EXPORT CUresult CUDAAPI cuDeviceCanAccessPeer(int* canAccessPeer, CUdevice dev, CUdevice peerDev) {
+  ORION_API(cuDeviceCanAccessPeer);
+  if (canAccessPeer == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = CheckDevice(dev); r != CUDA_SUCCESS) return r;
+  if (CUresult r = CheckDevice(peerDev); r != CUDA_SUCCESS) return r;
+  *canAccessPeer = dev != peerDev ? 1 : 0;
+  return CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuDeviceGetP2PAttribute(int* value, CUdevice_P2PAttribute attrib, CUdevice srcDevice,
+                                                     CUdevice dstDevice) {
+  ORION_API(cuDeviceGetP2PAttribute);
+  if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = CheckDevice(srcDevice); r != CUDA_SUCCESS) return r;
+  if (CUresult r = CheckDevice(dstDevice); r != CUDA_SUCCESS) return r;
+  if (srcDevice == dstDevice) return CUDA_ERROR_INVALID_DEVICE;
+  switch (attrib) {
+    case CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK: *value = 0; break;
+    case CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED: *value = 1; break;
+    case CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED: *value = 0; break;  // not promised across vGPUs
+    case CU_DEVICE_P2P_ATTRIBUTE_CUDA_ARRAY_ACCESS_SUPPORTED: *value = 0; break;  // no arrays yet
+    default: return CUDA_ERROR_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags) {
+  ORION_API(cuCtxEnablePeerAccess);
+  GuestCtx* cur = CurrentCtx();
+  if (cur == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (Flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  GuestCtx* peer = AsCtx(peerContext);
+  if (peer == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (peer->device == cur->device) return CUDA_ERROR_INVALID_DEVICE;
+  std::lock_guard<std::mutex> l(g_peer_mu);
+  if (!g_peer.insert({cur, peer}).second) return CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
+  return CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuCtxDisablePeerAccess(CUcontext peerContext) {
+  ORION_API(cuCtxDisablePeerAccess);
+  GuestCtx* cur = CurrentCtx();
+  if (cur == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  GuestCtx* peer = AsCtx(peerContext);
+  if (peer == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  std::lock_guard<std::mutex> l(g_peer_mu);
+  if (g_peer.erase({cur, peer}) == 0) return CUDA_ERROR_PEER_ACCESS_NOT_ENABLED;
+  return CUDA_SUCCESS;
 }
 
 // No profiler is attached to a remoted context: as NVIDIA's driver does then, starting and

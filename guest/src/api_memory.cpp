@@ -398,6 +398,34 @@ ORION_EXPORT CUresult CUDAAPI cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dst, CUdevic
   ORION_API(cuMemcpyDtoDAsync_v2_ptsz);
   return DtoD(dst, src, n, s);
 }
+// Peer copies: device pointers are unique within the session, so a copy between two vGPUs'
+// memories is a device-to-device copy in oriond (the contexts only name the devices).
+static CUresult Peer(CUdeviceptr dst, CUcontext dstCtx, CUdeviceptr src, CUcontext srcCtx, size_t n, CUstream s) {
+  if (dstCtx == nullptr || srcCtx == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  return DtoD(dst, src, n, s);
+}
+ORION_EXPORT CUresult CUDAAPI cuMemcpyPeer(CUdeviceptr dst, CUcontext dstCtx, CUdeviceptr src, CUcontext srcCtx,
+                                          size_t n) {
+  ORION_API(cuMemcpyPeer);
+  if (CUresult r = Peer(dst, dstCtx, src, srcCtx, n, nullptr); r != CUDA_SUCCESS) return r;
+  return Client::Get().Call(Op::kCtxSynchronize, nullptr, 0);  // synchronous, like cuMemcpy
+}
+ORION_EXPORT CUresult CUDAAPI cuMemcpyPeer_ptds(CUdeviceptr dst, CUcontext dstCtx, CUdeviceptr src, CUcontext srcCtx,
+                                               size_t n) {
+  ORION_API(cuMemcpyPeer_ptds);
+  if (CUresult r = Peer(dst, dstCtx, src, srcCtx, n, nullptr); r != CUDA_SUCCESS) return r;
+  return Client::Get().Call(Op::kCtxSynchronize, nullptr, 0);
+}
+ORION_EXPORT CUresult CUDAAPI cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dstCtx, CUdeviceptr src, CUcontext srcCtx,
+                                               size_t n, CUstream s) {
+  ORION_API(cuMemcpyPeerAsync);
+  return Peer(dst, dstCtx, src, srcCtx, n, s);
+}
+ORION_EXPORT CUresult CUDAAPI cuMemcpyPeerAsync_ptsz(CUdeviceptr dst, CUcontext dstCtx, CUdeviceptr src,
+                                                    CUcontext srcCtx, size_t n, CUstream s) {
+  ORION_API(cuMemcpyPeerAsync_ptsz);
+  return Peer(dst, dstCtx, src, srcCtx, n, s);
+}
 ORION_EXPORT CUresult CUDAAPI cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
   ORION_API(cuMemcpy);
   return Unified(dst, src, n, nullptr, false);

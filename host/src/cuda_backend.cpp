@@ -153,6 +153,9 @@ struct Api {
   decltype(&::cuLibraryGetKernelCount) libraryGetKernelCount = nullptr;
   decltype(&::cuLibraryEnumerateKernels) libraryEnumerateKernels = nullptr;
   decltype(&::cuKernelGetName) kernelGetName = nullptr;
+  // Optional: peer access between a session's GPUs (guests see every pair of vGPUs as peers).
+  decltype(&::cuDeviceCanAccessPeer) deviceCanAccessPeer = nullptr;
+  decltype(&::cuCtxEnablePeerAccess) ctxEnablePeerAccess = nullptr;
 };
 
 template <typename F>
@@ -192,6 +195,8 @@ Status LoadApi(void* lib, const std::string& path, Api* api) {
   (void)Sym(lib, "cuLibraryGetKernelCount", &api->libraryGetKernelCount);
   (void)Sym(lib, "cuLibraryEnumerateKernels", &api->libraryEnumerateKernels);
   (void)Sym(lib, "cuKernelGetName", &api->kernelGetName);
+  (void)Sym(lib, "cuDeviceCanAccessPeer", &api->deviceCanAccessPeer);
+  (void)Sym(lib, "cuCtxEnablePeerAccess", &api->ctxEnablePeerAccess);
   return Status::Ok();
 }
 
@@ -447,8 +452,27 @@ class CudaBackend final : public Backend {
     } catch (...) {
     }
     window_failed_ctx_ = nullptr;  // a new context event: registration may be retried
+    EnablePeers(devices_[dev], c);
     *ctx = c;
     return CUDA_SUCCESS;
+  }
+
+  // The guest reports every pair of a session's vGPUs as peers: where the GPUs can reach each
+  // other, kernels on one may then use the other's memory (copies work in any case, by unified
+  // addressing). Best effort: errors (already enabled, no P2P) leave copies correct.
+  void EnablePeers(CUdevice d, CUcontext c) {
+    if (api_.deviceCanAccessPeer == nullptr || api_.ctxEnablePeerAccess == nullptr) return;
+    CUcontext saved = nullptr;
+    (void)api_.ctxGetCurrent(&saved);
+    for (const auto& [d2, c2] : primary_) {
+      if (d2 == d || c2 == nullptr) continue;
+      int ab = 0, ba = 0;
+      if (api_.deviceCanAccessPeer(&ab, d, d2) == CUDA_SUCCESS && ab != 0 && api_.ctxSetCurrent(c) == CUDA_SUCCESS)
+        (void)api_.ctxEnablePeerAccess(c2, 0);
+      if (api_.deviceCanAccessPeer(&ba, d2, d) == CUDA_SUCCESS && ba != 0 && api_.ctxSetCurrent(c2) == CUDA_SUCCESS)
+        (void)api_.ctxEnablePeerAccess(c, 0);
+    }
+    (void)api_.ctxSetCurrent(saved);
   }
 
   CUresult PrimaryCtxReset(uint32_t dev) override {

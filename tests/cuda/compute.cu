@@ -4,6 +4,8 @@
 //   compute assert     a kernel whose assert fails: the sync returns cudaErrorAssert (sticky)
 //   compute oob        a kernel writing outside its allocation: cudaErrorIllegalAddress (sticky)
 //   compute coop       a cooperative launch whose blocks exchange data across grid.sync()
+//   compute peer       (ORION_VGPU=2) peer access between the two vGPUs: the attribute, enabling,
+//                      cudaMemcpyPeer byte for byte, a kernel on device 0 reading device 1's memory
 //   compute streams    a consumer on stream B sees a producer's data on stream A through an event
 //                      wait; on sim, without the wait it deterministically reads stale data
 #include <cooperative_groups.h>
@@ -302,6 +304,38 @@ int main(int argc, char** argv) {
     ot::expect_error("coop_too_large",
                      cudaLaunchCooperativeKernel((void*)grid_exchange, too_many, threads, args, 0, nullptr),
                      cudaErrorCooperativeLaunchTooLarge);
+    return ot::finish();
+  }
+  if (mode == "peer") {
+    ot::detect_device();
+    int n_dev = 0, can01 = 0, can00 = 1;
+    CUDA_OK(cudaGetDeviceCount(&n_dev));
+    if (!ot::check("two_devices", n_dev == 2, ot::fmt("%d devices", n_dev))) return ot::finish();
+    CUDA_OK(cudaDeviceCanAccessPeer(&can01, 0, 1));
+    CUDA_OK(cudaDeviceCanAccessPeer(&can00, 0, 0));
+    ot::check("can_access_peer", can01 == 1 && can00 == 0, ot::fmt("0->1 %d, 0->0 %d", can01, can00));
+    const int n = 1 << 16;
+    std::vector<int> host(n), back(n);
+    for (int i = 0; i < n; ++i) host[i] = i * 7 - 3;
+    int *d0, *d1, *out;
+    CUDA_OK(cudaSetDevice(1));
+    CUDA_OK(cudaMalloc(&d1, n * 4));
+    CUDA_OK(cudaMemcpy(d1, host.data(), n * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaSetDevice(0));
+    CUDA_OK(cudaMalloc(&d0, n * 4));
+    CUDA_OK(cudaMalloc(&out, n * 4));
+    ot::check("enable_peer", cudaDeviceEnablePeerAccess(1, 0) == cudaSuccess);
+    ot::expect_error("enable_peer_twice", cudaDeviceEnablePeerAccess(1, 0), cudaErrorPeerAccessAlreadyEnabled);
+    CUDA_OK(cudaMemcpyPeer(d0, 0, d1, 1, n * 4));
+    CUDA_OK(cudaMemcpy(back.data(), d0, n * 4, cudaMemcpyDeviceToHost));
+    ot::check("memcpy_peer", back == host, ot::diff_details(back.data(), host.data(), n * 4));
+    copy_plus<<<16, 256>>>(d1, out, n);  // on device 0, reading device 1's memory
+    CUDA_OK(cudaMemcpy(back.data(), out, n * 4, cudaMemcpyDeviceToHost));
+    int bad = 0;
+    for (int i = 0; i < n; ++i) bad += back[i] != host[i] + 1;
+    ot::check_kernel("kernel_reads_peer_memory", bad == 0, ot::fmt("%d wrong", bad));
+    ot::check("disable_peer", cudaDeviceDisablePeerAccess(1) == cudaSuccess);
+    ot::expect_error("disable_peer_twice", cudaDeviceDisablePeerAccess(1), cudaErrorPeerAccessNotEnabled);
     return ot::finish();
   }
   if (mode == "streams") {

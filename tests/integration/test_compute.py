@@ -70,6 +70,12 @@ def test_streams_are_ordered_by_events_only(oriond):
     assert any(" ran _Z9copy_plus" in l and l.endswith(" exec=ran") for l in log), log
 
 
+def test_peer_access_between_the_vgpus_of_a_process(oriond):
+    r = oriond.run("compute", "peer", ORION_VGPU=2, ORION_GMEM=256)
+    assert_passed(r, expect_checks=8)
+    assert checks(r.stdout)["kernel_reads_peer_memory"] == "ok"
+
+
 def test_out_of_bounds_kernel_ends_only_its_session(oriond):
     r = oriond.run("compute", "oob")
     assert_passed(r, expect_checks=2)
