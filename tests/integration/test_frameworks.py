@@ -24,8 +24,22 @@ def test_torch_steps_through_orion(oriond):
     assert r.returncode == 0 and not failed and "DONE failed=0" in r.stdout, (
         f"failed steps: {failed}\n{r.stdout[-3000:]}\n{r.stderr[-4000:]}")
     for s in ("is_available", "zeros", "round_trip", "matmul_1", "matmul_256", "matmul_half", "conv2d_cudnn",
-              "fft", "linalg_solve", "backward"):
+              "fft", "linalg_solve", "backward", "mem_get_info", "capability", "memory_allocated", "oom_then_recover",
+              "pinned_non_blocking", "streams_events", "train_cnn", "synchronize_end"):
         assert steps.get(s) == "ok", s
+    # The quota is what PyTorch sees as the device's memory, and where its allocator runs out.
+    assert f"total={4096 << 20} props.total_memory={4096 << 20}" in r.stdout
+    assert re.search(r"^STEP oom_then_recover ok OutOfMemoryError at \d+ MiB held", r.stdout, re.M)
+    # PyTorch's own (ATen) kernels are SASS for sm_90 with PTX only for a newer arch: validated and
+    # logged, never run (exec=no-ptx), so the probe checks no value they compute. No launch failed.
+    execs = [(m.group(1), m.group(2)) for l in oriond.launches() if (m := re.search(r" launch (\S+) .* exec=(\S+)$", l))]
+    aten = [e for k, e in execs if "2at6native" in k]
+    assert len(aten) > 50 and set(aten) == {"no-ptx"}, set(aten)
+    assert not [k for k, e in execs if e.startswith("error")], [k for k, e in execs if e.startswith("error")]
+    # The training loop reached cuDNN's forward, data-gradient, weight-gradient and batch-norm
+    # kernels, and the optimizer's fused multi-tensor kernels.
+    for pat in ("fprop", "dgrad", "wgrad", "bn_fw_tr", "bn_bw", "multi_tensor_apply", "softmax_warp_backward"):
+        assert any(pat in k for k, _ in execs), pat
     kernels = [m.group(1) for l in oriond.launches() if (m := re.search(r" launch (\S+) ", l))]
     assert any("vectorized_elementwise_kernel" in k for k in kernels), kernels[:20]
     assert any(re.search(r"gemm", k, re.I) for k in kernels), kernels
