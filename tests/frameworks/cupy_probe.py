@@ -118,6 +118,19 @@ def main():
 
     step("reduction_kernel", reduction_kernel)
 
+    def fuse():
+        def f(a, b):
+            return a * b + cp.sin(a) if isinstance(a, cp.ndarray) else a * b + np.sin(a)
+
+        @cp.fuse()
+        def fused(a, b):
+            return a * b + cp.sin(a)
+
+        return computed("cupy.fuse", fused(x, x), f(host, host), exact=False, rtol=1e-5, atol=1e-3)
+
+    step("fuse", fuse)
+    step("cumsum", lambda: computed("cumsum(int64)", cp.cumsum(cp.asarray(iv % 7 - 3)), np.cumsum(iv % 7 - 3)))
+
     raw_src = r"""
     extern "C" __global__ void orion_block_scan(const int* in, int* out, int* block_sums, int n) {
       __shared__ int s[256];

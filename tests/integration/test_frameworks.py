@@ -60,7 +60,7 @@ def test_torch_steps_through_orion(oriond):
 # but does not run: then only status, shapes and data movement are checked.
 COMPUTED_STEPS = ("elementwise_axpb", "elementwise_int", "elementwise_sqrt_exp", "elementwise_f64", "where_compare",
                   "astype_half", "reduce_sum_int", "reduce_max_min", "reduce_sum_f32", "reduce_axis", "argmax",
-                  "elementwise_kernel", "reduction_kernel", "raw_kernel", "fft_values")
+                  "elementwise_kernel", "reduction_kernel", "raw_kernel", "fuse", "cumsum", "fft_values")
 # NVRTC 13.2 asks the driver for this private table while it compiles and goes on when it is refused.
 CUPY_REFUSED = {"cuGetExportTable: private table da9151d3-3ae6-cc41-a5c0-4f26d533e328"}
 
@@ -122,3 +122,36 @@ def test_cupy_results_come_from_the_executor(make_oriond):
         assert steps.get(s, ("",))[0] == "FAIL", (s, steps.get(s))
     assert steps["round_trip"][0] == "ok"
     assert launches and all(e == "off" for _, e in launches), launches[:5]
+
+
+EXPANDABLE = """
+import torch
+try:
+    x = torch.ones(1 << 20, device="cuda")
+    torch.cuda.synchronize()
+    print("ALLOC ok", torch.cuda.memory_reserved())
+except RuntimeError as e:
+    print("REFUSED", str(e).splitlines()[0])
+free, total = torch.cuda.mem_get_info()
+print("MEMINFO", free, total)
+"""
+
+
+def test_torch_expandable_segments_is_refused_loudly(oriond):
+    # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True makes PyTorch's allocator reserve address
+    # space (cuMemAddressReserve) and map physical chunks into it (cuMemCreate/cuMemMap/...): Orion
+    # implements none of the virtual memory management calls, so the first allocation fails with
+    # CUDA_ERROR_NOT_SUPPORTED, named in the warning and the coverage report; the process goes on.
+    pytest.importorskip("torch")
+    r = oriond.run(sys.executable, "-c", EXPANDABLE, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True",
+                   ORION_COVERAGE=1, ORION_GMEM=1024, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    assert re.search(r"^REFUSED .*not supported", r.stdout, re.M), out[-3000:]
+    assert re.search(rf"^MEMINFO \d+ {1024 << 20}$", r.stdout, re.M), out[-3000:]
+    assert "cuMemAddressReserve is not supported by Orion" in r.stderr
+    assert re.search(r"^orion-coverage: STUB cuMemAddressReserve 1$", out, re.M), out[-3000:]
+    # Without the setting the same program allocates.
+    r = oriond.run(sys.executable, "-c", EXPANDABLE, ORION_GMEM=1024, timeout=300)
+    assert re.search(r"^ALLOC ok \d+$", r.stdout, re.M), (r.stdout + r.stderr)[-3000:]
+    assert oriond.alive()
