@@ -155,3 +155,37 @@ def test_torch_expandable_segments_is_refused_loudly(oriond):
     r = oriond.run(sys.executable, "-c", EXPANDABLE, ORION_GMEM=1024, timeout=300)
     assert re.search(r"^ALLOC ok \d+$", r.stdout, re.M), (r.stdout + r.stderr)[-3000:]
     assert oriond.alive()
+
+
+CUPY_REFUSALS = r'''
+import cupy as cp
+src = 'extern "C" __global__ void k(int* a) { a[threadIdx.x] = threadIdx.x * 3; }'
+for name, kw in (("rdc", dict(options=("-rdc=true",))), ("cooperative", dict(enable_cooperative_groups=True))):
+    try:
+        m = cp.RawModule(code=src, **kw)
+        a = cp.zeros(32, dtype=cp.int32)
+        m.get_function("k")((1,), (32,), (a,))
+        cp.cuda.Device().synchronize()
+        print(name, "ran", cp.asnumpy(a)[:4].tolist())
+    except Exception as e:
+        print(name, "REFUSED", type(e).__name__, str(e).splitlines()[0])
+a = cp.arange(10, dtype=cp.int32) * 2
+print("after", cp.asnumpy(a).tolist())
+'''
+
+
+def test_cupy_link_and_cooperative_launch_are_refused_loudly(oriond):
+    # Separate compilation (-rdc=true) makes CuPy link its PTX with libcudadevrt through the
+    # driver's linker (cuLinkCreate...), which Orion does not implement; enable_cooperative_groups
+    # launches with cuLaunchCooperativeKernel (the device reports no cooperative launch support).
+    # Both fail with CUDA_ERROR_NOT_SUPPORTED, named once in a warning; the process goes on.
+    pytest.importorskip("cupy")
+    r = oriond.run(sys.executable, "-c", CUPY_REFUSALS, CUPY_COMPILE_WITH_PTX=1, CUPY_CACHE_DIR=oriond.tmp / "cc",
+                   ORION_GMEM=512, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    assert re.search(r"^rdc REFUSED CUDADriverError CUDA_ERROR_NOT_SUPPORTED", r.stdout, re.M), out[-3000:]
+    assert re.search(r"^cooperative REFUSED CUDADriverError CUDA_ERROR_NOT_SUPPORTED", r.stdout, re.M), out[-3000:]
+    assert "after [0, 2, 4, 6, 8, 10, 12, 14, 16, 18]" in r.stdout, out[-3000:]
+    refused = set(re.findall(r"\[warning\] (\S+) is not supported by Orion", r.stderr))
+    assert refused == {"cuLinkCreate_v2", "cuLaunchCooperativeKernel"}, refused
