@@ -1,10 +1,11 @@
-"""PyTorch, unmodified, on Orion's sim backend (issue #9). Needs the frameworks venv
+"""PyTorch and CuPy, unmodified, on Orion's sim backend (issue #9). Needs the frameworks venv
 (`scripts/venv --frameworks`, tests/requirements-frameworks.txt: torch 2.15 built for CUDA 13.2,
 whose cudart, cuBLAS, cuDNN come from nvidia-* wheels newer than the 13.0 toolkit); skipped
 without it (.ci/run installs it, so CI never skips). tests/frameworks/torch_probe.py runs the steps.
 PyTorch's kernels are SASS for the device's arch (its PTX is for a newer one), which the sim backend
 validates and logs but does not execute, so only status, data movement and the launched kernels
-are checked."""
+are checked. CuPy's NVRTC kernels, loaded as PTX, are executed and their results compared with
+numpy's (tests/frameworks/cupy_probe.py; see the CuPy section below)."""
 import re
 import sys
 
@@ -23,8 +24,22 @@ def test_torch_steps_through_orion(oriond):
     assert r.returncode == 0 and not failed and "DONE failed=0" in r.stdout, (
         f"failed steps: {failed}\n{r.stdout[-3000:]}\n{r.stderr[-4000:]}")
     for s in ("is_available", "zeros", "round_trip", "matmul_1", "matmul_256", "matmul_half", "conv2d_cudnn",
-              "fft", "linalg_solve", "backward"):
+              "fft", "linalg_solve", "backward", "mem_get_info", "capability", "memory_allocated", "oom_then_recover",
+              "pinned_non_blocking", "streams_events", "train_cnn", "synchronize_end"):
         assert steps.get(s) == "ok", s
+    # The quota is what PyTorch sees as the device's memory, and where its allocator runs out.
+    assert f"total={4096 << 20} props.total_memory={4096 << 20}" in r.stdout
+    assert re.search(r"^STEP oom_then_recover ok OutOfMemoryError at \d+ MiB held", r.stdout, re.M)
+    # PyTorch's own (ATen) kernels are SASS for sm_90 with PTX only for a newer arch: validated and
+    # logged, never run (exec=no-ptx), so the probe checks no value they compute. No launch failed.
+    execs = [(m.group(1), m.group(2)) for l in oriond.launches() if (m := re.search(r" launch (\S+) .* exec=(\S+)$", l))]
+    aten = [e for k, e in execs if "2at6native" in k]
+    assert len(aten) > 50 and set(aten) == {"no-ptx"}, set(aten)
+    assert not [k for k, e in execs if e.startswith("error")], [k for k, e in execs if e.startswith("error")]
+    # The training loop reached cuDNN's forward, data-gradient, weight-gradient and batch-norm
+    # kernels, and the optimizer's fused multi-tensor kernels.
+    for pat in ("fprop", "dgrad", "wgrad", "bn_fw_tr", "bn_bw", "multi_tensor_apply", "softmax_warp_backward"):
+        assert any(pat in k for k, _ in execs), pat
     kernels = [m.group(1) for l in oriond.launches() if (m := re.search(r" launch (\S+) ", l))]
     assert any("vectorized_elementwise_kernel" in k for k in kernels), kernels[:20]
     assert any(re.search(r"gemm", k, re.I) for k in kernels), kernels
@@ -34,3 +49,143 @@ def test_torch_steps_through_orion(oriond):
     # (Refusals are logged when they happen; the probe ends with os._exit, so no coverage report.)
     refused = set(re.findall(r"\[warning\] (.+?) is not supported by Orion", r.stderr))
     assert refused == {"cuLogsRegisterCallback", "private table 1734dc26 (unidentified) slot 4"}, refused
+
+
+# ---- CuPy (tests/frameworks/cupy_probe.py) -------------------------------------------------------
+# CuPy compiles its elementwise/reduction/raw kernels with NVRTC at run time. With
+# CUPY_COMPILE_WITH_PTX=1 it loads them as compute_90 PTX (cuModuleLoadData of PTX text), which the
+# sim backend's PTX executor runs: those results are checked against numpy. CUPY_ACCELERATORS=""
+# keeps CuPy's built-in reductions on its own NVRTC kernels instead of its precompiled CUB ones
+# (SASS only). By default CuPy asks NVRTC for sm_90 cubins (SASS), which the sim validates and logs
+# but does not run: then only status, shapes and data movement are checked.
+COMPUTED_STEPS = ("elementwise_axpb", "elementwise_int", "elementwise_sqrt_exp", "elementwise_f64", "where_compare",
+                  "astype_half", "reduce_sum_int", "reduce_max_min", "reduce_sum_f32", "reduce_axis", "argmax",
+                  "elementwise_kernel", "reduction_kernel", "raw_kernel", "fuse", "cumsum", "fft_values")
+# NVRTC 13.2 asks the driver for this private table while it compiles and goes on when it is refused.
+CUPY_REFUSED = {"cuGetExportTable: private table da9151d3-3ae6-cc41-a5c0-4f26d533e328"}
+
+
+def run_cupy(d, *args, **env):
+    pytest.importorskip("cupy", reason="CuPy not installed: scripts/venv --frameworks")
+    r = d.run(sys.executable, ROOT / "tests" / "frameworks" / "cupy_probe.py", *args, ORION_GMEM=2048,
+              CUPY_CACHE_DIR=d.tmp / "cupy-cache", timeout=600, **env)
+    steps = {m.group(1): (m.group(2), m.group(3)) for m in re.finditer(r"^STEP (\S+) (ok|FAIL) ?(.*)$", r.stdout, re.M)}
+    launches = [(m.group(1), m.group(2)) for l in d.launches() if (m := re.search(r" launch (\S+) .* exec=(\S+)$", l))]
+    refused = set(re.findall(r"\[warning\] (.+?) is not supported by Orion", r.stderr))
+    return r, steps, launches, refused
+
+
+def test_cupy_kernels_compute_through_orion(oriond):
+    r, steps, launches, refused = run_cupy(oriond, CUPY_COMPILE_WITH_PTX=1, CUPY_ACCELERATORS="")
+    failed = [s for s, (v, _) in steps.items() if v != "ok"]
+    assert r.returncode == 0 and not failed and "DONE failed=0" in r.stdout, (
+        f"failed steps: {failed}\n{r.stdout[-3000:]}\n{r.stderr[-4000:]}")
+    for s in COMPUTED_STEPS:
+        assert steps.get(s, ("", ""))[1].startswith("COMPUTED"), (s, steps.get(s))
+    for s in ("round_trip", "matmul", "fft", "synchronize"):
+        assert steps.get(s, ("",))[0] == "ok", s
+    ran = {k for k, e in launches if e == "ran"}
+    # CuPy's own NVRTC kernels (elementwise, reduction, ElementwiseKernel/ReductionKernel/RawKernel)
+    # all ran on the executor, none failed or was skipped.
+    cupy_kernels = [(k, e) for k, e in launches if k.startswith(("cupy_", "orion_"))]
+    assert cupy_kernels and all(e == "ran" for _, e in cupy_kernels), cupy_kernels
+    for k in ("cupy_add__float32_float32_float32", "cupy_floor_divide__int32_int32_int32", "cupy_sin__float64_float64",
+              "cupy_argmax", "cupy_sum", "cupy_max", "orion_ew", "orion_sumsq", "orion_block_scan"):
+        assert k in ran, (k, sorted(ran))
+    # cuBLAS's GEMM is SASS only (not run); cuFFT's 1024-point kernel carries PTX and ran, which is
+    # why fft_values is computed.
+    assert any(re.search("gemm", k, re.I) and e == "no-ptx" for k, e in launches), launches
+    fft = [(k, e) for k, e in launches if "fft" in k.lower()]
+    assert fft and all(e == "ran" for _, e in fft), fft
+    assert refused == CUPY_REFUSED, refused
+
+
+def test_cupy_default_cubins_through_orion(oriond):
+    # CuPy's defaults: NVRTC cubins and CUB reductions, all SASS: validated and logged, not run.
+    r, steps, launches, refused = run_cupy(oriond, "--sass")
+    failed = [s for s, (v, _) in steps.items() if v != "ok"]
+    assert r.returncode == 0 and not failed and "DONE failed=0" in r.stdout, (
+        f"failed steps: {failed}\n{r.stdout[-3000:]}\n{r.stderr[-4000:]}")
+    assert steps["round_trip"][1] == "intact"
+    cupy_kernels = [(k, e) for k, e in launches if k.startswith(("cupy_", "orion_"))]
+    assert len(cupy_kernels) >= 15 and all(e == "no-ptx" for _, e in cupy_kernels), cupy_kernels
+    assert any("cub" in k and "Reduce" in k for k, _ in launches), launches
+    assert refused == CUPY_REFUSED, refused
+
+
+def test_cupy_results_come_from_the_executor(make_oriond):
+    # The same PTX run with the executor off: the computed steps must fail (nothing is faked).
+    d = make_oriond(extra_args=("--sim-execute", "none"))
+    r, steps, launches, _ = run_cupy(d, CUPY_COMPILE_WITH_PTX=1, CUPY_ACCELERATORS="")
+    assert r.returncode != 0, r.stdout[-2000:]
+    for s in ("elementwise_axpb", "reduce_sum_int", "raw_kernel", "fft_values"):
+        assert steps.get(s, ("",))[0] == "FAIL", (s, steps.get(s))
+    assert steps["round_trip"][0] == "ok"
+    assert launches and all(e == "off" for _, e in launches), launches[:5]
+
+
+EXPANDABLE = """
+import torch
+try:
+    x = torch.ones(1 << 20, device="cuda")
+    torch.cuda.synchronize()
+    print("ALLOC ok", torch.cuda.memory_reserved())
+except RuntimeError as e:
+    print("REFUSED", str(e).splitlines()[0])
+free, total = torch.cuda.mem_get_info()
+print("MEMINFO", free, total)
+"""
+
+
+def test_torch_expandable_segments_is_refused_loudly(oriond):
+    # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True makes PyTorch's allocator reserve address
+    # space (cuMemAddressReserve) and map physical chunks into it (cuMemCreate/cuMemMap/...): Orion
+    # implements none of the virtual memory management calls, so the first allocation fails with
+    # CUDA_ERROR_NOT_SUPPORTED, named in the warning and the coverage report; the process goes on.
+    pytest.importorskip("torch")
+    r = oriond.run(sys.executable, "-c", EXPANDABLE, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True",
+                   ORION_COVERAGE=1, ORION_GMEM=1024, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    assert re.search(r"^REFUSED .*not supported", r.stdout, re.M), out[-3000:]
+    assert re.search(rf"^MEMINFO \d+ {1024 << 20}$", r.stdout, re.M), out[-3000:]
+    assert "cuMemAddressReserve is not supported by Orion" in r.stderr
+    assert re.search(r"^orion-coverage: STUB cuMemAddressReserve 1$", out, re.M), out[-3000:]
+    # Without the setting the same program allocates.
+    r = oriond.run(sys.executable, "-c", EXPANDABLE, ORION_GMEM=1024, timeout=300)
+    assert re.search(r"^ALLOC ok \d+$", r.stdout, re.M), (r.stdout + r.stderr)[-3000:]
+    assert oriond.alive()
+
+
+CUPY_REFUSALS = r'''
+import cupy as cp
+src = 'extern "C" __global__ void k(int* a) { a[threadIdx.x] = threadIdx.x * 3; }'
+for name, kw in (("rdc", dict(options=("-rdc=true",))), ("cooperative", dict(enable_cooperative_groups=True))):
+    try:
+        m = cp.RawModule(code=src, **kw)
+        a = cp.zeros(32, dtype=cp.int32)
+        m.get_function("k")((1,), (32,), (a,))
+        cp.cuda.Device().synchronize()
+        print(name, "ran", cp.asnumpy(a)[:4].tolist())
+    except Exception as e:
+        print(name, "REFUSED", type(e).__name__, str(e).splitlines()[0])
+a = cp.arange(10, dtype=cp.int32) * 2
+print("after", cp.asnumpy(a).tolist())
+'''
+
+
+def test_cupy_link_and_cooperative_launch_are_refused_loudly(oriond):
+    # Separate compilation (-rdc=true) makes CuPy link its PTX with libcudadevrt through the
+    # driver's linker (cuLinkCreate...), which Orion does not implement; enable_cooperative_groups
+    # launches with cuLaunchCooperativeKernel (the device reports no cooperative launch support).
+    # Both fail with CUDA_ERROR_NOT_SUPPORTED, named once in a warning; the process goes on.
+    pytest.importorskip("cupy")
+    r = oriond.run(sys.executable, "-c", CUPY_REFUSALS, CUPY_COMPILE_WITH_PTX=1, CUPY_CACHE_DIR=oriond.tmp / "cc",
+                   ORION_GMEM=512, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    assert re.search(r"^rdc REFUSED CUDADriverError CUDA_ERROR_NOT_SUPPORTED", r.stdout, re.M), out[-3000:]
+    assert re.search(r"^cooperative REFUSED CUDADriverError CUDA_ERROR_NOT_SUPPORTED", r.stdout, re.M), out[-3000:]
+    assert "after [0, 2, 4, 6, 8, 10, 12, 14, 16, 18]" in r.stdout, out[-3000:]
+    refused = set(re.findall(r"\[warning\] (\S+) is not supported by Orion", r.stderr))
+    assert refused == {"cuLinkCreate_v2", "cuLaunchCooperativeKernel"}, refused
