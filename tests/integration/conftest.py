@@ -131,3 +131,21 @@ def assert_passed(result, expect_checks=1):
     # Only checks that ran count: "skipped-sim" lines are not passes.
     assert sum(1 for v in checks(result.stdout).values() if v == "ok") >= expect_checks, result.stdout[-2000:]
     assert re.search(r"^DONE checks=\d+ failed=0$", result.stdout, re.M), result.stdout[-2000:]
+
+
+def launch_outcomes(log_lines):
+    """[(kernel, outcome)] from a sim launch log, in launch order. A launch deferred on a stream
+    (exec=deferred) takes the outcome of its later "ran" line: each session's stream runs its
+    deferred launches in order."""
+    out, pending = [], {}
+    for line in log_lines:
+        m = re.match(r"sess=(\d+) launch (\S+) .*stream=(\d+) .*exec=(\S+)$", line)
+        if m:
+            out.append([m.group(2), m.group(4)])
+            if m.group(4) == "deferred":
+                pending.setdefault((m.group(1), m.group(3)), []).append(len(out) - 1)
+            continue
+        m = re.match(r"sess=(\d+) ran (\S+) stream=(\d+) exec=(\S+)$", line)
+        if m and pending.get((m.group(1), m.group(3))):
+            out[pending[(m.group(1), m.group(3))].pop(0)][1] = m.group(4)
+    return [tuple(x) for x in out]
