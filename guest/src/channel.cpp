@@ -120,6 +120,11 @@ bool TcpFrameChannel::Commit() noexcept {
   std::memcpy(&h, out_.data(), sizeof h);
   WindowRanges r;
   const bool ranges_ok = FrameWindowRanges(h.op, out_.data() + sizeof h, h.payload_len, &r);
+  // What oriond may send back for this request: WindowData for exactly these ranges.
+  for (uint32_t i = 0; ranges_ok && i < r.nwrites; ++i) {
+    if (expected_.size() >= kMaxExpected) expected_.pop_front();
+    expected_.push_back({h.seq, r.writes[i].offset, r.writes[i].bytes});
+  }
   if (ranges_ok && r.nreads == 0 && (h.flags & kFlagWantsReply) == 0 && batch_.size() + out_.size() <= kBatchBytes) {
     batch_.insert(batch_.end(), out_.begin(), out_.end());
     desc_.server_done_seq.store(h.seq, std::memory_order_release);  // no staging bytes to wait for
@@ -134,11 +139,6 @@ bool TcpFrameChannel::Commit() noexcept {
         return false;
       }
       if (!Send(window_ + w.offset, w.bytes)) return false;
-    }
-    // What oriond may send back for this request: WindowData for exactly these ranges.
-    for (uint32_t i = 0; i < r.nwrites; ++i) {
-      if (expected_.size() >= kMaxExpected) expected_.pop_front();
-      expected_.push_back({h.seq, r.writes[i].offset, r.writes[i].bytes});
     }
   }
   // Sent: the frame's staging bytes are in the socket and may be reused.
