@@ -99,7 +99,10 @@ Result<HttpReply> HttpRequest(const Endpoint& ep, const std::string& method, con
 
 Result<nlohmann::json> ControllerClient::Call(const std::string& method, const std::string& target,
                                               const nlohmann::json& body) const {
-  auto r = HttpRequest(ep_, method, target, body.is_null() ? std::string() : body.dump(), key_, timeout_ms_);
+  // replace: a string that is not valid UTF-8 (a host or program name is bytes) is sent with U+FFFD
+  // in place of the bad bytes instead of throwing out of dump().
+  const std::string text = body.is_null() ? std::string() : body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  auto r = HttpRequest(ep_, method, target, text, key_, timeout_ms_);
   if (!r.ok()) return r.status();
   nlohmann::json j = nlohmann::json::parse(r->body, nullptr, /*allow_exceptions=*/false);
   if (r->status >= 200 && r->status < 300) {

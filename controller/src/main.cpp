@@ -17,6 +17,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 
+#include "orion/common/text.h"
 #include "orion/controller/client.h"
 #include "orion/controller/config.h"
 #include "orion/controller/service.h"
@@ -151,6 +152,13 @@ class Api {
     if (!j.is_object()) return orion::InvalidArgument("the body must be a JSON object");
     return j;
   }
+  // Allocation ids are the UUIDs NewId makes: anything else in the path (.., control bytes, a
+  // smuggled query) is refused before it reaches the service or a log line.
+  static bool IdOk(const httplib::Request& req, httplib::Response& res) {
+    if (orion::IsUuid(std::string(req.matches[1]))) return true;
+    SendError(res, 400, "allocation id must be a UUID");
+    return false;
+  }
   void Reply(httplib::Response& res, const Result<oc::Json>& r, int ok_status = 200) {
     if (r.ok()) {
       SendJson(res, ok_status, *r);
@@ -231,17 +239,21 @@ void Api::Routes(httplib::Server& s) {
           SendJson(res, 200, svc_->ListAllocations(req.get_param_value("host"), req.get_param_value("kind")));
         }));
   s.Get(R"(/v1/allocations/([^/]+))", Wrap("allocation", kClient | kServer, [this](const httplib::Request& req, httplib::Response& res) {
+          if (!IdOk(req, res)) return;
           Reply(res, svc_->GetAllocation(req.matches[1]));
         }));
   s.Post(R"(/v1/allocations/([^/]+)/confirm)", Wrap("confirm", kServer, [this](const httplib::Request& req, httplib::Response& res) {
+           if (!IdOk(req, res)) return;
            auto body = Body(req);
            if (!body.ok()) return Reply(res, body.status());
            Reply(res, svc_->Confirm(req.matches[1], *body));
          }));
   s.Put(R"(/v1/allocations/([^/]+)/lease)", Wrap("renew", kClient | kServer, [this](const httplib::Request& req, httplib::Response& res) {
+          if (!IdOk(req, res)) return;
           Reply(res, svc_->Renew(req.matches[1]));
         }));
   s.Delete(R"(/v1/allocations/([^/]+))", Wrap("release", kClient | kServer, [this](const httplib::Request& req, httplib::Response& res) {
+             if (!IdOk(req, res)) return;
              std::string why = req.get_param_value("reason");
              if (why.size() > 64) why.resize(64);
              auto r = svc_->Release(req.matches[1], why.empty() ? "released" : why);

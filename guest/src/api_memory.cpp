@@ -203,6 +203,10 @@ ORION_EXPORT CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) 
   U64Rep rep{};
   CUresult r = Client::Get().Call(Op::kMemAlloc, &q, sizeof q, &rep, sizeof rep);
   if (r != CUDA_SUCCESS) return r;
+  if (rep.value == 0) {  // a successful allocation is never at 0
+    LogError("oriond answered MemAlloc with a NULL pointer");
+    return CUDA_ERROR_UNKNOWN;
+  }
   S().mirror.Add({rep.value, bytesize, RangeKind::kDevice, CurrentCtx(), nullptr});
   *dptr = rep.value;
   return CUDA_SUCCESS;

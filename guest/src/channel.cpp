@@ -9,10 +9,26 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <time.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
+#include "orion/common/text.h"
+
 namespace orion::guest {
+namespace {
+
+uint64_t MonoNs() noexcept {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+constexpr uint64_t kMinBytesPerSecond = 1ull << 20;  // a message in progress must move at least this fast
+
+}  // namespace
 
 Result<std::unique_ptr<TcpFrameChannel>> TcpFrameChannel::Connect(const std::string& address) {
   const auto colon = address.rfind(':');
@@ -80,7 +96,8 @@ bool TcpFrameChannel::SetWindow(uint64_t window_bytes) noexcept {
   return true;
 }
 
-void TcpFrameChannel::Fail() noexcept {
+void TcpFrameChannel::Fail(std::string why) noexcept {
+  if (why_.empty()) why_ = std::move(why);
   desc_.state.store(ivshmem::kChannelDead, std::memory_order_release);
   if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
 }
@@ -103,6 +120,11 @@ bool TcpFrameChannel::Commit() noexcept {
   std::memcpy(&h, out_.data(), sizeof h);
   WindowRanges r;
   const bool ranges_ok = FrameWindowRanges(h.op, out_.data() + sizeof h, h.payload_len, &r);
+  // What oriond may send back for this request: WindowData for exactly these ranges.
+  for (uint32_t i = 0; ranges_ok && i < r.nwrites; ++i) {
+    if (expected_.size() >= kMaxExpected) expected_.pop_front();
+    expected_.push_back({h.seq, r.writes[i].offset, r.writes[i].bytes});
+  }
   if (ranges_ok && r.nreads == 0 && (h.flags & kFlagWantsReply) == 0 && batch_.size() + out_.size() <= kBatchBytes) {
     batch_.insert(batch_.end(), out_.begin(), out_.end());
     desc_.server_done_seq.store(h.seq, std::memory_order_release);  // no staging bytes to wait for
@@ -113,7 +135,7 @@ bool TcpFrameChannel::Commit() noexcept {
     for (uint32_t i = 0; i < r.nreads; ++i) {
       const WindowRange& w = r.reads[i];
       if (window_ == nullptr || w.offset > window_bytes_ || w.bytes > window_bytes_ - w.offset) {
-        Fail();
+        Fail("a request read outside the window");
         return false;
       }
       if (!Send(window_ + w.offset, w.bytes)) return false;
@@ -125,17 +147,25 @@ bool TcpFrameChannel::Commit() noexcept {
 }
 
 bool TcpFrameChannel::Send(const uint8_t* p, uint64_t len) noexcept {
+  // Like a message from oriond, a send must finish within the stall limit plus 1 s per MiB.
+  const uint64_t start = MonoNs();
+  const uint64_t limit_ns = stall_ms_ == 0 ? 0 : stall_ms_ * 1000000ull + len * 1000000000ull / kMinBytesPerSecond;
   while (len > 0) {
+    if (limit_ns != 0 && MonoNs() - start > limit_ns) {
+      Fail("oriond at " + address_ + " stopped reading: " + std::to_string(len) + " bytes unsent after " +
+           std::to_string((MonoNs() - start) / 1000000) + " ms (ORION_STALL_TIMEOUT_MS=" + std::to_string(stall_ms_) + ")");
+      return false;
+    }
     pollfd pfd{fd_, POLLOUT | POLLIN, 0};
-    if (poll(&pfd, 1, 30000) <= 0) {
-      Fail();
+    if (poll(&pfd, 1, 1000) < 0 && errno != EINTR) {
+      Fail(std::string("poll: ") + std::strerror(errno));
       return false;
     }
     if (pfd.revents & POLLIN) {
       if (!Drain(false)) return false;
     }
     if (pfd.revents & (POLLERR | POLLHUP)) {
-      Fail();
+      Fail("the connection to oriond at " + address_ + " broke");
       return false;
     }
     if (pfd.revents & POLLOUT) {
@@ -144,7 +174,7 @@ bool TcpFrameChannel::Send(const uint8_t* p, uint64_t len) noexcept {
         p += n;
         len -= static_cast<uint64_t>(n);
       } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        Fail();
+        Fail("send to oriond at " + address_ + ": " + std::strerror(errno));
         return false;
       }
     }
@@ -162,40 +192,43 @@ bool TcpFrameChannel::Drain(bool wait) noexcept {
       in_.erase(in_.begin(), in_.begin() + static_cast<std::ptrdiff_t>(n));
       pending_offset_ += n;
       pending_data_ -= n;
+      if (pending_data_ == 0) msg_start_ns_ = 0;  // complete
     }
     // Parse complete messages.
     while (pending_data_ == 0 && in_.size() >= sizeof(FrameHeader)) {
       FrameHeader h;
       std::memcpy(&h, in_.data(), sizeof h);
-      if (h.magic != kFrameMagic || h.payload_len > kMaxPayload) {
-        Fail();
+      if (h.magic != kFrameMagic || h.version != kProtocolVersion || h.payload_len > kMaxPayload) {
+        Fail("oriond at " + address_ + " sent a malformed frame header (magic, version or length)");
         return false;
       }
       if (in_.size() < sizeof h + h.payload_len) break;
       if (h.op == static_cast<uint16_t>(Op::kWindowData)) {
         WindowDataHdr d;
         if (h.payload_len != sizeof d) {
-          Fail();
+          Fail("oriond at " + address_ + " sent a malformed WindowData");
           return false;
         }
         std::memcpy(&d, in_.data() + sizeof h, sizeof d);
-        if (window_ == nullptr || d.offset > window_bytes_ || d.bytes > window_bytes_ - d.offset) {
-          Fail();
-          return false;
-        }
+        if (!AcceptWindowData(h, d)) return false;
         pending_offset_ = d.offset;
         pending_data_ = d.bytes;
+        pending_total_ = sizeof h + sizeof d + d.bytes;
         in_.erase(in_.begin(), in_.begin() + static_cast<std::ptrdiff_t>(sizeof h + sizeof d));
         const uint64_t n = std::min<uint64_t>(pending_data_, in_.size());
         std::memcpy(window_ + pending_offset_, in_.data(), n);
         in_.erase(in_.begin(), in_.begin() + static_cast<std::ptrdiff_t>(n));
         pending_offset_ += n;
         pending_data_ -= n;
+        if (pending_data_ == 0) msg_start_ns_ = 0;  // complete
         continue;
       }
+      if (!AcceptReply(h)) return false;
+      msg_start_ns_ = 0;  // complete
       ready_.emplace_back(in_.begin(), in_.begin() + static_cast<std::ptrdiff_t>(sizeof h + h.payload_len));
       in_.erase(in_.begin(), in_.begin() + static_cast<std::ptrdiff_t>(sizeof h + h.payload_len));
     }
+    if (!CheckStall()) return false;
     if (!ready_.empty() && !wait) return true;
     // Large WindowData: receive straight into the window.
     if (pending_data_ > 0 && in_.empty()) {
@@ -203,10 +236,12 @@ bool TcpFrameChannel::Drain(bool wait) noexcept {
       if (n > 0) {
         pending_offset_ += static_cast<uint64_t>(n);
         pending_data_ -= static_cast<uint64_t>(n);
+        if (pending_data_ == 0) msg_start_ns_ = 0;  // complete
         continue;
       }
       if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-        Fail();
+        Fail(n == 0 ? "oriond at " + address_ + " closed the connection in the middle of WindowData"
+                    : "recv from oriond at " + address_ + ": " + std::strerror(errno));
         return false;
       }
       return true;
@@ -218,17 +253,78 @@ bool TcpFrameChannel::Drain(bool wait) noexcept {
       continue;
     }
     if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-      Fail();
+      Fail(n == 0 ? "oriond at " + address_ + " closed the connection"
+                  : "recv from oriond at " + address_ + ": " + std::strerror(errno));
       return false;
     }
     return true;
   }
 }
 
+bool TcpFrameChannel::CheckStall() noexcept {
+  if (pending_data_ == 0 && in_.empty()) {
+    msg_start_ns_ = 0;
+    return true;
+  }
+  const uint64_t now = MonoNs();
+  if (msg_start_ns_ == 0) msg_start_ns_ = now;
+  if (stall_ms_ == 0) return true;
+  uint64_t total = sizeof(FrameHeader), have = in_.size();
+  if (pending_data_ > 0) {
+    total = pending_total_;
+    have = pending_total_ - pending_data_ + in_.size();
+  } else if (in_.size() >= sizeof(FrameHeader)) {
+    FrameHeader h;
+    std::memcpy(&h, in_.data(), sizeof h);
+    total += h.payload_len;
+  }
+  const uint64_t limit_ns = stall_ms_ * 1000000ull + total * 1000000000ull / kMinBytesPerSecond;
+  if (now - msg_start_ns_ <= limit_ns) return true;
+  Fail("oriond at " + address_ + " stalled in the middle of " + (pending_data_ > 0 ? "WindowData" : "a frame") +
+       ": " + std::to_string(have) + " of " + std::to_string(total) + " bytes in " +
+       std::to_string((now - msg_start_ns_) / 1000000) + " ms (ORION_STALL_TIMEOUT_MS=" + std::to_string(stall_ms_) + ")");
+  return false;
+}
+
+bool TcpFrameChannel::AcceptWindowData(const FrameHeader& h, const WindowDataHdr& d) noexcept {
+  auto it = std::find_if(expected_.begin(), expected_.end(), [&](const Expected& e) {
+    return e.seq == h.seq && e.offset == d.offset && d.bytes <= e.bytes;
+  });
+  if (window_ == nullptr || it == expected_.end() || d.offset > window_bytes_ || d.bytes > window_bytes_ - d.offset) {
+    Fail("oriond at " + address_ + " sent WindowData (seq " + std::to_string(h.seq) + ", window offset " +
+         std::to_string(d.offset) + ", " + std::to_string(d.bytes) +
+         " bytes) that no outstanding request asked for, or that overlaps bytes already received");
+    return false;
+  }
+  it->offset += d.bytes;
+  it->bytes -= d.bytes;
+  if (it->bytes == 0) expected_.erase(it);
+  return true;
+}
+
+bool TcpFrameChannel::AcceptReply(const FrameHeader& h) noexcept {
+  bool missing = false;
+  for (auto it = expected_.begin(); it != expected_.end();) {
+    if (it->seq != h.seq) {
+      ++it;
+      continue;
+    }
+    missing |= it->bytes != 0;
+    it = expected_.erase(it);
+  }
+  if (missing && h.status == 0) {
+    Fail("oriond at " + address_ + " answered seq " + std::to_string(h.seq) +
+         " as successful before sending the window bytes it wrote");
+    return false;
+  }
+  return true;
+}
+
 Status TcpFrameChannel::Pop(ivshmem::FrameView* f, std::vector<uint8_t>* scratch, bool* got) noexcept {
   *got = false;
-  if (!Flush()) return Unavailable("the connection to oriond at " + address_ + " broke");
-  if (ready_.empty() && !Drain(false)) return Unavailable("the connection to oriond at " + address_ + " broke");
+  auto broke = [&] { return Unavailable(why_.empty() ? "the connection to oriond at " + address_ + " broke" : why_); };
+  if (!Flush()) return broke();
+  if (ready_.empty() && (!Drain(false) || !CheckStall())) return broke();
   // A healthy connection is a live server (the Client watches this heartbeat).
   header_.server_heartbeat.fetch_add(1, std::memory_order_relaxed);
   if (ready_.empty()) return Status::Ok();

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -70,6 +71,12 @@ class TcpFrameChannel final : public FrameChannel {
   ivshmem::RegionHeader* header() noexcept { return &header_; }
   const std::string& address() const noexcept { return address_; }
   int fd() const noexcept { return fd_; }
+  // Bounds a message from oriond that has begun to arrive (a frame, or WindowData and its bytes): it
+  // must be complete within `stall_ms` plus one second per MiB it announced, else the connection
+  // fails (a server that stops, or drips a byte at a time, in the middle of a message). 0: no bound.
+  void SetStallLimit(uint64_t stall_ms) noexcept { stall_ms_ = stall_ms; }
+  // Why the connection failed ("" while it is healthy), for the log line that ends the session.
+  const std::string& why() const noexcept { return why_; }
   // Hands the connection over (to an RDMA channel after its Welcome); this channel is then unusable.
   int ReleaseFd() noexcept {
     const int fd = fd_;
@@ -93,10 +100,24 @@ class TcpFrameChannel final : public FrameChannel {
   bool Send(const uint8_t* p, uint64_t len) noexcept;
   // Reads what is available; applies WindowData, queues frames. False on a broken connection.
   bool Drain(bool wait) noexcept;
-  void Fail() noexcept;
+  // Checks the message in progress against the stall limit; false (and failed) past it.
+  bool CheckStall() noexcept;
+  // A WindowData header from oriond: accepted only for a range a request we sent writes.
+  bool AcceptWindowData(const FrameHeader& h, const WindowDataHdr& d) noexcept;
+  // A reply: the window bytes of its request must all have arrived if it succeeded.
+  bool AcceptReply(const FrameHeader& h) noexcept;
+  void Fail(std::string why) noexcept;
 
   int fd_;
   std::string address_;
+  std::string why_;
+  uint64_t stall_ms_ = 30000;
+  uint64_t msg_start_ns_ = 0;           // when the message in progress began (0: none)
+  uint64_t pending_total_ = 0;          // bytes of the WindowData in progress, header included
+  // Window ranges that requests we sent write and whose WindowData has not fully arrived, in order.
+  struct Expected { uint32_t seq; uint64_t offset; uint64_t bytes; };
+  std::deque<Expected> expected_;
+  static constexpr size_t kMaxExpected = 65536;  // failed async copies never get theirs: bounded
   std::vector<uint8_t> out_;            // the frame being built
   std::vector<uint8_t> batch_;          // asynchronous frames not sent yet
   std::vector<uint8_t> in_;             // received, not yet parsed

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "orion/common/text.h"
 #include "orion/controller/client.h"
 #include "orion/ivshmem/discover.h"
 #include "version.h"
@@ -65,6 +66,31 @@ std::string ProcessName() {
 
 thread_local uint64_t t_ctx_handle = 0;
 
+// Whether `v` is a CUresult this driver knows (cuda.h's list).
+bool KnownResult(int32_t v) noexcept {
+  switch (v) {
+#define ORION_CUDA_ERROR(num, name, text) case num:
+#include "cuda_errors.inc"
+#undef ORION_CUDA_ERROR
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Ops whose reply legitimately waits for device work (a kernel of any length): no reply deadline.
+bool MayWaitForDevice(Op op) noexcept {
+  switch (op) {
+    case Op::kSync: case Op::kCtxDestroy: case Op::kCtxSynchronize: case Op::kPrimaryCtxRelease:
+    case Op::kPrimaryCtxReset: case Op::kMemFree: case Op::kMemcpyHtoD: case Op::kMemcpyDtoH:
+    case Op::kMemcpy2D: case Op::kModuleLoad: case Op::kModuleUnload: case Op::kStreamDestroy:
+    case Op::kStreamSynchronize: case Op::kEventSynchronize:
+      return true;
+    default:
+      return false;
+  }
+}
+
 }  // namespace
 
 uint64_t& ThreadContextHandle() noexcept { return t_ctx_handle; }
@@ -93,6 +119,11 @@ CUresult Client::ConnectLocked() noexcept {
     LogError("ORION_VGPU must be 1.." + std::to_string(kMaxDevices) + " and ORION_GMEM a number of MiB");
     return CUDA_ERROR_INVALID_VALUE;
   }
+  handshake_ms_ = EnvU64("ORION_HANDSHAKE_TIMEOUT_MS", handshake_ms_, &bad);
+  reply_ms_ = EnvU64("ORION_REPLY_TIMEOUT_MS", reply_ms_, &bad);
+  sync_ms_ = EnvU64("ORION_SYNC_TIMEOUT_MS", sync_ms_, &bad);
+  stall_ms_ = EnvU64("ORION_STALL_TIMEOUT_MS", stall_ms_, &bad);
+  if (bad) return CUDA_ERROR_INVALID_VALUE;
   // Transport: a configured region (ORION_SHM), else a configured server (ORION_SERVER, network),
   // else a region found on this machine or VM.
   const char* shm = std::getenv("ORION_SHM");
@@ -105,6 +136,8 @@ CUresult Client::ConnectLocked() noexcept {
     if (!tcp.ok()) return tcp.status();
     network_ = true;
     tcp_ = tcp->get();
+    tcp_->SetStallLimit(stall_ms_);
+    peer_ = "oriond at " + LogSafe(addr);
     const char* force = std::getenv("ORION_TRANSPORT");
     if (!offer_rdma) {
       rdma_port_.reset();
@@ -134,7 +167,7 @@ CUresult Client::ConnectLocked() noexcept {
     chan_.reset();
     tcp_ = nullptr;
     if (Status st = connect_network(addr, false); !st.ok()) {
-      LogError("cannot use oriond: " + st.message());
+      LogError("cannot use oriond: " + LogSafe(st.message()));
       return CUDA_ERROR_NO_DEVICE;
     }
     return HandshakeLocked(vgpus, gmem, addr);  // offers no RDMA: no second retry
@@ -152,7 +185,7 @@ CUresult Client::ConnectLocked() noexcept {
     std::string placed;
     if (CUresult r = AllocateFromControllerLocked(vgpus, gmem, &placed); r != CUDA_SUCCESS) return r;
     if (Status st = connect_network(placed, true); !st.ok()) {
-      LogError("cannot reach oriond " + placed + " of allocation " + controller_alloc_ + ": " + st.message());
+      LogError("cannot reach oriond " + LogSafe(placed) + " of allocation " + controller_alloc_ + ": " + LogSafe(st.message()));
       ReleaseControllerAllocation("server_unreachable");
       return CUDA_ERROR_NO_DEVICE;
     }
@@ -164,6 +197,7 @@ CUresult Client::ConnectLocked() noexcept {
     return CUDA_ERROR_NO_DEVICE;
   }
   const std::string path = where->path;
+  peer_ = "oriond on " + path;
   auto region = ivshmem::MappedRegion::Open(path);
   if (!region.ok()) {
     LogError("cannot use Orion region: " + region.status().message() +
@@ -237,10 +271,11 @@ CUresult Client::HandshakeLocked(uint64_t vgpus, uint64_t gmem, const std::strin
   if (CUresult r = PushLocked(h, &hello, sizeof hello, nullptr, 0); r != CUDA_SUCCESS) return r;
   std::vector<uint8_t> rep(sizeof(WelcomeRep) + kMaxDevices * sizeof(DeviceInfo) + 1024);
   uint32_t rep_len = 0;
-  CUresult r = WaitReplyLocked(h.seq, rep.data(), static_cast<uint32_t>(rep.size()), &rep_len);
+  CUresult r = WaitReplyLocked(h.seq, static_cast<Op>(h.op), rep.data(), static_cast<uint32_t>(rep.size()), &rep_len);
   if (r != CUDA_SUCCESS) {
     std::string reason(reinterpret_cast<const char*>(rep.data()), std::min<size_t>(rep_len, rep.size()));
-    LogError("Fail to get resource from oriond: " + (reason.empty() ? std::string("no answer") : reason));
+    reason.resize(strnlen(reason.c_str(), reason.size()));
+    LogError("Fail to get resource from oriond: " + (reason.empty() ? std::string("no answer") : LogSafe(reason)));
     ReleaseControllerAllocation("refused");
     broken_ = r;
     GiveBackLocked();  // refused: hand the channel back at once
@@ -290,6 +325,10 @@ CUresult Client::HandshakeLocked(uint64_t vgpus, uint64_t gmem, const std::strin
   for (auto& d : devices_) d.name[kNameLen - 1] = '\0';
   LogInfo(std::string("Orion vGPU client ") + kOrionVersion + " (build " + kOrionBuild + ")");
   welcome_.allocation_id[sizeof welcome_.allocation_id - 1] = '\0';
+  if (welcome_.allocation_id[0] != '\0' && !IsUuid(welcome_.allocation_id)) {
+    return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, ("oriond's Welcome names a malformed allocation id " +
+                                                  LogSafe(welcome_.allocation_id)).c_str());
+  }
   if (welcome_.allocation_id[0] != '\0') {
     allocation_text_ = std::string("(controller) ") + welcome_.allocation_id + " :";
   } else {
@@ -318,13 +357,16 @@ CUresult Client::AllocateFromControllerLocked(uint64_t vgpus, uint64_t gmem, std
   }
   char host[256] = {};
   gethostname(host, sizeof host - 1);
+  try {
   controller::ControllerClient cc(*ep, ivshmem::ClientControllerKey(), 5000);
+  // Host and program names are bytes, not text: JSON needs valid UTF-8 (invalid bytes become U+FFFD).
   nlohmann::json req = {{"vgpus", vgpus}, {"gmem_mib", gmem},
-                        {"client", {{"host", host}, {"pid", static_cast<uint32_t>(getpid())}, {"process", ProcessName()}}}};
+                        {"client", {{"host", ValidUtf8(host)}, {"pid", static_cast<uint32_t>(getpid())},
+                                    {"process", ValidUtf8(ProcessName())}}}};
   if (ratio != 0) req["ratio"] = ratio;
   auto r = cc.Call("POST", "/v1/allocations", req);
   if (!r.ok()) {
-    LogError("Fail to get resource from controller " + ep->text() + ": " + r.status().message());
+    LogError("Fail to get resource from controller " + ep->text() + ": " + LogSafe(r.status().message()));
     switch (r.status().code()) {
       case Code::kInvalidArgument: return CUDA_ERROR_INVALID_VALUE;
       case Code::kResourceExhausted: return CUDA_ERROR_OUT_OF_MEMORY;
@@ -338,19 +380,30 @@ CUresult Client::AllocateFromControllerLocked(uint64_t vgpus, uint64_t gmem, std
     LogError("Fail to get resource from controller " + ep->text() + ": malformed reply");
     return CUDA_ERROR_NO_DEVICE;
   }
-  controller_alloc_ = a["id"].get<std::string>();
+  const std::string id = a["id"].get<std::string>();
+  if (!IsUuid(id)) {
+    // It would go into DELETE /v1/allocations/<id> and oriond's Hello: nothing but a UUID may.
+    LogError("Fail to get resource from controller " + ep->text() + ": malformed allocation id " + LogSafe(id));
+    return CUDA_ERROR_NO_DEVICE;
+  }
+  controller_alloc_ = id;
   *server = a["server"].get<std::string>();
   std::string where;
   for (const auto& p : a["placements"]) {
     if (p.contains("text") && p["text"].is_string()) where += " " + p["text"].get<std::string>();
   }
-  LogInfo("Orion Controller " + ep->text() + " placed allocation " + controller_alloc_ + ":" + where);
+  LogInfo("Orion Controller " + ep->text() + " placed allocation " + controller_alloc_ + ":" + LogSafe(where));
   return CUDA_SUCCESS;
+  } catch (const std::exception& e) {  // nothing may escape: this runs inside cuInit
+    LogError("Fail to get resource from controller " + ep->text() + ": " + LogSafe(e.what()));
+    return CUDA_ERROR_NO_DEVICE;
+  }
 }
 
 void Client::ReleaseControllerAllocation(const char* why) noexcept {
   if (controller_alloc_.empty()) return;
   const std::string id = std::exchange(controller_alloc_, std::string());
+  if (!IsUuid(id)) return;  // never put anything else into a request line
   auto ep = controller::ParseEndpoint(controller_addr_);
   if (!ep.ok()) return;
   controller::ControllerClient cc(*ep, ivshmem::ClientControllerKey(), 2000);
@@ -425,22 +478,71 @@ CUresult Client::PushLocked(const FrameHeader& h, const void* req, uint32_t req_
   std::memcpy(p, &h, sizeof h);
   if (req_len != 0) std::memcpy(p + sizeof h, req, req_len);
   if (tail_len != 0) std::memcpy(p + sizeof h + req_len, tail, tail_len);
-  if (!chan_->Commit()) return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, "the connection to oriond broke");
+  if (!chan_->Commit()) {
+    return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE,
+                  tcp_ != nullptr && !tcp_->why().empty() ? tcp_->why().c_str() : "the connection to oriond broke");
+  }
+  if ((h.flags & kFlagWantsReply) == 0 && h.op != static_cast<uint16_t>(Op::kCtxSetCurrent)) async_unanswered_ = true;
   RingDoorbell();
   return CUDA_SUCCESS;
 }
 
-CUresult Client::WaitReplyLocked(uint32_t seq, void* rep, uint32_t rep_cap, uint32_t* rep_len) noexcept {
+uint64_t Client::ReplyDeadlineMs(Op op) const noexcept {
+  if (op == Op::kHello || op == Op::kRdmaConnect) return handshake_ms_;
+  if (MayWaitForDevice(op) || async_unanswered_) return sync_ms_;
+  return reply_ms_;
+}
+
+bool Client::TimedOutLocked(uint64_t start_ns, uint64_t ms, Op op, uint32_t seq) noexcept {
+  if (ms == 0 || NowNs() - start_ns <= ms * 1000000ull) return false;
+  const char* knob = op == Op::kHello || op == Op::kRdmaConnect                 ? "ORION_HANDSHAKE_TIMEOUT_MS"
+                     : op != Op::kTakeOutput && (MayWaitForDevice(op) || async_unanswered_) ? "ORION_SYNC_TIMEOUT_MS"
+                                                                                      : "ORION_REPLY_TIMEOUT_MS";
+  const std::string what = std::string("no reply to ") + OpName(static_cast<uint16_t>(op)) + " (seq " +
+                           std::to_string(seq) + ") from " + peer_ + " in " + std::to_string(ms) + " ms (" + knob + ")";
+  Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, what.c_str());
+  return true;
+}
+
+bool Client::ReplyValidLocked(const FrameHeader& h, uint32_t seq, Op op) noexcept {
+  std::string bad;
+  if (h.seq != seq) {
+    bad = "reply out of order (seq " + std::to_string(h.seq) + ", waiting for " + std::to_string(seq) + ")";
+  } else if (h.magic != kFrameMagic || h.version != kProtocolVersion) {
+    bad = "a reply with a wrong magic or protocol version " + std::to_string(h.version);
+  } else if (h.op != static_cast<uint16_t>(op)) {
+    bad = "a reply for op " + std::to_string(h.op) + " to " + OpName(static_cast<uint16_t>(op));
+  } else if ((h.flags & ~kFlagOutputPending) != 0 || h.payload_len > kMaxPayload) {
+    bad = "a reply with unknown flags or an impossible length";
+  } else if (!KnownResult(h.status) && !(h.status == kStatusNeedBytes && op == Op::kModuleLoad)) {
+    bad = "a reply with status " + std::to_string(h.status) + ", which is no CUresult";
+  } else if (!KnownResult(h.deferred)) {
+    bad = "a reply with deferred status " + std::to_string(h.deferred) + ", which is no CUresult";
+  }
+  if (bad.empty()) return true;
+  Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, (peer_ + " sent " + bad).c_str());
+  return false;
+}
+
+CUresult Client::WaitReplyLocked(uint32_t seq, Op op, void* rep, uint32_t rep_cap, uint32_t* rep_len) noexcept {
   Backoff backoff(20000, 200, 200);
   uint64_t last_beat = 0;
   uint64_t last_change = 0;
+  const uint64_t start = NowNs();
+  const uint64_t deadline_ms = ReplyDeadlineMs(op);
   for (;;) {
     ivshmem::FrameView f{};
     bool got = false;
     Status s = chan_->Pop(&f, &scratch_, &got);
-    if (!s.ok()) return Broken(CUDA_ERROR_UNKNOWN, s.message().c_str());
+    if (!s.ok()) return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, s.message().c_str());
     if (got) {
-      if (f.header.seq != seq) return Broken(CUDA_ERROR_UNKNOWN, "reply out of order");
+      if (!ReplyValidLocked(f.header, seq, op)) return broken_;
+      if (f.header.status == CUDA_SUCCESS && rep != nullptr && rep_len == nullptr && f.header.payload_len < rep_cap) {
+        return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, (peer_ + " sent a short reply to " + OpName(f.header.op) + " (" +
+                                                      std::to_string(f.header.payload_len) + " of " +
+                                                      std::to_string(rep_cap) + " bytes)").c_str());
+      }
+      async_unanswered_ = false;  // oriond executes in order: everything before it has run
       if (rep_len != nullptr) *rep_len = f.header.payload_len;
       if (rep != nullptr) std::memcpy(rep, f.payload, std::min(rep_cap, f.header.payload_len));
       const auto status = static_cast<CUresult>(f.header.status);
@@ -451,6 +553,7 @@ CUresult Client::WaitReplyLocked(uint32_t seq, void* rep, uint32_t rep_cap, uint
       return deferred;
     }
     if (backoff.sleeping() && ServerGoneLocked(&last_beat, &last_change)) return broken_;
+    if (backoff.sleeping() && TimedOutLocked(start, deadline_ms, op, seq)) return broken_;
     backoff.Pause();
   }
 }
@@ -465,23 +568,25 @@ void Client::DrainOutputLocked() noexcept {
     ivshmem::FrameView f{};
     Backoff backoff(20000, 200, 200);
     uint64_t last_beat = 0, last_change = 0;
+    const uint64_t start = NowNs();
     for (;;) {
       bool got = false;
-      if (!chan_->Pop(&f, &scratch_, &got).ok()) return;
+      if (Status st = chan_->Pop(&f, &scratch_, &got); !st.ok()) {
+        (void)Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, st.message().c_str());
+        return;
+      }
       if (got) break;
       if (backoff.sleeping() && ServerGoneLocked(&last_beat, &last_change)) return;
+      if (backoff.sleeping() && TimedOutLocked(start, reply_ms_, Op::kTakeOutput, h.seq)) return;
       backoff.Pause();
     }
-    if (f.header.seq != h.seq || f.header.op != static_cast<uint16_t>(Op::kTakeOutput)) {
-      (void)Broken(CUDA_ERROR_UNKNOWN, "reply out of order");
-      return;
-    }
+    if (!ReplyValidLocked(f.header, h.seq, Op::kTakeOutput)) return;
     OutputRep rep{};
     const uint32_t len = std::min<uint32_t>(f.header.payload_len, kMaxPayload);
     if (len < sizeof rep) return;
     std::memcpy(&rep, f.payload, sizeof rep);
     if (uint64_t{rep.stdout_bytes} + rep.notice_bytes > len - sizeof rep) {
-      (void)Broken(CUDA_ERROR_UNKNOWN, "malformed TakeOutput reply");
+      (void)Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, "malformed TakeOutput reply");
       return;
     }
     // Through the program's own stdout stream, so device lines keep their place among its lines.
@@ -493,10 +598,7 @@ void Client::DrainOutputLocked() noexcept {
     for (size_t b = 0, e; b < notes.size(); b = e + 1) {
       e = notes.find('\n', b);
       if (e == std::string::npos) e = notes.size();
-      std::string line = notes.substr(b, e - b);
-      for (char& c : line)
-        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';  // peer text: no control bytes
-      if (!line.empty()) LogWarn("oriond: " + line);
+      if (e > b) LogWarn("oriond: " + LogSafe(std::string_view(notes).substr(b, e - b)));
     }
     if ((f.header.flags & kFlagOutputPending) == 0) return;
   }
@@ -521,7 +623,7 @@ CUresult Client::Call(Op op, const void* req, uint32_t req_len, void* rep, uint3
   if (CUresult r = SyncContextLocked(); r != CUDA_SUCCESS) return r;
   FrameHeader h = MakeHeader(op, req_len + tail_len, true);
   if (CUresult r = PushLocked(h, req, req_len, tail, tail_len); r != CUDA_SUCCESS) return r;
-  const CUresult r = WaitReplyLocked(h.seq, rep, rep_cap, rep_len);
+  const CUresult r = WaitReplyLocked(h.seq, static_cast<Op>(h.op), rep, rep_cap, rep_len);
   if (r != CUDA_SUCCESS && r != static_cast<CUresult>(kStatusNeedBytes)) {
     LogDebug(std::string("op=") + OpName(static_cast<uint16_t>(op)) + " -> " + std::to_string(r));
   }
@@ -594,7 +696,7 @@ CUresult Client::CopyHtoD(uint64_t dst, const void* src, uint64_t bytes, uint64_
     MemcpyReq q{dst, static_cast<uint64_t>(off), bytes, stream};
     FrameHeader h = MakeHeader(Op::kMemcpyHtoD, sizeof q, sync);
     if (CUresult r = PushLocked(h, &q, sizeof q, nullptr, 0); r != CUDA_SUCCESS) return r;
-    return sync ? WaitReplyLocked(h.seq, nullptr, 0, nullptr) : CUDA_SUCCESS;
+    return sync ? WaitReplyLocked(h.seq, static_cast<Op>(h.op), nullptr, 0, nullptr) : CUDA_SUCCESS;
   }
   const auto* s = static_cast<const uint8_t*>(src);
   for (uint64_t done = 0; done < bytes;) {
@@ -624,7 +726,7 @@ CUresult Client::CopyDtoH(void* dst, uint64_t src, uint64_t bytes, uint64_t stre
     }
     FrameHeader h = MakeHeader(Op::kMemcpyDtoH, sizeof q, true);
     if (CUresult r = PushLocked(h, &q, sizeof q, nullptr, 0); r != CUDA_SUCCESS) return r;
-    return WaitReplyLocked(h.seq, nullptr, 0, nullptr);
+    return WaitReplyLocked(h.seq, static_cast<Op>(h.op), nullptr, 0, nullptr);
   }
   // Pageable destination: pipelined chunks through staging; the call returns when all arrived.
   struct Pending { uint32_t seq; uint64_t off, len, at; };
@@ -650,7 +752,7 @@ CUresult Client::CopyDtoH(void* dst, uint64_t src, uint64_t bytes, uint64_t stre
     if (pending.empty()) break;
     const Pending p = pending.front();
     pending.pop_front();
-    CUresult r = WaitReplyLocked(p.seq, nullptr, 0, nullptr);
+    CUresult r = WaitReplyLocked(p.seq, Op::kMemcpyDtoH, nullptr, 0, nullptr);
     if (r == CUDA_SUCCESS && result == CUDA_SUCCESS) std::memcpy(d + p.at, window_ + p.off, p.len);
     if (r != CUDA_SUCCESS && result == CUDA_SUCCESS) result = r;
     if (broken_ != CUDA_SUCCESS) return broken_;
@@ -707,7 +809,7 @@ CUresult Client::Copy2D(const CUDA_MEMCPY2D& c, uint64_t stream, bool async) noe
       FrameHeader h = MakeHeader(Op::kMemcpy2D, sizeof q, true);
       StageTagLocked(h.seq, true);
       if (CUresult r = PushLocked(h, &q, sizeof q, nullptr, 0); r != CUDA_SUCCESS) return r;
-      CUresult r = WaitReplyLocked(h.seq, nullptr, 0, nullptr);
+      CUresult r = WaitReplyLocked(h.seq, static_cast<Op>(h.op), nullptr, 0, nullptr);
       stage_fifo_.back().released = true;
       if (r != CUDA_SUCCESS) return r;
       for (uint64_t k = 0; k < rows; ++k) std::memcpy(dst_h + (row + k) * c.dstPitch, window_ + off + k * w, w);

@@ -82,7 +82,20 @@ class Client {
   CUresult HandshakeLocked(uint64_t vgpus, uint64_t gmem, const std::string& where) noexcept;
   CUresult PushLocked(const FrameHeader& h, const void* req, uint32_t req_len, const void* tail,
                       uint32_t tail_len) noexcept;
-  CUresult WaitReplyLocked(uint32_t seq, void* rep, uint32_t rep_cap, uint32_t* rep_len) noexcept;
+  // Waits for the reply to request `seq` (op `op`) and checks it (docs: README "Security model"): it
+  // must answer that request (seq, op, version), carry a known CUresult (kStatusNeedBytes only for
+  // ModuleLoad), known flags, and, when it succeeds and the caller takes a fixed-size reply
+  // (rep_len == nullptr), at least rep_cap bytes. Anything else, or no reply within the op's
+  // deadline (ReplyDeadlineMs), breaks the session with CUDA_ERROR_DEVICE_UNAVAILABLE.
+  CUresult WaitReplyLocked(uint32_t seq, Op op, void* rep, uint32_t rep_cap, uint32_t* rep_len) noexcept;
+  // How long the reply to `op` may take (ms, 0: no limit): the handshake deadline for Hello and
+  // RdmaConnect; none (ORION_SYNC_TIMEOUT_MS) for ops that wait for device work, and for any op sent
+  // after asynchronous frames that oriond may still be executing; the reply deadline otherwise.
+  uint64_t ReplyDeadlineMs(Op op) const noexcept;
+  // Whether the reply frame `h` answers request `seq` / `op`; else breaks the session (why logged).
+  bool ReplyValidLocked(const FrameHeader& h, uint32_t seq, Op op) noexcept;
+  // Breaks the session when `start_ns` is more than `ms` ago (ms != 0), naming `op` and `seq`.
+  bool TimedOutLocked(uint64_t start_ns, uint64_t ms, Op op, uint32_t seq) noexcept;
   CUresult Broken(CUresult why, const char* what) noexcept;
   void GiveBackLocked() noexcept;
   // After publishing a frame: wakes oriond's worker if it sleeps on the doorbell.
@@ -126,6 +139,14 @@ class Client {
   std::string rdma_why_;                // why it offers no RDMA
   std::vector<uint8_t> scratch_;
   uint32_t next_seq_ = 1;
+  // Bounded waits (ms, 0: none): ORION_HANDSHAKE_TIMEOUT_MS, ORION_REPLY_TIMEOUT_MS,
+  // ORION_SYNC_TIMEOUT_MS, ORION_STALL_TIMEOUT_MS (TCP: a message stalled half-way).
+  uint64_t handshake_ms_ = 30000;
+  uint64_t reply_ms_ = 120000;
+  uint64_t sync_ms_ = 0;
+  uint64_t stall_ms_ = 30000;
+  bool async_unanswered_ = false;  // asynchronous frames were sent since the last reply
+  std::string peer_;               // oriond's address or region, for log lines
   uint64_t current_ctx_sent_ = 0;
 
   struct StageEntry {
@@ -173,6 +194,7 @@ CUresult Client::SendLaunch(const LaunchReq& q, const LaunchExReq* ex, Fill&& fi
   std::memcpy(p, &h, sizeof h);
   if (ex != nullptr) std::memcpy(p + sizeof h, ex, sizeof *ex); else std::memcpy(p + sizeof h, &q, sizeof q);
   fill(p + sizeof h + head);
+  async_unanswered_ = true;
   if (!chan_->Commit()) return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, "the connection to oriond broke");
   RingDoorbell();
   return CUDA_SUCCESS;

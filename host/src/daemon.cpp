@@ -526,22 +526,38 @@ void Daemon::AcceptClients(uint64_t now_ms) {
     socklen_t len = sizeof ss;
     const int c = accept4(listen_fd_, reinterpret_cast<sockaddr*>(&ss), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (c < 0) break;
-    if (pending_.size() >= 64) {
-      // Connections that have not said Hello yet are capped: a flood of silent ones cannot use up
-      // oriond's descriptors (each is dropped after 5 s anyway).
-      ::close(c);
-      continue;
-    }
     char host[NI_MAXHOST] = "?", port[NI_MAXSERV] = "?";
     getnameinfo(reinterpret_cast<sockaddr*>(&ss), len, host, sizeof host, port, sizeof port,
                 NI_NUMERICHOST | NI_NUMERICSERV);
+    // Connections that have not said Hello yet are capped (kMaxPending in all, kMaxPendingPerSource
+    // per address), so silent ones cannot use up oriond's descriptors. A new connection is never
+    // turned away for it: the oldest silent one (of its source when that source is at its limit)
+    // makes room, so a flood of silent connections cannot lock out clients that say Hello at once.
+    constexpr size_t kMaxPending = 64, kMaxPendingPerSource = 16;
+    size_t same = 0, oldest_same = pending_.size();
+    for (size_t i = 0; i < pending_.size(); ++i) {
+      if (pending_[i].source != host) continue;
+      if (same++ == 0) oldest_same = i;
+    }
+    const size_t evict = same >= kMaxPendingPerSource ? oldest_same : pending_.size() >= kMaxPending ? 0 : pending_.size();
+    if (evict < pending_.size()) {
+      if (++evicted_ % 64 == 1) {
+        log_->warn("client {}: closed before its Hello to make room for new connections ({} so far; {} pending)",
+                   pending_[evict].peer, evicted_, pending_.size());
+      }
+      ::close(pending_[evict].fd);
+      pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(evict));
+    }
     const int one = 1, idle = 10, intvl = 2, cnt = 3;  // a dead client is noticed in ~16 s
     setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     setsockopt(c, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
     setsockopt(c, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
     setsockopt(c, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
     setsockopt(c, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
-    pending_.push_back({c, std::string(host) + ":" + port, {}, now_ms});
+    pending_.push_back({c, std::string(host) + ":" + port, host, {}, now_ms});
+    // Its Hello is usually there already: deal with it before more connections can push it out.
+    Handshake(pending_.back());
+    if (pending_.back().fd < 0) pending_.pop_back();
   }
   for (size_t i = 0; i < pending_.size();) {
     Pending& p = pending_[i];

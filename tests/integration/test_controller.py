@@ -538,3 +538,22 @@ def test_the_database_and_log_are_private(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_allocation_ids_in_paths_must_be_uuids(tmp_path):
+    # Issue #11: an id that is not a UUID ("..", a smuggled query, control bytes) is refused with 400
+    # before it reaches the service or the log; a well-formed unknown id is still 404.
+    ctl = Controller(tmp_path)
+    try:
+        for method, path in [("DELETE", "/v1/allocations/.."),
+                             ("DELETE", "/v1/allocations/abc%0D%0AX-Smuggled:%201"),
+                             ("GET", "/v1/allocations/not-a-uuid"),
+                             ("PUT", "/v1/allocations/%1B%5B2Jx/lease"),
+                             ("POST", "/v1/allocations/0f8fad5b-d9cb-469f-a165-70867728950e%3F/confirm")]:
+            code, body = ctl.call(method, path, body={} if method == "POST" else None)
+            assert code == 400 and body.get("message") == "allocation id must be a UUID", (method, path, code, body)
+        code, body = ctl.call("DELETE", "/v1/allocations/0f8fad5b-d9cb-469f-a165-70867728950e")
+        assert code == 404, (code, body)
+        assert "\x1b" not in ctl.log() and "X-Smuggled" not in ctl.log()
+    finally:
+        ctl.stop()

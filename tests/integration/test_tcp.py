@@ -279,3 +279,41 @@ def test_client_that_stops_mid_frame_is_dropped(tmp_path):
         assert_passed(run_tcp(d, "device_props"))  # others are served
     finally:
         d.stop()
+
+
+def test_silent_connections_do_not_lock_out_clients(tcp_oriond):
+    # Issue #11: connections that never send Hello (a flood from one source, kept up while clients
+    # connect) must not lock new TCP clients out: oriond makes room by closing the oldest silent one.
+    import threading
+    d = tcp_oriond
+    held, silent, stop = [], [], threading.Event()  # held: open for the whole test
+
+    def connect(into):
+        try:
+            into.append(socket.create_connection(("127.0.0.1", d.port), timeout=2))
+        except OSError:
+            pass
+
+    def flood():
+        while not stop.is_set():
+            connect(silent)
+            while len(silent) > 300:
+                silent.pop(0).close()
+            time.sleep(0.002)
+
+    for _ in range(100):
+        connect(held)
+    t = threading.Thread(target=flood, daemon=True)
+    t.start()
+    try:
+        time.sleep(0.5)
+        for _ in range(3):
+            r = run_tcp(d, "device_props", timeout=60)
+            assert_passed(r)
+    finally:
+        stop.set()
+        t.join(timeout=10)
+        for s in held + silent:
+            s.close()
+    assert d.alive()
+    assert "closed before its Hello to make room for new connections" in d.log()

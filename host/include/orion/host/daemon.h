@@ -120,9 +120,11 @@ class Daemon {
   struct Pending {
     int fd = -1;
     std::string peer;
+    std::string source;  // the peer's address without the port (per-source limit)
     std::vector<uint8_t> in;
     uint64_t since_ms = 0;
   };
+  uint64_t evicted_ = 0;  // pending connections closed to make room (AcceptClients)
   struct NetSession {
     pid_t pid = 0;
     uint32_t session = 0;

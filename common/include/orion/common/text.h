@@ -1,0 +1,35 @@
+// orion/common/text.h — peer-supplied text made safe to log, to put in JSON, or to use as an id.
+//
+// Everything a peer sends (a refusal reason from oriond, a controller's message, an allocation id,
+// placement text) is hostile: it may hold terminal escapes, CR/LF that forge log lines, invalid
+// UTF-8, or megabytes. Every log line that quotes such text goes through LogSafe.
+//
+//   LogError("refused: " + LogSafe(reason));          // one bounded, printable line
+//   req["process"] = ValidUtf8(ProcessName());          // nlohmann::json::dump cannot throw on it
+//   if (!IsUuid(id)) return InvalidArgument("malformed allocation id " + LogSafe(id));
+//
+// Pure functions: no allocation beyond the returned string, no OS calls, thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace orion {
+
+inline constexpr size_t kLogSafeMax = 512;  // bytes of peer text quoted in one log line
+
+// A printable, single-line rendering of `s`: valid UTF-8 characters that are not controls are kept;
+// C0 and C1 controls, DEL, backslash and every byte of an invalid UTF-8 sequence become `\xNN`
+// (backslash `\\`). At most `max_bytes` bytes of `s` are rendered; a longer `s` ends with
+// `...(+N bytes)`. The result is at most 4 * max_bytes + 24 bytes.
+std::string LogSafe(std::string_view s, size_t max_bytes = kLogSafeMax);
+
+// `s` with every invalid UTF-8 sequence (stray continuation bytes, overlong forms, surrogates,
+// code points past U+10FFFF, truncated sequences) replaced by U+FFFD. Valid input comes back equal.
+std::string ValidUtf8(std::string_view s);
+
+// Whether `s` is a canonical UUID: 36 characters, 8-4-4-4-12 hex digits separated by '-'.
+bool IsUuid(std::string_view s) noexcept;
+
+}  // namespace orion
