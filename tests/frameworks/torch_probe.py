@@ -1,8 +1,9 @@
 """How far PyTorch gets through Orion. Runs step by step and prints `STEP <name> ok <detail>` or
 `STEP <name> FAIL <exception>`; the first three steps (import, torch.cuda.is_available(), a tensor
 on the device) gate the rest, later steps run even if one fails. Run it with Orion's libcuda.so.1 on
-LD_LIBRARY_PATH and ORION_SHM set (tests/integration/test_frameworks.py does). Kernels do not run on
-the sim backend, so steps check status and data movement only, never computed values."""
+LD_LIBRARY_PATH and ORION_SHM set (tests/integration/test_frameworks.py does). PyTorch's kernels are
+SASS for sm_90 (their PTX is for a newer arch), which the sim backend validates and logs but does
+not execute, so steps check status and data movement only, never computed values."""
 import sys
 import traceback
 

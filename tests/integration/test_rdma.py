@@ -94,7 +94,8 @@ def test_programs_run_over_soft_roce(rdma_kernel, rdma_initrd, tmp_path):
         assert f"Orion transport: RDMA to {ADDR}:9960 (rxe0 port 1" in text, text[-3000:]
         assert "Orion Simulated GPU" in text or prog == "memory", prog
     assert len(re.findall(r"Client supports RDMA mode, then server runs in RDMA mode\.", server_log)) == 9, server_log
-    assert len(re.findall(r"Creating session \d+ for '(memory|kernel_params|driver_api)' .* over RDMA", server_log)) == 4
+    assert len(re.findall(r"Creating session \d+ for '(memory|kernel_params|driver_api)' .* over RDMA", server_log)) == 3
+    assert re.search(r"Creating session \d+ for 'sleeper' .* over RDMA", server_log), server_log
     assert "RDMA enabled: device(s) rxe0" in server_log, server_log
     session_log = out["session.log"][1]
     assert len(re.findall(r"RDMA queue pair \d+ on rxe0 port 1 .* connected to client queue pair \d+", session_log)) == 7
