@@ -31,6 +31,10 @@ namespace {
 
 std::atomic<httplib::Server*> g_server{nullptr};
 
+// The sweeper's period, and the gap after which it treats the controller as having been away.
+constexpr int kSweepPeriodMs = 200;
+constexpr uint64_t kClockGapMs = 10 * kSweepPeriodMs;
+
 void OnSignal(int) {
   if (httplib::Server* s = g_server.load()) s->stop();
 }
@@ -326,6 +330,7 @@ int main(int argc, char** argv) {
   }
   auto log = std::make_shared<spdlog::logger>("controller", sinks.begin(), sinks.end());
   log->flush_on(spdlog::level::info);
+  cfg->service.clock_gap_ms = kClockGapMs;
   auto svc = oc::Service::Open(cfg->service);
   if (!svc.ok()) {
     log->error("{}", svc.status().message());
@@ -367,7 +372,7 @@ int main(int argc, char** argv) {
     for (uint64_t tick = 1; !stop.load(); ++tick) {
       for (const auto& what : api.service().Sweep(oc::WallMs())) log->info("{}", what);
       if (tick % 10 == 0) api.service().Checkpoint();
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      std::this_thread::sleep_for(std::chrono::milliseconds(kSweepPeriodMs));
     }
   });
   const oc::Json sum = api.service().Summary();

@@ -780,6 +780,20 @@ std::vector<std::string> Service::Sweep(uint64_t now_ms) {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::string> did;
   std::vector<std::string> drop;
+  if (opts_.clock_gap_ms != 0 && last_sweep_ms_ != 0 && now_ms > last_sweep_ms_ + opts_.clock_gap_ms) {
+    // The controller itself was away (paused, suspended, clock stepped): nobody could renew or
+    // heartbeat meanwhile. Give every lease and live server a fresh period from now.
+    for (auto& [id, s] : servers_) {
+      if (s.up) s.last_seen_ms = std::max(s.last_seen_ms, now_ms);
+    }
+    for (auto& [aid, a] : allocs_) {
+      if (a.kind == "process" && a.lease_expires_ms != 0) a.lease_expires_ms = std::max(a.lease_expires_ms, now_ms + opts_.lease_ttl_ms);
+    }
+    did.push_back("the controller's clock moved " + std::to_string(now_ms - last_sweep_ms_) +
+                  " ms since its last sweep (paused, suspended or stepped): leases and servers get a grace period of " +
+                  std::to_string(opts_.lease_ttl_ms) + " ms");
+  }
+  last_sweep_ms_ = std::max(last_sweep_ms_, now_ms);
   for (auto& [id, s] : servers_) {
     if (s.up && now_ms > s.last_seen_ms + opts_.server_timeout_ms) {
       s.up = false;

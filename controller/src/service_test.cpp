@@ -193,6 +193,29 @@ TEST_F(ServiceTest, SilentServersAreWithheldAndComeBack) {
   EXPECT_EQ(s->GetAllocation((*a)["id"]).status().code(), Code::kNotFound);
 }
 
+TEST_F(ServiceTest, AGapInTheControllersClockGivesLeasesAGracePeriod) {
+  // Issue #11 item 6: a paused controller must not expire what nobody could renew meanwhile.
+  opts_.lease_ttl_ms = 1000;
+  opts_.server_timeout_ms = 1000;
+  opts_.clock_gap_ms = 500;
+  auto s = Open();
+  ASSERT_TRUE(s->RegisterServer("10.0.0.1:9960", TwoGpuServer("a")).ok());
+  auto a = s->Allocate(Req(1, 1000), "");
+  ASSERT_TRUE(a.ok());
+  const uint64_t t0 = WallMs();
+  EXPECT_TRUE(s->Sweep(t0).empty());
+  auto did = s->Sweep(t0 + 3000);  // 3 s since the last sweep: longer than the lease
+  ASSERT_EQ(did.size(), 1u);
+  EXPECT_NE(did[0].find("grace period"), std::string::npos);
+  EXPECT_TRUE(s->GetAllocation((*a)["id"]).ok());
+  EXPECT_EQ(s->Summary()["servers_up"], 1);
+  EXPECT_TRUE(s->Sweep(t0 + 3400).empty());  // within the grace (sweeps every 400 ms again)
+  EXPECT_TRUE(s->Sweep(t0 + 3800).empty());
+  // The grace is one lease from the resume: unrenewed, it expires after that.
+  EXPECT_EQ(s->Sweep(t0 + 4200).size(), 2u);  // expired, and the server is down
+  EXPECT_EQ(s->GetAllocation((*a)["id"]).status().code(), Code::kNotFound);
+}
+
 TEST_F(ServiceTest, ARestartedServerLosesTheSessionsItNoLongerHas) {
   auto s = Open();
   ASSERT_TRUE(s->RegisterServer("10.0.0.1:9960", TwoGpuServer("a")).ok());

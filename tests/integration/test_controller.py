@@ -557,3 +557,51 @@ def test_allocation_ids_in_paths_must_be_uuids(tmp_path):
         assert "\x1b" not in ctl.log() and "X-Smuggled" not in ctl.log()
     finally:
         ctl.stop()
+
+
+def fake_server(ctl, port=9960):
+    """Registers a server (2 GPUs of 16384 MiB, 4 vGPUs each) with the server key; returns its id."""
+    sid = f"127.0.0.1:{port}"
+    gpus = [{"index": i, "uuid": f"GPU-{i}", "name": "Fake", "memory_mib": 16384} for i in range(2)]
+    code, body = ctl.call("PUT", f"/v1/servers/{sid}", {"vgpu_count": 4, "gpus": gpus}, key=SERVER)
+    assert code == 200, body
+    return sid
+
+
+def test_a_paused_controller_does_not_expire_live_sessions(tmp_path):
+    # Issue #11 item 6: after a SIGSTOP longer than the lease (2 s here) the controller expired live
+    # allocations before the server's next heartbeat, and oriond ended them (the heartbeat reply
+    # revokes them). The server here heartbeats as oriond does, its heartbeat held while the
+    # controller is stopped (oriond's timed out) and the next one 0.6 s after the resume.
+    ctl = Controller(tmp_path)
+    try:
+        sid = fake_server(ctl)
+        code, a = ctl.call("POST", "/v1/allocations", {"vgpus": 1, "gmem_mib": 100, "server": sid, "session": 1})
+        assert code == 201 and a["state"] == "active", a
+
+        def beat():
+            code, body = ctl.call("POST", f"/v1/servers/{sid}/heartbeat", {"allocations": [{"id": a["id"]}]})
+            assert code == 200, body
+            return body
+
+        for _ in range(3):
+            assert beat()["revoked"] == []
+            time.sleep(0.3)
+        os.kill(ctl.proc.pid, signal.SIGSTOP)
+        try:
+            time.sleep(3.5)
+        finally:
+            os.kill(ctl.proc.pid, signal.SIGCONT)
+        time.sleep(0.6)
+        assert beat()["revoked"] == [], ctl.log()[-3000:]
+        assert [x["id"] for x in ctl.get("/v1/allocations")] == [a["id"]]
+        assert "expired" not in ctl.log() and "stopped heartbeating" not in ctl.log(), ctl.log()[-3000:]
+        assert "grace period" in ctl.log()
+        # The grace is one lease: without renewals it still expires after that.
+        deadline = time.time() + 6
+        while ctl.get("/v1/allocations"):
+            assert time.time() < deadline, ctl.log()[-3000:]
+            time.sleep(0.2)
+        assert "expired: nobody renewed its lease" in ctl.log()
+    finally:
+        ctl.stop()

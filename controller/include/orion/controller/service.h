@@ -39,6 +39,10 @@ struct ServiceOptions {
   uint64_t lease_ttl_ms = 15000;          // an allocation nobody renews is released after this
   uint64_t server_timeout_ms = 10000;     // a server silent this long is down: its vGPUs are withheld
   uint64_t server_release_ms = 60000;     // ... and after this long its allocations are released
+  // A sweep that finds the previous one this much longer ago (the controller was paused, the host
+  // suspended, the clock stepped) gives every lease and server a fresh period before expiring
+  // anything. 0: off (the REST layer sets it from its sweep period).
+  uint64_t clock_gap_ms = 0;
 };
 
 uint64_t WallMs();
@@ -135,6 +139,7 @@ class Service {
   std::map<std::string, Allocation> allocs_;
   std::map<std::string, host::VgpuPool> pools_;  // per server: slots taken by allocs_ (kept in step)
   uint64_t allocations_made_ = 0, refusals_ = 0, expired_ = 0;
+  uint64_t last_sweep_ms_ = 0;
 };
 
 }  // namespace orion::controller
