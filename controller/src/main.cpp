@@ -31,6 +31,10 @@ namespace {
 
 std::atomic<httplib::Server*> g_server{nullptr};
 
+// The largest request body read (Content-Length or chunked): a register with 64 GPUs is ~20 KiB and
+// a heartbeat ~100 bytes per session, so this fits thousands of sessions; httplib answers 413 to
+// anything larger without reading it. Bodies of unknown keys are not read at all (pre-routing).
+constexpr size_t kMaxBodyBytes = 256 * 1024;
 // The sweeper's period, and the gap after which it treats the controller as having been away.
 constexpr int kSweepPeriodMs = 200;
 constexpr uint64_t kClockGapMs = 10 * kSweepPeriodMs;
@@ -104,6 +108,29 @@ class Api {
       : cfg_(std::move(cfg)), svc_(std::move(svc)), log_(std::move(log)) {}
 
   void Routes(httplib::Server& s);
+  // Before httplib reads a body: an unknown key is answered 401 at once (its body is never read).
+  httplib::Server::HandlerResponse PreRouting(const httplib::Request& req, httplib::Response& res) {
+    if (!cfg_.keys.empty() && req.path != "/v1/health") {
+      std::string why;
+      if (KeyRole(req, &why) == 0) {
+        SendError(res, 401, why);
+        res.set_header("Connection", "close");
+        return httplib::Server::HandlerResponse::Handled;
+      }
+    }
+    // httplib would read (and discard) an oversize body before its 413: refuse it here unread.
+    // (A chunked body is cut off by set_payload_max_length as it arrives.)
+    if (req.has_header("Content-Length")) {
+      const std::string n = req.get_header_value("Content-Length");
+      if (n.empty() || n.size() > 18 || n.find_first_not_of("0123456789") != std::string::npos ||
+          std::stoull(n) > kMaxBodyBytes) {
+        SendError(res, 413, "the request body is larger than " + std::to_string(kMaxBodyBytes) + " bytes");
+        res.set_header("Connection", "close");
+        return httplib::Server::HandlerResponse::Handled;
+      }
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  }
   oc::Service& service() { return *svc_; }
 
  private:
@@ -122,13 +149,13 @@ class Api {
       latency_.Observe(route, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     };
   }
-  bool Authorized(const httplib::Request& req, httplib::Response& res, int roles) {
-    if (roles == 0 || cfg_.keys.empty()) return true;
+  // The key's role (0: none or unknown, with the reason in *why).
+  int KeyRole(const httplib::Request& req, std::string* why) const {
     const std::string auth = req.get_header_value("Authorization");
     const std::string prefix = "Bearer ";
     if (auth.compare(0, prefix.size(), prefix) != 0) {
-      SendError(res, 401, "this controller needs a key (Authorization: Bearer <key>)");
-      return false;
+      *why = "this controller needs a key (Authorization: Bearer <key>)";
+      return 0;
     }
     const std::string key = auth.substr(prefix.size());
     int have = 0;
@@ -138,8 +165,15 @@ class Api {
       for (size_t i = 0; i < k.size(); ++i) diff |= static_cast<uint8_t>(k[i] ^ (i < key.size() ? key[i] : 0));
       if (diff == 0) have = static_cast<int>(role);
     }
+    if (have == 0) *why = "unknown key";
+    return have;
+  }
+  bool Authorized(const httplib::Request& req, httplib::Response& res, int roles) {
+    if (roles == 0 || cfg_.keys.empty()) return true;
+    std::string why;
+    const int have = KeyRole(req, &why);
     if (have == 0) {
-      SendError(res, 401, "unknown key");
+      SendError(res, 401, why);
       return false;
     }
     if (have != static_cast<int>(oc::Role::kAdmin) && (have & roles) == 0) {
@@ -345,6 +379,8 @@ int main(int argc, char** argv) {
   server.new_task_queue = [] { return new httplib::ThreadPool(32); };
   server.set_keep_alive_max_count(1000);
   server.set_read_timeout(10, 0);
+  server.set_payload_max_length(kMaxBodyBytes);
+  server.set_pre_routing_handler([&api](const httplib::Request& req, httplib::Response& res) { return api.PreRouting(req, res); });
   api.Routes(server);
   // cpp-httplib listens with a backlog of 5: a burst of clients (each request is a fresh
   // connection) overflows it and waits a whole SYN retransmit (1 s). Keep the socket and listen

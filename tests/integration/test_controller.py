@@ -568,6 +568,42 @@ def fake_server(ctl, port=9960):
     return sid
 
 
+def raw_reply(addr, head: bytes, timeout=5.0):
+    """Sends a request head (its body announced, not sent) and returns the reply's status, or None if
+    none came within `timeout`."""
+    host, port = addr.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=timeout) as s:
+        s.sendall(head)
+        s.settimeout(timeout)
+        try:
+            data = s.recv(4096)
+        except socket.timeout:
+            return None
+    m = re.match(rb"HTTP/1\.[01] (\d+)", data)
+    return int(m.group(1)) if m else None
+
+
+def test_request_bodies_are_bounded(tmp_path):
+    # Issue #11 item 9: bodies were read in full (no limit), even before an unknown key's 401.
+    ctl = Controller(tmp_path, keys=True)
+    try:
+        big = 100 * 1000 * 1000
+        head = "POST /v1/allocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{}\r\n"
+        # No key, or an unknown one: 401 before the body is read (we never send it).
+        t0 = time.time()
+        assert raw_reply(ctl.addr, head.format(big, "").encode()) == 401
+        assert raw_reply(ctl.addr, head.format(big, "Authorization: Bearer wrong-key-123\r\n").encode()) == 401
+        # A known key and an oversize body: 413 at once.
+        assert raw_reply(ctl.addr, head.format(big, f"Authorization: Bearer {CLIENT}\r\n").encode()) == 413
+        assert raw_reply(ctl.addr, head.format(300 * 1024, f"Authorization: Bearer {CLIENT}\r\n").encode()) == 413
+        assert time.time() - t0 < 5
+        # Ordinary requests still work.
+        fake_server(ctl)
+        assert ctl.call("POST", "/v1/allocations", {"vgpus": 1}, key=CLIENT)[0] == 201
+    finally:
+        ctl.stop()
+
+
 def test_a_paused_controller_does_not_expire_live_sessions(tmp_path):
     # Issue #11 item 6: after a SIGSTOP longer than the lease (2 s here) the controller expired live
     # allocations before the server's next heartbeat, and oriond ended them (the heartbeat reply
