@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <thread>
 
+#include <openssl/sha.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 
@@ -38,6 +39,19 @@ constexpr size_t kMaxBodyBytes = 256 * 1024;
 // The sweeper's period, and the gap after which it treats the controller as having been away.
 constexpr int kSweepPeriodMs = 200;
 constexpr uint64_t kClockGapMs = 10 * kSweepPeriodMs;
+
+// A key's identity as stored with its allocations: never the key itself.
+std::string OwnerOf(const std::string& key) {
+  unsigned char d[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(key.data()), key.size(), d);
+  static const char* hex = "0123456789abcdef";
+  std::string out = "key:";
+  for (int i = 0; i < 8; ++i) {
+    out += hex[d[i] >> 4];
+    out += hex[d[i] & 15];
+  }
+  return out;
+}
 
 void OnSignal(int) {
   if (httplib::Server* s = g_server.load()) s->stop();
@@ -149,8 +163,8 @@ class Api {
       latency_.Observe(route, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     };
   }
-  // The key's role (0: none or unknown, with the reason in *why).
-  int KeyRole(const httplib::Request& req, std::string* why) const {
+  // The key's role (0: none or unknown, with the reason in *why) and, in *key, the key.
+  int KeyRole(const httplib::Request& req, std::string* why, std::string* key_out = nullptr) const {
     const std::string auth = req.get_header_value("Authorization");
     const std::string prefix = "Bearer ";
     if (auth.compare(0, prefix.size(), prefix) != 0) {
@@ -166,12 +180,16 @@ class Api {
       if (diff == 0) have = static_cast<int>(role);
     }
     if (have == 0) *why = "unknown key";
+    if (key_out != nullptr) *key_out = key;
     return have;
   }
   bool Authorized(const httplib::Request& req, httplib::Response& res, int roles) {
-    if (roles == 0 || cfg_.keys.empty()) return true;
-    std::string why;
-    const int have = KeyRole(req, &why);
+    caller_ = oc::Caller{};
+    role_of_request_ = 0;
+    if (cfg_.keys.empty()) return true;
+    if (roles == 0) return true;
+    std::string why, key;
+    const int have = KeyRole(req, &why, &key);
     if (have == 0) {
       SendError(res, 401, why);
       return false;
@@ -181,6 +199,11 @@ class Api {
       return false;
     }
     role_of_request_ = have;
+    caller_.owner = OwnerOf(key);
+    caller_.kind = have == static_cast<int>(oc::Role::kAdmin)    ? oc::Caller::Kind::kAdmin
+                   : have == static_cast<int>(oc::Role::kServer) ? oc::Caller::Kind::kServer
+                                                                 : oc::Caller::Kind::kClient;
+    if (caller_.kind == oc::Caller::Kind::kServer) caller_.server = req.get_param_value("server");
     return true;
   }
   static Result<oc::Json> Body(const httplib::Request& req) {
@@ -210,9 +233,11 @@ class Api {
   std::shared_ptr<spdlog::logger> log_;
   Latency latency_;
   static thread_local int role_of_request_;
+  static thread_local oc::Caller caller_;  // the request's key, for ownership (Service)
 };
 
 thread_local int Api::role_of_request_ = 0;
+thread_local oc::Caller Api::caller_;
 
 constexpr int kClient = static_cast<int>(oc::Role::kClient);
 constexpr int kServer = static_cast<int>(oc::Role::kServer);
@@ -260,7 +285,8 @@ void Api::Routes(httplib::Server& s) {
              server = (*body)["server"].get<std::string>();
              if (role_of_request_ == kClient) return SendError(res, 403, "a client key may not choose the server");
            }
-           auto r = svc_->Allocate(*body, server);
+           if (caller_.kind == oc::Caller::Kind::kServer) caller_.server = server;
+           auto r = svc_->Allocate(*body, server, caller_);
            if (r.ok()) {
              std::string where;
              for (const auto& p : (*r)["placements"]) where += " " + p["text"].get<std::string>();
@@ -274,11 +300,11 @@ void Api::Routes(httplib::Server& s) {
            Reply(res, r, 201);
          }));
   s.Get("/v1/allocations", Wrap("allocations", kClient | kServer, [this](const httplib::Request& req, httplib::Response& res) {
-          SendJson(res, 200, svc_->ListAllocations(req.get_param_value("host"), req.get_param_value("kind")));
+          SendJson(res, 200, svc_->ListAllocations(req.get_param_value("host"), req.get_param_value("kind"), caller_));
         }));
   s.Get(R"(/v1/allocations/([^/]+))", Wrap("allocation", kClient | kServer, [this](const httplib::Request& req, httplib::Response& res) {
           if (!IdOk(req, res)) return;
-          Reply(res, svc_->GetAllocation(req.matches[1]));
+          Reply(res, svc_->GetAllocation(req.matches[1], caller_));
         }));
   s.Post(R"(/v1/allocations/([^/]+)/confirm)", Wrap("confirm", kServer, [this](const httplib::Request& req, httplib::Response& res) {
            if (!IdOk(req, res)) return;
@@ -288,13 +314,13 @@ void Api::Routes(httplib::Server& s) {
          }));
   s.Put(R"(/v1/allocations/([^/]+)/lease)", Wrap("renew", kClient | kServer, [this](const httplib::Request& req, httplib::Response& res) {
           if (!IdOk(req, res)) return;
-          Reply(res, svc_->Renew(req.matches[1]));
+          Reply(res, svc_->Renew(req.matches[1], caller_));
         }));
   s.Delete(R"(/v1/allocations/([^/]+))", Wrap("release", kClient | kServer, [this](const httplib::Request& req, httplib::Response& res) {
              if (!IdOk(req, res)) return;
              std::string why = req.get_param_value("reason");
              if (why.size() > 64) why.resize(64);
-             auto r = svc_->Release(req.matches[1], why.empty() ? "released" : why);
+             auto r = svc_->Release(req.matches[1], why.empty() ? "released" : why, caller_);
              if (r.ok()) log_->info("allocation {} released ({})", std::string(req.matches[1]), why.empty() ? "by request" : why);
              Reply(res, r);
            }));

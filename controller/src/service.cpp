@@ -219,6 +219,7 @@ Json Service::ToJson(const Allocation& a) const {
             {"client", {{"host", a.client_host}, {"pid", a.client_pid}, {"process", a.client_process}}},
             {"placements", pl}};
   if (!a.vm.empty()) j["vm"] = a.vm;
+  if (!a.owner.empty()) j["owner"] = a.owner;
   return j;
 }
 
@@ -271,6 +272,7 @@ Status Service::Load() {
     a.client_host = c.value("host", "");
     a.client_pid = c.value("pid", 0u);
     a.client_process = c.value("process", "");
+    a.owner = j.value("owner", "");
     // Grace: whoever renews this lease gets a full period to reach the restarted controller.
     a.lease_expires_ms = a.kind == "vm" ? 0 : std::max(j.value("lease_expires_ms", uint64_t{0}), now + opts_.lease_ttl_ms);
     for (const Json& p : j.value("placements", Json::array())) {
@@ -558,13 +560,14 @@ Result<Service::Allocation> Service::Place(const Json& body, const std::string& 
                            (gmem == 0 ? std::string("the default size") : std::to_string(gmem) + " MiB") + " now (" + why + ")");
 }
 
-Result<Json> Service::Allocate(const Json& body, const std::string& server) {
+Result<Json> Service::Allocate(const Json& body, const std::string& server, const Caller& caller) {
   std::lock_guard<std::mutex> lock(mu_);
   auto a = Place(body, server, "process");
   if (!a.ok()) {
     ++refusals_;
     return a.status();
   }
+  a->owner = caller.owner;
   if (!server.empty()) {
     a->state = "active";  // oriond asked for its own client: it is serving it now
     uint64_t session = 0;
@@ -608,12 +611,32 @@ Result<Json> Service::Confirm(const std::string& id, const Json& body) {
   return ToJson(a);
 }
 
-Result<Json> Service::Renew(const std::string& id) {
+Result<Json> Service::Renew(const std::string& id, const Caller& caller) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = allocs_.find(id);
   if (it == allocs_.end()) return NotFound("allocation " + id + " does not exist (released or expired)");
-  if (it->second.kind == "process") it->second.lease_expires_ms = WallMs() + opts_.lease_ttl_ms;
-  return Json{{"id", id}, {"lease_expires_ms", it->second.lease_expires_ms}};
+  Allocation& a = it->second;
+  if (Status st = MayTouch(a, caller, "renew"); !st.ok()) return st;
+  if (a.kind == "process") a.lease_expires_ms = WallMs() + opts_.lease_ttl_ms;
+  return Json{{"id", id}, {"lease_expires_ms", a.lease_expires_ms}};
+}
+
+Status Service::MayTouch(const Allocation& a, const Caller& c, const char* what) {
+  switch (c.kind) {
+    case Caller::Kind::kOpen:
+    case Caller::Kind::kAdmin:
+      return Status();
+    case Caller::Kind::kClient:
+      if (!a.owner.empty() && a.owner == c.owner) return Status();
+      return Status(Code::kPermissionDenied, "allocation " + a.id + " belongs to another key: a client key may " + what +
+                              " only the allocations it made");
+    case Caller::Kind::kServer:
+      if (!c.server.empty() && c.server == a.server) return Status();
+      return Status(Code::kPermissionDenied, "allocation " + a.id + " is served by " + a.server + ", not by " +
+                              (c.server.empty() ? std::string("an unnamed server (add ?server=ip:port)") : c.server) +
+                              ": a server key may " + what + " only the allocations its server serves");
+  }
+  return Status(Code::kPermissionDenied, "unknown caller");
 }
 
 Status Service::ReleaseLocked(const std::string& id) {
@@ -633,27 +656,33 @@ void Service::UnreserveLocked(const Allocation& a) {
   p->second.Release(v);
 }
 
-Result<Json> Service::Release(const std::string& id, const std::string& why) {
+Result<Json> Service::Release(const std::string& id, const std::string& why, const Caller& caller) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = allocs_.find(id);
   if (it == allocs_.end()) return NotFound("allocation " + id + " does not exist (released or expired)");
+  if (Status st = MayTouch(it->second, caller, "release"); !st.ok()) return st;
   if (it->second.kind != "process") return InvalidArgument("allocation " + id + " is VM " + it->second.vm + "'s assignment");
   Json j = {{"id", id}, {"server", it->second.server}, {"released", why}};
   if (Status st = ReleaseLocked(id); !st.ok()) return st;
   return j;
 }
 
-Result<Json> Service::GetAllocation(const std::string& id) const {
+Result<Json> Service::GetAllocation(const std::string& id, const Caller& caller) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = allocs_.find(id);
   if (it == allocs_.end()) return NotFound("allocation " + id + " does not exist (released or expired)");
+  // Servers read any allocation (they are trusted with the pool's state); clients only their own.
+  if (caller.kind == Caller::Kind::kClient) {
+    if (Status st = MayTouch(it->second, caller, "read"); !st.ok()) return st;
+  }
   return ToJson(it->second);
 }
 
-Json Service::ListAllocations(const std::string& host, const std::string& kind) const {
+Json Service::ListAllocations(const std::string& host, const std::string& kind, const Caller& caller) const {
   std::lock_guard<std::mutex> lock(mu_);
   Json out = Json::array();
   for (const auto& [id, a] : allocs_) {
+    if (caller.kind == Caller::Kind::kClient && a.owner != caller.owner) continue;
     if (!host.empty() && a.client_host != host) continue;
     if (!kind.empty() && a.kind != kind) continue;
     out.push_back(ToJson(a));

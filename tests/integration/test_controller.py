@@ -24,6 +24,7 @@ import pytest
 from conftest import PREFIX, TEST_BIN, Oriond, assert_passed, checks
 
 ADMIN, SERVER, CLIENT = "admin-key-0001", "server-key-0001", "client-key-0001"
+CLIENT2 = "client-key-0002"  # a second client key (another tenant)
 
 
 def free_port():
@@ -48,7 +49,7 @@ class Controller:
         text = (f"listen: {self.addr}\ndatabase: {self.db}\nplacement: {self.placement}\n"
                 "lease_ttl_s: 2\nserver_timeout_s: 1.5\nserver_release_s: 30\n")
         if self.keys:
-            text += f"authentication:\n  client: {CLIENT}\n  server: [{SERVER}]\n  admin: {ADMIN}\n"
+            text += f"authentication:\n  client: [{CLIENT}, {CLIENT2}]\n  server: [{SERVER}]\n  admin: {ADMIN}\n"
         conf.write_text(text)
         self.err = open(self.log_path, "a")
         self.proc = subprocess.Popen([PREFIX / "bin" / "orion-controller", "start", "--config-file", conf],
@@ -566,6 +567,87 @@ def fake_server(ctl, port=9960):
     code, body = ctl.call("PUT", f"/v1/servers/{sid}", {"vgpu_count": 4, "gpus": gpus}, key=SERVER)
     assert code == 200, body
     return sid
+
+
+def test_allocations_belong_to_the_key_that_made_them(tmp_path):
+    # Issue #11 item 5: any client key could list and delete anyone's allocation (and oriond then
+    # ended the victim's session). A client key reaches only its own; the serving server its own.
+    ctl = Controller(tmp_path, keys=True)
+    try:
+        sid = fake_server(ctl)
+        code, mine = ctl.call("POST", "/v1/allocations", {"vgpus": 1, "gmem_mib": 100}, key=CLIENT)
+        assert code == 201, mine
+        code, theirs = ctl.call("POST", "/v1/allocations", {"vgpus": 1, "gmem_mib": 100}, key=CLIENT2)
+        assert code == 201, theirs
+        code, served = ctl.call("POST", "/v1/allocations", {"vgpus": 1, "gmem_mib": 100, "server": sid}, key=SERVER)
+        assert code == 201, served
+        # The owner is recorded as a hash, never the key.
+        assert mine["owner"].startswith("key:") and mine["owner"] != theirs["owner"]
+        assert CLIENT not in json.dumps(mine)
+        # Each client key lists only its own; the admin sees all.
+        assert [a["id"] for a in ctl.get("/v1/allocations", key=CLIENT)] == [mine["id"]]
+        assert [a["id"] for a in ctl.get("/v1/allocations", key=CLIENT2)] == [theirs["id"]]
+        assert len(ctl.get("/v1/allocations", key=ADMIN)) == 3
+        # Another key's allocation (another client's or a server-made one): 403 with the reason.
+        for other in (theirs["id"], served["id"]):
+            for method, path in [("GET", f"/v1/allocations/{other}"), ("PUT", f"/v1/allocations/{other}/lease"),
+                                 ("DELETE", f"/v1/allocations/{other}")]:
+                code, body = ctl.call(method, path, key=CLIENT)
+                assert code == 403 and "belongs to another key" in body["message"], (method, path, code, body)
+        assert len(ctl.get("/v1/allocations", key=ADMIN)) == 3
+        # Its own: read, renew, release.
+        assert ctl.call("GET", f"/v1/allocations/{mine['id']}", key=CLIENT)[0] == 200
+        assert ctl.call("PUT", f"/v1/allocations/{mine['id']}/lease", key=CLIENT)[0] == 200
+        assert ctl.call("DELETE", f"/v1/allocations/{mine['id']}", key=CLIENT)[0] == 200
+        # A server key releases only what its server serves (it names itself, as oriond does).
+        code, body = ctl.call("DELETE", f"/v1/allocations/{served['id']}", key=SERVER)
+        assert code == 403 and "unnamed server" in body["message"], body
+        code, body = ctl.call("DELETE", f"/v1/allocations/{served['id']}?server=127.0.0.1:9961", key=SERVER)
+        assert code == 403 and "served by" in body["message"], body
+        assert ctl.call("DELETE", f"/v1/allocations/{served['id']}?server={sid}", key=SERVER)[0] == 200
+        # The admin overrides.
+        assert ctl.call("DELETE", f"/v1/allocations/{theirs['id']}", key=ADMIN)[0] == 200
+        assert ctl.get("/v1/allocations", key=ADMIN) == []
+        for f in tmp_path.glob("controller.db*"):
+            assert CLIENT.encode() not in f.read_bytes() and CLIENT2.encode() not in f.read_bytes()
+    finally:
+        ctl.stop()
+
+
+def test_keys_own_their_sessions_end_to_end(tmp_path):
+    # With keys, oriond still releases what it serves (it names itself) and a client's own release
+    # works; another client key cannot end the session.
+    c = Cluster(tmp_path, keys=True)
+    try:
+        p = c.sleeper(32, ORION_CONTROLLER_KEY=CLIENT)
+        try:
+            (alloc,) = c.ctl.get("/v1/allocations?kind=process", key=CLIENT)
+            code, body = c.ctl.call("DELETE", f"/v1/allocations/{alloc['id']}", key=CLIENT2)
+            assert code == 403, body
+            time.sleep(1)  # a few heartbeats: it stays
+            assert [a["id"] for a in c.ctl.get("/v1/allocations?kind=process", key=ADMIN)] == [alloc["id"]]
+            assert p.poll() is None
+        finally:
+            kill(p)
+        deadline = time.time() + 10
+        while c.ctl.get("/v1/allocations?kind=process", key=ADMIN):
+            assert time.time() < deadline, c.ctl.log()[-3000:]
+            time.sleep(0.1)
+        # A client on a region: oriond allocates with the server key and releases it at the end.
+        a = c.servers[0]
+        q = subprocess.Popen([str(TEST_BIN / "sleeper"), "16"], env=a.env(ORION_VGPU=1, ORION_GMEM=500),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        while "READY" not in (line := q.stdout.readline()):
+            assert line, q.stderr.read()
+        kill(q)
+        deadline = time.time() + 10
+        while c.ctl.get("/v1/allocations?kind=process", key=ADMIN):
+            assert time.time() < deadline, c.ctl.log()[-3000:]
+            time.sleep(0.1)
+        # Released by oriond (and the client), not left to expire.
+        assert "expired" not in c.ctl.log() and "released (" in c.ctl.log(), c.ctl.log()[-3000:]
+    finally:
+        c.stop()
 
 
 def raw_reply(addr, head: bytes, timeout=5.0):

@@ -5,8 +5,12 @@
 // vGPU (one mutex; the placements table's primary key is a second guard).
 //
 // Every method takes and returns JSON objects shaped as in controller/openapi.yaml; errors carry
-// the Code that the REST layer maps to an HTTP status (kInvalidArgument 400, kNotFound 404,
-// kResourceExhausted 409, kUnavailable 503).
+// the Code that the REST layer maps to an HTTP status (kInvalidArgument 400, kPermissionDenied 403,
+// kNotFound 404, kResourceExhausted and kFailedPrecondition 409, kUnavailable 503).
+//
+// Ownership: every allocation records who made it (Caller::owner, a hash of the key, never the key)
+// and the server that serves it. A client key may read, renew and release only its own; a server
+// key only those its server serves (Caller::server); an admin key, or an open controller, all.
 //
 //   auto svc = Service::Open(opts);           // creates or reopens the database
 //   svc->RegisterServer("10.0.0.7:9960", body);
@@ -45,6 +49,14 @@ struct ServiceOptions {
   uint64_t clock_gap_ms = 0;
 };
 
+// Who makes a request (the REST layer fills it from the key).
+struct Caller {
+  enum class Kind { kOpen, kAdmin, kClient, kServer };
+  Kind kind = Kind::kOpen;
+  std::string owner;   // "key:<16 hex of SHA-256(key)>"; empty when the controller is open
+  std::string server;  // a server key: the server it speaks for ("server" in the body or query)
+};
+
 uint64_t WallMs();
 
 class Service {
@@ -60,12 +72,13 @@ class Service {
 
   // Allocations. `server` non-empty: placed on that server only (oriond asking for its own client,
   // which is then active at once).
-  Result<Json> Allocate(const Json& body, const std::string& server);
+  Result<Json> Allocate(const Json& body, const std::string& server, const Caller& caller = {});
   Result<Json> Confirm(const std::string& id, const Json& body);
-  Result<Json> Renew(const std::string& id);
-  Result<Json> Release(const std::string& id, const std::string& why);
-  Result<Json> GetAllocation(const std::string& id) const;
-  Json ListAllocations(const std::string& host, const std::string& kind) const;
+  Result<Json> Renew(const std::string& id, const Caller& caller = {});
+  Result<Json> Release(const std::string& id, const std::string& why, const Caller& caller = {});
+  Result<Json> GetAllocation(const std::string& id, const Caller& caller = {}) const;
+  // A client caller sees only its own allocations.
+  Json ListAllocations(const std::string& host, const std::string& kind, const Caller& caller = {}) const;
 
   // Standing assignments for VMs, keyed by VM (libvirt domain) name.
   Result<Json> Assign(const std::string& vm, const Json& body);
@@ -104,6 +117,7 @@ class Service {
     uint64_t gmem_mib = 0;
     std::string client_host, client_process;
     uint32_t client_pid = 0;
+    std::string owner;  // Caller::owner of the request that made it
     std::string state = "pending";  // pending (not yet confirmed by oriond) | active
     uint32_t session = 0;
     uint64_t created_ms = 0, lease_expires_ms = 0;
@@ -127,6 +141,8 @@ class Service {
   std::map<std::string, host::VgpuPool> Pools(const std::string& only = "") const;
   Result<Allocation> Place(const Json& body, const std::string& server, const std::string& kind);
   Status ReleaseLocked(const std::string& id);
+  // kPermissionDenied unless `c` may renew or release `a` (see Ownership above).
+  static Status MayTouch(const Allocation& a, const Caller& c, const char* what);
   void UnreserveLocked(const Allocation& a);  // gives its slots back to pools_
 
   ServiceOptions opts_;
