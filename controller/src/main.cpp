@@ -102,6 +102,7 @@ int HttpStatus(Code c) {
     case Code::kPermissionDenied: return 403;
     case Code::kNotFound: return 404;
     case Code::kResourceExhausted: case Code::kAlreadyExists: case Code::kFailedPrecondition: return 409;
+    case Code::kOutOfRange: return 429;  // a per-key limit (Service)
     case Code::kUnavailable: return 503;
     default: return 500;
   }

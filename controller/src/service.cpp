@@ -562,6 +562,15 @@ Result<Service::Allocation> Service::Place(const Json& body, const std::string& 
 
 Result<Json> Service::Allocate(const Json& body, const std::string& server, const Caller& caller) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (caller.kind == Caller::Kind::kClient) {
+    uint32_t held = 0;
+    for (const auto& [id, x] : allocs_) held += x.kind == "process" && x.owner == caller.owner;
+    if (held >= opts_.max_allocations_per_key) {
+      ++refusals_;
+      return Status(Code::kOutOfRange, "this key holds " + std::to_string(held) + " live allocations, its limit (max_allocations_per_key " +
+                                           std::to_string(opts_.max_allocations_per_key) + "); release one first");
+    }
+  }
   auto a = Place(body, server, "process");
   if (!a.ok()) {
     ++refusals_;
@@ -617,7 +626,22 @@ Result<Json> Service::Renew(const std::string& id, const Caller& caller) {
   if (it == allocs_.end()) return NotFound("allocation " + id + " does not exist (released or expired)");
   Allocation& a = it->second;
   if (Status st = MayTouch(a, caller, "renew"); !st.ok()) return st;
-  if (a.kind == "process") a.lease_expires_ms = WallMs() + opts_.lease_ttl_ms;
+  if (a.kind == "process") {
+    const uint64_t now = WallMs();
+    uint64_t until = now + opts_.lease_ttl_ms;
+    if (a.state == "pending") {
+      // Renewals do not keep an allocation that no server ever confirmed.
+      const uint64_t deadline = a.created_ms + opts_.pending_ttl_ms;
+      if (now >= deadline) {
+        ++expired_;
+        (void)ReleaseLocked(id);
+        return FailedPrecondition("allocation " + id + " was never confirmed by a server within " +
+                                  std::to_string(opts_.pending_ttl_ms / 1000) + " s (pending_confirm_s); it is released");
+      }
+      until = std::min(until, deadline);
+    }
+    a.lease_expires_ms = until;
+  }
   return Json{{"id", id}, {"lease_expires_ms", a.lease_expires_ms}};
 }
 
@@ -839,6 +863,13 @@ std::vector<std::string> Service::Sweep(uint64_t now_ms) {
     }
   }
   for (const auto& [aid, a] : allocs_) {
+    if (a.kind == "process" && a.state == "pending" && now_ms > a.created_ms + opts_.pending_ttl_ms &&
+        std::find(drop.begin(), drop.end(), aid) == drop.end()) {
+      drop.push_back(aid);
+      ++expired_;
+      did.push_back("allocation " + aid + " expired: no server confirmed it within " + std::to_string(opts_.pending_ttl_ms) + " ms");
+      continue;
+    }
     if (a.kind == "process" && a.lease_expires_ms != 0 && now_ms > a.lease_expires_ms &&
         std::find(drop.begin(), drop.end(), aid) == drop.end()) {
       drop.push_back(aid);

@@ -34,20 +34,21 @@ def free_port():
 
 
 class Controller:
-    def __init__(self, tmp: Path, placement="pack", keys=False, port=None, db=None):
+    def __init__(self, tmp: Path, placement="pack", keys=False, port=None, db=None, extra=""):
         self.tmp = tmp
         self.port = port or free_port()
         self.addr = f"127.0.0.1:{self.port}"
         self.db = db or tmp / "controller.db"
         self.placement = placement
         self.keys = keys
+        self.extra = extra  # more controller.yaml lines
         self.log_path = tmp / "controller.log"
         self.start()
 
     def start(self):
         conf = self.tmp / "controller.yaml"
         text = (f"listen: {self.addr}\ndatabase: {self.db}\nplacement: {self.placement}\n"
-                "lease_ttl_s: 2\nserver_timeout_s: 1.5\nserver_release_s: 30\n")
+                "lease_ttl_s: 2\nserver_timeout_s: 1.5\nserver_release_s: 30\n" + self.extra)
         if self.keys:
             text += f"authentication:\n  client: [{CLIENT}, {CLIENT2}]\n  server: [{SERVER}]\n  admin: {ADMIN}\n"
         conf.write_text(text)
@@ -682,6 +683,43 @@ def test_request_bodies_are_bounded(tmp_path):
         # Ordinary requests still work.
         fake_server(ctl)
         assert ctl.call("POST", "/v1/allocations", {"vgpus": 1}, key=CLIENT)[0] == 201
+    finally:
+        ctl.stop()
+
+
+def test_per_key_limits_and_pending_allocations_expire(tmp_path):
+    # Issue #11 item 10: no per-key limit, and a pending allocation renewed forever hogged the pool.
+    ctl = Controller(tmp_path, keys=True, extra="max_allocations_per_key: 3\npending_confirm_s: 3\n")
+    try:
+        sid = fake_server(ctl)
+        ids = []
+        for _ in range(3):
+            code, a = ctl.call("POST", "/v1/allocations", {"vgpus": 1, "gmem_mib": 100}, key=CLIENT)
+            assert code == 201, a
+            ids.append(a["id"])
+        code, body = ctl.call("POST", "/v1/allocations", {"vgpus": 1, "gmem_mib": 100}, key=CLIENT)
+        assert code == 429 and "max_allocations_per_key" in body["message"], (code, body)
+        assert ctl.call("POST", "/v1/allocations", {"vgpus": 1, "gmem_mib": 100}, key=CLIENT2)[0] == 201
+        # One is confirmed by its server; the other two stay pending however often they are renewed.
+        code, body = ctl.call("POST", f"/v1/allocations/{ids[0]}/confirm", {"server": sid, "session": 7}, key=SERVER)
+        assert code == 200, body
+        t0 = time.time()
+        refused = None
+        while time.time() - t0 < 6 and refused is None:
+            assert ctl.call("PUT", f"/v1/allocations/{ids[0]}/lease", key=CLIENT)[0] == 200
+            code, body = ctl.call("PUT", f"/v1/allocations/{ids[1]}/lease", key=CLIENT)
+            if code != 200:
+                refused = (code, body, time.time() - t0)
+            time.sleep(0.3)
+        assert refused is not None, "a pending allocation was renewed past pending_confirm_s"
+        code, body, when = refused
+        assert code in (404, 409) and when < 4.5, refused
+        assert code == 404 or "never confirmed" in body["message"]
+        live = {a["id"] for a in ctl.get("/v1/allocations", key=ADMIN)}
+        assert ids[0] in live and ids[1] not in live and ids[2] not in live
+        # Under the limit again: the key may allocate (the server heartbeats again first).
+        assert ctl.call("POST", f"/v1/servers/{sid}/heartbeat", {"allocations": []}, key=SERVER)[0] == 200
+        assert ctl.call("POST", "/v1/allocations", {"vgpus": 1, "gmem_mib": 100}, key=CLIENT)[0] == 201
     finally:
         ctl.stop()
 

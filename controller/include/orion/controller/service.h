@@ -6,7 +6,8 @@
 //
 // Every method takes and returns JSON objects shaped as in controller/openapi.yaml; errors carry
 // the Code that the REST layer maps to an HTTP status (kInvalidArgument 400, kPermissionDenied 403,
-// kNotFound 404, kResourceExhausted and kFailedPrecondition 409, kUnavailable 503).
+// kNotFound 404, kResourceExhausted and kFailedPrecondition 409, kOutOfRange 429 (a per-key limit),
+// kUnavailable 503).
 //
 // Ownership: every allocation records who made it (Caller::owner, a hash of the key, never the key)
 // and the server that serves it. A client key may read, renew and release only its own; a server
@@ -43,6 +44,9 @@ struct ServiceOptions {
   uint64_t lease_ttl_ms = 15000;          // an allocation nobody renews is released after this
   uint64_t server_timeout_ms = 10000;     // a server silent this long is down: its vGPUs are withheld
   uint64_t server_release_ms = 60000;     // ... and after this long its allocations are released
+  uint32_t max_allocations_per_key = 64;  // live allocations one client key may hold (429 beyond)
+  uint64_t pending_ttl_ms = 60000;        // a never-confirmed allocation expires this long after it was made,
+                                          // however often it is renewed
   // A sweep that finds the previous one this much longer ago (the controller was paused, the host
   // suspended, the clock stepped) gives every lease and server a fresh period before expiring
   // anything. 0: off (the REST layer sets it from its sweep period).
@@ -72,6 +76,7 @@ class Service {
 
   // Allocations. `server` non-empty: placed on that server only (oriond asking for its own client,
   // which is then active at once).
+  // A client caller holding max_allocations_per_key live allocations is refused (kOutOfRange).
   Result<Json> Allocate(const Json& body, const std::string& server, const Caller& caller = {});
   Result<Json> Confirm(const std::string& id, const Json& body);
   Result<Json> Renew(const std::string& id, const Caller& caller = {});
