@@ -118,7 +118,7 @@ Result<nlohmann::json> ControllerClient::Call(const std::string& method, const s
     case 400: code = Code::kInvalidArgument; break;
     case 401: case 403: code = Code::kPermissionDenied; break;
     case 404: code = Code::kNotFound; break;
-    case 409: code = Code::kResourceExhausted; break;
+    case 409: case 429: code = Code::kResourceExhausted; break;
     case 503: code = Code::kUnavailable; break;
     default: break;
   }

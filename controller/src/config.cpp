@@ -49,6 +49,12 @@ Result<ControllerConfig> ParseControllerConfig(const std::string& text, const st
         st = seconds(&c.service.server_timeout_ms);
       } else if (key == "server_release_s") {
         st = seconds(&c.service.server_release_ms);
+      } else if (key == "pending_confirm_s") {
+        st = seconds(&c.service.pending_ttl_ms);
+      } else if (key == "max_allocations_per_key") {
+        const int64_t n = v.as<int64_t>();
+        if (n < 1 || n > 1000000) return bad(key, "must be 1..1000000");
+        c.service.max_allocations_per_key = static_cast<uint32_t>(n);
       } else if (key == "log_file") {
         c.log_file = v.IsNull() ? "" : v.as<std::string>();
       } else if (key == "authentication") {

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <thread>
 
+#include <openssl/sha.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 
@@ -30,6 +31,27 @@ using orion::Status;
 namespace {
 
 std::atomic<httplib::Server*> g_server{nullptr};
+
+// The largest request body read (Content-Length or chunked): a register with 64 GPUs is ~20 KiB and
+// a heartbeat ~100 bytes per session, so this fits thousands of sessions; httplib answers 413 to
+// anything larger without reading it. Bodies of unknown keys are not read at all (pre-routing).
+constexpr size_t kMaxBodyBytes = 256 * 1024;
+// The sweeper's period, and the gap after which it treats the controller as having been away.
+constexpr int kSweepPeriodMs = 200;
+constexpr uint64_t kClockGapMs = 10 * kSweepPeriodMs;
+
+// A key's identity as stored with its allocations: never the key itself.
+std::string OwnerOf(const std::string& key) {
+  unsigned char d[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(key.data()), key.size(), d);
+  static const char* hex = "0123456789abcdef";
+  std::string out = "key:";
+  for (int i = 0; i < 8; ++i) {
+    out += hex[d[i] >> 4];
+    out += hex[d[i] & 15];
+  }
+  return out;
+}
 
 void OnSignal(int) {
   if (httplib::Server* s = g_server.load()) s->stop();
@@ -80,6 +102,7 @@ int HttpStatus(Code c) {
     case Code::kPermissionDenied: return 403;
     case Code::kNotFound: return 404;
     case Code::kResourceExhausted: case Code::kAlreadyExists: case Code::kFailedPrecondition: return 409;
+    case Code::kOutOfRange: return 429;  // a per-key limit (Service)
     case Code::kUnavailable: return 503;
     default: return 500;
   }
@@ -100,6 +123,29 @@ class Api {
       : cfg_(std::move(cfg)), svc_(std::move(svc)), log_(std::move(log)) {}
 
   void Routes(httplib::Server& s);
+  // Before httplib reads a body: an unknown key is answered 401 at once (its body is never read).
+  httplib::Server::HandlerResponse PreRouting(const httplib::Request& req, httplib::Response& res) {
+    if (!cfg_.keys.empty() && req.path != "/v1/health") {
+      std::string why;
+      if (KeyRole(req, &why) == 0) {
+        SendError(res, 401, why);
+        res.set_header("Connection", "close");
+        return httplib::Server::HandlerResponse::Handled;
+      }
+    }
+    // httplib would read (and discard) an oversize body before its 413: refuse it here unread.
+    // (A chunked body is cut off by set_payload_max_length as it arrives.)
+    if (req.has_header("Content-Length")) {
+      const std::string n = req.get_header_value("Content-Length");
+      if (n.empty() || n.size() > 18 || n.find_first_not_of("0123456789") != std::string::npos ||
+          std::stoull(n) > kMaxBodyBytes) {
+        SendError(res, 413, "the request body is larger than " + std::to_string(kMaxBodyBytes) + " bytes");
+        res.set_header("Connection", "close");
+        return httplib::Server::HandlerResponse::Handled;
+      }
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  }
   oc::Service& service() { return *svc_; }
 
  private:
@@ -118,13 +164,13 @@ class Api {
       latency_.Observe(route, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     };
   }
-  bool Authorized(const httplib::Request& req, httplib::Response& res, int roles) {
-    if (roles == 0 || cfg_.keys.empty()) return true;
+  // The key's role (0: none or unknown, with the reason in *why) and, in *key, the key.
+  int KeyRole(const httplib::Request& req, std::string* why, std::string* key_out = nullptr) const {
     const std::string auth = req.get_header_value("Authorization");
     const std::string prefix = "Bearer ";
     if (auth.compare(0, prefix.size(), prefix) != 0) {
-      SendError(res, 401, "this controller needs a key (Authorization: Bearer <key>)");
-      return false;
+      *why = "this controller needs a key (Authorization: Bearer <key>)";
+      return 0;
     }
     const std::string key = auth.substr(prefix.size());
     int have = 0;
@@ -134,8 +180,19 @@ class Api {
       for (size_t i = 0; i < k.size(); ++i) diff |= static_cast<uint8_t>(k[i] ^ (i < key.size() ? key[i] : 0));
       if (diff == 0) have = static_cast<int>(role);
     }
+    if (have == 0) *why = "unknown key";
+    if (key_out != nullptr) *key_out = key;
+    return have;
+  }
+  bool Authorized(const httplib::Request& req, httplib::Response& res, int roles) {
+    caller_ = oc::Caller{};
+    role_of_request_ = 0;
+    if (cfg_.keys.empty()) return true;
+    if (roles == 0) return true;
+    std::string why, key;
+    const int have = KeyRole(req, &why, &key);
     if (have == 0) {
-      SendError(res, 401, "unknown key");
+      SendError(res, 401, why);
       return false;
     }
     if (have != static_cast<int>(oc::Role::kAdmin) && (have & roles) == 0) {
@@ -143,6 +200,11 @@ class Api {
       return false;
     }
     role_of_request_ = have;
+    caller_.owner = OwnerOf(key);
+    caller_.kind = have == static_cast<int>(oc::Role::kAdmin)    ? oc::Caller::Kind::kAdmin
+                   : have == static_cast<int>(oc::Role::kServer) ? oc::Caller::Kind::kServer
+                                                                 : oc::Caller::Kind::kClient;
+    if (caller_.kind == oc::Caller::Kind::kServer) caller_.server = req.get_param_value("server");
     return true;
   }
   static Result<oc::Json> Body(const httplib::Request& req) {
@@ -172,9 +234,11 @@ class Api {
   std::shared_ptr<spdlog::logger> log_;
   Latency latency_;
   static thread_local int role_of_request_;
+  static thread_local oc::Caller caller_;  // the request's key, for ownership (Service)
 };
 
 thread_local int Api::role_of_request_ = 0;
+thread_local oc::Caller Api::caller_;
 
 constexpr int kClient = static_cast<int>(oc::Role::kClient);
 constexpr int kServer = static_cast<int>(oc::Role::kServer);
@@ -222,7 +286,8 @@ void Api::Routes(httplib::Server& s) {
              server = (*body)["server"].get<std::string>();
              if (role_of_request_ == kClient) return SendError(res, 403, "a client key may not choose the server");
            }
-           auto r = svc_->Allocate(*body, server);
+           if (caller_.kind == oc::Caller::Kind::kServer) caller_.server = server;
+           auto r = svc_->Allocate(*body, server, caller_);
            if (r.ok()) {
              std::string where;
              for (const auto& p : (*r)["placements"]) where += " " + p["text"].get<std::string>();
@@ -236,11 +301,11 @@ void Api::Routes(httplib::Server& s) {
            Reply(res, r, 201);
          }));
   s.Get("/v1/allocations", Wrap("allocations", kClient | kServer, [this](const httplib::Request& req, httplib::Response& res) {
-          SendJson(res, 200, svc_->ListAllocations(req.get_param_value("host"), req.get_param_value("kind")));
+          SendJson(res, 200, svc_->ListAllocations(req.get_param_value("host"), req.get_param_value("kind"), caller_));
         }));
   s.Get(R"(/v1/allocations/([^/]+))", Wrap("allocation", kClient | kServer, [this](const httplib::Request& req, httplib::Response& res) {
           if (!IdOk(req, res)) return;
-          Reply(res, svc_->GetAllocation(req.matches[1]));
+          Reply(res, svc_->GetAllocation(req.matches[1], caller_));
         }));
   s.Post(R"(/v1/allocations/([^/]+)/confirm)", Wrap("confirm", kServer, [this](const httplib::Request& req, httplib::Response& res) {
            if (!IdOk(req, res)) return;
@@ -250,13 +315,13 @@ void Api::Routes(httplib::Server& s) {
          }));
   s.Put(R"(/v1/allocations/([^/]+)/lease)", Wrap("renew", kClient | kServer, [this](const httplib::Request& req, httplib::Response& res) {
           if (!IdOk(req, res)) return;
-          Reply(res, svc_->Renew(req.matches[1]));
+          Reply(res, svc_->Renew(req.matches[1], caller_));
         }));
   s.Delete(R"(/v1/allocations/([^/]+))", Wrap("release", kClient | kServer, [this](const httplib::Request& req, httplib::Response& res) {
              if (!IdOk(req, res)) return;
              std::string why = req.get_param_value("reason");
              if (why.size() > 64) why.resize(64);
-             auto r = svc_->Release(req.matches[1], why.empty() ? "released" : why);
+             auto r = svc_->Release(req.matches[1], why.empty() ? "released" : why, caller_);
              if (r.ok()) log_->info("allocation {} released ({})", std::string(req.matches[1]), why.empty() ? "by request" : why);
              Reply(res, r);
            }));
@@ -326,6 +391,7 @@ int main(int argc, char** argv) {
   }
   auto log = std::make_shared<spdlog::logger>("controller", sinks.begin(), sinks.end());
   log->flush_on(spdlog::level::info);
+  cfg->service.clock_gap_ms = kClockGapMs;
   auto svc = oc::Service::Open(cfg->service);
   if (!svc.ok()) {
     log->error("{}", svc.status().message());
@@ -340,6 +406,8 @@ int main(int argc, char** argv) {
   server.new_task_queue = [] { return new httplib::ThreadPool(32); };
   server.set_keep_alive_max_count(1000);
   server.set_read_timeout(10, 0);
+  server.set_payload_max_length(kMaxBodyBytes);
+  server.set_pre_routing_handler([&api](const httplib::Request& req, httplib::Response& res) { return api.PreRouting(req, res); });
   api.Routes(server);
   // cpp-httplib listens with a backlog of 5: a burst of clients (each request is a fresh
   // connection) overflows it and waits a whole SYN retransmit (1 s). Keep the socket and listen
@@ -367,7 +435,7 @@ int main(int argc, char** argv) {
     for (uint64_t tick = 1; !stop.load(); ++tick) {
       for (const auto& what : api.service().Sweep(oc::WallMs())) log->info("{}", what);
       if (tick % 10 == 0) api.service().Checkpoint();
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      std::this_thread::sleep_for(std::chrono::milliseconds(kSweepPeriodMs));
     }
   });
   const oc::Json sum = api.service().Summary();

@@ -219,6 +219,7 @@ Json Service::ToJson(const Allocation& a) const {
             {"client", {{"host", a.client_host}, {"pid", a.client_pid}, {"process", a.client_process}}},
             {"placements", pl}};
   if (!a.vm.empty()) j["vm"] = a.vm;
+  if (!a.owner.empty()) j["owner"] = a.owner;
   return j;
 }
 
@@ -271,6 +272,7 @@ Status Service::Load() {
     a.client_host = c.value("host", "");
     a.client_pid = c.value("pid", 0u);
     a.client_process = c.value("process", "");
+    a.owner = j.value("owner", "");
     // Grace: whoever renews this lease gets a full period to reach the restarted controller.
     a.lease_expires_ms = a.kind == "vm" ? 0 : std::max(j.value("lease_expires_ms", uint64_t{0}), now + opts_.lease_ttl_ms);
     for (const Json& p : j.value("placements", Json::array())) {
@@ -558,13 +560,23 @@ Result<Service::Allocation> Service::Place(const Json& body, const std::string& 
                            (gmem == 0 ? std::string("the default size") : std::to_string(gmem) + " MiB") + " now (" + why + ")");
 }
 
-Result<Json> Service::Allocate(const Json& body, const std::string& server) {
+Result<Json> Service::Allocate(const Json& body, const std::string& server, const Caller& caller) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (caller.kind == Caller::Kind::kClient) {
+    uint32_t held = 0;
+    for (const auto& [id, x] : allocs_) held += x.kind == "process" && x.owner == caller.owner;
+    if (held >= opts_.max_allocations_per_key) {
+      ++refusals_;
+      return Status(Code::kOutOfRange, "this key holds " + std::to_string(held) + " live allocations, its limit (max_allocations_per_key " +
+                                           std::to_string(opts_.max_allocations_per_key) + "); release one first");
+    }
+  }
   auto a = Place(body, server, "process");
   if (!a.ok()) {
     ++refusals_;
     return a.status();
   }
+  a->owner = caller.owner;
   if (!server.empty()) {
     a->state = "active";  // oriond asked for its own client: it is serving it now
     uint64_t session = 0;
@@ -608,12 +620,47 @@ Result<Json> Service::Confirm(const std::string& id, const Json& body) {
   return ToJson(a);
 }
 
-Result<Json> Service::Renew(const std::string& id) {
+Result<Json> Service::Renew(const std::string& id, const Caller& caller) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = allocs_.find(id);
   if (it == allocs_.end()) return NotFound("allocation " + id + " does not exist (released or expired)");
-  if (it->second.kind == "process") it->second.lease_expires_ms = WallMs() + opts_.lease_ttl_ms;
-  return Json{{"id", id}, {"lease_expires_ms", it->second.lease_expires_ms}};
+  Allocation& a = it->second;
+  if (Status st = MayTouch(a, caller, "renew"); !st.ok()) return st;
+  if (a.kind == "process") {
+    const uint64_t now = WallMs();
+    uint64_t until = now + opts_.lease_ttl_ms;
+    if (a.state == "pending") {
+      // Renewals do not keep an allocation that no server ever confirmed.
+      const uint64_t deadline = a.created_ms + opts_.pending_ttl_ms;
+      if (now >= deadline) {
+        ++expired_;
+        (void)ReleaseLocked(id);
+        return FailedPrecondition("allocation " + id + " was never confirmed by a server within " +
+                                  std::to_string(opts_.pending_ttl_ms / 1000) + " s (pending_confirm_s); it is released");
+      }
+      until = std::min(until, deadline);
+    }
+    a.lease_expires_ms = until;
+  }
+  return Json{{"id", id}, {"lease_expires_ms", a.lease_expires_ms}};
+}
+
+Status Service::MayTouch(const Allocation& a, const Caller& c, const char* what) {
+  switch (c.kind) {
+    case Caller::Kind::kOpen:
+    case Caller::Kind::kAdmin:
+      return Status();
+    case Caller::Kind::kClient:
+      if (!a.owner.empty() && a.owner == c.owner) return Status();
+      return Status(Code::kPermissionDenied, "allocation " + a.id + " belongs to another key: a client key may " + what +
+                              " only the allocations it made");
+    case Caller::Kind::kServer:
+      if (!c.server.empty() && c.server == a.server) return Status();
+      return Status(Code::kPermissionDenied, "allocation " + a.id + " is served by " + a.server + ", not by " +
+                              (c.server.empty() ? std::string("an unnamed server (add ?server=ip:port)") : c.server) +
+                              ": a server key may " + what + " only the allocations its server serves");
+  }
+  return Status(Code::kPermissionDenied, "unknown caller");
 }
 
 Status Service::ReleaseLocked(const std::string& id) {
@@ -633,27 +680,33 @@ void Service::UnreserveLocked(const Allocation& a) {
   p->second.Release(v);
 }
 
-Result<Json> Service::Release(const std::string& id, const std::string& why) {
+Result<Json> Service::Release(const std::string& id, const std::string& why, const Caller& caller) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = allocs_.find(id);
   if (it == allocs_.end()) return NotFound("allocation " + id + " does not exist (released or expired)");
+  if (Status st = MayTouch(it->second, caller, "release"); !st.ok()) return st;
   if (it->second.kind != "process") return InvalidArgument("allocation " + id + " is VM " + it->second.vm + "'s assignment");
   Json j = {{"id", id}, {"server", it->second.server}, {"released", why}};
   if (Status st = ReleaseLocked(id); !st.ok()) return st;
   return j;
 }
 
-Result<Json> Service::GetAllocation(const std::string& id) const {
+Result<Json> Service::GetAllocation(const std::string& id, const Caller& caller) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = allocs_.find(id);
   if (it == allocs_.end()) return NotFound("allocation " + id + " does not exist (released or expired)");
+  // Servers read any allocation (they are trusted with the pool's state); clients only their own.
+  if (caller.kind == Caller::Kind::kClient) {
+    if (Status st = MayTouch(it->second, caller, "read"); !st.ok()) return st;
+  }
   return ToJson(it->second);
 }
 
-Json Service::ListAllocations(const std::string& host, const std::string& kind) const {
+Json Service::ListAllocations(const std::string& host, const std::string& kind, const Caller& caller) const {
   std::lock_guard<std::mutex> lock(mu_);
   Json out = Json::array();
   for (const auto& [id, a] : allocs_) {
+    if (caller.kind == Caller::Kind::kClient && a.owner != caller.owner) continue;
     if (!host.empty() && a.client_host != host) continue;
     if (!kind.empty() && a.kind != kind) continue;
     out.push_back(ToJson(a));
@@ -780,6 +833,20 @@ std::vector<std::string> Service::Sweep(uint64_t now_ms) {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::string> did;
   std::vector<std::string> drop;
+  if (opts_.clock_gap_ms != 0 && last_sweep_ms_ != 0 && now_ms > last_sweep_ms_ + opts_.clock_gap_ms) {
+    // The controller itself was away (paused, suspended, clock stepped): nobody could renew or
+    // heartbeat meanwhile. Give every lease and live server a fresh period from now.
+    for (auto& [id, s] : servers_) {
+      if (s.up) s.last_seen_ms = std::max(s.last_seen_ms, now_ms);
+    }
+    for (auto& [aid, a] : allocs_) {
+      if (a.kind == "process" && a.lease_expires_ms != 0) a.lease_expires_ms = std::max(a.lease_expires_ms, now_ms + opts_.lease_ttl_ms);
+    }
+    did.push_back("the controller's clock moved " + std::to_string(now_ms - last_sweep_ms_) +
+                  " ms since its last sweep (paused, suspended or stepped): leases and servers get a grace period of " +
+                  std::to_string(opts_.lease_ttl_ms) + " ms");
+  }
+  last_sweep_ms_ = std::max(last_sweep_ms_, now_ms);
   for (auto& [id, s] : servers_) {
     if (s.up && now_ms > s.last_seen_ms + opts_.server_timeout_ms) {
       s.up = false;
@@ -796,6 +863,13 @@ std::vector<std::string> Service::Sweep(uint64_t now_ms) {
     }
   }
   for (const auto& [aid, a] : allocs_) {
+    if (a.kind == "process" && a.state == "pending" && now_ms > a.created_ms + opts_.pending_ttl_ms &&
+        std::find(drop.begin(), drop.end(), aid) == drop.end()) {
+      drop.push_back(aid);
+      ++expired_;
+      did.push_back("allocation " + aid + " expired: no server confirmed it within " + std::to_string(opts_.pending_ttl_ms) + " ms");
+      continue;
+    }
     if (a.kind == "process" && a.lease_expires_ms != 0 && now_ms > a.lease_expires_ms &&
         std::find(drop.begin(), drop.end(), aid) == drop.end()) {
       drop.push_back(aid);

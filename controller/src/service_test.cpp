@@ -193,6 +193,60 @@ TEST_F(ServiceTest, SilentServersAreWithheldAndComeBack) {
   EXPECT_EQ(s->GetAllocation((*a)["id"]).status().code(), Code::kNotFound);
 }
 
+TEST_F(ServiceTest, AGapInTheControllersClockGivesLeasesAGracePeriod) {
+  // Issue #11 item 6: a paused controller must not expire what nobody could renew meanwhile.
+  opts_.lease_ttl_ms = 1000;
+  opts_.server_timeout_ms = 1000;
+  opts_.clock_gap_ms = 500;
+  auto s = Open();
+  ASSERT_TRUE(s->RegisterServer("10.0.0.1:9960", TwoGpuServer("a")).ok());
+  auto a = s->Allocate(Req(1, 1000), "");
+  ASSERT_TRUE(a.ok());
+  const uint64_t t0 = WallMs();
+  EXPECT_TRUE(s->Sweep(t0).empty());
+  auto did = s->Sweep(t0 + 3000);  // 3 s since the last sweep: longer than the lease
+  ASSERT_EQ(did.size(), 1u);
+  EXPECT_NE(did[0].find("grace period"), std::string::npos);
+  EXPECT_TRUE(s->GetAllocation((*a)["id"]).ok());
+  EXPECT_EQ(s->Summary()["servers_up"], 1);
+  EXPECT_TRUE(s->Sweep(t0 + 3400).empty());  // within the grace (sweeps every 400 ms again)
+  EXPECT_TRUE(s->Sweep(t0 + 3800).empty());
+  // The grace is one lease from the resume: unrenewed, it expires after that.
+  EXPECT_EQ(s->Sweep(t0 + 4200).size(), 2u);  // expired, and the server is down
+  EXPECT_EQ(s->GetAllocation((*a)["id"]).status().code(), Code::kNotFound);
+}
+
+TEST_F(ServiceTest, PerKeyLimitsAndPendingAllocationsExpire) {
+  // Issue #11 item 10: a per-key limit on live allocations, and pending ones cannot be renewed forever.
+  opts_.max_allocations_per_key = 2;
+  opts_.pending_ttl_ms = 1000;
+  opts_.lease_ttl_ms = 100000;
+  auto s = Open();
+  ASSERT_TRUE(s->RegisterServer("10.0.0.1:9960", TwoGpuServer("a")).ok());
+  const Caller alice{Caller::Kind::kClient, "key:aaaa", ""}, bob{Caller::Kind::kClient, "key:bbbb", ""};
+  auto a1 = s->Allocate(Req(1, 100), "", alice);
+  auto a2 = s->Allocate(Req(1, 100), "", alice);
+  ASSERT_TRUE(a1.ok() && a2.ok());
+  auto a3 = s->Allocate(Req(1, 100), "", alice);
+  ASSERT_FALSE(a3.ok());
+  EXPECT_EQ(a3.status().code(), Code::kOutOfRange);
+  EXPECT_NE(a3.status().message().find("max_allocations_per_key"), std::string::npos);
+  EXPECT_TRUE(s->Allocate(Req(1, 100), "", bob).ok());
+  // Another key's allocation is out of reach; its own is not.
+  EXPECT_EQ(s->Release((*a1)["id"], "x", bob).status().code(), Code::kPermissionDenied);
+  EXPECT_EQ(s->ListAllocations("", "", bob).size(), 1u);
+  ASSERT_TRUE(s->Confirm((*a1)["id"], {{"server", "10.0.0.1:9960"}, {"session", 1}}).ok());
+  // A renewal never carries a pending allocation past pending_ttl_ms; the sweep then drops it.
+  auto r = s->Renew((*a2)["id"], alice);
+  ASSERT_TRUE(r.ok());
+  EXPECT_LE((*r)["lease_expires_ms"].get<uint64_t>(), (*a2)["created_ms"].get<uint64_t>() + 1000);
+  auto did = s->Sweep(WallMs() + 1500);
+  ASSERT_EQ(did.size(), 2u);  // alice's and bob's pending ones; the confirmed one stays
+  EXPECT_TRUE(s->GetAllocation((*a1)["id"]).ok());
+  EXPECT_EQ(s->GetAllocation((*a2)["id"]).status().code(), Code::kNotFound);
+  EXPECT_TRUE(s->Allocate(Req(1, 100), "", alice).ok());  // under the limit again
+}
+
 TEST_F(ServiceTest, ARestartedServerLosesTheSessionsItNoLongerHas) {
   auto s = Open();
   ASSERT_TRUE(s->RegisterServer("10.0.0.1:9960", TwoGpuServer("a")).ok());
@@ -225,6 +279,16 @@ TEST_F(ServiceTest, ConfirmChecksTheServer) {
   EXPECT_EQ(s->Confirm((*a)["id"], {{"server", "10.0.0.1:9960"}, {"session", 4}}).status().code(), Code::kInvalidArgument);
   EXPECT_TRUE(s->Release((*a)["id"], "test").ok());
   EXPECT_EQ(s->Summary()["vgpus_free"], 8);
+}
+
+TEST(ControllerConfig, ParsesLimits) {
+  auto c = ParseControllerConfig("max_allocations_per_key: 5\npending_confirm_s: 30\n", "t");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->service.max_allocations_per_key, 5u);
+  EXPECT_EQ(c->service.pending_ttl_ms, 30000u);
+  EXPECT_EQ(ServiceOptions{}.max_allocations_per_key, 64u);
+  EXPECT_FALSE(ParseControllerConfig("max_allocations_per_key: 0\n", "t").ok());
+  EXPECT_FALSE(ParseControllerConfig("pending_confirm_s: -1\n", "t").ok());
 }
 
 TEST(ControllerConfig, ParsesKeysAndRejectsGarbage) {

@@ -183,7 +183,8 @@ void ControllerLink::Track(const std::string& allocation_id, const std::atomic<u
 void ControllerLink::Release(const std::string& allocation_id, const std::string& why) {
   std::lock_guard<std::mutex> lock(mu_);
   active_.erase(allocation_id);
-  releases_.emplace_back("/v1/allocations/" + allocation_id + "?reason=" + why, why);
+  // ?server=: a server key may release only the allocations its own server serves.
+  releases_.emplace_back("/v1/allocations/" + allocation_id + "?reason=" + why + "&server=" + opts_.server_id, why);
   cv_.notify_all();
 }
 

@@ -24,6 +24,7 @@ import pytest
 from conftest import PREFIX, TEST_BIN, Oriond, assert_passed, checks
 
 ADMIN, SERVER, CLIENT = "admin-key-0001", "server-key-0001", "client-key-0001"
+CLIENT2 = "client-key-0002"  # a second client key (another tenant)
 
 
 def free_port():
@@ -33,22 +34,23 @@ def free_port():
 
 
 class Controller:
-    def __init__(self, tmp: Path, placement="pack", keys=False, port=None, db=None):
+    def __init__(self, tmp: Path, placement="pack", keys=False, port=None, db=None, extra=""):
         self.tmp = tmp
         self.port = port or free_port()
         self.addr = f"127.0.0.1:{self.port}"
         self.db = db or tmp / "controller.db"
         self.placement = placement
         self.keys = keys
+        self.extra = extra  # more controller.yaml lines
         self.log_path = tmp / "controller.log"
         self.start()
 
     def start(self):
         conf = self.tmp / "controller.yaml"
         text = (f"listen: {self.addr}\ndatabase: {self.db}\nplacement: {self.placement}\n"
-                "lease_ttl_s: 2\nserver_timeout_s: 1.5\nserver_release_s: 30\n")
+                "lease_ttl_s: 2\nserver_timeout_s: 1.5\nserver_release_s: 30\n" + self.extra)
         if self.keys:
-            text += f"authentication:\n  client: {CLIENT}\n  server: [{SERVER}]\n  admin: {ADMIN}\n"
+            text += f"authentication:\n  client: [{CLIENT}, {CLIENT2}]\n  server: [{SERVER}]\n  admin: {ADMIN}\n"
         conf.write_text(text)
         self.err = open(self.log_path, "a")
         self.proc = subprocess.Popen([PREFIX / "bin" / "orion-controller", "start", "--config-file", conf],
@@ -555,5 +557,207 @@ def test_allocation_ids_in_paths_must_be_uuids(tmp_path):
         code, body = ctl.call("DELETE", "/v1/allocations/0f8fad5b-d9cb-469f-a165-70867728950e")
         assert code == 404, (code, body)
         assert "\x1b" not in ctl.log() and "X-Smuggled" not in ctl.log()
+    finally:
+        ctl.stop()
+
+
+def fake_server(ctl, port=9960):
+    """Registers a server (2 GPUs of 16384 MiB, 4 vGPUs each) with the server key; returns its id."""
+    sid = f"127.0.0.1:{port}"
+    gpus = [{"index": i, "uuid": f"GPU-{i}", "name": "Fake", "memory_mib": 16384} for i in range(2)]
+    code, body = ctl.call("PUT", f"/v1/servers/{sid}", {"vgpu_count": 4, "gpus": gpus}, key=SERVER)
+    assert code == 200, body
+    return sid
+
+
+def test_allocations_belong_to_the_key_that_made_them(tmp_path):
+    # Issue #11 item 5: any client key could list and delete anyone's allocation (and oriond then
+    # ended the victim's session). A client key reaches only its own; the serving server its own.
+    ctl = Controller(tmp_path, keys=True)
+    try:
+        sid = fake_server(ctl)
+        code, mine = ctl.call("POST", "/v1/allocations", {"vgpus": 1, "gmem_mib": 100}, key=CLIENT)
+        assert code == 201, mine
+        code, theirs = ctl.call("POST", "/v1/allocations", {"vgpus": 1, "gmem_mib": 100}, key=CLIENT2)
+        assert code == 201, theirs
+        code, served = ctl.call("POST", "/v1/allocations", {"vgpus": 1, "gmem_mib": 100, "server": sid}, key=SERVER)
+        assert code == 201, served
+        # The owner is recorded as a hash, never the key.
+        assert mine["owner"].startswith("key:") and mine["owner"] != theirs["owner"]
+        assert CLIENT not in json.dumps(mine)
+        # Each client key lists only its own; the admin sees all.
+        assert [a["id"] for a in ctl.get("/v1/allocations", key=CLIENT)] == [mine["id"]]
+        assert [a["id"] for a in ctl.get("/v1/allocations", key=CLIENT2)] == [theirs["id"]]
+        assert len(ctl.get("/v1/allocations", key=ADMIN)) == 3
+        # Another key's allocation (another client's or a server-made one): 403 with the reason.
+        for other in (theirs["id"], served["id"]):
+            for method, path in [("GET", f"/v1/allocations/{other}"), ("PUT", f"/v1/allocations/{other}/lease"),
+                                 ("DELETE", f"/v1/allocations/{other}")]:
+                code, body = ctl.call(method, path, key=CLIENT)
+                assert code == 403 and "belongs to another key" in body["message"], (method, path, code, body)
+        assert len(ctl.get("/v1/allocations", key=ADMIN)) == 3
+        # Its own: read, renew, release.
+        assert ctl.call("GET", f"/v1/allocations/{mine['id']}", key=CLIENT)[0] == 200
+        assert ctl.call("PUT", f"/v1/allocations/{mine['id']}/lease", key=CLIENT)[0] == 200
+        assert ctl.call("DELETE", f"/v1/allocations/{mine['id']}", key=CLIENT)[0] == 200
+        # A server key releases only what its server serves (it names itself, as oriond does).
+        code, body = ctl.call("DELETE", f"/v1/allocations/{served['id']}", key=SERVER)
+        assert code == 403 and "unnamed server" in body["message"], body
+        code, body = ctl.call("DELETE", f"/v1/allocations/{served['id']}?server=127.0.0.1:9961", key=SERVER)
+        assert code == 403 and "served by" in body["message"], body
+        assert ctl.call("DELETE", f"/v1/allocations/{served['id']}?server={sid}", key=SERVER)[0] == 200
+        # The admin overrides.
+        assert ctl.call("DELETE", f"/v1/allocations/{theirs['id']}", key=ADMIN)[0] == 200
+        assert ctl.get("/v1/allocations", key=ADMIN) == []
+        for f in tmp_path.glob("controller.db*"):
+            assert CLIENT.encode() not in f.read_bytes() and CLIENT2.encode() not in f.read_bytes()
+    finally:
+        ctl.stop()
+
+
+def test_keys_own_their_sessions_end_to_end(tmp_path):
+    # With keys, oriond still releases what it serves (it names itself) and a client's own release
+    # works; another client key cannot end the session.
+    c = Cluster(tmp_path, keys=True)
+    try:
+        p = c.sleeper(32, ORION_CONTROLLER_KEY=CLIENT)
+        try:
+            (alloc,) = c.ctl.get("/v1/allocations?kind=process", key=CLIENT)
+            code, body = c.ctl.call("DELETE", f"/v1/allocations/{alloc['id']}", key=CLIENT2)
+            assert code == 403, body
+            time.sleep(1)  # a few heartbeats: it stays
+            assert [a["id"] for a in c.ctl.get("/v1/allocations?kind=process", key=ADMIN)] == [alloc["id"]]
+            assert p.poll() is None
+        finally:
+            kill(p)
+        deadline = time.time() + 10
+        while c.ctl.get("/v1/allocations?kind=process", key=ADMIN):
+            assert time.time() < deadline, c.ctl.log()[-3000:]
+            time.sleep(0.1)
+        # A client on a region: oriond allocates with the server key and releases it at the end.
+        a = c.servers[0]
+        q = subprocess.Popen([str(TEST_BIN / "sleeper"), "16"], env=a.env(ORION_VGPU=1, ORION_GMEM=500),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        while "READY" not in (line := q.stdout.readline()):
+            assert line, q.stderr.read()
+        kill(q)
+        deadline = time.time() + 10
+        while c.ctl.get("/v1/allocations?kind=process", key=ADMIN):
+            assert time.time() < deadline, c.ctl.log()[-3000:]
+            time.sleep(0.1)
+        # Released by oriond (and the client), not left to expire.
+        assert "expired" not in c.ctl.log() and "released (" in c.ctl.log(), c.ctl.log()[-3000:]
+    finally:
+        c.stop()
+
+
+def raw_reply(addr, head: bytes, timeout=5.0):
+    """Sends a request head (its body announced, not sent) and returns the reply's status, or None if
+    none came within `timeout`."""
+    host, port = addr.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=timeout) as s:
+        s.sendall(head)
+        s.settimeout(timeout)
+        try:
+            data = s.recv(4096)
+        except socket.timeout:
+            return None
+    m = re.match(rb"HTTP/1\.[01] (\d+)", data)
+    return int(m.group(1)) if m else None
+
+
+def test_request_bodies_are_bounded(tmp_path):
+    # Issue #11 item 9: bodies were read in full (no limit), even before an unknown key's 401.
+    ctl = Controller(tmp_path, keys=True)
+    try:
+        big = 100 * 1000 * 1000
+        head = "POST /v1/allocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{}\r\n"
+        # No key, or an unknown one: 401 before the body is read (we never send it).
+        t0 = time.time()
+        assert raw_reply(ctl.addr, head.format(big, "").encode()) == 401
+        assert raw_reply(ctl.addr, head.format(big, "Authorization: Bearer wrong-key-123\r\n").encode()) == 401
+        # A known key and an oversize body: 413 at once.
+        assert raw_reply(ctl.addr, head.format(big, f"Authorization: Bearer {CLIENT}\r\n").encode()) == 413
+        assert raw_reply(ctl.addr, head.format(300 * 1024, f"Authorization: Bearer {CLIENT}\r\n").encode()) == 413
+        assert time.time() - t0 < 5
+        # Ordinary requests still work.
+        fake_server(ctl)
+        assert ctl.call("POST", "/v1/allocations", {"vgpus": 1}, key=CLIENT)[0] == 201
+    finally:
+        ctl.stop()
+
+
+def test_per_key_limits_and_pending_allocations_expire(tmp_path):
+    # Issue #11 item 10: no per-key limit, and a pending allocation renewed forever hogged the pool.
+    ctl = Controller(tmp_path, keys=True, extra="max_allocations_per_key: 3\npending_confirm_s: 3\n")
+    try:
+        sid = fake_server(ctl)
+        ids = []
+        for _ in range(3):
+            code, a = ctl.call("POST", "/v1/allocations", {"vgpus": 1, "gmem_mib": 100}, key=CLIENT)
+            assert code == 201, a
+            ids.append(a["id"])
+        code, body = ctl.call("POST", "/v1/allocations", {"vgpus": 1, "gmem_mib": 100}, key=CLIENT)
+        assert code == 429 and "max_allocations_per_key" in body["message"], (code, body)
+        assert ctl.call("POST", "/v1/allocations", {"vgpus": 1, "gmem_mib": 100}, key=CLIENT2)[0] == 201
+        # One is confirmed by its server; the other two stay pending however often they are renewed.
+        code, body = ctl.call("POST", f"/v1/allocations/{ids[0]}/confirm", {"server": sid, "session": 7}, key=SERVER)
+        assert code == 200, body
+        t0 = time.time()
+        refused = None
+        while time.time() - t0 < 6 and refused is None:
+            assert ctl.call("PUT", f"/v1/allocations/{ids[0]}/lease", key=CLIENT)[0] == 200
+            code, body = ctl.call("PUT", f"/v1/allocations/{ids[1]}/lease", key=CLIENT)
+            if code != 200:
+                refused = (code, body, time.time() - t0)
+            time.sleep(0.3)
+        assert refused is not None, "a pending allocation was renewed past pending_confirm_s"
+        code, body, when = refused
+        assert code in (404, 409) and when < 4.5, refused
+        assert code == 404 or "never confirmed" in body["message"]
+        live = {a["id"] for a in ctl.get("/v1/allocations", key=ADMIN)}
+        assert ids[0] in live and ids[1] not in live and ids[2] not in live
+        # Under the limit again: the key may allocate (the server heartbeats again first).
+        assert ctl.call("POST", f"/v1/servers/{sid}/heartbeat", {"allocations": []}, key=SERVER)[0] == 200
+        assert ctl.call("POST", "/v1/allocations", {"vgpus": 1, "gmem_mib": 100}, key=CLIENT)[0] == 201
+    finally:
+        ctl.stop()
+
+
+def test_a_paused_controller_does_not_expire_live_sessions(tmp_path):
+    # Issue #11 item 6: after a SIGSTOP longer than the lease (2 s here) the controller expired live
+    # allocations before the server's next heartbeat, and oriond ended them (the heartbeat reply
+    # revokes them). The server here heartbeats as oriond does, its heartbeat held while the
+    # controller is stopped (oriond's timed out) and the next one 0.6 s after the resume.
+    ctl = Controller(tmp_path)
+    try:
+        sid = fake_server(ctl)
+        code, a = ctl.call("POST", "/v1/allocations", {"vgpus": 1, "gmem_mib": 100, "server": sid, "session": 1})
+        assert code == 201 and a["state"] == "active", a
+
+        def beat():
+            code, body = ctl.call("POST", f"/v1/servers/{sid}/heartbeat", {"allocations": [{"id": a["id"]}]})
+            assert code == 200, body
+            return body
+
+        for _ in range(3):
+            assert beat()["revoked"] == []
+            time.sleep(0.3)
+        os.kill(ctl.proc.pid, signal.SIGSTOP)
+        try:
+            time.sleep(3.5)
+        finally:
+            os.kill(ctl.proc.pid, signal.SIGCONT)
+        time.sleep(0.6)
+        assert beat()["revoked"] == [], ctl.log()[-3000:]
+        assert [x["id"] for x in ctl.get("/v1/allocations")] == [a["id"]]
+        assert "expired" not in ctl.log() and "stopped heartbeating" not in ctl.log(), ctl.log()[-3000:]
+        assert "grace period" in ctl.log()
+        # The grace is one lease: without renewals it still expires after that.
+        deadline = time.time() + 6
+        while ctl.get("/v1/allocations"):
+            assert time.time() < deadline, ctl.log()[-3000:]
+            time.sleep(0.2)
+        assert "expired: nobody renewed its lease" in ctl.log()
     finally:
         ctl.stop()

@@ -46,7 +46,7 @@ class ControllerClient {
 
   // Sends `body` (null: none) and parses the JSON reply. A non-2xx reply becomes an error whose
   // message is the controller's "message" (codes: 400 kInvalidArgument, 401/403 kPermissionDenied,
-  // 404 kNotFound, 409 kResourceExhausted, 503 kUnavailable, else kInternal).
+  // 404 kNotFound, 409 and 429 kResourceExhausted, 503 kUnavailable, else kInternal).
   Result<nlohmann::json> Call(const std::string& method, const std::string& target,
                               const nlohmann::json& body = nullptr) const;
   const Endpoint& endpoint() const { return ep_; }

@@ -6,6 +6,8 @@
 //   lease_ttl_s: 15
 //   server_timeout_s: 10
 //   server_release_s: 60
+//   pending_confirm_s: 60      # a never-confirmed allocation expires after this, renewed or not
+//   max_allocations_per_key: 64  # live allocations per client key
 //   log_file: /var/log/orion/controller.log   # "" = stderr only
 //   authentication:            # empty or absent = open (a warning at start)
 //     client: [key1, key2]     # a string or a list

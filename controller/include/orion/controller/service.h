@@ -5,8 +5,13 @@
 // vGPU (one mutex; the placements table's primary key is a second guard).
 //
 // Every method takes and returns JSON objects shaped as in controller/openapi.yaml; errors carry
-// the Code that the REST layer maps to an HTTP status (kInvalidArgument 400, kNotFound 404,
-// kResourceExhausted 409, kUnavailable 503).
+// the Code that the REST layer maps to an HTTP status (kInvalidArgument 400, kPermissionDenied 403,
+// kNotFound 404, kResourceExhausted and kFailedPrecondition 409, kOutOfRange 429 (a per-key limit),
+// kUnavailable 503).
+//
+// Ownership: every allocation records who made it (Caller::owner, a hash of the key, never the key)
+// and the server that serves it. A client key may read, renew and release only its own; a server
+// key only those its server serves (Caller::server); an admin key, or an open controller, all.
 //
 //   auto svc = Service::Open(opts);           // creates or reopens the database
 //   svc->RegisterServer("10.0.0.7:9960", body);
@@ -39,6 +44,21 @@ struct ServiceOptions {
   uint64_t lease_ttl_ms = 15000;          // an allocation nobody renews is released after this
   uint64_t server_timeout_ms = 10000;     // a server silent this long is down: its vGPUs are withheld
   uint64_t server_release_ms = 60000;     // ... and after this long its allocations are released
+  uint32_t max_allocations_per_key = 64;  // live allocations one client key may hold (429 beyond)
+  uint64_t pending_ttl_ms = 60000;        // a never-confirmed allocation expires this long after it was made,
+                                          // however often it is renewed
+  // A sweep that finds the previous one this much longer ago (the controller was paused, the host
+  // suspended, the clock stepped) gives every lease and server a fresh period before expiring
+  // anything. 0: off (the REST layer sets it from its sweep period).
+  uint64_t clock_gap_ms = 0;
+};
+
+// Who makes a request (the REST layer fills it from the key).
+struct Caller {
+  enum class Kind { kOpen, kAdmin, kClient, kServer };
+  Kind kind = Kind::kOpen;
+  std::string owner;   // "key:<16 hex of SHA-256(key)>"; empty when the controller is open
+  std::string server;  // a server key: the server it speaks for ("server" in the body or query)
 };
 
 uint64_t WallMs();
@@ -56,12 +76,14 @@ class Service {
 
   // Allocations. `server` non-empty: placed on that server only (oriond asking for its own client,
   // which is then active at once).
-  Result<Json> Allocate(const Json& body, const std::string& server);
+  // A client caller holding max_allocations_per_key live allocations is refused (kOutOfRange).
+  Result<Json> Allocate(const Json& body, const std::string& server, const Caller& caller = {});
   Result<Json> Confirm(const std::string& id, const Json& body);
-  Result<Json> Renew(const std::string& id);
-  Result<Json> Release(const std::string& id, const std::string& why);
-  Result<Json> GetAllocation(const std::string& id) const;
-  Json ListAllocations(const std::string& host, const std::string& kind) const;
+  Result<Json> Renew(const std::string& id, const Caller& caller = {});
+  Result<Json> Release(const std::string& id, const std::string& why, const Caller& caller = {});
+  Result<Json> GetAllocation(const std::string& id, const Caller& caller = {}) const;
+  // A client caller sees only its own allocations.
+  Json ListAllocations(const std::string& host, const std::string& kind, const Caller& caller = {}) const;
 
   // Standing assignments for VMs, keyed by VM (libvirt domain) name.
   Result<Json> Assign(const std::string& vm, const Json& body);
@@ -100,6 +122,7 @@ class Service {
     uint64_t gmem_mib = 0;
     std::string client_host, client_process;
     uint32_t client_pid = 0;
+    std::string owner;  // Caller::owner of the request that made it
     std::string state = "pending";  // pending (not yet confirmed by oriond) | active
     uint32_t session = 0;
     uint64_t created_ms = 0, lease_expires_ms = 0;
@@ -123,6 +146,8 @@ class Service {
   std::map<std::string, host::VgpuPool> Pools(const std::string& only = "") const;
   Result<Allocation> Place(const Json& body, const std::string& server, const std::string& kind);
   Status ReleaseLocked(const std::string& id);
+  // kPermissionDenied unless `c` may renew or release `a` (see Ownership above).
+  static Status MayTouch(const Allocation& a, const Caller& c, const char* what);
   void UnreserveLocked(const Allocation& a);  // gives its slots back to pools_
 
   ServiceOptions opts_;
@@ -135,6 +160,7 @@ class Service {
   std::map<std::string, Allocation> allocs_;
   std::map<std::string, host::VgpuPool> pools_;  // per server: slots taken by allocs_ (kept in step)
   uint64_t allocations_made_ = 0, refusals_ = 0, expired_ = 0;
+  uint64_t last_sweep_ms_ = 0;
 };
 
 }  // namespace orion::controller
