@@ -9,28 +9,10 @@ marked COMPUTED compare the device's results with numpy's, in cubin mode they ch
 and data movement only (pass --sass). cuBLAS (matmul) and cuFFT kernels are SASS in both modes:
 status and shapes only."""
 import sys
-import traceback
 
-FAILED = []
+from probe_steps import FAILED, require, step  # noqa: E402 - next to this script
+
 SASS = "--sass" in sys.argv
-
-
-def step(name, fn):
-    try:
-        detail = fn()
-    except Exception as e:  # noqa: BLE001 - every failure is the answer
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        print(f"STEP {name} FAIL {type(e).__name__}: {first}", flush=True)
-        traceback.print_exc()
-        FAILED.append(name)
-        return False
-    print(f"STEP {name} ok {'' if detail is None else detail}".rstrip(), flush=True)
-    return True
-
-
-def require(cond, what):
-    if not cond:
-        raise AssertionError(what)
 
 
 def main():

@@ -5,27 +5,8 @@ LD_LIBRARY_PATH and ORION_SHM set (tests/integration/test_frameworks.py does). P
 SASS for sm_90 (their PTX is for a newer arch), which the sim backend validates and logs but does
 not execute, so steps check status and data movement only, never computed values."""
 import sys
-import traceback
 
-FAILED = []
-
-
-def step(name, fn):
-    try:
-        detail = fn()
-    except Exception as e:  # noqa: BLE001 - every failure is the answer
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        print(f"STEP {name} FAIL {type(e).__name__}: {first}", flush=True)
-        traceback.print_exc()
-        FAILED.append(name)
-        return False
-    print(f"STEP {name} ok {'' if detail is None else detail}".rstrip(), flush=True)
-    return True
-
-
-def require(cond, what):
-    if not cond:
-        raise AssertionError(what)
+from probe_steps import FAILED, require, step  # noqa: E402 - next to this script
 
 
 def depth(torch):
