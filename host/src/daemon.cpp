@@ -747,6 +747,7 @@ SessionParams Daemon::BaseParams(uint32_t session, const std::vector<Placement>&
   sp.session_id = session;
   sp.placements = placements;
   sp.cache_dir = config_.cache_dir;
+  sp.cache_max_bytes = config_.cache_max_mib << 20;
   sp.lease_timeout_ms = config_.lease_timeout_ms;
   sp.net_stall_ms = config_.net_stall_ms;
   sp.log = std::move(log);

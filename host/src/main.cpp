@@ -37,6 +37,9 @@ int main(int argc, char** argv) {
   app.add_option("-n,--max-clients", max_clients, "most sessions at once")->check(CLI::Range(1, 4096));
   app.add_flag("-d,--daemon", daemonize, "run in the background");
   app.add_option("--cache-dir", cache_dir, "module cache directory");
+  uint64_t cache_max_mib = 0;
+  app.add_option("--cache-max-mib", cache_max_mib, "module cache size bound in MiB (oldest entries evicted; default 2048)")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 24));
   app.add_option("--sim-launch-log", sim_log, "sim: append every kernel launch to this file");
   app.add_option("--sim-gpus", sim_gpus, "sim: number of simulated GPUs")->check(CLI::Range(1, 64));
   app.add_option("--sim-gpu-mem", sim_mem, "sim: MiB per simulated GPU")->check(CLI::Range(64, 1 << 24));
@@ -77,6 +80,7 @@ int main(int argc, char** argv) {
   if (rdma_flag) c.enable_rdma = true;
   if (max_clients != 0) c.max_clients = static_cast<uint32_t>(max_clients);
   if (!cache_dir.empty()) c.cache_dir = cache_dir;
+  if (cache_max_mib != 0) c.cache_max_mib = cache_max_mib;
   if (!sim_log.empty()) c.sim_launch_log = sim_log;
   if (sim_gpus != 0) c.sim_gpus = sim_gpus;
   if (sim_mem != 0) c.sim_gpu_mem_mib = sim_mem;

@@ -9,6 +9,10 @@
 #include <xxhash.h>
 
 #include <cinttypes>
+#include <algorithm>
+#include <filesystem>
+#include <set>
+#include <deque>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -98,7 +102,10 @@ class Session {
   }
   uint32_t CurrentDev() const { return cur_dev_; }
   const std::vector<uint8_t>* Blob(uint64_t lo, uint64_t hi, uint64_t bytes);
-  void StoreBlob(const std::string& hex, std::vector<uint8_t> data);
+  void HoldBlob(const std::string& hex, std::vector<uint8_t> data);
+  void DropBlob(const std::string& hex);
+  void CacheBlob(const std::string& hex, const std::vector<uint8_t>& data);
+  bool HandlesFull() const { return handles_.size() >= kMaxSessionHandles; }
 
   SessionParams p_;
   std::unique_ptr<Backend> b_;
@@ -121,7 +128,10 @@ class Session {
   int32_t deferred_ = 0;
   bool violation_ = false;
   // Module images by content hash: complete ones, and the one being uploaded.
-  std::map<std::string, std::vector<uint8_t>> blobs_;
+  std::map<std::string, std::vector<uint8_t>> blobs_;  // images awaiting ModuleLoad (HoldBlob)
+  std::deque<std::string> held_order_;                 // oldest first
+  uint64_t held_bytes_ = 0;
+  std::set<std::string> cached_;                       // images known to be in the disk cache
   std::string upload_hex_;
   std::vector<uint8_t> upload_;
   std::string output_;   // device printf text not yet taken by the client (at most kMaxPendingOutput)
@@ -159,26 +169,67 @@ const std::vector<uint8_t>* Session::Blob(uint64_t lo, uint64_t hi, uint64_t byt
   const std::string hex = HashHex(lo, hi);
   auto it = blobs_.find(hex);
   if (it != blobs_.end()) return it->second.size() == bytes ? &it->second : nullptr;
-  if (p_.cache_dir.empty()) return nullptr;
+  if (p_.cache_dir.empty() || bytes > kMaxHeldImageBytes) return nullptr;
   std::ifstream f(p_.cache_dir + "/" + hex, std::ios::binary);
   if (!f) return nullptr;
   std::vector<uint8_t> data((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   const XXH128_hash_t h = XXH3_128bits(data.data(), data.size());
   if (data.size() != bytes || h.low64 != lo || h.high64 != hi) return nullptr;  // corrupt cache entry
-  return &(blobs_[hex] = std::move(data));
+  cached_.insert(hex);
+  HoldBlob(hex, std::move(data));
+  return &blobs_[hex];
 }
 
-void Session::StoreBlob(const std::string& hex, std::vector<uint8_t> data) {
-  if (!p_.cache_dir.empty()) {
-    const std::string tmp = p_.cache_dir + "/." + hex + "." + std::to_string(getpid());
-    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);  // tenants' code: oriond's only
-    if (fd >= 0) {
-      bool ok = ::write(fd, data.data(), data.size()) == static_cast<ssize_t>(data.size());
-      ::close(fd);
-      if (!ok || ::rename(tmp.c_str(), (p_.cache_dir + "/" + hex).c_str()) != 0) ::unlink(tmp.c_str());
-    }
-  }
+// Uploaded (or cache-read) images wait in memory for their ModuleLoad, at most kMaxHeldImageBytes
+// of them: the oldest go first (a client whose image was dropped is asked for its bytes again).
+void Session::HoldBlob(const std::string& hex, std::vector<uint8_t> data) {
+  while (!held_order_.empty() && held_bytes_ + data.size() > kMaxHeldImageBytes) DropBlob(held_order_.front());
+  held_bytes_ += data.size();
+  held_order_.push_back(hex);
   blobs_[hex] = std::move(data);
+}
+
+void Session::DropBlob(const std::string& hex) {
+  auto it = blobs_.find(hex);
+  if (it != blobs_.end()) {
+    held_bytes_ -= it->second.size();
+    blobs_.erase(it);
+  }
+  held_order_.erase(std::remove(held_order_.begin(), held_order_.end(), hex), held_order_.end());
+}
+
+// Writes an image that loaded (so it parsed) to the host's cache, then keeps the cache under
+// cache_max_bytes by removing the oldest entries (by modification time). Sessions run in parallel
+// processes: their evictions may overlap, which only removes a file twice.
+void Session::CacheBlob(const std::string& hex, const std::vector<uint8_t>& data) {
+  if (p_.cache_dir.empty() || cached_.count(hex) != 0) return;
+  const std::string tmp = p_.cache_dir + "/." + hex + "." + std::to_string(getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);  // tenants' code: oriond's only
+  if (fd < 0) return;
+  bool ok = ::write(fd, data.data(), data.size()) == static_cast<ssize_t>(data.size());
+  ::close(fd);
+  if (!ok || ::rename(tmp.c_str(), (p_.cache_dir + "/" + hex).c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    return;
+  }
+  cached_.insert(hex);
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::vector<std::pair<fs::file_time_type, fs::path>> entries;
+  uint64_t total = 0;
+  for (const auto& e : fs::directory_iterator(p_.cache_dir, ec)) {
+    if (!e.is_regular_file(ec) || e.path().filename().string().starts_with(".")) continue;
+    total += e.file_size(ec);
+    entries.emplace_back(e.last_write_time(ec), e.path());
+  }
+  if (total <= p_.cache_max_bytes) return;
+  std::sort(entries.begin(), entries.end());
+  for (const auto& [when, path] : entries) {
+    if (total <= p_.cache_max_bytes) break;
+    if (path.filename() == hex) continue;  // the image just written stays
+    const uint64_t size = fs::file_size(path, ec);
+    if (fs::remove(path, ec)) total -= size;
+  }
 }
 
 template <typename T>
@@ -240,6 +291,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       CtxCreateReq q;
       ORION_WANT(Get(payload, len, &q), "bad CtxCreate");
       if (q.device >= p_.placements.size()) { r = CUDA_ERROR_INVALID_DEVICE; break; }
+      if (HandlesFull()) { r = CUDA_ERROR_OUT_OF_MEMORY; break; }
       void* ctx = nullptr;
       r = b_->CtxCreate(q.device, q.flags, &ctx);
       if (r == CUDA_SUCCESS) {
@@ -481,10 +533,15 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       if (img == nullptr) { r = static_cast<CUresult>(kStatusNeedBytes); break; }
       auto size = fatbin::ImageSize(img->data(), img->size());
       if (!size.ok() || *size > img->size()) { r = CUDA_ERROR_INVALID_IMAGE; break; }
+      if (HandlesFull()) { r = CUDA_ERROR_OUT_OF_MEMORY; break; }
       void* mod = nullptr;
       r = b_->ModuleLoad(std::span<const uint8_t>(img->data(), img->size()), &mod);
       if (r == CUDA_SUCCESS) {
         put(ModuleLoadRep{AddHandle({Kind::kModule, mod, cur_dev_, cur_ctx_, {}}), 0, 0});
+        // It parsed: into the host's cache, and out of this worker's memory (the backend has it).
+        const std::string hex = HashHex(q.hash_lo, q.hash_hi);
+        CacheBlob(hex, *img);
+        DropBlob(hex);
       } else {
         p_.log->info("sess={} op=ModuleLoad image {} refused ({}): {}", p_.session_id,
                      HashHex(q.hash_lo, q.hash_hi), static_cast<int>(r), b_->ErrorDetail());
@@ -516,7 +573,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
         if (got.low64 != q.hash_lo || got.high64 != q.hash_hi) {
           r = CUDA_ERROR_INVALID_IMAGE;  // the bytes do not match the claimed hash
         } else {
-          StoreBlob(hex, std::move(upload_));
+          HoldBlob(hex, std::move(upload_));
         }
         upload_.clear();
         upload_hex_.clear();
@@ -561,6 +618,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       for (auto& [k, f] : handles_) {
         if (f.kind == Kind::kFunction && f.backend == fn) id = k;
       }
+      if (id == 0 && HandlesFull()) { r = CUDA_ERROR_OUT_OF_MEMORY; break; }
       if (id == 0) id = AddHandle({Kind::kFunction, fn, o->dev, q.module, layout});
       put(FunctionRep{id, static_cast<uint32_t>(layout.params.size()), layout.param_bytes});
       for (const ParamInfo& pi : layout.params) put(pi);
@@ -660,6 +718,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       StreamCreateReq q;
       ORION_WANT(Get(payload, len, &q), "bad StreamCreate");
       if (cur_ctx_ == 0) { r = CUDA_ERROR_INVALID_CONTEXT; break; }
+      if (HandlesFull()) { r = CUDA_ERROR_OUT_OF_MEMORY; break; }
       void* s = nullptr;
       r = b_->StreamCreate(q.flags, q.priority, &s);
       if (r == CUDA_SUCCESS) put(HandleRep{AddHandle({Kind::kStream, s, cur_dev_, cur_ctx_, {}})});
@@ -698,6 +757,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       EventCreateReq q;
       ORION_WANT(Get(payload, len, &q), "bad EventCreate");
       if (cur_ctx_ == 0) { r = CUDA_ERROR_INVALID_CONTEXT; break; }
+      if (HandlesFull()) { r = CUDA_ERROR_OUT_OF_MEMORY; break; }
       void* e = nullptr;
       r = b_->EventCreate(q.flags, &e);
       if (r == CUDA_SUCCESS) put(HandleRep{AddHandle({Kind::kEvent, e, cur_dev_, cur_ctx_, {}})});

@@ -169,6 +169,9 @@ ORION_WIRE_STRUCT(RdmaConnectInfo, 72);
 // (FrameWindowRanges) and in oriond's session alike. A request beyond them gets
 // CUDA_ERROR_INVALID_VALUE; nothing of it executes.
 inline constexpr uint64_t kMax2DHeight = uint64_t{1} << 24;  // rows of a 2D copy or memset
+// Per-session limits on what a client can make a worker hold (issue #11, "bounded everything"):
+inline constexpr size_t kMaxSessionHandles = size_t{1} << 18;    // contexts, modules, functions, streams, events
+inline constexpr uint64_t kMaxHeldImageBytes = uint64_t{512} << 20;  // uploaded module images not yet loaded
 inline constexpr uint64_t kMax2DPitch = uint64_t{1} << 40;   // bytes between rows, and bytes per row
 // What one device allocation costs against a vGPU's quota at least: its size rounded up to this.
 // The CUDA programming guide promises allocations aligned to at least 256 bytes; GPUs since sm_50

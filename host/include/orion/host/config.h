@@ -43,6 +43,7 @@ struct ServerConfig {
   BackendKind backend = BackendKind::kAuto;
   std::string log_dir = "/var/log/orion";
   std::string cache_dir = "/var/cache/orion/modules";
+  uint64_t cache_max_mib = 2048;  // --cache-max-mib: the module cache's size bound
   std::vector<std::string> shm_paths;  // --shm; empty: every <shm_path_base>/orionsock*
   std::string sim_launch_log;
   bool sim_execute = true;                  // --sim-execute ptx|none

@@ -71,6 +71,7 @@ struct SessionParams {
   uint64_t request_position = 0;     // where the request stream continues after the Hello
   std::vector<Placement> placements;
   std::string cache_dir;             // content-addressed module cache ("" = memory only)
+  uint64_t cache_max_bytes = uint64_t{2} << 30;  // the cache's size bound: oldest entries go first
   uint64_t lease_timeout_ms = 3000;
   uint64_t net_stall_ms = 30000;     // network sessions: drop a client silent mid-frame this long
   std::shared_ptr<spdlog::logger> log;

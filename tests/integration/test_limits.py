@@ -1,0 +1,76 @@
+"""What one tenant can make oriond hold is bounded (issue #11 item 7): the module cache keeps
+under --cache-max-mib (oldest entries go first) and holds only images that parsed, and a session's
+handles (contexts, modules, functions, streams, events) stop at kMaxSessionHandles with
+CUDA_ERROR_OUT_OF_MEMORY while the session goes on. The driver calls are made through Orion's
+libcuda.so.1 with ctypes, in a child process per program."""
+import sys
+
+from conftest import PREFIX
+
+DRIVER = r'''
+import ctypes, sys
+cu = ctypes.CDLL("libcuda.so.1")
+def ck(r, what):
+    if r != 0:
+        print("ERR", what, r, flush=True)
+        sys.exit(1)
+ck(cu.cuInit(0), "cuInit")
+dev = ctypes.c_int()
+ck(cu.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
+ctx = ctypes.c_void_p()
+ck(cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "retain")
+ck(cu.cuCtxSetCurrent(ctx), "current")
+mode = sys.argv[1]
+if mode == "modules":
+    n, size = int(sys.argv[2]), int(sys.argv[3])
+    for i in range(n):  # distinct PTX images of about `size` bytes each
+        ptx = (".version 8.0\n.target sm_75\n.address_size 64\n// %d %s\n.visible .entry k%d()\n{\nret;\n}\n"
+               % (i, "x" * size, i)).encode() + b"\0"
+        m = ctypes.c_void_p()
+        ck(cu.cuModuleLoadData(ctypes.byref(m), ptx), "load %d" % i)
+        ck(cu.cuModuleUnload(m), "unload %d" % i)
+    print("LOADED", n, flush=True)
+elif mode == "broken":
+    ptx = b".version 8.0\n.target sm_75\n.address_size 64\n.visible .entry k(\n this is not PTX\n" + b"\0"
+    m = ctypes.c_void_p()
+    print("BROKEN", cu.cuModuleLoadData(ctypes.byref(m), ptx), flush=True)
+elif mode == "events":
+    n, r = 0, 0
+    while n <= 400000:
+        e = ctypes.c_void_p()
+        r = cu.cuEventCreate(ctypes.byref(e), 0)
+        if r != 0:
+            break
+        n += 1
+    print("EVENTS", n, r, flush=True)
+    # The session goes on: a synchronize and a small allocation still work.
+    p = ctypes.c_uint64()
+    print("AFTER", cu.cuCtxSynchronize(), cu.cuMemAlloc_v2(ctypes.byref(p), 4096), flush=True)
+'''
+
+
+def cache_files(d):
+    return [p for p in (d.tmp / "cache").iterdir() if p.is_file() and not p.name.startswith(".")]
+
+
+def test_the_module_cache_is_bounded_and_holds_only_images_that_parsed(make_oriond):
+    d = make_oriond(extra_args=("--cache-max-mib", "4"))
+    r = d.run(sys.executable, "-c", DRIVER, "broken", timeout=120)
+    assert "BROKEN 200" in r.stdout, r.stdout + r.stderr  # CUDA_ERROR_INVALID_IMAGE
+    assert cache_files(d) == [], "an image that did not parse was cached"
+    r = d.run(sys.executable, "-c", DRIVER, "modules", 12, 1 << 20, timeout=300)
+    assert "LOADED 12" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    files = cache_files(d)
+    total = sum(p.stat().st_size for p in files)
+    # 12 MiB went in; at most the bound plus the entry just written stays.
+    assert files and total <= (5 << 20), (len(files), total)
+    assert d.alive()
+
+
+def test_session_handles_are_bounded(oriond):
+    r = oriond.run(sys.executable, "-c", DRIVER, "events", timeout=300)
+    out = r.stdout + r.stderr[-2000:]
+    n, code = map(int, r.stdout.split("EVENTS ")[1].split()[:2])
+    assert code == 2 and 200000 < n < (1 << 18), out  # CUDA_ERROR_OUT_OF_MEMORY at kMaxSessionHandles
+    assert "AFTER 0 0" in r.stdout, out
+    assert oriond.alive()
