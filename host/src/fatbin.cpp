@@ -951,6 +951,23 @@ Result<Module> ParseImage(std::span<const uint8_t> image, uint32_t prefer_sm) {
   return Unrecognised(image, image.size());
 }
 
+Result<uint32_t> PtxArch(std::span<const uint8_t> image, uint32_t prefer_sm) {
+  uint32_t magic = 0;
+  if (Load(image, 0, magic) && magic == kFatbinMagic) {
+    std::optional<Entry> ptx;
+    auto pick = [&](const Entry& e) {
+      if (e.kind == kKindPtx && (!ptx || BetterArch(e.arch, ptx->arch, prefer_sm))) ptx = e;
+      return Status::Ok();
+    };
+    FB_RETURN_IF_ERROR(ForEachEntry(image, pick));
+    if (!ptx) return NotFound("the fatbin has no PTX entry (SASS only)");
+    return ptx->arch;
+  }
+  if (IsElf(image)) return NotFound("the image is a cubin (SASS only, no PTX)");
+  if (PtxLength(image)) return uint32_t{0};
+  return Unrecognised(image, image.size());
+}
+
 Result<PtxEntry> ExtractPtx(std::span<const uint8_t> image, uint32_t prefer_sm) {
   uint32_t magic = 0;
   if (Load(image, 0, magic) && magic == kFatbinMagic) {

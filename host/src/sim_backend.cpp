@@ -300,7 +300,21 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     }
     auto m = std::make_unique<SimModule>();
     m->info = std::move(*parsed);
-    if (opt_.execute) m->image.assign(image.begin(), image.end());
+    // Keep the image for the executor only if it has PTX a GPU would run (see ProgramOf): most
+    // library modules are SASS only, and copying them would only cost memory.
+    if (opt_.execute) {
+      auto arch = fatbin::PtxArch(image, 90);
+      if (!arch.ok()) {
+        m->ptx_tried = true;
+        m->ptx_error = arch.status().message();
+      } else if (m->info.sm_arch == 90 && *arch != 0 && *arch != 90) {
+        m->ptx_tried = true;
+        m->ptx_error = "a GPU would run the module's sm_90 SASS, and its PTX is for compute_" + std::to_string(*arch) +
+                       " (SASS only for this device)";
+      } else {
+        m->image.assign(image.begin(), image.end());
+      }
+    }
     *module = m.get();
     modules_.push_back(std::move(m));
     return CUDA_SUCCESS;

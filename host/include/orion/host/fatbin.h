@@ -85,6 +85,9 @@ struct PtxEntry {
   uint32_t arch = 0;  // the entry's compute_XX (0 for a bare PTX image)
 };
 orion::Result<PtxEntry> ExtractPtx(std::span<const uint8_t> image, uint32_t prefer_sm = 90);
+// The arch of the PTX entry ExtractPtx would return (0 for a bare PTX image), from the entry
+// headers alone (nothing decompressed); the same errors.
+orion::Result<uint32_t> PtxArch(std::span<const uint8_t> image, uint32_t prefer_sm = 90);
 
 // Size in bytes of the image starting at `p`, reading at most `max` bytes: fatbin header_size +
 // payload_size; ELF the furthest end of the ELF header, section/program header tables, sections
