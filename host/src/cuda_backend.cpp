@@ -519,7 +519,7 @@ class CudaBackend final : public Backend {
     return r;
   }
 
-  CUresult CtxSynchronize() override { return api_.ctxSynchronize(); }
+  CUresult CtxSynchronize() override { return Synced(api_.ctxSynchronize()); }
 
   CUresult CtxSetLimit(uint32_t limit, uint64_t value) override {
     return api_.ctxSetLimit(static_cast<CUlimit>(limit), static_cast<size_t>(value));
@@ -566,7 +566,7 @@ class CudaBackend final : public Backend {
     EnsureWindow();
     const CUresult r = api_.memcpyDtoHAsync(dst, static_cast<CUdeviceptr>(src), static_cast<size_t>(bytes), Stream(stream));
     if (r != CUDA_SUCCESS || async) return r;
-    return api_.streamSynchronize(Stream(stream));
+    return Synced(api_.streamSynchronize(Stream(stream)));
   }
 
   CUresult MemcpyDtoD(uint64_t dst, uint64_t src, uint64_t bytes, void* stream) override {
@@ -803,9 +803,11 @@ class CudaBackend final : public Backend {
   }
 
   // Device printf: the driver prints it on this worker's stdout at synchronizing calls; the worker's
-  // stdout is a pipe (CaptureStdout), read here after any launch so the text reaches the client.
+  // stdout is a pipe (CaptureStdout), read here once after each synchronizing call that follows a
+  // launch (not on every reply: no system call on the hot path).
   std::string TakeOutput() override {
-    if (!launched_ || out_fd_ < 0) return "";
+    if (!synced_ || out_fd_ < 0) return "";
+    synced_ = false;
     std::fflush(stdout);
     std::string out;
     char buf[16384];
@@ -856,7 +858,7 @@ class CudaBackend final : public Backend {
     return r;
   }
   CUresult StreamDestroy(void* stream) override { return api_.streamDestroy(Stream(stream)); }
-  CUresult StreamSynchronize(void* stream) override { return api_.streamSynchronize(Stream(stream)); }
+  CUresult StreamSynchronize(void* stream) override { return Synced(api_.streamSynchronize(Stream(stream))); }
   CUresult StreamQuery(void* stream) override { return api_.streamQuery(Stream(stream)); }
   CUresult StreamWaitEvent(void* stream, void* event, uint32_t flags) override {
     return api_.streamWaitEvent(Stream(stream), Event(event), flags);
@@ -869,7 +871,7 @@ class CudaBackend final : public Backend {
   }
   CUresult EventDestroy(void* event) override { return api_.eventDestroy(Event(event)); }
   CUresult EventRecord(void* event, void* stream) override { return api_.eventRecord(Event(event), Stream(stream)); }
-  CUresult EventSynchronize(void* event) override { return api_.eventSynchronize(Event(event)); }
+  CUresult EventSynchronize(void* event) override { return Synced(api_.eventSynchronize(Event(event))); }
   CUresult EventQuery(void* event) override { return api_.eventQuery(Event(event)); }
   CUresult EventElapsedTime(void* start, void* end, float* ms) override {
     return api_.eventElapsedTime(ms, Event(start), Event(end));
@@ -917,7 +919,12 @@ class CudaBackend final : public Backend {
 
   Api api_;  // from a driver handle that is never dlclose'd
   int out_fd_ = -1;        // read end of the worker's stdout (device printf)
-  bool launched_ = false;  // TakeOutput reads only once a kernel was launched
+  bool launched_ = false;  // a kernel was launched in this session
+  bool synced_ = false;    // a synchronizing call since then: TakeOutput reads the pipe once
+  CUresult Synced(CUresult r) {
+    synced_ = synced_ || launched_;
+    return r;
+  }
   std::vector<Placement> placements_;
   std::vector<CUdevice> devices_;               // per placement
   std::map<CUdevice, uint64_t> overhead_;       // ContextOverhead, per physical GPU

@@ -951,17 +951,25 @@ Result<Module> ParseImage(std::span<const uint8_t> image, uint32_t prefer_sm) {
   return Unrecognised(image, image.size());
 }
 
+namespace {
+// A fatbin's PTX entry: the highest arch <= prefer_sm, else the lowest.
+Result<Entry> FindPtxEntry(Bytes image, uint32_t prefer_sm) {
+  std::optional<Entry> ptx;
+  auto pick = [&](const Entry& e) {
+    if (e.kind == kKindPtx && (!ptx || BetterArch(e.arch, ptx->arch, prefer_sm))) ptx = e;
+    return Status::Ok();
+  };
+  FB_RETURN_IF_ERROR(ForEachEntry(image, pick));
+  if (!ptx) return NotFound("the fatbin has no PTX entry (SASS only)");
+  return *ptx;
+}
+}  // namespace
+
 Result<uint32_t> PtxArch(std::span<const uint8_t> image, uint32_t prefer_sm) {
   uint32_t magic = 0;
   if (Load(image, 0, magic) && magic == kFatbinMagic) {
-    std::optional<Entry> ptx;
-    auto pick = [&](const Entry& e) {
-      if (e.kind == kKindPtx && (!ptx || BetterArch(e.arch, ptx->arch, prefer_sm))) ptx = e;
-      return Status::Ok();
-    };
-    FB_RETURN_IF_ERROR(ForEachEntry(image, pick));
-    if (!ptx) return NotFound("the fatbin has no PTX entry (SASS only)");
-    return ptx->arch;
+    FB_ASSIGN_OR_RETURN(const Entry ptx, FindPtxEntry(image, prefer_sm));
+    return ptx.arch;
   }
   if (IsElf(image)) return NotFound("the image is a cubin (SASS only, no PTX)");
   if (PtxLength(image)) return uint32_t{0};
@@ -971,15 +979,9 @@ Result<uint32_t> PtxArch(std::span<const uint8_t> image, uint32_t prefer_sm) {
 Result<PtxEntry> ExtractPtx(std::span<const uint8_t> image, uint32_t prefer_sm) {
   uint32_t magic = 0;
   if (Load(image, 0, magic) && magic == kFatbinMagic) {
-    std::optional<Entry> ptx;
-    auto pick = [&](const Entry& e) {
-      if (e.kind == kKindPtx && (!ptx || BetterArch(e.arch, ptx->arch, prefer_sm))) ptx = e;
-      return Status::Ok();
-    };
-    FB_RETURN_IF_ERROR(ForEachEntry(image, pick));
-    if (!ptx) return NotFound("the fatbin has no PTX entry (SASS only)");
-    FB_ASSIGN_OR_RETURN(const std::vector<uint8_t> data, EntryData(*ptx));
-    return PtxEntry{std::string(reinterpret_cast<const char*>(data.data()), FindNul(data)), ptx->arch};
+    FB_ASSIGN_OR_RETURN(const Entry ptx, FindPtxEntry(image, prefer_sm));
+    FB_ASSIGN_OR_RETURN(const std::vector<uint8_t> data, EntryData(ptx));
+    return PtxEntry{std::string(reinterpret_cast<const char*>(data.data()), FindNul(data)), ptx.arch};
   }
   if (IsElf(image)) return NotFound("the image is a cubin (SASS only, no PTX)");
   if (const auto len = PtxLength(image))

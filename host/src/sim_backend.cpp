@@ -300,8 +300,10 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     }
     auto m = std::make_unique<SimModule>();
     m->info = std::move(*parsed);
-    // Keep the image for the executor only if it has PTX a GPU would run (see ProgramOf): most
-    // library modules are SASS only, and copying them would only cost memory.
+    // Keep the image for the executor only if it has PTX a GPU would run, by the driver's rule: a
+    // GPU runs the module's SASS for its own arch when there is one (only sm_90 cubins run on this
+    // sm_90 device) and JIT-compiles the PTX otherwise. PTX of another arch can differ from that
+    // SASS (libraries tune block sizes per arch). Most library modules are SASS only: no copy.
     if (opt_.execute) {
       auto arch = fatbin::PtxArch(image, 90);
       if (!arch.ok()) {
@@ -427,10 +429,12 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     std::memcpy(p.grid, grid, sizeof p.grid);
     std::memcpy(p.block, block, sizeof p.block);
     p.smem = shared_mem;
-    p.params.assign(params, params + param_bytes);
+    p.params = std::span<const uint8_t>(params, param_bytes);
     p.cooperative = cooperative;
     p.stream = stream;
     if (stream != nullptr && opt_.execute) {
+      p.owned.assign(params, params + param_bytes);  // the frame's bytes are gone after this call
+      p.params = p.owned;                           // (a moved vector keeps its buffer)
       LogLaunch(p, cluster, "deferred");
       queues_[stream].push_back(std::move(p));
       return CUDA_SUCCESS;
@@ -451,7 +455,8 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     uint64_t seq = 0;
     SimFunction* f = nullptr;
     uint32_t grid[3] = {}, block[3] = {}, smem = 0;
-    std::vector<uint8_t> params;
+    std::span<const uint8_t> params;  // the frame's bytes, or `owned` once deferred
+    std::vector<uint8_t> owned;
     bool cooperative = false;
     void* stream = nullptr;
   };
@@ -753,15 +758,6 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     std::vector<uint8_t>().swap(m->image);
     if (!ptx.ok()) {
       m->ptx_error = ptx.status().message();
-      return nullptr;
-    }
-    // The driver's rule: a GPU runs the module's SASS for its own arch when there is one (sm_90
-    // here: only sm_90 cubins run on an sm_90 device) and JIT-compiles the PTX only otherwise. PTX
-    // of another arch can differ from that SASS (libraries tune block sizes per arch), so it is
-    // executed only when it is what the GPU would run.
-    if (m->info.sm_arch == 90 && ptx->arch != 0 && ptx->arch != 90) {
-      m->ptx_error = "a GPU would run the module's sm_90 SASS, and its PTX is for compute_" +
-                     std::to_string(ptx->arch) + " (SASS only for this device)";
       return nullptr;
     }
     auto prog = ptx::Parse(ptx->text);

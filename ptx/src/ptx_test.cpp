@@ -458,7 +458,7 @@ TEST_F(Nvcc, HistogramSharedAndGlobalAtomics) {
   const uint64_t dv = mem_.Upload(v), dh = mem_.Upload(std::vector<uint32_t>(256, 0));
   Params p;
   p.Add(dv).Add(dh).Add(n);
-  auto r = run_.Go(mem_, "_Z4histPKhPji", {6, 1, 1}, {128, 1, 1}, p, 0, nullptr, 2);
+  auto r = run_.Go(mem_, "_Z9histogramPKhPji", {6, 1, 1}, {128, 1, 1}, p, 0, nullptr, 2);
   ASSERT_EQ(r.code, CUDA_SUCCESS) << r.message;
   std::vector<uint32_t> want(256, 0);
   for (uint8_t x : v) ++want[x];

@@ -51,14 +51,6 @@ __global__ void scan(int* d) {  // inclusive, one block of 512
   d[i] = t[i];
 }
 
-__global__ void histogram(const unsigned char* in, unsigned* h, int n) {
-  __shared__ unsigned sh[256];
-  for (int i = threadIdx.x; i < 256; i += blockDim.x) sh[i] = 0;
-  __syncthreads();
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) atomicAdd(&sh[in[i]], 1u);
-  __syncthreads();
-  for (int i = threadIdx.x; i < 256; i += blockDim.x) atomicAdd(&h[i], sh[i]);
-}
 
 struct Particle {
   double x, y;

@@ -26,6 +26,16 @@ __global__ void matmul(const float* A, const float* B, float* C, int n) {
   if (r < n && c < n) C[r * n + c] = acc;
 }
 
+// Counts bytes into 256 bins: shared-memory atomics per block, then global atomics.
+__global__ void histogram(const unsigned char* in, unsigned* h, int n) {
+  __shared__ unsigned sh[256];
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) sh[i] = 0;
+  __syncthreads();
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) atomicAdd(&sh[in[i]], 1u);
+  __syncthreads();
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) atomicAdd(&h[i], sh[i]);
+}
+
 // Every lane takes its own path through loops and branches, then the warp votes.
 __global__ void divergent(int* out) {
   const int t = threadIdx.x;

@@ -17,14 +17,6 @@ __global__ void reduce(const int* in, int* out, int n) {
     if (threadIdx.x == 0) atomicAdd(out, v);
   }
 }
-__global__ void hist(const unsigned char* in, unsigned* h, int n) {
-  __shared__ unsigned sh[256];
-  for (int i = threadIdx.x; i < 256; i += blockDim.x) sh[i] = 0;
-  __syncthreads();
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) atomicAdd(&sh[in[i]], 1u);
-  __syncthreads();
-  for (int i = threadIdx.x; i < 256; i += blockDim.x) atomicAdd(&h[i], sh[i]);
-}
 __global__ void pr(int x, double d) { printf("hello %d %f from %d\n", x, d, threadIdx.x); }
 struct S { int a; double b; char c[3]; };
 __global__ void st(S s, double* o) { o[threadIdx.x] = s.a + s.b + s.c[1] + sqrt((double)threadIdx.x); }

@@ -10,7 +10,7 @@ and data movement only (pass --sass). cuBLAS (matmul) and cuFFT kernels are SASS
 status and shapes only."""
 import sys
 
-from probe_steps import FAILED, require, step  # noqa: E402 - next to this script
+from probe_steps import FAILED, exit_now, require, step  # noqa: E402 - next to this script
 
 SASS = "--sass" in sys.argv
 
@@ -175,8 +175,4 @@ def main():
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    import os
-    os._exit(code)
+    exit_now(main())

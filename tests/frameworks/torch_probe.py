@@ -6,7 +6,7 @@ SASS for sm_90 (their PTX is for a newer arch), which the sim backend validates 
 not execute, so steps check status and data movement only, never computed values."""
 import sys
 
-from probe_steps import FAILED, require, step  # noqa: E402 - next to this script
+from probe_steps import FAILED, exit_now, require, step  # noqa: E402 - next to this script
 
 
 def depth(torch):
@@ -198,11 +198,4 @@ def main():
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # os._exit: after a backward pass, PyTorch's autograd device thread can abort the interpreter's
-    # shutdown (std::terminate from PyThread_exit_thread while it drops a GraphTask, seen here about
-    # one run in two; no Orion frame on that stack). The steps above are the check; exit directly.
-    import os
-    os._exit(code)
+    exit_now(main())
