@@ -15,7 +15,6 @@
 #include <functional>
 #include <mutex>
 #include <optional>
-#include <thread>
 
 #include <pthread.h>
 #include <sched.h>
@@ -1752,56 +1751,35 @@ LaunchResult Launch(Program& p, std::string_view kernel, const LaunchConfig& cfg
     res.warp_instructions += wi;
     res.thread_instructions += li;
   };
-  if (cfg.cooperative) {
-    // All blocks resident at once: one host thread each (small stacks), so blocks spinning in
-    // grid.sync() never wait for a block that has not started.
-    std::vector<pthread_t> block_threads;
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setstacksize(&attr, 1 << 20);
-    auto run_one = [](void* arg) -> void* {
+  // A cooperative launch has all blocks resident at once: one host thread per block, so blocks
+  // spinning in grid.sync() never wait for a block that has not started. Otherwise `workers`
+  // threads take blocks in turn. Threads get small stacks (the executor keeps its state on the heap).
+  const uint64_t host_threads = cfg.cooperative ? blocks : workers;
+  if (host_threads <= 1) {
+    work();
+  } else {
+    std::function<void()> fn = work;
+    auto entry = [](void* arg) -> void* {
       (*static_cast<std::function<void()>*>(arg))();
       return nullptr;
     };
-    std::function<void()> one = [&] {
-      Block b(kern, cfg, mem, stop, deadline);
-      Fault f;
-      std::string out;
-      uint64_t wi = 0, li = 0;
-      const uint64_t i = next.fetch_add(1);
-      const uint32_t ctaid[3] = {static_cast<uint32_t>(i % cfg.grid[0]),
-                                 static_cast<uint32_t>((i / cfg.grid[0]) % cfg.grid[1]),
-                                 static_cast<uint32_t>(i / (uint64_t{cfg.grid[0]} * cfg.grid[1]))};
-      const bool ok = b.Run(ctaid, &f, cfg.printf_out != nullptr ? &out : nullptr, &wi, &li);
-      std::lock_guard<std::mutex> lock(mu);
-      if (cfg.printf_out != nullptr && cfg.printf_out->size() < cfg.printf_limit)
-        cfg.printf_out->append(out, 0, std::min<size_t>(out.size(), cfg.printf_limit - cfg.printf_out->size()));
-      if (!ok && !(f.code == CUDA_ERROR_LAUNCH_FAILED && f.message == "stopped")) {
-        if (fault.code == CUDA_SUCCESS) fault = f;
-        stop = true;
-      }
-      res.warp_instructions += wi;
-      res.thread_instructions += li;
-    };
-    for (uint64_t i = 0; i < blocks; ++i) {
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, 1 << 20);
+    std::vector<pthread_t> started;
+    for (uint64_t i = 0; i < host_threads; ++i) {
       pthread_t t;
-      if (pthread_create(&t, &attr, run_one, &one) != 0) {
+      if (pthread_create(&t, &attr, entry, &fn) != 0) {
         stop = true;
         std::lock_guard<std::mutex> lock(mu);
         if (fault.code == CUDA_SUCCESS)
-          fault = Fault{CUDA_ERROR_OUT_OF_MEMORY, "cannot start a host thread for every block of the cooperative launch"};
+          fault = Fault{CUDA_ERROR_OUT_OF_MEMORY, "cannot start the host threads the launch needs"};
         break;
       }
-      block_threads.push_back(t);
+      started.push_back(t);
     }
-    for (pthread_t t : block_threads) pthread_join(t, nullptr);
+    for (pthread_t t : started) pthread_join(t, nullptr);
     pthread_attr_destroy(&attr);
-  } else if (workers <= 1) {
-    work();
-  } else {
-    std::vector<std::thread> pool;
-    for (uint32_t i = 0; i < workers; ++i) pool.emplace_back(work);
-    for (auto& t : pool) t.join();
   }
   res.code = fault.code;
   res.message = fault.message;
