@@ -154,7 +154,7 @@ CUresult FillPointerAttribute(void* data, CUpointer_attribute attr, CUdeviceptr 
       *static_cast<int*>(data) = 0;
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
-      *static_cast<int*>(data) = ctx != nullptr ? ctx->device : 0;
+      *static_cast<int*>(data) = ctx != nullptr ? ctx->device : (dev ? r.device : 0);
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
       *static_cast<CUdeviceptr*>(data) = dev ? r.base : reinterpret_cast<CUdeviceptr>(pin_base != nullptr ? pin_base : reinterpret_cast<void*>(ptr));
@@ -235,6 +235,7 @@ ORION_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
   MemFreeReq q{dptr};
   CUresult r = Client::Get().Call(Op::kMemFree, &q, sizeof q);
   if (r != CUDA_SUCCESS) S().mirror.Add(range);  // still allocated on the server: still ours
+  else PoolFreed(dptr);
   return r;
 }
 
@@ -551,41 +552,3 @@ ORION_EXPORT CUresult CUDAAPI cuPointerGetAttributes(unsigned int numAttributes,
 
 }  // extern "C"
 
-// Stream-ordered allocation (cudaMallocAsync / cudaFreeAsync, default pool). Allocating at once is a
-// valid stream order (the memory is usable no later than CUDA promises); the free travels as a frame
-// on the process's ordered channel, so it runs after everything issued before it, on every stream.
-namespace {
-CUresult AllocAsync(CUdeviceptr* dptr, size_t bytes, CUstream hs) {
-  uint64_t stream = 0;
-  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
-  if (!StreamId(hs, &stream)) return CUDA_ERROR_INVALID_HANDLE;
-  return cuMemAlloc_v2(dptr, bytes);
-}
-CUresult FreeAsync(CUdeviceptr dptr, CUstream hs) {
-  uint64_t stream = 0;
-  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
-  if (!StreamId(hs, &stream)) return CUDA_ERROR_INVALID_HANDLE;
-  if (!S().mirror.RemoveDevice(dptr, nullptr)) return CUDA_ERROR_INVALID_VALUE;
-  MemFreeReq q{dptr};
-  return Client::Get().Send(Op::kMemFree, &q, sizeof q);  // no reply: an error is deferred
-}
-}  // namespace
-
-extern "C" {
-ORION_EXPORT CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
-  ORION_API(cuMemAllocAsync);
-  return AllocAsync(dptr, bytesize, hStream);
-}
-ORION_EXPORT CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
-  ORION_API(cuMemAllocAsync_ptsz);
-  return AllocAsync(dptr, bytesize, hStream);
-}
-ORION_EXPORT CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
-  ORION_API(cuMemFreeAsync);
-  return FreeAsync(dptr, hStream);
-}
-ORION_EXPORT CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
-  ORION_API(cuMemFreeAsync_ptsz);
-  return FreeAsync(dptr, hStream);
-}
-}  // extern "C"

@@ -93,8 +93,17 @@ bool Mirror::Find(uint64_t p, uint64_t bytes, DeviceRange* out) const {
   if (it == ranges_.begin()) return false;
   --it;
   const DeviceRange& r = it->second;
-  if (p < r.base || p - r.base > r.bytes || bytes > r.bytes - (p - r.base)) return false;
+  if (p < r.base || p - r.base > r.bytes) return false;
   if (p - r.base == r.bytes && bytes != 0) return false;
+  uint64_t have = r.bytes - (p - r.base);
+  for (auto cur = it; have < bytes;) {  // adjoining VMM mappings
+    auto next = std::next(cur);
+    if (cur->second.kind != RangeKind::kVmm || next == ranges_.end() || next->second.kind != RangeKind::kVmm ||
+        next->first != cur->first + cur->second.bytes)
+      return false;
+    have += next->second.bytes;
+    cur = next;
+  }
   if (out != nullptr) *out = r;
   return true;
 }

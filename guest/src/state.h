@@ -98,12 +98,14 @@ class IdSet {
   std::unordered_map<uint64_t, uint64_t> set_;
 };
 
-enum class RangeKind : uint8_t { kDevice, kGlobal, kMappedHost };
+// kVmm: an accessible cuMemMap'ed range (no context; `device` is its physical allocation's).
+enum class RangeKind : uint8_t { kDevice, kGlobal, kMappedHost, kVmm };
 struct DeviceRange {
   uint64_t base = 0, bytes = 0;
   RangeKind kind = RangeKind::kDevice;
   GuestCtx* ctx = nullptr;
   void* host = nullptr;    // kMappedHost: the host pointer
+  int device = 0;          // kVmm: the device (others: ctx->device)
 };
 
 // Mirror of device ranges the session owns: for immediate CUDA_ERROR_INVALID_VALUE like the real
@@ -115,7 +117,8 @@ class Mirror {
   // Removes the kDevice range that starts exactly at `base` (a cuMemAlloc), atomically with the
   // check; false (nothing removed) if there is none.
   bool RemoveDevice(uint64_t base, DeviceRange* out);
-  // The range containing [p, p+bytes), if any.
+  // The range containing [p, p+bytes), if any; a kVmm range may run on into the kVmm ranges that
+  // adjoin it (the first is returned).
   bool Find(uint64_t p, uint64_t bytes, DeviceRange* out) const;
   // Drops every range of a context that was destroyed or reset.
   void RemoveContext(const GuestCtx* ctx);
@@ -153,6 +156,10 @@ bool IsRegisteredHost(const void* p, uint64_t bytes) noexcept;
 void RunContextDestructors(CUcontext ctx) noexcept;
 
 // A module's function count and its index-th function (ModuleFunctionName op; api_exec.cpp).
+// A device allocation is gone (cuMemFree): the memory pool that handed it out stops counting it
+// (api_vmm.cpp).
+void PoolFreed(uint64_t dptr) noexcept;
+
 CUresult ModuleFunctionCount(CUmodule mod, unsigned* count) noexcept;
 CUresult ModuleFunctionAt(CUmodule mod, unsigned index, CUfunction* out) noexcept;
 

@@ -110,6 +110,13 @@ namespace {
   X(memsetD2D16Async, cuMemsetD2D16Async)                                                    \
   X(memsetD2D32Async, cuMemsetD2D32Async)                                                    \
   X(memHostRegister, cuMemHostRegister_v2)                                                   \
+  X(memAddressReserve, cuMemAddressReserve)                                                  \
+  X(memAddressFree, cuMemAddressFree)                                                        \
+  X(memCreate, cuMemCreate)                                                                  \
+  X(memRelease, cuMemRelease)                                                                \
+  X(memMap, cuMemMap)                                                                        \
+  X(memUnmap, cuMemUnmap)                                                                    \
+  X(memSetAccess, cuMemSetAccess)                                                            \
   X(memHostGetDevicePointer, cuMemHostGetDevicePointer_v2)                                   \
   X(libraryLoadData, cuLibraryLoadData)                                                      \
   X(libraryUnload, cuLibraryUnload)                                                          \
@@ -627,6 +634,41 @@ class CudaBackend final : public Backend {
       default:
         return CUDA_ERROR_INVALID_VALUE;
     }
+  }
+
+  // Virtual memory management: the driver's own calls; physical memory is pinned device memory
+  // of the placement's GPU (CUDA driver API reference, cuMemCreate / CUmemAllocationProp).
+  CUresult MemAddressReserve(uint64_t bytes, uint64_t alignment, uint64_t fixed_addr, uint64_t* addr) override {
+    CUdeviceptr p = 0;
+    const CUresult r = api_.memAddressReserve(&p, bytes, alignment, fixed_addr, 0);
+    if (r == CUDA_SUCCESS) *addr = p;
+    return r;
+  }
+  CUresult MemAddressFree(uint64_t addr, uint64_t bytes) override { return api_.memAddressFree(addr, bytes); }
+  CUresult MemCreate(uint32_t dev, uint64_t bytes, void** handle) override {
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = devices_[dev];
+    CUmemGenericAllocationHandle h = 0;
+    const CUresult r = api_.memCreate(&h, bytes, &prop, 0);
+    if (r == CUDA_SUCCESS) *handle = reinterpret_cast<void*>(static_cast<uintptr_t>(h));
+    return r;
+  }
+  CUresult MemRelease(void* handle) override {
+    return api_.memRelease(static_cast<CUmemGenericAllocationHandle>(reinterpret_cast<uintptr_t>(handle)));
+  }
+  CUresult MemMap(uint64_t addr, uint64_t bytes, uint64_t offset, void* handle) override {
+    return api_.memMap(addr, bytes, offset,
+                       static_cast<CUmemGenericAllocationHandle>(reinterpret_cast<uintptr_t>(handle)), 0);
+  }
+  CUresult MemUnmap(uint64_t addr, uint64_t bytes) override { return api_.memUnmap(addr, bytes); }
+  CUresult MemSetAccess(uint64_t addr, uint64_t bytes, uint32_t dev, uint32_t flags) override {
+    CUmemAccessDesc d{};
+    d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    d.location.id = devices_[dev];
+    d.flags = static_cast<CUmemAccess_flags>(flags);
+    return api_.memSetAccess(addr, bytes, &d, 1);
   }
 
   CUresult HostGetDevicePointer(void* host, uint64_t /*bytes*/, uint64_t* dptr) override {

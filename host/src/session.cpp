@@ -38,14 +38,32 @@ std::string HashHex(uint64_t lo, uint64_t hi) {
   return b;
 }
 
-enum class Kind : uint8_t { kCtx, kModule, kFunction, kStream, kEvent };
+enum class Kind : uint8_t { kCtx, kModule, kFunction, kStream, kEvent, kMemHandle };
 
 struct Obj {
   Kind kind;
   void* backend = nullptr;
-  uint32_t dev = 0;            // contexts
+  uint32_t dev = 0;            // contexts, physical allocations
   uint64_t owner = 0;          // function: its module; module/stream/event: its context
   KernelLayout layout;         // functions
+  uint64_t bytes = 0;          // physical allocations (cuMemCreate): size, charged to the quota
+};
+
+// Virtual memory management: a reserved address range, and a mapping of a physical allocation
+// inside one. A physical allocation lives (and stays charged) while its handle is unreleased or
+// any mapping of it remains.
+struct Reservation { uint64_t bytes; uint32_t mappings = 0; };
+struct Mapping {
+  uint64_t bytes;
+  uint64_t physical;           // key of physicals_
+  bool accessible = false;     // cuMemSetAccess granted: a device range for copies and launches
+};
+struct Physical {
+  void* backend;
+  uint64_t bytes;
+  uint32_t dev;
+  uint32_t mappings = 0;
+  bool released = false;       // cuMemRelease'd: its handle is gone, the memory lives while mapped
 };
 
 struct Alloc {
@@ -53,6 +71,7 @@ struct Alloc {
   uint32_t dev;
   bool counted;  // counts against the quota (device allocations; not globals or mapped memory)
   uint64_t charged = 0;  // what it costs against the quota: bytes rounded up to kAllocGranularity
+  bool vmm = false;      // an accessible VMM mapping (charged through its physical allocation)
 };
 
 class Session {
@@ -89,13 +108,45 @@ class Session {
     *out = o->backend;
     return true;
   }
-  // Whether [p, p+bytes) lies inside one allocation of this session.
+  // Whether [p, p+bytes) lies inside one allocation of this session, or runs through accessible
+  // VMM mappings that adjoin (cuMemMap'ed side by side in one reservation, as PyTorch's
+  // expandable segments grow).
   bool DeviceRange(uint64_t p, uint64_t bytes) const {
     auto it = allocs_.upper_bound(p);
     if (it == allocs_.begin()) return false;
     --it;
     const uint64_t off = p - it->first;
-    return off < it->second.bytes && bytes <= it->second.bytes - off;
+    if (off >= it->second.bytes) return false;
+    uint64_t have = it->second.bytes - off;
+    while (have < bytes && it->second.vmm) {
+      auto next = std::next(it);
+      if (next == allocs_.end() || !next->second.vmm || next->first != it->first + it->second.bytes) return false;
+      it = next;
+      have += it->second.bytes;
+    }
+    return bytes <= have;
+  }
+  // The reservation holding [addr, addr+bytes), or end().
+  std::map<uint64_t, Reservation>::iterator ReservationOf(uint64_t addr, uint64_t bytes) {
+    auto it = reservations_.upper_bound(addr);
+    if (it == reservations_.begin()) return reservations_.end();
+    --it;
+    const uint64_t off = addr - it->first;
+    return off < it->second.bytes && bytes <= it->second.bytes - off ? it : reservations_.end();
+  }
+  // Charges `bytes` of device `dev` to its quota (rounded up to `granule`); false, with the Orion
+  // log line, when it would exceed it.
+  bool Charge(uint32_t dev, uint64_t bytes, uint64_t granule, const char* op, const char* call, uint64_t* charged);
+  void Uncharge(uint32_t dev, uint64_t charged) {
+    used_[dev] -= charged;
+    PublishUsed(dev);
+  }
+  // Frees a physical allocation that is released and no longer mapped.
+  void MaybeFreePhysical(uint64_t id) {
+    auto it = physicals_.find(id);
+    if (it == physicals_.end() || !it->second.released || it->second.mappings != 0) return;
+    Uncharge(it->second.dev, it->second.bytes);
+    physicals_.erase(it);
   }
   bool WindowRange(uint64_t off, uint64_t bytes) const {
     return off <= layout_.window_bytes && bytes <= layout_.window_bytes - off;
@@ -115,6 +166,11 @@ class Session {
   std::unordered_map<uint64_t, Obj> handles_;
   uint64_t next_handle_ = 0x10000;
   std::map<uint64_t, Alloc> allocs_;
+  std::map<uint64_t, Reservation> reservations_;  // VMM address ranges, by start
+  uint64_t reserved_bytes_ = 0;                   // their sum (at most kMaxReservedBytes)
+  std::map<uint64_t, Mapping> mappings_;          // VMM mappings, by start
+  std::unordered_map<uint64_t, Physical> physicals_;  // by id; handles_ holds the unreleased ones
+  uint64_t next_physical_ = 1;
   std::vector<uint64_t> used_;        // bytes allocated per device (quota)
   std::vector<uint64_t> overhead_;    // context bytes per device (quota)
   // Tells oriond (and through it the controller) what this session holds on device `d`.
@@ -360,8 +416,9 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       r = b_->PrimaryCtxReset(q.device);
       if (r == CUDA_SUCCESS) {
         // The reset frees the context's allocations.
+        // VMM mappings are not a context's: they stay.
         for (auto it = allocs_.begin(); it != allocs_.end();) {
-          if (it->second.dev == q.device) {
+          if (it->second.dev == q.device && !it->second.vmm) {
             if (it->second.counted) used_[q.device] -= it->second.charged;
             PublishUsed(q.device);
             (void)b_->MemFree(it->first);
@@ -393,19 +450,10 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       ORION_WANT(Get(payload, len, &q), "bad MemAlloc");
       if (cur_ctx_ == 0) { r = CUDA_ERROR_INVALID_CONTEXT; break; }
       if (q.bytes == 0) { r = CUDA_ERROR_INVALID_VALUE; break; }
-      const Placement& pl = p_.placements[cur_dev_];
       // Each allocation costs at least the driver's allocation granularity (kAllocGranularity):
       // many tiny allocations cannot hold more device memory than the quota.
-      uint64_t charged = 0, after = 0;
-      bool fits = CheckedAdd(q.bytes, kAllocGranularity - 1, &charged);
-      charged &= ~(kAllocGranularity - 1);
-      fits = fits && CheckedAdd(used_[cur_dev_] + overhead_[cur_dev_], charged, &after) && after <= pl.quota_bytes;
-      if (!fits) {
-        // In MiB, rounded up; a request too large to add up is shown as itself.
-        const uint64_t want = after != 0 ? after : q.bytes;
-        p_.log->warn("sess={} op=MemAlloc cuMemAlloc(): memory {} MB exceeds <vgpu {}, pgpu {}> quota ({} MB)",
-                     p_.session_id, want / (1 << 20) + (want % (1 << 20) != 0 ? 1 : 0), pl.vgpu, pl.pgpu,
-                     pl.quota_bytes >> 20);
+      uint64_t charged = 0;
+      if (!Charge(cur_dev_, q.bytes, kAllocGranularity, "MemAlloc", "cuMemAlloc", &charged)) {
         r = CUDA_ERROR_OUT_OF_MEMORY;
         break;
       }
@@ -413,9 +461,9 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       r = b_->MemAlloc(q.bytes, &dptr);
       if (r == CUDA_SUCCESS) {
         allocs_[dptr] = {q.bytes, cur_dev_, true, charged};
-        used_[cur_dev_] += charged;
-        PublishUsed(cur_dev_);
         put(U64Rep{dptr});
+      } else {
+        Uncharge(cur_dev_, charged);
       }
       break;
     }
@@ -426,8 +474,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       if (it == allocs_.end() || !it->second.counted) { r = CUDA_ERROR_INVALID_VALUE; break; }
       r = b_->MemFree(q.dptr);
       if (r == CUDA_SUCCESS) {
-        used_[it->second.dev] -= it->second.charged;
-        PublishUsed(it->second.dev);
+        Uncharge(it->second.dev, it->second.charged);
         allocs_.erase(it);
       }
       break;
@@ -507,6 +554,157 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       }
       if (!DeviceRange(q.dst, span)) { r = CUDA_ERROR_INVALID_VALUE; break; }
       r = b_->Memset(q.dst, q.value, q.elem_size, q.width, q.height, q.pitch, s);
+      break;
+    }
+    case Op::kMemAddressReserve: {
+      MemReserveReq q;
+      ORION_WANT(Get(payload, len, &q), "bad MemAddressReserve");
+      const bool pow2 = q.alignment == 0 || (q.alignment & (q.alignment - 1)) == 0;
+      uint64_t total = 0;
+      if (q.bytes == 0 || q.bytes % kVmmGranularity != 0 || !pow2 || q.alignment > (uint64_t{1} << 40)) {
+        r = CUDA_ERROR_INVALID_VALUE;
+        break;
+      }
+      if (!CheckedAdd(reserved_bytes_, q.bytes, &total) || total > kMaxReservedBytes || HandlesFull()) {
+        p_.log->warn("sess={} op=MemAddressReserve: {} MiB more would exceed the session's {} TiB of address space",
+                     p_.session_id, q.bytes >> 20, kMaxReservedBytes >> 40);
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+        break;
+      }
+      uint64_t addr = 0;
+      r = b_->MemAddressReserve(q.bytes, q.alignment, q.fixed_addr, &addr);
+      if (r == CUDA_SUCCESS) {
+        reservations_[addr] = Reservation{q.bytes};
+        reserved_bytes_ = total;
+        put(U64Rep{addr});
+      }
+      break;
+    }
+    case Op::kMemAddressFree: {
+      MemRangeReq q;
+      ORION_WANT(Get(payload, len, &q), "bad MemAddressFree");
+      auto it = reservations_.find(q.addr);
+      // The whole reservation, with nothing mapped in it any more.
+      if (it == reservations_.end() || it->second.bytes != q.bytes || it->second.mappings != 0) {
+        r = CUDA_ERROR_INVALID_VALUE;
+        break;
+      }
+      r = b_->MemAddressFree(q.addr, q.bytes);
+      if (r == CUDA_SUCCESS) {
+        reserved_bytes_ -= q.bytes;
+        reservations_.erase(it);
+      }
+      break;
+    }
+    case Op::kMemCreate: {
+      MemCreateReq q;
+      ORION_WANT(Get(payload, len, &q), "bad MemCreate");
+      if (q.device >= p_.placements.size() || q.bytes == 0 || q.bytes % kVmmGranularity != 0 || q.flags != 0) {
+        r = q.device >= p_.placements.size() ? CUDA_ERROR_INVALID_DEVICE : CUDA_ERROR_INVALID_VALUE;
+        break;
+      }
+      if (HandlesFull()) { r = CUDA_ERROR_OUT_OF_MEMORY; break; }
+      uint64_t charged = 0;
+      if (!Charge(q.device, q.bytes, kVmmGranularity, "MemCreate", "cuMemCreate", &charged)) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+        break;
+      }
+      void* backend_handle = nullptr;
+      r = b_->MemCreate(q.device, q.bytes, &backend_handle);
+      if (r != CUDA_SUCCESS) {
+        Uncharge(q.device, charged);
+        break;
+      }
+      const uint64_t pid = next_physical_++;
+      physicals_[pid] = Physical{backend_handle, q.bytes, q.device};
+      Obj o{Kind::kMemHandle, backend_handle, q.device, pid, {}};
+      o.bytes = q.bytes;
+      put(HandleRep{AddHandle(std::move(o))});
+      break;
+    }
+    case Op::kMemRelease: {
+      HandleReq q;
+      ORION_WANT(Get(payload, len, &q), "bad MemRelease");
+      Obj* o = Find(q.handle, Kind::kMemHandle);
+      if (o == nullptr) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      const uint64_t pid = o->owner;
+      r = b_->MemRelease(o->backend);
+      if (r != CUDA_SUCCESS) break;
+      handles_.erase(q.handle);
+      physicals_[pid].released = true;
+      MaybeFreePhysical(pid);
+      break;
+    }
+    case Op::kMemMap: {
+      MemMapReq q;
+      ORION_WANT(Get(payload, len, &q), "bad MemMap");
+      Obj* o = Find(q.handle, Kind::kMemHandle);
+      if (o == nullptr) { r = CUDA_ERROR_INVALID_HANDLE; break; }
+      auto res = ReservationOf(q.addr, q.bytes);
+      const bool aligned = q.bytes != 0 && (q.addr | q.bytes | q.offset) % kVmmGranularity == 0;
+      if (!aligned || res == reservations_.end() || q.offset > o->bytes || q.bytes > o->bytes - q.offset) {
+        r = CUDA_ERROR_INVALID_VALUE;
+        break;
+      }
+      // Nothing mapped in the range yet.
+      auto after = mappings_.lower_bound(q.addr);
+      const bool overlaps = (after != mappings_.end() && after->first < q.addr + q.bytes) ||
+                            (after != mappings_.begin() && std::prev(after)->first + std::prev(after)->second.bytes > q.addr);
+      if (overlaps) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      const uint64_t pid = o->owner;
+      r = b_->MemMap(q.addr, q.bytes, q.offset, o->backend);
+      if (r != CUDA_SUCCESS) break;
+      mappings_[q.addr] = Mapping{q.bytes, pid};
+      ++res->second.mappings;
+      ++physicals_[pid].mappings;
+      break;
+    }
+    case Op::kMemUnmap: {
+      MemRangeReq q;
+      ORION_WANT(Get(payload, len, &q), "bad MemUnmap");
+      // Whole mappings only, side by side, covering exactly the range.
+      auto first = mappings_.find(q.addr);
+      uint64_t covered = 0;
+      auto it = first;
+      while (it != mappings_.end() && it->first == q.addr + covered && covered < q.bytes) covered += (it++)->second.bytes;
+      if (first == mappings_.end() || covered != q.bytes) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      r = b_->MemUnmap(q.addr, q.bytes);
+      if (r != CUDA_SUCCESS) break;
+      auto res = ReservationOf(q.addr, q.bytes);
+      for (auto m = first; m != it;) {
+        allocs_.erase(m->first);
+        const uint64_t pid = m->second.physical;
+        --physicals_[pid].mappings;
+        if (res != reservations_.end()) --res->second.mappings;
+        m = mappings_.erase(m);
+        MaybeFreePhysical(pid);
+      }
+      break;
+    }
+    case Op::kMemSetAccess: {
+      MemSetAccessReq q;
+      ORION_WANT(Get(payload, len, &q), "bad MemSetAccess");
+      if (q.device >= p_.placements.size()) { r = CUDA_ERROR_INVALID_DEVICE; break; }
+      if (q.flags > CU_MEM_ACCESS_FLAGS_PROT_READWRITE) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      // A fully mapped range: whole mappings side by side.
+      auto first = mappings_.find(q.addr);
+      uint64_t covered = 0;
+      auto it = first;
+      while (it != mappings_.end() && it->first == q.addr + covered && covered < q.bytes) covered += (it++)->second.bytes;
+      if (first == mappings_.end() || covered != q.bytes || q.bytes == 0) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      r = b_->MemSetAccess(q.addr, q.bytes, q.device, q.flags);
+      if (r != CUDA_SUCCESS) break;
+      const bool on = q.flags != CU_MEM_ACCESS_FLAGS_PROT_NONE;
+      for (auto m = first; m != it; ++m) {
+        m->second.accessible = on;
+        if (on) {
+          Alloc a{m->second.bytes, physicals_[m->second.physical].dev, false};
+          a.vmm = true;
+          allocs_[m->first] = a;
+        } else {
+          allocs_.erase(m->first);
+        }
+      }
       break;
     }
     case Op::kHostGetDevicePointer: {
@@ -807,6 +1005,51 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
   return true;
 }
 
+// The guest sees the features Orion serves, whatever the GPU behind it has: virtual memory
+// management (the MemAddressReserve.. ops) and stream-ordered memory pools (the guest runtime
+// serves them over MemAlloc/MemFree) are there; managed memory and shareable (IPC, fabric)
+// handles are not. Attribute ids: CUdevice_attribute, <cuda.h>.
+void ClampServedFeatures(DeviceInfo* info) {
+  auto set = [&](int a, int v) {
+    if (a > 0 && a < static_cast<int>(kMaxDeviceAttributes)) info->attributes[a] = v;
+  };
+  set(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 1);
+  set(CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 1);
+  set(CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES, 0);
+  set(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, 0);
+  set(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_HANDLE_SUPPORTED, 0);
+  set(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_KMT_HANDLE_SUPPORTED, 0);
+  set(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, 0);
+  set(CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED, 0);
+  set(CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, 0);
+  set(CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED, 0);
+  set(CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, 0);
+  set(CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, 0);
+  set(CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS, 0);
+  set(CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES, 0);
+  set(CU_DEVICE_ATTRIBUTE_DIRECT_MANAGED_MEM_ACCESS_FROM_HOST, 0);
+}
+
+bool Session::Charge(uint32_t dev, uint64_t bytes, uint64_t granule, const char* op, const char* call,
+                     uint64_t* charged) {
+  const Placement& pl = p_.placements[dev];
+  uint64_t c = 0, after = 0;
+  bool fits = CheckedAdd(bytes, granule - 1, &c);
+  c &= ~(granule - 1);
+  fits = fits && CheckedAdd(used_[dev] + overhead_[dev], c, &after) && after <= pl.quota_bytes;
+  if (!fits) {
+    // In MiB, rounded up; a request too large to add up is shown as itself.
+    const uint64_t want = after != 0 ? after : bytes;
+    p_.log->warn("sess={} op={} {}(): memory {} MB exceeds <vgpu {}, pgpu {}> quota ({} MB)", p_.session_id, op, call,
+                 want / (1 << 20) + (want % (1 << 20) != 0 ? 1 : 0), pl.vgpu, pl.pgpu, pl.quota_bytes >> 20);
+    return false;
+  }
+  used_[dev] += c;
+  PublishUsed(dev);
+  *charged = c;
+  return true;
+}
+
 int Session::Run(const FrameHeader& hello_header, const HelloReq& hello) {
   auto& log = *p_.log;
   (void)hello;
@@ -833,6 +1076,7 @@ int Session::Run(const FrameHeader& hello_header, const HelloReq& hello) {
     DeviceInfo info{};
     b_->DescribeDevice(d, &info);
     info.total_mem = p_.placements[d].quota_bytes;
+    ClampServedFeatures(&info);
     overhead_[d] = b_->ContextOverhead(d);
     PublishUsed(d);
     std::memcpy(welcome.data() + sizeof w + d * sizeof info, &info, sizeof info);

@@ -104,7 +104,20 @@ void FillSimAttributes(int32_t* a, uint32_t pgpu) {
 struct Block {
   uint64_t bytes = 0;
   uint8_t* host = nullptr;   // backing memory
-  bool owned = true;         // false: an alias of window memory (mapped pinned memory)
+  bool owned = true;         // false: an alias (window memory, or a VMM mapping inside a reservation)
+};
+
+// Virtual memory management. A reservation is host address space with no access (PROT_NONE) at
+// a device address range; a physical allocation is shared anonymous memory (its "home" mapping);
+// cuMemMap makes a second mapping of the same pages inside the reservation (mremap with old size
+// 0 duplicates a shared mapping, Linux mremap(2)), so two mappings of one handle alias, as on a GPU.
+struct SimReservation {
+  uint64_t bytes = 0;
+  uint8_t* host = nullptr;
+};
+struct SimPhysical {
+  uint64_t bytes = 0;
+  uint8_t* home = nullptr;
 };
 
 struct SimModule {
@@ -146,6 +159,8 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
   }
   ~SimBackend() override {
     for (auto& [addr, b] : blocks_) Release(b);
+    for (auto& [addr, r] : reservations_) ::munmap(r.host, r.bytes);
+    for (auto& [p, ph] : physical_) ::munmap(ph->home, ph->bytes);
     if (log_fd_ >= 0) ::close(log_fd_);
   }
   const char* name() const override { return "sim"; }
@@ -280,6 +295,71 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     }
     return CUDA_SUCCESS;
   }
+  CUresult MemAddressReserve(uint64_t bytes, uint64_t alignment, uint64_t, uint64_t* addr) override {
+    // The fixed address is a hint (CUDA: "fixed starting address range requested"); addresses
+    // here come from the same 2 MiB-granular space as cuMemAlloc's.
+    void* p = ::mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    *addr = TakeAddress(bytes, alignment);
+    reservations_[*addr] = SimReservation{bytes, static_cast<uint8_t*>(p)};
+    return CUDA_SUCCESS;
+  }
+  CUresult MemAddressFree(uint64_t addr, uint64_t bytes) override {
+    auto it = reservations_.find(addr);
+    if (it == reservations_.end() || it->second.bytes != bytes) return CUDA_ERROR_INVALID_VALUE;
+    ::munmap(it->second.host, it->second.bytes);
+    GiveAddress(addr, bytes);
+    reservations_.erase(it);
+    return CUDA_SUCCESS;
+  }
+  CUresult MemCreate(uint32_t, uint64_t bytes, void** handle) override {
+    if (sticky_ != CUDA_SUCCESS) return sticky_;
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    auto phys = std::make_unique<SimPhysical>(SimPhysical{bytes, static_cast<uint8_t*>(p)});
+    *handle = phys.get();
+    physical_.emplace(phys.get(), std::move(phys));
+    return CUDA_SUCCESS;
+  }
+  CUresult MemRelease(void* handle) override {
+    auto it = physical_.find(static_cast<SimPhysical*>(handle));
+    if (it == physical_.end()) return CUDA_ERROR_INVALID_HANDLE;
+    ::munmap(it->second->home, it->second->bytes);  // mappings keep their pages until unmapped
+    physical_.erase(it);
+    return CUDA_SUCCESS;
+  }
+  CUresult MemMap(uint64_t addr, uint64_t bytes, uint64_t offset, void* handle) override {
+    auto ph = physical_.find(static_cast<SimPhysical*>(handle));
+    uint8_t* at = ReservedHost(addr, bytes);
+    if (ph == physical_.end() || at == nullptr || offset > ph->second->bytes || bytes > ph->second->bytes - offset)
+      return CUDA_ERROR_INVALID_VALUE;
+    void* m = ::mremap(ph->second->home + offset, 0, bytes, MREMAP_MAYMOVE | MREMAP_FIXED, at);
+    if (m == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    return CUDA_SUCCESS;
+  }
+  CUresult MemUnmap(uint64_t addr, uint64_t bytes) override {
+    (void)FlushBlocking(true);  // like cuMemFree: nothing in flight may still use the range
+    uint8_t* at = ReservedHost(addr, bytes);
+    if (at == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    for (auto it = blocks_.lower_bound(addr); it != blocks_.end() && it->first < addr + bytes;) it = blocks_.erase(it);
+    // Back to an inaccessible hole of the reservation; the pages go when no mapping holds them.
+    void* m = ::mmap(at, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    return m == MAP_FAILED ? CUDA_ERROR_UNKNOWN : CUDA_SUCCESS;
+  }
+  CUresult MemSetAccess(uint64_t addr, uint64_t bytes, uint32_t, uint32_t flags) override {
+    uint8_t* at = ReservedHost(addr, bytes);
+    if (at == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    for (auto it = blocks_.lower_bound(addr); it != blocks_.end() && it->first < addr + bytes;) it = blocks_.erase(it);
+    // Readable (or read-write) ranges become device memory for copies and kernels, one block per
+    // granule so that a later partial unmap or revoke splits nothing.
+    if (flags != CU_MEM_ACCESS_FLAGS_PROT_NONE) {
+      for (uint64_t off = 0; off < bytes; off += kVmmGranularity) {
+        blocks_[addr + off] = Block{std::min(kVmmGranularity, bytes - off), at + off, false};
+      }
+    }
+    return CUDA_SUCCESS;
+  }
+
   CUresult HostGetDevicePointer(void* host, uint64_t bytes, uint64_t* dptr) override {
     for (auto& [addr, b] : blocks_) {
       if (!b.owned && b.host == host) {
@@ -787,12 +867,33 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     b.host = nullptr;
   }
   // Host memory behind device range [dptr, dptr+bytes), or nullptr.
+  // A range may run on into the blocks that follow when their host memory is contiguous too
+  // (the granules of one VMM mapping or of adjacent mappings in one reservation).
   uint8_t* Host(uint64_t dptr, uint64_t bytes) {
     auto it = blocks_.upper_bound(dptr);
     if (it == blocks_.begin()) return nullptr;
     --it;
     const uint64_t off = dptr - it->first;
-    if (off > it->second.bytes || bytes > it->second.bytes - off) return nullptr;
+    if (off > it->second.bytes || it->second.host == nullptr) return nullptr;
+    uint8_t* const start = it->second.host + off;
+    uint64_t have = it->second.bytes - off;
+    while (have < bytes) {
+      auto next = std::next(it);
+      if (next == blocks_.end() || next->first != it->first + it->second.bytes ||
+          next->second.host != it->second.host + it->second.bytes)
+        return nullptr;
+      it = next;
+      have += it->second.bytes;
+    }
+    return start;
+  }
+  // Host address of [addr, addr+bytes) inside one reservation, or nullptr.
+  uint8_t* ReservedHost(uint64_t addr, uint64_t bytes) {
+    auto it = reservations_.upper_bound(addr);
+    if (it == reservations_.begin()) return nullptr;
+    --it;
+    const uint64_t off = addr - it->first;
+    if (off >= it->second.bytes || bytes > it->second.bytes - off) return nullptr;
     return it->second.host + off;
   }
 
@@ -800,17 +901,22 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
   // (lowest first, as the CUDA driver tends to), so that client bugs that touch or forget an
   // address after its free show up on sim too.
   static uint64_t Granules(uint64_t bytes) { return (bytes + (2ull << 20) - 1) & ~((2ull << 20) - 1); }
-  uint64_t TakeAddress(uint64_t bytes) {
+  // `alignment`: 0, or a power of two (larger alignments leave the skipped granules free).
+  uint64_t TakeAddress(uint64_t bytes, uint64_t alignment = 0) {
     const uint64_t span = Granules(bytes);
+    const uint64_t align = std::max<uint64_t>(alignment, 2ull << 20);
     for (auto it = free_addrs_.begin(); it != free_addrs_.end(); ++it) {
-      if (it->second < span) continue;
-      const uint64_t addr = it->first, left = it->second - span;
+      const uint64_t start = it->first, len = it->second;
+      const uint64_t addr = (start + align - 1) & ~(align - 1);
+      if (addr - start > len || len - (addr - start) < span) continue;
       free_addrs_.erase(it);
-      if (left > 0) free_addrs_[addr + span] = left;
+      if (addr > start) free_addrs_[start] = addr - start;
+      if (start + len > addr + span) free_addrs_[addr + span] = start + len - (addr + span);
       return addr;
     }
-    const uint64_t addr = next_addr_;
-    next_addr_ += span;
+    const uint64_t addr = (next_addr_ + align - 1) & ~(align - 1);
+    if (addr > next_addr_) GiveAddress(next_addr_, addr - next_addr_);
+    next_addr_ = addr + span;
     return addr;
   }
   void GiveAddress(uint64_t addr, uint64_t bytes) {
@@ -834,6 +940,8 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
   uint8_t* window_ = nullptr;
   uint64_t window_bytes_ = 0;
   std::map<uint64_t, Block> blocks_;
+  std::map<uint64_t, SimReservation> reservations_;                      // by device address
+  std::unordered_map<SimPhysical*, std::unique_ptr<SimPhysical>> physical_;  // cuMemCreate'd
   uint64_t next_addr_ = kSimBase;
   std::map<uint64_t, uint64_t> free_addrs_;  // address -> bytes (2 MiB granules), handed out again
   uintptr_t next_ctx_ = 1;

@@ -180,6 +180,13 @@ inline constexpr uint64_t kMax2DPitch = uint64_t{1} << 40;   // bytes between ro
 // overcharge). Without it, 70,000 one-byte allocations would hold 35 MB against a 70 KB charge.
 inline constexpr uint64_t kAllocGranularity = 512;
 
+// Virtual memory management: the granularity of reservations, physical allocations and mappings
+// (cuMemGetAllocationGranularity answers it, minimum and recommended: 2 MiB as on NVIDIA GPUs).
+inline constexpr uint64_t kVmmGranularity = uint64_t{2} << 20;
+// Address space one session may hold reserved at once (reservations cost no device memory, but the
+// sim backend backs them with host address space): 16 TiB.
+inline constexpr uint64_t kMaxReservedBytes = uint64_t{16} << 40;
+
 // a * b and a + b into *out; false (and *out untouched) when the result does not fit in 64 bits.
 inline bool CheckedMul(uint64_t a, uint64_t b, uint64_t* out) noexcept {
   uint64_t v;
@@ -230,6 +237,21 @@ struct MemFreeReq { uint64_t dptr; };
 ORION_WIRE_STRUCT(MemFreeReq, 8);
 struct MemGetInfoRep { uint64_t free; uint64_t total; };
 ORION_WIRE_STRUCT(MemGetInfoRep, 16);
+
+// Virtual memory management (cuMemAddressReserve/Free, cuMemCreate/Release, cuMemMap/Unmap,
+// cuMemSetAccess; CUDA driver API reference, "Virtual Memory Management"). Addresses and sizes are
+// in bytes and multiples of kVmmGranularity; `handle` is a physical allocation's session handle.
+struct MemReserveReq { uint64_t bytes; uint64_t alignment; uint64_t fixed_addr; };  // -> U64Rep address
+ORION_WIRE_STRUCT(MemReserveReq, 24);
+struct MemRangeReq { uint64_t addr; uint64_t bytes; };  // MemAddressFree, MemUnmap
+ORION_WIRE_STRUCT(MemRangeReq, 16);
+struct MemCreateReq { uint64_t bytes; uint32_t device; uint32_t flags; };  // -> HandleRep
+ORION_WIRE_STRUCT(MemCreateReq, 16);
+struct MemMapReq { uint64_t addr; uint64_t bytes; uint64_t offset; uint64_t handle; };
+ORION_WIRE_STRUCT(MemMapReq, 32);
+// `flags`: CUmemAccess_flags for `device` (an index into the session's devices).
+struct MemSetAccessReq { uint64_t addr; uint64_t bytes; uint32_t device; uint32_t flags; };
+ORION_WIRE_STRUCT(MemSetAccessReq, 24);
 
 // MemcpyHtoD: window[window_offset, +bytes) -> device dst. MemcpyDtoH(Async): device src ->
 // window[window_offset, +bytes). MemcpyDtoD: src -> dst. `stream` 0 = default stream.

@@ -88,6 +88,20 @@ class Backend {
   // Device address of window memory [host, host+bytes) (mapped pinned memory).
   virtual CUresult HostGetDevicePointer(void* host, uint64_t bytes, uint64_t* dptr) = 0;
 
+  // Virtual memory management (the worker has validated every range: multiples of
+  // kVmmGranularity, inside the session's own reservations and physical allocations, and charged
+  // the quota). A reservation is address space only; `MemCreate` makes `bytes` of physical memory
+  // on device `dev`; `MemMap` places [offset, offset+bytes) of it at `addr` (an unmapped part of a
+  // reservation), accessible once `MemSetAccess` grants `flags` (CUmemAccess_flags) to `dev`.
+  // `MemRelease` may come while mappings remain: the memory lives until the last `MemUnmap`.
+  virtual CUresult MemAddressReserve(uint64_t bytes, uint64_t alignment, uint64_t fixed_addr, uint64_t* addr) = 0;
+  virtual CUresult MemAddressFree(uint64_t addr, uint64_t bytes) = 0;
+  virtual CUresult MemCreate(uint32_t dev, uint64_t bytes, void** handle) = 0;
+  virtual CUresult MemRelease(void* handle) = 0;
+  virtual CUresult MemMap(uint64_t addr, uint64_t bytes, uint64_t offset, void* handle) = 0;
+  virtual CUresult MemUnmap(uint64_t addr, uint64_t bytes) = 0;
+  virtual CUresult MemSetAccess(uint64_t addr, uint64_t bytes, uint32_t dev, uint32_t flags) = 0;
+
   // Why the last call failed, when the backend knows more than its CUresult (e.g. which part of a
   // module image it could not parse); "" otherwise.
   virtual std::string ErrorDetail() const { return ""; }
