@@ -456,6 +456,7 @@ ORION_EXPORT CUresult CUDAAPI cuCtxGetApiVersion(CUcontext ctx, unsigned int* ve
 ORION_EXPORT CUresult CUDAAPI cuCtxSynchronize(void) {
   ORION_API(cuCtxSynchronize);
   if (CurrentCtx() == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (CUresult r; CaptureForbidsSync(~uint64_t{0}, &r)) return r;
   return Client::Get().Call(Op::kCtxSynchronize, nullptr, 0);
 }
 
@@ -463,6 +464,7 @@ ORION_EXPORT CUresult CUDAAPI cuCtxSynchronize_v2(CUcontext ctx) {
   ORION_API(cuCtxSynchronize_v2);
   GuestCtx* c = ctx == nullptr ? CurrentCtx() : AsCtx(ctx);
   if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (CUresult r; CaptureForbidsSync(~uint64_t{0}, &r)) return r;
   // The channel is ordered across contexts: synchronizing it synchronizes `ctx` too.
   return Client::Get().Call(Op::kCtxSynchronize, nullptr, 0);
 }

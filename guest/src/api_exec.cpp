@@ -4,6 +4,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include <cstddef>
 #include <cstring>
 
 #include "export.h"
@@ -150,12 +151,12 @@ CUresult Unload(GuestModule* m) {
 
 CUresult Launch(CUfunction hf, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                 unsigned smem, CUstream hs, void** params, void** extra, const uint32_t* cluster = nullptr,
-                bool cooperative = false) {
+                bool cooperative = false, Op* record_op = nullptr, std::vector<uint8_t>* record = nullptr) {
   if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
   GuestFunction* f = AsFunction(hf);
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   uint64_t stream = 0;
-  if (!StreamId(hs, &stream)) return CUDA_ERROR_INVALID_HANDLE;
+  if (record == nullptr && !StreamId(hs, &stream)) return CUDA_ERROR_INVALID_HANDLE;
   if (gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0) return CUDA_ERROR_INVALID_VALUE;
   // The configuration is checked here, synchronously, as NVIDIA's driver does, against the
   // device's limits (known locally since the handshake).
@@ -214,7 +215,7 @@ CUresult Launch(CUfunction hf, unsigned gx, unsigned gy, unsigned gz, unsigned b
     std::memcpy(x.cluster, cluster != nullptr ? cluster : kNoCluster, sizeof x.cluster);
     x.flags = cooperative ? kLaunchCooperative : 0;
   }
-  return Client::Get().SendLaunch(q, ex ? &x : nullptr, [&](uint8_t* out) {
+  auto fill = [&](uint8_t* out) {
     if (buffer != nullptr) {
       std::memcpy(out, buffer, f->param_bytes);
       return;
@@ -223,12 +224,37 @@ CUresult Launch(CUfunction hf, unsigned gx, unsigned gy, unsigned gz, unsigned b
     for (size_t i = 0; i < f->params.size(); ++i) {
       std::memcpy(out + f->params[i].offset, params[i], f->params[i].size);
     }
-  });
+  };
+  // A graph node (explicit construction), or a launch into a stream being captured: the frame is
+  // kept, to be sent at each graph launch (graph.cpp).
+  if (record != nullptr || CaptureActive()) {
+    const Op op = ex ? Op::kLaunchKernelEx : Op::kLaunchKernel;
+    const uint32_t head = ex ? sizeof x : sizeof q;
+    std::vector<uint8_t> frame(head + f->param_bytes);
+    if (ex) std::memcpy(frame.data(), &x, sizeof x); else std::memcpy(frame.data(), &q, sizeof q);
+    fill(frame.data() + head);
+    if (record != nullptr) {
+      *record_op = op;
+      *record = std::move(frame);
+      return CUDA_SUCCESS;
+    }
+    CUresult r = CUDA_SUCCESS;
+    if (CaptureFrame(stream, op, frame.data(), static_cast<uint32_t>(frame.size()), offsetof(LaunchReq, stream), &r))
+      return r;
+  }
+  return Client::Get().SendLaunch(q, ex ? &x : nullptr, fill);
 }
 
 }  // namespace
 
 namespace orion::guest {
+
+CUresult KernelNodeFrame(const CUDA_KERNEL_NODE_PARAMS* p, Op* op, std::vector<uint8_t>* frame) noexcept {
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CUfunction f = p->func != nullptr ? p->func : reinterpret_cast<CUfunction>(p->kern);
+  return Launch(f, p->gridDimX, p->gridDimY, p->gridDimZ, p->blockDimX, p->blockDimY, p->blockDimZ, p->sharedMemBytes,
+                nullptr, p->kernelParams, p->extra, nullptr, false, op, frame);
+}
 
 CUresult ModuleFunctionCount(CUmodule hmod, unsigned* count) noexcept {
   GuestModule* m = AsModule(hmod);

@@ -1,6 +1,7 @@
 // Exported driver API: device memory, pinned memory, copies, memsets, pointer attributes.
 // Device ranges are checked against the session's mirror first, so bad pointers fail at once with
 // CUDA_ERROR_INVALID_VALUE as with NVIDIA's driver; oriond checks again (it trusts nothing).
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 
@@ -20,6 +21,7 @@ CUresult HtoD(CUdeviceptr dst, const void* src, size_t n, CUstream hs, bool asyn
   if (!StreamId(hs, &stream)) return CUDA_ERROR_INVALID_HANDLE;
   if (n == 0) return CUDA_SUCCESS;
   if (src == nullptr || !DeviceOk(dst, n)) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r; CaptureRefuse(stream, "a copy from host memory", &r)) return r;
   return Client::Get().CopyHtoD(dst, src, n, stream, !async);
 }
 
@@ -29,6 +31,7 @@ CUresult DtoH(void* dst, CUdeviceptr src, size_t n, CUstream hs, bool async) {
   if (!StreamId(hs, &stream)) return CUDA_ERROR_INVALID_HANDLE;
   if (n == 0) return CUDA_SUCCESS;
   if (dst == nullptr || !DeviceOk(src, n)) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r; CaptureRefuse(stream, "a copy to host memory", &r)) return r;
   return Client::Get().CopyDtoH(dst, src, n, stream, async);
 }
 
@@ -39,6 +42,7 @@ CUresult DtoD(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream hs) {
   if (n == 0) return CUDA_SUCCESS;
   if (!DeviceOk(dst, n) || !DeviceOk(src, n)) return CUDA_ERROR_INVALID_VALUE;
   MemcpyReq q{dst, src, n, stream};
+  if (CUresult r; CaptureFrame(stream, Op::kMemcpyDtoD, &q, sizeof q, offsetof(MemcpyReq, stream), &r)) return r;
   return Client::Get().Send(Op::kMemcpyDtoD, &q, sizeof q);
 }
 
@@ -78,6 +82,17 @@ CUresult Copy2D(const CUDA_MEMCPY2D* c, CUstream hs, bool async) {
   if (k.dstMemoryType == CU_MEMORYTYPE_DEVICE &&
       !dev_ok(k.dstDevice, k.dstXInBytes, k.dstY, k.dstPitch, k.WidthInBytes, k.Height))
     return CUDA_ERROR_INVALID_VALUE;
+  if (CaptureActive()) {
+    CUresult r = CUDA_SUCCESS;
+    if (k.srcMemoryType == CU_MEMORYTYPE_DEVICE && k.dstMemoryType == CU_MEMORYTYPE_DEVICE) {
+      Memcpy2DReq q{k.srcDevice + k.srcY * k.srcPitch + k.srcXInBytes, k.srcPitch,
+                    k.dstDevice + k.dstY * k.dstPitch + k.dstXInBytes, k.dstPitch, k.WidthInBytes, k.Height, stream,
+                    kSideDevice, kSideDevice};
+      if (CaptureFrame(stream, Op::kMemcpy2D, &q, sizeof q, offsetof(Memcpy2DReq, stream), &r)) return r;
+    } else if (CaptureRefuse(stream, "a 2D copy to or from host memory", &r)) {
+      return r;
+    }
+  }
   return Client::Get().Copy2D(k, stream, async);
 }
 
@@ -92,6 +107,7 @@ CUresult Memset(CUdeviceptr dst, uint32_t value, uint32_t elem, size_t width, si
   const uint64_t span = (height - 1) * (height > 1 ? pitch : 0) + width * elem;
   if (!DeviceOk(dst, span)) return CUDA_ERROR_INVALID_VALUE;
   MemsetReq q{dst, width, height, height > 1 ? pitch : 0, stream, value, elem};
+  if (CUresult r; CaptureFrame(stream, Op::kMemset, &q, sizeof q, offsetof(MemsetReq, stream), &r)) return r;
   return Client::Get().Send(Op::kMemset, &q, sizeof q);
 }
 

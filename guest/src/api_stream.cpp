@@ -26,6 +26,10 @@ CUresult StreamOp(Op op, CUstream hs) {
   if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
   uint64_t id = 0;
   if (!StreamId(hs, &id)) return CUDA_ERROR_INVALID_HANDLE;
+  // Synchronizing with or querying a capturing stream is not permitted (the capture is lost).
+  if (op == Op::kStreamSynchronize || op == Op::kStreamQuery) {
+    if (CUresult r; CaptureForbidsSync(id, &r)) return r;
+  }
   HandleReq q{id};
   return Client::Get().Call(op, &q, sizeof q);
 }
@@ -36,16 +40,18 @@ CUresult WaitEvent(CUstream hs, CUevent ev, unsigned flags) {
   if (!StreamId(hs, &id)) return CUDA_ERROR_INVALID_HANDLE;
   const auto e = reinterpret_cast<uint64_t>(ev);
   if (!S().events.Has(e)) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult r; CaptureStreamWait(id, e, flags, &r)) return r;
   StreamWaitEventReq q{id, e, flags, 0};
   return Client::Get().Send(Op::kStreamWaitEvent, &q, sizeof q);
 }
 
-CUresult Record(CUevent ev, CUstream hs) {
+CUresult Record(CUevent ev, CUstream hs, unsigned flags = 0) {
   if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
   uint64_t id = 0;
   if (!StreamId(hs, &id)) return CUDA_ERROR_INVALID_HANDLE;
   const auto e = reinterpret_cast<uint64_t>(ev);
   if (!S().events.Has(e)) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult r; CaptureEventRecord(e, id, flags, &r)) return r;
   EventRecordReq q{e, id};
   return Client::Get().Send(Op::kEventRecord, &q, sizeof q);
 }
@@ -176,13 +182,14 @@ ORION_EXPORT CUresult CUDAAPI cuEventRecord_ptsz(CUevent ev, CUstream hs) {
 }
 ORION_EXPORT CUresult CUDAAPI cuEventRecordWithFlags(CUevent ev, CUstream hs, unsigned int flags) {
   ORION_API(cuEventRecordWithFlags);
-  (void)flags;  // CU_EVENT_RECORD_EXTERNAL only matters inside graphs
-  return Record(ev, hs);
+  // CU_EVENT_RECORD_EXTERNAL matters in capture only: an event record node instead of a dependency.
+  if ((flags & ~static_cast<unsigned>(CU_EVENT_RECORD_EXTERNAL)) != 0) return CUDA_ERROR_INVALID_VALUE;
+  return Record(ev, hs, flags);
 }
 ORION_EXPORT CUresult CUDAAPI cuEventRecordWithFlags_ptsz(CUevent ev, CUstream hs, unsigned int flags) {
   ORION_API(cuEventRecordWithFlags_ptsz);
-  (void)flags;
-  return Record(ev, hs);
+  if ((flags & ~static_cast<unsigned>(CU_EVENT_RECORD_EXTERNAL)) != 0) return CUDA_ERROR_INVALID_VALUE;
+  return Record(ev, hs, flags);
 }
 
 ORION_EXPORT CUresult CUDAAPI cuEventSynchronize(CUevent ev) {
@@ -218,63 +225,3 @@ ORION_EXPORT CUresult CUDAAPI cuEventElapsedTime_v2(float* ms, CUevent a, CUeven
 
 }  // extern "C"
 
-// Stream capture (CUDA graphs) is not supported, so no stream is ever capturing: these answer
-// truthfully, which is what libraries like cuBLAS ask before they launch.
-namespace {
-CUresult CaptureInfo(CUstream hs, CUstreamCaptureStatus* status, cuuint64_t* id, CUgraph* graph,
-                     const CUgraphNode** deps, const CUgraphEdgeData** edges, size_t* num_deps) {
-  uint64_t sid = 0;
-  if (!Client::Get().connected()) return CUDA_ERROR_NOT_INITIALIZED;
-  if (!StreamId(hs, &sid)) return CUDA_ERROR_INVALID_HANDLE;
-  if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *status = CU_STREAM_CAPTURE_STATUS_NONE;
-  if (id != nullptr) *id = 0;
-  if (graph != nullptr) *graph = nullptr;
-  if (deps != nullptr) *deps = nullptr;
-  if (edges != nullptr) *edges = nullptr;
-  if (num_deps != nullptr) *num_deps = 0;
-  return CUDA_SUCCESS;
-}
-}  // namespace
-
-extern "C" {
-ORION_EXPORT CUresult CUDAAPI cuStreamIsCapturing(CUstream hs, CUstreamCaptureStatus* status) {
-  ORION_API(cuStreamIsCapturing);
-  return CaptureInfo(hs, status, nullptr, nullptr, nullptr, nullptr, nullptr);
-}
-ORION_EXPORT CUresult CUDAAPI cuStreamIsCapturing_ptsz(CUstream hs, CUstreamCaptureStatus* status) {
-  ORION_API(cuStreamIsCapturing_ptsz);
-  return CaptureInfo(hs, status, nullptr, nullptr, nullptr, nullptr, nullptr);
-}
-ORION_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo(CUstream hs, CUstreamCaptureStatus* status, cuuint64_t* id) {
-  ORION_API(cuStreamGetCaptureInfo);
-  return CaptureInfo(hs, status, id, nullptr, nullptr, nullptr, nullptr);
-}
-ORION_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo_ptsz(CUstream hs, CUstreamCaptureStatus* status, cuuint64_t* id) {
-  ORION_API(cuStreamGetCaptureInfo_ptsz);
-  return CaptureInfo(hs, status, id, nullptr, nullptr, nullptr, nullptr);
-}
-ORION_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo_v2(CUstream hs, CUstreamCaptureStatus* status, cuuint64_t* id,
-                                                        CUgraph* graph, const CUgraphNode** deps, size_t* n) {
-  ORION_API(cuStreamGetCaptureInfo_v2);
-  return CaptureInfo(hs, status, id, graph, deps, nullptr, n);
-}
-ORION_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo_v2_ptsz(CUstream hs, CUstreamCaptureStatus* status,
-                                                             cuuint64_t* id, CUgraph* graph, const CUgraphNode** deps,
-                                                             size_t* n) {
-  ORION_API(cuStreamGetCaptureInfo_v2_ptsz);
-  return CaptureInfo(hs, status, id, graph, deps, nullptr, n);
-}
-ORION_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo_v3(CUstream hs, CUstreamCaptureStatus* status, cuuint64_t* id,
-                                                        CUgraph* graph, const CUgraphNode** deps,
-                                                        const CUgraphEdgeData** edges, size_t* n) {
-  ORION_API(cuStreamGetCaptureInfo_v3);
-  return CaptureInfo(hs, status, id, graph, deps, edges, n);
-}
-ORION_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo_v3_ptsz(CUstream hs, CUstreamCaptureStatus* status,
-                                                             cuuint64_t* id, CUgraph* graph, const CUgraphNode** deps,
-                                                             const CUgraphEdgeData** edges, size_t* n) {
-  ORION_API(cuStreamGetCaptureInfo_v3_ptsz);
-  return CaptureInfo(hs, status, id, graph, deps, edges, n);
-}
-}  // extern "C"

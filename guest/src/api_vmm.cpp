@@ -295,6 +295,7 @@ CUresult AllocFromPool(CUdeviceptr* dptr, size_t bytes, Pool* pool, CUstream hs)
   uint64_t stream = 0;
   if (!StreamId(hs, &stream)) return CUDA_ERROR_INVALID_HANDLE;
   if (dptr == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r; CaptureRefuse(stream, "a stream-ordered allocation (a graph memory node)", &r)) return r;
   if (pool->device != CurrentCtx()->device) return CUDA_ERROR_INVALID_VALUE;  // the stream's device
   {
     std::lock_guard l(P().mu);
@@ -333,6 +334,7 @@ CUresult FreeAsync(CUdeviceptr dptr, CUstream hs) {
   uint64_t stream = 0;
   if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
   if (!StreamId(hs, &stream)) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult r; CaptureRefuse(stream, "a stream-ordered free (a graph memory node)", &r)) return r;
   if (!S().mirror.RemoveDevice(dptr, nullptr)) return CUDA_ERROR_INVALID_VALUE;
   PoolFreed(dptr);
   MemFreeReq q{dptr};

@@ -161,6 +161,32 @@ void RunContextDestructors(CUcontext ctx) noexcept;
 void PoolFreed(uint64_t dptr) noexcept;
 
 CUresult ModuleFunctionCount(CUmodule mod, unsigned* count) noexcept;
+// The LaunchKernel(Ex) frame payload of a kernel node (api_exec.cpp), checked as a launch is; its
+// stream field is set when the graph is launched.
+CUresult KernelNodeFrame(const CUDA_KERNEL_NODE_PARAMS* p, Op* op, std::vector<uint8_t>* frame) noexcept;
+
+// ---- Stream capture and graphs (graph.cpp) ------------------------------------------------------
+// A graph is kept in this process: its nodes are the frames their work would send (kernel launch,
+// device-to-device copy, memset, event record and wait), checked when made; a graph launch sends
+// them in a topological order on the launch stream, where oriond validates each as any frame.
+// Whether some stream capture is under way in the process (one relaxed load).
+bool CaptureActive() noexcept;
+// When `stream` is being captured: records the frame (payload with the stream id at
+// `stream_offset`) as a node of the capture's graph, sets *result and returns true. False when
+// the stream is not capturing (the caller sends the frame).
+bool CaptureFrame(uint64_t stream, Op op, const void* payload, uint32_t len, uint32_t stream_offset,
+                  CUresult* result) noexcept;
+// When `stream` is being captured, work `what` that Orion cannot put in a graph (a copy to or
+// from host memory, a stream-ordered allocation): the capture is invalidated, as CUDA does with
+// operations not permitted in capture; *result = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED.
+bool CaptureRefuse(uint64_t stream, const char* what, CUresult* result) noexcept;
+// Event record on a capturing stream (a dependency inside the capture, no frame), and a wait on
+// an event recorded in a capture (the waiting stream joins that capture).
+bool CaptureEventRecord(uint64_t event, uint64_t stream, unsigned flags, CUresult* result) noexcept;
+bool CaptureStreamWait(uint64_t stream, uint64_t event, unsigned flags, CUresult* result) noexcept;
+// A synchronizing call on `stream` (or on the context: `stream` = ~0) while capturing: not
+// permitted; the capture is invalidated and *result = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED.
+bool CaptureForbidsSync(uint64_t stream, CUresult* result) noexcept;
 CUresult ModuleFunctionAt(CUmodule mod, unsigned index, CUfunction* out) noexcept;
 
 // ---- Private tables (cuGetExportTable; export_tables.cpp, docs/spec/export-tables.md) ----------

@@ -1,0 +1,963 @@
+// Exported driver API: CUDA graphs — stream capture (cuStreamBeginCapture .. cuStreamEndCapture),
+// explicit construction (cuGraphCreate, cuGraphAdd*Node), instantiation, update and launch.
+//
+// Design (docs/spec/frames.md, "Graphs"): a graph lives in the client process. Each node holds the
+// frame its work sends — LaunchKernel(Ex), MemcpyDtoD, Memcpy2D (device to device), Memset,
+// EventRecord, StreamWaitEvent — built and checked by the same code as the direct call (capture
+// records the frame a call would have sent). cuGraphInstantiate flattens the graph (child graphs
+// included) into its frames in a topological order (nodes can only depend on nodes added before
+// them, so insertion order is one); cuGraphLaunch sends them on the launch stream, where oriond
+// validates each frame like any other (no new trust), and stream order gives every dependency.
+// What does not fit a graph here fails loudly: copies to or from host memory and stream-ordered
+// allocations in capture (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, capture invalidated), host and
+// memory-allocation nodes (their entry points stay NOT_SUPPORTED stubs).
+// Independent branches run one after another on the launch stream (correct, but without the
+// overlap a GPU could give them).
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <vector>
+
+#include "export.h"
+#include "state.h"
+
+using namespace orion;
+using namespace orion::guest;
+
+namespace {
+
+struct GuestGraph;
+
+struct GraphNode {
+  CUgraphNodeType type = CU_GRAPH_NODE_TYPE_EMPTY;
+  Op op = Op::kNop;                 // the frame (not for EMPTY / GRAPH nodes)
+  std::vector<uint8_t> payload;
+  uint32_t stream_offset = 0;       // where the stream id goes in the payload
+  std::vector<GraphNode*> deps;
+  std::unique_ptr<GuestGraph> child;  // GRAPH nodes: a copy of the child graph
+  CUDA_KERNEL_NODE_PARAMS kernel{};   // KERNEL nodes: as given (kernelParams point into `args`)
+  std::vector<void*> args;
+  CUDA_MEMSET_NODE_PARAMS memset{};   // MEMSET nodes
+  uint64_t event = 0;                 // EVENT_RECORD / WAIT_EVENT nodes
+};
+
+struct GuestGraph {
+  std::vector<std::unique_ptr<GraphNode>> nodes;  // insertion order: a topological order
+};
+
+struct Frame {
+  Op op;
+  std::vector<uint8_t> payload;
+  uint32_t stream_offset;
+};
+struct GuestExec {
+  std::vector<Frame> frames;
+  std::map<const GraphNode*, size_t> index;  // source node -> its frame (cuGraphExec*SetParams)
+  std::vector<const GraphNode*> order;       // source nodes of the top-level graph, as flattened
+  unsigned long long flags = 0;
+};
+
+struct Capture {
+  GuestGraph* graph = nullptr;
+  uint64_t id = 0;
+  uint64_t origin = 0;
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  bool invalidated = false;
+  std::map<uint64_t, GraphNode*> tail;  // per stream in the capture: its last node (or none)
+};
+
+struct Graphs {
+  std::mutex mu;
+  std::set<GuestGraph*> graphs;
+  std::set<GuestExec*> execs;
+  std::map<uint64_t, std::shared_ptr<Capture>> capturing;  // stream id -> its capture
+  std::map<uint64_t, std::pair<std::weak_ptr<Capture>, GraphNode*>> captured_events;
+  uint64_t next_capture_id = 1;
+};
+Graphs& G() {
+  static Graphs* g = new Graphs;  // never destroyed: calls may come from atexit handlers
+  return *g;
+}
+std::atomic<int> g_captures{0};
+thread_local CUstreamCaptureMode t_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+
+// Bounded, as every table a program can grow: nodes per graph and graphs per process.
+constexpr size_t kMaxGraphNodes = size_t{1} << 20;
+constexpr size_t kMaxGraphs = size_t{1} << 16;
+
+GuestGraph* AsGraph(CUgraph g) {  // requires the lock
+  auto* p = reinterpret_cast<GuestGraph*>(g);
+  return G().graphs.count(p) != 0 ? p : nullptr;
+}
+GuestExec* AsExec(CUgraphExec e) {  // requires the lock
+  auto* p = reinterpret_cast<GuestExec*>(e);
+  return G().execs.count(p) != 0 ? p : nullptr;
+}
+bool InGraph(const GuestGraph* g, const GraphNode* n) {
+  return std::any_of(g->nodes.begin(), g->nodes.end(), [&](auto& m) { return m.get() == n; });
+}
+
+std::unique_ptr<GuestGraph> Clone(const GuestGraph& g, std::map<const GraphNode*, GraphNode*>* map) {
+  auto out = std::make_unique<GuestGraph>();
+  for (auto& n : g.nodes) {
+    auto c = std::make_unique<GraphNode>();
+    c->type = n->type;
+    c->op = n->op;
+    c->payload = n->payload;
+    c->stream_offset = n->stream_offset;
+    c->kernel = n->kernel;
+    c->args = n->args;
+    c->memset = n->memset;
+    c->event = n->event;
+    for (GraphNode* d : n->deps) c->deps.push_back((*map)[d]);
+    if (n->child) c->child = Clone(*n->child, map);
+    (*map)[n.get()] = c.get();
+    out->nodes.push_back(std::move(c));
+  }
+  return out;
+}
+
+void Flatten(const GuestGraph& g, GuestExec* e, bool top) {
+  for (auto& n : g.nodes) {
+    if (top) e->order.push_back(n.get());
+    if (n->type == CU_GRAPH_NODE_TYPE_GRAPH) {
+      Flatten(*n->child, e, false);
+    } else if (n->type != CU_GRAPH_NODE_TYPE_EMPTY) {
+      e->index[n.get()] = e->frames.size();
+      e->frames.push_back(Frame{n->op, n->payload, n->stream_offset});
+    }
+  }
+}
+
+// Adds a node to `g` after `deps` (validated). Requires the lock.
+CUresult AddNode(GuestGraph* g, const CUgraphNode* deps, size_t n, std::unique_ptr<GraphNode> node, CUgraphNode* out) {
+  if (g->nodes.size() >= kMaxGraphNodes) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (n != 0 && deps == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  for (size_t i = 0; i < n; ++i) {
+    auto* d = reinterpret_cast<GraphNode*>(deps[i]);
+    if (!InGraph(g, d)) return CUDA_ERROR_INVALID_VALUE;
+    node->deps.push_back(d);
+  }
+  if (out != nullptr) *out = reinterpret_cast<CUgraphNode>(node.get());
+  g->nodes.push_back(std::move(node));
+  return CUDA_SUCCESS;
+}
+
+// Ends every capture `c` holds a stream of. Requires the lock.
+void EndCaptureLocked(const std::shared_ptr<Capture>& c) {
+  for (auto it = G().capturing.begin(); it != G().capturing.end();) {
+    if (it->second == c) it = G().capturing.erase(it); else ++it;
+  }
+  g_captures.fetch_sub(1, std::memory_order_relaxed);
+}
+
+std::shared_ptr<Capture> CaptureOf(uint64_t stream) {  // requires the lock
+  auto it = G().capturing.find(stream);
+  return it != G().capturing.end() ? it->second : nullptr;
+}
+
+// `permitted`: CUDA allows it in capture and Orion does not serve it (else CUDA forbids it too).
+void Invalidate(Capture* c, const char* what, bool permitted = true) {
+  if (!c->invalidated) {
+    LogWarn(std::string(what) + (permitted ? " in stream capture is not supported by Orion"
+                                           : " is not permitted while a stream is captured (CUDA)") +
+            "; the capture is invalidated");
+  }
+  c->invalidated = true;
+}
+
+}  // namespace
+
+// ---- Hooks used by the direct calls (state.h) ----------------------------------------------------
+namespace orion::guest {
+
+bool CaptureActive() noexcept { return g_captures.load(std::memory_order_relaxed) > 0; }
+
+bool CaptureFrame(uint64_t stream, Op op, const void* payload, uint32_t len, uint32_t stream_offset,
+                  CUresult* result) noexcept {
+  if (!CaptureActive()) return false;
+  std::lock_guard l(G().mu);
+  auto c = CaptureOf(stream);
+  if (c == nullptr) return false;
+  if (c->invalidated) {
+    *result = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    return true;
+  }
+  if (c->graph->nodes.size() >= kMaxGraphNodes) {
+    *result = CUDA_ERROR_OUT_OF_MEMORY;
+    return true;
+  }
+  auto node = std::make_unique<GraphNode>();
+  switch (op) {
+    case Op::kLaunchKernel:
+    case Op::kLaunchKernelEx: node->type = CU_GRAPH_NODE_TYPE_KERNEL; break;
+    case Op::kMemset: node->type = CU_GRAPH_NODE_TYPE_MEMSET; break;
+    case Op::kEventRecord: node->type = CU_GRAPH_NODE_TYPE_EVENT_RECORD; break;
+    case Op::kStreamWaitEvent: node->type = CU_GRAPH_NODE_TYPE_WAIT_EVENT; break;
+    default: node->type = CU_GRAPH_NODE_TYPE_MEMCPY; break;
+  }
+  node->op = op;
+  node->payload.assign(static_cast<const uint8_t*>(payload), static_cast<const uint8_t*>(payload) + len);
+  node->stream_offset = stream_offset;
+  if (GraphNode* t = c->tail[stream]; t != nullptr) node->deps.push_back(t);
+  c->tail[stream] = node.get();
+  c->graph->nodes.push_back(std::move(node));
+  *result = CUDA_SUCCESS;
+  return true;
+}
+
+bool CaptureRefuse(uint64_t stream, const char* what, CUresult* result) noexcept {
+  if (!CaptureActive()) return false;
+  std::lock_guard l(G().mu);
+  auto c = CaptureOf(stream);
+  if (c == nullptr) return false;
+  Invalidate(c.get(), what);
+  *result = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  return true;
+}
+
+bool CaptureEventRecord(uint64_t event, uint64_t stream, unsigned flags, CUresult* result) noexcept {
+  if (!CaptureActive()) return false;
+  std::lock_guard l(G().mu);
+  auto c = CaptureOf(stream);
+  if (c == nullptr) {
+    G().captured_events.erase(event);  // recorded outside any capture again
+    return false;
+  }
+  if (c->invalidated) {
+    *result = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    return true;
+  }
+  if ((flags & CU_EVENT_RECORD_EXTERNAL) != 0) {  // an event record node: recorded at each launch
+    auto node = std::make_unique<GraphNode>();
+    node->type = CU_GRAPH_NODE_TYPE_EVENT_RECORD;
+    node->op = Op::kEventRecord;
+    EventRecordReq q{event, 0};
+    node->payload.assign(reinterpret_cast<uint8_t*>(&q), reinterpret_cast<uint8_t*>(&q) + sizeof q);
+    node->stream_offset = offsetof(EventRecordReq, stream);
+    node->event = event;
+    if (GraphNode* t = c->tail[stream]; t != nullptr) node->deps.push_back(t);
+    c->tail[stream] = node.get();
+    c->graph->nodes.push_back(std::move(node));
+  } else {
+    G().captured_events[event] = {c, c->tail[stream]};  // a dependency inside the capture only
+  }
+  *result = CUDA_SUCCESS;
+  return true;
+}
+
+bool CaptureStreamWait(uint64_t stream, uint64_t event, unsigned flags, CUresult* result) noexcept {
+  if (!CaptureActive()) return false;
+  std::lock_guard l(G().mu);
+  auto c = CaptureOf(stream);
+  auto ev = G().captured_events.find(event);
+  std::shared_ptr<Capture> ec = ev != G().captured_events.end() ? ev->second.first.lock() : nullptr;
+  if (ec != nullptr && (flags & CU_EVENT_WAIT_EXTERNAL) == 0) {
+    if (c != nullptr && c != ec) {  // two captures cannot be merged
+      Invalidate(c.get(), "a wait on an event of another capture", false);
+      *result = CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
+      return true;
+    }
+    // The stream joins the capture (fork), or already in it (join): its next node depends on the
+    // event's; with one launch stream at replay, stream order covers both.
+    if (c == nullptr) {
+      if (stream == 0) {
+        Invalidate(ec.get(), "joining the legacy default stream", false);
+        *result = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+        return true;
+      }
+      G().capturing[stream] = ec;
+    }
+    ec->tail[stream] = ev->second.second;
+    *result = CUDA_SUCCESS;
+    return true;
+  }
+  if (c == nullptr) return false;
+  if (c->invalidated) {
+    *result = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    return true;
+  }
+  // A wait on an event from outside the capture: an event wait node, waited on at each launch.
+  auto node = std::make_unique<GraphNode>();
+  node->type = CU_GRAPH_NODE_TYPE_WAIT_EVENT;
+  node->op = Op::kStreamWaitEvent;
+  StreamWaitEventReq q{0, event, 0, 0};
+  node->payload.assign(reinterpret_cast<uint8_t*>(&q), reinterpret_cast<uint8_t*>(&q) + sizeof q);
+  node->stream_offset = offsetof(StreamWaitEventReq, stream);
+  node->event = event;
+  if (GraphNode* t = c->tail[stream]; t != nullptr) node->deps.push_back(t);
+  c->tail[stream] = node.get();
+  c->graph->nodes.push_back(std::move(node));
+  *result = CUDA_SUCCESS;
+  return true;
+}
+
+bool CaptureForbidsSync(uint64_t stream, CUresult* result) noexcept {
+  if (!CaptureActive()) return false;
+  std::lock_guard l(G().mu);
+  std::shared_ptr<Capture> c;
+  if (stream == ~uint64_t{0}) {
+    // The context: any capture that is not relaxed (CUDA: unsafe while capturing).
+    for (auto& [s, cap] : G().capturing) {
+      if (cap->mode != CU_STREAM_CAPTURE_MODE_RELAXED) c = cap;
+    }
+  } else {
+    c = CaptureOf(stream);
+  }
+  if (c == nullptr) return false;
+  Invalidate(c.get(), "a synchronizing call", false);
+  *result = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  return true;
+}
+
+}  // namespace orion::guest
+
+// ---- Stream capture -----------------------------------------------------------------------------
+namespace {
+
+CUresult BeginCapture(CUstream hs, CUstreamCaptureMode mode) {
+  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  uint64_t sid = 0;
+  if (!StreamId(hs, &sid)) return CUDA_ERROR_INVALID_HANDLE;
+  if (mode != CU_STREAM_CAPTURE_MODE_GLOBAL && mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+      mode != CU_STREAM_CAPTURE_MODE_RELAXED)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (sid == 0) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;  // the legacy default stream cannot capture
+  std::lock_guard l(G().mu);
+  if (G().capturing.count(sid) != 0) return CUDA_ERROR_ILLEGAL_STATE;
+  if (G().graphs.size() >= kMaxGraphs) return CUDA_ERROR_OUT_OF_MEMORY;
+  auto c = std::make_shared<Capture>();
+  c->graph = new GuestGraph;
+  G().graphs.insert(c->graph);
+  c->id = G().next_capture_id++;
+  c->origin = sid;
+  c->mode = mode;
+  c->tail[sid] = nullptr;
+  G().capturing[sid] = c;
+  g_captures.fetch_add(1, std::memory_order_relaxed);
+  return CUDA_SUCCESS;
+}
+
+CUresult EndCapture(CUstream hs, CUgraph* out) {
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  uint64_t sid = 0;
+  if (!StreamId(hs, &sid)) return CUDA_ERROR_INVALID_HANDLE;
+  std::lock_guard l(G().mu);
+  auto c = CaptureOf(sid);
+  if (c == nullptr) return CUDA_ERROR_ILLEGAL_STATE;
+  if (c->origin != sid) {  // only the stream that began it ends it; the capture is lost
+    Invalidate(c.get(), "ending a capture on a stream that joined it", false);
+    EndCaptureLocked(c);
+    G().graphs.erase(c->graph);
+    delete c->graph;
+    *out = nullptr;
+    return CUDA_ERROR_STREAM_CAPTURE_UNMATCHED;
+  }
+  EndCaptureLocked(c);
+  if (c->invalidated) {
+    G().graphs.erase(c->graph);
+    delete c->graph;
+    *out = nullptr;
+    return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  }
+  *out = reinterpret_cast<CUgraph>(c->graph);
+  return CUDA_SUCCESS;
+}
+
+CUresult CaptureInfo(CUstream hs, CUstreamCaptureStatus* status, cuuint64_t* id, CUgraph* graph,
+                     const CUgraphNode** deps, const CUgraphEdgeData** edges, size_t* num_deps) {
+  uint64_t sid = 0;
+  if (!Client::Get().connected()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!StreamId(hs, &sid)) return CUDA_ERROR_INVALID_HANDLE;
+  if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (edges != nullptr) *edges = nullptr;
+  std::lock_guard l(G().mu);
+  auto c = CaptureOf(sid);
+  *status = c == nullptr ? CU_STREAM_CAPTURE_STATUS_NONE
+                         : (c->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED : CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  if (id != nullptr) *id = c != nullptr ? c->id : 0;
+  if (graph != nullptr) *graph = c != nullptr ? reinterpret_cast<CUgraph>(c->graph) : nullptr;
+  // The dependency set of the stream's next node: its last captured node (the array stays valid
+  // until the next capture call on the stream, as CUDA says).
+  static thread_local CUgraphNode dep;
+  GraphNode* t = c != nullptr ? c->tail[sid] : nullptr;
+  dep = reinterpret_cast<CUgraphNode>(t);
+  if (deps != nullptr) *deps = t != nullptr ? &dep : nullptr;
+  if (num_deps != nullptr) *num_deps = t != nullptr ? 1 : 0;
+  return CUDA_SUCCESS;
+}
+
+CUresult Instantiate(CUgraphExec* out, CUgraph hg, unsigned long long flags) {
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  // Auto-free and device launch need graph memory nodes or device-side launch: not served.
+  if ((flags & ~static_cast<unsigned long long>(CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD |
+                                                CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY |
+                                                CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)) != 0)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  std::lock_guard l(G().mu);
+  GuestGraph* g = AsGraph(hg);
+  if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (G().execs.size() >= kMaxGraphs) return CUDA_ERROR_OUT_OF_MEMORY;
+  auto* e = new GuestExec;
+  e->flags = flags;
+  Flatten(*g, e, true);
+  G().execs.insert(e);
+  *out = reinterpret_cast<CUgraphExec>(e);
+  return CUDA_SUCCESS;
+}
+
+CUresult LaunchGraph(CUgraphExec he, CUstream hs) {
+  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  uint64_t sid = 0;
+  if (!StreamId(hs, &sid)) return CUDA_ERROR_INVALID_HANDLE;
+  std::vector<Frame> frames;
+  {
+    std::lock_guard l(G().mu);
+    GuestExec* e = AsExec(he);
+    if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    frames = e->frames;
+  }
+  for (Frame& f : frames) {
+    std::memcpy(f.payload.data() + f.stream_offset, &sid, sizeof sid);
+    CUresult r = CUDA_SUCCESS;
+    // Launched into a capturing stream: its frames become nodes of that capture.
+    if (CaptureFrame(sid, f.op, f.payload.data(), static_cast<uint32_t>(f.payload.size()), f.stream_offset, &r)) {
+      if (r != CUDA_SUCCESS) return r;
+      continue;
+    }
+    if (CUresult s = Client::Get().Send(f.op, f.payload.data(), static_cast<uint32_t>(f.payload.size()));
+        s != CUDA_SUCCESS)
+      return s;
+  }
+  return CUDA_SUCCESS;
+}
+
+// Memset node parameters -> the Memset frame (checked as cuMemsetD2D*Async is).
+CUresult MemsetFrame(const CUDA_MEMSET_NODE_PARAMS* p, std::vector<uint8_t>* frame) {
+  if (p == nullptr || (p->elementSize != 1 && p->elementSize != 2 && p->elementSize != 4) || p->width == 0 ||
+      p->height == 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  uint64_t row = 0, span = 0;
+  if (!CheckedMul(p->width, p->elementSize, &row)) return CUDA_ERROR_INVALID_VALUE;
+  if (p->height > 1 ? !Span2D(p->height, p->pitch, row, &span) : (span = row, false)) return CUDA_ERROR_INVALID_VALUE;
+  if (!S().mirror.Find(p->dst, span, nullptr)) return CUDA_ERROR_INVALID_VALUE;
+  MemsetReq q{p->dst, p->width, p->height, p->height > 1 ? p->pitch : 0, 0, p->value, p->elementSize};
+  frame->assign(reinterpret_cast<uint8_t*>(&q), reinterpret_cast<uint8_t*>(&q) + sizeof q);
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+extern "C" {
+
+ORION_EXPORT CUresult CUDAAPI cuStreamBeginCapture(CUstream hs) {
+  ORION_API(cuStreamBeginCapture);
+  return BeginCapture(hs, CU_STREAM_CAPTURE_MODE_GLOBAL);
+}
+ORION_EXPORT CUresult CUDAAPI cuStreamBeginCapture_ptsz(CUstream hs) {
+  ORION_API(cuStreamBeginCapture_ptsz);
+  return BeginCapture(hs, CU_STREAM_CAPTURE_MODE_GLOBAL);
+}
+ORION_EXPORT CUresult CUDAAPI cuStreamBeginCapture_v2(CUstream hs, CUstreamCaptureMode mode) {
+  ORION_API(cuStreamBeginCapture_v2);
+  return BeginCapture(hs, mode);
+}
+ORION_EXPORT CUresult CUDAAPI cuStreamBeginCapture_v2_ptsz(CUstream hs, CUstreamCaptureMode mode) {
+  ORION_API(cuStreamBeginCapture_v2_ptsz);
+  return BeginCapture(hs, mode);
+}
+ORION_EXPORT CUresult CUDAAPI cuStreamEndCapture(CUstream hs, CUgraph* graph) {
+  ORION_API(cuStreamEndCapture);
+  return EndCapture(hs, graph);
+}
+ORION_EXPORT CUresult CUDAAPI cuStreamEndCapture_ptsz(CUstream hs, CUgraph* graph) {
+  ORION_API(cuStreamEndCapture_ptsz);
+  return EndCapture(hs, graph);
+}
+ORION_EXPORT CUresult CUDAAPI cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
+  ORION_API(cuThreadExchangeStreamCaptureMode);
+  if (mode == nullptr || *mode > CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_ERROR_INVALID_VALUE;
+  std::swap(*mode, t_capture_mode);
+  return CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuStreamIsCapturing(CUstream hs, CUstreamCaptureStatus* status) {
+  ORION_API(cuStreamIsCapturing);
+  return CaptureInfo(hs, status, nullptr, nullptr, nullptr, nullptr, nullptr);
+}
+ORION_EXPORT CUresult CUDAAPI cuStreamIsCapturing_ptsz(CUstream hs, CUstreamCaptureStatus* status) {
+  ORION_API(cuStreamIsCapturing_ptsz);
+  return CaptureInfo(hs, status, nullptr, nullptr, nullptr, nullptr, nullptr);
+}
+ORION_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo(CUstream hs, CUstreamCaptureStatus* status, cuuint64_t* id) {
+  ORION_API(cuStreamGetCaptureInfo);
+  return CaptureInfo(hs, status, id, nullptr, nullptr, nullptr, nullptr);
+}
+ORION_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo_ptsz(CUstream hs, CUstreamCaptureStatus* status, cuuint64_t* id) {
+  ORION_API(cuStreamGetCaptureInfo_ptsz);
+  return CaptureInfo(hs, status, id, nullptr, nullptr, nullptr, nullptr);
+}
+ORION_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo_v2(CUstream hs, CUstreamCaptureStatus* status, cuuint64_t* id,
+                                                        CUgraph* graph, const CUgraphNode** deps, size_t* n) {
+  ORION_API(cuStreamGetCaptureInfo_v2);
+  return CaptureInfo(hs, status, id, graph, deps, nullptr, n);
+}
+ORION_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo_v2_ptsz(CUstream hs, CUstreamCaptureStatus* status,
+                                                             cuuint64_t* id, CUgraph* graph, const CUgraphNode** deps,
+                                                             size_t* n) {
+  ORION_API(cuStreamGetCaptureInfo_v2_ptsz);
+  return CaptureInfo(hs, status, id, graph, deps, nullptr, n);
+}
+ORION_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo_v3(CUstream hs, CUstreamCaptureStatus* status, cuuint64_t* id,
+                                                        CUgraph* graph, const CUgraphNode** deps,
+                                                        const CUgraphEdgeData** edges, size_t* n) {
+  ORION_API(cuStreamGetCaptureInfo_v3);
+  return CaptureInfo(hs, status, id, graph, deps, edges, n);
+}
+ORION_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo_v3_ptsz(CUstream hs, CUstreamCaptureStatus* status,
+                                                             cuuint64_t* id, CUgraph* graph, const CUgraphNode** deps,
+                                                             const CUgraphEdgeData** edges, size_t* n) {
+  ORION_API(cuStreamGetCaptureInfo_v3_ptsz);
+  return CaptureInfo(hs, status, id, graph, deps, edges, n);
+}
+
+// ---- Graphs -------------------------------------------------------------------------------------
+ORION_EXPORT CUresult CUDAAPI cuGraphCreate(CUgraph* graph, unsigned int flags) {
+  ORION_API(cuGraphCreate);
+  if (graph == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = EnsureInit(); r != CUDA_SUCCESS) return r;
+  std::lock_guard l(G().mu);
+  if (G().graphs.size() >= kMaxGraphs) return CUDA_ERROR_OUT_OF_MEMORY;
+  auto* g = new GuestGraph;
+  G().graphs.insert(g);
+  *graph = reinterpret_cast<CUgraph>(g);
+  return CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuGraphDestroy(CUgraph hg) {
+  ORION_API(cuGraphDestroy);
+  std::lock_guard l(G().mu);
+  GuestGraph* g = AsGraph(hg);
+  if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  for (auto& [s, c] : G().capturing)
+    if (c->graph == g) return CUDA_ERROR_ILLEGAL_STATE;  // still being captured into
+  G().graphs.erase(g);
+  delete g;
+  return CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuGraphClone(CUgraph* out, CUgraph hg) {
+  ORION_API(cuGraphClone);
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard l(G().mu);
+  GuestGraph* g = AsGraph(hg);
+  if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (G().graphs.size() >= kMaxGraphs) return CUDA_ERROR_OUT_OF_MEMORY;
+  std::map<const GraphNode*, GraphNode*> map;
+  GuestGraph* c = Clone(*g, &map).release();
+  G().graphs.insert(c);
+  *out = reinterpret_cast<CUgraph>(c);
+  return CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuGraphGetNodes(CUgraph hg, CUgraphNode* nodes, size_t* count) {
+  ORION_API(cuGraphGetNodes);
+  if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard l(G().mu);
+  GuestGraph* g = AsGraph(hg);
+  if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (nodes != nullptr) {
+    for (size_t i = 0; i < std::min(*count, g->nodes.size()); ++i) nodes[i] = reinterpret_cast<CUgraphNode>(g->nodes[i].get());
+  }
+  *count = g->nodes.size();
+  return CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuGraphGetRootNodes(CUgraph hg, CUgraphNode* nodes, size_t* count) {
+  ORION_API(cuGraphGetRootNodes);
+  if (count == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard l(G().mu);
+  GuestGraph* g = AsGraph(hg);
+  if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  size_t n = 0;
+  for (auto& node : g->nodes) {
+    if (!node->deps.empty()) continue;
+    if (nodes != nullptr && n < *count) nodes[n] = reinterpret_cast<CUgraphNode>(node.get());
+    ++n;
+  }
+  *count = n;
+  return CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuGraphNodeGetType(CUgraphNode hn, CUgraphNodeType* type) {
+  ORION_API(cuGraphNodeGetType);
+  if (type == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard l(G().mu);
+  for (GuestGraph* g : G().graphs) {
+    if (InGraph(g, reinterpret_cast<GraphNode*>(hn))) {
+      *type = reinterpret_cast<GraphNode*>(hn)->type;
+      return CUDA_SUCCESS;
+    }
+  }
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuGraphAddEmptyNode(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps, size_t n) {
+  ORION_API(cuGraphAddEmptyNode);
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard l(G().mu);
+  GuestGraph* g = AsGraph(hg);
+  if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return AddNode(g, deps, n, std::make_unique<GraphNode>(), out);
+}
+
+ORION_EXPORT CUresult CUDAAPI cuGraphAddKernelNode_v2(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps, size_t n,
+                                                      const CUDA_KERNEL_NODE_PARAMS* p) {
+  ORION_API(cuGraphAddKernelNode_v2);
+  if (out == nullptr || p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  auto node = std::make_unique<GraphNode>();
+  node->type = CU_GRAPH_NODE_TYPE_KERNEL;
+  if (CUresult r = KernelNodeFrame(p, &node->op, &node->payload); r != CUDA_SUCCESS) return r;
+  node->stream_offset = offsetof(LaunchReq, stream);
+  node->kernel = *p;
+  node->kernel.kernelParams = nullptr;  // the node keeps the values (in its frame), not the pointers
+  node->kernel.extra = nullptr;
+  std::lock_guard l(G().mu);
+  GuestGraph* g = AsGraph(hg);
+  if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return AddNode(g, deps, n, std::move(node), out);
+}
+
+ORION_EXPORT CUresult CUDAAPI cuGraphAddKernelNode(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps, size_t n,
+                                                   const CUDA_KERNEL_NODE_PARAMS_v1* p) {
+  ORION_API(cuGraphAddKernelNode);
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CUDA_KERNEL_NODE_PARAMS v2{};
+  v2.func = p->func;
+  v2.gridDimX = p->gridDimX; v2.gridDimY = p->gridDimY; v2.gridDimZ = p->gridDimZ;
+  v2.blockDimX = p->blockDimX; v2.blockDimY = p->blockDimY; v2.blockDimZ = p->blockDimZ;
+  v2.sharedMemBytes = p->sharedMemBytes;
+  v2.kernelParams = p->kernelParams;
+  v2.extra = p->extra;
+  return cuGraphAddKernelNode_v2(out, hg, deps, n, &v2);
+}
+
+ORION_EXPORT CUresult CUDAAPI cuGraphAddMemsetNode(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps, size_t n,
+                                                   const CUDA_MEMSET_NODE_PARAMS* p, CUcontext ctx) {
+  ORION_API(cuGraphAddMemsetNode);
+  (void)ctx;
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  auto node = std::make_unique<GraphNode>();
+  node->type = CU_GRAPH_NODE_TYPE_MEMSET;
+  node->op = Op::kMemset;
+  if (CUresult r = MemsetFrame(p, &node->payload); r != CUDA_SUCCESS) return r;
+  node->stream_offset = offsetof(MemsetReq, stream);
+  node->memset = *p;
+  std::lock_guard l(G().mu);
+  GuestGraph* g = AsGraph(hg);
+  if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return AddNode(g, deps, n, std::move(node), out);
+}
+
+// Device-to-device copies only (1D or 2D, depth 1): a host side would be read or written at each
+// launch, which needs the data window at that moment (not served in graphs yet).
+ORION_EXPORT CUresult CUDAAPI cuGraphAddMemcpyNode(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps, size_t n,
+                                                   const CUDA_MEMCPY3D* p, CUcontext ctx) {
+  ORION_API(cuGraphAddMemcpyNode);
+  (void)ctx;
+  if (out == nullptr || p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  auto dev_side = [](CUmemorytype t, CUdeviceptr d) {
+    return t == CU_MEMORYTYPE_DEVICE || (t == CU_MEMORYTYPE_UNIFIED && S().mirror.Find(d, 1, nullptr));
+  };
+  if (!dev_side(p->srcMemoryType, p->srcDevice) || !dev_side(p->dstMemoryType, p->dstDevice) || p->Depth > 1 ||
+      p->srcZ != 0 || p->dstZ != 0 || p->srcLOD != 0 || p->dstLOD != 0) {
+    LogWarn("cuGraphAddMemcpyNode: only device-to-device copies of 1 or 2 dimensions are served by Orion in graphs");
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  if (p->WidthInBytes == 0 || p->Height == 0) return CUDA_ERROR_INVALID_VALUE;
+  auto first = [](CUdeviceptr base, size_t x, size_t y, size_t pitch, uint64_t* at) {
+    uint64_t off = 0;
+    return CheckedMul(y, pitch, &off) && CheckedAdd(off, x, &off) && CheckedAdd(base, off, at);
+  };
+  uint64_t src = 0, dst = 0, span_s = 0, span_d = 0;
+  const bool rows = p->Height > 1;
+  if (!first(p->srcDevice, p->srcXInBytes, p->srcY, p->srcPitch, &src) ||
+      !first(p->dstDevice, p->dstXInBytes, p->dstY, p->dstPitch, &dst) ||
+      (rows && (!Span2D(p->Height, p->srcPitch, p->WidthInBytes, &span_s) ||
+                !Span2D(p->Height, p->dstPitch, p->WidthInBytes, &span_d))))
+    return CUDA_ERROR_INVALID_VALUE;
+  if (!rows) span_s = span_d = p->WidthInBytes;
+  if (!S().mirror.Find(src, span_s, nullptr) || !S().mirror.Find(dst, span_d, nullptr)) return CUDA_ERROR_INVALID_VALUE;
+  auto node = std::make_unique<GraphNode>();
+  node->type = CU_GRAPH_NODE_TYPE_MEMCPY;
+  if (!rows) {
+    MemcpyReq q{dst, src, p->WidthInBytes, 0};
+    node->op = Op::kMemcpyDtoD;
+    node->payload.assign(reinterpret_cast<uint8_t*>(&q), reinterpret_cast<uint8_t*>(&q) + sizeof q);
+    node->stream_offset = offsetof(MemcpyReq, stream);
+  } else {
+    Memcpy2DReq q{src, p->srcPitch, dst, p->dstPitch, p->WidthInBytes, p->Height, 0, kSideDevice, kSideDevice};
+    node->op = Op::kMemcpy2D;
+    node->payload.assign(reinterpret_cast<uint8_t*>(&q), reinterpret_cast<uint8_t*>(&q) + sizeof q);
+    node->stream_offset = offsetof(Memcpy2DReq, stream);
+  }
+  std::lock_guard l(G().mu);
+  GuestGraph* g = AsGraph(hg);
+  if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return AddNode(g, deps, n, std::move(node), out);
+}
+
+ORION_EXPORT CUresult CUDAAPI cuGraphAddEventRecordNode(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps, size_t n,
+                                                        CUevent ev) {
+  ORION_API(cuGraphAddEventRecordNode);
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const auto e = reinterpret_cast<uint64_t>(ev);
+  if (!S().events.Has(e)) return CUDA_ERROR_INVALID_HANDLE;
+  auto node = std::make_unique<GraphNode>();
+  node->type = CU_GRAPH_NODE_TYPE_EVENT_RECORD;
+  node->op = Op::kEventRecord;
+  EventRecordReq q{e, 0};
+  node->payload.assign(reinterpret_cast<uint8_t*>(&q), reinterpret_cast<uint8_t*>(&q) + sizeof q);
+  node->stream_offset = offsetof(EventRecordReq, stream);
+  node->event = e;
+  std::lock_guard l(G().mu);
+  GuestGraph* g = AsGraph(hg);
+  if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return AddNode(g, deps, n, std::move(node), out);
+}
+
+ORION_EXPORT CUresult CUDAAPI cuGraphAddEventWaitNode(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps, size_t n,
+                                                      CUevent ev) {
+  ORION_API(cuGraphAddEventWaitNode);
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const auto e = reinterpret_cast<uint64_t>(ev);
+  if (!S().events.Has(e)) return CUDA_ERROR_INVALID_HANDLE;
+  auto node = std::make_unique<GraphNode>();
+  node->type = CU_GRAPH_NODE_TYPE_WAIT_EVENT;
+  node->op = Op::kStreamWaitEvent;
+  StreamWaitEventReq q{0, e, 0, 0};
+  node->payload.assign(reinterpret_cast<uint8_t*>(&q), reinterpret_cast<uint8_t*>(&q) + sizeof q);
+  node->stream_offset = offsetof(StreamWaitEventReq, stream);
+  node->event = e;
+  std::lock_guard l(G().mu);
+  GuestGraph* g = AsGraph(hg);
+  if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return AddNode(g, deps, n, std::move(node), out);
+}
+
+ORION_EXPORT CUresult CUDAAPI cuGraphAddChildGraphNode(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps, size_t n,
+                                                       CUgraph child) {
+  ORION_API(cuGraphAddChildGraphNode);
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard l(G().mu);
+  GuestGraph* g = AsGraph(hg);
+  GuestGraph* c = AsGraph(child);
+  if (g == nullptr || c == nullptr || g == c) return CUDA_ERROR_INVALID_VALUE;
+  auto node = std::make_unique<GraphNode>();
+  node->type = CU_GRAPH_NODE_TYPE_GRAPH;
+  std::map<const GraphNode*, GraphNode*> map;
+  node->child = Clone(*c, &map);  // the node holds a copy (CUDA: the child graph is cloned)
+  return AddNode(g, deps, n, std::move(node), out);
+}
+
+ORION_EXPORT CUresult CUDAAPI cuGraphChildGraphNodeGetGraph(CUgraphNode hn, CUgraph* out) {
+  ORION_API(cuGraphChildGraphNodeGetGraph);
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard l(G().mu);
+  auto* n = reinterpret_cast<GraphNode*>(hn);
+  for (GuestGraph* g : G().graphs) {
+    if (InGraph(g, n) && n->type == CU_GRAPH_NODE_TYPE_GRAPH) {
+      // Handed out as a graph the caller may query but not destroy (it belongs to the node).
+      G().graphs.insert(n->child.get());
+      *out = reinterpret_cast<CUgraph>(n->child.get());
+      return CUDA_SUCCESS;
+    }
+  }
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuGraphKernelNodeGetParams_v2(CUgraphNode hn, CUDA_KERNEL_NODE_PARAMS* p) {
+  ORION_API(cuGraphKernelNodeGetParams_v2);
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard l(G().mu);
+  auto* n = reinterpret_cast<GraphNode*>(hn);
+  for (GuestGraph* g : G().graphs) {
+    if (!InGraph(g, n) || n->type != CU_GRAPH_NODE_TYPE_KERNEL) continue;
+    *p = n->kernel;
+    // kernelParams point at the values the node holds (inside its frame), as the driver's copy.
+    GuestFunction* f = reinterpret_cast<GuestFunction*>(n->kernel.func != nullptr ? n->kernel.func
+                                                                                  : reinterpret_cast<CUfunction>(n->kernel.kern));
+    const size_t head = n->op == Op::kLaunchKernelEx ? sizeof(LaunchExReq) : sizeof(LaunchReq);
+    n->args.clear();
+    if (S().functions.Has(f)) {
+      for (const ParamInfo& pi : f->params) n->args.push_back(n->payload.data() + head + pi.offset);
+    }
+    p->kernelParams = n->args.empty() ? nullptr : n->args.data();
+    p->extra = nullptr;
+    return CUDA_SUCCESS;
+  }
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuGraphKernelNodeSetParams_v2(CUgraphNode hn, const CUDA_KERNEL_NODE_PARAMS* p) {
+  ORION_API(cuGraphKernelNodeSetParams_v2);
+  Op op;
+  std::vector<uint8_t> frame;
+  if (CUresult r = KernelNodeFrame(p, &op, &frame); r != CUDA_SUCCESS) return r;
+  std::lock_guard l(G().mu);
+  auto* n = reinterpret_cast<GraphNode*>(hn);
+  for (GuestGraph* g : G().graphs) {
+    if (!InGraph(g, n) || n->type != CU_GRAPH_NODE_TYPE_KERNEL) continue;
+    n->op = op;
+    n->payload = std::move(frame);
+    n->kernel = *p;
+    n->kernel.kernelParams = nullptr;
+    n->kernel.extra = nullptr;
+    return CUDA_SUCCESS;
+  }
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuGraphExecKernelNodeSetParams_v2(CUgraphExec he, CUgraphNode hn,
+                                                                const CUDA_KERNEL_NODE_PARAMS* p) {
+  ORION_API(cuGraphExecKernelNodeSetParams_v2);
+  Op op;
+  std::vector<uint8_t> frame;
+  if (CUresult r = KernelNodeFrame(p, &op, &frame); r != CUDA_SUCCESS) return r;
+  std::lock_guard l(G().mu);
+  GuestExec* e = AsExec(he);
+  if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  auto it = e->index.find(reinterpret_cast<GraphNode*>(hn));
+  if (it == e->index.end() || (e->frames[it->second].op != Op::kLaunchKernel &&
+                               e->frames[it->second].op != Op::kLaunchKernelEx))
+    return CUDA_ERROR_INVALID_VALUE;
+  e->frames[it->second] = Frame{op, std::move(frame), static_cast<uint32_t>(offsetof(LaunchReq, stream))};
+  return CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuGraphInstantiateWithFlags(CUgraphExec* out, CUgraph hg, unsigned long long flags) {
+  ORION_API(cuGraphInstantiateWithFlags);
+  return Instantiate(out, hg, flags);
+}
+ORION_EXPORT CUresult CUDAAPI cuGraphInstantiate(CUgraphExec* out, CUgraph hg, CUgraphNode* err_node, char* log,
+                                                 size_t log_size) {
+  ORION_API(cuGraphInstantiate);
+  if (err_node != nullptr) *err_node = nullptr;
+  if (log != nullptr && log_size > 0) log[0] = '\0';
+  return Instantiate(out, hg, 0);
+}
+ORION_EXPORT CUresult CUDAAPI cuGraphInstantiate_v2(CUgraphExec* out, CUgraph hg, CUgraphNode* err_node, char* log,
+                                                    size_t log_size) {
+  ORION_API(cuGraphInstantiate_v2);
+  if (err_node != nullptr) *err_node = nullptr;
+  if (log != nullptr && log_size > 0) log[0] = '\0';
+  return Instantiate(out, hg, 0);
+}
+static CUresult InstantiateWithParams(CUgraphExec* out, CUgraph hg, CUDA_GRAPH_INSTANTIATE_PARAMS* p) {
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  p->hErrNode_out = nullptr;
+  const CUresult r = Instantiate(out, hg, p->flags);
+  p->result_out = r == CUDA_SUCCESS ? CUDA_GRAPH_INSTANTIATE_SUCCESS : CUDA_GRAPH_INSTANTIATE_ERROR;
+  return r;
+}
+ORION_EXPORT CUresult CUDAAPI cuGraphInstantiateWithParams(CUgraphExec* out, CUgraph hg,
+                                                           CUDA_GRAPH_INSTANTIATE_PARAMS* p) {
+  ORION_API(cuGraphInstantiateWithParams);
+  return InstantiateWithParams(out, hg, p);
+}
+ORION_EXPORT CUresult CUDAAPI cuGraphInstantiateWithParams_ptsz(CUgraphExec* out, CUgraph hg,
+                                                                CUDA_GRAPH_INSTANTIATE_PARAMS* p) {
+  ORION_API(cuGraphInstantiateWithParams_ptsz);
+  return InstantiateWithParams(out, hg, p);
+}
+
+ORION_EXPORT CUresult CUDAAPI cuGraphExecGetFlags(CUgraphExec he, cuuint64_t* flags) {
+  ORION_API(cuGraphExecGetFlags);
+  if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard l(G().mu);
+  GuestExec* e = AsExec(he);
+  if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *flags = e->flags;
+  return CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec he) {
+  ORION_API(cuGraphExecDestroy);
+  std::lock_guard l(G().mu);
+  GuestExec* e = AsExec(he);
+  if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  G().execs.erase(e);
+  delete e;
+  return CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuGraphLaunch(CUgraphExec he, CUstream hs) {
+  ORION_API(cuGraphLaunch);
+  return LaunchGraph(he, hs);
+}
+ORION_EXPORT CUresult CUDAAPI cuGraphLaunch_ptsz(CUgraphExec he, CUstream hs) {
+  ORION_API(cuGraphLaunch_ptsz);
+  return LaunchGraph(he, hs);
+}
+// Uploading prepares device-side state; here the frames are ready at instantiation.
+ORION_EXPORT CUresult CUDAAPI cuGraphUpload(CUgraphExec he, CUstream hs) {
+  ORION_API(cuGraphUpload);
+  uint64_t sid = 0;
+  if (!StreamId(hs, &sid)) return CUDA_ERROR_INVALID_HANDLE;
+  std::lock_guard l(G().mu);
+  return AsExec(he) != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+ORION_EXPORT CUresult CUDAAPI cuGraphUpload_ptsz(CUgraphExec he, CUstream hs) {
+  ORION_API(cuGraphUpload_ptsz);
+  uint64_t sid = 0;
+  if (!StreamId(hs, &sid)) return CUDA_ERROR_INVALID_HANDLE;
+  std::lock_guard l(G().mu);
+  return AsExec(he) != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+// Whole-graph update: the same topology (node count and types, in order); each node's parameters
+// (kernel configuration and arguments, copy and memset ranges, events) come from the new graph.
+ORION_EXPORT CUresult CUDAAPI cuGraphExecUpdate_v2(CUgraphExec he, CUgraph hg, CUgraphExecUpdateResultInfo* info) {
+  ORION_API(cuGraphExecUpdate_v2);
+  std::lock_guard l(G().mu);
+  GuestExec* e = AsExec(he);
+  GuestGraph* g = AsGraph(hg);
+  if (e == nullptr || g == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  GuestExec fresh;
+  Flatten(*g, &fresh, true);
+  auto fail = [&](CUgraphExecUpdateResult why, const GraphNode* at) {
+    if (info != nullptr) {
+      info->result = why;
+      info->errorNode = reinterpret_cast<CUgraphNode>(const_cast<GraphNode*>(at));
+      info->errorFromNode = nullptr;
+    }
+    return CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
+  };
+  if (fresh.order.size() != e->order.size() || fresh.frames.size() != e->frames.size())
+    return fail(CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED, nullptr);
+  for (size_t i = 0; i < fresh.order.size(); ++i) {
+    if (fresh.order[i]->type != e->order[i]->type || fresh.order[i]->deps.size() != e->order[i]->deps.size())
+      return fail(CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED, fresh.order[i]);
+  }
+  for (size_t i = 0; i < fresh.frames.size(); ++i) {
+    if (fresh.frames[i].op != e->frames[i].op) return fail(CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED, nullptr);
+  }
+  // Keep the node -> frame index of the exec's own nodes (cuGraphExec*SetParams name those).
+  e->frames = std::move(fresh.frames);
+  if (info != nullptr) {
+    info->result = CU_GRAPH_EXEC_UPDATE_SUCCESS;
+    info->errorNode = nullptr;
+    info->errorFromNode = nullptr;
+  }
+  return CUDA_SUCCESS;
+}
+
+}  // extern "C"

@@ -1,0 +1,171 @@
+// CUDA graphs: stream capture (with a fork to a second stream and a join), instantiate, launch
+// several times, whole-graph update, explicit construction (kernel, memset, memcpy, child graph,
+// empty and event nodes), and what capture refuses. Kernels are computed (the sim's PTX executor),
+// so every result is checked by value. Lines: CHECK ... / DONE.
+#include <cuda.h>
+
+#include <cstdlib>
+
+#include "orion_test.h"
+
+__global__ void add(int* p, int n, int v) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) p[i] += v;
+}
+__global__ void twice(const int* a, int* b, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) b[i] = 2 * a[i];
+}
+
+static const int N = 1000;
+
+static std::vector<int> Get(const int* d) {
+  std::vector<int> h(N);
+  CUDA_OK(cudaMemcpy(h.data(), d, N * sizeof(int), cudaMemcpyDeviceToHost));
+  return h;
+}
+static bool All(const std::vector<int>& v, int want, std::string* why) {
+  for (int i = 0; i < N; ++i) {
+    if (v[i] != want) {
+      *why = ot::fmt("element %d is %d, want %d", i, v[i], want);
+      return false;
+    }
+  }
+  return true;
+}
+
+int main() {
+  ot::init_output();
+  CUDA_OK(cudaSetDevice(0));
+  int *x, *y, *z, *w;
+  CUDA_OK(cudaMalloc(&x, N * sizeof(int)));
+  CUDA_OK(cudaMalloc(&y, N * sizeof(int)));
+  CUDA_OK(cudaMalloc(&z, N * sizeof(int)));
+  CUDA_OK(cudaMalloc(&w, N * sizeof(int)));
+  CUDA_OK(cudaMemset(x, 0, N * sizeof(int)));
+  CUDA_OK(cudaMemset(w, 0, N * sizeof(int)));
+  CUDA_OK(cudaDeviceSynchronize());
+  cudaStream_t s, s2;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CUDA_OK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+  cudaEvent_t fork, join;
+  CUDA_OK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  CUDA_OK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  std::string why;
+
+  // ---- Capture: x += 1; y = 0x01010101 bytes; z = 2x; fork: w += 3 on s2; join.
+  auto capture = [&](int inc, cudaGraph_t* g) {
+    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    add<<<(N + 255) / 256, 256, 0, s>>>(x, N, inc);
+    CUDA_OK(cudaMemsetAsync(y, 1, N * sizeof(int), s));
+    CUDA_OK(cudaEventRecord(fork, s));
+    CUDA_OK(cudaStreamWaitEvent(s2, fork, 0));  // s2 joins the capture
+    add<<<(N + 255) / 256, 256, 0, s2>>>(w, N, 3);
+    CUDA_OK(cudaEventRecord(join, s2));
+    twice<<<(N + 255) / 256, 256, 0, s>>>(x, z, N);
+    CUDA_OK(cudaStreamWaitEvent(s, join, 0));
+    cudaStreamCaptureStatus st;
+    unsigned long long id = 0;
+    CUDA_OK(cudaStreamGetCaptureInfo(s2, &st, &id));
+    ot::check(ot::fmt("capture%d_joined_stream_is_capturing", inc), st == cudaStreamCaptureStatusActive && id != 0);
+    CUDA_OK(cudaStreamEndCapture(s, g));
+    CUDA_OK(cudaStreamIsCapturing(s2, &st));
+    ot::check(ot::fmt("capture%d_ended_for_joined_stream", inc), st == cudaStreamCaptureStatusNone);
+  };
+  cudaGraph_t g;
+  capture(1, &g);
+  size_t nodes = 0;
+  CUDA_OK(cudaGraphGetNodes(g, nullptr, &nodes));
+  ot::check("capture_node_count", nodes == 4, ot::fmt("%zu nodes", nodes));
+  ot::check("capture_ran_nothing", All(Get(x), 0, &why) && All(Get(w), 0, &why), why);
+
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaGraphInstantiate(&exec, g, 0));
+  for (int k = 0; k < 3; ++k) CUDA_OK(cudaGraphLaunch(exec, s));
+  CUDA_OK(cudaStreamSynchronize(s));
+  ot::check_kernel("launch3_x", All(Get(x), 3, &why), why);
+  ot::check_kernel("launch3_z", All(Get(z), 6, &why), why);
+  ot::check_kernel("launch3_w", All(Get(w), 9, &why), why);
+  ot::check("launch3_memset_y", All(Get(y), 0x01010101, &why), why);
+
+  // ---- Whole-graph update: same topology, x += 10.
+  cudaGraph_t g2;
+  capture(10, &g2);
+  cudaGraphExecUpdateResultInfo info{};
+  CUDA_OK(cudaGraphExecUpdate(exec, g2, &info));
+  ot::check("update_success", info.result == cudaGraphExecUpdateSuccess);
+  CUDA_OK(cudaGraphLaunch(exec, s));
+  CUDA_OK(cudaStreamSynchronize(s));
+  ot::check_kernel("updated_graph_adds_10", All(Get(x), 13, &why), why);
+  ot::check_kernel("updated_graph_z", All(Get(z), 26, &why), why);
+
+  // ---- Explicit construction: memset x = 0 -> kernel x += 7 -> child(copy x to z) -> empty.
+  cudaGraph_t e, child;
+  CUDA_OK(cudaGraphCreate(&e, 0));
+  CUDA_OK(cudaGraphCreate(&child, 0));
+  cudaGraphNode_t ms, kn, cp, ch, em;
+  cudaMemsetParams mp{};
+  mp.dst = x;
+  mp.value = 0;
+  mp.elementSize = 4;
+  mp.width = N;
+  mp.height = 1;
+  CUDA_OK(cudaGraphAddMemsetNode(&ms, e, nullptr, 0, &mp));
+  int n = N, v = 7;
+  void* args[] = {&x, &n, &v};
+  cudaKernelNodeParams kp{};
+  kp.func = reinterpret_cast<void*>(add);
+  kp.gridDim = dim3((N + 127) / 128);
+  kp.blockDim = dim3(128);
+  kp.kernelParams = args;
+  CUDA_OK(cudaGraphAddKernelNode(&kn, e, &ms, 1, &kp));
+  v = 99;  // the node holds the values it was given
+  CUDA_OK(cudaGraphAddMemcpyNode1D(&cp, child, nullptr, 0, z, x, N * sizeof(int), cudaMemcpyDeviceToDevice));
+  CUDA_OK(cudaGraphAddChildGraphNode(&ch, e, &kn, 1, child));
+  CUDA_OK(cudaGraphAddEmptyNode(&em, e, &ch, 1));
+  cudaGraphNodeType t;
+  CUDA_OK(cudaGraphNodeGetType(ch, &t));
+  ot::check("child_node_type", t == cudaGraphNodeTypeGraph);
+  cudaGraphExec_t ee;
+  CUDA_OK(cudaGraphInstantiate(&ee, e, 0));
+  CUDA_OK(cudaGraphLaunch(ee, s));
+  CUDA_OK(cudaStreamSynchronize(s));
+  ot::check_kernel("explicit_x", All(Get(x), 7, &why), why);
+  ot::check_kernel("explicit_child_copy", All(Get(z), 7, &why), why);
+  // New kernel arguments for the instantiated graph only.
+  v = 5;
+  CUDA_OK(cudaGraphExecKernelNodeSetParams(ee, kn, &kp));
+  CUDA_OK(cudaGraphLaunch(ee, s));
+  CUDA_OK(cudaStreamSynchronize(s));
+  ot::check_kernel("exec_kernel_params", All(Get(x), 5, &why), why);
+
+  // ---- Refusals: a synchronizing call or a host copy in capture invalidates it, loudly.
+  CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  add<<<4, 256, 0, s>>>(x, N, 1);
+  ot::check("sync_in_capture_refused", cudaStreamSynchronize(s) == cudaErrorStreamCaptureUnsupported);
+  cudaGraph_t bad = nullptr;
+  ot::check("invalidated_capture_ends_with_error", cudaStreamEndCapture(s, &bad) == cudaErrorStreamCaptureInvalidated &&
+                                                       bad == nullptr);
+  cudaGetLastError();
+  int host[4] = {1, 2, 3, 4};
+  CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  ot::check("host_copy_in_capture_refused",
+            cudaMemcpyAsync(x, host, sizeof host, cudaMemcpyHostToDevice, s) == cudaErrorStreamCaptureUnsupported);
+  ot::check("host_copy_capture_invalidated", cudaStreamEndCapture(s, &bad) == cudaErrorStreamCaptureInvalidated);
+  cudaGetLastError();
+  ot::check("legacy_stream_cannot_capture",
+            cudaStreamBeginCapture(0, cudaStreamCaptureModeGlobal) != cudaSuccess);
+  cudaGetLastError();
+  // Nothing of the refused captures ran; the process goes on.
+  CUDA_OK(cudaStreamSynchronize(s));
+  ot::check_kernel("refused_captures_ran_nothing", All(Get(x), 5, &why), why);
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  ot::check("destroyed_exec_refused", cudaGraphLaunch(exec, s) != cudaSuccess);
+  cudaGetLastError();
+  CUDA_OK(cudaGraphExecDestroy(ee));
+  CUDA_OK(cudaGraphDestroy(g));
+  CUDA_OK(cudaGraphDestroy(g2));
+  CUDA_OK(cudaGraphDestroy(e));
+  CUDA_OK(cudaGraphDestroy(child));
+  return ot::finish();
+}
