@@ -194,6 +194,69 @@ def test_torch_allocator_variants(oriond, conf, calls):
     assert oriond.alive()
 
 
+GRAPH_PROBE = """
+import os, sys, torch
+log = sys.argv[1]
+def launches():
+    torch.cuda.synchronize()
+    return sum(1 for l in open(log) if " launch " in l)
+def step(name, ok, detail=""):
+    print("STEP", name, "ok" if ok else "FAIL", detail, flush=True)
+g = torch.Generator().manual_seed(3)
+model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)).cuda()
+static_in = torch.zeros(8, 64, device="cuda")
+s = torch.cuda.Stream()
+s.wait_stream(torch.cuda.current_stream())
+n0 = launches()
+with torch.cuda.stream(s):
+    model(static_in)
+per_forward = launches() - n0
+with torch.cuda.stream(s):
+    model(static_in)
+torch.cuda.current_stream().wait_stream(s)
+graph = torch.cuda.CUDAGraph()
+n1 = launches()
+with torch.cuda.graph(graph):
+    static_out = model(static_in)
+step("capture_runs_nothing", launches() == n1, f"{launches() - n1} launches during capture")
+n2 = launches()
+for i in range(3):
+    static_in.copy_(torch.randn(8, 64, generator=g).cuda())
+    graph.replay()
+step("replay_launches_the_forward", launches() - n2 == 3 * per_forward, f"{launches() - n2} vs 3 x {per_forward}")
+step("replay_shape", static_out.shape == (8, 10))
+# A graph of a device-to-device copy (no SASS-only kernel): its effect is checked by value.
+a = torch.randint(0, 1000, (1 << 16,), dtype=torch.int32, generator=g).cuda()
+b = torch.zeros_like(a)
+cg = torch.cuda.CUDAGraph()
+with torch.cuda.graph(cg):
+    b.copy_(a)
+a2 = torch.randint(0, 1000, (1 << 16,), dtype=torch.int32, generator=g)
+a.copy_(a2.cuda())
+cg.replay()
+step("copy_graph_value", bool(torch.equal(b.cpu(), a2)))
+print("DONE", flush=True)
+"""
+
+
+def test_torch_cuda_graph_capture_and_replay(oriond):
+    # torch.cuda.graph: PyTorch's capture (cudaStreamBeginCapture on a side stream, its private
+    # memory pool, cudaGraphInstantiate) and replay (cudaGraphLaunch). The model's kernels are
+    # SASS only (not run on sim): the probe counts the launches oriond executed — none during
+    # capture, one forward's worth per replay; a captured copy's effect is checked by value.
+    pytest.importorskip("torch")
+    r = oriond.run(sys.executable, "-c", GRAPH_PROBE, oriond.launch_log, ORION_GMEM=1024, ORION_COVERAGE=1,
+                   timeout=300)
+    out = r.stdout + r.stderr
+    steps = dict(re.findall(r"^STEP (\S+) (ok|FAIL)", r.stdout, re.M))
+    assert r.returncode == 0 and "DONE" in r.stdout, out[-4000:]
+    assert len(steps) == 4 and all(v == "ok" for v in steps.values()), (steps, out[-3000:])
+    for c in ("cuStreamBeginCapture_v2", "cuStreamEndCapture", "cuGraphInstantiateWithFlags", "cuGraphLaunch"):
+        assert re.search(rf"^orion-coverage: real {c} [1-9]\d*$", out, re.M), (c, out[-3000:])
+    refused = set(re.findall(r"\[warning\] (.+?) is not supported by Orion", r.stderr))
+    assert refused == {"cuLogsRegisterCallback"}, refused
+
+
 CUPY_REFUSALS = r'''
 import cupy as cp
 src = 'extern "C" __global__ void k(int* a) { a[threadIdx.x] = threadIdx.x * 3; }'
