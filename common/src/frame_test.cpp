@@ -35,6 +35,9 @@ TEST(FrameLayout, PayloadsArePinned) {
   EXPECT_EQ(sizeof(WelcomeRep), 120u);
   EXPECT_EQ(offsetof(WelcomeRep, allocation_id), 80u);
   EXPECT_EQ(sizeof(MemcpyReq), 32u);
+  EXPECT_EQ(sizeof(DeviceMemoryRep), 24u);
+  EXPECT_EQ(offsetof(DeviceMemoryRep, allocated), 8u);
+  EXPECT_EQ(offsetof(DeviceMemoryRep, context_overhead), 16u);
   EXPECT_EQ(sizeof(Memcpy2DReq), 64u);
   EXPECT_EQ(offsetof(Memcpy2DReq, src_side), 56u);
   EXPECT_EQ(sizeof(MemsetReq), 48u);

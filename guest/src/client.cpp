@@ -101,6 +101,14 @@ Client& Client::Get() {
   return *c;
 }
 
+CUresult RequestedVgpuCount(uint32_t* n) noexcept {
+  bool bad = false;
+  const uint64_t vgpus = EnvU64("ORION_VGPU", 1, &bad);
+  if (bad || vgpus == 0 || vgpus > kMaxDevices) return CUDA_ERROR_INVALID_VALUE;
+  *n = static_cast<uint32_t>(vgpus);
+  return CUDA_SUCCESS;
+}
+
 CUresult Client::Connect() noexcept {
   if (connected_.load(std::memory_order_acquire)) return CUDA_SUCCESS;
   std::lock_guard<std::mutex> lock(mu_);
@@ -917,5 +925,9 @@ void Client::Shutdown() noexcept {
   broken_ = CUDA_ERROR_DEINITIALIZED;
   stop_lease_.store(true, std::memory_order_relaxed);
 }
+
+// At exit: say goodbye to oriond so the vGPU is released at once rather than at lease expiry.
+// (Here, not in log.cpp: libnvidia-ml.so.1 shares log.cpp and has no Client.)
+__attribute__((destructor)) static void ReleaseAtExit() { Client::Get().Shutdown(); }
 
 }  // namespace orion::guest

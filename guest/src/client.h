@@ -28,6 +28,7 @@
 #include "orion/ivshmem/region.h"
 #include "orion/ivshmem/ring.h"
 #include "channel.h"
+#include "log.h"
 
 namespace orion::guest {
 
@@ -200,10 +201,8 @@ CUresult Client::SendLaunch(const LaunchReq& q, const LaunchExReq* ex, Fill&& fi
   return CUDA_SUCCESS;
 }
 
-// Guest-side logging (stderr or ORION_LOG_FILE, never stdout); level from ORION_LOG_LEVEL.
-void LogInfo(const std::string& msg) noexcept;
-void LogWarn(const std::string& msg) noexcept;
-void LogError(const std::string& msg) noexcept;
-void LogDebug(const std::string& msg) noexcept;
+// The number of vGPUs this process asks for (ORION_VGPU, 1..kMaxDevices, default 1), parsed as the
+// Hello does; CUDA_ERROR_INVALID_VALUE when the variable is malformed. Opens nothing.
+CUresult RequestedVgpuCount(uint32_t* n) noexcept;
 
 }  // namespace orion::guest

@@ -1,4 +1,4 @@
-// Guest logging: spdlog (header-only, compiled into libcuda.so.1 and hidden), to stderr or
+// Guest logging: spdlog (header-only, compiled into libcuda.so.1 and libnvidia-ml.so.1, hidden in each), to stderr or
 // $ORION_LOG_FILE; never stdout. ORION_LOG_LEVEL: ERROR, WARNING, INFO (default), DEBUG, TRACE.
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_sinks.h>
@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "client.h"
+#include "log.h"
 
 namespace orion::guest {
 namespace {
@@ -52,8 +52,5 @@ void LogInfo(const std::string& msg) noexcept { Log(spdlog::level::info, msg); }
 void LogWarn(const std::string& msg) noexcept { Log(spdlog::level::warn, msg); }
 void LogError(const std::string& msg) noexcept { Log(spdlog::level::err, msg); }
 void LogDebug(const std::string& msg) noexcept { Log(spdlog::level::debug, msg); }
-
-// At exit: say goodbye to oriond so the vGPU is released at once rather than at lease expiry.
-__attribute__((destructor)) static void ReleaseAtExit() { Client::Get().Shutdown(); }
 
 }  // namespace orion::guest

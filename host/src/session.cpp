@@ -492,6 +492,15 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       put(rep);
       break;
     }
+    case Op::kDeviceMemoryInfo: {
+      // NVML's view of one vGPU (guest libnvidia-ml.so.1): needs no context. Hostile input: the
+      // device index is checked against this session's placements, the flags must be 0.
+      DeviceReq q;
+      ORION_WANT(Get(payload, len, &q), "bad DeviceMemoryInfo");
+      if (q.device >= p_.placements.size() || q.flags != 0) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      put(DeviceMemoryRep{p_.placements[q.device].quota_bytes, used_[q.device], overhead_[q.device]});
+      break;
+    }
     case Op::kMemcpyHtoD: {
       MemcpyReq q;
       ORION_WANT(Get(payload, len, &q), "bad MemcpyHtoD");

@@ -237,6 +237,12 @@ struct MemFreeReq { uint64_t dptr; };
 ORION_WIRE_STRUCT(MemFreeReq, 8);
 struct MemGetInfoRep { uint64_t free; uint64_t total; };
 ORION_WIRE_STRUCT(MemGetInfoRep, 16);
+// DeviceMemoryInfo (request: DeviceReq with flags 0): the session's account on one vGPU, in bytes.
+// quota = ORION_GMEM (what the client sees as total); allocated = the session's live allocations
+// charged to the quota; context_overhead = what the session's context is charged from its start
+// (cuda backend: the driver's per-context reserve; 0 on sim). allocated + context_overhead <= quota.
+struct DeviceMemoryRep { uint64_t quota; uint64_t allocated; uint64_t context_overhead; };
+ORION_WIRE_STRUCT(DeviceMemoryRep, 24);
 
 // Virtual memory management (cuMemAddressReserve/Free, cuMemCreate/Release, cuMemMap/Unmap,
 // cuMemSetAccess; CUDA driver API reference, "Virtual Memory Management"). Addresses and sizes are
