@@ -40,7 +40,8 @@ class Oriond:
             (["ip", "netns", "exec", netns] if netns else []) + [PREFIX / "bin" / "oriond", "--config", conf, "--backend", backend, "--foreground",
              "--log-dir", self.logs, "--shm", self.region, "--cache-dir", tmp / "cache",
              "--sim-launch-log", self.launch_log, "--lease-timeout-ms", "1000",
-             "--control-socket", tmp / "oriond.sock", "-p", str(tcp_port), *extra_args],
+             "--control-socket", tmp / "oriond.sock", "--state-file", tmp / "vms.json", "-p", str(tcp_port),
+             *extra_args],
             stdout=subprocess.DEVNULL, stderr=self.stderr)
         deadline = time.time() + 20
         while "Orion Server listens" not in self.log():

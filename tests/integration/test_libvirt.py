@@ -48,6 +48,7 @@ def lab():
     shm_buffer_size = 16
 [orion]
     control_socket = {d}/oriond.sock
+    state_file = {d}/vms.json
 """)
     oriond = subprocess.Popen([PREFIX / "bin" / "oriond", "--config", conf, "--backend", "sim", "--log-dir",
                                d / "logs", "--cache-dir", d / "cache", "-p", "0"], stdout=subprocess.DEVNULL,
