@@ -331,3 +331,42 @@ def test_hostile_guest_only_loses_its_own_session(tmp_path, kernel, initrd):
         assert "protocol violation" in d.log() + d.session_logs() or "invalid first frame" in d.log()
     finally:
         d.stop()
+
+
+def test_a_guest_keeps_its_limits_across_an_oriond_restart(tmp_path, kernel, initrd):
+    # A real guest (QEMU TCG, the region as its ivshmem BAR2) with no ORION_VGPU / ORION_GMEM: one
+    # program before oriond restarts, one after; both see exactly the VM's 2 vGPUs of 3000 MiB.
+    h = VmHost(tmp_path)
+    try:
+        assert h.hook("vm1", "prepare", vgpus=2, gmem=3000, processes=4, shm_mib=64).returncode == 0
+        result = {}
+
+        def guest():
+            result["console"] = vm.boot(kernel, initrd, ["device_props", "sleep:12", "device_props",
+                                                         "orion-check:runtime:client"],
+                                        region=h.region("vm1"), region_mib=64, gmem=None, vgpu=None,
+                                        log=tmp_path / "console.log")
+
+        t = threading.Thread(target=guest)
+        t.start()
+        deadline = time.time() + 240
+        while "exits (client exited)" not in h.log():
+            assert t.is_alive() and time.time() < deadline, result.get("console", "")[-3000:]
+            time.sleep(0.2)
+        h.restart()  # while the guest sleeps
+        t.join()
+        console = result["console"]
+        runs = re.findall(r"=== BEGIN device_props\r?\n(.*?)=== END device_props rc=(\d+)", console, re.S)
+        assert len(runs) == 2, console[-4000:]
+        for text, rc in runs:
+            assert rc == "0", text
+            assert "PROP deviceCount=2" in text and f"PROP totalGlobalMem={3000 << 20}" in text, text
+        rc, text = vm.outputs(console)["orion-check"]
+        assert rc == 0 and re.search(r"vGPUs of this VM :\s+2 x 3000 MiB", text), text
+        assert "VM vm1: restored" in h.log()
+        # The VM powers off and starts again: no "already served".
+        assert h.hook("vm1", "release").returncode == 0
+        r = h.hook("vm1", "prepare")
+        assert r.returncode == 0, r.stderr
+    finally:
+        h.stop()
