@@ -95,6 +95,17 @@ bool MayWaitForDevice(Op op) noexcept {
 
 uint64_t& ThreadContextHandle() noexcept { return t_ctx_handle; }
 
+// Whether oriond beats the region's heartbeat (every 100 ms): watched for up to 350 ms.
+static bool HeartbeatMoves(const ivshmem::RegionHeader* h) noexcept {
+  const uint64_t first = h->server_heartbeat.load(std::memory_order_relaxed);
+  for (int i = 0; i < 35; ++i) {
+    timespec ts{0, 10000000};
+    nanosleep(&ts, nullptr);
+    if (h->server_heartbeat.load(std::memory_order_relaxed) != first) return true;
+  }
+  return false;
+}
+
 Client& Client::Get() {
   // Leaked on purpose: cudart's exit handlers may call into the driver after static destructors.
   static Client* c = new Client();
@@ -121,7 +132,10 @@ CUresult Client::Connect() noexcept {
 
 CUresult Client::ConnectLocked() noexcept {
   bool bad = false;
-  const uint64_t vgpus = EnvU64("ORION_VGPU", 1, &bad);
+  // Unset in a VM: the VM's own vGPU count (published in its region) instead of 1.
+  const char* vgpu_env = std::getenv("ORION_VGPU");
+  const bool vgpus_set = vgpu_env != nullptr && *vgpu_env != '\0';
+  uint64_t vgpus = EnvU64("ORION_VGPU", 1, &bad);
   const uint64_t gmem = EnvU64("ORION_GMEM", 0, &bad);
   if (bad || vgpus == 0 || vgpus > kMaxDevices) {
     LogError("ORION_VGPU must be 1.." + std::to_string(kMaxDevices) + " and ORION_GMEM a number of MiB");
@@ -221,6 +235,23 @@ CUresult Client::ConnectLocked() noexcept {
   header_ = ivshmem::Header(region_->data());
   const uint32_t count = (*hdr)->channel_count;
   const uint64_t channel_bytes = (*hdr)->channel_bytes;
+  // A VM's region says what the VM was given: a process may ask for less, never more.
+  const bool vm_region = ((*hdr)->features & ivshmem::kFeatureVmLimits) != 0;
+  if (vm_region) {
+    const uint64_t vm_vgpus = std::min<uint64_t>((*hdr)->vm_vgpus, kMaxDevices);
+    const uint64_t vm_gmem = (*hdr)->vm_gmem_bytes >> 20;
+    const std::string has = "this VM has " + std::to_string(vm_vgpus) + " vGPU(s) of " + std::to_string(vm_gmem) +
+                            " MiB (set on the host: orion-vm enable <domain> --vgpus N --gmem MIB)";
+    if (!vgpus_set && vm_vgpus > 0) vgpus = vm_vgpus;
+    if (vgpus > vm_vgpus) {
+      LogError("ORION_VGPU=" + std::to_string(vgpus) + " is more than " + has);
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (gmem > vm_gmem) {
+      LogError("ORION_GMEM=" + std::to_string(gmem) + " MiB is more than " + has);
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+  }
   bool claimed = false;
   for (uint32_t i = 0; i < count && !claimed; ++i) {
     uint32_t expect = kChannelFree;
@@ -232,7 +263,17 @@ CUresult Client::ConnectLocked() noexcept {
     }
   }
   if (!claimed) {
-    LogError("all " + std::to_string(count) + " channels of " + path + " are in use");
+    // Channels nobody frees look taken: tell a stopped oriond from a full region.
+    if (!HeartbeatMoves(header_)) {
+      LogError("no oriond serves " + path + " (its heartbeat has stopped): start oriond on the host");
+      return CUDA_ERROR_NO_DEVICE;
+    }
+    LogError("all " + std::to_string(count) + " channels of " + path +
+             " are in use by other CUDA processes (one per process); " +
+             (vm_region || where->source.rfind("ivshmem", 0) == 0
+                  ? "this VM has " + std::to_string(count) +
+                        ": give it more on the host with `orion-vm enable <domain> --processes N` (from the VM's next start)"
+                  : "a bigger region (orion-shm -s MIB) or a smaller shm_buffer_size gives more"));
     return CUDA_ERROR_NO_DEVICE;
   }
   desc_ = &header_->channels[channel_index_];
@@ -259,7 +300,16 @@ CUresult Client::ConnectLocked() noexcept {
     }
   });
   lease_thread_.detach();
-  return HandshakeLocked(vgpus, gmem, path);
+  const CUresult r = HandshakeLocked(vgpus, gmem, path);
+  uint32_t still = kChannelClaimed;
+  if (r != CUDA_SUCCESS && desc_->state.load(std::memory_order_acquire) == kChannelClaimed &&
+      !HeartbeatMoves(header_)) {
+    // No oriond will ever answer or free this channel: hand it back (K1: the next oriond formats
+    // the region anyway), so the next process is not told it is in use.
+    desc_->state.compare_exchange_strong(still, ivshmem::kChannelFree, std::memory_order_acq_rel);
+    LogError("no oriond serves " + path + " (its heartbeat has stopped): start oriond on the host");
+  }
+  return r;
 }
 
 CUresult Client::HandshakeLocked(uint64_t vgpus, uint64_t gmem, const std::string& where) noexcept {

@@ -109,6 +109,7 @@ int Handler(void* user, const char* section, const char* name, const char* raw) 
       c.backend = *k;
     } else if (key == "log_dir") c.log_dir = v;
     else if (key == "control_socket") c.control_socket = v;
+    else if (key == "state_file") c.state_file = v;
     else if (key == "net_stall_ms") {
       if (!ParseU64(v, 100, 3600000, &n)) return bad("is not a number of ms (100..3600000)");
       c.net_stall_ms = n;

@@ -26,6 +26,7 @@
 #include <sstream>
 
 #include "orion/host/session.h"
+#include "orion/host/vm_state.h"
 #include "orion/ivshmem/ring.h"
 #include "orion/rdma/endpoint.h"
 
@@ -249,6 +250,11 @@ Status Daemon::StartServing() {
     }
   }
 
+  // The VMs attached before a restart come first: their regions keep their VM's vGPUs, quota and
+  // channels, and are never taken for ordinary host regions below.
+  std::vector<std::string> gone_vms;
+  if (Status st = RestoreVms(&gone_vms); !st.ok()) return st;
+
   // Regions.
   std::vector<std::string> paths = config_.shm_paths;
   if (paths.empty() && config_.enable_shm) {
@@ -256,18 +262,23 @@ Status Daemon::StartServing() {
     if (!dir.empty() && dir.back() != '/') dir += '/';
     if (DIR* d = opendir(dir.c_str()); d != nullptr) {
       while (dirent* e = readdir(d)) {
-        if (std::strncmp(e->d_name, "orionsock", 9) == 0) paths.push_back(dir + e->d_name);
+        if (std::strncmp(e->d_name, "orionsock", 9) != 0) continue;
+        // orionsock-<domain> is a VM's region (orion-vm, the libvirt hook): served only when the
+        // VM is attached, with the VM's limits; never as a host region open to any ORION_VGPU.
+        if (e->d_name[9] == '-') continue;
+        paths.push_back(dir + e->d_name);
       }
       closedir(d);
     }
     std::sort(paths.begin(), paths.end());
   }
-  if (paths.empty()) {
+  if (paths.empty() && regions_.empty()) {
     log_->warn("no shared-memory region to serve (create one with orion-shm, or pass --shm)");
   }
   // Everything this oriond owns alone (each region, the control socket, the TCP port) is taken
   // before it registers anywhere: a second oriond fails here, loudly, and changes nothing.
   for (const std::string& p : paths) {
+    if (std::any_of(regions_.begin(), regions_.end(), [&](const Region& r) { return r.map->path() == p; })) continue;
     Region r;
     if (Status st = AddRegion(p, &r); !st.ok()) return st;
     regions_.push_back(std::move(r));
@@ -293,6 +304,7 @@ Status Daemon::StartServing() {
     lo.heartbeat_ms = config_.controller_heartbeat_ms;
     link_ = std::make_unique<ControllerLink>(lo, log_);
     link_->Start();
+    for (const std::string& vm : gone_vms) link_->Unassign(vm);
   } else {
     log_->info("No Orion Controller configured: standalone mode (this oriond admits its own clients)");
   }
@@ -303,23 +315,142 @@ Status Daemon::StartServing() {
   return Status::Ok();
 }
 
-Status Daemon::AddRegion(const std::string& p, Region* out) {
+Status Daemon::AddRegion(const std::string& p, Region* out, uint32_t processes, const ivshmem::VmLimits* vm) {
   auto m = ivshmem::MappedRegion::OpenServed(p);
   if (!m.ok()) return Status(m.status().code(), "region " + p + ": " + m.status().message());
   Region& r = *out;
   r.map = std::make_unique<ivshmem::MappedRegion>(std::move(*m));
   const uint64_t size = r.map->size();
   uint64_t ch = config_.shm_buffer_size_mib << 20;
-  if (ivshmem::ChannelCountFor(size, ch) == 0) ch = (size - ivshmem::kHeaderBytes) & ~uint64_t{4095};
-  if (Status s = ivshmem::FormatRegion(r.map->data(), size, ch); !s.ok()) {
+  if (processes > 0) {
+    auto split = ivshmem::ChannelBytesFor(size, processes);
+    if (!split.ok()) return Status(split.status().code(), "region " + p + ": " + split.status().message());
+    ch = *split;
+  } else if (ivshmem::ChannelCountFor(size, ch) == 0) {
+    ch = (size - ivshmem::kHeaderBytes) & ~uint64_t{4095};
+  }
+  if (Status s = ivshmem::FormatRegion(r.map->data(), size, ch, vm); !s.ok()) {
     return Status(s.code(), "region " + p + ": " + s.message());
   }
+  r.processes = processes;
   r.channel_bytes = ch;
   r.channel_count = ivshmem::ChannelCountFor(size, ch);
   r.epoch = ivshmem::Header(r.map->data())->server_epoch;
   r.channels.resize(r.channel_count);
   log_->info("Using SHM {} for acceleration ({} channels of {} MiB).", p, r.channel_count, ch >> 20);
   return Status::Ok();
+}
+
+namespace {
+std::string PlacementText(const std::vector<Placement>& placements) {
+  std::string where;
+  for (const auto& p : placements) {
+    where += (where.empty() ? "" : ",") + std::to_string(p.pgpu) + "/" + std::to_string(p.vgpu) + ":" +
+             std::to_string(p.quota_bytes >> 20) + "MiB";
+  }
+  return where;
+}
+
+ivshmem::VmLimits LimitsOf(const std::vector<Placement>& placements) {
+  ivshmem::VmLimits l;
+  l.vgpus = static_cast<uint32_t>(placements.size());
+  l.gmem_bytes = placements.empty() ? 0 : placements[0].quota_bytes;
+  for (const auto& p : placements) l.gmem_bytes = std::min(l.gmem_bytes, p.quota_bytes);
+  return l;
+}
+}  // namespace
+
+Status Daemon::RestoreVms(std::vector<std::string>* gone) {
+  if (config_.state_file.empty()) return Status::Ok();
+  auto vms = LoadVmState(config_.state_file);
+  if (!vms.ok()) return vms.status();
+  if (vms->empty()) return Status::Ok();
+  if (!config_.enable_kvm) {
+    log_->warn("{} lists {} attached VM(s), but this oriond does not serve VMs (enable_kvm is off): their regions "
+               "are not served", config_.state_file, vms->size());
+    return Status::Ok();
+  }
+  bool changed = false;
+  for (const VmAttachment& a : *vms) {
+    struct stat st {};
+    if (::stat(a.region.c_str(), &st) != 0) {
+      log_->info("VM {}: its region {} is gone (the VM stopped while oriond was down); its vGPUs are free again", a.vm,
+                 a.region);
+      gone->push_back(a.vm);
+      changed = true;
+      continue;
+    }
+    if (Status s = pool_->Reserve(a.placements); !s.ok()) {
+      log_->error("VM {}: cannot restore its vGPUs {} ({}); {} is not served until the VM is started again", a.vm,
+                  PlacementText(a.placements), s.message(), a.region);
+      changed = true;
+      continue;
+    }
+    Region r;
+    const ivshmem::VmLimits limits = LimitsOf(a.placements);
+    if (Status s = AddRegion(a.region, &r, a.processes, &limits); !s.ok()) {
+      pool_->Release(a.placements);
+      if (s.code() == Code::kAlreadyExists) return s;  // another oriond serves it: refuse to start
+      log_->error("VM {}: cannot serve its region again: {}", a.vm, s.message());
+      changed = true;
+      continue;
+    }
+    r.vm = a.vm;
+    r.reserved = a.placements;
+    r.vgpus_asked = a.vgpus;
+    r.gmem_asked_mib = a.gmem_mib;
+    log_->info("VM {}: restored {} with vGPUs {} (from {})", a.vm, a.region, PlacementText(a.placements),
+               config_.state_file);
+    regions_.push_back(std::move(r));
+  }
+  if (changed) (void)SaveVms();
+  return Status::Ok();
+}
+
+Status Daemon::SaveVms() {
+  if (config_.state_file.empty()) return Status::Ok();
+  std::vector<VmAttachment> vms;
+  for (const Region& r : regions_) {
+    if (r.vm.empty()) continue;
+    vms.push_back({r.vm, r.map->path(), r.vgpus_asked, r.gmem_asked_mib, r.processes, r.reserved});
+  }
+  Status s = SaveVmState(config_.state_file, vms);
+  if (!s.ok()) log_->error("cannot record the attached VMs: {}", s.message());
+  return s;
+}
+
+void Daemon::DropRegion(size_t i, const std::string& why) {
+  Region& r = regions_[i];
+  for (Channel& c : r.channels) {
+    if (c.state != Channel::kServing) continue;
+    kill(c.pid, SIGTERM);
+    int status = 0;
+    for (int k = 0; k < 200 && waitpid(c.pid, &status, WNOHANG) == 0; ++k) usleep(10000);
+    if (waitpid(c.pid, &status, WNOHANG) == 0) {
+      kill(c.pid, SIGKILL);
+      waitpid(c.pid, &status, 0);
+    }
+    if (c.stat_slot >= 0) stat_used_[static_cast<size_t>(c.stat_slot)] = false;
+    log_->info("Session {} exits (VM {} {}).", c.session, r.vm, why);
+    --serving_;
+  }
+  pool_->Release(r.reserved);
+  if (link_) link_->Unassign(r.vm);
+  log_->info("VM {}: detached {} ({})", r.vm, r.map->path(), why);
+  regions_.erase(regions_.begin() + static_cast<std::ptrdiff_t>(i));
+}
+
+void Daemon::DropGoneVms() {
+  bool changed = false;
+  for (size_t i = 0; i < regions_.size();) {
+    if (!regions_[i].vm.empty() && !regions_[i].map->StillAtPath()) {
+      DropRegion(i, "its region file was removed: the VM stopped");
+      changed = true;
+    } else {
+      ++i;
+    }
+  }
+  if (changed) (void)SaveVms();
 }
 
 Status Daemon::OpenControlSocket() {
@@ -386,10 +517,11 @@ std::string Daemon::Control(const std::string& line) {
   in >> cmd;
   if (cmd == "attach") {
     std::string vm, path;
-    uint32_t vgpus = 0;
+    uint32_t vgpus = 0, processes = 0;
     uint64_t gmem = 0;
-    if (!(in >> vm >> path >> vgpus >> gmem)) return "error usage: attach VM REGION VGPUS GMEM_MIB";
-    return Attach(vm, path, vgpus, gmem);
+    if (!(in >> vm >> path >> vgpus >> gmem)) return "error usage: attach VM REGION VGPUS GMEM_MIB [PROCESSES]";
+    if (!(in >> processes)) processes = 0;  // an older hook: shm_buffer_size decides
+    return Attach(vm, path, vgpus, gmem, processes);
   }
   if (cmd == "detach") {
     std::string vm;
@@ -412,8 +544,25 @@ std::string Daemon::Control(const std::string& line) {
   return "error unknown command '" + cmd + "' (attach, detach, status)";
 }
 
-std::string Daemon::Attach(const std::string& vm, const std::string& path, uint32_t vgpus, uint64_t gmem_mib) {
+std::string Daemon::Attach(const std::string& vm, const std::string& path, uint32_t vgpus, uint64_t gmem_mib,
+                           uint32_t processes) {
   if (!config_.enable_kvm) return "error oriond does not serve VMs: set enable_kvm = \"true\" or pass -k";
+  if (!ValidVmName(vm)) return "error VM name '" + vm + "' must be 1..200 of [A-Za-z0-9._-]";
+  if (path.empty() || path[0] != '/') return "error the region must be an absolute path";
+  if (vgpus == 0 || vgpus > kMaxDevices) return "error VGPUS must be 1.." + std::to_string(kMaxDevices);
+  if (processes > kMaxVmProcesses) return "error PROCESSES must be 0.." + std::to_string(kMaxVmProcesses);
+  // What a stopped VM left behind (its file removed or replaced, e.g. while oriond was down) is
+  // dropped first: never "already served" for a file that is gone.
+  DropGoneVms();
+  for (size_t i = 0; i < regions_.size();) {
+    const Region& r = regions_[i];
+    if (r.vm.empty() && r.map->path() == path && !r.map->StillAtPath()) {
+      log_->info("{}: its file was removed or replaced; no longer served as a host region", path);
+      regions_.erase(regions_.begin() + static_cast<std::ptrdiff_t>(i));  // no VM, no reserved vGPUs
+      continue;
+    }
+    ++i;
+  }
   for (const Region& r : regions_) {
     if (r.vm == vm && r.map->path() == path) return "ok already attached";
     if (r.map->path() == path) return "error " + path + " is already served";
@@ -439,43 +588,34 @@ std::string Daemon::Attach(const std::string& vm, const std::string& path, uint3
     return "error not enough vGPUs for VM " + vm + ": " + placements.status().message();
   }
   Region r;
-  if (Status s = AddRegion(path, &r); !s.ok()) {
+  const ivshmem::VmLimits limits = LimitsOf(*placements);
+  if (Status s = AddRegion(path, &r, processes, &limits); !s.ok()) {
     pool_->Release(*placements);
     if (link_) link_->Unassign(vm);
     return "error " + s.message();
   }
   r.vm = vm;
   r.reserved = std::move(*placements);
-  std::string where;
-  for (const auto& p : r.reserved) {
-    where += (where.empty() ? "" : ",") + std::to_string(p.pgpu) + "/" + std::to_string(p.vgpu) + ":" +
-             std::to_string(p.quota_bytes >> 20) + "MiB";
-  }
-  log_->info("VM {}: attached {} with vGPUs {}", vm, path, where);
+  r.vgpus_asked = vgpus;
+  r.gmem_asked_mib = gmem_mib;
+  const std::string where = PlacementText(r.reserved);
+  const uint32_t channels = r.channel_count;
   regions_.push_back(std::move(r));
+  // Durable before the VM starts: a restart of oriond restores exactly this.
+  if (Status s = SaveVms(); !s.ok()) {
+    DropRegion(regions_.size() - 1, "its attachment could not be recorded");
+    return "error cannot record the attachment (" + s.message() + "); set state_file in [orion] of server.conf";
+  }
+  log_->info("VM {}: attached {} with vGPUs {} ({} channels: {} CUDA processes at once)", vm, path, where, channels,
+             channels);
   return "ok " + where;
 }
 
 std::string Daemon::Detach(const std::string& vm) {
   for (size_t i = 0; i < regions_.size(); ++i) {
-    Region& r = regions_[i];
-    if (r.vm != vm) continue;
-    for (Channel& c : r.channels) {
-      if (c.state != Channel::kServing) continue;
-      kill(c.pid, SIGTERM);
-      int status = 0;
-      for (int k = 0; k < 200 && waitpid(c.pid, &status, WNOHANG) == 0; ++k) usleep(10000);
-      if (waitpid(c.pid, &status, WNOHANG) == 0) {
-        kill(c.pid, SIGKILL);
-        waitpid(c.pid, &status, 0);
-      }
-      log_->info("Session {} exits (VM {} stopped).", c.session, vm);
-      --serving_;
-    }
-    pool_->Release(r.reserved);
-    if (link_) link_->Unassign(vm);
-    log_->info("VM {}: detached {}", vm, r.map->path());
-    regions_.erase(regions_.begin() + static_cast<std::ptrdiff_t>(i));
+    if (regions_[i].vm != vm) continue;
+    DropRegion(i, "stopped");
+    (void)SaveVms();
     return "ok";
   }
   return "ok not attached";
@@ -876,12 +1016,13 @@ void Daemon::Admit(Region& r, uint32_t index) {
   std::string allocation_id;
   if (!r.vm.empty()) {
     // A VM's session runs on the VM's own reserved vGPUs only.
-    if (hello.vgpu_count > r.reserved.size()) {
-      placements = ResourceExhausted("ORION_VGPU=" + std::to_string(hello.vgpu_count) + " is more than VM " + r.vm +
-                                     " has (" + std::to_string(r.reserved.size()) + ")");
-    } else if (hello.gmem_mib != 0 && (hello.gmem_mib << 20) > r.reserved[0].quota_bytes) {
-      placements = InvalidArgument("ORION_GMEM=" + std::to_string(hello.gmem_mib) + " MiB is more than VM " + r.vm +
-                                   "'s vGPUs have (" + std::to_string(r.reserved[0].quota_bytes >> 20) + " MiB)");
+    const ivshmem::VmLimits vm = LimitsOf(r.reserved);
+    const std::string has = "VM " + r.vm + " has " + std::to_string(vm.vgpus) + " vGPU(s) of " +
+                            std::to_string(vm.gmem_bytes >> 20) + " MiB";
+    if (hello.vgpu_count > vm.vgpus) {
+      placements = ResourceExhausted("ORION_VGPU=" + std::to_string(hello.vgpu_count) + " is more than " + has);
+    } else if (hello.gmem_mib != 0 && hello.gmem_mib > (vm.gmem_bytes >> 20)) {
+      placements = InvalidArgument("ORION_GMEM=" + std::to_string(hello.gmem_mib) + " MiB is more than " + has);
     } else {
       std::vector<Placement> mine(r.reserved.begin(), r.reserved.begin() + hello.vgpu_count);
       if (hello.gmem_mib != 0) {
@@ -1050,9 +1191,13 @@ void Daemon::Reap() {
 }
 
 int Daemon::Run() {
-  uint64_t last_beat = 0;
+  uint64_t last_beat = 0, last_vm_check = 0;
   while (!stop_.load()) {
     const uint64_t now = NowMs();
+    if (now - last_vm_check >= 1000) {
+      DropGoneVms();
+      last_vm_check = now;
+    }
     if (now - last_beat >= 100) {
       for (Region& r : regions_) {
         if (!RegionIntact(r)) continue;

@@ -56,6 +56,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1024));
   std::string control;
   app.add_option("--control-socket", control, "admin socket for the libvirt hook and orion-vm ('' = none)");
+  std::string state_file;
+  app.add_option("--state-file", state_file, "where oriond keeps its VM attachments (default /var/lib/orion/vms.json; '' = not kept)");
   app.add_option("--lease-timeout-ms", lease_ms, "free a client's vGPUs this long after its lease stops")
       ->check(CLI::Range(200, 600000));
   CLI11_PARSE(app, argc, argv);
@@ -90,6 +92,7 @@ int main(int argc, char** argv) {
   if (sim_workers != 0) c.sim_workers = sim_workers;
   if (lease_ms != 0) c.lease_timeout_ms = lease_ms;
   if (app.count("--control-socket") > 0) c.control_socket = control;
+  if (app.count("--state-file") > 0) c.state_file = state_file;
 
   if (daemonize && daemon(0, 0) != 0) {
     std::perror("oriond: daemon");

@@ -95,14 +95,18 @@ int RuntimeClient() {
   uint32_t used = 0;
   for (uint32_t i = 0; i < h->channel_count; ++i) used += h->channels[i].state.load() != orion::ivshmem::kChannelFree;
   Row("Region size :", std::to_string(h->region_bytes >> 20) + " MiB");
-  Row("Channels :", std::to_string(h->channel_count) + " (" + std::to_string(used) + " in use)");
+  Row("Channels :", std::to_string(h->channel_count) + " (" + std::to_string(used) + " in use; one per CUDA process)");
+  if ((h->features & orion::ivshmem::kFeatureVmLimits) != 0) {
+    // What the host gave this VM: processes need no ORION_VGPU / ORION_GMEM (they may ask for less).
+    Row("vGPUs of this VM :", std::to_string(h->vm_vgpus) + " x " + std::to_string(h->vm_gmem_bytes >> 20) + " MiB");
+  }
   std::printf("Checking Orion Server status ...\n");
   const uint64_t beat = h->server_heartbeat.load();
   timespec ts{0, 350000000};
   nanosleep(&ts, nullptr);
   const bool alive = h->server_heartbeat.load() != beat;
   Row("Orion Server serves this region", YesNo(alive));
-  if (!alive) std::printf("oriond does not answer through this region (heartbeat stopped).\n");
+  if (!alive) std::printf("No oriond serves this region (its heartbeat has stopped): start oriond on the host.\n");
   bool ok = alive;
   if (!controller.empty()) ok &= ControllerStatus(controller, orion::ivshmem::ClientControllerKey());
   return ok ? 0 : 1;

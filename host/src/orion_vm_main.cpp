@@ -1,9 +1,11 @@
 // orion-vm: gives a libvirt domain Orion vGPUs, and is the libvirt qemu hook.
 //
-//   orion-vm enable DOMAIN --vgpus N --gmem MIB [--shm-mib S] [-c URI]
+//   orion-vm enable DOMAIN --vgpus N --gmem MIB [--processes P] [--shm-mib S] [-c URI]
 //        adds <shmem name='orionsock-DOMAIN'><model type='ivshmem-plain'/><size unit='M'>S</size>
-//        </shmem> and the vGPU request (<metadata><orion:vgpu count= gmem=/>) to the persistent
-//        definition (virsh define), and attaches the device live when libvirt allows it
+//        </shmem> and the vGPU request (<metadata><orion:vgpu count= gmem= processes=/>) to the
+//        persistent definition (virsh define); takes effect at the domain's next start. P CUDA
+//        processes may run in the VM at once (one channel each, default 4); S defaults to P times
+//        shm_buffer_size (server.conf, 64 MiB) rounded up to a power of two
 //   orion-vm disable DOMAIN [-c URI]      removes both
 //   orion-vm status DOMAIN [-c URI]       the request, the region, oriond's view
 //   orion-vm hook DOMAIN OP SUBOP [EXTRA] (installed as /etc/libvirt/hooks/qemu; domain XML on stdin)
@@ -23,6 +25,7 @@
 #include <libxml/xpathInternals.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -42,7 +45,16 @@ constexpr const char* kNs = "http://orion-vgpu.org/xmlns/libvirt/1.0";
 struct VgpuRequest {
   uint32_t count = 1;
   uint64_t gmem_mib = 0;
+  uint32_t processes = 0;  // 0: not in the XML (an older orion-vm): oriond's shm_buffer_size decides
 };
+
+constexpr uint32_t kMaxProcesses = 30;             // channels in a region (ivshmem::kMaxChannels)
+constexpr uint64_t kMinChannelMib = 4;             // ivshmem::kMinChannelBytes
+uint64_t Pow2Ceil(uint64_t v) {
+  uint64_t p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
 struct Shmem {
   std::string name;
   uint64_t bytes = 0;
@@ -123,10 +135,16 @@ bool ParseDomain(const std::string& xml, std::optional<Shmem>* shm, VgpuRequest*
     xmlNodePtr n = r->nodesetval->nodeTab[0];
     xmlChar* count = xmlGetProp(n, BAD_CAST "count");
     xmlChar* gmem = xmlGetProp(n, BAD_CAST "gmem");
+    xmlChar* procs = xmlGetProp(n, BAD_CAST "processes");
     if (count != nullptr) req->count = static_cast<uint32_t>(std::strtoul(reinterpret_cast<char*>(count), nullptr, 10));
     if (gmem != nullptr) req->gmem_mib = std::strtoull(reinterpret_cast<char*>(gmem), nullptr, 10);
+    if (procs != nullptr) {
+      req->processes = static_cast<uint32_t>(
+          std::min<unsigned long>(std::strtoul(reinterpret_cast<char*>(procs), nullptr, 10), kMaxProcesses));
+    }
     xmlFree(count);
     xmlFree(gmem);
+    xmlFree(procs);
   }
   xmlXPathFreeObject(r);
   xmlXPathFreeContext(ctx);
@@ -214,8 +232,9 @@ int Hook(const orion::host::ServerConfig& conf, const std::string& domain, const
     return 1;
   }
   close(fd);
-  const std::string reply = Oriond(conf.control_socket, "attach " + domain + " " + path + " " +
-                                                           std::to_string(req.count) + " " + std::to_string(req.gmem_mib));
+  const std::string reply =
+      Oriond(conf.control_socket, "attach " + domain + " " + path + " " + std::to_string(req.count) + " " +
+                                      std::to_string(req.gmem_mib) + " " + std::to_string(req.processes));
   if (reply.rfind("ok", 0) != 0) {
     std::cerr << "orion: cannot start " << domain << ": " << reply.substr(reply.find(' ') + 1) << "\n";
     return 1;
@@ -223,13 +242,21 @@ int Hook(const orion::host::ServerConfig& conf, const std::string& domain, const
   return 0;
 }
 
-int Enable(const std::string& uri, const std::string& domain, uint32_t vgpus, uint64_t gmem, uint64_t shm_mib) {
+int Enable(const orion::host::ServerConfig& conf, const std::string& uri, const std::string& domain, uint32_t vgpus,
+           uint64_t gmem, uint64_t shm_mib, uint32_t processes) {
   if (!SafeName(domain)) {
     std::cerr << "orion-vm: domain name '" << domain << "' has characters Orion cannot use in a file name\n";
     return 1;
   }
-  if (shm_mib == 0 || (shm_mib & (shm_mib - 1)) != 0) {
+  // One channel per CUDA process, each about shm_buffer_size (its staging and pinned memory).
+  if (shm_mib == 0) shm_mib = Pow2Ceil(uint64_t{processes} * conf.shm_buffer_size_mib);
+  if ((shm_mib & (shm_mib - 1)) != 0) {
     std::cerr << "orion-vm: --shm-mib must be a power of two (an ivshmem BAR)\n";
+    return 1;
+  }
+  if (((shm_mib << 20) - 4096) / processes < (kMinChannelMib << 20)) {
+    std::cerr << "orion-vm: a region of " << shm_mib << " MiB is too small for " << processes
+              << " processes (each needs at least " << kMinChannelMib << " MiB)\n";
     return 1;
   }
   int rc = 0;
@@ -281,9 +308,11 @@ int Enable(const std::string& uri, const std::string& domain, uint32_t vgpus, ui
   xmlSetNs(v, xmlNewNs(v, BAD_CAST kNs, BAD_CAST "orion"));
   xmlNewProp(v, BAD_CAST "count", BAD_CAST std::to_string(vgpus).c_str());
   xmlNewProp(v, BAD_CAST "gmem", BAD_CAST std::to_string(gmem).c_str());
+  xmlNewProp(v, BAD_CAST "processes", BAD_CAST std::to_string(processes).c_str());
   if (!DefineXml(uri, doc)) return 1;
   std::cout << "Domain " << domain << ": " << vgpus << " vGPU(s) of " << (gmem != 0 ? std::to_string(gmem) : "default")
-            << " MiB through " << shm_name << " (" << shm_mib << " MiB); takes effect at the next start\n";
+            << " MiB, " << processes << " CUDA processes at once, through " << shm_name << " (" << shm_mib
+            << " MiB); takes effect at the next start\n";
   return 0;
 }
 
@@ -327,7 +356,9 @@ int Status(const orion::host::ServerConfig& conf, const std::string& uri, const 
     std::cout << "Domain " << domain << ": no Orion vGPUs (orion-vm enable " << domain << " ...)\n";
     return 0;
   }
-  std::cout << "Domain " << domain << ": " << req.count << " vGPU(s), gmem " << req.gmem_mib << " MiB, region "
+  std::cout << "Domain " << domain << ": " << req.count << " vGPU(s), gmem " << req.gmem_mib << " MiB, "
+            << (req.processes != 0 ? std::to_string(req.processes) : std::string("server-chosen"))
+            << " processes at once, region "
             << conf.shm_path_base << shm->name << " (" << (shm->bytes >> 20) << " MiB)\n";
   std::cout << "oriond: " << Oriond(conf.control_socket, "status") << "\n";
   return 0;
@@ -342,12 +373,16 @@ int main(int argc, char** argv) {
   app.add_option("-c,--connect", uri, "libvirt URI");
   std::string domain, op, subop, extra;
   uint32_t vgpus = 1;
-  uint64_t gmem = 0, shm_mib = 64;
+  uint64_t gmem = 0, shm_mib = 0;
+  uint32_t processes = 4;
   auto* en = app.add_subcommand("enable", "give DOMAIN vGPUs");
   en->add_option("domain", domain)->required();
   en->add_option("--vgpus", vgpus, "number of vGPUs")->check(CLI::Range(1, 16));
   en->add_option("--gmem", gmem, "MiB per vGPU (0: the server's default)");
-  en->add_option("--shm-mib", shm_mib, "size of the ivshmem region (a power of two)");
+  en->add_option("--processes", processes, "CUDA processes that may run in the VM at once (one channel each)")
+      ->check(CLI::Range(1u, kMaxProcesses));
+  en->add_option("--shm-mib", shm_mib,
+                 "size of the ivshmem region, a power of two (default: processes x shm_buffer_size, rounded up)");
   auto* dis = app.add_subcommand("disable", "remove DOMAIN's vGPUs");
   dis->add_option("domain", domain)->required();
   auto* st = app.add_subcommand("status", "show DOMAIN's vGPUs");
@@ -366,7 +401,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   const orion::host::ServerConfig c = conf.ok() ? *conf : orion::host::ServerConfig{};
-  if (en->parsed()) return Enable(uri, domain, vgpus, gmem, shm_mib);
+  if (en->parsed()) return Enable(c, uri, domain, vgpus, gmem, shm_mib, processes);
   if (dis->parsed()) return Disable(uri, domain);
   if (st->parsed()) return Status(c, uri, domain);
   return Hook(c, domain, op);

@@ -202,6 +202,13 @@ Result<uint64_t> MappedRegion::FileBytes() const {
   return static_cast<uint64_t>(st.st_size);
 }
 
+bool MappedRegion::StillAtPath() const {
+  struct stat mine {}, now {};
+  if (fd_ < 0 || ::fstat(fd_, &mine) != 0) return false;
+  if (::stat(path_.c_str(), &now) != 0) return false;
+  return mine.st_dev == now.st_dev && mine.st_ino == now.st_ino;
+}
+
 bool MappedRegion::faulted() const noexcept {
   return guard_slot_ >= 0 && g_guard[guard_slot_].faulted.load(std::memory_order_relaxed) != 0;
 }
@@ -249,7 +256,20 @@ MappedRegion& MappedRegion::operator=(MappedRegion&& o) noexcept {
 
 MappedRegion::~MappedRegion() { Release(); }
 
-Status FormatRegion(uint8_t* base, uint64_t region_bytes, uint64_t channel_bytes) {
+Result<uint64_t> ChannelBytesFor(uint64_t region_bytes, uint32_t processes) {
+  if (processes == 0 || processes > kMaxChannels) {
+    return InvalidArgument("processes must be 1.." + std::to_string(kMaxChannels));
+  }
+  const uint64_t ch = region_bytes > kHeaderBytes ? ((region_bytes - kHeaderBytes) / processes) & ~uint64_t{4095} : 0;
+  if (ch < kMinChannelBytes) {
+    return InvalidArgument("a region of " + std::to_string(region_bytes >> 20) + " MiB is too small for " +
+                           std::to_string(processes) + " processes (each needs at least " +
+                           std::to_string(kMinChannelBytes >> 20) + " MiB)");
+  }
+  return ch;
+}
+
+Status FormatRegion(uint8_t* base, uint64_t region_bytes, uint64_t channel_bytes, const VmLimits* vm) {
   const uint32_t n = ChannelCountFor(region_bytes, channel_bytes);
   if (n == 0) {
     return InvalidArgument("region of " + std::to_string(region_bytes >> 20) +
@@ -269,6 +289,11 @@ Status FormatRegion(uint8_t* base, uint64_t region_bytes, uint64_t channel_bytes
   uint64_t epoch = 0;
   if (getrandom(&epoch, sizeof epoch, 0) != static_cast<ssize_t>(sizeof epoch)) epoch = static_cast<uint64_t>(time(nullptr));
   h->server_epoch = epoch;
+  if (vm != nullptr) {
+    h->features |= kFeatureVmLimits;
+    h->vm_vgpus = vm->vgpus;
+    h->vm_gmem_bytes = vm->gmem_bytes;
+  }
   for (uint32_t i = 0; i < n; ++i) {
     // Only the ring cursors need zeroing; window bytes are the client's business.
     const ChannelLayout l = ChannelLayout::Compute(channel_bytes);

@@ -1,7 +1,10 @@
 #include "orion/ivshmem/region.h"
 
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <unistd.h>
+
+#include <vector>
 
 #include "orion/ivshmem/ring.h"
 
@@ -19,7 +22,11 @@ TEST(RegionLayout, HeaderIsPinned) {
   EXPECT_EQ(offsetof(RegionHeader, channel_count), 24u);
   EXPECT_EQ(offsetof(RegionHeader, channel_bytes), 32u);
   EXPECT_EQ(offsetof(RegionHeader, server_heartbeat), 40u);
+  EXPECT_EQ(offsetof(RegionHeader, features), 56u);
+  EXPECT_EQ(offsetof(RegionHeader, vm_vgpus), 60u);
+  EXPECT_EQ(offsetof(RegionHeader, vm_gmem_bytes), 64u);
   EXPECT_EQ(offsetof(RegionHeader, channels), 128u);
+  EXPECT_EQ(kFeatureVmLimits, 1u);
 }
 
 TEST(RegionLayout, ChannelLayoutFitsAndIsAligned) {
@@ -113,6 +120,56 @@ TEST(Region, ServedRegionHasOneOwner) {
     EXPECT_TRUE(MappedRegion::Open(path).ok());  // clients do not take the lock
   }
   EXPECT_TRUE(MappedRegion::OpenServed(path).ok());  // released with the first mapping
+  unlink(path);
+}
+
+// A VM's region: its limits are published with a feature bit; a host region has none.
+TEST(Region, VmLimitsArePublished) {
+  std::vector<uint8_t> mem(8ull << 20);
+  ASSERT_TRUE(FormatRegion(mem.data(), mem.size(), 4ull << 20).ok());
+  EXPECT_EQ(Header(mem.data())->features & kFeatureVmLimits, 0u);
+  EXPECT_EQ(Header(mem.data())->vm_vgpus, 0u);
+  const VmLimits vm{2, 3000ull << 20};
+  ASSERT_TRUE(FormatRegion(mem.data(), mem.size(), 4ull << 20, &vm).ok());
+  auto h = ValidateHeader(mem.data(), mem.size());
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ((*h)->features & kFeatureVmLimits, kFeatureVmLimits);
+  EXPECT_EQ((*h)->vm_vgpus, 2u);
+  EXPECT_EQ((*h)->vm_gmem_bytes, 3000ull << 20);
+}
+
+// Channels for N processes: the region split evenly after the header page, 4096-aligned.
+TEST(Region, ChannelBytesForProcesses) {
+  auto ch = ChannelBytesFor(256ull << 20, 4);
+  ASSERT_TRUE(ch.ok());
+  EXPECT_EQ(*ch % 4096, 0u);
+  EXPECT_EQ(ChannelCountFor(256ull << 20, *ch), 4u);
+  EXPECT_GT(*ch, 63ull << 20);
+  ch = ChannelBytesFor(64ull << 20, 4);
+  ASSERT_TRUE(ch.ok());
+  EXPECT_EQ(ChannelCountFor(64ull << 20, *ch), 4u);
+  EXPECT_EQ(ChannelBytesFor(16ull << 20, 4).status().code(), Code::kInvalidArgument);
+  EXPECT_NE(ChannelBytesFor(16ull << 20, 4).status().message().find("too small for 4 processes"), std::string::npos);
+  EXPECT_FALSE(ChannelBytesFor(1ull << 30, 0).ok());
+  EXPECT_FALSE(ChannelBytesFor(1ull << 30, kMaxChannels + 1).ok());
+}
+
+// A served file that is removed (or replaced) is noticed: a VM's region after the VM stopped.
+TEST(Region, ServedMappingKnowsWhenItsFileIsGone) {
+  char path[] = "/tmp/orion_region_testXXXXXX";
+  int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 8ull << 20), 0);
+  close(fd);
+  auto r = MappedRegion::OpenServed(path);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->StillAtPath());
+  unlink(path);
+  EXPECT_FALSE(r->StillAtPath());
+  fd = open(path, O_CREAT | O_RDWR, 0600);  // a new file under the old name is another file
+  ASSERT_GE(fd, 0);
+  close(fd);
+  EXPECT_FALSE(r->StillAtPath());
   unlink(path);
 }
 

@@ -36,14 +36,22 @@ class Oriond:
         conf.write_text(conf_text if conf_text is not None else
                         f"[server]\n    vgpu_count = 4\n[server-shm]\n    shm_buffer_size = {channel_mib}\n")
         self.stderr = open(tmp / "oriond.stderr", "w")
-        self.proc = subprocess.Popen(
+        self.argv = (
             (["ip", "netns", "exec", netns] if netns else []) + [PREFIX / "bin" / "oriond", "--config", conf, "--backend", backend, "--foreground",
              "--log-dir", self.logs, "--shm", self.region, "--cache-dir", tmp / "cache",
              "--sim-launch-log", self.launch_log, "--lease-timeout-ms", "1000",
-             "--control-socket", tmp / "oriond.sock", "-p", str(tcp_port), *extra_args],
-            stdout=subprocess.DEVNULL, stderr=self.stderr)
+             "--control-socket", tmp / "oriond.sock", "--state-file", tmp / "vms.json", "-p", str(tcp_port),
+             *extra_args])
+        self.start()
+
+    def start(self):
+        """Starts oriond (again, after stop(): same arguments, same region and state file)."""
+        if self.stderr.closed:
+            self.stderr = open(self.tmp / "oriond.stderr", "a")
+        starts = self.log().count("Orion Server listens")
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=self.stderr)
         deadline = time.time() + 20
-        while "Orion Server listens" not in self.log():
+        while self.log().count("Orion Server listens") == starts:
             assert self.proc.poll() is None, f"oriond exited: {self.read_stderr()}"
             assert time.time() < deadline, "oriond did not start"
             time.sleep(0.05)

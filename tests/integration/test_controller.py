@@ -438,6 +438,38 @@ def test_shm_clients_are_allocated_by_oriond_and_vms_get_assignments(cluster):
         time.sleep(0.1)
 
 
+def test_a_vm_keeps_its_assignment_across_an_oriond_restart(cluster):
+    a = cluster.servers[0]
+    region = a.tmp / "orionsock-vm1"
+    subprocess.run([PREFIX / "bin" / "orion-shm", "-i", "1", "-s", "64", "-d", a.tmp], check=True, capture_output=True)
+    os.rename(a.tmp / "orionsock1", region)
+
+    def control(line):
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(str(a.tmp / "oriond.sock"))
+            s.sendall(line.encode() + b"\n")
+            return s.makefile().readline().strip()
+
+    assert control(f"attach vm1 {region} 2 1024 4").startswith("ok")
+    before = cluster.ctl.get("/v1/assignments")
+    a.stop()
+    a.start()
+    assert "VM vm1: restored" in a.log()
+    cluster.wait_up(len(cluster.servers))
+    after = cluster.ctl.get("/v1/assignments")
+    assert [v["placements"] for v in after] == [v["placements"] for v in before], (before, after)
+    env = {k: v for k, v in a.env().items() if k not in ("ORION_VGPU", "ORION_GMEM")}
+    env["ORION_SHM"] = str(region)
+    r = subprocess.run([str(TEST_BIN / "device_props")], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "PROP deviceCount=2" in r.stdout and f"PROP totalGlobalMem={1024 << 20}" in r.stdout, \
+        r.stdout + r.stderr
+    assert control("detach vm1") == "ok"
+    deadline = time.time() + 5
+    while cluster.ctl.get("/v1/assignments"):
+        assert time.time() < deadline
+        time.sleep(0.1)
+
+
 def test_orion_check_and_orion_smi_report_the_state(cluster):
     p = cluster.sleeper(100, ORION_VGPU=2, ORION_GMEM=1000)
     try:

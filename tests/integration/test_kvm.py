@@ -1,10 +1,22 @@
 """The KVM path without a KVM: a QEMU (TCG) guest whose only link to the host is an ivshmem-plain
 device backed by an Orion region; oriond runs on the host (sim backend). Unmodified nvcc programs in
 the guest find the device, map its BAR2 and run; their results are checked from the host (serial
-console and the sim launch log)."""
+console and the sim launch log).
+
+The first tests need no QEMU: a VM's region is attached the way libvirt does it (`orion-vm hook
+DOMAIN prepare` with the domain XML on stdin) and a "guest" process on the host maps that region
+file (ORION_SHM), which is what BAR2 is inside the VM. oriond runs as scripts/install-server
+configures it (enable_shm and enable_kvm on, regions found in shm_path_base) and is restarted with
+its state file."""
+import grp
+import os
+import pwd
 import re
+import signal
+import socket
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +31,229 @@ PROGRAMS = ["device_props", "kernel_params", "driver_api", "memory", "threads", 
 class Result:
     def __init__(self, rc, out):
         self.returncode, self.stdout, self.stderr = rc, out, ""
+
+
+class VmHost:
+    """oriond with enable_shm and enable_kvm on (install-server's server.conf), regions in its own
+    shm_path_base, VMs attached through orion-vm's hook; restartable (the state file stays)."""
+
+    def __init__(self, tmp: Path, vgpu_count=4):
+        self.tmp = tmp
+        self.shm = tmp / "shm"
+        self.shm.mkdir()
+        self.logs = tmp / "logs"
+        self.state = tmp / "lib" / "vms.json"
+        self.conf = tmp / "server.conf"
+        user, group = pwd.getpwuid(os.getuid()).pw_name, grp.getgrgid(os.getgid()).gr_name
+        self.conf.write_text(f"""[server]
+    enable_shm = "true"
+    enable_kvm = "true"
+    vgpu_count = {vgpu_count}
+[server-shm]
+    shm_path_base = "{self.shm}/"
+    shm_user_name = "{user}"
+    shm_group_name = "{group}"
+    shm_buffer_size = 16
+[orion]
+    control_socket = {tmp}/oriond.sock
+    state_file = {self.state}
+""")
+        self.proc = None
+        self.start()
+
+    def start(self):
+        starts = self.log().count("Orion Server listens")
+        self.proc = subprocess.Popen([PREFIX / "bin" / "oriond", "--config", self.conf, "--backend", "sim",
+                                      "--log-dir", self.logs, "--cache-dir", self.tmp / "cache", "-p", "0",
+                                      "--lease-timeout-ms", "1000"],
+                                     stdout=subprocess.DEVNULL, stderr=open(self.tmp / "oriond.err", "a"))
+        deadline = time.time() + 20
+        while self.log().count("Orion Server listens") == starts:
+            assert self.proc.poll() is None, (self.tmp / "oriond.err").read_text()
+            assert time.time() < deadline, "oriond did not start"
+            time.sleep(0.05)
+
+    def stop(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=20)
+
+    def restart(self):
+        self.stop()
+        self.start()
+
+    def log(self):
+        p = self.logs / "server.log"
+        return p.read_text(errors="replace") if p.exists() else ""
+
+    def control(self, line):
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(str(self.tmp / "oriond.sock"))
+            s.sendall(line.encode() + b"\n")
+            return s.makefile().readline().strip()
+
+    def region(self, vm):
+        return self.shm / f"orionsock-{vm}"
+
+    def hook(self, vm, op, vgpus=2, gmem=3000, processes=4, shm_mib=64):
+        """libvirt's qemu hook for domain `vm` (what `orion-vm enable` put in its XML)."""
+        procs = f' processes="{processes}"' if processes is not None else ""
+        xml = f"""<domain type='qemu'><name>{vm}</name>
+  <metadata><orion:vgpu xmlns:orion="http://orion-vgpu.org/xmlns/libvirt/1.0" count="{vgpus}" gmem="{gmem}"{procs}/></metadata>
+  <devices><shmem name='orionsock-{vm}'><model type='ivshmem-plain'/><size unit='M'>{shm_mib}</size></shmem></devices>
+</domain>"""
+        return subprocess.run([PREFIX / "bin" / "orion-vm", "hook", vm, op, "begin", "-"], input=xml, text=True,
+                              capture_output=True, env=dict(os.environ, ORION_SERVER_CONF=str(self.conf)), timeout=60)
+
+    def env(self, vm, **extra):
+        """A process of VM `vm`: its region, and no ORION_VGPU / ORION_GMEM unless given."""
+        env = {k: v for k, v in os.environ.items() if k not in ("ORION_VGPU", "ORION_GMEM")}
+        env.update({"LD_LIBRARY_PATH": str(PREFIX / "lib" / "orion"), "ORION_SHM": str(self.region(vm))})
+        env.update({k: str(v) for k, v in extra.items()})
+        return env
+
+    def run(self, vm, program, *args, **extra):
+        return subprocess.run([str(TEST_BIN / program), *map(str, args)], env=self.env(vm, **extra),
+                              capture_output=True, text=True, timeout=120)
+
+    def popen(self, vm, program, *args, **extra):
+        return subprocess.Popen([str(TEST_BIN / program), *map(str, args)], env=self.env(vm, **extra),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.fixture
+def vm_host(tmp_path):
+    h = VmHost(tmp_path)
+    yield h
+    h.stop()
+
+
+def wait_ready(proc):
+    line = ""
+    while "READY" not in line:
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read()
+
+
+def assert_has_the_vms_limits(h, vm, vgpus=2, gmem=3000):
+    """A process of the VM with no ORION_VGPU/ORION_GMEM gets all the VM has; more is refused."""
+    r = h.run(vm, "device_props")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"PROP deviceCount={vgpus}" in r.stdout, r.stdout
+    assert f"PROP totalGlobalMem={gmem << 20}" in r.stdout, r.stdout
+    r = h.run(vm, "device_props", ORION_VGPU=vgpus + 1)
+    assert r.returncode != 0
+    assert f"ORION_VGPU={vgpus + 1} is more than this VM has {vgpus} vGPU(s) of {gmem} MiB" in r.stderr, r.stderr
+    r = h.run(vm, "device_props", ORION_GMEM=gmem + 1)
+    assert r.returncode != 0
+    assert f"ORION_GMEM={gmem + 1} MiB is more than this VM has {vgpus} vGPU(s) of {gmem} MiB" in r.stderr, r.stderr
+    # Less is fine.
+    r = h.run(vm, "device_props", ORION_VGPU=1, ORION_GMEM=1000)
+    assert r.returncode == 0 and "PROP deviceCount=1" in r.stdout and f"PROP totalGlobalMem={1000 << 20}" in r.stdout, \
+        r.stdout + r.stderr
+
+
+def test_a_vm_process_needs_no_orion_vgpu_or_gmem(vm_host):
+    r = vm_host.hook("vm1", "prepare")
+    assert r.returncode == 0, r.stderr
+    assert_has_the_vms_limits(vm_host, "vm1")
+    # orion-check in the guest says what the VM has and how many processes it may run.
+    r = subprocess.run([PREFIX / "bin" / "orion-check", "runtime", "client"], env=vm_host.env("vm1"),
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"vGPUs of this VM :\s+2 x 3000 MiB", r.stdout), r.stdout
+    assert re.search(r"Channels :\s+4 \(\d in use; one per CUDA process\)", r.stdout), r.stdout
+
+
+def test_oriond_restart_changes_nothing_a_vm_sees(vm_host):
+    h = vm_host
+    assert h.hook("vm1", "prepare").returncode == 0
+    assert "vgpus_free=2" in h.control("status")
+    sleeper = h.popen("vm1", "sleeper", "16")  # a process of the VM while oriond restarts
+    try:
+        wait_ready(sleeper)
+        h.restart()
+        assert "VM vm1: restored" in h.log()
+        # The VM still holds its two vGPUs; its region was not taken for a host region.
+        status = h.control("status")
+        assert "vgpus_free=2" in status and "vm=vm1:2" in status, status
+        assert f"Using SHM {h.region('vm1')} for acceleration (4 channels" in h.log().split("Orion Server listens")[-2]
+        assert_has_the_vms_limits(h, "vm1")
+        # The process that ran across the restart lost its session (oriond's workers end with it).
+        assert sleeper.poll() is None or sleeper.returncode != 0
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    # The VM stops and starts again: no "already served".
+    assert h.hook("vm1", "release").returncode == 0
+    assert not h.region("vm1").exists()
+    assert "vgpus_free=4" in h.control("status")
+    r = h.hook("vm1", "prepare")
+    assert r.returncode == 0, r.stderr
+    assert_has_the_vms_limits(h, "vm1")
+
+
+def test_a_vm_that_stopped_while_oriond_was_down_starts_again(vm_host):
+    h = vm_host
+    assert h.hook("vm1", "prepare").returncode == 0
+    h.stop()
+    h.hook("vm1", "release")  # oriond is down: the hook can only remove the file
+    assert not h.region("vm1").exists()
+    h.start()
+    assert "VM vm1: its region" in h.log() and "is gone" in h.log()
+    assert "vgpus_free=4" in h.control("status")
+    r = h.hook("vm1", "prepare")
+    assert r.returncode == 0, r.stderr
+    assert_has_the_vms_limits(h, "vm1")
+    # The file removed behind oriond's back (no release hook): the next start still attaches.
+    os.unlink(h.region("vm1"))
+    r = h.hook("vm1", "prepare")
+    assert r.returncode == 0, r.stderr
+    assert "vgpus_free=2" in h.control("status")
+
+
+def test_a_corrupt_state_file_is_a_clear_error(vm_host):
+    h = vm_host
+    h.stop()
+    h.state.parent.mkdir(parents=True, exist_ok=True)
+    h.state.write_text('{"version": 1, "vms": [{"vm": "x"}]}')
+    r = subprocess.run([PREFIX / "bin" / "oriond", "--config", h.conf, "--backend", "sim", "--log-dir", h.logs,
+                        "-p", "0"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1
+    assert f"{h.state} is corrupt: vms[0].region is missing" in r.stderr, r.stderr
+    assert "fix or remove the file" in r.stderr
+
+
+def test_several_processes_in_one_vm(vm_host):
+    h = vm_host
+    assert h.hook("vm1", "prepare").returncode == 0  # processes=4, as orion-vm enable writes by default
+    procs = [h.popen("vm1", "sleeper", "16") for _ in range(4)]
+    try:
+        for p in procs:
+            wait_ready(p)
+        r = h.run("vm1", "device_props")
+        assert r.returncode != 0
+        assert "all 4 channels of" in r.stderr and "are in use by other CUDA processes" in r.stderr, r.stderr
+        assert "orion-vm enable <domain> --processes N" in r.stderr, r.stderr
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_a_region_nobody_serves_is_not_in_use(vm_host):
+    h = vm_host
+    assert h.hook("vm1", "prepare", processes=2, shm_mib=32).returncode == 0
+    h.stop()
+    # More processes than channels: each is told no oriond serves the region, none that it is full.
+    for _ in range(3):
+        r = h.run("vm1", "device_props", ORION_HANDSHAKE_TIMEOUT_MS=1500)
+        assert r.returncode != 0
+        assert f"no oriond serves {h.region('vm1')}" in r.stderr, r.stderr
+        assert "in use" not in r.stderr, r.stderr
+    r = subprocess.run([PREFIX / "bin" / "orion-check", "runtime", "client"], env=h.env("vm1"),
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and "No oriond serves this region" in r.stdout, r.stdout
 
 
 @pytest.fixture(scope="module")
@@ -96,3 +331,42 @@ def test_hostile_guest_only_loses_its_own_session(tmp_path, kernel, initrd):
         assert "protocol violation" in d.log() + d.session_logs() or "invalid first frame" in d.log()
     finally:
         d.stop()
+
+
+def test_a_guest_keeps_its_limits_across_an_oriond_restart(tmp_path, kernel, initrd):
+    # A real guest (QEMU TCG, the region as its ivshmem BAR2) with no ORION_VGPU / ORION_GMEM: one
+    # program before oriond restarts, one after; both see exactly the VM's 2 vGPUs of 3000 MiB.
+    h = VmHost(tmp_path)
+    try:
+        assert h.hook("vm1", "prepare", vgpus=2, gmem=3000, processes=4, shm_mib=64).returncode == 0
+        result = {}
+
+        def guest():
+            result["console"] = vm.boot(kernel, initrd, ["device_props", "sleep:12", "device_props",
+                                                         "orion-check:runtime:client"],
+                                        region=h.region("vm1"), region_mib=64, gmem=None, vgpu=None,
+                                        log=tmp_path / "console.log")
+
+        t = threading.Thread(target=guest)
+        t.start()
+        deadline = time.time() + 240
+        while "exits (client exited)" not in h.log():
+            assert t.is_alive() and time.time() < deadline, result.get("console", "")[-3000:]
+            time.sleep(0.2)
+        h.restart()  # while the guest sleeps
+        t.join()
+        console = result["console"]
+        runs = re.findall(r"=== BEGIN device_props\r?\n(.*?)=== END device_props rc=(\d+)", console, re.S)
+        assert len(runs) == 2, console[-4000:]
+        for text, rc in runs:
+            assert rc == "0", text
+            assert "PROP deviceCount=2" in text and f"PROP totalGlobalMem={3000 << 20}" in text, text
+        rc, text = vm.outputs(console)["orion-check"]
+        assert rc == 0 and re.search(r"vGPUs of this VM :\s+2 x 3000 MiB", text), text
+        assert "VM vm1: restored" in h.log()
+        # The VM powers off and starts again: no "already served".
+        assert h.hook("vm1", "release").returncode == 0
+        r = h.hook("vm1", "prepare")
+        assert r.returncode == 0, r.stderr
+    finally:
+        h.stop()

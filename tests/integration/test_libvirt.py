@@ -3,6 +3,7 @@ direct kernel boot, `orion-vm enable`, `virsh start`; the qemu hook prepares the
 the VM to oriond; the guest runs an nvcc program over ivshmem; the domain powers off and the hook
 releases the vGPUs. Also a start that the hook refuses for lack of vGPUs. Needs root (CI runs as root)."""
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -17,6 +18,26 @@ from conftest import PREFIX, ROOT, TEST_BIN
 
 V = ["virsh", "-c", "qemu:///system"]
 HOOK = Path("/etc/libvirt/hooks/qemu")
+ORIOND = {}  # the lab's oriond: "proc" (restarted by a test)
+
+
+def start_oriond(d):
+    log = d / "logs" / "server.log"
+    starts = log.read_text().count("Orion Server listens") if log.exists() else 0
+    proc = subprocess.Popen([PREFIX / "bin" / "oriond", "--config", d / "server.conf", "--backend", "sim", "--log-dir",
+                             d / "logs", "--cache-dir", d / "cache", "-p", "0"], stdout=subprocess.DEVNULL,
+                            stderr=open(d / "oriond.err", "a"))
+    deadline = time.time() + 20
+    while (log.read_text().count("Orion Server listens") if log.exists() else 0) == starts:
+        assert proc.poll() is None, (d / "oriond.err").read_text()
+        assert time.time() < deadline, "oriond did not start"
+        time.sleep(0.05)
+    ORIOND["proc"] = proc
+
+
+def stop_oriond():
+    ORIOND["proc"].send_signal(signal.SIGTERM)
+    ORIOND["proc"].wait(timeout=20)
 
 
 def virsh(*args, check=True):
@@ -48,10 +69,9 @@ def lab():
     shm_buffer_size = 16
 [orion]
     control_socket = {d}/oriond.sock
+    state_file = {d}/vms.json
 """)
-    oriond = subprocess.Popen([PREFIX / "bin" / "oriond", "--config", conf, "--backend", "sim", "--log-dir",
-                               d / "logs", "--cache-dir", d / "cache", "-p", "0"], stdout=subprocess.DEVNULL,
-                              stderr=open(d / "oriond.err", "w"))
+    start_oriond(d)
     old_hook = HOOK.read_bytes() if HOOK.exists() else None
     HOOK.parent.mkdir(parents=True, exist_ok=True)
     HOOK.write_text(f"#!/bin/sh\nexport ORION_VM={PREFIX}/bin/orion-vm ORION_SERVER_CONF={conf}\n"
@@ -74,8 +94,7 @@ def lab():
     for name in ("orion-test-a", "orion-test-b"):
         virsh("destroy", name, check=False)
         virsh("undefine", name, check=False)
-    oriond.send_signal(signal.SIGTERM)
-    oriond.wait(timeout=10)
+    stop_oriond()
     if old_hook is None:
         HOOK.unlink()
     else:
@@ -84,7 +103,7 @@ def lab():
         subprocess.run(["pkill", "-x", p])
 
 
-def define(lab, name, run):
+def define(lab, name, run, limits="orion.gmem=256"):
     xml = f"""<domain type='qemu'>
   <name>{name}</name>
   <memory unit='MiB'>512</memory>
@@ -93,7 +112,7 @@ def define(lab, name, run):
     <type arch='x86_64' machine='pc'>hvm</type>
     <kernel>{lab}/vmlinuz</kernel>
     <initrd>{lab}/initrd.gz</initrd>
-    <cmdline>console=ttyS0 panic=-1 quiet orion.run={run} orion.gmem=256</cmdline>
+    <cmdline>console=ttyS0 panic=-1 quiet orion.run={run} {limits}</cmdline>
   </os>
   <features><acpi/></features>
   <on_poweroff>destroy</on_poweroff>
@@ -118,11 +137,12 @@ def wait_off(name, timeout=120):
 def test_domain_gets_its_vgpu_through_the_hook(lab):
     define(lab, "orion-test-a", "device_props")
     r = subprocess.run([PREFIX / "bin" / "orion-vm", "enable", "orion-test-a", "--vgpus", "1", "--gmem", "256"],
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, env=dict(os.environ, ORION_SERVER_CONF=str(lab / "server.conf")))
     assert r.returncode == 0, r.stderr
     xml = virsh("dumpxml", "--inactive", "orion-test-a").stdout
     assert "<shmem name='orionsock-orion-test-a'>" in xml and "ivshmem-plain" in xml
-    assert 'count="1"' in xml and 'gmem="256"' in xml
+    assert 'count="1"' in xml and 'gmem="256"' in xml and 'processes="4"' in xml
+    assert "<size unit='M'>64</size>" in xml  # 4 processes x shm_buffer_size 16
     virsh("start", "orion-test-a")
     wait_off("orion-test-a")
     out = vm.outputs((lab / "orion-test-a.console").read_text(errors="replace"))
@@ -163,3 +183,33 @@ def test_start_is_refused_without_free_vgpus(lab):
     wait_off("orion-test-b")
     rc, text = vm.outputs((lab / "orion-test-b.console").read_text(errors="replace"))["device_props"]
     assert rc == 0, text
+
+
+def test_oriond_restart_while_a_domain_runs(lab):
+    # The guest sets no ORION_VGPU / ORION_GMEM: the VM's own limits, before and after oriond restarts.
+    define(lab, "orion-test-a", "device_props,sleep:15,device_props", limits="orion.vgpu=vm")
+    subprocess.run([PREFIX / "bin" / "orion-vm", "enable", "orion-test-a", "--gmem", "256"], check=True,
+                   capture_output=True)
+    console = lab / "orion-test-a.console"
+    virsh("start", "orion-test-a")
+    deadline = time.time() + 120
+    while "=== END device_props" not in (console.read_text(errors="replace") if console.exists() else ""):
+        assert time.time() < deadline, "the first program did not finish"
+        time.sleep(0.2)
+    stop_oriond()
+    start_oriond(lab)  # while the guest sleeps
+    log = (lab / "logs" / "server.log").read_text()
+    assert "VM orion-test-a: restored /dev/shm/orionsock-orion-test-a" in log
+    wait_off("orion-test-a")
+    text = console.read_text(errors="replace")
+    runs = re.findall(r"=== BEGIN device_props\r?\n(.*?)=== END device_props rc=(\d+)", text, re.S)
+    assert len(runs) == 2, text[-3000:]
+    for out, rc in runs:
+        assert rc == "0" and "PROP deviceCount=1" in out and "PROP totalGlobalMem=268435456" in out, out
+    # It starts again after the restart: no "already served".
+    deadline = time.time() + 10
+    while "VM orion-test-a: detached" not in (lab / "logs" / "server.log").read_text():
+        assert time.time() < deadline, "the release hook did not detach the VM"
+        time.sleep(0.2)
+    virsh("start", "orion-test-a")
+    wait_off("orion-test-a")

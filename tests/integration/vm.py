@@ -17,13 +17,17 @@ INIT = r"""#!/bin/sh
 mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
 mkdir -p /etc /tmp
 /orion-client/install-client -q
-export LD_LIBRARY_PATH=/usr/lib/orion ORION_VGPU=1 PATH=/usr/local/bin:/usr/bin:/bin
+export LD_LIBRARY_PATH=/usr/lib/orion PATH=/usr/local/bin:/usr/bin:/bin
+vgpu=1
 for arg in $(cat /proc/cmdline); do
   case $arg in
     orion.run=*) run=${arg#orion.run=} ;;
     orion.gmem=*) export ORION_GMEM=${arg#orion.gmem=} ;;
+    orion.vgpu=*) vgpu=${arg#orion.vgpu=} ;;
   esac
 done
+# orion.vgpu=vm: no ORION_VGPU, the VM's own count (published in its region) applies.
+if [ "$vgpu" != vm ]; then export ORION_VGPU=$vgpu; fi
 @SETUP@
 for item in $(echo "$run" | tr ',' ' '); do
   prog=${item%%:*}
@@ -81,11 +85,15 @@ def build_initramfs(out: Path, prefix: Path, programs, extra=None, setup="", tea
     return out
 
 
-def boot(kernel, initrd, run, region=None, region_mib=64, gmem=512, timeout=300, log=None, smp=1, mem_mib=512):
-    """Boots the guest; returns the serial console text."""
+def boot(kernel, initrd, run, region=None, region_mib=64, gmem=512, timeout=300, log=None, smp=1, mem_mib=512,
+         vgpu=1):
+    """Boots the guest; returns the serial console text. `gmem` None: no ORION_GMEM in the guest;
+    `vgpu` None: no ORION_VGPU (the VM's own limits apply)."""
+    limits = (f" orion.gmem={gmem}" if gmem is not None else "") + (f" orion.vgpu={vgpu}" if vgpu is not None
+                                                                     else " orion.vgpu=vm")
     cmd = ["qemu-system-x86_64", "-accel", "tcg", "-m", str(mem_mib), "-smp", str(smp), "-nographic", "-no-reboot",
            "-nodefaults", "-serial", "stdio", "-kernel", str(kernel), "-initrd", str(initrd),
-           "-append", f"console=ttyS0 panic=-1 quiet orion.run={','.join(run)} orion.gmem={gmem}"]
+           "-append", f"console=ttyS0 panic=-1 quiet orion.run={','.join(run)}{limits}"]
     if region is not None:
         cmd += ["-object", f"memory-backend-file,id=m,share=on,mem-path={region},size={region_mib}M",
                 "-device", "ivshmem-plain,memdev=m"]

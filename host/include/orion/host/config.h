@@ -54,6 +54,9 @@ struct ServerConfig {
   uint64_t lease_timeout_ms = 3000;
   std::string cuda_driver = "libcuda.so.1";
   std::string control_socket = "/run/orion/oriond.sock";
+  // [orion] state_file / --state-file: the VMs attached to this oriond (vm_state.h), restored at
+  // start so a restart changes nothing a running VM sees. "" = not kept (attachments die with oriond).
+  std::string state_file = "/var/lib/orion/vms.json";
   uint64_t net_stall_ms = 30000;  // [orion] net_stall_ms: a network client silent mid-frame this long is dropped
   std::string client_key;  // [orion] client_key: network clients must present it (ORION_KEY); "" = open  // root-only admin socket (libvirt hook, orion-vm)
 };

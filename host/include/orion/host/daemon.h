@@ -59,6 +59,9 @@ class Daemon {
     // own reserved vGPUs, never the shared pool.
     std::string vm;
     std::vector<Placement> reserved;
+    uint32_t vgpus_asked = 0;      // the attach request, kept in the state file
+    uint64_t gmem_asked_mib = 0;
+    uint32_t processes = 0;        // channels asked for (0: shm_buffer_size decides)
     uint64_t epoch = 0;     // the server_epoch FormatRegion wrote (a copy: the header is hostile)
     bool severed = false;   // a tenant broke the region: no longer served (RegionIntact)
   };
@@ -76,9 +79,23 @@ class Daemon {
   Status OpenControlSocket();
   void ServeControl();
   std::string Control(const std::string& line);
-  std::string Attach(const std::string& vm, const std::string& path, uint32_t vgpus, uint64_t gmem_mib);
+  std::string Attach(const std::string& vm, const std::string& path, uint32_t vgpus, uint64_t gmem_mib,
+                     uint32_t processes);
   std::string Detach(const std::string& vm);
-  Status AddRegion(const std::string& path, Region* out);
+  // Formats and maps a region: `processes` > 0 splits it into that many channels, else channels
+  // of shm_buffer_size; `vm` publishes a VM's limits in its header.
+  Status AddRegion(const std::string& path, Region* out, uint32_t processes = 0,
+                   const ivshmem::VmLimits* vm = nullptr);
+  // Ends the sessions of regions_[i], gives its vGPUs back (and the controller assignment) and
+  // stops serving it.
+  void DropRegion(size_t i, const std::string& why);
+  // VM attachments: restored from config_.state_file at start (before any other region is served),
+  // written after every change. A VM whose region file is gone is dropped, not restored.
+  Status RestoreVms(std::vector<std::string>* gone);
+  Status SaveVms();
+  // VM regions whose file was removed or replaced (the VM stopped, maybe while oriond was down)
+  // are dropped, so the VM's next start attaches afresh.
+  void DropGoneVms();
   std::shared_ptr<spdlog::logger> SessionLogger(uint32_t session);
   Result<std::unique_ptr<Backend>> MakeBackend(uint32_t session) const;
   SessionParams BaseParams(uint32_t session, const std::vector<Placement>& placements,

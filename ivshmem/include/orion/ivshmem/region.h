@@ -29,6 +29,11 @@ inline constexpr uint32_t kHeaderBytes = 4096;     // header + channel table liv
 inline constexpr uint32_t kMaxChannels = 30;
 inline constexpr uint64_t kMinChannelBytes = 4ull << 20;
 
+// RegionHeader::features. Layout version 1 regions written by an older oriond have 0 here (the
+// bytes were reserved and zeroed), so a new client reads "nothing published"; an old client never
+// reads the field. New fields go into `reserved` with a new bit, never a new layout version.
+inline constexpr uint32_t kFeatureVmLimits = 1u << 0;  // vm_vgpus / vm_gmem_bytes are set
+
 // Channel states (ChannelDesc::state).
 enum ChannelState : uint32_t {
   kChannelFree = 0,     // nobody; a client may CAS it to kChannelClaimed
@@ -72,9 +77,17 @@ struct RegionHeader {
                                      // kHeaderBytes + i * channel_bytes
   std::atomic<uint64_t> server_heartbeat;  // oriond bumps it every 100 ms
   uint64_t server_epoch;             // random per FormatRegion: a client notices a restart
-  uint8_t reserved[72];
+  uint32_t features;                 // kFeature* bits: which of the fields below are set
+  // A VM's region (kFeatureVmLimits): what the VM was given, so a guest process needs no
+  // ORION_VGPU / ORION_GMEM. oriond enforces its own copy; these are informative for the guest.
+  uint32_t vm_vgpus;                 // vGPUs of the VM
+  uint64_t vm_gmem_bytes;            // quota of each of them
+  uint8_t reserved[56];
   ChannelDesc channels[kMaxChannels];      // at offset 128
 };
+static_assert(offsetof(RegionHeader, features) == 56);
+static_assert(offsetof(RegionHeader, vm_vgpus) == 60);
+static_assert(offsetof(RegionHeader, vm_gmem_bytes) == 64);
 static_assert(offsetof(RegionHeader, channels) == 128);
 static_assert(sizeof(RegionHeader) <= kHeaderBytes);
 
@@ -115,6 +128,9 @@ class MappedRegion {
   // created with that size (mode 0660). Errors: kNotFound (no file), kPermissionDenied,
   // kInvalidArgument (size 0 or not a multiple of 4096), kInternal (mmap).
   static Result<MappedRegion> Open(const std::string& path, uint64_t create_bytes = 0);
+  // Whether the file at path() is still the one mapped (same device and inode): false once it was
+  // removed or replaced (a VM's region after the VM stopped). OpenServed mappings only.
+  bool StillAtPath() const;
   // oriond's side (see above): opens an existing region, takes its exclusive lock, maps it and
   // guards the mapping against truncation. Errors: as Open, kAlreadyExists when another process
   // (another oriond) holds the lock, kResourceExhausted when 256 mappings are guarded already.
@@ -149,10 +165,20 @@ class MappedRegion {
   int guard_slot_ = -1;  // OpenServed: the SIGBUS guard's slot
 };
 
+// What a VM's region publishes about the VM (RegionHeader::vm_*).
+struct VmLimits {
+  uint32_t vgpus = 0;
+  uint64_t gmem_bytes = 0;  // per vGPU
+};
+
 // Server side: writes a fresh header and channel table for channels of `channel_bytes`; every
-// channel becomes kChannelFree with zeroed cursors. Errors: kInvalidArgument when not even one
-// channel fits.
-Status FormatRegion(uint8_t* base, uint64_t region_bytes, uint64_t channel_bytes);
+// channel becomes kChannelFree with zeroed cursors. `vm`, when given, is published with
+// kFeatureVmLimits before the magic. Errors: kInvalidArgument when not even one channel fits.
+Status FormatRegion(uint8_t* base, uint64_t region_bytes, uint64_t channel_bytes, const VmLimits* vm = nullptr);
+
+// The channel size that gives a region `processes` channels (each at least kMinChannelBytes,
+// 4096-aligned, as large as the region allows). kInvalidArgument when the region is too small.
+Result<uint64_t> ChannelBytesFor(uint64_t region_bytes, uint32_t processes);
 
 // Resets one channel (cursors, lease, generation + 1, state -> kChannelFree) and returns the new
 // generation. Server side: `generation` is the server's own record of the channel's generation.
