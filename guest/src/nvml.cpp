@@ -461,6 +461,22 @@ ORION_NVML_EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t d
   return NVML_SUCCESS;
 }
 
+// A vGPU belongs to no multi-node NVLink fabric: state NVML_GPU_FABRIC_STATE_NOT_SUPPORTED (0),
+// which is what NVML answers for such GPUs (PyTorch's expandable segments ask it before choosing
+// the shareable handle type). nvmlGpuFabricInfoV_t: u32 version (size in the low 24 bits, struct
+// version above: v2 is 36 bytes, v3 40), then clusterUuid[16], status, cliqueId, state (u8), ...
+ORION_NVML_EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, void* info) noexcept {
+  NVML_API(nvmlDeviceGetGpuFabricInfoV);
+  if (info == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  if (nvmlReturn_t r = Dev(device, nullptr, nullptr, "nvmlDeviceGetGpuFabricInfoV"); r != NVML_SUCCESS) return r;
+  unsigned version = 0;
+  std::memcpy(&version, info, sizeof version);
+  const unsigned size = version & 0xFFFFFFu, major = version >> 24;
+  if ((major != 2 || size != 36) && (major != 3 || size != 40)) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+  std::memset(static_cast<unsigned char*>(info) + sizeof version, 0, size - sizeof version);
+  return NVML_SUCCESS;
+}
+
 // ---- Memory and processes (oriond's account, op DeviceMemoryInfo) ---------------------------
 
 // total = the vGPU quota; used = the session's allocations + its context's charge; free = the rest.
