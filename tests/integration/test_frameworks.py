@@ -257,6 +257,25 @@ def test_torch_cuda_graph_capture_and_replay(oriond):
     assert refused == {"cuLogsRegisterCallback"}, refused
 
 
+def test_torch_ddp_gloo_two_processes(oriond):
+    # The Orion guide's multi-vGPU way: DDP with --dist-backend gloo, one process per vGPU session.
+    pytest.importorskip("torch")
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = oriond.run(sys.executable, ROOT / "tests" / "frameworks" / "ddp_probe.py", port, ORION_GMEM=1024, timeout=600)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0 and "CODES [0, 0]" in r.stdout, out[-4000:]
+    for rank in (0, 1):
+        assert re.search(rf"^RANK {rank} {{'allreduce': True, .*'steps': 3", r.stdout, re.M), out[-3000:]
+    # The ranks started from different weights and DDP made them equal (a broadcast through gloo and
+    # byte-exact copies to and from each vGPU).
+    assert "DIFFERENT_BEFORE True" in r.stdout and "SAME_WEIGHTS True" in r.stdout, out[-3000:]
+    # Two sessions, one per process.
+    assert len(set(re.findall(r"Creating session (\d+)", oriond.log()))) >= 2, oriond.log()[-2000:]
+
+
 CUPY_REFUSALS = r'''
 import cupy as cp
 src = 'extern "C" __global__ void k(int* a) { a[threadIdx.x] = threadIdx.x * 3; }'
