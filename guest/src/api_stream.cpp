@@ -27,6 +27,7 @@ CUresult StreamOp(Op op, CUstream hs) {
   uint64_t id = 0;
   if (!StreamId(hs, &id)) return CUDA_ERROR_INVALID_HANDLE;
   // Synchronizing with or querying a capturing stream is not permitted (the capture is lost).
+  if (op == Op::kStreamQuery && HostFuncPending(id)) return CUDA_ERROR_NOT_READY;
   if (op == Op::kStreamSynchronize || op == Op::kStreamQuery) {
     if (CUresult r; CaptureForbidsSync(id, &r)) return r;
   }

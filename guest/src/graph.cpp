@@ -179,6 +179,7 @@ bool CaptureActive() noexcept { return g_captures.load(std::memory_order_relaxed
 
 bool CaptureFrame(uint64_t stream, Op op, const void* payload, uint32_t len, uint32_t stream_offset,
                   CUresult* result) noexcept {
+  HostFuncGate(stream);
   if (!CaptureActive()) return false;
   std::lock_guard l(G().mu);
   auto c = CaptureOf(stream);
@@ -211,6 +212,7 @@ bool CaptureFrame(uint64_t stream, Op op, const void* payload, uint32_t len, uin
 }
 
 bool CaptureRefuse(uint64_t stream, const char* what, CUresult* result) noexcept {
+  HostFuncGate(stream);
   if (!CaptureActive()) return false;
   std::lock_guard l(G().mu);
   auto c = CaptureOf(stream);
@@ -221,6 +223,7 @@ bool CaptureRefuse(uint64_t stream, const char* what, CUresult* result) noexcept
 }
 
 bool CaptureEventRecord(uint64_t event, uint64_t stream, unsigned flags, CUresult* result) noexcept {
+  HostFuncGate(stream);
   if (!CaptureActive()) return false;
   std::lock_guard l(G().mu);
   auto c = CaptureOf(stream);
@@ -251,6 +254,7 @@ bool CaptureEventRecord(uint64_t event, uint64_t stream, unsigned flags, CUresul
 }
 
 bool CaptureStreamWait(uint64_t stream, uint64_t event, unsigned flags, CUresult* result) noexcept {
+  HostFuncGate(stream);
   if (!CaptureActive()) return false;
   std::lock_guard l(G().mu);
   auto c = CaptureOf(stream);
@@ -297,6 +301,7 @@ bool CaptureStreamWait(uint64_t stream, uint64_t event, unsigned flags, CUresult
 }
 
 bool CaptureForbidsSync(uint64_t stream, CUresult* result) noexcept {
+  HostFuncGate(stream);
   if (!CaptureActive()) return false;
   std::lock_guard l(G().mu);
   std::shared_ptr<Capture> c;

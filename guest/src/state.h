@@ -165,6 +165,14 @@ CUresult ModuleFunctionCount(CUmodule mod, unsigned* count) noexcept;
 // stream field is set when the graph is launched.
 CUresult KernelNodeFrame(const CUDA_KERNEL_NODE_PARAMS* p, Op* op, std::vector<uint8_t>* frame) noexcept;
 
+// ---- Host functions (hostfunc.cpp) -------------------------------------------------------------
+// Waits until the host functions that work on `stream` must follow (its own, and the implicit
+// synchronization of the legacy default stream; ~0: all) have returned. One atomic load when none
+// is queued. Called by the stream-ordered hooks below, so every such call passes through it.
+void HostFuncGate(uint64_t stream) noexcept;
+// Whether such host functions are still queued (cuStreamQuery answers CUDA_ERROR_NOT_READY).
+bool HostFuncPending(uint64_t stream) noexcept;
+
 // ---- Stream capture and graphs (graph.cpp) ------------------------------------------------------
 // A graph is kept in this process: its nodes are the frames their work would send (kernel launch,
 // device-to-device copy, memset, event record and wait), checked when made; a graph launch sends

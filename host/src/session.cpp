@@ -164,6 +164,9 @@ class Session {
   ChannelLayout layout_{};
   uint8_t* window_ = nullptr;
   std::unordered_map<uint64_t, Obj> handles_;
+  std::unordered_map<void*, uint64_t> primary_ids_;   // backend primary context -> handle
+  std::unordered_map<void*, uint64_t> function_ids_;                    // backend function -> handle
+  std::unordered_map<uint64_t, std::vector<uint64_t>> module_functions_;  // module -> its function handles
   uint64_t next_handle_ = 0x10000;
   std::map<uint64_t, Alloc> allocs_;
   std::map<uint64_t, Reservation> reservations_;  // VMM address ranges, by start
@@ -393,11 +396,8 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       void* ctx = nullptr;
       r = b_->PrimaryCtxRetain(q.device, &ctx);
       if (r == CUDA_SUCCESS) {
-        uint64_t id = 0;
-        for (auto& [k, o] : handles_) {
-          if (o.kind == Kind::kCtx && o.backend == ctx) id = k;
-        }
-        if (id == 0) id = AddHandle({Kind::kCtx, ctx, q.device, 0, {}});
+        uint64_t& id = primary_ids_[ctx];
+        if (id == 0 || Find(id, Kind::kCtx) == nullptr) id = AddHandle({Kind::kCtx, ctx, q.device, 0, {}});
         put(HandleRep{id});
         if (cur_ctx_ == 0) {
           cur_ctx_ = id;
@@ -793,9 +793,14 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       Obj* o = Find(q.handle, Kind::kModule);
       if (o == nullptr) { r = CUDA_ERROR_INVALID_HANDLE; break; }
       r = b_->ModuleUnload(o->backend);
-      for (auto it = handles_.begin(); it != handles_.end();) {
-        if (it->second.kind == Kind::kFunction && it->second.owner == q.handle) it = handles_.erase(it);
-        else ++it;
+      if (auto mf = module_functions_.find(q.handle); mf != module_functions_.end()) {
+        for (uint64_t fid : mf->second) {
+          if (auto it = handles_.find(fid); it != handles_.end()) {
+            function_ids_.erase(it->second.backend);
+            handles_.erase(it);
+          }
+        }
+        module_functions_.erase(mf);
       }
       handles_.erase(q.handle);
       break;
@@ -821,12 +826,16 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       r = b_->ModuleGetFunction(o->backend, name.c_str(), &fn, &layout);
       if (r != CUDA_SUCCESS) break;
       if (layout.params.size() > kMaxKernelParams) { r = CUDA_ERROR_NOT_SUPPORTED; break; }
+      // A function asked for again gets its handle again (one lookup: libraries like cuDNN ask for
+      // thousands of kernels, and a scan of every handle per call made start-up quadratic).
       uint64_t id = 0;
-      for (auto& [k, f] : handles_) {
-        if (f.kind == Kind::kFunction && f.backend == fn) id = k;
-      }
+      if (auto known = function_ids_.find(fn); known != function_ids_.end()) id = known->second;
       if (id == 0 && HandlesFull()) { r = CUDA_ERROR_OUT_OF_MEMORY; break; }
-      if (id == 0) id = AddHandle({Kind::kFunction, fn, o->dev, q.module, layout});
+      if (id == 0) {
+        id = AddHandle({Kind::kFunction, fn, o->dev, q.module, layout});
+        function_ids_[fn] = id;
+        module_functions_[q.module].push_back(id);
+      }
       put(FunctionRep{id, static_cast<uint32_t>(layout.params.size()), layout.param_bytes});
       for (const ParamInfo& pi : layout.params) put(pi);
       break;
@@ -1086,6 +1095,13 @@ int Session::Run(const FrameHeader& hello_header, const HelloReq& hello) {
     b_->DescribeDevice(d, &info);
     info.total_mem = p_.placements[d].quota_bytes;
     ClampServedFeatures(&info);
+    // Each vGPU has its own UUID, as MIG instances do: the physical GPU's with its last two bytes
+    // XORed with vGPU index + 1. vGPU n of a GPU keeps one UUID across sessions and restarts, and
+    // no two vGPUs of a process look alike to tools that pick a device by UUID
+    // (CUDA_VISIBLE_DEVICES=GPU-..., NVML's nvmlDeviceGetHandleByUUID).
+    const uint32_t tag = p_.placements[d].vgpu + 1;
+    info.uuid[14] = static_cast<uint8_t>(info.uuid[14] ^ (tag >> 8));
+    info.uuid[15] = static_cast<uint8_t>(info.uuid[15] ^ tag);
     overhead_[d] = b_->ContextOverhead(d);
     PublishUsed(d);
     std::memcpy(welcome.data() + sizeof w + d * sizeof info, &info, sizeof info);

@@ -13,6 +13,14 @@ int main() {
   const char* gmem = getenv("ORION_GMEM");
   printf("DEVICES count=%d\n", n);
   if (vgpu != nullptr) ot::check("device_count", n == atoi(vgpu), ot::fmt("%d devices, ORION_VGPU=%s", n, vgpu));
+  // Each vGPU has its own UUID (two vGPUs packed onto one GPU included).
+  if (n >= 2) {
+    cudaDeviceProp p0, p1;
+    CUDA_OK(cudaGetDeviceProperties(&p0, 0));
+    CUDA_OK(cudaGetDeviceProperties(&p1, 1));
+    ot::check("vgpu_uuids_differ", memcmp(&p0.uuid, &p1.uuid, sizeof p0.uuid) != 0,
+              ot::hex(&p0.uuid, sizeof p0.uuid));
+  }
   ot::Rng rng(77);
   for (int d = 0; d < n; ++d) {
     CUDA_OK(cudaSetDevice(d));

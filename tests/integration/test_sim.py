@@ -283,7 +283,7 @@ def test_orion_check_runtime_client_and_server(oriond, tmp_path):
 
 def test_two_vgpus_are_two_devices_with_their_quota(oriond):
     r = oriond.run("multi_device", ORION_VGPU=2, ORION_GMEM=512)
-    assert_passed(r, expect_checks=10)
+    assert_passed(r, expect_checks=11)
     assert "DEVICES count=2" in r.stdout
     # Both vGPUs of the request were placed (packed onto the one simulated GPU).
     assert re.search(r"vGPUs 0/\d:512MiB,0/\d:512MiB", oriond.log()), oriond.log()[-1500:]
