@@ -144,6 +144,33 @@ ORION_EXPORT CUresult CUDAAPI cuStreamGetCtx(CUstream hs, CUcontext* pctx) {
   return CUDA_SUCCESS;
 }
 
+// Green contexts (SM partitions of a context) are not offered, so no stream belongs to one: the
+// driver's answer for such a stream is success with a NULL green context (cuDNN's RNNs ask).
+ORION_EXPORT CUresult CUDAAPI cuStreamGetGreenCtx(CUstream hs, CUgreenCtx* phCtx) {
+  ORION_API(cuStreamGetGreenCtx);
+  uint64_t id = 0;
+  if (phCtx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!StreamId(hs, &id)) return CUDA_ERROR_INVALID_HANDLE;
+  *phCtx = nullptr;
+  return CUDA_SUCCESS;
+}
+static CUresult StreamGetCtx2(CUstream hs, CUcontext* pctx, CUgreenCtx* pgreen) {
+  uint64_t id = 0;
+  if (pctx == nullptr || pgreen == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!StreamId(hs, &id)) return CUDA_ERROR_INVALID_HANDLE;
+  *pctx = reinterpret_cast<CUcontext>(CurrentCtx());
+  *pgreen = nullptr;
+  return CUDA_SUCCESS;
+}
+ORION_EXPORT CUresult CUDAAPI cuStreamGetCtx_v2(CUstream hs, CUcontext* pctx, CUgreenCtx* pgreen) {
+  ORION_API(cuStreamGetCtx_v2);
+  return StreamGetCtx2(hs, pctx, pgreen);
+}
+ORION_EXPORT CUresult CUDAAPI cuStreamGetCtx_v2_ptsz(CUstream hs, CUcontext* pctx, CUgreenCtx* pgreen) {
+  ORION_API(cuStreamGetCtx_v2_ptsz);
+  return StreamGetCtx2(hs, pctx, pgreen);
+}
+
 ORION_EXPORT CUresult CUDAAPI cuStreamGetId(CUstream hs, unsigned long long* streamId) {
   ORION_API(cuStreamGetId);
   uint64_t id = 0;

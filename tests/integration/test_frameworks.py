@@ -307,6 +307,25 @@ def test_torch_compile_runs_triton_kernels(oriond):
     assert refused == {"cuLogsRegisterCallback"}, refused
 
 
+def test_torch_guide_workloads(oriond):
+    # The Orion PyTorch guide's workloads, small (tests/frameworks/workloads_probe.py): torchvision
+    # resnet18 on FakeData (DataLoader with pinned memory), an LSTM word language model (cuDNN's
+    # RNN, which asks the driver whether the stream belongs to a green context), a VAE and a DCGAN
+    # step. Kernels are SASS (not run on sim): each step checks training ran through and shapes.
+    pytest.importorskip("torchvision")
+    r = oriond.run(sys.executable, ROOT / "tests" / "frameworks" / "workloads_probe.py", ORION_GMEM=4096,
+                   timeout=900)
+    out = r.stdout + r.stderr
+    steps = dict(re.findall(r"^STEP (\S+) (ok|FAIL)", r.stdout, re.M))
+    assert r.returncode == 0 and "DONE failed=0" in r.stdout, out[-4000:]
+    assert set(steps) == {"resnet18_fakedata", "lstm_language_model", "vae", "dcgan"}, steps
+    kernels = " ".join(oriond.launches())
+    for pat in ("RNN", "fprop", "dgrad", "wgrad"):  # cuDNN's RNN and convolution kernels were launched
+        assert re.search(pat, kernels, re.I), pat
+    refused = set(re.findall(r"\[warning\] (.+?) is not supported by Orion", r.stderr))
+    assert refused <= {"cuLogsRegisterCallback", "private table 1734dc26 (unidentified) slot 4"}, refused
+
+
 CUPY_REFUSALS = r'''
 import cupy as cp
 src = 'extern "C" __global__ void k(int* a) { a[threadIdx.x] = threadIdx.x * 3; }'
