@@ -99,7 +99,8 @@ class IdSet {
 };
 
 // kVmm: an accessible cuMemMap'ed range (no context; `device` is its physical allocation's).
-enum class RangeKind : uint8_t { kDevice, kGlobal, kMappedHost, kVmm };
+// kIpc: another process's allocation opened with cuIpcOpenMemHandle (closed, never freed, here).
+enum class RangeKind : uint8_t { kDevice, kGlobal, kMappedHost, kVmm, kIpc };
 struct DeviceRange {
   uint64_t base = 0, bytes = 0;
   RangeKind kind = RangeKind::kDevice;

@@ -117,6 +117,11 @@ namespace {
   X(memMap, cuMemMap)                                                                        \
   X(memUnmap, cuMemUnmap)                                                                    \
   X(memSetAccess, cuMemSetAccess)                                                            \
+  X(ipcGetMemHandle, cuIpcGetMemHandle)                                                      \
+  X(ipcOpenMemHandle, cuIpcOpenMemHandle_v2)                                                 \
+  X(ipcCloseMemHandle, cuIpcCloseMemHandle)                                                  \
+  X(ipcGetEventHandle, cuIpcGetEventHandle)                                                  \
+  X(ipcOpenEventHandle, cuIpcOpenEventHandle)                                                \
   X(memHostGetDevicePointer, cuMemHostGetDevicePointer_v2)                                   \
   X(libraryLoadData, cuLibraryLoadData)                                                      \
   X(libraryUnload, cuLibraryUnload)                                                          \
@@ -548,7 +553,65 @@ class CudaBackend final : public Backend {
     return r;
   }
 
-  CUresult MemFree(uint64_t dptr) override { return api_.memFree(static_cast<CUdeviceptr>(dptr)); }
+  CUresult MemFree(uint64_t dptr) override {
+    const CUresult r = api_.memFree(static_cast<CUdeviceptr>(dptr));
+    if (r == CUDA_SUCCESS) {
+      if (auto t = mem_tickets_.find(dptr); t != mem_tickets_.end()) {
+        ::close(t->second.first);
+        mem_tickets_.erase(t);
+      }
+    }
+    return r;
+  }
+
+  // CUDA IPC: the driver's own handles, carried inside Orion's tickets (orion/host/ipc_ticket.h),
+  // so an application only ever holds a handle that names a ticket and its secret.
+  CUresult IpcExportMemory(uint64_t dptr, uint64_t bytes, IpcHandle* out) override {
+    if (auto t = mem_tickets_.find(dptr); t != mem_tickets_.end()) {
+      *out = t->second.second;
+      return CUDA_SUCCESS;
+    }
+    CUipcMemHandle real{};
+    if (CUresult r = api_.ipcGetMemHandle(&real, dptr); r != CUDA_SUCCESS) return r;
+    auto fd = CreateIpcTicket(kIpcMemory, bytes, 0, reinterpret_cast<const uint8_t*>(real.reserved), out);
+    if (!fd.ok()) return CUDA_ERROR_OUT_OF_MEMORY;
+    mem_tickets_[dptr] = {*fd, *out};
+    return CUDA_SUCCESS;
+  }
+  CUresult IpcImportMemory(const IpcHandle& h, uint64_t* dptr, uint64_t* bytes) override {
+    CUipcMemHandle real{};
+    auto fd = OpenIpcTicket(h, kIpcMemory, reinterpret_cast<uint8_t*>(real.reserved));
+    if (!fd.ok()) return CUDA_ERROR_INVALID_VALUE;
+    ::close(*fd);
+    CUdeviceptr p = 0;
+    if (CUresult r = api_.ipcOpenMemHandle(&p, real, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS); r != CUDA_SUCCESS) return r;
+    *dptr = p;
+    *bytes = h.bytes;
+    return CUDA_SUCCESS;
+  }
+  CUresult IpcCloseMemory(uint64_t dptr) override { return api_.ipcCloseMemHandle(dptr); }
+  CUresult IpcExportEvent(void* event, IpcHandle* out) override {
+    if (auto t = event_tickets_.find(event); t != event_tickets_.end()) {
+      *out = t->second.second;
+      return CUDA_SUCCESS;
+    }
+    CUipcEventHandle real{};
+    if (CUresult r = api_.ipcGetEventHandle(&real, Event(event)); r != CUDA_SUCCESS) return r;
+    auto fd = CreateIpcTicket(kIpcEvent, 0, 0, reinterpret_cast<const uint8_t*>(real.reserved), out);
+    if (!fd.ok()) return CUDA_ERROR_OUT_OF_MEMORY;
+    event_tickets_[event] = {*fd, *out};
+    return CUDA_SUCCESS;
+  }
+  CUresult IpcImportEvent(const IpcHandle& h, void** event) override {
+    CUipcEventHandle real{};
+    auto fd = OpenIpcTicket(h, kIpcEvent, reinterpret_cast<uint8_t*>(real.reserved));
+    if (!fd.ok()) return CUDA_ERROR_INVALID_VALUE;
+    ::close(*fd);
+    CUevent e = nullptr;
+    if (CUresult r = api_.ipcOpenEventHandle(&e, real); r != CUDA_SUCCESS) return r;
+    *event = e;
+    return CUDA_SUCCESS;
+  }
 
   CUresult MemGetInfo(uint64_t* free, uint64_t* total) override {
     size_t f = 0, t = 0;
@@ -911,7 +974,13 @@ class CudaBackend final : public Backend {
     if (r == CUDA_SUCCESS) *event = e;
     return r;
   }
-  CUresult EventDestroy(void* event) override { return api_.eventDestroy(Event(event)); }
+  CUresult EventDestroy(void* event) override {
+    if (auto t = event_tickets_.find(event); t != event_tickets_.end()) {
+      ::close(t->second.first);
+      event_tickets_.erase(t);
+    }
+    return api_.eventDestroy(Event(event));
+  }
   CUresult EventRecord(void* event, void* stream) override { return api_.eventRecord(Event(event), Stream(stream)); }
   CUresult EventSynchronize(void* event) override { return Synced(api_.eventSynchronize(Event(event))); }
   CUresult EventQuery(void* event) override { return api_.eventQuery(Event(event)); }
@@ -969,6 +1038,8 @@ class CudaBackend final : public Backend {
   }
   std::vector<Placement> placements_;
   std::vector<CUdevice> devices_;               // per placement
+  std::map<uint64_t, std::pair<int, IpcHandle>> mem_tickets_;  // exported allocations: ticket fd, handle
+  std::map<void*, std::pair<int, IpcHandle>> event_tickets_;   // exported events
   std::map<CUdevice, uint64_t> overhead_;       // ContextOverhead, per physical GPU
   std::map<CUdevice, CUcontext> primary_;       // primary context handles handed out
 

@@ -18,6 +18,7 @@
 #include <map>
 #include <unordered_map>
 
+#include "orion/common/text.h"
 #include "orion/host/fatbin.h"
 #include "orion/ivshmem/ring.h"
 
@@ -169,6 +170,8 @@ class Session {
   std::unordered_map<uint64_t, std::vector<uint64_t>> module_functions_;  // module -> its function handles
   uint64_t next_handle_ = 0x10000;
   std::map<uint64_t, Alloc> allocs_;
+  std::set<uint64_t> ipc_exports_;                // allocations with an IPC handle
+  std::set<uint64_t> ipc_imports_;                // allocations opened from another session's handle
   std::map<uint64_t, Reservation> reservations_;  // VMM address ranges, by start
   uint64_t reserved_bytes_ = 0;                   // their sum (at most kMaxReservedBytes)
   std::map<uint64_t, Mapping> mappings_;          // VMM mappings, by start
@@ -476,6 +479,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       if (r == CUDA_SUCCESS) {
         Uncharge(it->second.dev, it->second.charged);
         allocs_.erase(it);
+        ipc_exports_.erase(q.dptr);
       }
       break;
     }
@@ -714,6 +718,76 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
           allocs_.erase(m->first);
         }
       }
+      break;
+    }
+    case Op::kIpcGetMemHandle: {
+      MemFreeReq q;
+      ORION_WANT(Get(payload, len, &q), "bad IpcGetMemHandle");
+      // The start of one of this session's own allocations (cuMemAlloc'ed: not imported, not VMM).
+      auto it = allocs_.find(q.dptr);
+      if (it == allocs_.end() || !it->second.counted) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      if (ipc_exports_.count(q.dptr) == 0 && ipc_exports_.size() >= kMaxIpcExports) { r = CUDA_ERROR_OUT_OF_MEMORY; break; }
+      IpcHandle handle{};
+      r = b_->IpcExportMemory(q.dptr, it->second.bytes, &handle);
+      if (r != CUDA_SUCCESS) break;
+      ipc_exports_.insert(q.dptr);
+      put(handle);
+      break;
+    }
+    case Op::kIpcOpenMemHandle: {
+      IpcOpenReq q;
+      ORION_WANT(Get(payload, len, &q), "bad IpcOpenMemHandle");
+      if (cur_ctx_ == 0) { r = CUDA_ERROR_INVALID_CONTEXT; break; }
+      if (ipc_imports_.size() >= kMaxIpcImports) { r = CUDA_ERROR_OUT_OF_MEMORY; break; }
+      IpcHandle handle{};
+      std::memcpy(&handle, q.handle, sizeof handle);
+      uint64_t dptr = 0, bytes = 0;
+      r = b_->IpcImportMemory(handle, &dptr, &bytes);
+      if (r != CUDA_SUCCESS) {
+        p_.log->warn("sess={} op=IpcOpenMemHandle refused: {}", p_.session_id, LogSafe(b_->ErrorDetail()));
+        break;
+      }
+      allocs_[dptr] = {std::max<uint64_t>(bytes, 1), cur_dev_, false};  // charged to the exporter
+      ipc_imports_.insert(dptr);
+      put(IpcOpenRep{dptr, bytes});
+      break;
+    }
+    case Op::kIpcCloseMemHandle: {
+      MemFreeReq q;
+      ORION_WANT(Get(payload, len, &q), "bad IpcCloseMemHandle");
+      if (ipc_imports_.count(q.dptr) == 0) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      r = b_->IpcCloseMemory(q.dptr);
+      if (r == CUDA_SUCCESS) {
+        ipc_imports_.erase(q.dptr);
+        allocs_.erase(q.dptr);
+      }
+      break;
+    }
+    case Op::kIpcGetEventHandle: {
+      HandleReq q;
+      ORION_WANT(Get(payload, len, &q), "bad IpcGetEventHandle");
+      Obj* e = Find(q.handle, Kind::kEvent);
+      if (e == nullptr) { r = CUDA_ERROR_INVALID_HANDLE; break; }
+      if (ipc_exports_.size() >= kMaxIpcExports) { r = CUDA_ERROR_OUT_OF_MEMORY; break; }
+      IpcHandle handle{};
+      r = b_->IpcExportEvent(e->backend, &handle);
+      if (r == CUDA_SUCCESS) put(handle);
+      break;
+    }
+    case Op::kIpcOpenEventHandle: {
+      IpcOpenReq q;
+      ORION_WANT(Get(payload, len, &q), "bad IpcOpenEventHandle");
+      if (cur_ctx_ == 0) { r = CUDA_ERROR_INVALID_CONTEXT; break; }
+      if (HandlesFull()) { r = CUDA_ERROR_OUT_OF_MEMORY; break; }
+      IpcHandle handle{};
+      std::memcpy(&handle, q.handle, sizeof handle);
+      void* ev = nullptr;
+      r = b_->IpcImportEvent(handle, &ev);
+      if (r != CUDA_SUCCESS) {
+        p_.log->warn("sess={} op=IpcOpenEventHandle refused: {}", p_.session_id, LogSafe(b_->ErrorDetail()));
+        break;
+      }
+      put(HandleRep{AddHandle({Kind::kEvent, ev, cur_dev_, cur_ctx_, {}})});
       break;
     }
     case Op::kHostGetDevicePointer: {

@@ -20,6 +20,7 @@
 
 #include "orion/host/backend.h"
 #include "orion/host/fatbin.h"
+#include "orion/host/ipc_ticket.h"
 #include "orion/ptx/ptx.h"
 
 namespace orion::host {
@@ -105,6 +106,8 @@ struct Block {
   uint64_t bytes = 0;
   uint8_t* host = nullptr;   // backing memory
   bool owned = true;         // false: an alias (window memory, or a VMM mapping inside a reservation)
+  int ipc_fd = -1;           // exported (cuIpcGetMemHandle): its ticket, which now backs `host`
+  IpcHandle ipc{};
 };
 
 // Virtual memory management. A reservation is host address space with no access (PROT_NONE) at
@@ -144,6 +147,8 @@ constexpr uint64_t kSimPortableClusterSize = 8;   // CUDA: larger needs the non-
 constexpr uint64_t kSimMaxClusterSize = 16;
 struct SimEvent {
   uint32_t flags = 0;
+  int ipc_fd = -1;            // exported: its ticket
+  IpcHandle ipc{};
   bool recorded = false;      // its record has been reached (completed)
   uint64_t ns = 0;
   uint64_t pending_seq = 0;   // the seq of its latest record still queued (0: none)
@@ -235,6 +240,88 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     GiveAddress(dptr, it->second.bytes);
     Release(it->second);
     blocks_.erase(it);
+    ipc_imports_.erase(dptr);
+    return CUDA_SUCCESS;
+  }
+
+  // CUDA IPC. Export: the allocation moves, in place and with its bytes, into its ticket's memfd
+  // (mapped over the same host address), so an importing worker maps the very same pages.
+  CUresult IpcExportMemory(uint64_t dptr, uint64_t, IpcHandle* out) override {
+    auto it = blocks_.find(dptr);
+    if (it == blocks_.end() || !it->second.owned || ipc_imports_.count(dptr) != 0) return CUDA_ERROR_INVALID_VALUE;
+    Block& b = it->second;
+    if (b.ipc_fd < 0) {
+      (void)FlushBlocking(true);  // nothing in flight writes the bytes being moved
+      auto fd = CreateIpcTicket(kIpcMemory, b.bytes, b.bytes, nullptr, &b.ipc);
+      if (!fd.ok()) {
+        last_error_ = fd.status().message();
+        return CUDA_ERROR_OUT_OF_MEMORY;
+      }
+      void* tmp = ::mmap(nullptr, b.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, kIpcDataOffset);
+      if (tmp == MAP_FAILED) {
+        ::close(*fd);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+      }
+      std::memcpy(tmp, b.host, b.bytes);
+      ::munmap(tmp, b.bytes);
+      void* at = ::mmap(b.host, b.bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, *fd, kIpcDataOffset);
+      if (at == MAP_FAILED) {  // cannot happen once the first mapping worked; the old bytes are gone then
+        ::close(*fd);
+        return CUDA_ERROR_UNKNOWN;
+      }
+      b.ipc_fd = *fd;
+    }
+    *out = b.ipc;
+    return CUDA_SUCCESS;
+  }
+  CUresult IpcImportMemory(const IpcHandle& h, uint64_t* dptr, uint64_t* bytes) override {
+    auto fd = OpenIpcTicket(h, kIpcMemory, nullptr);
+    if (!fd.ok()) {
+      last_error_ = fd.status().message();
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    void* p = ::mmap(nullptr, h.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, kIpcDataOffset);
+    ::close(*fd);
+    if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    *dptr = TakeAddress(h.bytes);
+    *bytes = h.bytes;
+    blocks_[*dptr] = Block{h.bytes, static_cast<uint8_t*>(p), true};
+    ipc_imports_.insert(*dptr);
+    return CUDA_SUCCESS;
+  }
+  CUresult IpcCloseMemory(uint64_t dptr) override {
+    if (ipc_imports_.count(dptr) == 0) return CUDA_ERROR_INVALID_VALUE;
+    return MemFree(dptr);
+  }
+  // Events: the sim completes work when its stream is flushed, so an interprocess event's record
+  // flushes its stream first (see EventRecord): a record is complete once oriond has taken it, and
+  // an imported event has nothing left to wait for.
+  CUresult IpcExportEvent(void* event, IpcHandle* out) override {
+    auto* e = static_cast<SimEvent*>(event);
+    if ((e->flags & CU_EVENT_INTERPROCESS) == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (e->ipc_fd < 0) {
+      auto fd = CreateIpcTicket(kIpcEvent, 0, 0, nullptr, &e->ipc);
+      if (!fd.ok()) {
+        last_error_ = fd.status().message();
+        return CUDA_ERROR_OUT_OF_MEMORY;
+      }
+      e->ipc_fd = *fd;
+    }
+    *out = e->ipc;
+    return CUDA_SUCCESS;
+  }
+  CUresult IpcImportEvent(const IpcHandle& h, void** event) override {
+    auto fd = OpenIpcTicket(h, kIpcEvent, nullptr);
+    if (!fd.ok()) {
+      last_error_ = fd.status().message();
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    ::close(*fd);
+    auto e = std::make_unique<SimEvent>();
+    e->flags = CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING;
+    e->recorded = true;
+    *event = e.get();
+    events_.emplace(e.get(), std::move(e));
     return CUDA_SUCCESS;
   }
   CUresult MemGetInfo(uint64_t* free, uint64_t* total) override {
@@ -781,12 +868,13 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     // Queued records and waits point at it: run everything first (cuEventDestroy of a pending
     // event is legal; its work completes).
     (void)FlushBlocking(true);
+    if (e->ipc_fd >= 0) ::close(e->ipc_fd);
     events_.erase(e);
     return CUDA_SUCCESS;
   }
   CUresult EventRecord(void* event, void* stream) override {
     auto* e = static_cast<SimEvent*>(event);
-    if (stream == nullptr || !opt_.execute) {
+    if (stream == nullptr || !opt_.execute || (e->flags & CU_EVENT_INTERPROCESS) != 0) {
       if (CUresult r = FlushFor(stream); r != CUDA_SUCCESS) return r;
       e->recorded = true;
       e->pending_seq = 0;
@@ -864,6 +952,8 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
   }
   static void Release(Block& b) {
     if (b.owned && b.host != nullptr) ::munmap(b.host, b.bytes);
+    if (b.ipc_fd >= 0) ::close(b.ipc_fd);
+    b.ipc_fd = -1;
     b.host = nullptr;
   }
   // Host memory behind device range [dptr, dptr+bytes), or nullptr.
@@ -940,6 +1030,7 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
   uint8_t* window_ = nullptr;
   uint64_t window_bytes_ = 0;
   std::map<uint64_t, Block> blocks_;
+  std::unordered_set<uint64_t> ipc_imports_;  // blocks mapped from another session's ticket
   std::map<uint64_t, SimReservation> reservations_;                      // by device address
   std::unordered_map<SimPhysical*, std::unique_ptr<SimPhysical>> physical_;  // cuMemCreate'd
   uint64_t next_addr_ = kSimBase;

@@ -55,3 +55,15 @@ def test_a_fault_at_the_far_end_stays_in_its_session(two_hop):
     assert_passed(r, expect_checks=2)
     assert a.alive() and b.alive()
     assert_passed(a.run("compute"), expect_checks=8)
+
+
+def test_cuda_ipc_through_the_cuda_backend(two_hop):
+    # A's cuda backend exports with the driver's own cuIpcGetMemHandle (here B's, through Orion's
+    # libcuda) and carries that handle inside its ticket; A's other session opens it.
+    from test_ipc import run_pair
+    a, b = two_hop
+    consumer, producer = run_pair(a)
+    assert_passed(consumer, expect_checks=5)
+    assert_passed(producer, expect_checks=2)
+    assert checks(producer.stdout)["producer_sees_consumer_kernel"] == "ok"
+    assert a.alive() and b.alive()

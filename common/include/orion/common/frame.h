@@ -259,6 +259,21 @@ ORION_WIRE_STRUCT(MemMapReq, 32);
 struct MemSetAccessReq { uint64_t addr; uint64_t bytes; uint32_t device; uint32_t flags; };
 ORION_WIRE_STRUCT(MemSetAccessReq, 24);
 
+// CUDA IPC between sessions of one oriond (host/include/orion/host/ipc_ticket.h): a handle is 64
+// opaque bytes (CU_IPC_HANDLE_SIZE). IpcGetMemHandle{MemFreeReq dptr} and IpcGetEventHandle
+// {HandleReq event} answer IpcHandleRep; IpcOpenMemHandle answers IpcOpenRep, IpcOpenEventHandle
+// HandleRep; IpcCloseMemHandle takes MemFreeReq.
+struct IpcHandleRep { uint8_t handle[64]; };
+ORION_WIRE_STRUCT(IpcHandleRep, 64);
+struct IpcOpenReq { uint8_t handle[64]; uint32_t flags; uint32_t reserved; };
+ORION_WIRE_STRUCT(IpcOpenReq, 72);
+struct IpcOpenRep { uint64_t dptr; uint64_t bytes; };
+ORION_WIRE_STRUCT(IpcOpenRep, 16);
+// Per-session bounds: exported allocations and events (each holds a ticket fd in the worker) and
+// imported ones.
+inline constexpr size_t kMaxIpcExports = 4096;
+inline constexpr size_t kMaxIpcImports = 4096;
+
 // MemcpyHtoD: window[window_offset, +bytes) -> device dst. MemcpyDtoH(Async): device src ->
 // window[window_offset, +bytes). MemcpyDtoD: src -> dst. `stream` 0 = default stream.
 struct MemcpyReq {

@@ -23,6 +23,7 @@
 
 #include "orion/common/frame.h"
 #include "orion/common/status.h"
+#include "orion/host/ipc_ticket.h"
 
 namespace orion::host {
 
@@ -101,6 +102,16 @@ class Backend {
   virtual CUresult MemMap(uint64_t addr, uint64_t bytes, uint64_t offset, void* handle) = 0;
   virtual CUresult MemUnmap(uint64_t addr, uint64_t bytes) = 0;
   virtual CUresult MemSetAccess(uint64_t addr, uint64_t bytes, uint32_t dev, uint32_t flags) = 0;
+
+  // CUDA IPC between sessions (orion/host/ipc_ticket.h). Export: `dptr` is the start of one of
+  // this session's allocations (`bytes` long), `event` one of its events created with
+  // CU_EVENT_INTERPROCESS; exporting again returns the same handle. Import: the handle is hostile
+  // input, checked by OpenIpcTicket; the mapping or event stays until closed (or the session ends).
+  virtual CUresult IpcExportMemory(uint64_t dptr, uint64_t bytes, IpcHandle* out) = 0;
+  virtual CUresult IpcImportMemory(const IpcHandle& h, uint64_t* dptr, uint64_t* bytes) = 0;
+  virtual CUresult IpcCloseMemory(uint64_t dptr) = 0;
+  virtual CUresult IpcExportEvent(void* event, IpcHandle* out) = 0;
+  virtual CUresult IpcImportEvent(const IpcHandle& h, void** event) = 0;
 
   // Why the last call failed, when the backend knows more than its CUresult (e.g. which part of a
   // module image it could not parse); "" otherwise.

@@ -1,0 +1,49 @@
+// orion/host/ipc_ticket.h — CUDA IPC between sessions of one oriond (cuIpcGetMemHandle,
+// cuIpcOpenMemHandle, cuIpcGetEventHandle, cuIpcOpenEventHandle).
+//
+// Each session runs in its own worker process, so what one session exports another must reach
+// across processes. The exporter makes a *ticket*: a memfd named "orion-ipc" whose first page is a
+// header (magic, kind, size, a 128-bit random secret, a 64-byte backend payload such as the real
+// driver's IPC handle) and, for memory the sim backend serves, whose pages after the header hold
+// the allocation itself. The 64-byte handle the application carries names the exporter's worker
+// pid and the ticket's fd there, with the same secret. The importer opens /proc/<pid>/fd/<fd>
+// (non-blocking, no controlling tty), and accepts it only if it is a regular memfd named
+// "orion-ipc" whose header matches the handle (kind, size, secret compared in constant time):
+// a handle is hostile input, and a forged one gets CUDA_ERROR_INVALID_VALUE, never another
+// tenant's memory without its secret. The exporter keeps the ticket open while the allocation (or
+// event) lives; an importer's mapping keeps the pages alive after that (CUDA leaves use after the
+// exporter's free undefined).
+#pragma once
+
+#include <cstdint>
+
+#include "orion/common/status.h"
+
+namespace orion::host {
+
+// The bytes of a CUipcMemHandle / CUipcEventHandle (CU_IPC_HANDLE_SIZE = 64).
+struct IpcHandle {
+  char magic[8];           // "ORIONIPC"
+  uint32_t kind;           // kIpcMemory, kIpcEvent
+  int32_t pid;             // the exporting worker
+  int32_t fd;              // the ticket's fd in that worker
+  uint32_t reserved;
+  uint64_t bytes;          // memory: the allocation's size
+  uint8_t secret[16];
+  uint8_t pad[16];
+};
+static_assert(sizeof(IpcHandle) == 64, "a CUDA IPC handle is 64 bytes");
+
+inline constexpr uint32_t kIpcMemory = 1;
+inline constexpr uint32_t kIpcEvent = 2;
+inline constexpr uint64_t kIpcDataOffset = 4096;  // where a sim allocation's bytes start in its ticket
+
+// Creates a ticket of `kind` holding `payload` (64 bytes, may be null) and room for `data_bytes`
+// after the header; fills `handle`. Returns the ticket's fd (the caller keeps it open).
+Result<int> CreateIpcTicket(uint32_t kind, uint64_t bytes, uint64_t data_bytes, const uint8_t* payload,
+                            IpcHandle* handle);
+// Opens and checks the ticket a handle names; copies its payload (64 bytes) when `payload` is set.
+// Returns an fd the caller closes.
+Result<int> OpenIpcTicket(const IpcHandle& handle, uint32_t kind, uint8_t* payload);
+
+}  // namespace orion::host
