@@ -342,8 +342,11 @@ void Api::Routes(httplib::Server& s) {
              if (!IdOk(req, res)) return;
              std::string why = req.get_param_value("reason");
              if (why.size() > 64) why.resize(64);
-             auto r = svc_->Release(req.matches[1], why.empty() ? "released" : why, caller_);
-             if (r.ok()) log_->info("allocation {} released ({})", std::string(req.matches[1]), why.empty() ? "by request" : why);
+             auto r = svc_->Release(req.matches[1], why.empty() ? "released" : why, caller_, req.get_param_value("server"));
+             if (r.ok()) {
+               log_->info("allocation {} {} ({})", std::string(req.matches[1]),
+                          r->contains("state") ? "is released when its session ends" : "released", why.empty() ? "by request" : why);
+             }
              Reply(res, r);
            }));
   s.Get("/v1/assignments", Wrap("assignments", kServer, [this](const httplib::Request&, httplib::Response& res) {

@@ -383,7 +383,7 @@ Result<Json> Service::RegisterServer(const std::string& id, const Json& body) {
     // A (re)starting oriond holds only the sessions it lists: its other clients' allocations are gone.
     std::vector<std::string> drop;
     for (const auto& [aid, x] : allocs_) {
-      if (x.server == id && x.kind == "process" && x.state == "active" && !active.count(aid)) drop.push_back(aid);
+      if (x.server == id && x.kind == "process" && x.state != "pending" && !active.count(aid)) drop.push_back(aid);
     }
     for (const auto& aid : drop) EraseInto(allocs_[aid], &c);
     c.put_servers.push_back(StoreDoc(s));
@@ -728,6 +728,7 @@ Result<Json> Service::Confirm(const std::string& id, const Json& body) {
     Allocation& a = it->second;
     if (a.kind != "process") return InvalidArgument("allocation " + id + " is a VM assignment");
     if (a.server != server) return InvalidArgument("allocation " + id + " is placed on " + a.server + ", not " + server);
+    if (a.state == "releasing") return FailedPrecondition("allocation " + id + " is being released (its client exited)");
     if (a.state == "active" && a.session != 0 && a.session != session) {
       return InvalidArgument("allocation " + id + " is already used by session " + std::to_string(a.session));
     }
@@ -835,19 +836,40 @@ void Service::UnreserveLocked(const Allocation& a) {
   p->second.Release(v);
 }
 
-Result<Json> Service::Release(const std::string& id, const std::string& why, const Caller& caller) {
+Result<Json> Service::Release(const std::string& id, const std::string& why, const Caller& caller,
+                              const std::string& server) {
   std::lock_guard<std::mutex> lock(mu_);
+  for (int attempt = 0;; ++attempt) {
   if (Status st = Sync(); !st.ok()) return st;
   auto it = allocs_.find(id);
   if (it == allocs_.end()) return NotFound("allocation " + id + " does not exist (released or expired)");
   if (Status st = MayTouch(it->second, caller, "release"); !st.ok()) return st;
   if (it->second.kind != "process") return InvalidArgument("allocation " + id + " is VM " + it->second.vm + "'s assignment");
   Json j = {{"id", id}, {"server", it->second.server}, {"released", why}};
+  if (server.empty() && why == "client_exited" && (it->second.state == "active" || it->second.state == "releasing")) {
+    j["state"] = "releasing";
+    if (it->second.state == "releasing") return j;
+    Allocation next = it->second;
+    next.state = "releasing";
+    StoreChange c;
+    c.put_allocations.emplace_back(StoreDoc(next), next.lease);
+    if (store_->shared()) c.guards.emplace_back(AllocPath(id), Version(AllocPath(id)));
+    Status st = Apply(c);
+    if (st.code() == Code::kAlreadyExists && attempt + 1 < kMaxAttempts) {
+      Backoff(attempt);
+      continue;
+    }
+    if (st.code() == Code::kNotFound) return NotFound("allocation " + id + " expired (its lease lapsed)");
+    if (!st.ok()) return st;
+    it->second = next;
+    return j;
+  }
   if (Status st = ReleaseLocked(id); !st.ok()) {
-    if (st.code() == Code::kAlreadyExists) return NotFound("allocation " + id + " does not exist (released or expired)");
+    if (st.code() == Code::kAlreadyExists && attempt + 1 < kMaxAttempts) continue;  // changed meanwhile: read again
     return st;
   }
   return j;
+  }
 }
 
 Result<Json> Service::GetAllocation(const std::string& id, const Caller& caller) {

@@ -93,7 +93,12 @@ class Service {
   Result<Json> Allocate(const Json& body, const std::string& server, const Caller& caller = {});
   Result<Json> Confirm(const std::string& id, const Json& body);
   Result<Json> Renew(const std::string& id, const Caller& caller = {});
-  Result<Json> Release(const std::string& id, const std::string& why, const Caller& caller = {});
+  // `server`: the server that says its session ended ("server" in the query, as oriond sends it).
+  // A client's "client_exited" release of an active allocation (a session serves it) keeps its
+  // vGPUs, in state "releasing", until that server's own release or the lease's end: the session
+  // is still ending on the server, and placing another client there now would be refused by it.
+  Result<Json> Release(const std::string& id, const std::string& why, const Caller& caller = {},
+                       const std::string& server = "");
   Result<Json> GetAllocation(const std::string& id, const Caller& caller = {});
   // A client caller sees only its own allocations.
   Json ListAllocations(const std::string& host, const std::string& kind, const Caller& caller = {});
