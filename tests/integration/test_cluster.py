@@ -67,9 +67,13 @@ class Etcd:
         self.client = [free_port() for _ in range(n)]
         self.peer = [free_port() for _ in range(n)]
         self.procs = [None] * n
-        for i in range(n):
-            self.start(i)
-        self.wait_healthy()
+        try:
+            for i in range(n):
+                self.start(i)
+            self.wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
 
     @property
     def url(self):
@@ -132,15 +136,19 @@ class Controller:
         self.proc = subprocess.Popen([PREFIX / "bin" / "orion-controller", "start", "--config-file", self.conf],
                                      stdout=subprocess.DEVNULL, stderr=self.err)
         deadline = time.time() + 20
-        while True:
-            assert self.proc.poll() is None, self.log()
-            try:
-                if http(self.addr, "GET", "/v1/health", timeout=2)[0] == 200:
-                    return
-            except OSError:
-                pass
-            assert time.time() < deadline, self.log()
-            time.sleep(0.05)
+        try:
+            while True:
+                assert self.proc.poll() is None, self.log()
+                try:
+                    if http(self.addr, "GET", "/v1/health", timeout=2)[0] == 200:
+                        return
+                except OSError:
+                    pass
+                assert time.time() < deadline, self.log()
+                time.sleep(0.05)
+        except BaseException:
+            self.kill()
+            raise
 
     def log(self):
         return self.log_path.read_text(errors="replace")
@@ -172,9 +180,17 @@ class Pool:
     def __init__(self, tmp: Path, controllers=3, servers=2, vgpu_count=4, lease_ttl_s=30):
         self.tmp = tmp
         self.etcd = Etcd(tmp)
-        self.ctls = [Controller(tmp, self.etcd.url, f"ctl{i}", lease_ttl_s=lease_ttl_s) for i in range(controllers)]
+        self.ctls, self.servers = [], []
+        try:
+            self._start(tmp, controllers, servers, vgpu_count, lease_ttl_s)
+        except BaseException:
+            self.stop()  # no fixture teardown runs for a constructor that failed: leave nothing running
+            raise
+
+    def _start(self, tmp, controllers, servers, vgpu_count, lease_ttl_s):
+        for i in range(controllers):
+            self.ctls.append(Controller(tmp, self.etcd.url, f"ctl{i}", lease_ttl_s=lease_ttl_s))
         self.addrs = ",".join(c.addr for c in self.ctls)
-        self.servers = []
         for i in range(servers):
             sub = tmp / f"srv{i}"
             sub.mkdir()
@@ -439,9 +455,8 @@ def test_killed_client_allocation_expires_by_its_etcd_lease(tmp_path):
         p.stop()
 
 
-def test_migrate_sqlite_pool_into_etcd(tmp_path):
-    db = tmp_path / "old.db"
-    old = Controller(tmp_path, db, "old", server_timeout_s=60)
+def old_pool(old, db):
+    """A SQLite pool: one server, two allocations, one VM assignment. Returns them."""
     srv = {"hostname": "h", "vgpu_count": 4, "boot_id": "b",
            "gpus": [{"index": 0, "uuid": "GPU-0", "name": "sim", "memory_mib": 16384},
                     {"index": 1, "uuid": "GPU-1", "name": "sim", "memory_mib": 16384}]}
@@ -454,7 +469,16 @@ def test_migrate_sqlite_pool_into_etcd(tmp_path):
     r = subprocess.run([PREFIX / "bin" / "orion-controller", "migrate", "--from", f"sqlite:{db}", "--to", "etcd://127.0.0.1:1"],
                        capture_output=True, text=True)
     assert r.returncode != 0
-    old.stop()
+    return a1, a2, vm
+
+
+def test_migrate_sqlite_pool_into_etcd(tmp_path):
+    db = tmp_path / "old.db"
+    old = Controller(tmp_path, db, "old", server_timeout_s=60)
+    try:
+        a1, a2, vm = old_pool(old, db)
+    finally:
+        old.stop()
     etcd = Etcd(tmp_path)
     try:
         r = subprocess.run([PREFIX / "bin" / "orion-controller", "migrate", "--from", f"sqlite:{db}", "--to", etcd.url,
