@@ -2,7 +2,9 @@
 // clients, with a bare baseline measured in the same run: GET /v1/health (same HTTP client, fresh
 // connection per request, same concurrency), i.e. the cost of the HTTP exchange alone.
 //
-//   controller_bench ADDR CLIENTS REQUESTS_PER_CLIENT
+//   controller_bench ADDR[,ADDR...] CLIENTS REQUESTS_PER_CLIENT
+// With several controllers (one pool on etcd), client c sends to controller c % n first (and fails
+// over to the others as the guest runtime does).
 // Registers 8 fake servers (8 GPUs x 8 vGPUs each: 512 vGPUs, so no request is refused), then
 // prints "health p50_us p99_us", "allocate p50_us p99_us", "release p50_us p99_us" and a
 // "refused N" line. Each client does what the guest runtime does: one fresh connection per request.
@@ -54,12 +56,18 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: controller_bench ADDR CLIENTS REQUESTS_PER_CLIENT\n");
     return 2;
   }
-  auto ep = orion::controller::ParseEndpoint(argv[1]);
-  if (!ep.ok()) return 2;
+  auto eps = orion::controller::ParseEndpoints(argv[1]);
+  if (!eps.ok()) return 2;
   const int clients = std::atoi(argv[2]);
   const int n = std::atoi(argv[3]);
   const char* key = std::getenv("ORION_CONTROLLER_KEY");
-  ControllerClient cc(*ep, key != nullptr ? key : "", 10000);
+  ControllerClient cc(*eps, key != nullptr ? key : "", 10000);
+  // Client c's list starts at controller c % n.
+  auto client_of = [&](int c) {
+    std::vector<orion::controller::Endpoint> v = *eps;
+    std::rotate(v.begin(), v.begin() + static_cast<long>(static_cast<size_t>(c) % v.size()), v.end());
+    return ControllerClient(std::move(v), key != nullptr ? key : "", 10000);
+  };
   for (int s = 0; s < 8; ++s) {
     nlohmann::json gpus = nlohmann::json::array();
     for (int g = 0; g < 8; ++g) gpus.push_back({{"index", g}, {"name", "bench GPU"}, {"memory_mib", 81920}});
@@ -72,10 +80,11 @@ int main(int argc, char** argv) {
   }
   auto us = [](Clock::time_point t0) { return std::chrono::duration<double, std::micro>(Clock::now() - t0).count(); };
   std::atomic<int> errors{0};
-  auto health = Phase(clients, [&](int, std::vector<double>* out) {
+  auto health = Phase(clients, [&](int c, std::vector<double>* out) {
+    const ControllerClient mine = client_of(c);
     for (int i = 0; i < n; ++i) {
       const auto t0 = Clock::now();
-      auto r = cc.Call("GET", "/v1/health");
+      auto r = mine.Call("GET", "/v1/health");
       out->push_back(us(t0));
       if (!r.ok()) errors++;
     }
@@ -84,10 +93,11 @@ int main(int argc, char** argv) {
   std::vector<double> releases;
   std::atomic<int> refused{0};
   auto allocs = Phase(clients, [&](int c, std::vector<double>* out) {
+    const ControllerClient mine = client_of(c);
     std::vector<double> rel;
     for (int i = 0; i < n; ++i) {
       auto t0 = Clock::now();
-      auto r = cc.Call("POST", "/v1/allocations",
+      auto r = mine.Call("POST", "/v1/allocations",
                        {{"vgpus", 1 + (i % 2)}, {"gmem_mib", 4096}, {"client", {{"host", "bench"}, {"pid", c}}}});
       out->push_back(us(t0));
       if (!r.ok()) {
@@ -95,7 +105,7 @@ int main(int argc, char** argv) {
         continue;
       }
       t0 = Clock::now();
-      auto d = cc.Call("DELETE", "/v1/allocations/" + (*r)["id"].get<std::string>());
+      auto d = mine.Call("DELETE", "/v1/allocations/" + (*r)["id"].get<std::string>());
       rel.push_back(us(t0));
       if (!d.ok()) errors++;
     }

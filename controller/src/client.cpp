@@ -6,6 +6,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include <algorithm>
 #include <chrono>
 
 namespace orion::controller {
@@ -41,6 +42,24 @@ Result<Endpoint> ParseEndpoint(const std::string& addr, uint16_t default_port) {
     ep.port = static_cast<uint16_t>(p);
   }
   return ep;
+}
+
+Result<std::vector<Endpoint>> ParseEndpoints(const std::string& list, uint16_t default_port) {
+  std::vector<Endpoint> out;
+  size_t pos = 0;
+  while (pos <= list.size()) {
+    const size_t comma = std::min(list.find(',', pos), list.size());
+    std::string one = list.substr(pos, comma - pos);
+    const size_t b = one.find_first_not_of(' '), e = one.find_last_not_of(' ');
+    one = b == std::string::npos ? std::string() : one.substr(b, e - b + 1);
+    if (one.empty()) return InvalidArgument("'" + list + "' has an empty controller address");
+    auto ep = ParseEndpoint(one, default_port);
+    if (!ep.ok()) return ep.status();
+    if (out.size() == kMaxControllers) return InvalidArgument("'" + list + "' lists more than 16 addresses");
+    out.push_back(*ep);
+    pos = comma + 1;
+  }
+  return out;
 }
 
 Result<HttpReply> HttpRequest(const Endpoint& ep, const std::string& method, const std::string& target,
@@ -102,11 +121,28 @@ Result<nlohmann::json> ControllerClient::Call(const std::string& method, const s
   // replace: a string that is not valid UTF-8 (a host or program name is bytes) is sent with U+FFFD
   // in place of the bad bytes instead of throwing out of dump().
   const std::string text = body.is_null() ? std::string() : body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  auto r = HttpRequest(ep_, method, target, text, key_, timeout_ms_);
+  const size_t start = current_.load();
+  Result<nlohmann::json> last = Unavailable("no controller configured");
+  for (size_t k = 0; k < eps_.size(); ++k) {
+    const size_t i = (start + k) % eps_.size();
+    last = CallOne(eps_[i], method, target, text);
+    // Unreachable, or its store is (503): the next controller may serve it. Anything else is the
+    // pool's answer.
+    if (last.ok() || last.status().code() != Code::kUnavailable) {
+      current_.store(i);
+      return last;
+    }
+  }
+  return last;
+}
+
+Result<nlohmann::json> ControllerClient::CallOne(const Endpoint& ep, const std::string& method, const std::string& target,
+                                                 const std::string& text) const {
+  auto r = HttpRequest(ep, method, target, text, key_, timeout_ms_);
   if (!r.ok()) return r.status();
   nlohmann::json j = nlohmann::json::parse(r->body, nullptr, /*allow_exceptions=*/false);
   if (r->status >= 200 && r->status < 300) {
-    if (j.is_discarded()) return Internal("controller " + ep_.text() + " sent a reply that is not JSON");
+    if (j.is_discarded()) return Internal("controller " + ep.text() + " sent a reply that is not JSON");
     return j;
   }
   std::string msg = "HTTP " + std::to_string(r->status);

@@ -38,6 +38,12 @@ Result<ControllerConfig> ParseControllerConfig(const std::string& text, const st
       } else if (key == "database") {
         c.service.database = v.as<std::string>();
         if (c.service.database.empty()) return bad(key, "is empty");
+        if (c.service.database.rfind("etcd://", 0) == 0) {
+          if (auto m = ParseEndpoints(c.service.database.substr(7), 2379); !m.ok()) return bad(key, m.status().message());
+        } else if (c.service.database == "sqlite:" ||
+                   (c.service.database.rfind("sqlite:", 0) != 0 && c.service.database.find("://") != std::string::npos)) {
+          return bad(key, "'" + c.service.database + "' is neither sqlite:<file>, a file, nor etcd://host:port,...");
+        }
       } else if (key == "placement") {
         const std::string p = v.as<std::string>();
         if (p == "pack") c.service.policy = host::PlacementPolicy::kPack;

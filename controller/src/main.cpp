@@ -229,10 +229,28 @@ class Api {
     }
   }
 
+  // The store's health, asked at most every kHealthCacheMs (the endpoint needs no key: it must not
+  // turn each unauthenticated request into a store read).
+  oc::Json StoreHealth() {
+    std::lock_guard<std::mutex> lock(health_mu_);
+    const auto now = std::chrono::steady_clock::now();
+    if (health_.is_null() || now - health_at_ > std::chrono::milliseconds(kHealthCacheMs)) {
+      const oc::Json h = svc_->StoreHealth();
+      health_ = {{"kind", h["kind"]}, {"reachable", h["reachable"]}};
+      if (!h["reachable"].get<bool>() && log_) log_->warn("store unreachable: {}", h.value("error", std::string("?")));
+      health_at_ = now;
+    }
+    return health_;
+  }
+  static constexpr int kHealthCacheMs = 500;
+
   oc::ControllerConfig cfg_;
   std::unique_ptr<oc::Service> svc_;
   std::shared_ptr<spdlog::logger> log_;
   Latency latency_;
+  std::mutex health_mu_;
+  oc::Json health_;
+  std::chrono::steady_clock::time_point health_at_;
   static thread_local int role_of_request_;
   static thread_local oc::Caller caller_;  // the request's key, for ownership (Service)
 };
@@ -245,8 +263,11 @@ constexpr int kServer = static_cast<int>(oc::Role::kServer);
 constexpr int kAdmin = static_cast<int>(oc::Role::kAdmin);
 
 void Api::Routes(httplib::Server& s) {
-  s.Get("/v1/health", Wrap("health", 0, [](const httplib::Request&, httplib::Response& res) {
-          SendJson(res, 200, {{"status", "ok"}});
+  s.Get("/v1/health", Wrap("health", 0, [this](const httplib::Request&, httplib::Response& res) {
+          // 503 when the store cannot be reached: placements fail now, another controller may serve.
+          const oc::Json store = StoreHealth();
+          const bool ok = store["reachable"].get<bool>();
+          SendJson(res, ok ? 200 : 503, {{"status", ok ? "ok" : "store unreachable"}, {"store", store}});
         }));
   s.Get("/v1/status", Wrap("status", kClient | kServer, [this](const httplib::Request&, httplib::Response& res) {
           SendJson(res, 200, svc_->Summary());
@@ -321,8 +342,11 @@ void Api::Routes(httplib::Server& s) {
              if (!IdOk(req, res)) return;
              std::string why = req.get_param_value("reason");
              if (why.size() > 64) why.resize(64);
-             auto r = svc_->Release(req.matches[1], why.empty() ? "released" : why, caller_);
-             if (r.ok()) log_->info("allocation {} released ({})", std::string(req.matches[1]), why.empty() ? "by request" : why);
+             auto r = svc_->Release(req.matches[1], why.empty() ? "released" : why, caller_, req.get_param_value("server"));
+             if (r.ok()) {
+               log_->info("allocation {} {} ({})", std::string(req.matches[1]),
+                          r->contains("state") ? "is released when its session ends" : "released", why.empty() ? "by request" : why);
+             }
              Reply(res, r);
            }));
   s.Get("/v1/assignments", Wrap("assignments", kServer, [this](const httplib::Request&, httplib::Response& res) {
@@ -348,6 +372,34 @@ void Api::Routes(httplib::Server& s) {
   });
 }
 
+// orion-controller migrate: copies servers, allocations and assignments; prints what it did.
+int Migrate(const std::string& config_file, const std::string& from, const std::string& to, bool force) {
+  oc::ServiceOptions opts;
+  if (auto cfg = oc::LoadControllerConfig(config_file); cfg.ok()) {
+    opts = cfg->service;
+  } else if (cfg.status().code() != Code::kNotFound) {
+    std::fprintf(stderr, "orion-controller: %s\n", cfg.status().message().c_str());
+    return 2;
+  }
+  auto src = oc::OpenStore(from);
+  if (!src.ok()) {
+    std::fprintf(stderr, "orion-controller migrate: --from %s: %s\n", from.c_str(), src.status().message().c_str());
+    return 1;
+  }
+  auto dst = oc::OpenStore(to);
+  if (!dst.ok()) {
+    std::fprintf(stderr, "orion-controller migrate: --to %s: %s\n", to.c_str(), dst.status().message().c_str());
+    return 1;
+  }
+  auto r = oc::MigrateState(**src, **dst, opts, force);
+  if (!r.ok()) {
+    std::fprintf(stderr, "orion-controller migrate: %s\n", r.status().message().c_str());
+    return 1;
+  }
+  std::printf("%s\n", r->c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -357,8 +409,16 @@ int main(int argc, char** argv) {
   std::string config_file = "/etc/orion/controller.yaml", listen, database;
   start->add_option("--config-file", config_file, "controller.yaml");
   start->add_option("--listen", listen, "ip:port (overrides listen)");
-  start->add_option("--database", database, "SQLite file (overrides database)");
+  start->add_option("--database", database, "sqlite:<file>, a file, or etcd://h:p,h:p,... (overrides database)");
+  auto* migrate = app.add_subcommand("migrate", "copy a pool's state into another store (SQLite into etcd)");
+  std::string from, to;
+  bool force = false;
+  migrate->add_option("--from", from, "sqlite:<file> (no controller may be running on it)")->required();
+  migrate->add_option("--to", to, "etcd://h1:2379,h2:2379,...")->required();
+  migrate->add_option("--config-file", config_file, "controller.yaml (lease and server times for the copied state)");
+  migrate->add_flag("--force", force, "copy even if the destination already holds a pool");
   CLI11_PARSE(app, argc, argv);
+  if (migrate->parsed()) return Migrate(config_file, from, to, force);
 
   auto cfg = oc::LoadControllerConfig(config_file);
   if (!cfg.ok()) {
@@ -433,14 +493,17 @@ int main(int argc, char** argv) {
   std::atomic<bool> stop{false};
   std::thread sweeper([&] {
     for (uint64_t tick = 1; !stop.load(); ++tick) {
-      for (const auto& what : api.service().Sweep(oc::WallMs())) log->info("{}", what);
+      // A shared store (etcd) keeps leases itself; a sweep there is a full read, once a second.
+      if (!api.service().store().shared() || tick % 5 == 0) {
+        for (const auto& what : api.service().Sweep(oc::WallMs())) log->info("{}", what);
+      }
       if (tick % 10 == 0) api.service().Checkpoint();
       std::this_thread::sleep_for(std::chrono::milliseconds(kSweepPeriodMs));
     }
   });
   const oc::Json sum = api.service().Summary();
-  log->info("Orion Controller listens on {} (database {}, placement {}, {} servers, {} allocations, {} assignments)",
-            cfg->listen, cfg->service.database, sum["policy"].get<std::string>(), sum["servers"].get<size_t>(),
+  log->info("Orion Controller listens on {} (store {} {}, placement {}, {} servers, {} allocations, {} assignments)",
+            cfg->listen, api.service().store().kind(), api.service().store().where(), sum["policy"].get<std::string>(), sum["servers"].get<size_t>(),
             sum["allocations"].get<size_t>(), sum["assignments"].get<size_t>());
   server.listen_after_bind();
   stop = true;

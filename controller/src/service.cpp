@@ -1,16 +1,11 @@
 #include "orion/controller/service.h"
 
-#include <fcntl.h>
-#include <sqlite3.h>
-#include <sys/file.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <random>
 #include <set>
+#include <thread>
 
 #include "orion/controller/client.h"
 
@@ -20,6 +15,22 @@ namespace {
 
 constexpr uint32_t kMaxVgpusPerRequest = 16;    // a process sees at most 16 devices (kMaxDevices)
 constexpr uint64_t kMaxGmemMib = uint64_t{1} << 24;  // 16 TiB: anything larger is garbage
+// A decision that lost its race to another controller (a guarded key moved) is made again from a
+// fresh read, at most this many times.
+constexpr int kMaxAttempts = 24;
+
+std::string AllocPath(const std::string& id) { return "allocations/" + id; }
+std::string SlotPath(const std::string& server, uint32_t pgpu, uint32_t vgpu) {
+  return "vgpus/" + server + "/" + std::to_string(pgpu) + "/" + std::to_string(vgpu);
+}
+std::string GpuPath(const std::string& server, uint32_t pgpu) { return "gpus/" + server + "/" + std::to_string(pgpu); }
+
+// A short random pause before retrying a lost race (the winners of the last round finish first).
+void Backoff(int attempt) {
+  static thread_local std::mt19937 rng{std::random_device{}()};
+  const int cap = std::min(20, 1 + attempt * 2);
+  std::this_thread::sleep_for(std::chrono::microseconds(200 + (rng() % static_cast<unsigned>(cap)) * 250));
+}
 
 std::string NewId() {
   static std::mutex mu;
@@ -83,108 +94,82 @@ uint64_t WallMs() {
 }
 
 Result<std::unique_ptr<Service>> Service::Open(ServiceOptions opts) {
-  std::unique_ptr<Service> s(new Service(std::move(opts)));
-  if (sqlite3_open_v2(s->opts_.database.c_str(), &s->db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
-                      nullptr) != SQLITE_OK) {
-    return Unavailable("cannot open database " + s->opts_.database + ": " +
-                       (s->db_ != nullptr ? sqlite3_errmsg(s->db_) : "out of memory"));
-  }
-  sqlite3_busy_timeout(s->db_, 2000);
-  ::chmod(s->opts_.database.c_str(), 0600);  // also a database an older controller made world-readable
-  // One controller per database: a second one would hand out the same vGPUs.
-  const std::string lock = s->opts_.database + ".lock";
-  s->lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (s->lock_fd_ < 0 || ::flock(s->lock_fd_, LOCK_EX | LOCK_NB) != 0) {
-    return FailedPrecondition("database " + s->opts_.database + " is in use by another orion-controller (" + lock +
-                              " is locked)");
-  }
-  // WAL with synchronous=NORMAL: a commit is an append, no fsync. Checkpoints (which fsync) are
-  // not run by commits (they stalled every request queued behind one for tens of ms on this
-  // VM's disk) but by Checkpoint() on a second connection, off the request path.
-  for (const char* sql : {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=NORMAL", "PRAGMA wal_autocheckpoint=0",
-                          "CREATE TABLE IF NOT EXISTS servers(id TEXT PRIMARY KEY, doc TEXT NOT NULL)",
-                          "CREATE TABLE IF NOT EXISTS allocations(id TEXT PRIMARY KEY, doc TEXT NOT NULL)",
-                          "CREATE TABLE IF NOT EXISTS vgpus(server TEXT NOT NULL, pgpu INTEGER NOT NULL, "
-                          "vgpu INTEGER NOT NULL, allocation TEXT NOT NULL, PRIMARY KEY(server, pgpu, vgpu))"}) {
-    if (Status st = s->Exec(sql); !st.ok()) return Unavailable("database " + s->opts_.database + ": " + st.message());
-  }
-  if (sqlite3_open_v2(s->opts_.database.c_str(), &s->checkpoint_db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_FULLMUTEX,
-                      nullptr) != SQLITE_OK) {
-    return Unavailable("cannot open database " + s->opts_.database + " for checkpoints");
-  }
-  sqlite3_busy_timeout(s->checkpoint_db_, 5000);
-  if (Status st = s->Load(); !st.ok()) return st;
+  auto store = OpenStore(opts.database);
+  if (!store.ok()) return store.status();
+  return Open(std::move(opts), std::move(*store));
+}
+
+Result<std::unique_ptr<Service>> Service::Open(ServiceOptions opts, std::unique_ptr<Store> store) {
+  std::unique_ptr<Service> s(new Service(std::move(opts), std::move(store)));
+  auto st = s->store_->Load();
+  if (!st.ok()) return st.status();
+  std::lock_guard<std::mutex> lock(s->mu_);
+  if (Status a = s->Absorb(*st, /*initial=*/true); !a.ok()) return a;
   return s;
 }
 
-void Service::Checkpoint() {
-  int log = 0, done = 0;
-  sqlite3_wal_checkpoint_v2(checkpoint_db_, nullptr, SQLITE_CHECKPOINT_PASSIVE, &log, &done);
-}
+void Service::Checkpoint() { store_->Checkpoint(); }
 
-Service::~Service() {
-  for (auto& [sql, st] : stmts_) sqlite3_finalize(st);
-  if (checkpoint_db_ != nullptr) sqlite3_close(checkpoint_db_);
-  if (db_ != nullptr) sqlite3_close(db_);
-  if (lock_fd_ >= 0) ::close(lock_fd_);
-}
+Service::~Service() = default;
 
-Status Service::Exec(const std::string& sql) {
-  char* err = nullptr;
-  if (sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
-    std::string m = err != nullptr ? err : "error";
-    sqlite3_free(err);
-    return Internal(m);
+Status Service::Apply(const StoreChange& c) {
+  Status st = store_->Apply(c);
+  if (st.code() == Code::kAlreadyExists) {
+    ++conflicts_;
+  } else if (st.code() == Code::kUnavailable || st.code() == Code::kInternal) {
+    ++store_errors_;
+    store_ok_ = false;
+    store_error_ = st.message();
   }
-  return Status();
+  return st;
 }
 
-Status Service::Begin() { return Exec("BEGIN IMMEDIATE"); }
-Status Service::Commit() { return Exec("COMMIT"); }
-void Service::Rollback() { (void)Exec("ROLLBACK"); }
-
-Status Service::Run(const char* sql, const std::vector<std::string>& text, const std::vector<int64_t>& ints) {
-  // Prepared once, reused (statements are keyed by their literal's address).
-  sqlite3_stmt*& st = stmts_[sql];
-  if (st == nullptr && sqlite3_prepare_v3(db_, sql, -1, SQLITE_PREPARE_PERSISTENT, &st, nullptr) != SQLITE_OK) {
-    st = nullptr;
-    return Internal(sqlite3_errmsg(db_));
+Status Service::Sync() {
+  if (!store_->shared()) return Status();
+  auto st = store_->Load();
+  if (!st.ok()) {
+    ++store_errors_;
+    store_ok_ = false;
+    store_error_ = st.status().message();
+    return Unavailable("the pool's store (" + std::string(store_->kind()) + ") cannot be reached: " + st.status().message());
   }
-  int i = 1;
-  for (const auto& t : text) sqlite3_bind_text(st, i++, t.c_str(), static_cast<int>(t.size()), SQLITE_TRANSIENT);
-  for (int64_t v : ints) sqlite3_bind_int64(st, i++, v);
-  const int rc = sqlite3_step(st);
-  sqlite3_reset(st);
-  sqlite3_clear_bindings(st);
-  if (rc != SQLITE_DONE) return Internal(std::string("database: ") + sqlite3_errmsg(db_));
-  return Status();
+  store_ok_ = true;
+  store_error_.clear();
+  return Absorb(*st, /*initial=*/false);
 }
 
-Status Service::Put(const Server& s) {
-  Json j = ToJson(s);
-  return Run("INSERT OR REPLACE INTO servers(id, doc) VALUES(?, ?)", {s.id, j.dump()});
+void Service::SyncForRead() { (void)Sync(); }
+
+Json Service::StoreHealth() {
+  Status st = store_->Ping();
+  Json j = {{"kind", store_->kind()}, {"where", store_->where()}, {"reachable", st.ok()}};
+  if (!st.ok()) j["error"] = st.message();
+  return j;
 }
 
-Status Service::Put(const Allocation& a, const Json* doc) {
-  if (Status st = Run("INSERT OR REPLACE INTO allocations(id, doc) VALUES(?, ?)", {a.id, (doc != nullptr ? *doc : ToJson(a)).dump()});
-      !st.ok()) {
-    return st;
+int64_t Service::Version(const std::string& path) const {
+  auto it = versions_.find(path);
+  return it == versions_.end() ? 0 : it->second;
+}
+
+void Service::EraseInto(const Allocation& a, StoreChange* c) const {
+  c->erase_allocations.push_back(StoreDoc(a));
+  if (store_->shared()) c->guards.emplace_back(AllocPath(a.id), Version(AllocPath(a.id)));
+}
+
+void Service::PlaceInto(const Allocation& a, StoreChange* c) const {
+  c->put_allocations.emplace_back(StoreDoc(a), a.lease);
+  if (!store_->shared()) return;
+  std::set<uint32_t> gpus;
+  for (const Slot& sl : a.slots) {
+    c->guards.emplace_back(SlotPath(a.server, sl.pgpu, sl.vgpu), 0);  // the slot is free
+    gpus.insert(sl.pgpu);
   }
-  if (Status st = Run("DELETE FROM vgpus WHERE allocation = ?", {a.id}); !st.ok()) return st;
-  for (const Slot& s : a.slots) {
-    // The primary key (server, pgpu, vgpu) refuses a double booking even if the memory model erred.
-    if (Status st = Run("INSERT INTO vgpus(server, allocation, pgpu, vgpu) VALUES(?, ?, ?, ?)", {a.server, a.id},
-                        {s.pgpu, s.vgpu});
-        !st.ok()) {
-      return st;
-    }
+  for (uint32_t g : gpus) {
+    // Nobody placed on the GPU since the read this placement was decided on.
+    c->guards.emplace_back(GpuPath(a.server, g), Version(GpuPath(a.server, g)));
+    c->touch.push_back(GpuPath(a.server, g));
   }
-  return Status();
-}
-
-Status Service::Erase(const Allocation& a) {
-  if (Status st = Run("DELETE FROM vgpus WHERE allocation = ?", {a.id}); !st.ok()) return st;
-  return Run("DELETE FROM allocations WHERE id = ?", {a.id});
 }
 
 Json Service::ToJson(const Server& s) {
@@ -223,24 +208,25 @@ Json Service::ToJson(const Allocation& a) const {
   return j;
 }
 
-Status Service::Load() {
+Json Service::StoreDoc(const Server& s) {
+  Json j = ToJson(s);
+  if (s.alive_lease != 0) j["alive_lease"] = s.alive_lease;
+  if (s.present_lease != 0) j["present_lease"] = s.present_lease;
+  return j;
+}
+
+Json Service::StoreDoc(const Allocation& a) const {
+  Json j = ToJson(a);
+  if (a.lease != 0) j["lease"] = a.lease;
+  return j;
+}
+
+Status Service::Absorb(const StoreState& st, bool initial) {
   const uint64_t now = WallMs();
-  auto each = [&](const char* sql, auto fn) -> Status {
-    sqlite3_stmt* st = nullptr;
-    if (sqlite3_prepare_v2(db_, sql, -1, &st, nullptr) != SQLITE_OK) return Internal(sqlite3_errmsg(db_));
-    while (sqlite3_step(st) == SQLITE_ROW) {
-      const auto* t = reinterpret_cast<const char*>(sqlite3_column_text(st, 0));
-      Json j = Json::parse(t != nullptr ? t : "", nullptr, false);
-      if (j.is_discarded() || !j.is_object()) {
-        sqlite3_finalize(st);
-        return Internal(std::string("database ") + opts_.database + " has a damaged row");
-      }
-      fn(j);
-    }
-    sqlite3_finalize(st);
-    return Status();
-  };
-  Status st = each("SELECT doc FROM servers", [&](const Json& j) {
+  const bool shared = store_->shared();
+  std::map<std::string, Server> servers;
+  std::map<std::string, Allocation> allocs;
+  for (const Json& j : st.servers) {
     Server s;
     s.id = j.value("id", "");
     s.hostname = j.value("hostname", "");
@@ -248,15 +234,22 @@ Status Service::Load() {
     s.vgpu_count = j.value("vgpu_count", 1u);
     s.up = j.value("up", true);
     s.registered_ms = j.value("registered_ms", uint64_t{0});
+    s.alive_lease = j.value("alive_lease", int64_t{0});
+    s.present_lease = j.value("present_lease", int64_t{0});
     // Grace after a controller restart: servers have server_timeout_ms to be heard from again.
     s.last_seen_ms = now;
+    if (shared) {
+      // etcd: a server is up while its alive lease holds (renewed by its heartbeats, through any
+      // controller); the time it was last seen is not shared.
+      s.up = st.alive.count(s.id) != 0;
+      if (auto old = servers_.find(s.id); old != servers_.end()) s.last_seen_ms = old->second.last_seen_ms;
+    }
     for (const Json& g : j.value("gpus", Json::array())) {
       s.gpus.push_back({g.value("index", 0u), g.value("uuid", ""), g.value("name", ""), g.value("memory_mib", uint64_t{0})});
     }
-    servers_[s.id] = std::move(s);
-  });
-  if (!st.ok()) return st;
-  st = each("SELECT doc FROM allocations", [&](const Json& j) {
+    servers[s.id] = std::move(s);
+  }
+  for (const Json& j : st.allocations) {
     Allocation a;
     a.id = j.value("id", "");
     a.kind = j.value("kind", "process");
@@ -268,20 +261,32 @@ Status Service::Load() {
     a.state = j.value("state", "pending");
     a.session = j.value("session", 0u);
     a.created_ms = j.value("created_ms", uint64_t{0});
+    a.lease = j.value("lease", int64_t{0});
     const Json c = j.value("client", Json::object());
     a.client_host = c.value("host", "");
     a.client_pid = c.value("pid", 0u);
     a.client_process = c.value("process", "");
     a.owner = j.value("owner", "");
+    a.lease_expires_ms = a.kind == "vm" ? 0 : j.value("lease_expires_ms", uint64_t{0});
     // Grace: whoever renews this lease gets a full period to reach the restarted controller.
-    a.lease_expires_ms = a.kind == "vm" ? 0 : std::max(j.value("lease_expires_ms", uint64_t{0}), now + opts_.lease_ttl_ms);
+    if (initial && a.kind != "vm") a.lease_expires_ms = std::max(a.lease_expires_ms, now + opts_.lease_ttl_ms);
     for (const Json& p : j.value("placements", Json::array())) {
       a.slots.push_back({p.value("pgpu", 0u), p.value("vgpu", 0u), p.value("gmem_mib", uint64_t{0}), p.value("used_mib", uint64_t{0})});
     }
-    allocs_[a.id] = std::move(a);
-  });
+    if (auto old = allocs_.find(a.id); old != allocs_.end()) {
+      // What this controller learnt from renewals and heartbeats (not written to the store).
+      a.lease_expires_ms = std::max(a.lease_expires_ms, old->second.lease_expires_ms);
+      for (size_t i = 0; i < a.slots.size() && i < old->second.slots.size(); ++i) {
+        a.slots[i].used_mib = old->second.slots[i].used_mib;
+      }
+    }
+    allocs[a.id] = std::move(a);
+  }
+  servers_ = std::move(servers);
+  allocs_ = std::move(allocs);
+  versions_ = st.versions;
   pools_ = Pools();
-  return st;
+  return Status();
 }
 
 std::map<std::string, host::VgpuPool> Service::Pools(const std::string& only) const {
@@ -350,34 +355,57 @@ Result<Json> Service::RegisterServer(const std::string& id, const Json& body) {
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
-  const uint64_t now = WallMs();
-  s.up = true;
-  s.last_seen_ms = now;
-  auto old = servers_.find(id);
-  s.registered_ms = old != servers_.end() ? old->second.registered_ms : now;
-  if (Status st = Begin(); !st.ok()) return st;
-  // A (re)starting oriond holds only the sessions it lists: its other clients' allocations are gone.
   Json released = Json::array();
-  std::vector<std::string> drop;
-  for (const auto& [aid, a] : allocs_) {
-    if (a.server == id && a.kind == "process" && a.state == "active" && !active.count(aid)) drop.push_back(aid);
-  }
-  for (const auto& aid : drop) {
-    if (Status st = Erase(allocs_[aid]); !st.ok()) {
-      Rollback();
+  for (int attempt = 0;; ++attempt) {
+    if (Status st = Sync(); !st.ok()) return st;
+    const uint64_t now = WallMs();
+    s.up = true;
+    s.last_seen_ms = now;
+    auto old = servers_.find(id);
+    s.registered_ms = old != servers_.end() ? old->second.registered_ms : now;
+    const int64_t old_alive = old != servers_.end() ? old->second.alive_lease : 0;
+    const int64_t old_present = old != servers_.end() ? old->second.present_lease : 0;
+    StoreChange c;
+    if (store_->shared()) {
+      auto alive = store_->Grant(opts_.server_timeout_ms);
+      if (!alive.ok()) return Unavailable("the pool's store cannot be reached: " + alive.status().message());
+      auto present = store_->Grant(opts_.server_release_ms);
+      if (!present.ok()) {
+        store_->Revoke(*alive);
+        return Unavailable("the pool's store cannot be reached: " + present.status().message());
+      }
+      s.alive_lease = *alive;
+      s.present_lease = *present;
+      c.put_alive.emplace_back(id, *alive);
+      c.put_present.emplace_back(id, *present);
+      if (old != servers_.end()) c.guards.emplace_back("servers/" + id, Version("servers/" + id));
+    }
+    // A (re)starting oriond holds only the sessions it lists: its other clients' allocations are gone.
+    std::vector<std::string> drop;
+    for (const auto& [aid, x] : allocs_) {
+      if (x.server == id && x.kind == "process" && x.state != "pending" && !active.count(aid)) drop.push_back(aid);
+    }
+    for (const auto& aid : drop) EraseInto(allocs_[aid], &c);
+    c.put_servers.push_back(StoreDoc(s));
+    Status st = Apply(c);
+    if (!st.ok()) {
+      store_->Revoke(s.alive_lease);
+      store_->Revoke(s.present_lease);
+      if (st.code() == Code::kAlreadyExists && attempt + 1 < kMaxAttempts) {
+        Backoff(attempt);
+        continue;
+      }
       return st;
     }
-    released.push_back(aid);
+    if (old_alive != 0) store_->Revoke(old_alive);
+    if (old_present != 0) store_->Revoke(old_present);
+    for (const auto& aid : drop) {
+      store_->Revoke(allocs_[aid].lease);
+      allocs_.erase(aid);
+      released.push_back(aid);
+    }
+    break;
   }
-  if (Status st = Put(s); !st.ok()) {
-    Rollback();
-    return st;
-  }
-  if (Status st = Commit(); !st.ok()) {
-    Rollback();
-    return st;
-  }
-  for (const auto& aid : drop) allocs_.erase(aid);
   servers_[id] = s;
   pools_.erase(id);
   pools_.emplace(id, std::move(Pools(id).at(id)));
@@ -394,6 +422,7 @@ Result<Json> Service::RegisterServer(const std::string& id, const Json& body) {
 Result<Json> Service::Heartbeat(const std::string& id, const Json& body) {
   if (!body.is_object()) return InvalidArgument("the body must be a JSON object");
   std::lock_guard<std::mutex> lock(mu_);
+  if (Status st = Sync(); !st.ok()) return st;
   auto it = servers_.find(id);
   if (it == servers_.end()) return NotFound("server " + id + " is not registered");
   Server& s = it->second;
@@ -401,7 +430,41 @@ Result<Json> Service::Heartbeat(const std::string& id, const Json& body) {
   if (Status st = Str(body, "boot_id", 64, &boot); !st.ok()) return st;
   if (!boot.empty() && boot != s.boot_id) return NotFound("server " + id + " restarted; it must register again");
   const uint64_t now = WallMs();
-  const bool was_down = !s.up;
+  bool was_down = !s.up;
+  if (store_->shared()) {
+    // The server's liveness is its two etcd leases: renew them; a lapsed one is granted afresh.
+    const bool alive_ok = s.alive_lease != 0 && store_->KeepAlive(s.alive_lease, 0).ok();
+    const bool present_ok = s.present_lease != 0 && store_->KeepAlive(s.present_lease, 0).ok();
+    was_down = was_down || !alive_ok;
+    if (!alive_ok || !present_ok) {
+      Server next = s;
+      StoreChange c;
+      auto fresh = [&](uint64_t ttl_ms, int64_t* lease, std::vector<std::pair<std::string, int64_t>>* put) -> Status {
+        auto l = store_->Grant(ttl_ms);
+        if (!l.ok()) return Unavailable("the pool's store cannot be reached: " + l.status().message());
+        *lease = *l;
+        put->emplace_back(id, *l);
+        return Status();
+      };
+      if (!alive_ok) {
+        if (Status st = fresh(opts_.server_timeout_ms, &next.alive_lease, &c.put_alive); !st.ok()) return st;
+      }
+      if (!present_ok) {
+        if (Status st = fresh(opts_.server_release_ms, &next.present_lease, &c.put_present); !st.ok()) return st;
+      }
+      next.up = true;
+      c.put_servers.push_back(StoreDoc(next));
+      // A concurrent write to the server's document (another controller took this heartbeat's
+      // predecessor): this one fails cleanly and the next heartbeat tries again.
+      c.guards.emplace_back("servers/" + id, Version("servers/" + id));
+      if (Status st = Apply(c); !st.ok()) {
+        if (!alive_ok) store_->Revoke(next.alive_lease);
+        if (!present_ok) store_->Revoke(next.present_lease);
+        return st.code() == Code::kAlreadyExists ? Unavailable("server " + id + " was updated concurrently; try again") : st;
+      }
+      s = next;
+    }
+  }
   s.last_seen_ms = now;
   s.up = true;
   Json revoked = Json::array();
@@ -414,7 +477,14 @@ Result<Json> Service::Heartbeat(const std::string& id, const Json& body) {
         revoked.push_back(aid);
         continue;
       }
-      if (a->second.kind == "process") a->second.lease_expires_ms = now + opts_.lease_ttl_ms;
+      if (a->second.kind == "process") {
+        auto left = store_->KeepAlive(a->second.lease, opts_.lease_ttl_ms);
+        if (!left.ok() && left.status().code() == Code::kNotFound) {
+          revoked.push_back(aid);  // its etcd lease lapsed: etcd has dropped it
+          continue;
+        }
+        a->second.lease_expires_ms = now + (left.ok() ? *left : opts_.lease_ttl_ms);
+      }
       if (e.contains("used_mib") && e["used_mib"].is_array()) {
         for (size_t i = 0; i < e["used_mib"].size() && i < a->second.slots.size(); ++i) {
           if (e["used_mib"][i].is_number_integer() && e["used_mib"][i].get<int64_t>() >= 0) a->second.slots[i].used_mib = e["used_mib"][i].get<uint64_t>();
@@ -422,42 +492,55 @@ Result<Json> Service::Heartbeat(const std::string& id, const Json& body) {
       }
     }
   }
-  if (was_down) {
-    if (Status st = Put(s); !st.ok()) return st;
+  if (was_down && !store_->shared()) {
+    StoreChange c;
+    c.put_servers.push_back(StoreDoc(s));
+    if (Status st = Apply(c); !st.ok()) return st;
   }
   return Json{{"server", id}, {"revoked", revoked}, {"back", was_down}};
 }
 
 Result<Json> Service::DeregisterServer(const std::string& id) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = servers_.find(id);
-  if (it == servers_.end()) return NotFound("server " + id + " is not registered");
-  if (Status st = Begin(); !st.ok()) return st;
-  Json released = Json::array();
-  std::vector<std::string> drop;
-  for (const auto& [aid, a] : allocs_) {
-    if (a.server == id && a.kind == "process") drop.push_back(aid);
+  for (int attempt = 0;; ++attempt) {
+    if (Status st = Sync(); !st.ok()) return st;
+    auto it = servers_.find(id);
+    if (it == servers_.end()) return NotFound("server " + id + " is not registered");
+    Json released = Json::array();
+    std::vector<std::string> drop;
+    for (const auto& [aid, a] : allocs_) {
+      if (a.server == id && a.kind == "process") drop.push_back(aid);
+    }
+    Server next = it->second;
+    next.up = false;
+    StoreChange c;
+    c.put_servers.push_back(StoreDoc(next));
+    if (store_->shared()) c.guards.emplace_back("servers/" + id, Version("servers/" + id));
+    for (const auto& aid : drop) {
+      EraseInto(allocs_[aid], &c);
+      released.push_back(aid);
+    }
+    Status st = Apply(c);
+    if (st.code() == Code::kAlreadyExists && attempt + 1 < kMaxAttempts) {
+      Backoff(attempt);
+      continue;
+    }
+    if (!st.ok()) return st;
+    store_->Revoke(next.alive_lease);  // etcd: the alive and present keys go with their leases
+    store_->Revoke(next.present_lease);
+    it->second = next;
+    for (const auto& aid : drop) {
+      store_->Revoke(allocs_[aid].lease);
+      UnreserveLocked(allocs_[aid]);
+      allocs_.erase(aid);
+    }
+    return Json{{"server", id}, {"released", released}};
   }
-  it->second.up = false;
-  Status st = Put(it->second);
-  for (const auto& aid : drop) {
-    if (st.ok()) st = Erase(allocs_[aid]);
-    released.push_back(aid);
-  }
-  if (st.ok()) st = Commit();
-  if (!st.ok()) {
-    Rollback();
-    return st;
-  }
-  for (const auto& aid : drop) {
-    UnreserveLocked(allocs_[aid]);
-    allocs_.erase(aid);
-  }
-  return Json{{"server", id}, {"released", released}};
 }
 
-Json Service::Servers() const {
+Json Service::Servers() {
   std::lock_guard<std::mutex> lock(mu_);
+  SyncForRead();
   Json out = Json::array();
   for (const auto& [id, s] : servers_) {
     Json j = ToJson(s);
@@ -560,41 +643,76 @@ Result<Service::Allocation> Service::Place(const Json& body, const std::string& 
                            (gmem == 0 ? std::string("the default size") : std::to_string(gmem) + " MiB") + " now (" + why + ")");
 }
 
-Result<Json> Service::Allocate(const Json& body, const std::string& server, const Caller& caller) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (caller.kind == Caller::Kind::kClient) {
-    uint32_t held = 0;
-    for (const auto& [id, x] : allocs_) held += x.kind == "process" && x.owner == caller.owner;
-    if (held >= opts_.max_allocations_per_key) {
-      ++refusals_;
-      return Status(Code::kOutOfRange, "this key holds " + std::to_string(held) + " live allocations, its limit (max_allocations_per_key " +
-                                           std::to_string(opts_.max_allocations_per_key) + "); release one first");
+Result<Json> Service::PlaceAndStore(const Json& body, const std::string& server, const std::string& kind,
+                                    const Caller& caller, const std::string& vm) {
+  int64_t lease = 0;  // granted once, kept across retries
+  for (int attempt = 0;; ++attempt) {
+    if (Status st = Sync(); !st.ok()) {
+      store_->Revoke(lease);
+      return st;
     }
-  }
-  auto a = Place(body, server, "process");
-  if (!a.ok()) {
-    ++refusals_;
-    return a.status();
-  }
-  a->owner = caller.owner;
-  if (!server.empty()) {
-    a->state = "active";  // oriond asked for its own client: it is serving it now
-    uint64_t session = 0;
-    (void)UInt(body, "session", 0xffffffffu, 0, &session);
-    a->session = static_cast<uint32_t>(session);
-  }
-  Json doc = ToJson(*a);
-  Status st = Begin();
-  if (st.ok()) st = Put(*a, &doc);
-  if (st.ok()) st = Commit();
-  if (!st.ok()) {
-    Rollback();
+    if (kind == "process" && caller.kind == Caller::Kind::kClient) {
+      uint32_t held = 0;
+      for (const auto& [id, x] : allocs_) held += x.kind == "process" && x.owner == caller.owner;
+      if (held >= opts_.max_allocations_per_key) {
+        ++refusals_;
+        store_->Revoke(lease);
+        return Status(Code::kOutOfRange, "this key holds " + std::to_string(held) + " live allocations, its limit (max_allocations_per_key " +
+                                             std::to_string(opts_.max_allocations_per_key) + "); release one first");
+      }
+    }
+    auto a = Place(body, server, kind);
+    if (!a.ok()) {
+      ++refusals_;
+      store_->Revoke(lease);
+      return a.status();
+    }
+    if (kind == "vm") {
+      a->vm = vm;
+      a->state = "active";
+      a->client_host = vm;
+    } else {
+      a->owner = caller.owner;
+      if (!server.empty()) {
+        a->state = "active";  // oriond asked for its own client: it is serving it now
+        uint64_t session = 0;
+        (void)UInt(body, "session", 0xffffffffu, 0, &session);
+        a->session = static_cast<uint32_t>(session);
+      }
+      if (store_->shared() && lease == 0) {
+        // The allocation's lease is an etcd lease: if nobody renews it, etcd drops the allocation.
+        auto l = store_->Grant(opts_.lease_ttl_ms);
+        if (!l.ok()) {
+          UnreserveLocked(*a);
+          return Unavailable("the pool's store cannot be reached: " + l.status().message());
+        }
+        lease = *l;
+      }
+      a->lease = lease;
+    }
+    StoreChange c;
+    PlaceInto(*a, &c);
+    Status st = Apply(c);
+    if (st.ok()) {
+      ++allocations_made_;
+      Json doc = ToJson(*a);
+      allocs_[a->id] = std::move(*a);
+      return doc;
+    }
     UnreserveLocked(*a);
+    if (st.code() == Code::kAlreadyExists && attempt + 1 < kMaxAttempts) {
+      Backoff(attempt);  // another controller placed on the same GPU first: decide again
+      continue;
+    }
+    store_->Revoke(lease);
+    if (st.code() == Code::kAlreadyExists) return Unavailable("the pool is too busy: placement lost " + std::to_string(kMaxAttempts) + " races in a row; try again");
     return st;
   }
-  ++allocations_made_;
-  allocs_[a->id] = std::move(*a);
-  return doc;
+}
+
+Result<Json> Service::Allocate(const Json& body, const std::string& server, const Caller& caller) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return PlaceAndStore(body, server, "process", caller, "");
 }
 
 Result<Json> Service::Confirm(const std::string& id, const Json& body) {
@@ -603,25 +721,42 @@ Result<Json> Service::Confirm(const std::string& id, const Json& body) {
   uint64_t session = 0;
   if (Status st = UInt(body, "session", 0xffffffffu, 0, &session); !st.ok()) return st;
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = allocs_.find(id);
-  if (it == allocs_.end()) return NotFound("allocation " + id + " does not exist (released or expired)");
-  Allocation& a = it->second;
-  if (a.kind != "process") return InvalidArgument("allocation " + id + " is a VM assignment");
-  if (a.server != server) return InvalidArgument("allocation " + id + " is placed on " + a.server + ", not " + server);
-  if (a.state == "active" && a.session != 0 && a.session != session) {
-    return InvalidArgument("allocation " + id + " is already used by session " + std::to_string(a.session));
+  for (int attempt = 0;; ++attempt) {
+    if (Status st = Sync(); !st.ok()) return st;
+    auto it = allocs_.find(id);
+    if (it == allocs_.end()) return NotFound("allocation " + id + " does not exist (released or expired)");
+    Allocation& a = it->second;
+    if (a.kind != "process") return InvalidArgument("allocation " + id + " is a VM assignment");
+    if (a.server != server) return InvalidArgument("allocation " + id + " is placed on " + a.server + ", not " + server);
+    if (a.state == "releasing") return FailedPrecondition("allocation " + id + " is being released (its client exited)");
+    if (a.state == "active" && a.session != 0 && a.session != session) {
+      return InvalidArgument("allocation " + id + " is already used by session " + std::to_string(a.session));
+    }
+    Allocation next = a;
+    next.state = "active";
+    next.session = static_cast<uint32_t>(session);
+    next.lease_expires_ms = WallMs() + opts_.lease_ttl_ms;
+    StoreChange c;
+    c.put_allocations.emplace_back(StoreDoc(next), next.lease);
+    if (store_->shared()) {
+      c.guards.emplace_back(AllocPath(id), Version(AllocPath(id)));
+      (void)store_->KeepAlive(next.lease, opts_.lease_ttl_ms);  // a fresh period from the confirmation
+    }
+    Status st = Apply(c);
+    if (st.code() == Code::kAlreadyExists && attempt + 1 < kMaxAttempts) {
+      Backoff(attempt);
+      continue;
+    }
+    if (st.code() == Code::kNotFound) return NotFound("allocation " + id + " expired (its lease lapsed)");
+    if (!st.ok()) return st;
+    a = next;
+    return ToJson(a);
   }
-  Allocation next = a;
-  next.state = "active";
-  next.session = static_cast<uint32_t>(session);
-  next.lease_expires_ms = WallMs() + opts_.lease_ttl_ms;
-  if (Status st = Put(next); !st.ok()) return st;
-  a = next;
-  return ToJson(a);
 }
 
 Result<Json> Service::Renew(const std::string& id, const Caller& caller) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (Status st = Sync(); !st.ok()) return st;
   auto it = allocs_.find(id);
   if (it == allocs_.end()) return NotFound("allocation " + id + " does not exist (released or expired)");
   Allocation& a = it->second;
@@ -639,6 +774,14 @@ Result<Json> Service::Renew(const std::string& id, const Caller& caller) {
                                   std::to_string(opts_.pending_ttl_ms / 1000) + " s (pending_confirm_s); it is released");
       }
       until = std::min(until, deadline);
+    }
+    if (store_->shared()) {
+      auto left = store_->KeepAlive(a.lease, opts_.lease_ttl_ms);
+      if (!left.ok()) {
+        if (left.status().code() == Code::kNotFound) return NotFound("allocation " + id + " expired (its lease lapsed)");
+        return Unavailable("the pool's store cannot be reached: " + left.status().message());
+      }
+      until = std::min(until, now + *left);
     }
     a.lease_expires_ms = until;
   }
@@ -663,12 +806,25 @@ Status Service::MayTouch(const Allocation& a, const Caller& c, const char* what)
   return Status(Code::kPermissionDenied, "unknown caller");
 }
 
-Status Service::ReleaseLocked(const std::string& id) {
-  auto it = allocs_.find(id);
-  if (it == allocs_.end()) return NotFound("allocation " + id + " does not exist (released or expired)");
-  if (Status st = Erase(it->second); !st.ok()) return st;
-  UnreserveLocked(it->second);
-  allocs_.erase(it);
+Status Service::ReleaseLocked(const std::string& id) { return ReleaseManyLocked({id}); }
+
+Status Service::ReleaseManyLocked(const std::vector<std::string>& ids) {
+  StoreChange c;
+  for (const auto& id : ids) {
+    auto it = allocs_.find(id);
+    if (it == allocs_.end()) return NotFound("allocation " + id + " does not exist (released or expired)");
+    EraseInto(it->second, &c);
+  }
+  if (ids.empty()) return Status();
+  // A guard failure: one of them changed or went (expired) since the read; the caller's next read
+  // sees it.
+  if (Status st = Apply(c); !st.ok()) return st;
+  for (const auto& id : ids) {
+    auto it = allocs_.find(id);
+    store_->Revoke(it->second.lease);
+    UnreserveLocked(it->second);
+    allocs_.erase(it);
+  }
   return Status();
 }
 
@@ -680,19 +836,45 @@ void Service::UnreserveLocked(const Allocation& a) {
   p->second.Release(v);
 }
 
-Result<Json> Service::Release(const std::string& id, const std::string& why, const Caller& caller) {
+Result<Json> Service::Release(const std::string& id, const std::string& why, const Caller& caller,
+                              const std::string& server) {
   std::lock_guard<std::mutex> lock(mu_);
+  for (int attempt = 0;; ++attempt) {
+  if (Status st = Sync(); !st.ok()) return st;
   auto it = allocs_.find(id);
   if (it == allocs_.end()) return NotFound("allocation " + id + " does not exist (released or expired)");
   if (Status st = MayTouch(it->second, caller, "release"); !st.ok()) return st;
   if (it->second.kind != "process") return InvalidArgument("allocation " + id + " is VM " + it->second.vm + "'s assignment");
   Json j = {{"id", id}, {"server", it->second.server}, {"released", why}};
-  if (Status st = ReleaseLocked(id); !st.ok()) return st;
+  if (server.empty() && why == "client_exited" && (it->second.state == "active" || it->second.state == "releasing")) {
+    j["state"] = "releasing";
+    if (it->second.state == "releasing") return j;
+    Allocation next = it->second;
+    next.state = "releasing";
+    StoreChange c;
+    c.put_allocations.emplace_back(StoreDoc(next), next.lease);
+    if (store_->shared()) c.guards.emplace_back(AllocPath(id), Version(AllocPath(id)));
+    Status st = Apply(c);
+    if (st.code() == Code::kAlreadyExists && attempt + 1 < kMaxAttempts) {
+      Backoff(attempt);
+      continue;
+    }
+    if (st.code() == Code::kNotFound) return NotFound("allocation " + id + " expired (its lease lapsed)");
+    if (!st.ok()) return st;
+    it->second = next;
+    return j;
+  }
+  if (Status st = ReleaseLocked(id); !st.ok()) {
+    if (st.code() == Code::kAlreadyExists && attempt + 1 < kMaxAttempts) continue;  // changed meanwhile: read again
+    return st;
+  }
   return j;
+  }
 }
 
-Result<Json> Service::GetAllocation(const std::string& id, const Caller& caller) const {
+Result<Json> Service::GetAllocation(const std::string& id, const Caller& caller) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (Status st = Sync(); !st.ok()) return st;
   auto it = allocs_.find(id);
   if (it == allocs_.end()) return NotFound("allocation " + id + " does not exist (released or expired)");
   // Servers read any allocation (they are trusted with the pool's state); clients only their own.
@@ -702,8 +884,9 @@ Result<Json> Service::GetAllocation(const std::string& id, const Caller& caller)
   return ToJson(it->second);
 }
 
-Json Service::ListAllocations(const std::string& host, const std::string& kind, const Caller& caller) const {
+Json Service::ListAllocations(const std::string& host, const std::string& kind, const Caller& caller) {
   std::lock_guard<std::mutex> lock(mu_);
+  SyncForRead();
   Json out = Json::array();
   for (const auto& [id, a] : allocs_) {
     if (caller.kind == Caller::Kind::kClient && a.owner != caller.owner) continue;
@@ -719,6 +902,7 @@ Result<Json> Service::Assign(const std::string& vm, const Json& body) {
   std::string server;
   if (Status st = Str(body, "server", 300, &server); !st.ok()) return st;
   std::lock_guard<std::mutex> lock(mu_);
+  if (Status st = Sync(); !st.ok()) return st;
   for (const auto& [id, a] : allocs_) {
     if (a.kind != "vm" || a.vm != vm) continue;
     uint64_t vgpus = 0, gmem = 0;
@@ -730,29 +914,14 @@ Result<Json> Service::Assign(const std::string& vm, const Json& body) {
     return ResourceExhausted("VM " + vm + " already holds " + std::to_string(a.vgpus) + " x " +
                              std::to_string(a.gmem_mib) + " MiB on " + a.server);
   }
-  auto a = Place(body, server, "vm");
-  if (!a.ok()) {
-    ++refusals_;
-    return a.status();
-  }
-  a->vm = vm;
-  a->state = "active";
-  a->client_host = vm;
-  Status st = Begin();
-  if (st.ok()) st = Put(*a);
-  if (st.ok()) st = Commit();
-  if (!st.ok()) {
-    Rollback();
-    UnreserveLocked(*a);
-    return st;
-  }
-  ++allocations_made_;
-  allocs_[a->id] = *a;
-  return ToJson(*a);
+  // etcd: two controllers assigning the same VM at the same moment could both place it (no key
+  // guards a VM's name); the libvirt hook assigns a VM once, when it starts.
+  return PlaceAndStore(body, server, "vm", Caller{}, vm);
 }
 
 Result<Json> Service::Unassign(const std::string& vm) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (Status st = Sync(); !st.ok()) return st;
   for (const auto& [id, a] : allocs_) {
     if (a.kind == "vm" && a.vm == vm) {
       Json j = ToJson(a);
@@ -763,8 +932,9 @@ Result<Json> Service::Unassign(const std::string& vm) {
   return NotFound("VM " + vm + " has no assignment");
 }
 
-Json Service::Summary() const {
+Json Service::Summary() {
   std::lock_guard<std::mutex> lock(mu_);
+  SyncForRead();
   uint32_t total = 0, free = 0, up = 0;
   for (const auto& [id, s] : servers_) {
     if (!s.up) continue;
@@ -778,11 +948,13 @@ Json Service::Summary() const {
   return Json{{"servers", servers_.size()}, {"servers_up", up}, {"vgpus_total", total}, {"vgpus_free", free},
               {"vgpus_used", total - free}, {"allocations", allocs_.size() - vms}, {"assignments", vms},
               {"policy", opts_.policy == host::PlacementPolicy::kPack ? "pack" : "spread"},
-              {"lease_ttl_ms", opts_.lease_ttl_ms}};
+              {"lease_ttl_ms", opts_.lease_ttl_ms},
+              {"store", {{"kind", store_->kind()}, {"reachable", store_ok_}}}};
 }
 
-std::string Service::Metrics() const {
+std::string Service::Metrics() {
   std::lock_guard<std::mutex> lock(mu_);
+  SyncForRead();
   std::string out;
   // One metric family: HELP and TYPE, then its samples ("{labels} value" or " value").
   auto family = [&](const char* name, const char* type, const char* help, const std::vector<std::string>& samples) {
@@ -826,6 +998,11 @@ std::string Service::Metrics() const {
   family("orion_gpu_memory_total_mib", "gauge", "physical GPU memory", gpu_total);
   family("orion_gpu_memory_allocated_mib", "gauge", "vGPU quota placed on the GPU", gpu_alloc);
   family("orion_gpu_memory_used_mib", "gauge", "memory the GPU's sessions use (oriond's heartbeats)", gpu_used);
+  const std::string kind = std::string("{store=\"") + store_->kind() + "\"}";
+  family("orion_controller_store_up", "gauge", "this controller reached its store at its last read or write", {kind + num(store_ok_ ? 1 : 0)});
+  family("orion_controller_store_conflicts_total", "counter",
+         "this controller's placements and updates that lost a race to another controller and were retried", {kind + num(conflicts_)});
+  family("orion_controller_store_errors_total", "counter", "this controller's store reads and writes that failed", {kind + num(store_errors_)});
   return out;
 }
 
@@ -833,7 +1010,24 @@ std::vector<std::string> Service::Sweep(uint64_t now_ms) {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::string> did;
   std::vector<std::string> drop;
-  if (opts_.clock_gap_ms != 0 && last_sweep_ms_ != 0 && now_ms > last_sweep_ms_ + opts_.clock_gap_ms) {
+  if (store_->shared()) {
+    // etcd keeps the time: leases lapse there (allocations, servers' alive and present keys). What
+    // is left here: allocations of servers gone for server_release, and never-confirmed ones.
+    std::set<std::string> was_up;
+    for (const auto& [id, s] : servers_) {
+      if (s.up) was_up.insert(id);
+    }
+    const bool was_ok = store_ok_;
+    if (Status st = Sync(); !st.ok()) {
+      if (was_ok) did.push_back(st.message() + "; placements fail (503) until it is back");
+      return did;
+    }
+    if (!was_ok) did.push_back(std::string("the pool's store (") + store_->kind() + ") is reachable again");
+    for (const auto& [id, s] : servers_) {
+      if (was_up.count(id) && !s.up) did.push_back("server " + id + " stopped heartbeating; its vGPUs are withheld");
+    }
+  }
+  if (!store_->shared() && opts_.clock_gap_ms != 0 && last_sweep_ms_ != 0 && now_ms > last_sweep_ms_ + opts_.clock_gap_ms) {
     // The controller itself was away (paused, suspended, clock stepped): nobody could renew or
     // heartbeat meanwhile. Give every lease and live server a fresh period from now.
     for (auto& [id, s] : servers_) {
@@ -847,13 +1041,22 @@ std::vector<std::string> Service::Sweep(uint64_t now_ms) {
                   std::to_string(opts_.lease_ttl_ms) + " ms");
   }
   last_sweep_ms_ = std::max(last_sweep_ms_, now_ms);
+  std::set<std::string> present;
+  if (store_->shared()) {
+    for (const auto& [path, v] : versions_) {
+      if (path.rfind("present/", 0) == 0) present.insert(path.substr(8));
+    }
+  }
   for (auto& [id, s] : servers_) {
-    if (s.up && now_ms > s.last_seen_ms + opts_.server_timeout_ms) {
+    if (!store_->shared() && s.up && now_ms > s.last_seen_ms + opts_.server_timeout_ms) {
       s.up = false;
-      (void)Put(s);
+      StoreChange c;
+      c.put_servers.push_back(StoreDoc(s));
+      (void)Apply(c);
       did.push_back("server " + id + " stopped heartbeating; its vGPUs are withheld");
     }
-    if (!s.up && now_ms > s.last_seen_ms + opts_.server_release_ms) {
+    const bool gone = store_->shared() ? !s.up && present.count(id) == 0 : !s.up && now_ms > s.last_seen_ms + opts_.server_release_ms;
+    if (gone) {
       for (const auto& [aid, a] : allocs_) {
         if (a.server == id && a.kind == "process") {
           drop.push_back(aid);
@@ -870,7 +1073,7 @@ std::vector<std::string> Service::Sweep(uint64_t now_ms) {
       did.push_back("allocation " + aid + " expired: no server confirmed it within " + std::to_string(opts_.pending_ttl_ms) + " ms");
       continue;
     }
-    if (a.kind == "process" && a.lease_expires_ms != 0 && now_ms > a.lease_expires_ms &&
+    if (!store_->shared() && a.kind == "process" && a.lease_expires_ms != 0 && now_ms > a.lease_expires_ms &&
         std::find(drop.begin(), drop.end(), aid) == drop.end()) {
       drop.push_back(aid);
       ++expired_;
@@ -878,7 +1081,12 @@ std::vector<std::string> Service::Sweep(uint64_t now_ms) {
                     a.client_process + ") expired: nobody renewed its lease");
     }
   }
-  for (const auto& aid : drop) (void)ReleaseLocked(aid);
+  if (store_->shared()) {
+    // One transaction; if another controller got there first it fails and the next sweep sees why.
+    if (!drop.empty() && !ReleaseManyLocked(drop).ok()) did.clear();
+  } else {
+    for (const auto& aid : drop) (void)ReleaseLocked(aid);
+  }
   return did;
 }
 

@@ -402,9 +402,9 @@ CUresult Client::HandshakeLocked(uint64_t vgpus, uint64_t gmem, const std::strin
 
 CUresult Client::AllocateFromControllerLocked(uint64_t vgpus, uint64_t gmem, std::string* server) noexcept {
   controller_addr_ = ivshmem::ClientControllerAddr();
-  auto ep = controller::ParseEndpoint(controller_addr_);
-  if (!ep.ok()) {
-    LogError("ORION_CONTROLLER / controller_addr: " + ep.status().message());
+  auto eps = controller::ParseEndpoints(controller_addr_);  // one or several controllers
+  if (!eps.ok()) {
+    LogError("ORION_CONTROLLER / controller_addr: " + eps.status().message());
     return CUDA_ERROR_INVALID_VALUE;
   }
   bool bad = false;
@@ -416,7 +416,7 @@ CUresult Client::AllocateFromControllerLocked(uint64_t vgpus, uint64_t gmem, std
   char host[256] = {};
   gethostname(host, sizeof host - 1);
   try {
-  controller::ControllerClient cc(*ep, ivshmem::ClientControllerKey(), 5000);
+  controller::ControllerClient cc(*eps, ivshmem::ClientControllerKey(), 5000);
   // Host and program names are bytes, not text: JSON needs valid UTF-8 (invalid bytes become U+FFFD).
   nlohmann::json req = {{"vgpus", vgpus}, {"gmem_mib", gmem},
                         {"client", {{"host", ValidUtf8(host)}, {"pid", static_cast<uint32_t>(getpid())},
@@ -424,7 +424,7 @@ CUresult Client::AllocateFromControllerLocked(uint64_t vgpus, uint64_t gmem, std
   if (ratio != 0) req["ratio"] = ratio;
   auto r = cc.Call("POST", "/v1/allocations", req);
   if (!r.ok()) {
-    LogError("Fail to get resource from controller " + ep->text() + ": " + LogSafe(r.status().message()));
+    LogError("Fail to get resource from controller " + cc.endpoint().text() + ": " + LogSafe(r.status().message()));
     switch (r.status().code()) {
       case Code::kInvalidArgument: return CUDA_ERROR_INVALID_VALUE;
       case Code::kResourceExhausted: return CUDA_ERROR_OUT_OF_MEMORY;
@@ -435,13 +435,13 @@ CUresult Client::AllocateFromControllerLocked(uint64_t vgpus, uint64_t gmem, std
   const nlohmann::json& a = *r;
   if (!a.contains("id") || !a["id"].is_string() || !a.contains("server") || !a["server"].is_string() ||
       !a.contains("placements") || !a["placements"].is_array() || a["placements"].empty()) {
-    LogError("Fail to get resource from controller " + ep->text() + ": malformed reply");
+    LogError("Fail to get resource from controller " + cc.endpoint().text() + ": malformed reply");
     return CUDA_ERROR_NO_DEVICE;
   }
   const std::string id = a["id"].get<std::string>();
   if (!IsUuid(id)) {
     // It would go into DELETE /v1/allocations/<id> and oriond's Hello: nothing but a UUID may.
-    LogError("Fail to get resource from controller " + ep->text() + ": malformed allocation id " + LogSafe(id));
+    LogError("Fail to get resource from controller " + cc.endpoint().text() + ": malformed allocation id " + LogSafe(id));
     return CUDA_ERROR_NO_DEVICE;
   }
   controller_alloc_ = id;
@@ -450,10 +450,10 @@ CUresult Client::AllocateFromControllerLocked(uint64_t vgpus, uint64_t gmem, std
   for (const auto& p : a["placements"]) {
     if (p.contains("text") && p["text"].is_string()) where += " " + p["text"].get<std::string>();
   }
-  LogInfo("Orion Controller " + ep->text() + " placed allocation " + controller_alloc_ + ":" + LogSafe(where));
+  LogInfo("Orion Controller " + cc.endpoint().text() + " placed allocation " + controller_alloc_ + ":" + LogSafe(where));
   return CUDA_SUCCESS;
   } catch (const std::exception& e) {  // nothing may escape: this runs inside cuInit
-    LogError("Fail to get resource from controller " + ep->text() + ": " + LogSafe(e.what()));
+    LogError("Fail to get resource from controller " + controller_addr_ + ": " + LogSafe(e.what()));
     return CUDA_ERROR_NO_DEVICE;
   }
 }
@@ -462,9 +462,9 @@ void Client::ReleaseControllerAllocation(const char* why) noexcept {
   if (controller_alloc_.empty()) return;
   const std::string id = std::exchange(controller_alloc_, std::string());
   if (!IsUuid(id)) return;  // never put anything else into a request line
-  auto ep = controller::ParseEndpoint(controller_addr_);
-  if (!ep.ok()) return;
-  controller::ControllerClient cc(*ep, ivshmem::ClientControllerKey(), 2000);
+  auto eps = controller::ParseEndpoints(controller_addr_);
+  if (!eps.ok()) return;
+  controller::ControllerClient cc(*eps, ivshmem::ClientControllerKey(), 2000);
   // oriond releases it too when the session ends: "not found" here is normal.
   (void)cc.Call("DELETE", "/v1/allocations/" + id + "?reason=" + why);
   LogInfo("Client exits with allocation ID " + id);

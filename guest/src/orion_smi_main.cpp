@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
                          "[controller] of client.conf)\n");
     return 1;
   }
-  auto ep = orion::controller::ParseEndpoint(addr);
+  auto ep = orion::controller::ParseEndpoints(addr);
   if (!ep.ok()) {
     std::fprintf(stderr, "orion-smi: %s\n", ep.status().message().c_str());
     return 1;
@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
   orion::controller::ControllerClient cc(*ep, orion::ivshmem::ClientControllerKey(), 5000);
   auto list = cc.Call("GET", all ? "/v1/allocations?kind=process" : std::string("/v1/allocations?kind=process&host=") + host);
   if (!list.ok()) {
-    std::fprintf(stderr, "orion-smi: Orion Controller %s: %s\n", ep->text().c_str(), list.status().message().c_str());
+    std::fprintf(stderr, "orion-smi: Orion Controller %s: %s\n", cc.endpoint().text().c_str(), list.status().message().c_str());
     return 1;
   }
   if (json) {
@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
   const std::string bar = "+" + std::string(85, '-') + "+";
   std::printf("%s\n", stamp);
   std::printf("%s\n", bar.c_str());
-  std::printf("| %-40s%42s |\n", "ORION-SMI", ("Orion Controller " + ep->text()).c_str());
+  std::printf("| %-40s%42s |\n", "ORION-SMI", ("Orion Controller " + cc.endpoint().text()).c_str());
   std::printf("| %-40s%42s |\n", all ? "all client hosts" : (std::string("client host ") + host).c_str(), "");
   std::printf("|%s|\n", std::string(85, '-').c_str());
   std::printf("| %-21s | %4s | %4s | %-24s | %-20s |\n", "Server", "pGPU", "vGPU", "Physical GPU", "Memory-Usage");

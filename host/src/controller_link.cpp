@@ -16,14 +16,15 @@ std::string ControllerAddrForServer(const std::string& configured) {
 }
 
 namespace {
-controller::Endpoint EndpointOr(const std::string& addr) {
-  auto ep = controller::ParseEndpoint(addr);
-  return ep.ok() ? *ep : controller::Endpoint{addr, controller::kDefaultPort};
+// One controller or several ("a:9123,b:9123": one pool on etcd; requests fail over in order).
+std::vector<controller::Endpoint> EndpointsOr(const std::string& addr) {
+  auto eps = controller::ParseEndpoints(addr);
+  return eps.ok() ? *eps : std::vector<controller::Endpoint>{{addr, controller::kDefaultPort}};
 }
 }  // namespace
 
 ControllerLink::ControllerLink(ControllerLinkOptions opts, std::shared_ptr<spdlog::logger> log)
-    : opts_(std::move(opts)), log_(std::move(log)), client_(EndpointOr(opts_.controller_addr), opts_.key, opts_.timeout_ms) {
+    : opts_(std::move(opts)), log_(std::move(log)), client_(EndpointsOr(opts_.controller_addr), opts_.key, opts_.timeout_ms) {
   std::mt19937_64 rng{std::random_device{}()};
   boot_id_ = std::to_string(rng());
 }

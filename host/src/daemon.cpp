@@ -289,7 +289,7 @@ Status Daemon::StartServing() {
   // The controller, when one is configured; standalone admission otherwise.
   const std::string controller = ControllerAddrForServer(config_.controller_addr);
   if (!controller.empty()) {
-    if (auto ep = controller::ParseEndpoint(controller); !ep.ok()) {
+    if (auto ep = controller::ParseEndpoints(controller); !ep.ok()) {
       return InvalidArgument("controller_addr: " + ep.status().message());
     }
     ControllerLinkOptions lo;

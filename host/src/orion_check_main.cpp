@@ -45,7 +45,7 @@ std::string Field(const std::string& s, const std::string& key) {
 // Orion's controller lines: "Address A is reached." and the pool's vGPU counts (GET /v1/status).
 bool ControllerStatus(const std::string& addr, const std::string& key) {
   std::printf("Checking Orion Controller status ...\n");
-  auto ep = orion::controller::ParseEndpoint(addr);
+  auto ep = orion::controller::ParseEndpoints(addr);
   if (!ep.ok()) {
     std::printf("Controller address '%s' is not valid: %s\n", addr.c_str(), ep.status().message().c_str());
     return false;
@@ -53,10 +53,10 @@ bool ControllerStatus(const std::string& addr, const std::string& key) {
   orion::controller::ControllerClient cc(*ep, key, 3000);
   auto st = cc.Call("GET", "/v1/status");
   if (!st.ok()) {
-    std::printf("Address %s is not reached: %s\n", ep->text().c_str(), st.status().message().c_str());
+    std::printf("Address %s is not reached: %s\n", cc.endpoint().text().c_str(), st.status().message().c_str());
     return false;
   }
-  std::printf("Address %s is reached.\n", ep->text().c_str());
+  std::printf("Address %s is reached.\n", cc.endpoint().text().c_str());
   const auto num = [&](const char* k) { return (*st).contains(k) ? (*st)[k].dump() : std::string("?"); };
   std::printf("There are %s vGPU under managed by Orion Controller. %s vGPU are free now.\n", num("vgpus_total").c_str(),
               num("vgpus_free").c_str());

@@ -1,7 +1,7 @@
 // orion/controller/config.h — controller.yaml (documented in README "Controller").
 //
 //   listen: 0.0.0.0:9123
-//   database: /var/lib/orion/controller.db
+//   database: /var/lib/orion/controller.db   # or sqlite:<file>, or etcd://h1:2379,h2:2379,h3:2379
 //   placement: pack            # pack | spread
 //   lease_ttl_s: 15
 //   server_timeout_s: 10

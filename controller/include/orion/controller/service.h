@@ -1,19 +1,22 @@
 // orion/controller/service.h — the vGPU pool behind orion-controller: servers and their GPUs,
 // allocations (a process's vGPUs, leased) and assignments (a VM's vGPUs, standing), placement,
-// leases and server liveness. State is kept in memory and written through to SQLite (WAL) in the
-// same critical section, so a restart loses nothing and concurrent requests never double-book a
-// vGPU (one mutex; the placements table's primary key is a second guard).
+// leases and server liveness. The state lives in a Store (orion/controller/store.h): SQLite for one
+// controller (the in-memory copy is the truth; every change is written through in the same
+// critical section, so a restart loses nothing), or etcd for several controllers (each decision
+// starts from a fresh read, and every change is one etcd transaction guarded on the vGPU keys it
+// takes, so any number of controllers can place at once without double booking; a lost race is
+// retried from a fresh read).
 //
 // Every method takes and returns JSON objects shaped as in controller/openapi.yaml; errors carry
 // the Code that the REST layer maps to an HTTP status (kInvalidArgument 400, kPermissionDenied 403,
 // kNotFound 404, kResourceExhausted and kFailedPrecondition 409, kOutOfRange 429 (a per-key limit),
-// kUnavailable 503).
+// kUnavailable 503: no server is up, or the store cannot be reached).
 //
 // Ownership: every allocation records who made it (Caller::owner, a hash of the key, never the key)
 // and the server that serves it. A client key may read, renew and release only its own; a server
 // key only those its server serves (Caller::server); an admin key, or an open controller, all.
 //
-//   auto svc = Service::Open(opts);           // creates or reopens the database
+//   auto svc = Service::Open(opts);           // opens the store (creates a SQLite file if absent)
 //   svc->RegisterServer("10.0.0.7:9960", body);
 //   auto a = svc->Allocate({{"vgpus", 2}, {"gmem_mib", 4096}}, "");
 //   svc->Sweep(NowMs());                      // leases and heartbeats (the REST layer calls it)
@@ -29,17 +32,15 @@
 #include <vector>
 
 #include "orion/common/status.h"
+#include "orion/controller/store.h"
 #include "orion/host/pool.h"
-
-struct sqlite3;
-struct sqlite3_stmt;
 
 namespace orion::controller {
 
 using Json = nlohmann::json;
 
 struct ServiceOptions {
-  std::string database;                   // SQLite file (created if absent)
+  std::string database;                   // "sqlite:<file>" or a file (created if absent), or "etcd://h:p,h:p,..."
   host::PlacementPolicy policy = host::PlacementPolicy::kPack;
   uint64_t lease_ttl_ms = 15000;          // an allocation nobody renews is released after this
   uint64_t server_timeout_ms = 10000;     // a server silent this long is down: its vGPUs are withheld
@@ -63,16 +64,28 @@ struct Caller {
 
 uint64_t WallMs();
 
+// Copies `from`'s state into `to` (orion-controller migrate): servers (on etcd with fresh liveness
+// leases: each has server_timeout to heartbeat through a new controller and server_release before
+// its clients' allocations go), VM assignments, and process allocations (each with a fresh lease of
+// lease_ttl: their clients and servers renew through the new controllers). One change per item
+// (etcd bounds a transaction's size). Returns a one-line summary. kFailedPrecondition when `to`
+// already holds servers or allocations and !force.
+Result<std::string> MigrateState(Store& from, Store& to, const ServiceOptions& opts, bool force);
+
 class Service {
  public:
   static Result<std::unique_ptr<Service>> Open(ServiceOptions opts);
+  // On a store opened by the caller (migration, tests).
+  static Result<std::unique_ptr<Service>> Open(ServiceOptions opts, std::unique_ptr<Store> store);
   ~Service();
 
   // Servers (role: server). `id` is the server's data-plane address "ip:port".
   Result<Json> RegisterServer(const std::string& id, const Json& body);
   Result<Json> Heartbeat(const std::string& id, const Json& body);
   Result<Json> DeregisterServer(const std::string& id);
-  Json Servers() const;
+  // Reads (Servers, ListAllocations, Summary, Metrics) answer from the last state read when the
+  // store cannot be reached; Summary says so ("store": {"reachable": false}).
+  Json Servers();
 
   // Allocations. `server` non-empty: placed on that server only (oriond asking for its own client,
   // which is then active at once).
@@ -80,21 +93,29 @@ class Service {
   Result<Json> Allocate(const Json& body, const std::string& server, const Caller& caller = {});
   Result<Json> Confirm(const std::string& id, const Json& body);
   Result<Json> Renew(const std::string& id, const Caller& caller = {});
-  Result<Json> Release(const std::string& id, const std::string& why, const Caller& caller = {});
-  Result<Json> GetAllocation(const std::string& id, const Caller& caller = {}) const;
+  // `server`: the server that says its session ended ("server" in the query, as oriond sends it).
+  // A client's "client_exited" release of an active allocation (a session serves it) keeps its
+  // vGPUs, in state "releasing", until that server's own release or the lease's end: the session
+  // is still ending on the server, and placing another client there now would be refused by it.
+  Result<Json> Release(const std::string& id, const std::string& why, const Caller& caller = {},
+                       const std::string& server = "");
+  Result<Json> GetAllocation(const std::string& id, const Caller& caller = {});
   // A client caller sees only its own allocations.
-  Json ListAllocations(const std::string& host, const std::string& kind, const Caller& caller = {}) const;
+  Json ListAllocations(const std::string& host, const std::string& kind, const Caller& caller = {});
 
   // Standing assignments for VMs, keyed by VM (libvirt domain) name.
   Result<Json> Assign(const std::string& vm, const Json& body);
   Result<Json> Unassign(const std::string& vm);
 
-  Json Summary() const;
-  std::string Metrics() const;  // Prometheus text (the pool part)
+  Json Summary();
+  std::string Metrics();  // Prometheus text (the pool part and this controller's store)
+  // {"kind": "sqlite"|"etcd", "where": ..., "reachable": bool, "error": ...} (not under the pool's lock).
+  Json StoreHealth();
+  const Store& store() const { return *store_; }
   // Releases expired leases and withholds silent servers. Returns what it did, for the log.
   std::vector<std::string> Sweep(uint64_t now_ms);
-  // Copies the WAL into the database file (PASSIVE: never blocks requests). The REST layer calls
-  // it every few seconds.
+  // SQLite: copies the WAL into the database file (PASSIVE: never blocks requests). The REST layer
+  // calls it every few seconds.
   void Checkpoint();
 
  private:
@@ -110,6 +131,7 @@ class Service {
     bool up = true;
     uint64_t last_seen_ms = 0;
     uint64_t registered_ms = 0;
+    int64_t alive_lease = 0, present_lease = 0;  // etcd (store.h)
   };
   struct Slot {
     uint32_t pgpu = 0, vgpu = 0;
@@ -126,40 +148,51 @@ class Service {
     std::string state = "pending";  // pending (not yet confirmed by oriond) | active
     uint32_t session = 0;
     uint64_t created_ms = 0, lease_expires_ms = 0;
+    int64_t lease = 0;  // etcd: the lease its keys are attached to
     std::vector<Slot> slots;
   };
 
-  explicit Service(ServiceOptions opts) : opts_(std::move(opts)) {}
-  Status Load();
-  Status Exec(const std::string& sql);
-  Status Put(const Server& s);
-  Status Put(const Allocation& a, const Json* doc = nullptr);
-  Status Run(const char* sql, const std::vector<std::string>& text, const std::vector<int64_t>& ints = {});
-  Status Erase(const Allocation& a);
-  Status Begin();
-  Status Commit();
-  void Rollback();
+  Service(ServiceOptions opts, std::unique_ptr<Store> store) : opts_(std::move(opts)), store_(std::move(store)) {}
+  // Replaces the in-memory state with the store's. `initial`: the first read (SQLite's grace rules).
+  Status Absorb(const StoreState& st, bool initial);
+  // A shared store: reads it again (before every decision). SQLite: nothing to do.
+  Status Sync();
+  void SyncForRead();  // Sync, keeping the last state when the store cannot be reached
+  Status Apply(const StoreChange& c);
   static Json ToJson(const Server& s);
   Json ToJson(const Allocation& a) const;
+  static Json StoreDoc(const Server& s);
+  Json StoreDoc(const Allocation& a) const;
+  // Guards for erasing `a` (its document still the one read) into `c`.
+  void EraseInto(const Allocation& a, StoreChange* c) const;
+  // Guards and GPU counters for a new placement of `a` into `c`.
+  void PlaceInto(const Allocation& a, StoreChange* c) const;
+  int64_t Version(const std::string& path) const;
   const host::VgpuPool& PoolOf(const Server& s) const;  // pools_'s entry (empty if none)
   // Every server's pool (or only `only`'s), from one pass over the allocations.
   std::map<std::string, host::VgpuPool> Pools(const std::string& only = "") const;
   Result<Allocation> Place(const Json& body, const std::string& server, const std::string& kind);
+  // Stores a new allocation or assignment (placed by Place, reserved in pools_). Retries placement
+  // from a fresh read when another controller took a guarded key first.
+  Result<Json> PlaceAndStore(const Json& body, const std::string& server, const std::string& kind, const Caller& caller,
+                     const std::string& vm);
   Status ReleaseLocked(const std::string& id);
+  Status ReleaseManyLocked(const std::vector<std::string>& ids);
   // kPermissionDenied unless `c` may renew or release `a` (see Ownership above).
   static Status MayTouch(const Allocation& a, const Caller& c, const char* what);
   void UnreserveLocked(const Allocation& a);  // gives its slots back to pools_
 
   ServiceOptions opts_;
-  sqlite3* db_ = nullptr;
-  sqlite3* checkpoint_db_ = nullptr;
-  int lock_fd_ = -1;
-  std::map<const char*, struct sqlite3_stmt*> stmts_;
+  std::unique_ptr<Store> store_;
   mutable std::mutex mu_;
   std::map<std::string, Server> servers_;
   std::map<std::string, Allocation> allocs_;
   std::map<std::string, host::VgpuPool> pools_;  // per server: slots taken by allocs_ (kept in step)
+  std::map<std::string, int64_t> versions_;      // etcd: path -> mod_revision at the last read
   uint64_t allocations_made_ = 0, refusals_ = 0, expired_ = 0;
+  uint64_t conflicts_ = 0, store_errors_ = 0;    // lost races (retried), failed store reads/writes
+  bool store_ok_ = true;
+  std::string store_error_;
   uint64_t last_sweep_ms_ = 0;
 };
 

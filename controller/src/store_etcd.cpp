@@ -1,0 +1,247 @@
+// The cluster store: etcd v3 through its JSON gateway (POST /v3/kv/range, /v3/kv/txn,
+// /v3/lease/grant, /v3/lease/keepalive, /v3/lease/revoke; keys and values base64, 64-bit numbers
+// as decimal strings), over cpp-httplib with one keep-alive connection per member.
+//
+// Failover: requests go to the member that answered last; a member that cannot be reached, times
+// out, or answers that it has no leader is skipped for the next one. A write whose answer was lost
+// may have been applied: every write is a guarded transaction, so a repeat fails its guards
+// instead of applying twice, and a placement made twice that way is an orphan whose lease lapses.
+//
+// Keys: everything under /orion/ (store.h lists the paths).
+#include <httplib.h>
+#include <openssl/evp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+
+#include "orion/controller/client.h"
+#include "orion/controller/store.h"
+
+namespace orion::controller {
+
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr const char* kPrefix = "/orion/";
+constexpr const char* kPrefixEnd = "/orion0";  // '/' + 1: the end of the prefix's range
+constexpr int kConnectTimeoutMs = 500;
+// Longer than a healthy transaction (a few ms), shorter than etcd's own request timeout (~7 s),
+// which is what a member without a quorum answers after.
+constexpr int kReadTimeoutMs = 2000;
+constexpr size_t kMaxMembers = 16;
+
+std::string B64(const std::string& s) {
+  std::string out(4 * ((s.size() + 2) / 3), '\0');
+  const int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()), reinterpret_cast<const unsigned char*>(s.data()),
+                                static_cast<int>(s.size()));
+  out.resize(static_cast<size_t>(std::max(n, 0)));
+  return out;
+}
+
+Result<std::string> Unb64(const std::string& s) {
+  if (s.size() % 4 != 0) return Internal("etcd sent malformed base64");
+  std::string out(3 * (s.size() / 4), '\0');
+  const int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()), reinterpret_cast<const unsigned char*>(s.data()),
+                                static_cast<int>(s.size()));
+  if (n < 0) return Internal("etcd sent malformed base64");
+  size_t len = static_cast<size_t>(n);
+  // EVP_DecodeBlock counts padding as zero bytes.
+  if (!s.empty() && s.back() == '=') --len;
+  if (s.size() >= 2 && s[s.size() - 2] == '=') --len;
+  out.resize(len);
+  return out;
+}
+
+// proto3 JSON: int64 fields are strings; absent means 0.
+int64_t I64(const Json& j, const char* key) {
+  if (!j.is_object() || !j.contains(key)) return 0;
+  const Json& v = j[key];
+  if (v.is_number_integer()) return v.get<int64_t>();
+  if (v.is_string()) {
+    const std::string& t = v.get_ref<const std::string&>();
+    char* end = nullptr;
+    const long long n = std::strtoll(t.c_str(), &end, 10);
+    return end != nullptr && *end == '\0' ? static_cast<int64_t>(n) : 0;
+  }
+  return 0;
+}
+
+class EtcdStore final : public Store {
+ public:
+  explicit EtcdStore(std::vector<Endpoint> members) : members_(std::move(members)) {
+    for (const auto& m : members_) {
+      auto c = std::make_unique<httplib::Client>(m.host, m.port);
+      c->set_connection_timeout(std::chrono::milliseconds(kConnectTimeoutMs));
+      c->set_read_timeout(std::chrono::milliseconds(kReadTimeoutMs));
+      c->set_write_timeout(std::chrono::milliseconds(kReadTimeoutMs));
+      c->set_keep_alive(true);
+      c->set_tcp_nodelay(true);  // headers and body are two writes: Nagle would hold the body for the delayed ACK (40 ms)
+      clients_.push_back(std::move(c));
+    }
+  }
+
+  const char* kind() const override { return "etcd"; }
+  std::string where() const override {
+    std::string s = "etcd://";
+    for (size_t i = 0; i < members_.size(); ++i) s += (i ? "," : "") + members_[i].text();
+    return s;
+  }
+  bool shared() const override { return true; }
+
+  Result<StoreState> Load() override {
+    auto r = Call("/v3/kv/range", {{"key", B64(kPrefix)}, {"range_end", B64(kPrefixEnd)}});
+    if (!r.ok()) return r.status();
+    StoreState st;
+    const size_t plen = std::string(kPrefix).size();
+    for (const Json& kv : r->value("kvs", Json::array())) {
+      auto key = Unb64(kv.value("key", ""));
+      if (!key.ok()) return key.status();
+      if (key->compare(0, plen, kPrefix) != 0) continue;
+      const std::string path = key->substr(plen);
+      st.versions[path] = I64(kv, "mod_revision");
+      auto doc_of = [&]() -> Result<Json> {
+        auto v = Unb64(kv.value("value", ""));
+        if (!v.ok()) return v.status();
+        Json j = Json::parse(*v, nullptr, false);
+        if (j.is_discarded() || !j.is_object()) return Internal("etcd key " + *key + " holds a damaged document");
+        return j;
+      };
+      if (path.rfind("servers/", 0) == 0) {
+        auto j = doc_of();
+        if (!j.ok()) return j.status();
+        st.servers.push_back(std::move(*j));
+      } else if (path.rfind("allocations/", 0) == 0) {
+        auto j = doc_of();
+        if (!j.ok()) return j.status();
+        (*j)["lease"] = I64(kv, "lease");
+        st.allocations.push_back(std::move(*j));
+      } else if (path.rfind("alive/", 0) == 0) {
+        st.alive.insert(path.substr(6));
+      } else if (path.rfind("present/", 0) == 0) {
+        st.present.insert(path.substr(8));
+      }
+    }
+    return st;
+  }
+
+  Status Apply(const StoreChange& c) override {
+    Json compare = Json::array(), ops = Json::array();
+    for (const auto& [path, version] : c.guards) {
+      compare.push_back({{"key", B64(kPrefix + path)}, {"target", "MOD"}, {"result", "EQUAL"},
+                         {"mod_revision", std::to_string(version)}});
+    }
+    auto put = [&](const std::string& path, const std::string& value, int64_t lease) {
+      Json p = {{"key", B64(kPrefix + path)}, {"value", B64(value)}};
+      if (lease != 0) p["lease"] = std::to_string(lease);
+      ops.push_back({{"request_put", p}});
+    };
+    auto del = [&](const std::string& path) { ops.push_back({{"request_delete_range", {{"key", B64(kPrefix + path)}}}}); };
+    auto slots = [](const Json& a, auto fn) {
+      for (const Json& p : a.value("placements", Json::array())) {
+        fn("vgpus/" + a.value("server", "") + "/" + std::to_string(p.value("pgpu", 0u)) + "/" + std::to_string(p.value("vgpu", 0u)));
+      }
+    };
+    for (const Json& s : c.put_servers) put("servers/" + s.value("id", ""), s.dump(), 0);
+    for (const auto& [id, lease] : c.put_alive) put("alive/" + id, "", lease);
+    for (const auto& [id, lease] : c.put_present) put("present/" + id, "", lease);
+    std::vector<int64_t> revoke;
+    for (const Json& a : c.erase_allocations) {
+      del("allocations/" + a.value("id", ""));
+      slots(a, del);
+    }
+    for (const auto& [a, lease] : c.put_allocations) {
+      Json doc = a;
+      doc.erase("lease");  // the key's own lease is the truth
+      put("allocations/" + a.value("id", ""), doc.dump(), lease);
+      const std::string id = a.value("id", "");
+      slots(a, [&](const std::string& path) { put(path, id, lease); });
+    }
+    for (const auto& path : c.touch) put(path, "", 0);
+    if (ops.empty()) return Status();
+    auto r = Call("/v3/kv/txn", {{"compare", compare}, {"success", ops}});
+    if (!r.ok()) return r.status();
+    if (!r->value("succeeded", false)) return Status(Code::kAlreadyExists, "another controller changed the pool first");
+    return Status();
+  }
+
+  Result<int64_t> Grant(uint64_t ttl_ms) override {
+    const int64_t ttl = std::max<int64_t>(1, static_cast<int64_t>((ttl_ms + 999) / 1000));
+    auto r = Call("/v3/lease/grant", {{"TTL", std::to_string(ttl)}});
+    if (!r.ok()) return r.status();
+    const int64_t id = I64(*r, "ID");
+    if (id == 0) return Internal("etcd granted no lease: " + r->value("error", std::string("?")));
+    return id;
+  }
+
+  Result<uint64_t> KeepAlive(int64_t lease, uint64_t) override {
+    if (lease == 0) return NotFound("no lease");
+    auto r = Call("/v3/lease/keepalive", {{"ID", std::to_string(lease)}});
+    if (!r.ok()) return r.status();
+    const int64_t ttl = I64(r->value("result", Json::object()), "TTL");
+    if (ttl <= 0) return NotFound("lease " + std::to_string(lease) + " has expired");
+    return static_cast<uint64_t>(ttl) * 1000;
+  }
+
+  void Revoke(int64_t lease) override {
+    if (lease != 0) (void)Call("/v3/lease/revoke", {{"ID", std::to_string(lease)}});
+  }
+
+  Status Ping() override {
+    // A linearizable read: it needs a leader and a quorum, as every write does.
+    auto r = Call("/v3/kv/range", {{"key", B64(std::string(kPrefix) + "ping")}, {"count_only", true}});
+    return r.ok() ? Status() : r.status();
+  }
+
+ private:
+  // POSTs `body` to the member that answered last, then to each other one. Errors: kUnavailable
+  // (no member answered with a leader), kNotFound (a lease named in the request does not exist),
+  // kInternal (etcd refused the request).
+  Result<Json> Call(const std::string& path, const Json& body) {
+    const std::string text = body.dump();
+    const size_t start = current_.load();
+    std::string why;
+    for (size_t k = 0; k < clients_.size(); ++k) {
+      const size_t i = (start + k) % clients_.size();
+      auto res = clients_[i]->Post(path.c_str(), text, "application/json");
+      if (!res) {
+        why += (why.empty() ? "" : "; ") + members_[i].text() + ": " + httplib::to_string(res.error());
+        continue;
+      }
+      Json j = Json::parse(res->body, nullptr, false);
+      if (res->status == 200 && !j.is_discarded() && j.is_object()) {
+        current_.store(i);
+        return j;
+      }
+      const std::string msg = !j.is_discarded() && j.is_object() ? j.value("message", j.value("error", res->body)) : res->body;
+      const int64_t code = !j.is_discarded() && j.is_object() ? I64(j, "code") : 0;
+      if (code == 5 || msg.find("lease not found") != std::string::npos) return NotFound("etcd: " + msg);
+      // gRPC codes 14 (unavailable: no leader), 4 (deadline: no quorum), 1 (canceled), or any 5xx
+      // from the gateway: this member cannot serve it now; another may.
+      if (code == 14 || code == 4 || code == 1 || res->status >= 500) {
+        why += (why.empty() ? "" : "; ") + members_[i].text() + ": " + msg;
+        continue;
+      }
+      return Internal("etcd " + members_[i].text() + " refused " + path + ": " + msg);
+    }
+    return Unavailable("no etcd member answered (" + why + ")");
+  }
+
+  std::vector<Endpoint> members_;
+  std::vector<std::unique_ptr<httplib::Client>> clients_;  // thread-safe: one request at a time each
+  std::atomic<size_t> current_{0};
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Store>> OpenEtcdStore(const std::string& endpoints) {
+  auto members = ParseEndpoints(endpoints, 2379);
+  if (!members.ok()) return InvalidArgument("database etcd://" + endpoints + ": " + members.status().message());
+  if (members->size() > kMaxMembers) return InvalidArgument("database etcd://: more than 16 members");
+  auto s = std::make_unique<EtcdStore>(std::move(*members));
+  if (Status st = s->Ping(); !st.ok()) return Unavailable("database " + s->where() + ": " + st.message());
+  return std::unique_ptr<Store>(std::move(s));
+}
+
+}  // namespace orion::controller

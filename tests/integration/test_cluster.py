@@ -1,0 +1,511 @@
+"""The pool at cluster scale (issue #14): a 3-member etcd cluster on loopback ports, 3
+orion-controllers on it (database: etcd://...), 2 oriond (sim) whose controller_addr lists all three
+controllers, and clients (real nvcc-built programs through the guest runtime, and plain HTTP).
+
+Covers: placements through any controller, seen by every controller; 200 concurrent allocations
+spread over the controllers never double-book a vGPU nor overfill a GPU; kill -9 of one etcd member
+and of one controller in the middle of a burst of real clients: every client is placed (failover in
+the client and in the controllers' etcd client); the etcd majority killed: placements get 503 and
+/v1/health says so, and placements resume when the members return; a killed client's allocation is
+dropped by its etcd lease with every controller dead (no controller's clock is involved); migration
+of a SQLite pool into etcd.
+
+etcd comes from Debian's etcd-server (scripts/deps installs it); the tests skip only when the etcd
+binary is absent. The members run with --unsafe-no-fsync: the tests are about behaviour, and fsyncs
+on this shared disk would only make them slower (the bench runs etcd with fsync)."""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from conftest import PREFIX, TEST_BIN, Oriond, assert_passed
+
+ETCD = shutil.which("etcd")
+ETCDCTL = shutil.which("etcdctl")
+pytestmark = pytest.mark.skipif(ETCD is None, reason="the etcd binary is absent (Debian: apt-get install etcd-server; "
+                                                     "scripts/deps installs it)")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http(addr, method, path, body=None, timeout=15):
+    req = urllib.request.Request(f"http://{addr}{path}", method=method,
+                                 data=None if body is None else json.dumps(body).encode())
+    if body is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        data = e.read()
+        try:
+            return e.code, json.loads(data or b"{}")
+        except ValueError:
+            return e.code, {"message": data.decode(errors="replace")}
+
+
+class Etcd:
+    """A 3-member etcd cluster on loopback."""
+
+    def __init__(self, tmp: Path, n=3):
+        self.tmp = tmp
+        self.names = [f"m{i}" for i in range(n)]
+        self.client = [free_port() for _ in range(n)]
+        self.peer = [free_port() for _ in range(n)]
+        self.procs = [None] * n
+        try:
+            for i in range(n):
+                self.start(i)
+            self.wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def url(self):
+        return "etcd://" + ",".join(f"127.0.0.1:{p}" for p in self.client)
+
+    def start(self, i):
+        cluster = ",".join(f"{self.names[k]}=http://127.0.0.1:{self.peer[k]}" for k in range(len(self.names)))
+        log = open(self.tmp / f"etcd-{i}.log", "a")
+        self.procs[i] = subprocess.Popen(
+            [ETCD, "--name", self.names[i], "--data-dir", str(self.tmp / f"etcd-{i}"),
+             "--listen-client-urls", f"http://127.0.0.1:{self.client[i]}",
+             "--advertise-client-urls", f"http://127.0.0.1:{self.client[i]}",
+             "--listen-peer-urls", f"http://127.0.0.1:{self.peer[i]}",
+             "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.peer[i]}",
+             "--initial-cluster", cluster, "--initial-cluster-state", "new", "--initial-cluster-token", "orion-test",
+             "--unsafe-no-fsync", "--log-level", "warn"],
+            stdout=log, stderr=log)
+
+    def kill(self, i):
+        self.procs[i].kill()
+        self.procs[i].wait()
+
+    def ctl(self, *args, check=True):
+        return subprocess.run([ETCDCTL, "--endpoints", ",".join(f"127.0.0.1:{p}" for p in self.client), *args],
+                              env={**os.environ, "ETCDCTL_API": "3"}, capture_output=True, text=True, timeout=30,
+                              check=check)
+
+    def wait_healthy(self, timeout=30):
+        deadline = time.time() + timeout
+        while True:
+            try:
+                if http(f"127.0.0.1:{self.client[0]}", "POST", "/v3/kv/range",
+                        {"key": "L29yaW9uL3Bpbmc=", "count_only": True}, timeout=2)[0] == 200:
+                    return
+            except OSError:
+                pass
+            assert time.time() < deadline, (self.tmp / "etcd-0.log").read_text()[-3000:]
+            time.sleep(0.1)
+
+    def stop(self):
+        for p in self.procs:
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+class Controller:
+    def __init__(self, tmp: Path, database, name, lease_ttl_s=30, server_timeout_s=2):
+        self.tmp = tmp
+        self.port = free_port()
+        self.addr = f"127.0.0.1:{self.port}"
+        self.log_path = tmp / f"{name}.log"
+        self.conf = tmp / f"{name}.yaml"
+        self.conf.write_text(f"listen: {self.addr}\ndatabase: {database}\nlease_ttl_s: {lease_ttl_s}\n"
+                             f"server_timeout_s: {server_timeout_s}\nserver_release_s: 60\n")
+        self.start()
+
+    def start(self):
+        self.err = open(self.log_path, "a")
+        self.proc = subprocess.Popen([PREFIX / "bin" / "orion-controller", "start", "--config-file", self.conf],
+                                     stdout=subprocess.DEVNULL, stderr=self.err)
+        deadline = time.time() + 20
+        try:
+            while True:
+                assert self.proc.poll() is None, self.log()
+                try:
+                    if http(self.addr, "GET", "/v1/health", timeout=2)[0] == 200:
+                        return
+                except OSError:
+                    pass
+                assert time.time() < deadline, self.log()
+                time.sleep(0.05)
+        except BaseException:
+            self.kill()
+            raise
+
+    def log(self):
+        return self.log_path.read_text(errors="replace")
+
+    def call(self, method, path, body=None):
+        return http(self.addr, method, path, body)
+
+    def get(self, path):
+        code, body = self.call("GET", path)
+        assert code == 200, (code, body)
+        return body
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.err.close()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+        self.err.close()
+
+
+class Pool:
+    """etcd (3 members), controllers on it, oriond (sim, 2 GPUs of 16384 MiB) listing every controller."""
+
+    def __init__(self, tmp: Path, controllers=3, servers=2, vgpu_count=4, lease_ttl_s=30):
+        self.tmp = tmp
+        self.etcd = Etcd(tmp)
+        self.ctls, self.servers = [], []
+        try:
+            self._start(tmp, controllers, servers, vgpu_count, lease_ttl_s)
+        except BaseException:
+            self.stop()  # no fixture teardown runs for a constructor that failed: leave nothing running
+            raise
+
+    def _start(self, tmp, controllers, servers, vgpu_count, lease_ttl_s):
+        for i in range(controllers):
+            self.ctls.append(Controller(tmp, self.etcd.url, f"ctl{i}", lease_ttl_s=lease_ttl_s))
+        self.addrs = ",".join(c.addr for c in self.ctls)
+        for i in range(servers):
+            sub = tmp / f"srv{i}"
+            sub.mkdir()
+            port = free_port()
+            conf = (f"[server]\n    vgpu_count = {vgpu_count}\n[server-shm]\n    shm_buffer_size = 16\n"
+                    f"[controller]\n    controller_addr = {self.addrs}\n    heartbeat_ms = 300\n")
+            d = Oriond(sub, tcp_port=port, conf_text=conf, extra_args=("--sim-gpus", "2", "--sim-gpu-mem", "16384"))
+            d.id = f"127.0.0.1:{port}"
+            self.servers.append(d)
+        self.wait_up(servers)
+        self.home = tmp / "home"
+        (self.home / ".orion").mkdir(parents=True)
+        (tmp / "noshm").mkdir()
+        (tmp / "nopci").mkdir()
+        (self.home / ".orion" / "client.conf").write_text(f"[client-shm]\n    shm_path_base = {tmp / 'noshm'}/\n")
+
+    def live(self):
+        return [c for c in self.ctls if c.proc.poll() is None]
+
+    def wait_up(self, n, timeout=20):
+        for c in self.live():
+            deadline = time.time() + timeout
+            while c.get("/v1/status")["servers_up"] != n:
+                assert time.time() < deadline, (c.get("/v1/status"), c.log()[-2000:])
+                time.sleep(0.1)
+
+    def env(self, controllers=None, **extra):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")}
+        env.update({"LD_LIBRARY_PATH": str(PREFIX / "lib" / "orion"), "HOME": str(self.home),
+                    "ORION_SYSFS_PCI": str(self.tmp / "nopci"), "ORION_CONTROLLER": controllers or self.addrs,
+                    "ORION_VGPU": "1", "ORION_GMEM": "512"})
+        env.update({k: str(v) for k, v in extra.items()})
+        return env
+
+    def run(self, program, *args, timeout=60, controllers=None, **env):
+        return subprocess.run([str(TEST_BIN / program), *map(str, args)], env=self.env(controllers, **env),
+                              capture_output=True, text=True, timeout=timeout)
+
+    def stop(self):
+        for d in self.servers:
+            if d.proc.poll() is None:
+                os.kill(d.proc.pid, signal.SIGCONT)
+            d.stop()
+        for c in self.ctls:
+            if c.proc.poll() is None:
+                c.stop()
+        self.etcd.stop()
+
+
+@pytest.fixture
+def pool(tmp_path):
+    p = Pool(tmp_path)
+    yield p
+    p.stop()
+
+
+def holders(allocs):
+    """(server, pgpu, vgpu) -> allocation ids holding it; (server, pgpu) -> MiB placed."""
+    slots, mem = {}, {}
+    for a in allocs:
+        for p in a["placements"]:
+            slots.setdefault((a["server"], p["pgpu"], p["vgpu"]), []).append(a["id"])
+            mem[(a["server"], p["pgpu"])] = mem.get((a["server"], p["pgpu"]), 0) + p["gmem_mib"]
+    return slots, mem
+
+
+def test_placements_through_any_controller(pool):
+    c0, c1, c2 = pool.ctls
+    for c in pool.ctls:
+        h = c.get("/v1/health")
+        assert h["store"] == {"kind": "etcd", "reachable": True}
+    made = []
+    for i, c in enumerate(pool.ctls):
+        code, a = c.call("POST", "/v1/allocations", {"vgpus": 2, "gmem_mib": 1000, "client": {"host": "h", "pid": i}})
+        assert code == 201, a
+        made.append(a["id"])
+    # Every controller sees every allocation, and the pool's numbers agree.
+    for c in pool.ctls:
+        ids = {a["id"] for a in c.get("/v1/allocations?kind=process")}
+        assert ids == set(made)
+        st = c.get("/v1/status")
+        assert (st["vgpus_total"], st["vgpus_used"], st["servers_up"]) == (16, 6, 2), st
+    # Renewed and released through other controllers than the one that placed them.
+    assert c2.call("PUT", f"/v1/allocations/{made[0]}/lease")[0] == 200
+    assert c1.call("DELETE", f"/v1/allocations/{made[0]}")[0] == 200
+    assert c0.call("GET", f"/v1/allocations/{made[0]}")[0] == 404
+    for aid in made[1:]:
+        assert c0.call("DELETE", f"/v1/allocations/{aid}")[0] == 200
+    # A real client whose first controller is not running: it fails over to the next one, is placed,
+    # the oriond serving it confirms through its own controller list, and all is released at exit.
+    dead = f"127.0.0.1:{free_port()}"
+    r = pool.run("device_props", controllers=f"{dead},{c1.addr},{c2.addr}", ORION_VGPU=2, ORION_GMEM=3000)
+    assert_passed(r)
+    assert f"Orion Controller {c1.addr} placed allocation" in r.stderr, r.stderr
+    assert f"PROP totalGlobalMem={3000 << 20}" in r.stdout
+    deadline = time.time() + 10
+    while c2.get("/v1/allocations?kind=process"):
+        assert time.time() < deadline, c2.get("/v1/allocations?kind=process")
+        time.sleep(0.1)
+    assert c0.get("/v1/status")["vgpus_used"] == 0
+    # Per-controller metrics: this controller's store and its lost races.
+    with urllib.request.urlopen(f"http://{c0.addr}/metrics", timeout=10) as r:
+        metrics = r.read().decode()
+    assert 'orion_controller_store_up{store="etcd"} 1' in metrics
+    assert 'orion_controller_store_conflicts_total{store="etcd"}' in metrics
+
+
+def test_200_concurrent_allocations_never_double_book(tmp_path):
+    # 2 servers x 2 GPUs x 32 vGPUs = 128 slots of up to 512 MiB each (32 x 512 = 16384: memory and
+    # slots run out together); 200 requests of 1 or 2 vGPUs ask ~300 slots: the pool fills up, the
+    # rest are refused (409), and no slot is ever given twice.
+    p = Pool(tmp_path, vgpu_count=32)
+    try:
+        results = []
+        lock = threading.Lock()
+
+        def one(i):
+            c = p.ctls[i % 3]
+            code, a = c.call("POST", "/v1/allocations", {"vgpus": 1 + i % 2, "gmem_mib": 512,
+                                                          "client": {"host": "burst", "pid": i}})
+            with lock:
+                results.append((code, a))
+
+        with ThreadPoolExecutor(max_workers=48) as ex:
+            list(ex.map(one, range(200)))
+        codes = [c for c, _ in results]
+        assert set(codes) <= {201, 409}, [r for r in results if r[0] not in (201, 409)][:3]
+        placed = [a for c, a in results if c == 201]
+        # Each controller placed some (the requests were spread over all three).
+        for c in p.ctls:
+            assert "allocation " in c.log()
+        allocs = p.ctls[0].get("/v1/allocations?kind=process")
+        assert {a["id"] for a in allocs} == {a["id"] for a in placed}
+        slots, mem = holders(allocs)
+        double = {k: v for k, v in slots.items() if len(v) > 1}
+        assert not double, double
+        assert all(v <= 16384 for v in mem.values()), mem
+        # The replies agree with the store: what each client was told is what etcd holds.
+        told, _ = holders(placed)
+        assert told == slots
+        assert sum(len(a["placements"]) for a in placed) == 128  # full: nothing lost to a race
+        for c in p.ctls:
+            assert c.get("/v1/status")["vgpus_free"] == 0
+        # etcd itself: one vGPU key per slot, each naming its allocation.
+        keys = p.etcd.ctl("get", "--prefix", "/orion/vgpus/").stdout.split("\n")
+        pairs = dict(zip(keys[0::2], keys[1::2]))
+        assert len(pairs) == 128
+        for (server, pgpu, vgpu), ids in slots.items():
+            assert pairs[f"/orion/vgpus/{server}/{pgpu}/{vgpu}"] == ids[0]
+    finally:
+        p.stop()
+
+
+def test_kill_an_etcd_member_and_a_controller_mid_burst(pool):
+    # 36 real clients (nvcc-built, through the guest runtime), 6 at a time, all listing the three
+    # controllers in the same order; after the first few, kill -9 the etcd member every controller
+    # talks to first and the controller every client asks first.
+    results = []
+    lock = threading.Lock()
+    started = threading.Event()
+
+    def one(i):
+        r = pool.run("device_props", ORION_VGPU=1, ORION_GMEM=1000, timeout=90)
+        with lock:
+            results.append(r)
+            if len(results) >= 6:
+                started.set()
+
+    with ThreadPoolExecutor(max_workers=6) as ex:
+        futs = [ex.submit(one, i) for i in range(36)]
+        assert started.wait(60)
+        pool.etcd.kill(0)
+        pool.ctls[0].kill()
+        t_kill = time.time()
+        for f in futs:
+            f.result()
+    for r in results:
+        assert_passed(r)
+    # Clients after the kill were placed by the others.
+    later = [r for r in results if f"Orion Controller {pool.ctls[0].addr} placed" not in r.stderr]
+    assert len(later) >= 6
+    # Nothing left behind: every allocation was released (by its client or its server).
+    deadline = time.time() + 15
+    while pool.ctls[1].get("/v1/allocations?kind=process"):
+        assert time.time() < deadline, pool.ctls[1].get("/v1/allocations?kind=process")
+        time.sleep(0.2)
+    assert pool.ctls[2].get("/v1/status")["vgpus_free"] == 16
+    assert pool.ctls[1].get("/v1/health")["store"]["reachable"] is True
+    assert time.time() - t_kill < 120
+
+
+def test_majority_lost_gives_503_and_placements_resume(pool):
+    c = pool.ctls[1]
+    code, a = c.call("POST", "/v1/allocations", {"vgpus": 1, "gmem_mib": 1000})
+    assert code == 201
+    pool.etcd.kill(1)
+    pool.etcd.kill(2)
+    t0 = time.time()
+    code, body = c.call("POST", "/v1/allocations", {"vgpus": 1, "gmem_mib": 1000})
+    took = time.time() - t0
+    assert code == 503, body
+    assert "store" in body["message"] and "etcd" in body["message"], body
+    assert took < 10, took
+    code, h = c.call("GET", "/v1/health")
+    assert code == 503 and h["store"] == {"kind": "etcd", "reachable": False}, h
+    # A real client is told it has no device, with the controller's reason.
+    r = pool.run("device_props", ORION_VGPU=1, ORION_GMEM=1000)
+    assert r.returncode != 0
+    assert "Fail to get resource from controller" in r.stderr and "store" in r.stderr, r.stderr
+    # The members come back (same data): placements resume on every controller.
+    pool.etcd.start(1)
+    pool.etcd.start(2)
+    t1 = time.time()
+    deadline = time.time() + 30
+    while c.call("GET", "/v1/health")[0] != 200:
+        assert time.time() < deadline
+        time.sleep(0.2)
+    for x in pool.ctls:
+        code, b = x.call("POST", "/v1/allocations", {"vgpus": 1, "gmem_mib": 1000})
+        assert code == 201, b
+    # The allocation made before the outage survived it.
+    assert c.call("GET", f"/v1/allocations/{a['id']}")[0] == 200
+    r = pool.run("device_props", ORION_VGPU=1, ORION_GMEM=1000)
+    assert_passed(r)
+    print(f"majority loss: 503 after {took:.2f} s; placements back {time.time() - t1:.1f} s after restart")
+
+
+def test_killed_client_allocation_expires_by_its_etcd_lease(tmp_path):
+    p = Pool(tmp_path, lease_ttl_s=2)
+    try:
+        sleeper = subprocess.Popen([str(TEST_BIN / "sleeper"), "64"], env=p.env(), stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+        line = ""
+        while "READY" not in line:
+            line = sleeper.stdout.readline()
+            assert line, sleeper.stderr.read()
+        allocs = p.ctls[0].get("/v1/allocations?kind=process")
+        assert len(allocs) == 1 and allocs[0]["state"] == "active"
+        aid, server = allocs[0]["id"], allocs[0]["server"]
+        key = f"/orion/allocations/{aid}"
+        out = p.etcd.ctl("get", key, "-w", "json").stdout
+        assert json.loads(out)["kvs"][0].get("lease"), out  # attached to an etcd lease
+        # The client dies, its server freezes (no release, no heartbeat renewals), and every
+        # controller is killed: nothing but etcd's lease can drop the allocation now.
+        srv = next(d for d in p.servers if d.id == server)
+        os.kill(srv.proc.pid, signal.SIGSTOP)
+        sleeper.kill()
+        sleeper.wait()
+        for c in p.ctls:
+            c.kill()
+        t0 = time.time()
+        deadline = t0 + 15
+        while p.etcd.ctl("get", key, "--keys-only").stdout.strip():
+            assert time.time() < deadline
+            time.sleep(0.2)
+        gone = time.time() - t0
+        assert gone <= 2 + 2.5, gone  # the 2 s lease (renewed at most ~0.3 s before the freeze)
+        assert p.etcd.ctl("get", "--prefix", f"/orion/vgpus/{server}/", "--keys-only").stdout.strip() == ""
+        os.kill(srv.proc.pid, signal.SIGCONT)
+        print(f"allocation dropped by etcd {gone:.1f} s after its client and controllers died")
+    finally:
+        p.stop()
+
+
+def old_pool(old, db):
+    """A SQLite pool: one server, two allocations, one VM assignment. Returns them."""
+    srv = {"hostname": "h", "vgpu_count": 4, "boot_id": "b",
+           "gpus": [{"index": 0, "uuid": "GPU-0", "name": "sim", "memory_mib": 16384},
+                    {"index": 1, "uuid": "GPU-1", "name": "sim", "memory_mib": 16384}]}
+    assert old.call("PUT", "/v1/servers/10.1.0.1:9960", srv)[0] == 200
+    a1 = old.call("POST", "/v1/allocations", {"vgpus": 2, "gmem_mib": 4000})[1]
+    a2 = old.call("POST", "/v1/allocations", {"vgpus": 1, "gmem_mib": 9000})[1]
+    vm = old.call("PUT", "/v1/assignments/vm-1", {"vgpus": 1, "gmem_mib": 2000})[1]
+    assert old.get("/v1/health")["store"] == {"kind": "sqlite", "reachable": True}
+    # A running controller holds the database: migrate refuses it.
+    r = subprocess.run([PREFIX / "bin" / "orion-controller", "migrate", "--from", f"sqlite:{db}", "--to", "etcd://127.0.0.1:1"],
+                       capture_output=True, text=True)
+    assert r.returncode != 0
+    return a1, a2, vm
+
+
+def test_migrate_sqlite_pool_into_etcd(tmp_path):
+    db = tmp_path / "old.db"
+    old = Controller(tmp_path, db, "old", server_timeout_s=60)
+    try:
+        a1, a2, vm = old_pool(old, db)
+    finally:
+        old.stop()
+    etcd = Etcd(tmp_path)
+    try:
+        r = subprocess.run([PREFIX / "bin" / "orion-controller", "migrate", "--from", f"sqlite:{db}", "--to", etcd.url,
+                            "--config-file", old.conf], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert "copied 1 servers, 2 allocations and 1 VM assignments" in r.stdout
+        again = subprocess.run([PREFIX / "bin" / "orion-controller", "migrate", "--from", f"sqlite:{db}", "--to", etcd.url],
+                               capture_output=True, text=True)
+        assert again.returncode != 0 and "already holds a pool" in again.stderr
+        new = [Controller(tmp_path, etcd.url, f"new{i}", server_timeout_s=60) for i in range(2)]
+        try:
+            for c in new:
+                allocs = {a["id"]: a for a in c.get("/v1/allocations?kind=process")}
+                assert set(allocs) == {a1["id"], a2["id"]}
+                assert allocs[a1["id"]]["placements"] == a1["placements"]
+                vms = c.get("/v1/assignments")
+                assert [v["id"] for v in vms] == [vm["id"]]
+            # The migrated server is up (its liveness leases were granted at migration) and its slots
+            # are taken: 8 - 4 = 4 vGPUs free; a new placement avoids the migrated ones.
+            st = new[1].get("/v1/status")
+            assert (st["vgpus_total"], st["vgpus_free"]) == (8, 4), st
+            code, b = new[1].call("POST", "/v1/allocations", {"vgpus": 1, "gmem_mib": 1000})
+            assert code == 201
+            taken = {(p["pgpu"], p["vgpu"]) for a in (a1, a2, vm) for p in a["placements"]}
+            assert (b["placements"][0]["pgpu"], b["placements"][0]["vgpu"]) not in taken
+        finally:
+            for c in new:
+                c.stop()
+    finally:
+        etcd.stop()
