@@ -30,6 +30,10 @@ Result<Endpoint> ParseEndpoint(const std::string& addr, uint16_t default_port) {
     const size_t colon = addr.rfind(':');
     ep.host = addr.substr(0, colon);
     if (colon != std::string::npos) port = addr.substr(colon + 1);
+    // An IPv6 address goes in brackets ([::1]:9123); a bare colon in the host is a typo ("::::").
+    if (ep.host.find(':') != std::string::npos) {
+      return InvalidArgument("'" + addr + "' is not host:port (write an IPv6 address as [addr]:port)");
+    }
   }
   if (ep.host.empty() || ep.host.find_first_of(" /\t\r\n") != std::string::npos) {
     return InvalidArgument("'" + addr + "' is not host:port");

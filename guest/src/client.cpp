@@ -202,7 +202,20 @@ CUresult Client::ConnectLocked() noexcept {
     return handshake_network(server);
   }
   auto where = ivshmem::FindClientRegion();
-  if (!where.ok() && (shm == nullptr || *shm == '\0') && !ivshmem::ClientControllerAddr().empty()) {
+  const bool shm_set = shm != nullptr && *shm != '\0';
+  const bool controller_set = !ivshmem::ClientControllerAddr().empty();
+  if (where.ok() && !shm_set && controller_set) {
+    // A region found by scanning (not named by ORION_SHM) that is not a formatted Orion region
+    // (a stray orionsock file) must not hide the controller the user configured.
+    auto probe = ivshmem::MappedRegion::Open(where->path);
+    Status usable = probe.ok() ? ivshmem::ValidateHeader(probe->data(), probe->size()).status() : probe.status();
+    if (!usable.ok()) {
+      LogWarn("ignoring " + LogSafe(where->path) + " (" + LogSafe(usable.message()) +
+              "): placing through the controller");
+      where = Status(Code::kNotFound, "no usable region");
+    }
+  }
+  if (!where.ok() && !shm_set && controller_set) {
     // No region here: the controller places us on a server, which we reach over the network.
     std::string placed;
     if (CUresult r = AllocateFromControllerLocked(vgpus, gmem, &placed); r != CUDA_SUCCESS) return r;

@@ -4,8 +4,11 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
+
+#include "orion/controller/client.h"
 
 namespace orion::host {
 namespace {
@@ -14,6 +17,11 @@ std::string Unquote(std::string v) {
   if (v.size() >= 2 && (v.front() == '"' || v.front() == '\'') && v.back() == v.front()) v = v.substr(1, v.size() - 2);
   return v;
 }
+// A value that opens a quote it does not close ("abc).
+bool Unterminated(const std::string& raw) {
+  return !raw.empty() && (raw.front() == '"' || raw.front() == '\'') && (raw.size() < 2 || raw.back() != raw.front());
+}
+bool Blank(const std::string& v) { return v.find_first_not_of(" \t") == std::string::npos; }
 
 struct ParseState {
   ServerConfig conf;
@@ -50,6 +58,7 @@ int Handler(void* user, const char* section, const char* name, const char* raw) 
     st->error = st->source + ": [" + sec + "] " + key + " = '" + v + "' " + what;
     return 0;
   };
+  if (Unterminated(raw)) return bad("has an unterminated quote");
   uint64_t n = 0;
   if (sec == "server") {
     if (key == "listen_port") {
@@ -95,8 +104,16 @@ int Handler(void* user, const char* section, const char* name, const char* raw) 
       return bad("is not a known key");
     }
   } else if (sec == "controller") {
-    if (key == "controller_addr") c.controller_addr = v;
-    else if (key == "controller_key") c.controller_key = v;
+    if (key == "controller_addr") {
+      // One address or a comma-separated list, each host:port (checked as the runtime reads them).
+      if (!Blank(v)) {
+        if (auto ep = controller::ParseEndpoints(v); !ep.ok()) return bad("is not a controller address list: " + ep.status().message());
+      }
+      c.controller_addr = v;
+    } else if (key == "controller_key") {
+      if (!v.empty() && Blank(v)) return bad("is blank (leave it out, or give a key)");
+      c.controller_key = v;
+    }
     else if (key == "heartbeat_ms") {
       if (!ParseU64(v, 100, 600000, &n)) return bad("is not a number of ms (100..600000)");
       c.controller_heartbeat_ms = n;
@@ -116,6 +133,7 @@ int Handler(void* user, const char* section, const char* name, const char* raw) 
     }
     else if (key == "client_key") {
       if (v.size() > 31) return bad("is longer than 31 characters");
+      if (!v.empty() && Blank(v)) return bad("is blank (leave it out, or give a key)");
       c.client_key = v;
     }
     else if (key == "cache_dir") c.cache_dir = v;
@@ -159,6 +177,8 @@ Result<ServerConfig> ParseServerConfig(const std::string& text, const std::strin
 }
 
 Result<ServerConfig> LoadServerConfig(const std::string& path, ServerConfig base) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return InvalidArgument(path + " is a directory, not a configuration file");
   std::ifstream f(path);
   if (!f) return NotFound(path + " does not exist or is not readable");
   std::stringstream ss;

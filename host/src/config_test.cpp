@@ -58,6 +58,12 @@ TEST(ServerConfig, BadValuesNameTheKeyAndValue) {
       {"[server-log]\nlog_level = LOUD\n", "log_level = 'LOUD'"},
       {"[server-shm]\nshm_buffer_size = -5\n", "shm_buffer_size = '-5'"},
       {"[server]\nthis line has no equals\n", "syntax error on line 2"},
+      // Issue #11 item 12: accepted without error before.
+      {"[orion]\nclient_key = \"abc\n", "has an unterminated quote"},
+      {"[orion]\nclient_key = \"   \"\n", "is blank"},
+      {"[controller]\ncontroller_key = \" \"\n", "is blank"},
+      {"[controller]\ncontroller_addr = ::::\n", "is not a controller address list"},
+      {"[controller]\ncontroller_addr = 10.0.0.1:9123,:\n", "is not a controller address list"},
   };
   for (const auto& tc : cases) {
     auto c = ParseServerConfig(tc.text, "server.conf");
@@ -66,6 +72,18 @@ TEST(ServerConfig, BadValuesNameTheKeyAndValue) {
     EXPECT_NE(c.status().message().find(tc.expect), std::string::npos)
         << "message: " << c.status().message() << "\nexpected to contain: " << tc.expect;
   }
+}
+
+TEST(ServerConfig, ControllerAddressListsParse) {
+  auto c = ParseServerConfig("[controller]\ncontroller_addr = 10.0.0.1:9123, 10.0.0.2:9123\n", "server.conf");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->controller_addr, "10.0.0.1:9123, 10.0.0.2:9123");
+}
+
+TEST(ServerConfig, DirectoryIsRefused) {
+  auto c = LoadServerConfig("/tmp");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("is a directory"), std::string::npos) << c.status().message();
 }
 
 TEST(ServerConfig, MissingFileIsNotFound) {
