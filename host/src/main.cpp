@@ -17,6 +17,7 @@ void OnSignal(int) {
 
 int main(int argc, char** argv) {
   CLI::App app{"oriond: the Orion vGPU server"};
+  app.set_version_flag("--version", "oriond " ORION_VERSION_STRING " (build " ORION_BUILD_STRING ")");
   std::string config_path = "/etc/orion/server.conf";
   std::string backend, bind, log_dir, cache_dir, sim_log;
   std::vector<std::string> shm;
