@@ -125,6 +125,14 @@ def test_package_metadata_files_and_depends(debs, tmp_path, name, files, conffil
         assert {pkg for pkg, _ in needed.values()} == {"libc6"}, needed
 
 
+def alive(pid):
+    """Running (not gone, not a zombie waiting for this machine's init to reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
 class Roots:
     """Two overlays on the debootstrap'd root ("server", "client") sharing one /dev/shm directory."""
 
@@ -242,6 +250,9 @@ def test_server_package_installs_into_a_clean_root(roots, server):
     # Its oriond, from the installed files and the packaged config, says what it serves.
     r = roots.ok("server", "orion-check", "runtime", "server")
     assert re.search(r"Enable SHM\s+\[Yes\]", r.stdout) and "vGPU are free now" in r.stdout, r.stdout
+    # A second oriond -d says on the terminal why it cannot serve (it used to print nothing).
+    r = roots.chroot("server", "oriond", "-d", "--backend", "sim", "-p", "0")
+    assert r.returncode == 1 and "is already served by another oriond" in r.stderr, r.stdout + r.stderr
 
 
 def test_client_package_runs_a_cuda_program_against_the_installed_oriond(roots, server, debs):
@@ -280,6 +291,18 @@ def test_maintainer_scripts_are_idempotent_and_purge_cleans_up(roots, server, de
     assert not (roots.path["client"] / "etc" / "ld.so.conf.d" / "orion.conf").exists()
     server.send_signal(signal.SIGTERM)
     server.wait(timeout=20)
+    # oriond -d returns once it serves, and says so.
+    r = roots.ok("server", "oriond", "-d", "--backend", "sim", "-p", "0")
+    m = re.fullmatch(r"oriond: running in the background \(pid (\d+)\); log: /var/log/orion/server.log\n", r.stdout)
+    assert m, r.stdout + r.stderr
+    pid = int(m.group(1))
+    try:
+        assert "vGPU are free now" in roots.ok("server", "orion-check", "runtime", "server").stdout
+    finally:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.time() + 20
+        while alive(pid) and time.time() < deadline:
+            time.sleep(0.1)
     roots.ok("server", "dpkg", "--purge", "orion-server")
     for gone in ("usr/bin/oriond", "etc/orion/server.conf", "var/lib/orion", "etc/libvirt/hooks/qemu.d/orion"):
         assert not (roots.path["server"] / gone).exists(), gone
