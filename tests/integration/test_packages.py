@@ -136,15 +136,18 @@ def alive(pid):
 class Roots:
     """Two overlays on the debootstrap'd root ("server", "client") sharing one /dev/shm directory."""
 
-    def __init__(self, base: Path, tmp: Path):
+    def __init__(self, tmp: Path):
         self.tmp = tmp
         self.mounts = []
         self.procs = []
+        self.path = {}
+
+    def setup(self, base: Path):
+        tmp = self.tmp
         self.shm = tmp / "shm"
         self.shm.mkdir()
         self.archives = base.parent / "archives"
         (self.archives / "partial").mkdir(parents=True, exist_ok=True)
-        self.path = {}
         for name in ("server", "client"):
             d = tmp / name
             for sub in ("upper", "work", "root"):
@@ -195,9 +198,12 @@ def roots(tmp_path_factory):
     r = run([ROOT / "scripts" / "debian-root"], timeout=900)
     assert r.returncode == 0, r.stderr
     base = Path(r.stdout.strip())
-    rs = Roots(base, tmp_path_factory.mktemp("roots"))
-    yield rs
-    rs.close()
+    rs = Roots(tmp_path_factory.mktemp("roots"))
+    try:
+        rs.setup(base)
+        yield rs
+    finally:
+        rs.close()
 
 
 @pytest.fixture(scope="module")
