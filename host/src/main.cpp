@@ -1,6 +1,10 @@
 // oriond: the Orion server daemon. Flags override /etc/orion/server.conf (Orion's keys and flags).
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -17,6 +21,7 @@ void OnSignal(int) {
 
 int main(int argc, char** argv) {
   CLI::App app{"oriond: the Orion vGPU server"};
+  app.set_version_flag("--version", "oriond " ORION_VERSION_STRING " (build " ORION_BUILD_STRING ")");
   std::string config_path = "/etc/orion/server.conf";
   std::string backend, bind, log_dir, cache_dir, sim_log;
   std::vector<std::string> shm;
@@ -94,9 +99,49 @@ int main(int argc, char** argv) {
   if (app.count("--control-socket") > 0) c.control_socket = control;
   if (app.count("--state-file") > 0) c.state_file = state_file;
 
-  if (daemonize && daemon(0, 0) != 0) {
-    std::perror("oriond: daemon");
-    return 1;
+  // -d: the parent stays until the daemon has started or failed, and says which. A failure is printed
+  // by the child itself (its stderr is still the terminal until Start() succeeds); "ok" on the pipe
+  // means it serves. Otherwise as daemon(0, 0): a new session, cwd /, stdio on /dev/null.
+  int ready_fd = -1;
+  if (daemonize) {
+    int fds[2];
+    if (pipe(fds) != 0) {
+      std::perror("oriond: pipe");
+      return 1;
+    }
+    const pid_t pid = fork();
+    if (pid < 0) {
+      std::perror("oriond: fork");
+      return 1;
+    }
+    if (pid > 0) {
+      close(fds[1]);
+      char buf[2] = {};
+      ssize_t n;
+      do {
+        n = read(fds[0], buf, sizeof buf);
+      } while (n < 0 && errno == EINTR);
+      if (n == 2 && buf[0] == 'o' && buf[1] == 'k') {
+        if (c.log_to_file) {
+          std::printf("oriond: running in the background (pid %d); log: %s/server.log\n", static_cast<int>(pid),
+                      c.log_dir.c_str());
+        } else {
+          std::printf("oriond: running in the background (pid %d)\n", static_cast<int>(pid));
+        }
+        return 0;
+      }
+      int st = 0;
+      while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+      }
+      if (WIFSIGNALED(st)) std::fprintf(stderr, "oriond: the daemon died (signal %d) before it started\n", WTERMSIG(st));
+      return 1;
+    }
+    close(fds[0]);
+    ready_fd = fds[1];
+    if (setsid() < 0 || chdir("/") != 0) {
+      std::perror("oriond: daemon");
+      return 1;
+    }
   }
   orion::host::Daemon d(c);
   g_daemon = &d;
@@ -108,6 +153,19 @@ int main(int argc, char** argv) {
   if (orion::Status s = d.Start(); !s.ok()) {
     std::fprintf(stderr, "oriond: %s\n", s.message().c_str());
     return 1;
+  }
+  if (ready_fd >= 0) {
+    const int null = open("/dev/null", O_RDWR);
+    if (null >= 0) {
+      dup2(null, STDIN_FILENO);
+      dup2(null, STDOUT_FILENO);
+      dup2(null, STDERR_FILENO);
+      if (null > STDERR_FILENO) close(null);
+    }
+    if (write(ready_fd, "ok", 2) != 2) {
+      // The parent is gone: nobody to tell.
+    }
+    close(ready_fd);
   }
   return d.Run();
 }

@@ -160,7 +160,12 @@ int Install(const std::string& what, const std::string& self) {
     check("oriond", prefix + "/bin/oriond");
     check("orion-vm", prefix + "/bin/orion-vm");
     check("server.conf", "/etc/orion/server.conf");
-    if (Exists("/etc/libvirt")) check("libvirt qemu hook", "/etc/libvirt/hooks/qemu");
+    // The orion-server package installs the hook as qemu.d/orion (libvirt >= 6.5 runs every script
+    // there); an older install-server wrote /etc/libvirt/hooks/qemu.
+    if (Exists("/etc/libvirt")) {
+      check("libvirt qemu hook", Exists("/etc/libvirt/hooks/qemu.d/orion") ? "/etc/libvirt/hooks/qemu.d/orion"
+                                                                           : "/etc/libvirt/hooks/qemu");
+    }
   }
   if (what == "client" || what == "all") {
     std::printf("Checking Orion client installation ...\n");
