@@ -1,48 +1,45 @@
-"""DDP the Orion PyTorch guide's way (--dist-backend gloo), two processes, each with its own vGPU
-session: a gloo all_reduce of CUDA tensors (its sum is computed by gloo on the host, so it is
-checked by value), and DistributedDataParallel construction (rank 0's weights broadcast to rank 1,
-which started from others) and three training steps. Usage: ddp_probe.py <free tcp port>."""
+"""DDP the Orion PyTorch guide's way (--dist-backend gloo), run by torchrun with two processes, each
+its own vGPU session: a gloo all_reduce of CUDA tensors (its sum is computed by gloo on the host,
+so it is checked by value), a gloo broadcast of a CUDA tensor (rank 1 ends with rank 0's bytes),
+and DistributedDataParallel: construction (it flattens, broadcasts and unflattens the weights; the
+flattening kernels are SASS, not run on sim, so the weights' values are not checked, only that both
+ranks end with the same bytes) and three training steps. Each rank prints one RANK line:
+  RANK <r> allreduce=<bool> broadcast=<bool> before=<sha256> after=<sha256> steps=3
+Usage: torchrun --nproc_per_node=2 ddp_probe.py"""
 import hashlib
-import sys
-import torch, torch.distributed as dist, torch.multiprocessing as mp
+import os
 
-def worker(rank, world, port, q):
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    torch.cuda.set_device(0)
-    out = {}
-    # all_reduce of CUDA tensors through gloo (staged through host memory): a value gloo computed.
-    h = torch.arange(1000, dtype=torch.float64) * (rank + 1)
-    t = h.cuda()
-    dist.all_reduce(t)
-    out["allreduce"] = bool(torch.equal(t.cpu(), torch.arange(1000, dtype=torch.float64) * 3))
-    # DDP: rank 1 starts from other weights; DDP broadcasts rank 0's at construction.
-    torch.manual_seed(100 + rank)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)).cuda()
-    out["before"] = hashlib.sha256(b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters())).hexdigest()
-    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0])
-    digest = hashlib.sha256(b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters())).hexdigest()
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-    for step in range(3):
-        x = torch.randn(16, 32, device="cuda")
-        loss = ddp(x).square().mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    torch.cuda.synchronize()
-    out["steps"] = 3
-    out["digest"] = digest
-    q.put((rank, out))
-    dist.destroy_process_group()
+import torch
+import torch.distributed as dist
 
-if __name__ == "__main__":
-    port = int(sys.argv[1])
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(r, 2, port, q)) for r in range(2)]
-    for p in procs: p.start()
-    res = dict(q.get(timeout=600) for _ in procs)
-    for p in procs: p.join(120)
-    print("CODES", [p.exitcode for p in procs])
-    for r in sorted(res): print("RANK", r, res[r])
-    print("DIFFERENT_BEFORE", res[0]["before"] != res[1]["before"])
-    print("SAME_WEIGHTS", res[0]["digest"] == res[1]["digest"])
+
+def digest(model):
+    return hashlib.sha256(b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters())).hexdigest()
+
+
+rank = int(os.environ["RANK"])
+dist.init_process_group("gloo")  # env:// from torchrun
+torch.cuda.set_device(0)  # each process has its own vGPU (ORION_VGPU=1)
+h = torch.arange(1000, dtype=torch.float64) * (rank + 1)
+t = h.cuda()
+dist.all_reduce(t)
+allreduce = bool(torch.equal(t.cpu(), torch.arange(1000, dtype=torch.float64) * 3))
+mine = torch.randint(0, 1 << 30, (4096,), dtype=torch.int32, generator=torch.Generator().manual_seed(7 + rank))
+b = mine.cuda()
+dist.broadcast(b, src=0)
+rank0 = torch.randint(0, 1 << 30, (4096,), dtype=torch.int32, generator=torch.Generator().manual_seed(7))
+broadcast = bool(torch.equal(b.cpu(), rank0)) and (rank == 0 or not torch.equal(mine, rank0))
+torch.manual_seed(100 + rank)
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)).cuda()
+before = digest(model)
+ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0])
+after = digest(model)
+opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+for _ in range(3):
+    loss = ddp(torch.randn(16, 32, device="cuda")).square().mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+torch.cuda.synchronize()
+print(f"RANK {rank} allreduce={allreduce} broadcast={broadcast} before={before} after={after} steps=3", flush=True)
+dist.destroy_process_group()

@@ -793,3 +793,15 @@ def test_a_paused_controller_does_not_expire_live_sessions(tmp_path):
         assert "expired: nobody renewed its lease" in ctl.log()
     finally:
         ctl.stop()
+
+
+def test_stray_unformatted_region_does_not_hide_the_controller(cluster):
+    # Issue #11 item 12: with ORION_CONTROLLER set, a leftover orionsock file that is not an Orion
+    # region (here 4 KiB of zeros where the client scans for regions) used to win, and the program
+    # failed with "region is not formatted". It is now skipped with a warning naming it.
+    stray = cluster.tmp / "noshm" / "orionsock7"
+    stray.write_bytes(bytes(4096))
+    r = cluster.run("device_props")
+    assert_passed(r)
+    assert f"ignoring {stray}" in r.stderr and "placing through the controller" in r.stderr, r.stderr
+    cluster.wait_allocations(0)
