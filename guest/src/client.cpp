@@ -278,9 +278,25 @@ CUresult Client::ConnectLocked() noexcept {
   }
   desc_ = &header_->channels[channel_index_];
   desc_->client_lease.store(1, std::memory_order_relaxed);
-  // A region file on this kernel: our futex wake-ups reach oriond's worker. Through a VM's
-  // ivshmem BAR they cannot, and oriond then naps instead of waiting for us.
-  desc_->client_rings.store(where->source.rfind("ivshmem", 0) == 0 ? 0 : 1, std::memory_order_relaxed);
+  // How our wake-ups reach oriond's sleeping worker: a region file on this kernel by a futex; in a
+  // VM by the ivshmem-doorbell register when oriond serves the device's doorbell for this channel
+  // (IVPosition 0 means an ivshmem-plain device, whose writes go nowhere); else not at all, and
+  // the worker naps. ORION_DOORBELL=0 chooses the naps (to compare).
+  uint32_t rings = where->source.rfind("ivshmem", 0) == 0 ? ivshmem::kRingsNone : ivshmem::kRingsFutex;
+  if (rings == ivshmem::kRingsNone && !where->doorbell.empty() && ((*hdr)->features & ivshmem::kFeatureDoorbell) != 0 &&
+      channel_index_ < (*hdr)->doorbell_vectors) {
+    if (auto bar0 = ivshmem::GuestDoorbell::Open(where->doorbell); bar0.ok() && (*bar0)->position() != 0) {
+      bar0_ = std::move(*bar0);
+      bell_peer_ = (*hdr)->doorbell_peer & 0xffffu;
+      bell_vector_ = channel_index_;
+      rings = ivshmem::kRingsIvshmem;
+    }
+  }
+  if (const char* e = std::getenv("ORION_DOORBELL"); e != nullptr && std::strcmp(e, "0") == 0) {
+    bar0_.reset();
+    rings = ivshmem::kRingsNone;
+  }
+  desc_->client_rings.store(rings, std::memory_order_relaxed);
   layout_ = ChannelLayout::Compute(channel_bytes);
   uint8_t* chan = ivshmem::ChannelBase(region_->data(), channel_bytes, channel_index_);
   const uint32_t generation = desc_->generation;  // published before the channel was freed (R0/K0)
@@ -531,6 +547,7 @@ CUresult Client::PushLocked(const FrameHeader& h, const void* req, uint32_t req_
   uint64_t beat = 0, changed = 0;
   while ((p = chan_->Reserve(h.payload_len)) == nullptr) {
     if (backoff.sleeping() && ServerGoneLocked(&beat, &changed)) return broken_;
+    if (backoff.sleeping()) RingDoorbell(true);  // the ring is full: the worker must be awake
     backoff.Pause();
   }
   std::memcpy(p, &h, sizeof h);
@@ -541,7 +558,7 @@ CUresult Client::PushLocked(const FrameHeader& h, const void* req, uint32_t req_
                   tcp_ != nullptr && !tcp_->why().empty() ? tcp_->why().c_str() : "the connection to oriond broke");
   }
   if ((h.flags & kFlagWantsReply) == 0 && h.op != static_cast<uint16_t>(Op::kCtxSetCurrent)) async_unanswered_ = true;
-  RingDoorbell();
+  RingDoorbell((h.flags & kFlagWantsReply) != 0);
   return CUDA_SUCCESS;
 }
 
@@ -736,6 +753,7 @@ int64_t Client::StageAllocLocked(uint64_t bytes) noexcept {
     bool any_host = false;
     for (const auto& e : stage_fifo_) any_host |= !e.guest_owned && !e.released;
     if (!any_host) return -2;
+    if (backoff.sleeping()) RingDoorbell(true);  // staging is full of frames the worker must run
     backoff.Pause();
   }
 }
