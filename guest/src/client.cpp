@@ -600,10 +600,14 @@ bool Client::ReplyValidLocked(const FrameHeader& h, uint32_t seq, Op op) noexcep
 }
 
 CUresult Client::WaitReplyLocked(uint32_t seq, Op op, void* rep, uint32_t rep_cap, uint32_t* rep_len) noexcept {
-  Backoff backoff(20000, 200, 200);
+  // Spinning ~1 ms catches a busy worker's reply; one we just woke may need this CPU first. Over
+  // the network we cannot see it sleep: a pause of over a millisecond since the last reply says so.
+  const uint64_t start = NowNs();
+  if (network_ && start - last_reply_ns_ > 1000000) woke_ = true;
+  Backoff backoff(woke_ ? 200 : 20000, woke_ ? 2000 : 200, 200);
+  woke_ = false;
   uint64_t last_beat = 0;
   uint64_t last_change = 0;
-  const uint64_t start = NowNs();
   const uint64_t deadline_ms = ReplyDeadlineMs(op);
   for (;;) {
     ivshmem::FrameView f{};
@@ -618,6 +622,7 @@ CUresult Client::WaitReplyLocked(uint32_t seq, Op op, void* rep, uint32_t rep_ca
                                                       std::to_string(rep_cap) + " bytes)").c_str());
       }
       async_unanswered_ = false;  // oriond executes in order: everything before it has run
+      if (network_) last_reply_ns_ = NowNs();
       if (rep_len != nullptr) *rep_len = f.header.payload_len;
       if (rep != nullptr) std::memcpy(rep, f.payload, std::min(rep_cap, f.header.payload_len));
       const auto status = static_cast<CUresult>(f.header.status);

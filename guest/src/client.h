@@ -110,6 +110,7 @@ class Client {
   void RingDoorbell(bool sure = false) noexcept {
     if (sure) std::atomic_thread_fence(std::memory_order_seq_cst);  // B1s: pairs with B0
     if (desc_->server_sleeping.load(std::memory_order_relaxed) != 0) {
+      woke_ = true;
       desc_->doorbell.fetch_add(1, std::memory_order_release);
       if (bar0_ != nullptr) {
         bar0_->Ring(bell_peer_, bell_vector_);
@@ -141,6 +142,10 @@ class Client {
   std::unique_ptr<ivshmem::GuestDoorbell> bar0_;
   uint32_t bell_peer_ = 0;
   uint32_t bell_vector_ = 0;
+  // The last frame woke a sleeping worker: the reply's wait yields early, since the worker may
+  // have been woken on this very CPU (the kernel's wake-affine choice) and needs it.
+  bool woke_ = false;
+  uint64_t last_reply_ns_ = 0;  // network channels: when the last reply came
   ivshmem::RegionHeader* header_ = nullptr;
   uint32_t channel_index_ = 0;
   ivshmem::ChannelLayout layout_{};
