@@ -66,6 +66,7 @@ struct Shmem {
   bool doorbell = false;   // ivshmem-doorbell: oriond is its server
   std::string socket;      // <server path=…/>
   uint32_t vectors = 1;    // <msi vectors=…/> (QEMU's default: 1)
+  bool sized = false;      // a <size> element (an ivshmem-doorbell has none: the metadata's shm_mib)
 };
 
 bool SafeName(const std::string& s) {
@@ -140,6 +141,7 @@ bool ParseDomain(const std::string& xml, std::optional<Shmem>* shm, VgpuRequest*
           s.vectors = static_cast<uint32_t>(std::min<unsigned long>(std::strtoul(prop("vectors").c_str(), nullptr, 10), 1024));
         }
         if (xmlStrcmp(c->name, BAD_CAST "size") == 0) {
+          s.sized = true;
           xmlChar* unit = xmlGetProp(c, BAD_CAST "unit");
           xmlChar* text = xmlNodeGetContent(c);
           s.bytes = SizeBytes(text != nullptr ? reinterpret_cast<char*>(text) : "0",
@@ -159,6 +161,11 @@ bool ParseDomain(const std::string& xml, std::optional<Shmem>* shm, VgpuRequest*
     xmlChar* count = xmlGetProp(n, BAD_CAST "count");
     xmlChar* gmem = xmlGetProp(n, BAD_CAST "gmem");
     xmlChar* procs = xmlGetProp(n, BAD_CAST "processes");
+    xmlChar* mib = xmlGetProp(n, BAD_CAST "shm_mib");
+    if (mib != nullptr && *shm && !(*shm)->sized) {
+      (*shm)->bytes = std::strtoull(reinterpret_cast<char*>(mib), nullptr, 10) << 20;
+    }
+    xmlFree(mib);
     if (count != nullptr) req->count = static_cast<uint32_t>(std::strtoul(reinterpret_cast<char*>(count), nullptr, 10));
     if (gmem != nullptr) req->gmem_mib = std::strtoull(reinterpret_cast<char*>(gmem), nullptr, 10);
     if (procs != nullptr) {
@@ -326,8 +333,12 @@ int Enable(const orion::host::ServerConfig& conf, const std::string& uri, const 
   xmlNewProp(shm, BAD_CAST "name", BAD_CAST shm_name.c_str());
   xmlNewProp(xmlNewChild(shm, nullptr, BAD_CAST "model", nullptr), BAD_CAST "type",
              BAD_CAST(doorbell ? "ivshmem-doorbell" : "ivshmem-plain"));
-  xmlNewProp(xmlNewChild(shm, nullptr, BAD_CAST "size", BAD_CAST std::to_string(shm_mib).c_str()), BAD_CAST "unit",
-             BAD_CAST "M");
+  // libvirt refuses <size> on an ivshmem-doorbell (QEMU sizes BAR2 from the memory oriond sends):
+  // the hook then reads the size from the Orion metadata (shm_mib).
+  if (!doorbell) {
+    xmlNewProp(xmlNewChild(shm, nullptr, BAD_CAST "size", BAD_CAST std::to_string(shm_mib).c_str()), BAD_CAST "unit",
+               BAD_CAST "M");
+  }
   if (doorbell) {
     // QEMU takes the memory from oriond over this socket (the hook checks the path), and rings
     // oriond's eventfds: one vector per channel, written to by the guest in BAR0.
@@ -353,6 +364,7 @@ int Enable(const orion::host::ServerConfig& conf, const std::string& uri, const 
   xmlNewProp(v, BAD_CAST "count", BAD_CAST std::to_string(vgpus).c_str());
   xmlNewProp(v, BAD_CAST "gmem", BAD_CAST std::to_string(gmem).c_str());
   xmlNewProp(v, BAD_CAST "processes", BAD_CAST std::to_string(processes).c_str());
+  xmlNewProp(v, BAD_CAST "shm_mib", BAD_CAST std::to_string(shm_mib).c_str());
   if (!DefineXml(uri, doc)) return 1;
   std::cout << "Domain " << domain << ": " << vgpus << " vGPU(s) of " << (gmem != 0 ? std::to_string(gmem) : "default")
             << " MiB, " << processes << " CUDA processes at once, through " << shm_name << " (" << shm_mib

@@ -103,7 +103,9 @@ class VmHost:
         """libvirt's qemu hook for domain `vm` (what `orion-vm enable` put in its XML; `doorbell`:
         an ivshmem-doorbell device whose server is oriond, one vector per process)."""
         procs = f' processes="{processes}"' if processes is not None else ""
-        device = (f"<model type='ivshmem-doorbell'/><size unit='M'>{shm_mib}</size>"
+        # libvirt allows no <size> on an ivshmem-doorbell: the size is in Orion's metadata.
+        procs += f' shm_mib="{shm_mib}"' if doorbell else ""
+        device = (f"<model type='ivshmem-doorbell'/>"
                   f"<server path='{self.bell(vm)}'/><msi vectors='{processes}' ioeventfd='on'/>" if doorbell else
                   f"<model type='ivshmem-plain'/><size unit='M'>{shm_mib}</size>")
         xml = f"""<domain type='qemu'><name>{vm}</name>

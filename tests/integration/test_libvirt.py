@@ -230,6 +230,7 @@ def test_domain_with_the_doorbell(lab):
     assert "<model type='ivshmem-doorbell'/>" in xml, xml
     assert "<server path='/dev/shm/orionsock-orion-test-a.sock'/>" in xml, xml
     assert "vectors='4'" in xml, xml
+    assert 'shm_mib="64"' in xml and "<size" not in xml.split("<shmem")[1].split("</shmem>")[0], xml
     virsh("start", "orion-test-a")
     wait_off("orion-test-a")
     out = vm.outputs((lab / "orion-test-a.console").read_text(errors="replace"))
