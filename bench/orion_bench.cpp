@@ -4,7 +4,11 @@
 //   orion_bench baseline-memcpy MiB        one memcpy between out-of-cache buffers, GB/s (physical limit)
 //   orion_bench baseline-ring MiB          bare two-process SPSC ring, best of 256 KiB/1 MiB/4 MiB chunks, GB/s
 //   orion_bench null-call N                cuCtxSynchronize round trips through Orion, p50/p99 ns
-//   orion_bench idle-call N                the first cuCtxSynchronize after 1.5 s idle, p50/p99 ns
+//   orion_bench idle-call N [IDLE_MS]      the first cuCtxSynchronize after IDLE_MS (2000) idle, p50/p99 ns
+//   orion_bench baseline-idle-wake KIND N [IDLE_MS]
+//                                          bare two-process wake-up after IDLE_MS (2000) idle: the
+//                                          server blocks (KIND futex, eventfd or tcp), the client
+//                                          signals it and spins for the answer, p50/p99 ns
 //   orion_bench launches N FATBIN          asynchronous cuLaunchKernel rate from one thread
 //   orion_bench memcpy MiB                 cuMemcpyHtoD / cuMemcpyDtoH GB/s (pageable host memory)
 //   orion_bench idle SECONDS               connect, then stay idle (the script measures oriond's CPU)
@@ -13,8 +17,12 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -232,6 +240,61 @@ void BaselineTcpPingPong(int n) {
   Percentiles("baseline-tcp-pingpong", lat);
 }
 
+// What a first call after idle costs at best: one kernel wake-up of a blocked server. The server
+// blocks on a futex, an eventfd or a TCP socket (as oriond's worker does); after `idle_ms` the
+// client publishes a word, signals, and spins for the answer (as Orion's client does).
+void BaselineIdleWake(const std::string& kind, int n, long idle_ms) {
+  struct Lines {
+    alignas(128) std::atomic<uint32_t> ping;
+    alignas(128) std::atomic<uint32_t> pong;
+  };
+  auto* l = new (Shared(sizeof(Lines))) Lines();
+  const int efd = eventfd(0, 0);
+  int s = -1, c = -1;
+  if (kind == "tcp") c = TcpPair(&s);
+  if (fork() == 0) {
+    for (uint32_t i = 1; i <= static_cast<uint32_t>(n); ++i) {
+      if (kind == "futex") {
+        while (l->ping.load(std::memory_order_acquire) != i) {
+          syscall(SYS_futex, reinterpret_cast<uint32_t*>(&l->ping), FUTEX_WAIT, i - 1, nullptr, nullptr, 0);
+        }
+      } else if (kind == "eventfd") {
+        uint64_t v;
+        pollfd p{efd, POLLIN, 0};
+        while (l->ping.load(std::memory_order_acquire) != i) {
+          poll(&p, 1, -1);
+          if (read(efd, &v, sizeof v) < 0) _exit(4);
+        }
+      } else {
+        uint8_t b;
+        if (!ReadFull(s, &b, 1, true)) _exit(4);
+      }
+      l->pong.store(i, std::memory_order_release);
+    }
+    _exit(0);
+  }
+  std::vector<uint64_t> lat;
+  for (uint32_t i = 1; i <= static_cast<uint32_t>(n); ++i) {
+    timespec ts{idle_ms / 1000, (idle_ms % 1000) * 1000000L};
+    nanosleep(&ts, nullptr);
+    const uint64_t t = Ns();
+    l->ping.store(i, std::memory_order_release);
+    if (kind == "futex") {
+      syscall(SYS_futex, reinterpret_cast<uint32_t*>(&l->ping), FUTEX_WAKE, 1, nullptr, nullptr, 0);
+    } else if (kind == "eventfd") {
+      const uint64_t one = 1;
+      if (write(efd, &one, sizeof one) != 8) std::exit(4);
+    } else {
+      const uint8_t b = 1;
+      if (write(c, &b, 1) != 1) std::exit(4);
+    }
+    while (l->pong.load(std::memory_order_acquire) != i) Relax();
+    lat.push_back(Ns() - t);
+  }
+  wait(nullptr);
+  Percentiles(("baseline-idle-wake-" + kind).c_str(), lat);
+}
+
 void BaselineTcpStream(uint64_t mib) {
   int s = -1;
   const int c = TcpPair(&s);
@@ -293,11 +356,11 @@ void NullCall(int n) {
 
 // The first synchronous call after the server has gone idle (it sleeps on the doorbell on shared
 // memory, on its socket over TCP): what a sporadic client, e.g. an inference server, pays.
-void IdleCall(int n) {
+void IdleCall(int n, long idle_ms) {
   Init();
   std::vector<uint64_t> lat;
   for (int i = 0; i < n; ++i) {
-    timespec ts{1, 500000000};
+    timespec ts{idle_ms / 1000, (idle_ms % 1000) * 1000000L};
     nanosleep(&ts, nullptr);
     const uint64_t t = Ns();
     CK(cuCtxSynchronize());
@@ -387,7 +450,10 @@ int main(int argc, char** argv) {
   else if (mode == "baseline-tcp-pingpong") BaselineTcpPingPong(static_cast<int>(n));
   else if (mode == "baseline-tcp-stream") BaselineTcpStream(static_cast<uint64_t>(n));
   else if (mode == "null-call") NullCall(static_cast<int>(n));
-  else if (mode == "idle-call") IdleCall(static_cast<int>(n));
+  else if (mode == "idle-call") IdleCall(static_cast<int>(n), argc > 3 ? std::atol(argv[3]) : 2000);
+  else if (mode == "baseline-idle-wake" && argc > 3) {
+    BaselineIdleWake(argv[1 + 1], static_cast<int>(std::atol(argv[3])), argc > 4 ? std::atol(argv[4]) : 2000);
+  }
   else if (mode == "launches" && argc > 3) Launches(static_cast<int>(n), argv[3]);
   else if (mode == "memcpy") Memcpy(static_cast<uint64_t>(n));
   else if (mode == "idle") Idle(static_cast<int>(n));

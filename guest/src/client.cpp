@@ -291,9 +291,25 @@ CUresult Client::ConnectLocked() noexcept {
   }
   desc_ = &header_->channels[channel_index_];
   desc_->client_lease.store(1, std::memory_order_relaxed);
-  // A region file on this kernel: our futex wake-ups reach oriond's worker. Through a VM's
-  // ivshmem BAR they cannot, and oriond then naps instead of waiting for us.
-  desc_->client_rings.store(where->source.rfind("ivshmem", 0) == 0 ? 0 : 1, std::memory_order_relaxed);
+  // How our wake-ups reach oriond's sleeping worker: a region file on this kernel by a futex; in a
+  // VM by the ivshmem-doorbell register when oriond serves the device's doorbell for this channel
+  // (IVPosition 0 means an ivshmem-plain device, whose writes go nowhere); else not at all, and
+  // the worker naps. ORION_DOORBELL=0 chooses the naps (to compare).
+  uint32_t rings = where->source.rfind("ivshmem", 0) == 0 ? ivshmem::kRingsNone : ivshmem::kRingsFutex;
+  if (rings == ivshmem::kRingsNone && !where->doorbell.empty() && ((*hdr)->features & ivshmem::kFeatureDoorbell) != 0 &&
+      channel_index_ < (*hdr)->doorbell_vectors) {
+    if (auto bar0 = ivshmem::GuestDoorbell::Open(where->doorbell); bar0.ok() && (*bar0)->position() != 0) {
+      bar0_ = std::move(*bar0);
+      bell_peer_ = (*hdr)->doorbell_peer & 0xffffu;
+      bell_vector_ = channel_index_;
+      rings = ivshmem::kRingsIvshmem;
+    }
+  }
+  if (const char* e = std::getenv("ORION_DOORBELL"); e != nullptr && std::strcmp(e, "0") == 0) {
+    bar0_.reset();
+    rings = ivshmem::kRingsNone;
+  }
+  desc_->client_rings.store(rings, std::memory_order_relaxed);
   layout_ = ChannelLayout::Compute(channel_bytes);
   uint8_t* chan = ivshmem::ChannelBase(region_->data(), channel_bytes, channel_index_);
   const uint32_t generation = desc_->generation;  // published before the channel was freed (R0/K0)
@@ -544,6 +560,7 @@ CUresult Client::PushLocked(const FrameHeader& h, const void* req, uint32_t req_
   uint64_t beat = 0, changed = 0;
   while ((p = chan_->Reserve(h.payload_len)) == nullptr) {
     if (backoff.sleeping() && ServerGoneLocked(&beat, &changed)) return broken_;
+    if (backoff.sleeping()) RingDoorbell(true);  // the ring is full: the worker must be awake
     backoff.Pause();
   }
   std::memcpy(p, &h, sizeof h);
@@ -554,7 +571,7 @@ CUresult Client::PushLocked(const FrameHeader& h, const void* req, uint32_t req_
                   tcp_ != nullptr && !tcp_->why().empty() ? tcp_->why().c_str() : "the connection to oriond broke");
   }
   if ((h.flags & kFlagWantsReply) == 0 && h.op != static_cast<uint16_t>(Op::kCtxSetCurrent)) async_unanswered_ = true;
-  RingDoorbell();
+  RingDoorbell((h.flags & kFlagWantsReply) != 0);
   return CUDA_SUCCESS;
 }
 
@@ -596,10 +613,14 @@ bool Client::ReplyValidLocked(const FrameHeader& h, uint32_t seq, Op op) noexcep
 }
 
 CUresult Client::WaitReplyLocked(uint32_t seq, Op op, void* rep, uint32_t rep_cap, uint32_t* rep_len) noexcept {
-  Backoff backoff(20000, 200, 200);
+  // Spinning ~1 ms catches a busy worker's reply; one we just woke may need this CPU first. Over
+  // the network we cannot see it sleep: a pause of over a millisecond since the last reply says so.
+  const uint64_t start = NowNs();
+  if (network_ && start - last_reply_ns_ > 1000000) woke_ = true;
+  Backoff backoff(woke_ ? 200 : 20000, woke_ ? 2000 : 200, 200);
+  woke_ = false;
   uint64_t last_beat = 0;
   uint64_t last_change = 0;
-  const uint64_t start = NowNs();
   const uint64_t deadline_ms = ReplyDeadlineMs(op);
   for (;;) {
     ivshmem::FrameView f{};
@@ -614,6 +635,7 @@ CUresult Client::WaitReplyLocked(uint32_t seq, Op op, void* rep, uint32_t rep_ca
                                                       std::to_string(rep_cap) + " bytes)").c_str());
       }
       async_unanswered_ = false;  // oriond executes in order: everything before it has run
+      if (network_) last_reply_ns_ = NowNs();
       if (rep_len != nullptr) *rep_len = f.header.payload_len;
       if (rep != nullptr) std::memcpy(rep, f.payload, std::min(rep_cap, f.header.payload_len));
       const auto status = static_cast<CUresult>(f.header.status);
@@ -749,6 +771,7 @@ int64_t Client::StageAllocLocked(uint64_t bytes) noexcept {
     bool any_host = false;
     for (const auto& e : stage_fifo_) any_host |= !e.guest_owned && !e.released;
     if (!any_host) return -2;
+    if (backoff.sleeping()) RingDoorbell(true);  // staging is full of frames the worker must run
     backoff.Pause();
   }
 }

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "orion/common/frame.h"
+#include "orion/ivshmem/doorbell.h"
 #include "orion/ivshmem/region.h"
 #include "orion/ivshmem/ring.h"
 #include "channel.h"
@@ -99,15 +100,23 @@ class Client {
   bool TimedOutLocked(uint64_t start_ns, uint64_t ms, Op op, uint32_t seq) noexcept;
   CUresult Broken(CUresult why, const char* what) noexcept;
   void GiveBackLocked() noexcept;
-  // After publishing a frame: wakes oriond's worker if it sleeps on the doorbell.
-  // B1: a plain load, no fence (a fence here costs ~15% of the launch rate). The worker announces
-  // sleep with a full barrier and then looks at the ring once more (B0), so the only miss is a
-  // store-load reordering inside that nanosecond window; the worker's wait timeout (2-20 ms)
-  // bounds it.
-  void RingDoorbell() noexcept {
+  // After publishing a frame: wakes oriond's worker if it sleeps (futex, or the VM's
+  // ivshmem-doorbell register). B1: after an asynchronous frame a plain load, no fence (a fence
+  // there costs ~15% of the launch rate): the worker announces sleep with a full barrier and then
+  // looks at the ring once more (B0), so the only miss is a store-load reordering inside that
+  // nanosecond window. `sure` (a frame we will wait for, or a wait that has lasted) adds the fence,
+  // so every wait ends with a wake-up that cannot be missed; a missed one after an asynchronous
+  // frame only delays it until then, or the worker's timeout.
+  void RingDoorbell(bool sure = false) noexcept {
+    if (sure) std::atomic_thread_fence(std::memory_order_seq_cst);  // B1s: pairs with B0
     if (desc_->server_sleeping.load(std::memory_order_relaxed) != 0) {
+      woke_ = true;
       desc_->doorbell.fetch_add(1, std::memory_order_release);
-      ivshmem::FutexWake(&desc_->doorbell);
+      if (bar0_ != nullptr) {
+        bar0_->Ring(bell_peer_, bell_vector_);
+      } else {
+        ivshmem::FutexWake(&desc_->doorbell);
+      }
     }
   }
   CUresult SyncContextLocked() noexcept;
@@ -129,6 +138,14 @@ class Client {
 
   std::unique_ptr<ivshmem::MappedRegion> region_;
   ivshmem::ChannelDesc* desc_ = nullptr;
+  // In a VM whose oriond serves the ivshmem-doorbell: BAR0, and what to write there.
+  std::unique_ptr<ivshmem::GuestDoorbell> bar0_;
+  uint32_t bell_peer_ = 0;
+  uint32_t bell_vector_ = 0;
+  // The last frame woke a sleeping worker: the reply's wait yields early, since the worker may
+  // have been woken on this very CPU (the kernel's wake-affine choice) and needs it.
+  bool woke_ = false;
+  uint64_t last_reply_ns_ = 0;  // network channels: when the last reply came
   ivshmem::RegionHeader* header_ = nullptr;
   uint32_t channel_index_ = 0;
   ivshmem::ChannelLayout layout_{};
@@ -190,6 +207,7 @@ CUresult Client::SendLaunch(const LaunchReq& q, const LaunchExReq* ex, Fill&& fi
   while ((p = chan_->Reserve(len)) == nullptr) {
     if (header_ == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
     if (backoff.sleeping() && ServerGoneLocked(&beat, &changed)) return broken_;
+    if (backoff.sleeping()) RingDoorbell(true);  // the ring is full: the worker must be awake
     backoff.Pause();
   }
   std::memcpy(p, &h, sizeof h);

@@ -73,6 +73,8 @@ int Handler(void* user, const char* section, const char* name, const char* raw) 
       if (!ParseBool(v, &c.enable_rdma)) return bad("is not \"true\" or \"false\"");
     } else if (key == "enable_kvm") {
       if (!ParseBool(v, &c.enable_kvm)) return bad("is not \"true\" or \"false\"");
+    } else if (key == "kvm_doorbell") {
+      if (!ParseBool(v, &c.kvm_doorbell)) return bad("is not \"true\" or \"false\"");
     } else if (key == "vgpu_count") {
       if (!ParseU64(v, 1, 100, &n)) return bad("is not a number in 1..100");
       c.vgpu_count = static_cast<uint32_t>(n);

@@ -519,9 +519,14 @@ std::string Daemon::Control(const std::string& line) {
     std::string vm, path;
     uint32_t vgpus = 0, processes = 0;
     uint64_t gmem = 0;
-    if (!(in >> vm >> path >> vgpus >> gmem)) return "error usage: attach VM REGION VGPUS GMEM_MIB [PROCESSES]";
+    if (!(in >> vm >> path >> vgpus >> gmem)) {
+      return "error usage: attach VM REGION VGPUS GMEM_MIB [PROCESSES [SOCKET VECTORS]]";
+    }
     if (!(in >> processes)) processes = 0;  // an older hook: shm_buffer_size decides
-    return Attach(vm, path, vgpus, gmem, processes);
+    std::string bell;
+    uint32_t vectors = 0;
+    if (in >> bell && !(in >> vectors)) return "error usage: attach VM REGION VGPUS GMEM_MIB PROCESSES [SOCKET VECTORS]";
+    return Attach(vm, path, vgpus, gmem, processes, bell, vectors);
   }
   if (cmd == "detach") {
     std::string vm;
@@ -544,11 +549,23 @@ std::string Daemon::Control(const std::string& line) {
   return "error unknown command '" + cmd + "' (attach, detach, status)";
 }
 
+Result<std::unique_ptr<ivshmem::DoorbellServer>> Daemon::MakeDoorbell(const std::string& path,
+                                                                      const std::string& socket,
+                                                                      uint32_t vectors) const {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return NotFound("region " + path + ": " + std::strerror(errno));
+  return ivshmem::DoorbellServer::Create(socket, path, vectors, st.st_uid, st.st_gid);
+}
+
 std::string Daemon::Attach(const std::string& vm, const std::string& path, uint32_t vgpus, uint64_t gmem_mib,
-                           uint32_t processes) {
+                           uint32_t processes, const std::string& bell_socket, uint32_t vectors) {
   if (!config_.enable_kvm) return "error oriond does not serve VMs: set enable_kvm = \"true\" or pass -k";
   if (!ValidVmName(vm)) return "error VM name '" + vm + "' must be 1..200 of [A-Za-z0-9._-]";
   if (path.empty() || path[0] != '/') return "error the region must be an absolute path";
+  if (!bell_socket.empty() && (bell_socket[0] != '/' || vectors == 0 || vectors > ivshmem::kMaxDoorbellVectors)) {
+    return "error the doorbell socket must be an absolute path and VECTORS 1.." +
+           std::to_string(ivshmem::kMaxDoorbellVectors);
+  }
   if (vgpus == 0 || vgpus > kMaxDevices) return "error VGPUS must be 1.." + std::to_string(kMaxDevices);
   if (processes > kMaxVmProcesses) return "error PROCESSES must be 0.." + std::to_string(kMaxVmProcesses);
   // What a stopped VM left behind (its file removed or replaced, e.g. while oriond was down) is
@@ -563,7 +580,18 @@ std::string Daemon::Attach(const std::string& vm, const std::string& path, uint3
     }
     ++i;
   }
-  for (const Region& r : regions_) {
+  for (Region& r : regions_) {
+    if (r.vm == vm && r.map->path() == path && !bell_socket.empty() && (!r.bell || r.bell->socket_path() != bell_socket)) {
+      // Attached before (restored after an oriond restart, or its release never ran) and started
+      // again with a doorbell: QEMU will connect to this socket.
+      const uint32_t n = std::min(vectors, r.channel_count);
+      auto bell = MakeDoorbell(path, bell_socket, n);
+      if (!bell.ok()) return "error VM " + vm + ": " + bell.status().message();
+      r.bell = std::move(*bell);
+      ivshmem::PublishDoorbell(r.map->data(), ivshmem::kHostPeer, n);
+      log_->info("VM {}: serves its ivshmem-doorbell on {} ({} vectors)", vm, bell_socket, n);
+      return "ok already attached";
+    }
     if (r.vm == vm && r.map->path() == path) return "ok already attached";
     if (r.map->path() == path) return "error " + path + " is already served";
     if (r.vm == vm) return "error VM " + vm + " is already attached to " + r.map->path();
@@ -588,12 +616,25 @@ std::string Daemon::Attach(const std::string& vm, const std::string& path, uint3
     return "error not enough vGPUs for VM " + vm + ": " + placements.status().message();
   }
   Region r;
-  const ivshmem::VmLimits limits = LimitsOf(*placements);
+  ivshmem::VmLimits limits = LimitsOf(*placements);
+  if (!bell_socket.empty()) {
+    // One vector per channel, as many as QEMU was given (<msi vectors>): the channel count is known
+    // once the region is split, so the server is made for `vectors` and trimmed below if fewer.
+    auto bell = MakeDoorbell(path, bell_socket, vectors);
+    if (!bell.ok()) {
+      pool_->Release(*placements);
+      if (link_) link_->Unassign(vm);
+      return "error VM " + vm + ": " + bell.status().message();
+    }
+    r.bell = std::move(*bell);
+    limits.doorbell_vectors = vectors;
+  }
   if (Status s = AddRegion(path, &r, processes, &limits); !s.ok()) {
     pool_->Release(*placements);
     if (link_) link_->Unassign(vm);
     return "error " + s.message();
   }
+  if (r.bell && r.channel_count < vectors) ivshmem::PublishDoorbell(r.map->data(), ivshmem::kHostPeer, r.channel_count);
   r.vm = vm;
   r.reserved = std::move(*placements);
   r.vgpus_asked = vgpus;
@@ -606,8 +647,8 @@ std::string Daemon::Attach(const std::string& vm, const std::string& path, uint3
     DropRegion(regions_.size() - 1, "its attachment could not be recorded");
     return "error cannot record the attachment (" + s.message() + "); set state_file in [orion] of server.conf";
   }
-  log_->info("VM {}: attached {} with vGPUs {} ({} channels: {} CUDA processes at once)", vm, path, where, channels,
-             channels);
+  log_->info("VM {}: attached {} with vGPUs {} ({} channels: {} CUDA processes at once){}", vm, path, where, channels,
+             channels, bell_socket.empty() ? std::string() : ", its ivshmem-doorbell on " + bell_socket);
   return "ok " + where;
 }
 
@@ -842,6 +883,7 @@ void Daemon::Handshake(Pending& p) {
     signal(SIGINT, SIG_DFL);
     if (listen_fd_ >= 0) ::close(listen_fd_);
     if (control_fd_ >= 0) ::close(control_fd_);
+    InWorker(-1);
     const int flags = fcntl(fd, F_GETFL);
     fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
     auto backend = MakeBackend(session);
@@ -1067,6 +1109,9 @@ void Daemon::Admit(Region& r, uint32_t index) {
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     signal(SIGTERM, SIG_DFL);
     signal(SIGINT, SIG_DFL);
+    // A VM with the doorbell: this channel's vector wakes the worker (channel i rings vector i).
+    const int bell_fd = r.bell ? r.bell->vector_fd(index) : -1;
+    InWorker(bell_fd);
     auto backend = MakeBackend(session);
     if (!backend.ok()) {
       slog->error("sess={} cannot load the CUDA driver: {}", session, backend.status().message());
@@ -1081,6 +1126,7 @@ void Daemon::Admit(Region& r, uint32_t index) {
     sp.channel = index;
     sp.generation = gen;
     sp.request_position = rc.position();
+    sp.doorbell_fd = bell_fd;
     sp.allocation_id = allocation_id;
     sp.used_out = StatSlot(slot);
     const int code = RunSession(sp, std::move(*backend), f.header, hello);
@@ -1190,6 +1236,44 @@ void Daemon::Reap() {
   }
 }
 
+void Daemon::InWorker(int keep) {
+  for (Region& r : regions_) {
+    if (r.bell) r.bell->CloseInChild(keep);
+  }
+}
+
+void Daemon::PollOnce(int timeout_ms) {
+  std::vector<pollfd> fds;
+  std::vector<std::pair<size_t, bool>> bells;  // region index, peer (else listener)
+  for (size_t i = 0; i < regions_.size(); ++i) {
+    const auto& b = regions_[i].bell;
+    if (!b) continue;
+    fds.push_back({b->listen_fd(), POLLIN, 0});
+    bells.emplace_back(i, false);
+    if (b->connected()) {
+      fds.push_back({b->peer_fd(), POLLIN, 0});
+      bells.emplace_back(i, true);
+    }
+  }
+  // Network and control connections are accepted in the loop; their readiness only ends the wait.
+  if (listen_fd_ >= 0) fds.push_back({listen_fd_, POLLIN, 0});
+  if (control_fd_ >= 0) fds.push_back({control_fd_, POLLIN, 0});
+  if (::poll(fds.data(), fds.size(), timeout_ms) <= 0) return;
+  for (size_t k = 0; k < bells.size(); ++k) {
+    if (fds[k].revents == 0) continue;
+    Region& r = regions_[bells[k].first];
+    const std::string what = bells[k].second ? r.bell->PeerReadable() : r.bell->Accept();
+    if (what.empty()) continue;
+    // A peer that sends anything breaks the one-way protocol: only its connection ends, the VM's
+    // sessions go on (they nap if no QEMU rings any more).
+    if (what.find("one-way") != std::string::npos || what.find("refused") != std::string::npos) {
+      log_->warn("VM {}: {}", r.vm, what);
+    } else {
+      log_->info("VM {}: {}", r.vm, what);
+    }
+  }
+}
+
 int Daemon::Run() {
   uint64_t last_beat = 0, last_vm_check = 0;
   while (!stop_.load()) {
@@ -1214,8 +1298,7 @@ int Daemon::Run() {
       if (r.severed) continue;
       for (uint32_t i = 0; i < r.channel_count; ++i) Scan(r, i, now);
     }
-    timespec ts{0, 5000000};  // 5 ms: a new client waits at most this long for its worker
-    nanosleep(&ts, nullptr);
+    PollOnce(5);  // 5 ms: a new shared-memory client waits at most this long for its worker
   }
   log_->info("oriond stopping: ending {} session(s)", serving_);
   for (Region& r : regions_) {

@@ -1,17 +1,22 @@
 // orion-vm: gives a libvirt domain Orion vGPUs, and is the libvirt qemu hook.
 //
-//   orion-vm enable DOMAIN --vgpus N --gmem MIB [--processes P] [--shm-mib S] [-c URI]
+//   orion-vm enable DOMAIN --vgpus N --gmem MIB [--processes P] [--shm-mib S] [--doorbell on|off] [-c URI]
 //        adds <shmem name='orionsock-DOMAIN'><model type='ivshmem-plain'/><size unit='M'>S</size>
 //        </shmem> and the vGPU request (<metadata><orion:vgpu count= gmem= processes=/>) to the
 //        persistent definition (virsh define); takes effect at the domain's next start. P CUDA
 //        processes may run in the VM at once (one channel each, default 4); S defaults to P times
-//        shm_buffer_size (server.conf, 64 MiB) rounded up to a power of two
+//        shm_buffer_size (server.conf, 64 MiB) rounded up to a power of two. With the doorbell
+//        (--doorbell on, or kvm_doorbell = "true" in server.conf) the device is an
+//        ivshmem-doorbell whose server is oriond: <model type='ivshmem-doorbell'/>, <server
+//        path='<shm_path_base>orionsock-DOMAIN.sock'/>, <msi vectors='P' ioeventfd='on'/>; a guest
+//        process then wakes oriond's worker instead of oriond polling for it
 //   orion-vm disable DOMAIN [-c URI]      removes both
 //   orion-vm status DOMAIN [-c URI]       the request, the region, oriond's view
 //   orion-vm hook DOMAIN OP SUBOP [EXTRA] (installed as /etc/libvirt/hooks/qemu; domain XML on stdin)
 //        prepare: creates the region file (size, owner shm_user_name:shm_group_name, 0660) and
-//        attaches the VM to oriond, which reserves its vGPUs; a refusal exits 1 with the reason,
-//        and libvirt refuses the start. release: detaches (frees the vGPUs) and removes the file.
+//        attaches the VM to oriond, which reserves its vGPUs (and, for an ivshmem-doorbell, listens
+//        on the server socket QEMU connects to); a refusal exits 1 with the reason, and libvirt
+//        refuses the start. release: detaches (frees the vGPUs) and removes the file.
 //        Idempotent, quick, and never calls back into libvirtd.
 #include <fcntl.h>
 #include <grp.h>
@@ -58,6 +63,10 @@ uint64_t Pow2Ceil(uint64_t v) {
 struct Shmem {
   std::string name;
   uint64_t bytes = 0;
+  bool doorbell = false;   // ivshmem-doorbell: oriond is its server
+  std::string socket;      // <server path=…/>
+  uint32_t vectors = 1;    // <msi vectors=…/> (QEMU's default: 1)
+  bool sized = false;      // a <size> element (an ivshmem-doorbell has none: the metadata's shm_mib)
 };
 
 bool SafeName(const std::string& s) {
@@ -106,7 +115,8 @@ bool ParseDomain(const std::string& xml, std::optional<Shmem>* shm, VgpuRequest*
   }
   xmlXPathContextPtr ctx = xmlXPathNewContext(doc);
   xmlXPathRegisterNs(ctx, BAD_CAST "orion", BAD_CAST kNs);
-  xmlXPathObjectPtr r = xmlXPathEvalExpression(BAD_CAST "/domain/devices/shmem[model/@type='ivshmem-plain']", ctx);
+  xmlXPathObjectPtr r = xmlXPathEvalExpression(
+      BAD_CAST "/domain/devices/shmem[model/@type='ivshmem-plain' or model/@type='ivshmem-doorbell']", ctx);
   if (r != nullptr && r->nodesetval != nullptr) {
     for (int i = 0; i < r->nodesetval->nodeNr; ++i) {
       xmlNodePtr n = r->nodesetval->nodeTab[i];
@@ -114,9 +124,24 @@ bool ParseDomain(const std::string& xml, std::optional<Shmem>* shm, VgpuRequest*
       const std::string nm = name != nullptr ? reinterpret_cast<char*>(name) : "";
       xmlFree(name);
       if (nm.rfind("orionsock", 0) != 0) continue;
-      Shmem s{nm, 4ull << 20};
+      Shmem s;
+      s.name = nm;
+      s.bytes = 4ull << 20;
       for (xmlNodePtr c = n->children; c != nullptr; c = c->next) {
-        if (c->type == XML_ELEMENT_NODE && xmlStrcmp(c->name, BAD_CAST "size") == 0) {
+        if (c->type != XML_ELEMENT_NODE) continue;
+        auto prop = [&](const char* attr) {
+          xmlChar* v = xmlGetProp(c, BAD_CAST attr);
+          std::string out = v != nullptr ? reinterpret_cast<char*>(v) : "";
+          xmlFree(v);
+          return out;
+        };
+        if (xmlStrcmp(c->name, BAD_CAST "model") == 0) s.doorbell = prop("type") == "ivshmem-doorbell";
+        if (xmlStrcmp(c->name, BAD_CAST "server") == 0) s.socket = prop("path");
+        if (xmlStrcmp(c->name, BAD_CAST "msi") == 0 && !prop("vectors").empty()) {
+          s.vectors = static_cast<uint32_t>(std::min<unsigned long>(std::strtoul(prop("vectors").c_str(), nullptr, 10), 1024));
+        }
+        if (xmlStrcmp(c->name, BAD_CAST "size") == 0) {
+          s.sized = true;
           xmlChar* unit = xmlGetProp(c, BAD_CAST "unit");
           xmlChar* text = xmlNodeGetContent(c);
           s.bytes = SizeBytes(text != nullptr ? reinterpret_cast<char*>(text) : "0",
@@ -136,6 +161,11 @@ bool ParseDomain(const std::string& xml, std::optional<Shmem>* shm, VgpuRequest*
     xmlChar* count = xmlGetProp(n, BAD_CAST "count");
     xmlChar* gmem = xmlGetProp(n, BAD_CAST "gmem");
     xmlChar* procs = xmlGetProp(n, BAD_CAST "processes");
+    xmlChar* mib = xmlGetProp(n, BAD_CAST "shm_mib");
+    if (mib != nullptr && *shm && !(*shm)->sized) {
+      (*shm)->bytes = std::strtoull(reinterpret_cast<char*>(mib), nullptr, 10) << 20;
+    }
+    xmlFree(mib);
     if (count != nullptr) req->count = static_cast<uint32_t>(std::strtoul(reinterpret_cast<char*>(count), nullptr, 10));
     if (gmem != nullptr) req->gmem_mib = std::strtoull(reinterpret_cast<char*>(gmem), nullptr, 10);
     if (procs != nullptr) {
@@ -200,10 +230,18 @@ int Hook(const orion::host::ServerConfig& conf, const std::string& domain, const
   std::string base = conf.shm_path_base;
   if (!base.empty() && base.back() != '/') base += '/';
   const std::string path = base + shm->name;
+  // The doorbell's server socket sits beside the region, named after it (oriond creates it there,
+  // owned like the region; the hook never lets a domain XML point oriond elsewhere).
+  const std::string socket = path + ".sock";
   if (op == "release") {
-    Oriond(conf.control_socket, "detach " + domain);
+    Oriond(conf.control_socket, "detach " + domain);  // oriond removes the doorbell socket too
     unlink(path.c_str());
     return 0;
+  }
+  if (shm->doorbell && shm->socket != socket) {
+    std::cerr << "orion: the ivshmem-doorbell of " << domain << " must have <server path='" << socket
+              << "'/> (orion-vm enable writes it)\n";
+    return 1;
   }
   if (shm->bytes == 0 || (shm->bytes & (shm->bytes - 1)) != 0) {
     std::cerr << "orion: the ivshmem size of " << domain << " must be a power of two\n";
@@ -234,7 +272,8 @@ int Hook(const orion::host::ServerConfig& conf, const std::string& domain, const
   close(fd);
   const std::string reply =
       Oriond(conf.control_socket, "attach " + domain + " " + path + " " + std::to_string(req.count) + " " +
-                                      std::to_string(req.gmem_mib) + " " + std::to_string(req.processes));
+                                      std::to_string(req.gmem_mib) + " " + std::to_string(req.processes) +
+                                      (shm->doorbell ? " " + socket + " " + std::to_string(shm->vectors) : ""));
   if (reply.rfind("ok", 0) != 0) {
     std::cerr << "orion: cannot start " << domain << ": " << reply.substr(reply.find(' ') + 1) << "\n";
     return 1;
@@ -243,7 +282,7 @@ int Hook(const orion::host::ServerConfig& conf, const std::string& domain, const
 }
 
 int Enable(const orion::host::ServerConfig& conf, const std::string& uri, const std::string& domain, uint32_t vgpus,
-           uint64_t gmem, uint64_t shm_mib, uint32_t processes) {
+           uint64_t gmem, uint64_t shm_mib, uint32_t processes, bool doorbell) {
   if (!SafeName(domain)) {
     std::cerr << "orion-vm: domain name '" << domain << "' has characters Orion cannot use in a file name\n";
     return 1;
@@ -292,9 +331,25 @@ int Enable(const orion::host::ServerConfig& conf, const std::string& uri, const 
   const std::string shm_name = "orionsock-" + domain;
   xmlNodePtr shm = xmlNewChild(devices, nullptr, BAD_CAST "shmem", nullptr);
   xmlNewProp(shm, BAD_CAST "name", BAD_CAST shm_name.c_str());
-  xmlNewProp(xmlNewChild(shm, nullptr, BAD_CAST "model", nullptr), BAD_CAST "type", BAD_CAST "ivshmem-plain");
-  xmlNewProp(xmlNewChild(shm, nullptr, BAD_CAST "size", BAD_CAST std::to_string(shm_mib).c_str()), BAD_CAST "unit",
-             BAD_CAST "M");
+  xmlNewProp(xmlNewChild(shm, nullptr, BAD_CAST "model", nullptr), BAD_CAST "type",
+             BAD_CAST(doorbell ? "ivshmem-doorbell" : "ivshmem-plain"));
+  // libvirt refuses <size> on an ivshmem-doorbell (QEMU sizes BAR2 from the memory oriond sends):
+  // the hook then reads the size from the Orion metadata (shm_mib).
+  if (!doorbell) {
+    xmlNewProp(xmlNewChild(shm, nullptr, BAD_CAST "size", BAD_CAST std::to_string(shm_mib).c_str()), BAD_CAST "unit",
+               BAD_CAST "M");
+  }
+  if (doorbell) {
+    // QEMU takes the memory from oriond over this socket (the hook checks the path), and rings
+    // oriond's eventfds: one vector per channel, written to by the guest in BAR0.
+    std::string base = conf.shm_path_base;
+    if (!base.empty() && base.back() != '/') base += '/';
+    const std::string sock = base + shm_name + ".sock";
+    xmlNewProp(xmlNewChild(shm, nullptr, BAD_CAST "server", nullptr), BAD_CAST "path", BAD_CAST sock.c_str());
+    xmlNodePtr msi = xmlNewChild(shm, nullptr, BAD_CAST "msi", nullptr);
+    xmlNewProp(msi, BAD_CAST "vectors", BAD_CAST std::to_string(processes).c_str());
+    xmlNewProp(msi, BAD_CAST "ioeventfd", BAD_CAST "on");
+  }
   if (metadata == nullptr) metadata = xmlNewChild(root, nullptr, BAD_CAST "metadata", nullptr);
   for (xmlNodePtr c = metadata->children; c != nullptr;) {
     xmlNodePtr next = c->next;
@@ -309,10 +364,12 @@ int Enable(const orion::host::ServerConfig& conf, const std::string& uri, const 
   xmlNewProp(v, BAD_CAST "count", BAD_CAST std::to_string(vgpus).c_str());
   xmlNewProp(v, BAD_CAST "gmem", BAD_CAST std::to_string(gmem).c_str());
   xmlNewProp(v, BAD_CAST "processes", BAD_CAST std::to_string(processes).c_str());
+  xmlNewProp(v, BAD_CAST "shm_mib", BAD_CAST std::to_string(shm_mib).c_str());
   if (!DefineXml(uri, doc)) return 1;
   std::cout << "Domain " << domain << ": " << vgpus << " vGPU(s) of " << (gmem != 0 ? std::to_string(gmem) : "default")
             << " MiB, " << processes << " CUDA processes at once, through " << shm_name << " (" << shm_mib
-            << " MiB); takes effect at the next start\n";
+            << " MiB, " << (doorbell ? "ivshmem-doorbell served by oriond" : "ivshmem-plain")
+            << "); takes effect at the next start\n";
   return 0;
 }
 
@@ -359,7 +416,8 @@ int Status(const orion::host::ServerConfig& conf, const std::string& uri, const 
   std::cout << "Domain " << domain << ": " << req.count << " vGPU(s), gmem " << req.gmem_mib << " MiB, "
             << (req.processes != 0 ? std::to_string(req.processes) : std::string("server-chosen"))
             << " processes at once, region "
-            << conf.shm_path_base << shm->name << " (" << (shm->bytes >> 20) << " MiB)\n";
+            << conf.shm_path_base << shm->name << " (" << (shm->bytes >> 20) << " MiB, "
+            << (shm->doorbell ? "ivshmem-doorbell, server " + shm->socket : std::string("ivshmem-plain")) << ")\n";
   std::cout << "oriond: " << Oriond(conf.control_socket, "status") << "\n";
   return 0;
 }
@@ -381,6 +439,11 @@ int main(int argc, char** argv) {
   en->add_option("--gmem", gmem, "MiB per vGPU (0: the server's default)");
   en->add_option("--processes", processes, "CUDA processes that may run in the VM at once (one channel each)")
       ->check(CLI::Range(1u, kMaxProcesses));
+  std::string doorbell_opt;
+  en->add_option("--doorbell", doorbell_opt,
+                 "on: an ivshmem-doorbell device whose server is oriond (guest processes wake oriond); off: "
+                 "ivshmem-plain (oriond polls); default: kvm_doorbell in server.conf")
+      ->check(CLI::IsMember({"on", "off"}));
   en->add_option("--shm-mib", shm_mib,
                  "size of the ivshmem region, a power of two (default: processes x shm_buffer_size, rounded up)");
   auto* dis = app.add_subcommand("disable", "remove DOMAIN's vGPUs");
@@ -401,7 +464,10 @@ int main(int argc, char** argv) {
     return 1;
   }
   const orion::host::ServerConfig c = conf.ok() ? *conf : orion::host::ServerConfig{};
-  if (en->parsed()) return Enable(c, uri, domain, vgpus, gmem, shm_mib, processes);
+  if (en->parsed()) {
+    return Enable(c, uri, domain, vgpus, gmem, shm_mib, processes,
+                  doorbell_opt.empty() ? c.kvm_doorbell : doorbell_opt == "on");
+  }
   if (dis->parsed()) return Disable(uri, domain);
   if (st->parsed()) return Status(c, uri, domain);
   return Hook(c, domain, op);

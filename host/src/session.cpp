@@ -20,6 +20,7 @@
 
 #include "orion/common/text.h"
 #include "orion/host/fatbin.h"
+#include "orion/ivshmem/doorbell.h"
 #include "orion/ivshmem/ring.h"
 
 namespace orion::host {
@@ -83,6 +84,11 @@ class Session {
   }
 
   int Run(const FrameHeader& hello_header, const HelloReq& hello);
+  // The session's last log line on how it waited while idle.
+  void LogWaits() const {
+    const std::string w = ch_->WaitStats();
+    p_.log->info("sess={} idle waits: {}{}naps={}", p_.session_id, w, w.empty() ? "" : ", ", naps_);
+  }
 
  private:
   // Executes one frame. Returns false on a protocol violation (message in *why).
@@ -162,6 +168,7 @@ class Session {
   SessionParams p_;
   std::unique_ptr<Backend> b_;
   std::unique_ptr<SessionChannel> ch_;
+  uint64_t naps_ = 0;  // idle naps (a client that cannot ring)
   ChannelLayout layout_{};
   uint8_t* window_ = nullptr;
   std::unordered_map<uint64_t, Obj> handles_;
@@ -1186,11 +1193,17 @@ int Session::Run(const FrameHeader& hello_header, const HelloReq& hello) {
   ch_->Serving();
 
   std::vector<uint8_t> scratch, reply;
-  // Idle: spin ~0.1 ms, yield, then nap up to 2 ms; after a second without frames, up to 5 ms (the
-  // first call after a long pause pays that once; shared memory has no doorbell yet).
+  // Idle: spin ~0.1 ms, yield, then sleep until the client rings (a futex, the VM's ivshmem
+  // doorbell, or the socket): the first call after a pause costs one kernel wake-up. The sleep's
+  // timeout runs the liveness checks (Idle: the client's lease) and bounds a wake-up missed after
+  // an asynchronous frame (client.h, B1): 2 ms after the last frame, doubling with each quiet
+  // wait up to idle_wait_ms (a quarter of the lease timeout, 20..250 ms). A client that cannot ring
+  // (an older guest runtime in a VM) gets naps of up to 2 ms, 5 ms after a quiet second.
   ivshmem::Backoff backoff(2000, 100, 2000);
+  const int idle_wait_ms = static_cast<int>(std::clamp<uint64_t>(p_.lease_timeout_ms / 4, 20, 250));
   uint64_t frames = 0;
   uint64_t last_frame_ms = NowMs();
+  uint32_t quiet_waits = 0;  // sleeps since the last frame
   auto violation = [&](const std::string& what) {
     log.error("sess={} protocol violation: {}; ending the session", p_.session_id, what);
     ch_->Closing(CUDA_ERROR_ILLEGAL_STATE);
@@ -1217,11 +1230,17 @@ int Session::Run(const FrameHeader& hello_header, const HelloReq& hello) {
       }
       // Asleep: on the doorbell or the socket when the channel has one (2 ms while recently busy,
       // 20 ms after a quiet second: the bound on a missed wake-up), else naps.
-      if (!(backoff.sleeping() && ch_->WaitIdle(NowMs() - last_frame_ms > 1000 ? 20 : 2))) backoff.Pause();
+      if (backoff.sleeping() && ch_->WaitIdle(std::min(idle_wait_ms, 2 << std::min<uint32_t>(quiet_waits, 7)))) {
+        ++quiet_waits;
+      } else {
+        naps_ += backoff.sleeping() ? 1 : 0;
+        backoff.Pause();
+      }
       continue;
     }
     if (backoff.sleeping() || (frames++ & 0xFF) == 0) last_frame_ms = NowMs();  // after idle, or now and then
     backoff.Reset();
+    quiet_waits = 0;
     const FrameHeader& h = f.header;
     if (!OpKnown(h.op) || static_cast<Op>(h.op) == Op::kWindowData) {
       return violation("unknown op " + std::to_string(h.op));
@@ -1255,8 +1274,8 @@ int Session::Run(const FrameHeader& hello_header, const HelloReq& hello) {
 class ShmSessionChannel final : public SessionChannel {
  public:
   ShmSessionChannel(uint8_t* region, uint64_t channel_bytes, uint32_t channel, uint32_t generation,
-                    uint64_t request_position, uint64_t lease_timeout_ms)
-      : layout_(ChannelLayout::Compute(channel_bytes)), lease_timeout_ms_(lease_timeout_ms) {
+                    uint64_t request_position, uint64_t lease_timeout_ms, int doorbell_fd)
+      : layout_(ChannelLayout::Compute(channel_bytes)), lease_timeout_ms_(lease_timeout_ms), bell_(doorbell_fd) {
     uint8_t* chan = ivshmem::ChannelBase(region, channel_bytes, channel);
     desc_ = &ivshmem::Header(region)->channels[channel];
     requests_ = ivshmem::RingConsumer(chan + layout_.request_ring_offset,
@@ -1299,16 +1318,56 @@ class ShmSessionChannel final : public SessionChannel {
     }
     return Status::Ok();
   }
-  // Sleeps on the doorbell when the client can ring it (same kernel); else the caller naps.
+  // Sleeps until the client rings, the way it says it can (client_rings: a futex on this kernel, or
+  // the VM's ivshmem doorbell when oriond serves one for this channel); else the caller naps.
   bool WaitIdle(int timeout_ms) override {
-    if (desc_->client_rings.load(std::memory_order_relaxed) != 1) return false;
+    const uint32_t rings = desc_->client_rings.load(std::memory_order_relaxed);
+    const bool bell = rings == ivshmem::kRingsIvshmem && bell_;
+    if (!bell && rings != ivshmem::kRingsFutex) return false;
+    if (bell && spurious_streak_ >= kStormStreak) {
+      // Rings with nothing behind them, again and again: a storm from a hostile or broken guest.
+      // Each costs this worker a wake-up; throttled to about a thousand a second.
+      timespec ts{0, 1000000};
+      nanosleep(&ts, nullptr);
+      ++throttled_;
+    }
     // B0: announce sleep with a full barrier, then look once more, so a frame published before the
-    // client saw the flag is not slept through. Pairs with RingDoorbell's load in the client.
+    // client saw the flag is not slept through. Pairs with B1/B1s in the client's RingDoorbell.
     desc_->server_sleeping.exchange(1, std::memory_order_seq_cst);
-    const uint32_t bell = desc_->doorbell.load(std::memory_order_acquire);
-    if (!requests_.HasData()) ivshmem::FutexWait(&desc_->doorbell, bell, static_cast<uint32_t>(timeout_ms) * 1000u);
+    if (bell) {
+      bool rung = false;
+      if (!requests_.HasData()) {
+        rung = ivshmem::WaitEventFd(bell_.get(), timeout_ms);
+      } else {
+        (void)ivshmem::DrainEventFd(bell_.get());  // a ring for what is already here
+      }
+      desc_->server_sleeping.store(0, std::memory_order_relaxed);
+      if (!rung) {
+        ++bell_timeouts_;
+      } else if (requests_.HasData()) {
+        ++bell_wakes_;
+        spurious_streak_ = 0;
+      } else {
+        ++bell_spurious_;
+        ++spurious_streak_;
+      }
+      return true;
+    }
+    const uint32_t word = desc_->doorbell.load(std::memory_order_acquire);
+    if (!requests_.HasData()) {
+      ivshmem::FutexWait(&desc_->doorbell, word, static_cast<uint32_t>(timeout_ms) * 1000u);
+      ++futex_waits_;
+    }
     desc_->server_sleeping.store(0, std::memory_order_relaxed);
     return true;
+  }
+  std::string WaitStats() const override {
+    std::string s = "futex waits=" + std::to_string(futex_waits_);
+    if (bell_) {
+      s += ", ivshmem-doorbell wake-ups=" + std::to_string(bell_wakes_) + " spurious=" + std::to_string(bell_spurious_) +
+           " throttled=" + std::to_string(throttled_) + " timeouts=" + std::to_string(bell_timeouts_);
+    }
+    return s;
   }
   void Serving() override {
     // W0: the session is served; pairs with the client's and the daemon's acquire loads.
@@ -1325,6 +1384,10 @@ class ShmSessionChannel final : public SessionChannel {
   uint8_t* window_ = nullptr;
   uint64_t last_lease_ = 0;
   uint64_t lease_changed_ = 0;
+  static constexpr uint32_t kStormStreak = 16;  // spurious rings in a row that mean a storm
+  ivshmem::UniqueFd bell_;                       // the VM's ivshmem-doorbell eventfd for this channel
+  uint64_t bell_wakes_ = 0, bell_spurious_ = 0, bell_timeouts_ = 0, throttled_ = 0, futex_waits_ = 0;
+  uint32_t spurious_streak_ = 0;
 };
 
 }  // namespace
@@ -1346,22 +1409,25 @@ bool PushReply(uint8_t* region, uint64_t channel_bytes, uint32_t channel, uint32
 
 std::unique_ptr<SessionChannel> MakeShmSessionChannel(uint8_t* region, uint64_t channel_bytes, uint32_t channel,
                                                       uint32_t generation, uint64_t request_position,
-                                                      uint64_t lease_timeout_ms) {
+                                                      uint64_t lease_timeout_ms, int doorbell_fd) {
   return std::make_unique<ShmSessionChannel>(region, channel_bytes, channel, generation, request_position,
-                                             lease_timeout_ms);
+                                             lease_timeout_ms, doorbell_fd);
 }
 
 int RunSession(const SessionParams& params, std::unique_ptr<Backend> backend, const FrameHeader& hello_header,
                const HelloReq& hello) {
   std::unique_ptr<SessionChannel> ch =
       params.socket_fd < 0 ? MakeShmSessionChannel(params.region, params.channel_bytes, params.channel,
-                                                   params.generation, params.request_position, params.lease_timeout_ms)
+                                                   params.generation, params.request_position, params.lease_timeout_ms,
+                                                   params.doorbell_fd)
       : params.transport == kTransportRdma
           ? MakeRdmaSessionChannel(params.socket_fd, params.channel_bytes, params.net_stall_ms, params.session_id,
                                    params.log)
           : MakeTcpSessionChannel(params.socket_fd, params.channel_bytes, params.net_stall_ms);
   Session s(params, std::move(backend), std::move(ch));
-  return s.Run(hello_header, hello);
+  const int code = s.Run(hello_header, hello);
+  s.LogWaits();
+  return code;
 }
 
 }  // namespace orion::host

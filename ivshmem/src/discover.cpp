@@ -141,7 +141,10 @@ Result<RegionLocation> FindClientRegion() {
   std::string source;
   const std::string path = FindRegionPath(&why, &source);
   if (path.empty()) return NotFound(why);
-  return RegionLocation{path, source};
+  RegionLocation where{path, source, ""};
+  // An ivshmem device's registers sit beside its memory: BAR0 next to BAR2.
+  if (source.rfind("ivshmem", 0) == 0) where.doorbell = path.substr(0, path.rfind('/')) + "/resource0";
+  return where;
 }
 
 std::string ClientControllerAddr() {

@@ -293,6 +293,11 @@ Status FormatRegion(uint8_t* base, uint64_t region_bytes, uint64_t channel_bytes
     h->features |= kFeatureVmLimits;
     h->vm_vgpus = vm->vgpus;
     h->vm_gmem_bytes = vm->gmem_bytes;
+    if (vm->doorbell_vectors > 0) {
+      h->features |= kFeatureDoorbell;
+      h->doorbell_peer = 0;  // kHostPeer (doorbell.h)
+      h->doorbell_vectors = vm->doorbell_vectors;
+    }
   }
   for (uint32_t i = 0; i < n; ++i) {
     // Only the ring cursors need zeroing; window bytes are the client's business.
@@ -305,6 +310,14 @@ Status FormatRegion(uint8_t* base, uint64_t region_bytes, uint64_t channel_bytes
   // F0: publishes the header; pairs with V0 in ValidateHeader.
   reinterpret_cast<std::atomic<uint64_t>*>(&h->magic)->store(kRegionMagic, std::memory_order_release);
   return Status::Ok();
+}
+
+void PublishDoorbell(uint8_t* base, uint32_t peer, uint32_t vectors) {
+  RegionHeader* h = Header(base);
+  h->doorbell_peer = peer;
+  h->doorbell_vectors = vectors;
+  // Informative for guests, which read it when a process starts (no process of the VM runs yet).
+  h->features |= kFeatureDoorbell;
 }
 
 uint32_t ResetChannel(uint8_t* base, const RegionHeader& trusted, uint32_t index, uint32_t generation) {

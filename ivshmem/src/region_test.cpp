@@ -25,6 +25,8 @@ TEST(RegionLayout, HeaderIsPinned) {
   EXPECT_EQ(offsetof(RegionHeader, features), 56u);
   EXPECT_EQ(offsetof(RegionHeader, vm_vgpus), 60u);
   EXPECT_EQ(offsetof(RegionHeader, vm_gmem_bytes), 64u);
+  EXPECT_EQ(offsetof(RegionHeader, doorbell_peer), 72u);
+  EXPECT_EQ(offsetof(RegionHeader, doorbell_vectors), 76u);
   EXPECT_EQ(offsetof(RegionHeader, channels), 128u);
   EXPECT_EQ(kFeatureVmLimits, 1u);
 }

@@ -95,12 +95,22 @@ class VmHost:
     def region(self, vm):
         return self.shm / f"orionsock-{vm}"
 
-    def hook(self, vm, op, vgpus=2, gmem=3000, processes=4, shm_mib=64):
-        """libvirt's qemu hook for domain `vm` (what `orion-vm enable` put in its XML)."""
+    def bell(self, vm):
+        """The ivshmem server socket oriond serves for VM `vm` (beside its region)."""
+        return self.shm / f"orionsock-{vm}.sock"
+
+    def hook(self, vm, op, vgpus=2, gmem=3000, processes=4, shm_mib=64, doorbell=False):
+        """libvirt's qemu hook for domain `vm` (what `orion-vm enable` put in its XML; `doorbell`:
+        an ivshmem-doorbell device whose server is oriond, one vector per process)."""
         procs = f' processes="{processes}"' if processes is not None else ""
+        # libvirt allows no <size> on an ivshmem-doorbell: the size is in Orion's metadata.
+        procs += f' shm_mib="{shm_mib}"' if doorbell else ""
+        device = (f"<model type='ivshmem-doorbell'/>"
+                  f"<server path='{self.bell(vm)}'/><msi vectors='{processes}' ioeventfd='on'/>" if doorbell else
+                  f"<model type='ivshmem-plain'/><size unit='M'>{shm_mib}</size>")
         xml = f"""<domain type='qemu'><name>{vm}</name>
   <metadata><orion:vgpu xmlns:orion="http://orion-vgpu.org/xmlns/libvirt/1.0" count="{vgpus}" gmem="{gmem}"{procs}/></metadata>
-  <devices><shmem name='orionsock-{vm}'><model type='ivshmem-plain'/><size unit='M'>{shm_mib}</size></shmem></devices>
+  <devices><shmem name='orionsock-{vm}'>{device}</shmem></devices>
 </domain>"""
         return subprocess.run([PREFIX / "bin" / "orion-vm", "hook", vm, op, "begin", "-"], input=xml, text=True,
                               capture_output=True, env=dict(os.environ, ORION_SERVER_CONF=str(self.conf)), timeout=60)
@@ -266,7 +276,7 @@ def kernel():
 @pytest.fixture(scope="module")
 def initrd(tmp_path_factory):
     d = tmp_path_factory.mktemp("vm")
-    progs = [TEST_BIN / p for p in PROGRAMS] + [ROOT / "build" / "hostile_client"]
+    progs = [TEST_BIN / p for p in PROGRAMS] + [ROOT / "build" / "hostile_client", ROOT / "build" / "bench" / "orion_bench"]
     return vm.build_initramfs(d / "initrd.gz", PREFIX, progs)
 
 
@@ -370,3 +380,98 @@ def test_a_guest_keeps_its_limits_across_an_oriond_restart(tmp_path, kernel, ini
         assert r.returncode == 0, r.stderr
     finally:
         h.stop()
+
+
+def worker_cpu(parent_pid, seconds=5.0):
+    """CPU time (s) and voluntary context switches (wake-ups) of oriond's only worker over `seconds`."""
+    kids = Path(f"/proc/{parent_pid}/task/{parent_pid}/children").read_text().split()
+    assert len(kids) == 1, kids
+    pid = kids[0]
+
+    def sample():
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        status = Path(f"/proc/{pid}/status").read_text()
+        switches = int(re.search(r"^voluntary_ctxt_switches:\s+(\d+)", status, re.M).group(1))
+        return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK"), switches
+
+    cpu0, sw0 = sample()
+    time.sleep(seconds)
+    cpu1, sw1 = sample()
+    return cpu1 - cpu0, sw1 - sw0
+
+
+def session_waits(server_log):
+    """[(doorbell wake-ups or None, naps)] of each session, in session order, from its last line."""
+    found = {int(m.group(1)): (int(m.group(2)) if m.group(2) else None, int(m.group(3))) for m in re.finditer(
+        r"sess=(\d+) idle waits: futex waits=\d+(?:, ivshmem-doorbell wake-ups=(\d+)[^,]*)?, naps=(\d+)", server_log)}
+    return [found[k] for k in sorted(found)]
+
+
+def test_a_guest_rings_oriond_through_the_ivshmem_doorbell(tmp_path, kernel, initrd):
+    # QEMU's ivshmem-doorbell takes its memory and eventfds from oriond (the ivshmem server the hook
+    # asked for); guest processes write the Doorbell register in BAR0 and the worker sleeps on its
+    # eventfd: it wakes only when rung (or for its liveness check), and never naps.
+    h = VmHost(tmp_path)
+    try:
+        r = h.hook("vm1", "prepare", vgpus=2, gmem=3000, processes=4, shm_mib=64, doorbell=True)
+        assert r.returncode == 0, r.stderr
+        assert h.bell("vm1").is_socket()
+        result = {}
+
+        def guest():
+            result["console"] = vm.boot(kernel, initrd, ["device_props", "kernel_params", "orion_bench:idle:12"],
+                                        doorbell=h.bell("vm1"), vectors=4, gmem=None, vgpu=None,
+                                        log=tmp_path / "console.log")
+
+        t = threading.Thread(target=guest)
+        t.start()
+        deadline = time.time() + 240
+        while h.log().count("Creating session") < 3:
+            assert t.is_alive() and time.time() < deadline, result.get("console", "")[-3000:]
+            time.sleep(0.2)
+        time.sleep(3)  # the idle client is connected: past its first frames and the spin phase
+        cpu, wakeups = worker_cpu(h.proc.pid, 5.0)
+        t.join()
+        console = result["console"]
+        out = vm.outputs(console)
+        for prog in ("device_props", "kernel_params"):
+            rc, text = out[prog]
+            assert_passed(Result(rc, text))
+        assert "PROP deviceCount=2" in out["device_props"][1]
+        assert out["orion_bench"][0] == 0, out["orion_bench"][1]
+        log = h.log()
+        assert f"doorbell {h.bell('vm1')}: pid" in log and "connected (4 vectors)" in log, log
+        waits = session_waits(h.log())
+        assert len(waits) == 3, waits
+        # Every session slept on the doorbell, never in naps; the idle one was woken by the
+        # guest's rings when it went on (the frames of its exit).
+        assert all(bell is not None and naps == 0 for bell, naps in waits), waits
+        assert waits[-1][0] >= 1, waits
+        # Idle, the VM's worker used almost no CPU: a few liveness wake-ups a second, no naps
+        # (napping, it woke ~200 times a second).
+        assert cpu < 0.1, cpu  # < 2 % of a core over 5 s
+        assert wakeups < 100, wakeups
+        # The VM stops: the hook's release detaches it and oriond removes the socket.
+        assert h.hook("vm1", "release", doorbell=True).returncode == 0
+        assert not h.bell("vm1").exists()
+    finally:
+        h.stop()
+
+
+def test_a_plain_device_on_a_doorbell_attachment_falls_back_to_naps(tmp_path, kernel, initrd):
+    # The attachment asked for a doorbell but the guest's device is ivshmem-plain on the same file
+    # (IVPosition 0): the guest runtime does not ring, the worker naps, the program runs.
+    h = VmHost(tmp_path)
+    try:
+        assert h.hook("vm1", "prepare", processes=4, shm_mib=64, doorbell=True).returncode == 0
+        out = vm.outputs(vm.boot(kernel, initrd, ["device_props", "orion_bench:idle:2"], region=h.region("vm1"),
+                                 region_mib=64, gmem=None, vgpu=None))
+        rc, text = out["device_props"]
+        assert_passed(Result(rc, text))
+        assert out["orion_bench"][0] == 0, out["orion_bench"][1]
+        waits = session_waits(h.log())
+        assert len(waits) == 2 and all(bell == 0 for bell, _ in waits), waits
+        assert waits[1][1] > 0, waits  # the idle process's worker napped
+    finally:
+        h.stop()
+

@@ -54,7 +54,8 @@ def lab():
     d.chmod(0o755)  # QEMU runs as libvirt-qemu and must reach the kernel and initrd
     kernel = subprocess.run([ROOT / "scripts" / "vm-kernel"], capture_output=True, text=True, check=True).stdout.strip()
     shutil.copy(ROOT / kernel, d / "vmlinuz")
-    vm.build_initramfs(d / "initrd.gz", PREFIX, [TEST_BIN / "device_props", TEST_BIN / "sleeper"])
+    vm.build_initramfs(d / "initrd.gz", PREFIX, [TEST_BIN / "device_props", TEST_BIN / "sleeper",
+                                                ROOT / "build" / "bench" / "orion_bench"])
     for f in ("vmlinuz", "initrd.gz"):
         (d / f).chmod(0o644)
     conf = d / "server.conf"
@@ -213,3 +214,44 @@ def test_oriond_restart_while_a_domain_runs(lab):
         time.sleep(0.2)
     virsh("start", "orion-test-a")
     wait_off("orion-test-a")
+
+
+def test_domain_with_the_doorbell(lab):
+    # `orion-vm enable --doorbell on`: an ivshmem-doorbell whose server is oriond (the hook asks for
+    # it at prepare); QEMU, run by libvirt as libvirt-qemu, gets the region and oriond's eventfds
+    # from it, and the guest's processes wake their workers through BAR0 instead of being polled.
+    define(lab, "orion-test-a", "device_props,orion_bench:idle:3")
+    r = subprocess.run([PREFIX / "bin" / "orion-vm", "enable", "orion-test-a", "--vgpus", "1", "--gmem", "256",
+                        "--doorbell", "on"], capture_output=True, text=True,
+                       env=dict(os.environ, ORION_SERVER_CONF=str(lab / "server.conf")))
+    assert r.returncode == 0, r.stderr
+    assert "ivshmem-doorbell served by oriond" in r.stdout
+    xml = virsh("dumpxml", "--inactive", "orion-test-a").stdout
+    assert "<model type='ivshmem-doorbell'/>" in xml, xml
+    assert "<server path='/dev/shm/orionsock-orion-test-a.sock'/>" in xml, xml
+    assert "vectors='4'" in xml, xml
+    assert 'shm_mib="64"' in xml and "<size" not in xml.split("<shmem")[1].split("</shmem>")[0], xml
+    virsh("start", "orion-test-a")
+    wait_off("orion-test-a")
+    out = vm.outputs((lab / "orion-test-a.console").read_text(errors="replace"))
+    rc, text = out["device_props"]
+    assert rc == 0 and "failed=0" in text, text
+    assert out["orion_bench"][0] == 0, out["orion_bench"][1]
+    log = (lab / "logs" / "server.log").read_text()
+    assert "orionsock-orion-test-a.sock: pid" in log and "connected (4 vectors)" in log, log[-3000:]
+    waits = re.findall(r"ivshmem-doorbell wake-ups=(\d+).*naps=(\d+)", log)
+    assert len(waits) >= 2 and all(n == "0" for _, n in waits) and int(waits[-1][0]) >= 1, waits
+    deadline = time.time() + 10
+    while "VM orion-test-a: detached" not in (lab / "logs" / "server.log").read_text():
+        assert time.time() < deadline, "the release hook did not detach the VM"
+        time.sleep(0.2)
+    assert not Path("/dev/shm/orionsock-orion-test-a.sock").exists()
+    # Back to ivshmem-plain (the fallback): the same domain runs again, polled.
+    subprocess.run([PREFIX / "bin" / "orion-vm", "enable", "orion-test-a", "--vgpus", "1", "--gmem", "256",
+                    "--doorbell", "off"], check=True, capture_output=True,
+                   env=dict(os.environ, ORION_SERVER_CONF=str(lab / "server.conf")))
+    assert "ivshmem-plain" in virsh("dumpxml", "--inactive", "orion-test-a").stdout
+    virsh("start", "orion-test-a")
+    wait_off("orion-test-a")
+    rc, text = vm.outputs((lab / "orion-test-a.console").read_text(errors="replace"))["device_props"]
+    assert rc == 0, text

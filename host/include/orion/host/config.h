@@ -22,6 +22,7 @@ struct ServerConfig {
   bool enable_shm = true;
   bool enable_rdma = false;
   bool enable_kvm = false;
+  bool kvm_doorbell = false;        // orion-vm enable gives VMs an ivshmem-doorbell (else ivshmem-plain)
   uint32_t vgpu_count = 4;          // vGPUs per physical GPU, 1..100
   uint32_t max_clients = 64;        // -n
   // [server-log]

@@ -20,6 +20,7 @@
 #include "orion/host/controller_link.h"
 #include "orion/host/pool.h"
 #include "orion/host/session.h"
+#include "orion/ivshmem/doorbell.h"
 #include "orion/ivshmem/region.h"
 
 namespace orion::host {
@@ -62,6 +63,10 @@ class Daemon {
     uint32_t vgpus_asked = 0;      // the attach request, kept in the state file
     uint64_t gmem_asked_mib = 0;
     uint32_t processes = 0;        // channels asked for (0: shm_buffer_size decides)
+    // The VM's ivshmem-doorbell (attached with a doorbell socket): oriond is its ivshmem server,
+    // and the worker of channel i sleeps on vector i's eventfd. Not restored across an oriond
+    // restart (QEMU cannot reconnect to an ivshmem server): those sessions nap until the VM restarts.
+    std::unique_ptr<ivshmem::DoorbellServer> bell;
     uint64_t epoch = 0;     // the server_epoch FormatRegion wrote (a copy: the header is hostile)
     bool severed = false;   // a tenant broke the region: no longer served (RegionIntact)
   };
@@ -79,8 +84,18 @@ class Daemon {
   Status OpenControlSocket();
   void ServeControl();
   std::string Control(const std::string& line);
+  // `bell_socket` (may be ""): serve the VM's ivshmem-doorbell there, with up to `vectors` vectors.
   std::string Attach(const std::string& vm, const std::string& path, uint32_t vgpus, uint64_t gmem_mib,
-                     uint32_t processes);
+                     uint32_t processes, const std::string& bell_socket = "", uint32_t vectors = 0);
+  // The doorbell server of a VM region at `path`, owned like the region file (QEMU's user).
+  Result<std::unique_ptr<ivshmem::DoorbellServer>> MakeDoorbell(const std::string& path, const std::string& socket,
+                                                                uint32_t vectors) const;
+  // Waits up to `timeout_ms` for a doorbell socket, a network or a control connection, then serves
+  // the doorbell sockets that are ready (accepts QEMU, drops a peer that misbehaves).
+  void PollOnce(int timeout_ms);
+  // In a forked worker: closes the descriptors that belong to the daemon (doorbell sockets, other
+  // channels' eventfds), keeping `keep`.
+  void InWorker(int keep);
   std::string Detach(const std::string& vm);
   // Formats and maps a region: `processes` > 0 splits it into that many channels, else channels
   // of shm_buffer_size; `vm` publishes a VM's limits in its header.

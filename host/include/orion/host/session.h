@@ -40,16 +40,21 @@ class SessionChannel {
   virtual Status Reply(const FrameHeader& h, const void* payload, uint32_t len) = 0;
   // Called while idle: kUnavailable when the client is gone (stale lease, closed connection).
   virtual Status Idle(uint64_t now_ms) = 0;
-  // Once spinning is over: waits for the next request if the channel can block on it (a socket:
-  // true after up to `timeout_ms`); false when the caller should nap instead (shared memory).
+  // Once spinning is over: waits up to `timeout_ms` for the next request when the channel can block
+  // on it (a socket; a shared-memory client that rings: futex or the VM's ivshmem doorbell) and
+  // returns true; false when the caller should nap instead (a client that cannot ring).
   virtual bool WaitIdle(int timeout_ms) { (void)timeout_ms; return false; }
+  // How the session waited, for its last log line ("" when there is nothing to say).
+  virtual std::string WaitStats() const { return ""; }
   virtual void Serving() = 0;               // the session is served (shm: state ACTIVE)
   virtual void Closing(int32_t reason) = 0;  // the session ends on a violation
 };
 
+// `doorbell_fd`: the eventfd the VM's ivshmem-doorbell signals for this channel (the worker owns
+// it), or -1 (a host region, or a VM without the doorbell).
 std::unique_ptr<SessionChannel> MakeShmSessionChannel(uint8_t* region, uint64_t channel_bytes, uint32_t channel,
                                                       uint32_t generation, uint64_t request_position,
-                                                      uint64_t lease_timeout_ms);
+                                                      uint64_t lease_timeout_ms, int doorbell_fd = -1);
 // A TCP connection (the worker owns `fd`) whose channel has `channel_bytes` (its window is local).
 // A client that stops in the middle of a frame for `stall_ms` is dropped.
 std::unique_ptr<SessionChannel> MakeTcpSessionChannel(int fd, uint64_t channel_bytes, uint64_t stall_ms);
@@ -69,6 +74,7 @@ struct SessionParams {
   uint32_t channel = 0;
   uint32_t generation = 0;           // the channel's generation (oriond's own record)
   uint64_t request_position = 0;     // where the request stream continues after the Hello
+  int doorbell_fd = -1;              // a VM region with the doorbell: this channel's eventfd
   std::vector<Placement> placements;
   std::string cache_dir;             // content-addressed module cache ("" = memory only)
   uint64_t cache_max_bytes = uint64_t{2} << 30;  // the cache's size bound: oldest entries go first

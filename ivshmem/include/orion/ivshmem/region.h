@@ -33,6 +33,8 @@ inline constexpr uint64_t kMinChannelBytes = 4ull << 20;
 // bytes were reserved and zeroed), so a new client reads "nothing published"; an old client never
 // reads the field. New fields go into `reserved` with a new bit, never a new layout version.
 inline constexpr uint32_t kFeatureVmLimits = 1u << 0;  // vm_vgpus / vm_gmem_bytes are set
+inline constexpr uint32_t kFeatureDoorbell = 1u << 1;  // doorbell_peer / doorbell_vectors are set:
+                                                       // oriond serves this VM's ivshmem-doorbell
 
 // Channel states (ChannelDesc::state).
 enum ChannelState : uint32_t {
@@ -45,6 +47,14 @@ enum ChannelState : uint32_t {
   kChannelDetached = 4, // the client is done with it; oriond resets it to kChannelFree
 };
 
+// ChannelDesc::client_rings: how a client wakes a sleeping worker.
+enum ClientRings : uint32_t {
+  kRingsNone = 0,      // it cannot (an older guest runtime in a VM): the worker naps
+  kRingsFutex = 1,     // a shared futex on `doorbell` (the client shares oriond's kernel)
+  kRingsIvshmem = 2,   // the ivshmem-doorbell register in BAR0: QEMU signals the eventfd of vector
+                       // <channel index> of peer RegionHeader::doorbell_peer (oriond)
+};
+
 struct ChannelDesc {                 // 128 bytes, in the channel table
   std::atomic<uint32_t> state;       // ChannelState
   uint32_t session_id;               // written by oriond for diagnostics
@@ -55,13 +65,13 @@ struct ChannelDesc {                 // 128 bytes, in the channel table
   uint8_t reserved0[32];                 // the doorbell below lives on the second cache line: the
                                          // first is written per frame (server_done_seq) and the
                                          // client reads the doorbell flag per frame
-  // Doorbell for clients on the same kernel (a shared futex; a VM cannot reach it, so oriond naps
-  // instead for VM regions): the worker sets `server_sleeping` before it waits on `doorbell`; a
-  // client that publishes a frame while it is set bumps `doorbell` and wakes it.
+  // Doorbell: the worker sets `server_sleeping` before it sleeps; a client that publishes a frame
+  // while it is set bumps `doorbell` and wakes the worker the way `client_rings` says.
   std::atomic<uint32_t> server_sleeping;
   std::atomic<uint32_t> doorbell;
-  std::atomic<uint32_t> client_rings;    // client: 1 if it shares oriond's kernel (a /dev/shm file,
-                                         // not an ivshmem BAR), so its wake-ups reach the worker
+  std::atomic<uint32_t> client_rings;    // client: a ClientRings value (how its wake-ups reach the
+                                         // worker); hostile input: a wrong value only slows its
+                                         // own session
   uint8_t reserved[52];
 };
 static_assert(sizeof(ChannelDesc) == 128);
@@ -82,12 +92,18 @@ struct RegionHeader {
   // ORION_VGPU / ORION_GMEM. oriond enforces its own copy; these are informative for the guest.
   uint32_t vm_vgpus;                 // vGPUs of the VM
   uint64_t vm_gmem_bytes;            // quota of each of them
-  uint8_t reserved[56];
+  // kFeatureDoorbell: the VM's ivshmem-doorbell reaches oriond as peer `doorbell_peer`; channel i
+  // rings vector i when i < doorbell_vectors (informative: oriond only listens, it trusts nothing).
+  uint32_t doorbell_peer;
+  uint32_t doorbell_vectors;
+  uint8_t reserved[48];
   ChannelDesc channels[kMaxChannels];      // at offset 128
 };
 static_assert(offsetof(RegionHeader, features) == 56);
 static_assert(offsetof(RegionHeader, vm_vgpus) == 60);
 static_assert(offsetof(RegionHeader, vm_gmem_bytes) == 64);
+static_assert(offsetof(RegionHeader, doorbell_peer) == 72);
+static_assert(offsetof(RegionHeader, doorbell_vectors) == 76);
 static_assert(offsetof(RegionHeader, channels) == 128);
 static_assert(sizeof(RegionHeader) <= kHeaderBytes);
 
@@ -169,7 +185,12 @@ class MappedRegion {
 struct VmLimits {
   uint32_t vgpus = 0;
   uint64_t gmem_bytes = 0;  // per vGPU
+  uint32_t doorbell_vectors = 0;  // > 0: oriond serves the VM's ivshmem-doorbell (kFeatureDoorbell)
 };
+
+// Server side: announces the VM doorbell in a formatted region (kFeatureDoorbell): the guest rings
+// `peer` (oriond's ivshmem peer id), vector = channel index, for channels below `vectors`.
+void PublishDoorbell(uint8_t* base, uint32_t peer, uint32_t vectors);
 
 // Server side: writes a fresh header and channel table for channels of `channel_bytes`; every
 // channel becomes kChannelFree with zeroed cursors. `vm`, when given, is published with
