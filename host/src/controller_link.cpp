@@ -8,6 +8,9 @@
 
 namespace orion::host {
 
+// How many heartbeats a release is tried for before it is given up (logged).
+constexpr uint32_t kMaxReleaseTries = 120;
+
 using nlohmann::json;
 
 std::string ControllerAddrForServer(const std::string& configured) {
@@ -92,10 +95,18 @@ void ControllerLink::Loop() {
       lock.unlock();
       auto r = client_.Call("DELETE", path);
       lock.lock();
-      if (!r.ok() && r.status().code() == Code::kUnavailable) {
-        releases_.emplace_front(path, why);  // the controller is away: try again with the next beat
+      // Every controller away (kUnavailable), or one that failed inside (kInternal: its store
+      // faltered mid-request, e.g. an etcd member killed under it): try again with the next beat, a
+      // bounded number of times. A release that is dropped leaves the allocation holding its
+      // vGPUs for as long as this server is alive. Any other answer (gone already, refused) is final.
+      const bool retry = !r.ok() && (r.status().code() == Code::kUnavailable || r.status().code() == Code::kInternal);
+      if (retry && ++release_tries_[path] < kMaxReleaseTries) {
+        releases_.emplace_front(path, why);
         break;
       }
+      if (retry) log_->warn("Orion Controller: giving up releasing {} after {} tries: {}", path, kMaxReleaseTries,
+                            r.status().message());
+      release_tries_.erase(path);
     }
     if (std::chrono::steady_clock::now() < next_beat) continue;
     next_beat = std::chrono::steady_clock::now() + std::chrono::milliseconds(opts_.heartbeat_ms);

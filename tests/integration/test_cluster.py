@@ -372,8 +372,11 @@ def test_kill_an_etcd_member_and_a_controller_mid_burst(pool):
     # Clients after the kill were placed by the others.
     later = [r for r in results if f"Orion Controller {pool.ctls[0].addr} placed" not in r.stderr]
     assert len(later) >= 6
-    # Nothing left behind: every allocation was released (by its client or its server).
-    deadline = time.time() + 15
+    # Nothing left behind: every allocation was released by its client or its server, or, for one
+    # whose reply was lost with the killed controller (committed in etcd just before the kill; the
+    # client then asked the next controller and got another), ended by its etcd lease (30 s here).
+    # Seen once in a loaded full run; idempotent allocation requests would avoid the orphan.
+    deadline = time.time() + 30 + 10
     while pool.ctls[1].get("/v1/allocations?kind=process"):
         assert time.time() < deadline, pool.ctls[1].get("/v1/allocations?kind=process")
         time.sleep(0.2)

@@ -15,6 +15,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <unordered_map>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -91,6 +92,7 @@ class ControllerLink {
   };
   std::map<std::string, Tracked> active_;
   std::deque<std::pair<std::string, std::string>> releases_;  // (method+path, why)
+  std::unordered_map<std::string, uint32_t> release_tries_;   // path -> failed attempts so far
   std::vector<std::string> revoked_;
   std::thread thread_;
 };
