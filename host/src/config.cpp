@@ -139,6 +139,10 @@ int Handler(void* user, const char* section, const char* name, const char* raw) 
       c.client_key = v;
     }
     else if (key == "cache_dir") c.cache_dir = v;
+    else if (key == "session_logs_max") {
+      if (!ParseU64(v, 1, 1000000, &n)) return bad("is not a number of files (1..1000000)");
+      c.session_logs_max = n;
+    }
     else if (key == "lease_timeout_ms") {
       if (!ParseU64(v, 200, 600000, &n)) return bad("is not a number of ms (200..600000)");
       c.lease_timeout_ms = n;

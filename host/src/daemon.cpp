@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/rotating_file_sink.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -936,11 +937,31 @@ SessionParams Daemon::BaseParams(uint32_t session, const std::vector<Placement>&
   return sp;
 }
 
+namespace {
+// Session logs are bounded (issue #11): each at most kSessionLogBytes (past it the file starts over:
+// spdlog's rotating sink with no backups), and the directory at most `keep` files ([orion]
+// session_logs_max), the oldest removed first (names start with their creation time).
+constexpr size_t kSessionLogBytes = size_t{16} << 20;
+
+void PruneSessionLogs(const std::string& dir, uint64_t keep) {
+  std::error_code ec;
+  std::vector<std::filesystem::path> logs;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    if (e.path().extension() == ".log") logs.push_back(e.path());
+  }
+  if (logs.size() < keep) return;
+  std::sort(logs.begin(), logs.end());
+  for (size_t i = 0; i + keep <= logs.size(); ++i) std::filesystem::remove(logs[i], ec);
+}
+}  // namespace
+
 std::shared_ptr<spdlog::logger> Daemon::SessionLogger(uint32_t session) {
   std::vector<spdlog::sink_ptr> sinks = log_->sinks();
+  const std::string dir = config_.log_dir + "/session";
+  if (session % 16 == 1) PruneSessionLogs(dir, config_.session_logs_max);  // a scan every 16 sessions
   try {
-    sinks.push_back(std::make_shared<spdlog::sinks::basic_file_sink_mt>(
-        config_.log_dir + "/session/" + TimeStamp() + "-" + std::to_string(session) + ".log"));
+    sinks.push_back(std::make_shared<spdlog::sinks::rotating_file_sink_mt>(
+        dir + "/" + TimeStamp() + "-" + std::to_string(session) + ".log", kSessionLogBytes, 0));
   } catch (...) {
   }
   auto l = std::make_shared<spdlog::logger>("session", sinks.begin(), sinks.end());

@@ -5,7 +5,7 @@ CUDA_ERROR_OUT_OF_MEMORY while the session goes on. The driver calls are made th
 libcuda.so.1 with ctypes, in a child process per program."""
 import sys
 
-from conftest import PREFIX
+from conftest import PREFIX, Oriond, assert_passed
 
 DRIVER = r'''
 import ctypes, sys
@@ -74,3 +74,19 @@ def test_session_handles_are_bounded(oriond):
     assert code == 2 and 200000 < n < (1 << 18), out  # CUDA_ERROR_OUT_OF_MEMORY at kMaxSessionHandles
     assert "AFTER 0 0" in r.stdout, out
     assert oriond.alive()
+
+
+def test_session_logs_are_bounded(tmp_path):
+    # Issue #11 item 12: one log file per session, never cleaned up. Now oriond keeps at most
+    # [orion] session_logs_max of them (checked every 16 sessions), the oldest going first, and
+    # each is capped in size.
+    d = Oriond(tmp_path, conf_text="[server]\n    vgpu_count = 4\n[orion]\n    session_logs_max = 4\n")
+    try:
+        for _ in range(33):
+            assert_passed(d.run("device_props"))
+        logs = sorted((d.logs / "session").glob("*.log"))
+        assert 1 <= len(logs) <= 4 + 15, [p.name for p in logs]
+        # The newest session's log is among those kept.
+        assert any(p.name.endswith("-33.log") for p in logs), [p.name for p in logs]
+    finally:
+        d.stop()

@@ -53,6 +53,8 @@ struct ServerConfig {
   uint32_t sim_gpus = 1;
   uint64_t sim_gpu_mem_mib = 16384;
   uint64_t lease_timeout_ms = 3000;
+  // [orion] session_logs_max: session log files kept in <log_dir>/session (the oldest go first).
+  uint64_t session_logs_max = 1000;
   std::string cuda_driver = "libcuda.so.1";
   std::string control_socket = "/run/orion/oriond.sock";
   // [orion] state_file / --state-file: the VMs attached to this oriond (vm_state.h), restored at
