@@ -135,32 +135,27 @@ ORION_EXPORT CUresult CUDAAPI cuStreamGetPriority(CUstream hs, int* priority) {
   return CUDA_SUCCESS;
 }
 
+
+// A stream's context and green context. Green contexts (SM partitions of a context) are not
+// offered, so no stream belongs to one: the driver's answer for such a stream is a NULL green
+// context (cuDNN's RNNs ask). Either output may be left out by the entry point.
+static CUresult StreamCtx(CUstream hs, CUcontext* pctx, CUgreenCtx* pgreen) {
+  uint64_t id = 0;
+  if (!StreamId(hs, &id)) return CUDA_ERROR_INVALID_HANDLE;
+  if (pctx != nullptr) *pctx = reinterpret_cast<CUcontext>(CurrentCtx());
+  if (pgreen != nullptr) *pgreen = nullptr;
+  return CUDA_SUCCESS;
+}
 ORION_EXPORT CUresult CUDAAPI cuStreamGetCtx(CUstream hs, CUcontext* pctx) {
   ORION_API(cuStreamGetCtx);
-  uint64_t id = 0;
-  if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!StreamId(hs, &id)) return CUDA_ERROR_INVALID_HANDLE;
-  *pctx = reinterpret_cast<CUcontext>(CurrentCtx());
-  return CUDA_SUCCESS;
+  return pctx == nullptr ? CUDA_ERROR_INVALID_VALUE : StreamCtx(hs, pctx, nullptr);
 }
-
-// Green contexts (SM partitions of a context) are not offered, so no stream belongs to one: the
-// driver's answer for such a stream is success with a NULL green context (cuDNN's RNNs ask).
 ORION_EXPORT CUresult CUDAAPI cuStreamGetGreenCtx(CUstream hs, CUgreenCtx* phCtx) {
   ORION_API(cuStreamGetGreenCtx);
-  uint64_t id = 0;
-  if (phCtx == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!StreamId(hs, &id)) return CUDA_ERROR_INVALID_HANDLE;
-  *phCtx = nullptr;
-  return CUDA_SUCCESS;
+  return phCtx == nullptr ? CUDA_ERROR_INVALID_VALUE : StreamCtx(hs, nullptr, phCtx);
 }
 static CUresult StreamGetCtx2(CUstream hs, CUcontext* pctx, CUgreenCtx* pgreen) {
-  uint64_t id = 0;
-  if (pctx == nullptr || pgreen == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (!StreamId(hs, &id)) return CUDA_ERROR_INVALID_HANDLE;
-  *pctx = reinterpret_cast<CUcontext>(CurrentCtx());
-  *pgreen = nullptr;
-  return CUDA_SUCCESS;
+  return pctx == nullptr || pgreen == nullptr ? CUDA_ERROR_INVALID_VALUE : StreamCtx(hs, pctx, pgreen);
 }
 ORION_EXPORT CUresult CUDAAPI cuStreamGetCtx_v2(CUstream hs, CUcontext* pctx, CUgreenCtx* pgreen) {
   ORION_API(cuStreamGetCtx_v2);

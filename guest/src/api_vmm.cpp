@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <unordered_set>
 #include <vector>
 
 #include "export.h"
@@ -30,6 +31,7 @@ struct VmmHandle {
   CUmemAllocationProp prop{};
   uint64_t bytes = 0;
   unsigned refs = 1;  // cuMemCreate + cuMemRetainAllocationHandle - cuMemRelease; 0: released on oriond
+  unsigned mappings = 0;  // its live cuMemMap's: known (for retain) until both are 0
 };
 struct VmmMapping {
   uint64_t bytes = 0;
@@ -137,9 +139,7 @@ ORION_EXPORT CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle) 
     return r;
   }
   // Its properties stay known while a mapping of it remains (cuMemRetainAllocationHandle).
-  const bool mapped = std::any_of(V().mappings.begin(), V().mappings.end(),
-                                  [&](auto& m) { return m.second.handle == handle; });
-  if (!mapped) V().handles.erase(it);
+  if (it->second.mappings == 0) V().handles.erase(it);
   return CUDA_SUCCESS;
 }
 
@@ -152,6 +152,7 @@ ORION_EXPORT CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offs
   if (CUresult r = Client::Get().Call(Op::kMemMap, &q, sizeof q); r != CUDA_SUCCESS) return r;
   std::lock_guard l(V().mu);
   V().mappings[ptr] = VmmMapping{size, handle, 0};
+  if (auto h = V().handles.find(handle); h != V().handles.end()) ++h->second.mappings;
   return CUDA_SUCCESS;
 }
 
@@ -165,11 +166,9 @@ ORION_EXPORT CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size) {
   for (auto it = maps.lower_bound(ptr); it != maps.end() && it->first < ptr + size;) {
     DeviceRange dropped{};
     (void)S().mirror.Remove(it->first, &dropped);
-    const uint64_t h = it->second.handle;
+    auto hit = V().handles.find(it->second.handle);
     it = maps.erase(it);
-    auto hit = V().handles.find(h);
-    const bool mapped = std::any_of(maps.begin(), maps.end(), [&](auto& m) { return m.second.handle == h; });
-    if (hit != V().handles.end() && hit->second.refs == 0 && !mapped) V().handles.erase(hit);
+    if (hit != V().handles.end() && --hit->second.mappings == 0 && hit->second.refs == 0) V().handles.erase(hit);
   }
   return CUDA_SUCCESS;
 }
@@ -266,6 +265,7 @@ struct Pool {
 struct Pools {
   std::mutex mu;
   std::vector<std::unique_ptr<Pool>> all;   // defaults first (one per device), then created ones
+  std::unordered_set<const Pool*> valid;    // the same, for handle lookups (not destroyed ones)
   std::vector<Pool*> current;               // per device: cuDeviceSetMemPool
   std::map<uint64_t, std::pair<Pool*, uint64_t>> live;  // pointer -> (pool, bytes)
 };
@@ -281,13 +281,15 @@ void EnsureDefaults() {
     pool->device = static_cast<int>(p.current.size());
     pool->is_default = true;
     p.current.push_back(pool.get());
+    p.valid.insert(pool.get());
     p.all.push_back(std::move(pool));
   }
 }
+// A pool handle from the application (defaults made first); nullptr if unknown or destroyed.
 Pool* FindPool(CUmemoryPool h) {  // requires the lock
-  for (auto& p : P().all)
-    if (reinterpret_cast<CUmemoryPool>(p.get()) == h && !p->destroyed) return p.get();
-  return nullptr;
+  EnsureDefaults();
+  auto* p = reinterpret_cast<Pool*>(h);
+  return P().valid.count(p) != 0 ? p : nullptr;
 }
 
 CUresult AllocFromPool(CUdeviceptr* dptr, size_t bytes, Pool* pool, CUstream hs) {
@@ -356,26 +358,30 @@ CUresult CheckPoolProps(const CUmemPoolProps* p) {
 
 extern "C" {
 
-ORION_EXPORT CUresult CUDAAPI cuDeviceGetDefaultMemPool(CUmemoryPool* pool, CUdevice dev) {
-  ORION_API(cuDeviceGetDefaultMemPool);
+}  // extern "C"
+
+// Device `dev`'s default pool, or its current one (cuDeviceSetMemPool).
+static CUresult DevicePool(CUmemoryPool* pool, CUdevice dev, bool current) {
   if (CUresult r = EnsureInit(); r != CUDA_SUCCESS) return r;
   if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (dev < 0 || static_cast<size_t>(dev) >= DeviceCount()) return CUDA_ERROR_INVALID_DEVICE;
   std::lock_guard l(P().mu);
   EnsureDefaults();
-  *pool = reinterpret_cast<CUmemoryPool>(P().all[static_cast<size_t>(dev)].get());
+  const auto d = static_cast<size_t>(dev);
+  *pool = reinterpret_cast<CUmemoryPool>(current ? P().current[d] : P().all[d].get());
   return CUDA_SUCCESS;
+}
+
+extern "C" {
+
+ORION_EXPORT CUresult CUDAAPI cuDeviceGetDefaultMemPool(CUmemoryPool* pool, CUdevice dev) {
+  ORION_API(cuDeviceGetDefaultMemPool);
+  return DevicePool(pool, dev, false);
 }
 
 ORION_EXPORT CUresult CUDAAPI cuDeviceGetMemPool(CUmemoryPool* pool, CUdevice dev) {
   ORION_API(cuDeviceGetMemPool);
-  if (CUresult r = EnsureInit(); r != CUDA_SUCCESS) return r;
-  if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (dev < 0 || static_cast<size_t>(dev) >= DeviceCount()) return CUDA_ERROR_INVALID_DEVICE;
-  std::lock_guard l(P().mu);
-  EnsureDefaults();
-  *pool = reinterpret_cast<CUmemoryPool>(P().current[static_cast<size_t>(dev)]);
-  return CUDA_SUCCESS;
+  return DevicePool(pool, dev, true);
 }
 
 ORION_EXPORT CUresult CUDAAPI cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
@@ -383,7 +389,6 @@ ORION_EXPORT CUresult CUDAAPI cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool
   if (CUresult r = EnsureInit(); r != CUDA_SUCCESS) return r;
   if (dev < 0 || static_cast<size_t>(dev) >= DeviceCount()) return CUDA_ERROR_INVALID_DEVICE;
   std::lock_guard l(P().mu);
-  EnsureDefaults();
   Pool* p = FindPool(pool);
   if (p == nullptr || p->device != dev) return CUDA_ERROR_INVALID_VALUE;
   P().current[static_cast<size_t>(dev)] = p;
@@ -402,6 +407,7 @@ ORION_EXPORT CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoo
   p->device = props->location.id;
   p->max_size = props->maxSize;
   *pool = reinterpret_cast<CUmemoryPool>(p.get());
+  P().valid.insert(p.get());
   P().all.push_back(std::move(p));
   return CUDA_SUCCESS;
 }
@@ -410,12 +416,12 @@ ORION_EXPORT CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool pool) {
   ORION_API(cuMemPoolDestroy);
   if (CUresult r = EnsureInit(); r != CUDA_SUCCESS) return r;
   std::lock_guard l(P().mu);
-  EnsureDefaults();
   Pool* p = FindPool(pool);
   if (p == nullptr || p->is_default) return CUDA_ERROR_INVALID_VALUE;
   // Its live allocations stay valid until freed (CUDA: destruction completes then); a device that
   // used it as its current pool goes back to the default.
   p->destroyed = true;
+  P().valid.erase(p);
   for (size_t d = 0; d < P().current.size(); ++d)
     if (P().current[d] == p) P().current[d] = P().all[d].get();
   return CUDA_SUCCESS;
@@ -426,7 +432,6 @@ ORION_EXPORT CUresult CUDAAPI cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytes
   (void)minBytesToKeep;
   if (CUresult r = EnsureInit(); r != CUDA_SUCCESS) return r;
   std::lock_guard l(P().mu);
-  EnsureDefaults();
   return FindPool(pool) != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;  // nothing is cached
 }
 
@@ -435,7 +440,6 @@ ORION_EXPORT CUresult CUDAAPI cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool
   if (CUresult r = EnsureInit(); r != CUDA_SUCCESS) return r;
   if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard l(P().mu);
-  EnsureDefaults();
   Pool* p = FindPool(pool);
   if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
   switch (attr) {
@@ -458,7 +462,6 @@ ORION_EXPORT CUresult CUDAAPI cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool
   if (CUresult r = EnsureInit(); r != CUDA_SUCCESS) return r;
   if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard l(P().mu);
-  EnsureDefaults();
   Pool* p = FindPool(pool);
   if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
   switch (attr) {
@@ -480,7 +483,6 @@ ORION_EXPORT CUresult CUDAAPI cuMemPoolSetAccess(CUmemoryPool pool, const CUmemA
   if (CUresult r = EnsureInit(); r != CUDA_SUCCESS) return r;
   if (map == nullptr && count != 0) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard l(P().mu);
-  EnsureDefaults();
   Pool* p = FindPool(pool);
   if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
   for (size_t i = 0; i < count; ++i) {
@@ -501,7 +503,6 @@ ORION_EXPORT CUresult CUDAAPI cuMemPoolGetAccess(CUmemAccess_flags* flags, CUmem
       location->id < 0 || static_cast<size_t>(location->id) >= DeviceCount())
     return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard l(P().mu);
-  EnsureDefaults();
   Pool* p = FindPool(pool);
   if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *flags = location->id == p->device
@@ -517,7 +518,6 @@ ORION_EXPORT CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t 
   Pool* p = nullptr;
   {
     std::lock_guard l(P().mu);
-    EnsureDefaults();
     p = FindPool(pool);
   }
   if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;

@@ -47,6 +47,7 @@ struct GraphNode {
 
 struct GuestGraph {
   std::vector<std::unique_ptr<GraphNode>> nodes;  // insertion order: a topological order
+  bool child = false;  // a child graph node's copy: owned by the node, not destroyable by handle
 };
 
 struct Frame {
@@ -72,7 +73,8 @@ struct Capture {
 
 struct Graphs {
   std::mutex mu;
-  std::set<GuestGraph*> graphs;
+  std::set<GuestGraph*> graphs;  // every live graph, child copies included (Register)
+  std::unordered_map<const GraphNode*, GuestGraph*> owner;  // every node of those graphs
   std::set<GuestExec*> execs;
   std::map<uint64_t, std::shared_ptr<Capture>> capturing;  // stream id -> its capture
   std::map<uint64_t, std::pair<std::weak_ptr<Capture>, GraphNode*>> captured_events;
@@ -97,8 +99,53 @@ GuestExec* AsExec(CUgraphExec e) {  // requires the lock
   auto* p = reinterpret_cast<GuestExec*>(e);
   return G().execs.count(p) != 0 ? p : nullptr;
 }
-bool InGraph(const GuestGraph* g, const GraphNode* n) {
-  return std::any_of(g->nodes.begin(), g->nodes.end(), [&](auto& m) { return m.get() == n; });
+// A node handle from the application, validated (one lookup), with its graph; nullptr if unknown.
+GraphNode* AsNode(CUgraphNode h, GuestGraph** graph = nullptr) {  // requires the lock
+  auto it = G().owner.find(reinterpret_cast<const GraphNode*>(h));
+  if (it == G().owner.end()) return nullptr;
+  if (graph != nullptr) *graph = it->second;
+  return const_cast<GraphNode*>(it->first);
+}
+// Makes a graph and its nodes, child copies included, known to handle lookups; Unregister undoes
+// it (before the graph is freed). Require the lock.
+void Register(GuestGraph* g) {
+  G().graphs.insert(g);
+  for (auto& n : g->nodes) {
+    G().owner[n.get()] = g;
+    if (n->child) {
+      n->child->child = true;
+      Register(n->child.get());
+    }
+  }
+}
+void Unregister(GuestGraph* g) {
+  G().graphs.erase(g);
+  for (auto& n : g->nodes) {
+    G().owner.erase(n.get());
+    if (n->child) Unregister(n->child.get());
+  }
+}
+// Appends a node to a registered graph. Requires the lock.
+GraphNode* Append(GuestGraph* g, std::unique_ptr<GraphNode> node) {
+  GraphNode* n = node.get();
+  g->nodes.push_back(std::move(node));
+  G().owner[n] = g;
+  if (n->child) {
+    n->child->child = true;
+    Register(n->child.get());
+  }
+  return n;
+}
+
+// A node whose work is the frame `q` (its stream id, at `stream_offset`, set at each launch).
+template <typename Req>
+std::unique_ptr<GraphNode> FrameNode(CUgraphNodeType type, Op op, const Req& q, uint32_t stream_offset) {
+  auto node = std::make_unique<GraphNode>();
+  node->type = type;
+  node->op = op;
+  node->payload.assign(reinterpret_cast<const uint8_t*>(&q), reinterpret_cast<const uint8_t*>(&q) + sizeof q);
+  node->stream_offset = stream_offset;
+  return node;
 }
 
 std::unique_ptr<GuestGraph> Clone(const GuestGraph& g, std::map<const GraphNode*, GraphNode*>* map) {
@@ -138,12 +185,27 @@ CUresult AddNode(GuestGraph* g, const CUgraphNode* deps, size_t n, std::unique_p
   if (g->nodes.size() >= kMaxGraphNodes) return CUDA_ERROR_OUT_OF_MEMORY;
   if (n != 0 && deps == nullptr) return CUDA_ERROR_INVALID_VALUE;
   for (size_t i = 0; i < n; ++i) {
-    auto* d = reinterpret_cast<GraphNode*>(deps[i]);
-    if (!InGraph(g, d)) return CUDA_ERROR_INVALID_VALUE;
+    GuestGraph* of = nullptr;
+    GraphNode* d = AsNode(deps[i], &of);
+    if (d == nullptr || of != g) return CUDA_ERROR_INVALID_VALUE;
     node->deps.push_back(d);
   }
-  if (out != nullptr) *out = reinterpret_cast<CUgraphNode>(node.get());
-  g->nodes.push_back(std::move(node));
+  GraphNode* added = Append(g, std::move(node));
+  if (out != nullptr) *out = reinterpret_cast<CUgraphNode>(added);
+  return CUDA_SUCCESS;
+}
+// The explicit API's common end: the graph handle checked, the node added after `deps`.
+CUresult AddToGraph(CUgraph hg, const CUgraphNode* deps, size_t n, std::unique_ptr<GraphNode> node, CUgraphNode* out) {
+  std::lock_guard l(G().mu);
+  GuestGraph* g = AsGraph(hg);
+  if (g == nullptr || g->child) return CUDA_ERROR_INVALID_VALUE;
+  return AddNode(g, deps, n, std::move(node), out);
+}
+// Appends a captured node on `stream`, after the stream's last one. Requires the lock.
+CUresult AppendCaptured(Capture* c, uint64_t stream, std::unique_ptr<GraphNode> node) {
+  if (c->graph->nodes.size() >= kMaxGraphNodes) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (GraphNode* t = c->tail[stream]; t != nullptr) node->deps.push_back(t);
+  c->tail[stream] = Append(c->graph, std::move(node));
   return CUDA_SUCCESS;
 }
 
@@ -188,10 +250,6 @@ bool CaptureFrame(uint64_t stream, Op op, const void* payload, uint32_t len, uin
     *result = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
     return true;
   }
-  if (c->graph->nodes.size() >= kMaxGraphNodes) {
-    *result = CUDA_ERROR_OUT_OF_MEMORY;
-    return true;
-  }
   auto node = std::make_unique<GraphNode>();
   switch (op) {
     case Op::kLaunchKernel:
@@ -204,10 +262,7 @@ bool CaptureFrame(uint64_t stream, Op op, const void* payload, uint32_t len, uin
   node->op = op;
   node->payload.assign(static_cast<const uint8_t*>(payload), static_cast<const uint8_t*>(payload) + len);
   node->stream_offset = stream_offset;
-  if (GraphNode* t = c->tail[stream]; t != nullptr) node->deps.push_back(t);
-  c->tail[stream] = node.get();
-  c->graph->nodes.push_back(std::move(node));
-  *result = CUDA_SUCCESS;
+  *result = AppendCaptured(c.get(), stream, std::move(node));
   return true;
 }
 
@@ -236,19 +291,13 @@ bool CaptureEventRecord(uint64_t event, uint64_t stream, unsigned flags, CUresul
     return true;
   }
   if ((flags & CU_EVENT_RECORD_EXTERNAL) != 0) {  // an event record node: recorded at each launch
-    auto node = std::make_unique<GraphNode>();
-    node->type = CU_GRAPH_NODE_TYPE_EVENT_RECORD;
-    node->op = Op::kEventRecord;
-    EventRecordReq q{event, 0};
-    node->payload.assign(reinterpret_cast<uint8_t*>(&q), reinterpret_cast<uint8_t*>(&q) + sizeof q);
-    node->stream_offset = offsetof(EventRecordReq, stream);
+    auto node = FrameNode(CU_GRAPH_NODE_TYPE_EVENT_RECORD, Op::kEventRecord, EventRecordReq{event, 0},
+                          offsetof(EventRecordReq, stream));
     node->event = event;
-    if (GraphNode* t = c->tail[stream]; t != nullptr) node->deps.push_back(t);
-    c->tail[stream] = node.get();
-    c->graph->nodes.push_back(std::move(node));
-  } else {
-    G().captured_events[event] = {c, c->tail[stream]};  // a dependency inside the capture only
+    *result = AppendCaptured(c.get(), stream, std::move(node));
+    return true;
   }
+  G().captured_events[event] = {c, c->tail[stream]};  // a dependency inside the capture only
   *result = CUDA_SUCCESS;
   return true;
 }
@@ -286,17 +335,10 @@ bool CaptureStreamWait(uint64_t stream, uint64_t event, unsigned flags, CUresult
     return true;
   }
   // A wait on an event from outside the capture: an event wait node, waited on at each launch.
-  auto node = std::make_unique<GraphNode>();
-  node->type = CU_GRAPH_NODE_TYPE_WAIT_EVENT;
-  node->op = Op::kStreamWaitEvent;
-  StreamWaitEventReq q{0, event, 0, 0};
-  node->payload.assign(reinterpret_cast<uint8_t*>(&q), reinterpret_cast<uint8_t*>(&q) + sizeof q);
-  node->stream_offset = offsetof(StreamWaitEventReq, stream);
+  auto node = FrameNode(CU_GRAPH_NODE_TYPE_WAIT_EVENT, Op::kStreamWaitEvent, StreamWaitEventReq{0, event, 0, 0},
+                        offsetof(StreamWaitEventReq, stream));
   node->event = event;
-  if (GraphNode* t = c->tail[stream]; t != nullptr) node->deps.push_back(t);
-  c->tail[stream] = node.get();
-  c->graph->nodes.push_back(std::move(node));
-  *result = CUDA_SUCCESS;
+  *result = AppendCaptured(c.get(), stream, std::move(node));
   return true;
 }
 
@@ -358,14 +400,14 @@ CUresult EndCapture(CUstream hs, CUgraph* out) {
   if (c->origin != sid) {  // only the stream that began it ends it; the capture is lost
     Invalidate(c.get(), "ending a capture on a stream that joined it", false);
     EndCaptureLocked(c);
-    G().graphs.erase(c->graph);
+    Unregister(c->graph);
     delete c->graph;
     *out = nullptr;
     return CUDA_ERROR_STREAM_CAPTURE_UNMATCHED;
   }
   EndCaptureLocked(c);
   if (c->invalidated) {
-    G().graphs.erase(c->graph);
+    Unregister(c->graph);
     delete c->graph;
     *out = nullptr;
     return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
@@ -550,9 +592,10 @@ ORION_EXPORT CUresult CUDAAPI cuGraphDestroy(CUgraph hg) {
   std::lock_guard l(G().mu);
   GuestGraph* g = AsGraph(hg);
   if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (g->child) return CUDA_ERROR_INVALID_VALUE;  // a child graph node's copy belongs to its node
   for (auto& [s, c] : G().capturing)
     if (c->graph == g) return CUDA_ERROR_ILLEGAL_STATE;  // still being captured into
-  G().graphs.erase(g);
+  Unregister(g);
   delete g;
   return CUDA_SUCCESS;
 }
@@ -566,7 +609,7 @@ ORION_EXPORT CUresult CUDAAPI cuGraphClone(CUgraph* out, CUgraph hg) {
   if (G().graphs.size() >= kMaxGraphs) return CUDA_ERROR_OUT_OF_MEMORY;
   std::map<const GraphNode*, GraphNode*> map;
   GuestGraph* c = Clone(*g, &map).release();
-  G().graphs.insert(c);
+  Register(c);
   *out = reinterpret_cast<CUgraph>(c);
   return CUDA_SUCCESS;
 }
@@ -604,22 +647,16 @@ ORION_EXPORT CUresult CUDAAPI cuGraphNodeGetType(CUgraphNode hn, CUgraphNodeType
   ORION_API(cuGraphNodeGetType);
   if (type == nullptr) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard l(G().mu);
-  for (GuestGraph* g : G().graphs) {
-    if (InGraph(g, reinterpret_cast<GraphNode*>(hn))) {
-      *type = reinterpret_cast<GraphNode*>(hn)->type;
-      return CUDA_SUCCESS;
-    }
-  }
-  return CUDA_ERROR_INVALID_VALUE;
+  GraphNode* n = AsNode(hn);
+  if (n == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *type = n->type;
+  return CUDA_SUCCESS;
 }
 
 ORION_EXPORT CUresult CUDAAPI cuGraphAddEmptyNode(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps, size_t n) {
   ORION_API(cuGraphAddEmptyNode);
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  std::lock_guard l(G().mu);
-  GuestGraph* g = AsGraph(hg);
-  if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  return AddNode(g, deps, n, std::make_unique<GraphNode>(), out);
+  return AddToGraph(hg, deps, n, std::make_unique<GraphNode>(), out);
 }
 
 ORION_EXPORT CUresult CUDAAPI cuGraphAddKernelNode_v2(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps, size_t n,
@@ -633,10 +670,7 @@ ORION_EXPORT CUresult CUDAAPI cuGraphAddKernelNode_v2(CUgraphNode* out, CUgraph 
   node->kernel = *p;
   node->kernel.kernelParams = nullptr;  // the node keeps the values (in its frame), not the pointers
   node->kernel.extra = nullptr;
-  std::lock_guard l(G().mu);
-  GuestGraph* g = AsGraph(hg);
-  if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  return AddNode(g, deps, n, std::move(node), out);
+  return AddToGraph(hg, deps, n, std::move(node), out);
 }
 
 ORION_EXPORT CUresult CUDAAPI cuGraphAddKernelNode(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps, size_t n,
@@ -665,10 +699,7 @@ ORION_EXPORT CUresult CUDAAPI cuGraphAddMemsetNode(CUgraphNode* out, CUgraph hg,
   if (CUresult r = MemsetFrame(p, &node->payload); r != CUDA_SUCCESS) return r;
   node->stream_offset = offsetof(MemsetReq, stream);
   node->memset = *p;
-  std::lock_guard l(G().mu);
-  GuestGraph* g = AsGraph(hg);
-  if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  return AddNode(g, deps, n, std::move(node), out);
+  return AddToGraph(hg, deps, n, std::move(node), out);
 }
 
 // Device-to-device copies only (1D or 2D, depth 1): a host side would be read or written at each
@@ -701,23 +732,13 @@ ORION_EXPORT CUresult CUDAAPI cuGraphAddMemcpyNode(CUgraphNode* out, CUgraph hg,
     return CUDA_ERROR_INVALID_VALUE;
   if (!rows) span_s = span_d = p->WidthInBytes;
   if (!S().mirror.Find(src, span_s, nullptr) || !S().mirror.Find(dst, span_d, nullptr)) return CUDA_ERROR_INVALID_VALUE;
-  auto node = std::make_unique<GraphNode>();
-  node->type = CU_GRAPH_NODE_TYPE_MEMCPY;
-  if (!rows) {
-    MemcpyReq q{dst, src, p->WidthInBytes, 0};
-    node->op = Op::kMemcpyDtoD;
-    node->payload.assign(reinterpret_cast<uint8_t*>(&q), reinterpret_cast<uint8_t*>(&q) + sizeof q);
-    node->stream_offset = offsetof(MemcpyReq, stream);
-  } else {
-    Memcpy2DReq q{src, p->srcPitch, dst, p->dstPitch, p->WidthInBytes, p->Height, 0, kSideDevice, kSideDevice};
-    node->op = Op::kMemcpy2D;
-    node->payload.assign(reinterpret_cast<uint8_t*>(&q), reinterpret_cast<uint8_t*>(&q) + sizeof q);
-    node->stream_offset = offsetof(Memcpy2DReq, stream);
-  }
-  std::lock_guard l(G().mu);
-  GuestGraph* g = AsGraph(hg);
-  if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  return AddNode(g, deps, n, std::move(node), out);
+  auto node = !rows ? FrameNode(CU_GRAPH_NODE_TYPE_MEMCPY, Op::kMemcpyDtoD, MemcpyReq{dst, src, p->WidthInBytes, 0},
+                                 offsetof(MemcpyReq, stream))
+                    : FrameNode(CU_GRAPH_NODE_TYPE_MEMCPY, Op::kMemcpy2D,
+                                Memcpy2DReq{src, p->srcPitch, dst, p->dstPitch, p->WidthInBytes, p->Height, 0,
+                                            kSideDevice, kSideDevice},
+                                offsetof(Memcpy2DReq, stream));
+  return AddToGraph(hg, deps, n, std::move(node), out);
 }
 
 ORION_EXPORT CUresult CUDAAPI cuGraphAddEventRecordNode(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps, size_t n,
@@ -726,17 +747,10 @@ ORION_EXPORT CUresult CUDAAPI cuGraphAddEventRecordNode(CUgraphNode* out, CUgrap
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
   const auto e = reinterpret_cast<uint64_t>(ev);
   if (!S().events.Has(e)) return CUDA_ERROR_INVALID_HANDLE;
-  auto node = std::make_unique<GraphNode>();
-  node->type = CU_GRAPH_NODE_TYPE_EVENT_RECORD;
-  node->op = Op::kEventRecord;
-  EventRecordReq q{e, 0};
-  node->payload.assign(reinterpret_cast<uint8_t*>(&q), reinterpret_cast<uint8_t*>(&q) + sizeof q);
-  node->stream_offset = offsetof(EventRecordReq, stream);
+  auto node = FrameNode(CU_GRAPH_NODE_TYPE_EVENT_RECORD, Op::kEventRecord, EventRecordReq{e, 0},
+                        offsetof(EventRecordReq, stream));
   node->event = e;
-  std::lock_guard l(G().mu);
-  GuestGraph* g = AsGraph(hg);
-  if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  return AddNode(g, deps, n, std::move(node), out);
+  return AddToGraph(hg, deps, n, std::move(node), out);
 }
 
 ORION_EXPORT CUresult CUDAAPI cuGraphAddEventWaitNode(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps, size_t n,
@@ -745,17 +759,10 @@ ORION_EXPORT CUresult CUDAAPI cuGraphAddEventWaitNode(CUgraphNode* out, CUgraph 
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
   const auto e = reinterpret_cast<uint64_t>(ev);
   if (!S().events.Has(e)) return CUDA_ERROR_INVALID_HANDLE;
-  auto node = std::make_unique<GraphNode>();
-  node->type = CU_GRAPH_NODE_TYPE_WAIT_EVENT;
-  node->op = Op::kStreamWaitEvent;
-  StreamWaitEventReq q{0, e, 0, 0};
-  node->payload.assign(reinterpret_cast<uint8_t*>(&q), reinterpret_cast<uint8_t*>(&q) + sizeof q);
-  node->stream_offset = offsetof(StreamWaitEventReq, stream);
+  auto node = FrameNode(CU_GRAPH_NODE_TYPE_WAIT_EVENT, Op::kStreamWaitEvent, StreamWaitEventReq{0, e, 0, 0},
+                        offsetof(StreamWaitEventReq, stream));
   node->event = e;
-  std::lock_guard l(G().mu);
-  GuestGraph* g = AsGraph(hg);
-  if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  return AddNode(g, deps, n, std::move(node), out);
+  return AddToGraph(hg, deps, n, std::move(node), out);
 }
 
 ORION_EXPORT CUresult CUDAAPI cuGraphAddChildGraphNode(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps, size_t n,
@@ -765,7 +772,7 @@ ORION_EXPORT CUresult CUDAAPI cuGraphAddChildGraphNode(CUgraphNode* out, CUgraph
   std::lock_guard l(G().mu);
   GuestGraph* g = AsGraph(hg);
   GuestGraph* c = AsGraph(child);
-  if (g == nullptr || c == nullptr || g == c) return CUDA_ERROR_INVALID_VALUE;
+  if (g == nullptr || g->child || c == nullptr || g == c) return CUDA_ERROR_INVALID_VALUE;
   auto node = std::make_unique<GraphNode>();
   node->type = CU_GRAPH_NODE_TYPE_GRAPH;
   std::map<const GraphNode*, GraphNode*> map;
@@ -777,25 +784,20 @@ ORION_EXPORT CUresult CUDAAPI cuGraphChildGraphNodeGetGraph(CUgraphNode hn, CUgr
   ORION_API(cuGraphChildGraphNodeGetGraph);
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard l(G().mu);
-  auto* n = reinterpret_cast<GraphNode*>(hn);
-  for (GuestGraph* g : G().graphs) {
-    if (InGraph(g, n) && n->type == CU_GRAPH_NODE_TYPE_GRAPH) {
-      // Handed out as a graph the caller may query but not destroy (it belongs to the node).
-      G().graphs.insert(n->child.get());
-      *out = reinterpret_cast<CUgraph>(n->child.get());
-      return CUDA_SUCCESS;
-    }
-  }
-  return CUDA_ERROR_INVALID_VALUE;
+  GraphNode* n = AsNode(hn);
+  if (n == nullptr || n->type != CU_GRAPH_NODE_TYPE_GRAPH) return CUDA_ERROR_INVALID_VALUE;
+  // A graph the caller may query but not destroy or add to (it belongs to the node).
+  *out = reinterpret_cast<CUgraph>(n->child.get());
+  return CUDA_SUCCESS;
 }
 
 ORION_EXPORT CUresult CUDAAPI cuGraphKernelNodeGetParams_v2(CUgraphNode hn, CUDA_KERNEL_NODE_PARAMS* p) {
   ORION_API(cuGraphKernelNodeGetParams_v2);
   if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard l(G().mu);
-  auto* n = reinterpret_cast<GraphNode*>(hn);
-  for (GuestGraph* g : G().graphs) {
-    if (!InGraph(g, n) || n->type != CU_GRAPH_NODE_TYPE_KERNEL) continue;
+  GraphNode* n = AsNode(hn);
+  if (n == nullptr || n->type != CU_GRAPH_NODE_TYPE_KERNEL) return CUDA_ERROR_INVALID_VALUE;
+  {
     *p = n->kernel;
     // kernelParams point at the values the node holds (inside its frame), as the driver's copy.
     GuestFunction* f = reinterpret_cast<GuestFunction*>(n->kernel.func != nullptr ? n->kernel.func
@@ -807,9 +809,8 @@ ORION_EXPORT CUresult CUDAAPI cuGraphKernelNodeGetParams_v2(CUgraphNode hn, CUDA
     }
     p->kernelParams = n->args.empty() ? nullptr : n->args.data();
     p->extra = nullptr;
-    return CUDA_SUCCESS;
   }
-  return CUDA_ERROR_INVALID_VALUE;
+  return CUDA_SUCCESS;
 }
 
 ORION_EXPORT CUresult CUDAAPI cuGraphKernelNodeSetParams_v2(CUgraphNode hn, const CUDA_KERNEL_NODE_PARAMS* p) {
@@ -818,17 +819,14 @@ ORION_EXPORT CUresult CUDAAPI cuGraphKernelNodeSetParams_v2(CUgraphNode hn, cons
   std::vector<uint8_t> frame;
   if (CUresult r = KernelNodeFrame(p, &op, &frame); r != CUDA_SUCCESS) return r;
   std::lock_guard l(G().mu);
-  auto* n = reinterpret_cast<GraphNode*>(hn);
-  for (GuestGraph* g : G().graphs) {
-    if (!InGraph(g, n) || n->type != CU_GRAPH_NODE_TYPE_KERNEL) continue;
-    n->op = op;
-    n->payload = std::move(frame);
-    n->kernel = *p;
-    n->kernel.kernelParams = nullptr;
-    n->kernel.extra = nullptr;
-    return CUDA_SUCCESS;
-  }
-  return CUDA_ERROR_INVALID_VALUE;
+  GraphNode* n = AsNode(hn);
+  if (n == nullptr || n->type != CU_GRAPH_NODE_TYPE_KERNEL) return CUDA_ERROR_INVALID_VALUE;
+  n->op = op;
+  n->payload = std::move(frame);
+  n->kernel = *p;
+  n->kernel.kernelParams = nullptr;
+  n->kernel.extra = nullptr;
+  return CUDA_SUCCESS;
 }
 
 ORION_EXPORT CUresult CUDAAPI cuGraphExecKernelNodeSetParams_v2(CUgraphExec he, CUgraphNode hn,

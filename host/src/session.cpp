@@ -141,6 +141,15 @@ class Session {
     const uint64_t off = addr - it->first;
     return off < it->second.bytes && bytes <= it->second.bytes - off ? it : reservations_.end();
   }
+  // Whether [addr, addr+bytes) is exactly whole VMM mappings side by side (cuMemUnmap and
+  // cuMemSetAccess take no part of one); [*first, *end) are they.
+  bool WholeMappings(uint64_t addr, uint64_t bytes, std::map<uint64_t, Mapping>::iterator* first,
+                     std::map<uint64_t, Mapping>::iterator* end) {
+    *first = *end = mappings_.find(addr);
+    uint64_t covered = 0;
+    while (*end != mappings_.end() && (*end)->first == addr + covered && covered < bytes) covered += ((*end)++)->second.bytes;
+    return *first != mappings_.end() && bytes != 0 && covered == bytes;
+  }
   // Charges `bytes` of device `dev` to its quota (rounded up to `granule`); false, with the Orion
   // log line, when it would exceed it.
   bool Charge(uint32_t dev, uint64_t bytes, uint64_t granule, const char* op, const char* call, uint64_t* charged);
@@ -682,12 +691,8 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
     case Op::kMemUnmap: {
       MemRangeReq q;
       ORION_WANT(Get(payload, len, &q), "bad MemUnmap");
-      // Whole mappings only, side by side, covering exactly the range.
-      auto first = mappings_.find(q.addr);
-      uint64_t covered = 0;
-      auto it = first;
-      while (it != mappings_.end() && it->first == q.addr + covered && covered < q.bytes) covered += (it++)->second.bytes;
-      if (first == mappings_.end() || covered != q.bytes) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      std::map<uint64_t, Mapping>::iterator first, it;
+      if (!WholeMappings(q.addr, q.bytes, &first, &it)) { r = CUDA_ERROR_INVALID_VALUE; break; }
       r = b_->MemUnmap(q.addr, q.bytes);
       if (r != CUDA_SUCCESS) break;
       auto res = ReservationOf(q.addr, q.bytes);
@@ -706,12 +711,8 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       ORION_WANT(Get(payload, len, &q), "bad MemSetAccess");
       if (q.device >= p_.placements.size()) { r = CUDA_ERROR_INVALID_DEVICE; break; }
       if (q.flags > CU_MEM_ACCESS_FLAGS_PROT_READWRITE) { r = CUDA_ERROR_INVALID_VALUE; break; }
-      // A fully mapped range: whole mappings side by side.
-      auto first = mappings_.find(q.addr);
-      uint64_t covered = 0;
-      auto it = first;
-      while (it != mappings_.end() && it->first == q.addr + covered && covered < q.bytes) covered += (it++)->second.bytes;
-      if (first == mappings_.end() || covered != q.bytes || q.bytes == 0) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      std::map<uint64_t, Mapping>::iterator first, it;
+      if (!WholeMappings(q.addr, q.bytes, &first, &it)) { r = CUDA_ERROR_INVALID_VALUE; break; }
       r = b_->MemSetAccess(q.addr, q.bytes, q.device, q.flags);
       if (r != CUDA_SUCCESS) break;
       const bool on = q.flags != CU_MEM_ACCESS_FLAGS_PROT_NONE;

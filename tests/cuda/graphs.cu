@@ -165,7 +165,19 @@ int main() {
   CUDA_OK(cudaGraphExecDestroy(ee));
   CUDA_OK(cudaGraphDestroy(g));
   CUDA_OK(cudaGraphDestroy(g2));
+  // A child graph node's graph belongs to the node: it can be read, not destroyed by handle; once
+  // the parent is destroyed, its nodes (the child's too) are no longer handles.
+  cudaGraph_t inner = nullptr;
+  CUDA_OK(cudaGraphChildGraphNodeGetGraph(ch, &inner));
+  size_t inner_nodes = 0;
+  CUDA_OK(cudaGraphGetNodes(inner, nullptr, &inner_nodes));
+  ot::check("child_graph_readable", inner_nodes == 1, ot::fmt("%zu nodes", inner_nodes));
+  ot::check("child_graph_not_destroyable", cudaGraphDestroy(inner) != cudaSuccess);
+  cudaGetLastError();
   CUDA_OK(cudaGraphDestroy(e));
+  ot::check("destroyed_graph_nodes_refused",
+            cudaGraphNodeGetType(kn, &t) != cudaSuccess && cudaGraphGetNodes(inner, nullptr, &inner_nodes) != cudaSuccess);
+  cudaGetLastError();
   CUDA_OK(cudaGraphDestroy(child));
   return ot::finish();
 }
