@@ -1,6 +1,10 @@
 #include "orion/common/text.h"
 
+#include <sys/random.h>
+
+#include <cerrno>
 #include <cstdint>
+#include <system_error>
 
 namespace orion {
 namespace {
@@ -99,6 +103,29 @@ bool IsUuid(std::string_view s) noexcept {
     }
   }
   return true;
+}
+
+std::string RandomUuid() {
+  unsigned char b[16];
+  for (size_t got = 0; got < sizeof b;) {
+    const ssize_t n = getrandom(b + got, sizeof b - got, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw std::system_error(errno, std::generic_category(), "getrandom");
+    }
+    got += static_cast<size_t>(n);
+  }
+  b[6] = static_cast<unsigned char>((b[6] & 0x0f) | 0x40);  // version 4
+  b[8] = static_cast<unsigned char>((b[8] & 0x3f) | 0x80);  // variant 10
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string s;
+  s.reserve(36);
+  for (size_t i = 0; i < sizeof b; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) s += '-';
+    s += kHex[b[i] >> 4];
+    s += kHex[b[i] & 15];
+  }
+  return s;
 }
 
 }  // namespace orion

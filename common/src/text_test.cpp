@@ -46,6 +46,14 @@ TEST(ValidUtf8, ReplacesInvalidSequences) {
   EXPECT_EQ(ValidUtf8("\xF5\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD");  // past U+10FFFF
 }
 
+TEST(RandomUuid, IsCanonicalVersion4AndDiffers) {
+  const std::string a = RandomUuid(), b = RandomUuid();
+  EXPECT_TRUE(IsUuid(a)) << a;
+  EXPECT_EQ(a[14], '4') << a;                                   // version 4
+  EXPECT_NE(std::string("89ab").find(a[19]), std::string::npos) << a;  // variant 10
+  EXPECT_NE(a, b);
+}
+
 TEST(IsUuid, AcceptsOnlyCanonicalUuids) {
   EXPECT_TRUE(IsUuid("0f8fad5b-d9cb-469f-a165-70867728950e"));
   EXPECT_TRUE(IsUuid("0F8FAD5B-D9CB-469F-A165-70867728950E"));

@@ -7,6 +7,7 @@
 #include <set>
 #include <thread>
 
+#include "orion/common/text.h"
 #include "orion/controller/client.h"
 
 namespace orion::controller {
@@ -24,6 +25,7 @@ std::string SlotPath(const std::string& server, uint32_t pgpu, uint32_t vgpu) {
   return "vgpus/" + server + "/" + std::to_string(pgpu) + "/" + std::to_string(vgpu);
 }
 std::string GpuPath(const std::string& server, uint32_t pgpu) { return "gpus/" + server + "/" + std::to_string(pgpu); }
+std::string RequestPath(const std::string& request_id) { return "requests/" + request_id; }
 
 // A short random pause before retrying a lost race (the winners of the last round finish first).
 void Backoff(int attempt) {
@@ -32,23 +34,7 @@ void Backoff(int attempt) {
   std::this_thread::sleep_for(std::chrono::microseconds(200 + (rng() % static_cast<unsigned>(cap)) * 250));
 }
 
-std::string NewId() {
-  static std::mutex mu;
-  static std::mt19937_64 rng{std::random_device{}()};
-  uint64_t a, b;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    a = rng();
-    b = rng();
-  }
-  a = (a & 0xffffffffffff0fffull) | 0x4000ull;           // version 4
-  b = (b & 0x3fffffffffffffffull) | 0x8000000000000000ull;  // variant 10
-  char s[40];
-  std::snprintf(s, sizeof s, "%08x-%04x-%04x-%04x-%012llx", static_cast<unsigned>(a >> 32),
-                static_cast<unsigned>((a >> 16) & 0xffff), static_cast<unsigned>(a & 0xffff),
-                static_cast<unsigned>(b >> 48), static_cast<unsigned long long>(b & 0xffffffffffffull));
-  return s;
-}
+std::string NewId() { return RandomUuid(); }
 
 // Reads an unsigned integer field; absent = `def`. kInvalidArgument names the field.
 Status UInt(const Json& body, const char* key, uint64_t max, uint64_t def, uint64_t* out) {
@@ -160,6 +146,10 @@ void Service::EraseInto(const Allocation& a, StoreChange* c) const {
 void Service::PlaceInto(const Allocation& a, StoreChange* c) const {
   c->put_allocations.emplace_back(StoreDoc(a), a.lease);
   if (!store_->shared()) return;
+  // One allocation per idempotency key, across controllers: the second of two placements with the
+  // same key (a client that asked again elsewhere, a write repeated after its answer was lost) fails
+  // here, and its controller answers with the first one.
+  if (!a.request_id.empty()) c->guards.emplace_back(RequestPath(a.request_id), 0);
   std::set<uint32_t> gpus;
   for (const Slot& sl : a.slots) {
     c->guards.emplace_back(SlotPath(a.server, sl.pgpu, sl.vgpu), 0);  // the slot is free
@@ -205,6 +195,7 @@ Json Service::ToJson(const Allocation& a) const {
             {"placements", pl}};
   if (!a.vm.empty()) j["vm"] = a.vm;
   if (!a.owner.empty()) j["owner"] = a.owner;
+  if (!a.request_id.empty()) j["request_id"] = a.request_id;
   return j;
 }
 
@@ -267,6 +258,7 @@ Status Service::Absorb(const StoreState& st, bool initial) {
     a.client_pid = c.value("pid", 0u);
     a.client_process = c.value("process", "");
     a.owner = j.value("owner", "");
+    a.request_id = j.value("request_id", "");
     a.lease_expires_ms = a.kind == "vm" ? 0 : j.value("lease_expires_ms", uint64_t{0});
     // Grace: whoever renews this lease gets a full period to reach the restarted controller.
     if (initial && a.kind != "vm") a.lease_expires_ms = std::max(a.lease_expires_ms, now + opts_.lease_ttl_ms);
@@ -645,11 +637,32 @@ Result<Service::Allocation> Service::Place(const Json& body, const std::string& 
 
 Result<Json> Service::PlaceAndStore(const Json& body, const std::string& server, const std::string& kind,
                                     const Caller& caller, const std::string& vm) {
+  std::string request_id;  // the client's idempotency key
+  if (kind == "process" && body.contains("request_id")) {
+    const Json& r = body["request_id"];
+    if (!r.is_string() || !IsUuid(r.get_ref<const std::string&>())) {
+      return InvalidArgument("request_id must be a UUID (the client's idempotency key)");
+    }
+    request_id = r.get<std::string>();
+  }
   int64_t lease = 0;  // granted once, kept across retries
   for (int attempt = 0;; ++attempt) {
     if (Status st = Sync(); !st.ok()) {
       store_->Revoke(lease);
       return st;
+    }
+    if (!request_id.empty()) {
+      // Asked before (through this controller or another): the answer is the allocation it made.
+      for (const auto& [id, x] : allocs_) {
+        if (x.request_id != request_id) continue;
+        if (lease != 0 && lease != x.lease) store_->Revoke(lease);
+        if (x.kind != "process" || x.owner != caller.owner) {
+          ++refusals_;
+          return InvalidArgument("request_id " + request_id + " names another client's allocation");
+        }
+        ++replays_;
+        return ToJson(x);
+      }
     }
     if (kind == "process" && caller.kind == Caller::Kind::kClient) {
       uint32_t held = 0;
@@ -689,6 +702,7 @@ Result<Json> Service::PlaceAndStore(const Json& body, const std::string& server,
         lease = *l;
       }
       a->lease = lease;
+      a->request_id = request_id;
     }
     StoreChange c;
     PlaceInto(*a, &c);
@@ -994,6 +1008,8 @@ std::string Service::Metrics() {
          {"{kind=\"process\"}" + num(allocs_.size() - vms), "{kind=\"vm\"}" + num(vms)});
   family("orion_allocations_created_total", "counter", "allocations and assignments made since start", {num(allocations_made_)});
   family("orion_allocation_refusals_total", "counter", "requests refused since start", {num(refusals_)});
+  family("orion_allocation_replays_total", "counter",
+         "allocation requests sent again with the same request_id, answered with the allocation already made", {num(replays_)});
   family("orion_allocations_expired_total", "counter", "allocations released because nobody renewed their lease", {num(expired_)});
   family("orion_gpu_memory_total_mib", "gauge", "physical GPU memory", gpu_total);
   family("orion_gpu_memory_allocated_mib", "gauge", "vGPU quota placed on the GPU", gpu_alloc);

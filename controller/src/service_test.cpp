@@ -281,6 +281,50 @@ TEST_F(ServiceTest, ConfirmChecksTheServer) {
   EXPECT_EQ(s->Summary()["vgpus_free"], 8);
 }
 
+TEST_F(ServiceTest, ARequestSentAgainGetsTheSameAllocation) {
+  // The idempotency key (request_id): a client whose answer was lost asks again and is given the
+  // allocation its first request made, across a restart of the controller too; nothing is held twice.
+  const Caller alice{Caller::Kind::kClient, "key:aaaa", ""}, bob{Caller::Kind::kClient, "key:bbbb", ""};
+  Json req = Req(1, 1000);
+  req["request_id"] = "0f8fad5b-d9cb-469f-a165-70867728950e";
+  std::string id;
+  {
+    auto s = Open();
+    ASSERT_TRUE(s->RegisterServer("10.0.0.1:9960", TwoGpuServer("a")).ok());
+    auto a = s->Allocate(req, "", alice);
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    id = (*a)["id"];
+    EXPECT_EQ((*a)["request_id"], req["request_id"]);
+    auto again = s->Allocate(req, "", alice);
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ((*again)["id"], id);
+    EXPECT_EQ(s->Summary()["vgpus_used"], 1);
+    EXPECT_NE(s->Metrics().find("orion_allocation_replays_total 1"), std::string::npos);
+  }
+  auto s = Open();  // restarted: the key is stored with the allocation
+  auto again = s->Allocate(req, "", alice);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ((*again)["id"], id);
+  // Another key cannot use it to learn of (or take) alice's allocation.
+  auto theirs = s->Allocate(req, "", bob);
+  ASSERT_FALSE(theirs.ok());
+  EXPECT_EQ(theirs.status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(theirs.status().message().find(id), std::string::npos);
+  // A key that is not a UUID is refused (it becomes an etcd key); no key: a new allocation each time.
+  Json bad = Req(1, 1000);
+  for (const Json& v : {Json("../../vgpus/x"), Json(7), Json("")}) {
+    bad["request_id"] = v;
+    EXPECT_EQ(s->Allocate(bad, "", alice).status().code(), Code::kInvalidArgument) << v;
+  }
+  EXPECT_NE((*s->Allocate(Req(1, 1000), "", alice))["id"], (*s->Allocate(Req(1, 1000), "", alice))["id"]);
+  // Once released, the key places afresh.
+  ASSERT_TRUE(s->Release(id, "test", alice).ok());
+  auto fresh = s->Allocate(req, "", alice);
+  ASSERT_TRUE(fresh.ok());
+  EXPECT_NE((*fresh)["id"], id);
+  EXPECT_EQ(s->Summary()["vgpus_used"], 3);
+}
+
 TEST(ControllerConfig, ParsesLimits) {
   auto c = ParseControllerConfig("max_allocations_per_key: 5\npending_confirm_s: 30\n", "t");
   ASSERT_TRUE(c.ok()) << c.status().ToString();

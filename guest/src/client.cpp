@@ -451,6 +451,10 @@ CUresult Client::AllocateFromControllerLocked(uint64_t vgpus, uint64_t gmem, std
                         {"client", {{"host", ValidUtf8(host)}, {"pid", static_cast<uint32_t>(getpid())},
                                     {"process", ValidUtf8(ProcessName())}}}};
   if (ratio != 0) req["ratio"] = ratio;
+  // The idempotency key: Call sends the same body to the next controller when one does not answer
+  // (it may have placed the allocation and died before replying); the pool answers a repeat with the
+  // allocation the first request made, so a lost answer leaves no allocation behind.
+  req["request_id"] = RandomUuid();
   auto r = cc.Call("POST", "/v1/allocations", req);
   if (!r.ok()) {
     LogError("Fail to get resource from controller " + cc.endpoint().text() + ": " + LogSafe(r.status().message()));

@@ -5,6 +5,7 @@
 #include <random>
 
 #include "orion/common/frame.h"
+#include "orion/common/text.h"
 
 namespace orion::host {
 
@@ -169,8 +170,15 @@ Result<ControllerGrant> ControllerLink::Confirm(const std::string& allocation_id
 
 Result<ControllerGrant> ControllerLink::AllocateHere(uint32_t vgpus, uint64_t gmem_mib, const std::string& host,
                                                      uint32_t pid, const std::string& process, uint32_t session) {
+  std::string request_id;
+  try {
+    request_id = RandomUuid();
+  } catch (const std::exception& e) {
+    return Internal(std::string("no idempotency key for the allocation: ") + e.what());
+  }
   return Grant(client_.Call("POST", "/v1/allocations",
                             {{"vgpus", vgpus}, {"gmem_mib", gmem_mib}, {"server", opts_.server_id}, {"session", session},
+                             {"request_id", request_id},  // a repeat to the next controller gets the same allocation
                              {"client", {{"host", host}, {"pid", pid}, {"process", process}}}}),
                "the allocation");
 }

@@ -372,17 +372,46 @@ def test_kill_an_etcd_member_and_a_controller_mid_burst(pool):
     # Clients after the kill were placed by the others.
     later = [r for r in results if f"Orion Controller {pool.ctls[0].addr} placed" not in r.stderr]
     assert len(later) >= 6
-    # Nothing left behind: every allocation was released by its client or its server, or, for one
-    # whose reply was lost with the killed controller (committed in etcd just before the kill; the
-    # client then asked the next controller and got another), ended by its etcd lease (30 s here).
-    # Seen once in a loaded full run; idempotent allocation requests would avoid the orphan.
-    deadline = time.time() + 30 + 10
+    # Nothing left behind: every allocation was released by its client or its server. A request
+    # whose answer was lost (the controller killed after committing, or too slow while etcd elected a
+    # leader, so that the client asked the next one) was answered with the allocation it had made
+    # (its request_id), not given a second one that only its lease (30 s here) would end: a CI run
+    # once found both servers full of such orphans before idempotent requests.
+    deadline = time.time() + 10
     while pool.ctls[1].get("/v1/allocations?kind=process"):
         assert time.time() < deadline, pool.ctls[1].get("/v1/allocations?kind=process")
         time.sleep(0.2)
     assert pool.ctls[2].get("/v1/status")["vgpus_free"] == 16
     assert pool.ctls[1].get("/v1/health")["store"]["reachable"] is True
     assert time.time() - t_kill < 120
+
+
+def test_a_request_sent_to_every_controller_at_once_is_placed_once(pool):
+    # A client that asks the next controller while the first is still working (slow during an etcd
+    # election, or dead after committing) sends the same request_id: however the requests interleave,
+    # one allocation is made and every controller answers with it.
+    import uuid
+    for round_ in range(8):
+        rid = str(uuid.uuid4())
+        body = {"vgpus": 1, "gmem_mib": 1000, "request_id": rid, "client": {"host": "h", "pid": round_}}
+        with ThreadPoolExecutor(max_workers=3) as ex:
+            answers = list(ex.map(lambda c: c.call("POST", "/v1/allocations", body), pool.ctls))
+        assert [code for code, _ in answers] == [201] * 3, answers
+        assert len({a["id"] for _, a in answers}) == 1, answers
+        assert all(a["request_id"] == rid for _, a in answers)
+        assert pool.etcd.ctl("get", f"/orion/requests/{rid}", "--print-value-only").stdout.strip() == answers[0][1]["id"]
+    allocs = pool.ctls[0].get("/v1/allocations?kind=process")
+    assert len(allocs) == 8
+    assert pool.ctls[2].get("/v1/status")["vgpus_used"] == 8
+    # A release drops the key with the allocation; the same key then places afresh.
+    a = allocs[0]
+    assert pool.ctls[1].call("DELETE", f"/v1/allocations/{a['id']}")[0] == 200
+    assert pool.etcd.ctl("get", f"/orion/requests/{a['request_id']}", "--print-value-only").stdout.strip() == ""
+    code, again = pool.ctls[2].call("POST", "/v1/allocations", {"vgpus": 1, "gmem_mib": 1000, "request_id": a["request_id"]})
+    assert code == 201 and again["id"] != a["id"], again
+    # Not a UUID: refused (it would become an etcd key).
+    code, body = pool.ctls[0].call("POST", "/v1/allocations", {"vgpus": 1, "request_id": "../vgpus/x"})
+    assert code == 400 and "request_id" in body["message"], body
 
 
 def test_majority_lost_gives_503_and_placements_resume(pool):

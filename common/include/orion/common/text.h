@@ -8,7 +8,8 @@
 //   req["process"] = ValidUtf8(ProcessName());          // nlohmann::json::dump cannot throw on it
 //   if (!IsUuid(id)) return InvalidArgument("malformed allocation id " + LogSafe(id));
 //
-// Pure functions: no allocation beyond the returned string, no OS calls, thread-safe.
+// Pure functions (RandomUuid excepted: it reads the kernel's random source): no allocation beyond
+// the returned string, thread-safe.
 #pragma once
 
 #include <cstddef>
@@ -31,5 +32,10 @@ std::string ValidUtf8(std::string_view s);
 
 // Whether `s` is a canonical UUID: 36 characters, 8-4-4-4-12 hex digits separated by '-'.
 bool IsUuid(std::string_view s) noexcept;
+
+// A random (version 4, RFC 9562 section 5.4) UUID in canonical lower-case form, from getrandom(2):
+// allocation ids, and the idempotency keys (request_id) clients send with POST /v1/allocations.
+// Throws std::system_error when the kernel's random source cannot be read.
+std::string RandomUuid();
 
 }  // namespace orion

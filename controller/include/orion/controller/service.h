@@ -149,6 +149,9 @@ class Service {
     uint32_t session = 0;
     uint64_t created_ms = 0, lease_expires_ms = 0;
     int64_t lease = 0;  // etcd: the lease its keys are attached to
+    // The client's idempotency key (POST /v1/allocations "request_id", a UUID): a request sent
+    // again with it (the answer was lost, the controller died) gets this allocation, not another.
+    std::string request_id;
     std::vector<Slot> slots;
   };
 
@@ -189,7 +192,7 @@ class Service {
   std::map<std::string, Allocation> allocs_;
   std::map<std::string, host::VgpuPool> pools_;  // per server: slots taken by allocs_ (kept in step)
   std::map<std::string, int64_t> versions_;      // etcd: path -> mod_revision at the last read
-  uint64_t allocations_made_ = 0, refusals_ = 0, expired_ = 0;
+  uint64_t allocations_made_ = 0, refusals_ = 0, expired_ = 0, replays_ = 0;
   uint64_t conflicts_ = 0, store_errors_ = 0;    // lost races (retried), failed store reads/writes
   bool store_ok_ = true;
   std::string store_error_;

@@ -7,6 +7,7 @@
 //   allocations/<id>                an allocation or VM assignment (Service::ToJson(Allocation))
 //   vgpus/<server>/<pgpu>/<vgpu>    the slot's holder (the allocation id), with the allocation
 //   gpus/<server>/<pgpu>            a counter every placement on the GPU bumps
+//   requests/<request_id>           the allocation a client's idempotency key made, with the allocation
 //   alive/<server>, present/<server>  liveness (etcd leases, below)
 // A Change carries guards, (path, version) pairs: etcd applies the change only if every guarded
 // key's mod_revision still equals the version the controller saw (0: the key is absent), so two
