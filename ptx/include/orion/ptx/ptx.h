@@ -51,7 +51,29 @@ inline constexpr uint64_t kSharedWindow = 0x0000100000000000ull;
 inline constexpr uint64_t kLocalWindow = 0x0000110000000000ull;
 inline constexpr uint64_t kWindowBytes = 0x0000010000000000ull;
 
-// The device memory a launch may touch: the session's allocations.
+// What a texture or surface object (CUtexObject / CUsurfObject, a 64-bit handle a kernel receives as
+// a parameter) reads and writes: a CUDA array, or linear / pitched device memory, as the sim backend
+// resolves the handle. Texels are `channels` elements of `format`, rows `row_pitch` bytes apart,
+// slices `slice_pitch` bytes apart; `data` holds at least `bytes` bytes (every access stays inside).
+// Sources: CUDA driver API reference, CUDA_RESOURCE_DESC / CUDA_TEXTURE_DESC; CUDA C++ Programming
+// Guide, "Texture Fetching" (the addressing and filtering rules).
+struct ImageView {
+  uint8_t* data = nullptr;
+  uint64_t bytes = 0;
+  uint32_t format = 0;            // CUarray_format: CU_AD_FORMAT_{UNSIGNED,SIGNED}_INT{8,16,32}, HALF, FLOAT
+  uint32_t channels = 1;          // 1, 2 or 4
+  uint32_t dims = 1;              // 1, 2 or 3
+  uint64_t width = 0, height = 1, depth = 1;  // texels
+  uint64_t row_pitch = 0, slice_pitch = 0;    // bytes
+  // Sampling (textures only; surfaces ignore these).
+  uint32_t address_mode[3] = {};  // CUaddress_mode: WRAP, CLAMP, MIRROR, BORDER
+  uint32_t filter_mode = 0;       // CUfilter_mode: POINT, LINEAR
+  bool normalized_coords = false; // CU_TRSF_NORMALIZED_COORDINATES
+  bool read_as_integer = false;   // CU_TRSF_READ_AS_INTEGER: 8/16-bit integers are not made [0,1] floats
+  float border_color[4] = {};
+};
+
+// The device memory a launch may touch: the session's allocations, textures and surfaces.
 class GlobalMemory {
  public:
   struct Span {
@@ -62,6 +84,10 @@ class GlobalMemory {
   virtual ~GlobalMemory() = default;
   // The allocation containing device address `addr`; false if none does.
   virtual bool Find(uint64_t addr, Span* out) = 0;
+  // The session's texture / surface object `handle`; false if it has none by that handle (the
+  // instruction then fails the launch with CUDA_ERROR_ILLEGAL_ADDRESS, as a bad pointer would).
+  virtual bool FindTexture(uint64_t handle, ImageView* out) { (void)handle; (void)out; return false; }
+  virtual bool FindSurface(uint64_t handle, ImageView* out) { (void)handle; (void)out; return false; }
 };
 
 // A module-scope variable (.global / .const) the launch needs in device memory.
