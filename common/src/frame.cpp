@@ -85,6 +85,18 @@ bool FrameWindowRanges(uint16_t op, const uint8_t* payload, uint32_t len, Window
       if (q.dst_side == kSideWindow) out->writes[out->nwrites++] = {q.dst, dst_span};
       return true;
     }
+    case Op::kMemcpyArray: {
+      ArrayCopyReq q;
+      if (!get(&q)) return false;
+      uint64_t src_span = 0, dst_span = 0;
+      if (q.src_side == kSideWindow && Span2D(q.height, q.src_pitch, q.width_bytes, &src_span)) {
+        out->reads[out->nreads++] = {q.src, src_span};
+      }
+      if (q.dst_side == kSideWindow && Span2D(q.height, q.dst_pitch, q.width_bytes, &dst_span)) {
+        out->writes[out->nwrites++] = {q.dst, dst_span};
+      }
+      return true;
+    }
     default:
       return true;
   }

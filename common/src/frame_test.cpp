@@ -137,6 +137,36 @@ TEST(Limits, WindowRangesOfAWrappingMemcpy2DAreEmpty) {
   EXPECT_EQ(r.writes[0].bytes, 48u);
 }
 
+TEST(Limits, WindowRangesOfAnArrayCopy) {
+  // Only a window side crosses the network; an array side (a handle and an origin) never does.
+  ArrayCopyReq q{};
+  q.src_side = kSideWindow;
+  q.src = 4096;
+  q.src_pitch = 64;
+  q.dst_side = kSideArray;
+  q.dst = 0x10010;
+  q.dst_x = 16;
+  q.width_bytes = 48;
+  q.height = 3;
+  WindowRanges r;
+  ASSERT_TRUE(FrameWindowRanges(static_cast<uint16_t>(Op::kMemcpyArray), reinterpret_cast<const uint8_t*>(&q),
+                                sizeof q, &r));
+  ASSERT_EQ(r.nreads, 1u);
+  EXPECT_EQ(r.reads[0].offset, 4096u);
+  EXPECT_EQ(r.reads[0].bytes, 2u * 64 + 48);
+  EXPECT_EQ(r.nwrites, 0u);
+  std::swap(q.src_side, q.dst_side);
+  std::swap(q.src, q.dst);
+  std::swap(q.src_pitch, q.dst_pitch);
+  ASSERT_TRUE(FrameWindowRanges(static_cast<uint16_t>(Op::kMemcpyArray), reinterpret_cast<const uint8_t*>(&q),
+                                sizeof q, &r));
+  EXPECT_EQ(r.nreads, 0u);
+  ASSERT_EQ(r.nwrites, 1u);
+  EXPECT_EQ(r.writes[0].bytes, 2u * 64 + 48);
+  EXPECT_FALSE(FrameWindowRanges(static_cast<uint16_t>(Op::kMemcpyArray), reinterpret_cast<const uint8_t*>(&q),
+                                 sizeof q - 8, &r));  // truncated: malformed
+}
+
 TEST(Frame, SpanRoundsToEight) {
   EXPECT_EQ(FrameSpan(0), 32u);
   EXPECT_EQ(FrameSpan(1), 40u);

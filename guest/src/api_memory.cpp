@@ -72,6 +72,9 @@ CUresult Copy2D(const CUDA_MEMCPY2D* c, CUstream hs, bool async) {
     if (k.dstMemoryType == CU_MEMORYTYPE_HOST) k.dstHost = reinterpret_cast<void*>(k.dstDevice);
   }
   if (k.WidthInBytes == 0 || k.Height == 0) return CUDA_SUCCESS;
+  if (k.srcMemoryType == CU_MEMORYTYPE_ARRAY || k.dstMemoryType == CU_MEMORYTYPE_ARRAY) {
+    return ArrayCopyBox(k, 0, 0, stream);
+  }
   auto dev_ok = [](CUdeviceptr base, size_t x, size_t y, size_t pitch, size_t w, size_t h) {
     const uint64_t first = base + y * pitch + x;
     return DeviceOk(first, (h - 1) * pitch + w);
@@ -94,6 +97,56 @@ CUresult Copy2D(const CUDA_MEMCPY2D* c, CUstream hs, bool async) {
     }
   }
   return Client::Get().Copy2D(k, stream, async);
+}
+
+// cuMemcpy3D: one 2D copy per slice. A device or host side's slice z starts (Z + z) * Height *
+// Pitch bytes after its base (CUDA_MEMCPY3D: srcHeight / dstHeight are the rows of a slice); an
+// array side keeps its own slices.
+CUresult Copy3D(const CUDA_MEMCPY3D* c, CUstream hs, bool async) {
+  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  if (c == nullptr || c->reserved0 != nullptr || c->reserved1 != nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (c->srcLOD != 0 || c->dstLOD != 0) return CUDA_ERROR_INVALID_VALUE;  // mipmap levels: no mipmapped arrays
+  if (c->WidthInBytes == 0 || c->Height == 0 || c->Depth == 0) return CUDA_SUCCESS;
+  uint64_t stream = 0;
+  if (!StreamId(hs, &stream)) return CUDA_ERROR_INVALID_HANDLE;
+  CUDA_MEMCPY3D k = *c;
+  if (k.srcMemoryType == CU_MEMORYTYPE_UNIFIED) {
+    k.srcMemoryType = DeviceOk(k.srcDevice, 1) ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
+    if (k.srcMemoryType == CU_MEMORYTYPE_HOST) k.srcHost = reinterpret_cast<const void*>(k.srcDevice);
+  }
+  if (k.dstMemoryType == CU_MEMORYTYPE_UNIFIED) {
+    k.dstMemoryType = DeviceOk(k.dstDevice, 1) ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
+    if (k.dstMemoryType == CU_MEMORYTYPE_HOST) k.dstHost = reinterpret_cast<void*>(k.dstDevice);
+  }
+  const bool src_arr = k.srcMemoryType == CU_MEMORYTYPE_ARRAY, dst_arr = k.dstMemoryType == CU_MEMORYTYPE_ARRAY;
+  if (k.Depth > 1 && ((!src_arr && k.srcHeight < k.srcY + k.Height) || (!dst_arr && k.dstHeight < k.dstY + k.Height))) {
+    return CUDA_ERROR_INVALID_VALUE;  // slices would overlap
+  }
+  for (size_t z = 0; z < k.Depth; ++z) {
+    CUDA_MEMCPY2D s{};
+    s.srcXInBytes = k.srcXInBytes;
+    s.srcY = k.srcY;
+    s.srcMemoryType = k.srcMemoryType;
+    s.srcPitch = k.srcPitch;
+    s.srcArray = k.srcArray;
+    const size_t src_slice = (k.srcZ + z) * k.srcHeight * k.srcPitch;
+    if (k.srcMemoryType == CU_MEMORYTYPE_HOST) s.srcHost = static_cast<const uint8_t*>(k.srcHost) + src_slice;
+    if (k.srcMemoryType == CU_MEMORYTYPE_DEVICE) s.srcDevice = k.srcDevice + src_slice;
+    s.dstXInBytes = k.dstXInBytes;
+    s.dstY = k.dstY;
+    s.dstMemoryType = k.dstMemoryType;
+    s.dstPitch = k.dstPitch;
+    s.dstArray = k.dstArray;
+    const size_t dst_slice = (k.dstZ + z) * k.dstHeight * k.dstPitch;
+    if (k.dstMemoryType == CU_MEMORYTYPE_HOST) s.dstHost = static_cast<uint8_t*>(k.dstHost) + dst_slice;
+    if (k.dstMemoryType == CU_MEMORYTYPE_DEVICE) s.dstDevice = k.dstDevice + dst_slice;
+    s.WidthInBytes = k.WidthInBytes;
+    s.Height = k.Height;
+    const CUresult r = src_arr || dst_arr ? ArrayCopyBox(s, src_arr ? k.srcZ + z : 0, dst_arr ? k.dstZ + z : 0, stream)
+                                          : Copy2D(&s, hs, async);
+    if (r != CUDA_SUCCESS) return r;
+  }
+  return CUDA_SUCCESS;
 }
 
 CUresult Memset(CUdeviceptr dst, uint32_t value, uint32_t elem, size_t width, size_t height, size_t pitch,
@@ -486,6 +539,23 @@ ORION_EXPORT CUresult CUDAAPI cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D* p, CUstrea
 ORION_EXPORT CUresult CUDAAPI cuMemcpy2DAsync_v2_ptsz(const CUDA_MEMCPY2D* p, CUstream s) {
   ORION_API(cuMemcpy2DAsync_v2_ptsz);
   return Copy2D(p, s, true);
+}
+
+ORION_EXPORT CUresult CUDAAPI cuMemcpy3D_v2(const CUDA_MEMCPY3D* p) {
+  ORION_API(cuMemcpy3D_v2);
+  return Copy3D(p, nullptr, false);
+}
+ORION_EXPORT CUresult CUDAAPI cuMemcpy3D_v2_ptds(const CUDA_MEMCPY3D* p) {
+  ORION_API(cuMemcpy3D_v2_ptds);
+  return Copy3D(p, nullptr, false);
+}
+ORION_EXPORT CUresult CUDAAPI cuMemcpy3DAsync_v2(const CUDA_MEMCPY3D* p, CUstream s) {
+  ORION_API(cuMemcpy3DAsync_v2);
+  return Copy3D(p, s, true);
+}
+ORION_EXPORT CUresult CUDAAPI cuMemcpy3DAsync_v2_ptsz(const CUDA_MEMCPY3D* p, CUstream s) {
+  ORION_API(cuMemcpy3DAsync_v2_ptsz);
+  return Copy3D(p, s, true);
 }
 
 #define ORION_MEMSET(name, elem, vtype)                                                              \

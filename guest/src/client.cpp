@@ -918,6 +918,69 @@ CUresult Client::Copy2D(const CUDA_MEMCPY2D& c, uint64_t stream, bool async) noe
   return CUDA_SUCCESS;
 }
 
+CUresult Client::CopyArray(const CopySide& dst, const CopySide& src, uint64_t w, uint64_t hgt, uint64_t stream) noexcept {
+  if (w == 0 || hgt == 0) return CUDA_SUCCESS;
+  // The request for rows [row, row + rows) with the window at `off` for the host side.
+  auto request = [&](uint64_t row, uint64_t rows, uint64_t off) {
+    ArrayCopyReq q{};
+    auto fill = [&](const CopySide& c, uint64_t* at, uint64_t* pitch, uint64_t* x, uint64_t* y, uint64_t* z,
+                    uint32_t* side) {
+      *side = c.kind;
+      if (c.kind == kSideArray) {
+        *at = c.array;
+        *x = c.x;
+        *y = c.y + row;
+        *z = c.z;
+      } else if (c.kind == kSideWindow) {
+        *at = off;
+        *pitch = w;
+      } else {
+        *at = c.dptr + row * c.pitch;
+        *pitch = c.pitch;
+      }
+    };
+    fill(src, &q.src, &q.src_pitch, &q.src_x, &q.src_y, &q.src_z, &q.src_side);
+    fill(dst, &q.dst, &q.dst_pitch, &q.dst_x, &q.dst_y, &q.dst_z, &q.dst_side);
+    q.width_bytes = w;
+    q.height = rows;
+    q.stream = stream;
+    return q;
+  };
+  std::lock_guard<std::mutex> lock(mu_);
+  if (broken_ != CUDA_SUCCESS) return broken_;
+  if (CUresult r = SyncContextLocked(); r != CUDA_SUCCESS) return r;
+  const bool src_host = src.kind == kSideWindow, dst_host = dst.kind == kSideWindow;
+  if (!src_host && !dst_host) {
+    ArrayCopyReq q = request(0, hgt, 0);
+    FrameHeader h = MakeHeader(Op::kMemcpyArray, sizeof q, false);
+    return PushLocked(h, &q, sizeof q, nullptr, 0);
+  }
+  if (w > layout_.staging_bytes / 4) return CUDA_ERROR_NOT_SUPPORTED;
+  const uint64_t rows_per_chunk = std::max<uint64_t>(1, kChunk / w);
+  for (uint64_t row = 0; row < hgt; row += rows_per_chunk) {
+    const uint64_t rows = std::min(rows_per_chunk, hgt - row);
+    const int64_t off = StageAllocLocked(rows * w);
+    if (off < 0) return broken_ != CUDA_SUCCESS ? broken_ : CUDA_ERROR_UNKNOWN;
+    ArrayCopyReq q = request(row, rows, static_cast<uint64_t>(off));
+    if (src_host) {
+      for (uint64_t r = 0; r < rows; ++r) std::memcpy(window_ + off + r * w, src.src + (row + r) * src.pitch, w);
+      FrameHeader h = MakeHeader(Op::kMemcpyArray, sizeof q, false);
+      StageTagLocked(h.seq, false);
+      if (CUresult r = PushLocked(h, &q, sizeof q, nullptr, 0); r != CUDA_SUCCESS) return r;
+    } else {
+      FrameHeader h = MakeHeader(Op::kMemcpyArray, sizeof q, true);
+      StageTagLocked(h.seq, true);
+      if (CUresult r = PushLocked(h, &q, sizeof q, nullptr, 0); r != CUDA_SUCCESS) return r;
+      CUresult r = WaitReplyLocked(h.seq, static_cast<Op>(h.op), nullptr, 0, nullptr);
+      stage_fifo_.back().released = true;
+      if (r != CUDA_SUCCESS) return r;
+      for (uint64_t k = 0; k < rows; ++k) std::memcpy(dst.dst + (row + k) * dst.pitch, window_ + off + k * w, w);
+      ReclaimLocked();
+    }
+  }
+  return CUDA_SUCCESS;
+}
+
 CUresult Client::UploadBlob(uint64_t hash_lo, uint64_t hash_hi, const uint8_t* data, uint64_t bytes) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   if (broken_ != CUDA_SUCCESS) return broken_;

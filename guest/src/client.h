@@ -59,6 +59,19 @@ class Client {
   CUresult CopyHtoD(uint64_t dst, const void* src, uint64_t bytes, uint64_t stream, bool sync) noexcept;
   CUresult CopyDtoH(void* dst, uint64_t src, uint64_t bytes, uint64_t stream, bool async) noexcept;
   CUresult Copy2D(const CUDA_MEMCPY2D& c, uint64_t stream, bool async) noexcept;
+  // A 2D box of `width` bytes x `height` rows where a side may be a CUDA array (oriond's handle,
+  // origin x bytes, y, z). Host sides go through the data window in row chunks; a host destination
+  // is filled before it returns.
+  struct CopySide {
+    uint32_t kind;        // kSideDevice, kSideArray, or kSideWindow for host memory
+    uint64_t dptr;        // device: the box's first byte
+    const uint8_t* src;   // host source: the box's first byte
+    uint8_t* dst;         // host destination
+    uint64_t array;       // oriond's array handle
+    uint64_t pitch;       // device / host: bytes between rows
+    uint64_t x, y, z;     // array: origin
+  };
+  CUresult CopyArray(const CopySide& dst, const CopySide& src, uint64_t width, uint64_t height, uint64_t stream) noexcept;
   CUresult UploadBlob(uint64_t hash_lo, uint64_t hash_hi, const uint8_t* data, uint64_t bytes) noexcept;
 
   // Pinned allocations live in the window's heap. Returns nullptr when the heap is full.

@@ -162,6 +162,9 @@ void RunContextDestructors(CUcontext ctx) noexcept;
 void PoolFreed(uint64_t dptr) noexcept;
 
 CUresult ModuleFunctionCount(CUmodule mod, unsigned* count) noexcept;
+// A 2D copy where a side is a CUDA array (api_array.cpp); `src_z` / `dst_z`: the array slice
+// (cuMemcpy3D, one slice at a time). Unified sides must already be resolved to host or device.
+CUresult ArrayCopyBox(const CUDA_MEMCPY2D& k, size_t src_z, size_t dst_z, uint64_t stream) noexcept;
 // The LaunchKernel(Ex) frame payload of a kernel node (api_exec.cpp), checked as a launch is; its
 // stream field is set when the graph is launched.
 CUresult KernelNodeFrame(const CUDA_KERNEL_NODE_PARAMS* p, Op* op, std::vector<uint8_t>* frame) noexcept;

@@ -103,6 +103,13 @@ namespace {
   X(memcpyDtoHAsync, cuMemcpyDtoHAsync_v2)                                                   \
   X(memcpyDtoDAsync, cuMemcpyDtoDAsync_v2)                                                   \
   X(memcpy2DAsync, cuMemcpy2DAsync_v2)                                                       \
+  X(memcpy3DAsync, cuMemcpy3DAsync_v2)                                                       \
+  X(array3DCreate, cuArray3DCreate_v2)                                                       \
+  X(arrayDestroy, cuArrayDestroy)                                                            \
+  X(texObjectCreate, cuTexObjectCreate)                                                      \
+  X(texObjectDestroy, cuTexObjectDestroy)                                                    \
+  X(surfObjectCreate, cuSurfObjectCreate)                                                    \
+  X(surfObjectDestroy, cuSurfObjectDestroy)                                                  \
   X(memsetD8Async, cuMemsetD8Async)                                                          \
   X(memsetD16Async, cuMemsetD16Async)                                                        \
   X(memsetD32Async, cuMemsetD32Async)                                                        \
@@ -672,6 +679,109 @@ class CudaBackend final : public Backend {
     if (r != CUDA_SUCCESS || !host_side) return r;
     // A window source must have been read, a window destination written, before the reply.
     return api_.streamSynchronize(Stream(stream));
+  }
+
+  CUresult ArrayCreate(const ArraySpec& spec, void** array) override {
+    CUDA_ARRAY3D_DESCRIPTOR d;
+    std::memset(&d, 0, sizeof d);
+    d.Width = static_cast<size_t>(spec.width);
+    d.Height = static_cast<size_t>(spec.height);
+    d.Depth = static_cast<size_t>(spec.depth);
+    d.Format = static_cast<CUarray_format>(spec.format);
+    d.NumChannels = spec.channels;
+    d.Flags = spec.flags;
+    CUarray a = nullptr;
+    const CUresult r = api_.array3DCreate(&a, &d);
+    if (r == CUDA_SUCCESS) *array = a;
+    return r;
+  }
+  CUresult ArrayDestroy(void* array) override { return api_.arrayDestroy(static_cast<CUarray>(array)); }
+
+  CUresult MemcpyArray(const CopySide& dst, const CopySide& src, uint64_t width, uint64_t height,
+                       void* stream) override {
+    const bool host_side = dst.kind == kSideWindow || src.kind == kSideWindow;
+    if (host_side) EnsureWindow();
+    CUDA_MEMCPY3D c;
+    std::memset(&c, 0, sizeof c);
+    auto side = [&](const CopySide& x, CUmemorytype* type, const void** host, CUdeviceptr* dev, CUarray* arr,
+                    size_t* pitch, size_t* h, size_t* xb, size_t* y, size_t* z) {
+      if (x.kind == kSideArray) {
+        *type = CU_MEMORYTYPE_ARRAY;
+        *arr = static_cast<CUarray>(x.array);
+        *xb = static_cast<size_t>(x.x);
+        *y = static_cast<size_t>(x.y);
+        *z = static_cast<size_t>(x.z);
+        return;
+      }
+      *type = x.kind == kSideWindow ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+      if (x.kind == kSideWindow) *host = x.host;
+      else *dev = static_cast<CUdeviceptr>(x.dptr);
+      *pitch = static_cast<size_t>(x.pitch);
+      *h = static_cast<size_t>(height);
+    };
+    const void* src_host = nullptr;
+    const void* dst_host = nullptr;
+    side(src, &c.srcMemoryType, &src_host, &c.srcDevice, &c.srcArray, &c.srcPitch, &c.srcHeight, &c.srcXInBytes,
+         &c.srcY, &c.srcZ);
+    side(dst, &c.dstMemoryType, &dst_host, &c.dstDevice, &c.dstArray, &c.dstPitch, &c.dstHeight, &c.dstXInBytes,
+         &c.dstY, &c.dstZ);
+    c.srcHost = src_host;
+    c.dstHost = const_cast<void*>(dst_host);
+    c.WidthInBytes = static_cast<size_t>(width);
+    c.Height = static_cast<size_t>(height);
+    c.Depth = 1;
+    const CUresult r = api_.memcpy3DAsync(&c, Stream(stream));
+    if (r != CUDA_SUCCESS || !host_side) return r;
+    // A window source must have been read, a window destination written, before the reply.
+    return api_.streamSynchronize(Stream(stream));
+  }
+
+  CUresult TexObjectCreate(const TexSpec& t, uint64_t* object) override {
+    CUDA_RESOURCE_DESC rd;
+    std::memset(&rd, 0, sizeof rd);
+    rd.resType = static_cast<CUresourcetype>(t.res_type);
+    if (t.res_type == CU_RESOURCE_TYPE_ARRAY) {
+      rd.res.array.hArray = static_cast<CUarray>(t.array);
+    } else if (t.res_type == CU_RESOURCE_TYPE_LINEAR) {
+      rd.res.linear.devPtr = static_cast<CUdeviceptr>(t.dptr);
+      rd.res.linear.format = static_cast<CUarray_format>(t.format);
+      rd.res.linear.numChannels = t.channels;
+      rd.res.linear.sizeInBytes = static_cast<size_t>(t.width * TexelBytes(t.format, t.channels));
+    } else {
+      rd.res.pitch2D.devPtr = static_cast<CUdeviceptr>(t.dptr);
+      rd.res.pitch2D.format = static_cast<CUarray_format>(t.format);
+      rd.res.pitch2D.numChannels = t.channels;
+      rd.res.pitch2D.width = static_cast<size_t>(t.width);
+      rd.res.pitch2D.height = static_cast<size_t>(t.height);
+      rd.res.pitch2D.pitchInBytes = static_cast<size_t>(t.pitch);
+    }
+    if (t.surface) {
+      CUsurfObject o = 0;
+      const CUresult r = api_.surfObjectCreate(&o, &rd);
+      if (r == CUDA_SUCCESS) *object = o;
+      return r;
+    }
+    CUDA_TEXTURE_DESC td;
+    std::memset(&td, 0, sizeof td);
+    for (int i = 0; i < 3; ++i) td.addressMode[i] = static_cast<CUaddress_mode>(t.address_mode[i]);
+    td.filterMode = static_cast<CUfilter_mode>(t.filter_mode);
+    td.flags = t.flags;
+    for (int i = 0; i < 4; ++i) td.borderColor[i] = t.border_color[i];
+    CUtexObject o = 0;
+    const CUresult r = api_.texObjectCreate(&o, &rd, &td, nullptr);
+    if (r == CUDA_SUCCESS) *object = o;
+    return r;
+  }
+  CUresult TexObjectDestroy(uint64_t object, bool surface) override {
+    return surface ? api_.surfObjectDestroy(static_cast<CUsurfObject>(object))
+                   : api_.texObjectDestroy(static_cast<CUtexObject>(object));
+  }
+  static uint64_t TexelBytes(uint32_t format, uint32_t channels) {
+    switch (format) {
+      case CU_AD_FORMAT_UNSIGNED_INT8: case CU_AD_FORMAT_SIGNED_INT8: return channels;
+      case CU_AD_FORMAT_UNSIGNED_INT16: case CU_AD_FORMAT_SIGNED_INT16: case CU_AD_FORMAT_HALF: return 2u * channels;
+      default: return 4u * channels;
+    }
   }
 
   CUresult Memset(uint64_t dst, uint32_t value, uint32_t elem_size, uint64_t width, uint64_t height, uint64_t pitch,

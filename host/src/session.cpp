@@ -76,6 +76,43 @@ struct Alloc {
   bool vmm = false;      // an accessible VMM mapping (charged through its physical allocation)
 };
 
+// A CUDA array of the session. Its handle dies at cuArrayDestroy; the array itself (and its quota
+// charge) lives on while texture or surface objects still refer to it, so no object ever reads freed
+// memory.
+struct ArrayRec {
+  void* backend = nullptr;
+  uint32_t dev = 0;
+  uint64_t charged = 0;
+  uint32_t format = 0, channels = 0, flags = 0;
+  uint64_t width = 0, height = 0, depth = 0;  // as created (CUDA's convention: 0 = absent dimension)
+  uint64_t texel = 0;                         // bytes per element
+  uint64_t row_bytes = 0, rows = 0, slices = 0;
+  uint32_t objects = 0;                       // texture and surface objects on it
+  bool destroyed = false;
+};
+struct TexRec {
+  uint64_t array = 0;  // its array's id (0: linear or pitched memory)
+  uint32_t dev = 0;
+};
+
+// Bytes of one channel of `format`; 0 for a format Orion does not serve (planar, block-compressed,
+// the packed UNORM/SNORM/SRGB formats of CUDA 11.5+).
+uint64_t FormatBytes(uint32_t format) {
+  switch (format) {
+    case CU_AD_FORMAT_UNSIGNED_INT8: case CU_AD_FORMAT_SIGNED_INT8: return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16: case CU_AD_FORMAT_SIGNED_INT16: case CU_AD_FORMAT_HALF: return 2;
+    case CU_AD_FORMAT_UNSIGNED_INT32: case CU_AD_FORMAT_SIGNED_INT32: case CU_AD_FORMAT_FLOAT: return 4;
+    default: return 0;
+  }
+}
+bool IntegerFormat32(uint32_t format) {
+  return format == CU_AD_FORMAT_UNSIGNED_INT32 || format == CU_AD_FORMAT_SIGNED_INT32;
+}
+// Extents a GPU of compute capability 7.5+ accepts (CUDA C++ Programming Guide, "Features and
+// Technical Specifications": maximum 1D / 2D / 3D CUDA array and texture sizes).
+constexpr uint64_t kMaxArray1D = uint64_t{1} << 17, kMaxArray2DW = uint64_t{1} << 17, kMaxArray2DH = uint64_t{1} << 16;
+constexpr uint64_t kMaxArray3D = uint64_t{1} << 14, kMaxTexLinear = uint64_t{1} << 27;
+
 class Session {
  public:
   Session(const SessionParams& p, std::unique_ptr<Backend> b, std::unique_ptr<SessionChannel> ch)
@@ -172,7 +209,23 @@ class Session {
   void HoldBlob(const std::string& hex, std::vector<uint8_t> data);
   void DropBlob(const std::string& hex);
   void CacheBlob(const std::string& hex, const std::vector<uint8_t>& data);
-  bool HandlesFull() const { return handles_.size() >= kMaxSessionHandles; }
+  bool HandlesFull() const { return handles_.size() + arrays_.size() + texobjs_.size() >= kMaxSessionHandles; }
+  // A live (not destroyed) array of this session.
+  ArrayRec* LiveArray(uint64_t id) {
+    auto it = arrays_.find(id);
+    return it != arrays_.end() && !it->second.destroyed ? &it->second : nullptr;
+  }
+  // Destroys array `id` in the backend and gives its quota back once nothing refers to it.
+  void MaybeFreeArray(uint64_t id) {
+    auto it = arrays_.find(id);
+    if (it == arrays_.end() || !it->second.destroyed || it->second.objects != 0) return;
+    (void)b_->ArrayDestroy(it->second.backend);
+    Uncharge(it->second.dev, it->second.charged);
+    arrays_.erase(it);
+  }
+  // Checks one side of a MemcpyArray and fills the backend's view of it.
+  bool CopySideOk(uint32_t side, uint64_t at, uint64_t pitch, uint64_t x, uint64_t y, uint64_t z, uint64_t width,
+                  uint64_t height, Backend::CopySide* out);
 
   SessionParams p_;
   std::unique_ptr<Backend> b_;
@@ -188,6 +241,8 @@ class Session {
   std::map<uint64_t, Alloc> allocs_;
   std::set<uint64_t> ipc_exports_;                // allocations with an IPC handle
   std::set<uint64_t> ipc_imports_;                // allocations opened from another session's handle
+  std::unordered_map<uint64_t, ArrayRec> arrays_;  // CUDA arrays, by handle
+  std::map<std::pair<uint64_t, bool>, TexRec> texobjs_;  // (object value, is a surface) -> its record
   std::map<uint64_t, Reservation> reservations_;  // VMM address ranges, by start
   uint64_t reserved_bytes_ = 0;                   // their sum (at most kMaxReservedBytes)
   std::map<uint64_t, Mapping> mappings_;          // VMM mappings, by start
@@ -434,8 +489,20 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       if (q.device >= p_.placements.size()) { r = CUDA_ERROR_INVALID_DEVICE; break; }
       r = b_->PrimaryCtxReset(q.device);
       if (r == CUDA_SUCCESS) {
-        // The reset frees the context's allocations.
+        // The reset frees the context's allocations, arrays, texture and surface objects.
         // VMM mappings are not a context's: they stay.
+        for (auto it = texobjs_.begin(); it != texobjs_.end();) {
+          if (it->second.dev != q.device) { ++it; continue; }
+          (void)b_->TexObjectDestroy(it->first.first, it->first.second);
+          if (it->second.array != 0) --arrays_[it->second.array].objects;
+          it = texobjs_.erase(it);
+        }
+        for (auto it = arrays_.begin(); it != arrays_.end();) {
+          if (it->second.dev != q.device) { ++it; continue; }
+          (void)b_->ArrayDestroy(it->second.backend);
+          Uncharge(it->second.dev, it->second.charged);
+          it = arrays_.erase(it);
+        }
         for (auto it = allocs_.begin(); it != allocs_.end();) {
           if (it->second.dev == q.device && !it->second.vmm) {
             if (it->second.counted) used_[q.device] -= it->second.charged;
@@ -583,6 +650,165 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       }
       if (!DeviceRange(q.dst, span)) { r = CUDA_ERROR_INVALID_VALUE; break; }
       r = b_->Memset(q.dst, q.value, q.elem_size, q.width, q.height, q.pitch, s);
+      break;
+    }
+    case Op::kArrayCreate: {
+      ArrayCreateReq q;
+      ORION_WANT(Get(payload, len, &q), "bad ArrayCreate");
+      if (cur_ctx_ == 0) { r = CUDA_ERROR_INVALID_CONTEXT; break; }
+      const uint64_t fb = FormatBytes(q.format);
+      const uint32_t dims = q.depth != 0 ? 3 : q.height != 0 ? 2 : 1;
+      const bool extents_ok = q.width != 0 && q.reserved == 0 &&
+          (dims == 1 ? q.width <= kMaxArray1D
+           : dims == 2 ? q.width <= kMaxArray2DW && q.height <= kMaxArray2DH
+                       : q.width <= kMaxArray3D && q.height <= kMaxArray3D && q.depth <= kMaxArray3D);
+      if (fb == 0 || (q.flags & ~uint32_t{CUDA_ARRAY3D_SURFACE_LDST}) != 0) {
+        p_.log->warn("sess={} op=ArrayCreate: format {:#x} / flags {:#x} not served (layered, cubemap, "
+                     "texture-gather, sparse, planar and block-compressed arrays are not)", p_.session_id, q.format, q.flags);
+        r = CUDA_ERROR_NOT_SUPPORTED;
+        break;
+      }
+      if (!extents_ok || (q.channels != 1 && q.channels != 2 && q.channels != 4)) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      if (HandlesFull()) { r = CUDA_ERROR_OUT_OF_MEMORY; break; }
+      ArrayRec a;
+      a.dev = cur_dev_;
+      a.format = q.format;
+      a.channels = q.channels;
+      a.flags = q.flags;
+      a.width = q.width;
+      a.height = q.height;
+      a.depth = q.depth;
+      a.texel = fb * q.channels;
+      a.row_bytes = q.width * a.texel;  // bounded above: no overflow
+      a.rows = std::max<uint64_t>(q.height, 1);
+      a.slices = std::max<uint64_t>(q.depth, 1);
+      if (!Charge(cur_dev_, a.row_bytes * a.rows * a.slices, kAllocGranularity, "ArrayCreate", "cuArray3DCreate",
+                  &a.charged)) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+        break;
+      }
+      Backend::ArraySpec spec{q.width, q.height, q.depth, q.format, q.channels, q.flags};
+      r = b_->ArrayCreate(spec, &a.backend);
+      if (r != CUDA_SUCCESS) {
+        Uncharge(cur_dev_, a.charged);
+        break;
+      }
+      const uint64_t id = next_handle_;
+      next_handle_ += 0x10;
+      arrays_.emplace(id, a);
+      put(HandleRep{id});
+      break;
+    }
+    case Op::kArrayDestroy: {
+      HandleReq q;
+      ORION_WANT(Get(payload, len, &q), "bad ArrayDestroy");
+      ArrayRec* a = LiveArray(q.handle);
+      if (a == nullptr) { r = CUDA_ERROR_INVALID_HANDLE; break; }
+      a->destroyed = true;
+      MaybeFreeArray(q.handle);
+      break;
+    }
+    case Op::kMemcpyArray: {
+      ArrayCopyReq q;
+      ORION_WANT(Get(payload, len, &q), "bad MemcpyArray");
+      void* s = nullptr;
+      if (q.width_bytes == 0 || q.height == 0) break;
+      Backend::CopySide src, dst;
+      if (!Stream(q.stream, &s) ||
+          !CopySideOk(q.src_side, q.src, q.src_pitch, q.src_x, q.src_y, q.src_z, q.width_bytes, q.height, &src) ||
+          !CopySideOk(q.dst_side, q.dst, q.dst_pitch, q.dst_x, q.dst_y, q.dst_z, q.width_bytes, q.height, &dst)) {
+        r = CUDA_ERROR_INVALID_VALUE;
+        break;
+      }
+      r = b_->MemcpyArray(dst, src, q.width_bytes, q.height, s);
+      break;
+    }
+    case Op::kTexObjectCreate: {
+      TexObjectReq q;
+      ORION_WANT(Get(payload, len, &q), "bad TexObjectCreate");
+      if (cur_ctx_ == 0) { r = CUDA_ERROR_INVALID_CONTEXT; break; }
+      Backend::TexSpec t;
+      t.res_type = q.res_type;
+      t.surface = q.surface != 0;
+      t.filter_mode = q.filter_mode;
+      t.flags = q.flags;
+      for (int i = 0; i < 3; ++i) t.address_mode[i] = q.address_mode[i];
+      for (int i = 0; i < 4; ++i) std::memcpy(&t.border_color[i], &q.border_color[i], 4);
+      bool ok = q.surface <= 1 && q.reserved == 0 && q.filter_mode <= CU_TR_FILTER_MODE_LINEAR &&
+                q.address_mode[0] <= CU_TR_ADDRESS_MODE_BORDER && q.address_mode[1] <= CU_TR_ADDRESS_MODE_BORDER &&
+                q.address_mode[2] <= CU_TR_ADDRESS_MODE_BORDER;
+      if ((q.flags & ~uint32_t{CU_TRSF_READ_AS_INTEGER | CU_TRSF_NORMALIZED_COORDINATES}) != 0) {
+        p_.log->warn("sess={} op=TexObjectCreate: texture flags {:#x} not served (sRGB, seamless cubemap, "
+                     "trilinear optimisation)", p_.session_id, q.flags);
+        r = CUDA_ERROR_NOT_SUPPORTED;
+        break;
+      }
+      uint64_t array_id = 0, texel = 0;
+      uint32_t format = q.format;
+      if (q.res_type == CU_RESOURCE_TYPE_ARRAY) {
+        ArrayRec* a = LiveArray(q.res);
+        // A surface needs an array made for surface load/store (CUDA: CUDA_ARRAY3D_SURFACE_LDST).
+        ok = ok && a != nullptr && (!t.surface || (a->flags & CUDA_ARRAY3D_SURFACE_LDST) != 0);
+        if (ok) {
+          array_id = q.res;
+          t.array = a->backend;
+          format = a->format;
+          t.format = a->format;
+          t.channels = a->channels;
+        }
+      } else if (!t.surface && (q.res_type == CU_RESOURCE_TYPE_LINEAR || q.res_type == CU_RESOURCE_TYPE_PITCH2D)) {
+        texel = FormatBytes(q.format) * q.channels;
+        uint64_t span = 0;
+        ok = ok && texel != 0 && (q.channels == 1 || q.channels == 2 || q.channels == 4) && q.width != 0;
+        if (q.res_type == CU_RESOURCE_TYPE_LINEAR) {
+          ok = ok && q.width <= kMaxTexLinear && q.height == 0 && q.pitch == 0 && CheckedMul(q.width, texel, &span);
+        } else {
+          ok = ok && q.width <= kMaxArray2DW && q.height != 0 && q.height <= kMaxArray2DH && q.pitch >= q.width * texel &&
+               Span2D(q.height, q.pitch, q.width * texel, &span);
+        }
+        ok = ok && q.res % texel == 0 && DeviceRange(q.res, span);
+        t.dptr = q.res;
+        t.width = q.width;
+        t.height = q.height;
+        t.pitch = q.pitch;
+        t.format = q.format;
+        t.channels = q.channels;
+      } else {
+        ok = false;
+      }
+      // Linear filtering returns interpolated floats: not for 32-bit integers nor integer reads.
+      if (ok && !t.surface && q.filter_mode == CU_TR_FILTER_MODE_LINEAR &&
+          (IntegerFormat32(format) || (q.flags & CU_TRSF_READ_AS_INTEGER) != 0)) {
+        ok = false;
+      }
+      if (!ok) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      if (HandlesFull()) { r = CUDA_ERROR_OUT_OF_MEMORY; break; }
+      uint64_t object = 0;
+      r = b_->TexObjectCreate(t, &object);
+      if (r != CUDA_SUCCESS) break;
+      if (!texobjs_.emplace(std::make_pair(object, t.surface), TexRec{array_id, cur_dev_}).second) {
+        p_.log->error("sess={} op=TexObjectCreate: the backend returned object {:#x} twice", p_.session_id, object);
+        (void)b_->TexObjectDestroy(object, t.surface);
+        r = CUDA_ERROR_UNKNOWN;
+        break;
+      }
+      if (array_id != 0) ++arrays_[array_id].objects;
+      put(U64Rep{object});
+      break;
+    }
+    case Op::kTexObjectDestroy: {
+      ObjectReq q;
+      ORION_WANT(Get(payload, len, &q), "bad TexObjectDestroy");
+      auto it = q.surface <= 1 ? texobjs_.find({q.object, q.surface != 0}) : texobjs_.end();
+      if (it == texobjs_.end()) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      r = b_->TexObjectDestroy(q.object, q.surface != 0);
+      if (r != CUDA_SUCCESS) break;
+      const uint64_t array_id = it->second.array;
+      texobjs_.erase(it);
+      if (array_id != 0) {
+        --arrays_[array_id].objects;
+        MaybeFreeArray(array_id);
+      }
       break;
     }
     case Op::kMemAddressReserve: {
@@ -1128,6 +1354,37 @@ void ClampServedFeatures(DeviceInfo* info) {
   set(CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS, 0);
   set(CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES, 0);
   set(CU_DEVICE_ATTRIBUTE_DIRECT_MANAGED_MEM_ACCESS_FROM_HOST, 0);
+}
+
+bool Session::CopySideOk(uint32_t side, uint64_t at, uint64_t pitch, uint64_t x, uint64_t y, uint64_t z,
+                         uint64_t width, uint64_t height, Backend::CopySide* out) {
+  out->kind = side;
+  if (side == kSideArray) {
+    const ArrayRec* a = LiveArray(at);
+    uint64_t x_end = 0, y_end = 0;
+    // Whole elements, inside one slice of the array.
+    if (a == nullptr || pitch != 0 || x % a->texel != 0 || width % a->texel != 0 || !CheckedAdd(x, width, &x_end) ||
+        x_end > a->row_bytes || !CheckedAdd(y, height, &y_end) || y_end > a->rows || z >= a->slices) {
+      return false;
+    }
+    out->array = a->backend;
+    out->x = x;
+    out->y = y;
+    out->z = z;
+    return true;
+  }
+  uint64_t span = 0;
+  if ((side != kSideDevice && side != kSideWindow) || x != 0 || y != 0 || z != 0 || !Span2D(height, pitch, width, &span)) {
+    return false;
+  }
+  out->pitch = pitch;
+  if (side == kSideWindow) {
+    if (!WindowRange(at, span)) return false;
+    out->host = window_ + at;
+    return true;
+  }
+  out->dptr = at;
+  return DeviceRange(at, span);
 }
 
 bool Session::Charge(uint32_t dev, uint64_t bytes, uint64_t granule, const char* op, const char* call,

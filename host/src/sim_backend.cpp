@@ -155,6 +155,14 @@ struct SimEvent {
   void* pending_stream = nullptr;
 };
 
+// A CUDA array: its texels stored linearly, rows of row_bytes, slices of rows rows (the layout of
+// a real GPU's arrays is opaque; nothing can tell the difference but speed).
+struct SimArray {
+  Backend::ArraySpec spec;
+  uint64_t texel = 0, row_bytes = 0, rows = 0, slices = 0;
+  std::vector<uint8_t> data;
+};
+
 class SimBackend final : public Backend, private ptx::GlobalMemory {
  public:
   explicit SimBackend(SimOptions o) : opt_(std::move(o)) {
@@ -367,6 +375,50 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
       std::memmove(d, s, width);
     }
     return CUDA_SUCCESS;
+  }
+  CUresult ArrayCreate(const ArraySpec& spec, void** array) override {
+    if (sticky_ != CUDA_SUCCESS) return sticky_;
+    auto a = std::make_unique<SimArray>();
+    a->spec = spec;
+    a->texel = FormatBytes(spec.format) * spec.channels;
+    a->row_bytes = spec.width * a->texel;
+    a->rows = std::max<uint64_t>(spec.height, 1);
+    a->slices = std::max<uint64_t>(spec.depth, 1);
+    try {
+      a->data.assign(a->row_bytes * a->rows * a->slices, 0);
+    } catch (const std::bad_alloc&) {
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *array = a.get();
+    arrays_.emplace(a.get(), std::move(a));
+    return CUDA_SUCCESS;
+  }
+  CUresult ArrayDestroy(void* array) override {
+    (void)FlushBlocking(true);  // like cuMemFree: nothing in flight may still read it
+    return arrays_.erase(array) != 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+  }
+  CUresult MemcpyArray(const CopySide& dst, const CopySide& src, uint64_t width, uint64_t height,
+                       void* stream) override {
+    if (CUresult r = FlushFor(stream); r != CUDA_SUCCESS) return r;
+    if (sticky_ != CUDA_SUCCESS) return sticky_;
+    for (uint64_t r = 0; r < height; ++r) {
+      uint8_t* d = Row(dst, r, width);
+      const uint8_t* s = Row(src, r, width);
+      if (d == nullptr || s == nullptr) return CUDA_ERROR_INVALID_VALUE;
+      std::memmove(d, s, width);
+    }
+    return CUDA_SUCCESS;
+  }
+  CUresult TexObjectCreate(const TexSpec& spec, uint64_t* object) override {
+    if (spec.res_type == CU_RESOURCE_TYPE_ARRAY && arrays_.count(spec.array) == 0) return CUDA_ERROR_INVALID_HANDLE;
+    const uint64_t id = next_object_++;
+    (spec.surface ? surfaces_ : textures_)[id] = spec;
+    *object = id;
+    return CUDA_SUCCESS;
+  }
+  CUresult TexObjectDestroy(uint64_t object, bool surface) override {
+    (void)FlushBlocking(true);  // launches in flight may still read through it
+    return (surface ? surfaces_ : textures_).erase(object) != 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
   }
   CUresult Memset(uint64_t dst, uint32_t value, uint32_t elem, uint64_t width, uint64_t height, uint64_t pitch,
                   void* stream) override {
@@ -918,6 +970,72 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     *out = ptx::GlobalMemory::Span{it->first, it->second.bytes, it->second.host};
     return true;
   }
+  // The texture / surface objects the executor reads through; a linear or pitched texture's memory
+  // is looked up again at each use, so one whose allocation was freed reads nothing.
+  bool FindTexture(uint64_t handle, ptx::ImageView* out) override { return View(textures_, handle, out); }
+  bool FindSurface(uint64_t handle, ptx::ImageView* out) override { return View(surfaces_, handle, out); }
+  bool View(const std::unordered_map<uint64_t, TexSpec>& objects, uint64_t handle, ptx::ImageView* out) {
+    auto it = objects.find(handle);
+    if (it == objects.end()) return false;
+    const TexSpec& t = it->second;
+    ptx::ImageView v;
+    if (t.res_type == CU_RESOURCE_TYPE_ARRAY) {
+      auto a = arrays_.find(t.array);
+      if (a == arrays_.end()) return false;
+      const SimArray& arr = *a->second;
+      v.data = const_cast<uint8_t*>(arr.data.data());
+      v.bytes = arr.data.size();
+      v.format = arr.spec.format;
+      v.channels = arr.spec.channels;
+      v.dims = arr.spec.depth != 0 ? 3 : arr.spec.height != 0 ? 2 : 1;
+      v.width = arr.spec.width;
+      v.height = arr.rows;
+      v.depth = arr.slices;
+      v.row_pitch = arr.row_bytes;
+      v.slice_pitch = arr.row_bytes * arr.rows;
+    } else {
+      const uint64_t texel = FormatBytes(t.format) * t.channels;
+      const bool linear = t.res_type == CU_RESOURCE_TYPE_LINEAR;
+      const uint64_t bytes = linear ? t.width * texel : (t.height - 1) * t.pitch + t.width * texel;
+      uint8_t* host = Host(t.dptr, bytes);
+      if (host == nullptr) return false;  // its allocation is gone
+      v.data = host;
+      v.bytes = bytes;
+      v.format = t.format;
+      v.channels = t.channels;
+      v.dims = linear ? 1 : 2;
+      v.width = t.width;
+      v.height = linear ? 1 : t.height;
+      v.row_pitch = linear ? t.width * texel : t.pitch;
+      v.slice_pitch = v.row_pitch * v.height;
+    }
+    for (int i = 0; i < 3; ++i) v.address_mode[i] = t.address_mode[i];
+    for (int i = 0; i < 4; ++i) v.border_color[i] = t.border_color[i];
+    v.filter_mode = t.filter_mode;
+    v.normalized_coords = (t.flags & CU_TRSF_NORMALIZED_COORDINATES) != 0;
+    v.read_as_integer = (t.flags & CU_TRSF_READ_AS_INTEGER) != 0;
+    *out = v;
+    return true;
+  }
+  // Row `r` of a MemcpyArray side, `width` bytes of it; nullptr if outside its memory.
+  uint8_t* Row(const CopySide& c, uint64_t r, uint64_t width) {
+    if (c.kind == kSideWindow) return static_cast<uint8_t*>(c.host) + r * c.pitch;
+    if (c.kind == kSideDevice) return Host(c.dptr + r * c.pitch, width);
+    auto a = arrays_.find(c.array);
+    if (a == arrays_.end()) return nullptr;
+    SimArray& arr = *a->second;
+    const uint64_t off = (c.z * arr.rows + c.y + r) * arr.row_bytes + c.x;
+    return off <= arr.data.size() && width <= arr.data.size() - off ? arr.data.data() + off : nullptr;
+  }
+  static uint64_t FormatBytes(uint32_t format) {
+    switch (format) {
+      case CU_AD_FORMAT_UNSIGNED_INT8: case CU_AD_FORMAT_SIGNED_INT8: return 1;
+      case CU_AD_FORMAT_UNSIGNED_INT16: case CU_AD_FORMAT_SIGNED_INT16: case CU_AD_FORMAT_HALF: return 2;
+      case CU_AD_FORMAT_UNSIGNED_INT32: case CU_AD_FORMAT_SIGNED_INT32: case CU_AD_FORMAT_FLOAT: return 4;
+      default: return 0;
+    }
+  }
+
   // The module's PTX program, parsed at its first launch; nullptr (with ptx_error) if none.
   ptx::Program* ProgramOf(SimModule* m) {
     if (m->ptx_tried) return m->program.get();
@@ -1030,6 +1148,9 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
   uint8_t* window_ = nullptr;
   uint64_t window_bytes_ = 0;
   std::map<uint64_t, Block> blocks_;
+  std::unordered_map<void*, std::unique_ptr<SimArray>> arrays_;       // by handle (the SimArray's address)
+  std::unordered_map<uint64_t, TexSpec> textures_, surfaces_;         // objects, by value
+  uint64_t next_object_ = 1;                                          // texture and surface object values
   std::unordered_set<uint64_t> ipc_imports_;  // blocks mapped from another session's ticket
   std::map<uint64_t, SimReservation> reservations_;                      // by device address
   std::unordered_map<SimPhysical*, std::unique_ptr<SimPhysical>> physical_;  // cuMemCreate'd

@@ -260,6 +260,51 @@ int main(int argc, char** argv) {
   Expect("bogus_module", Send(&c, Op::kModuleGetFunction, gbuf, sizeof gbuf, true), CUDA_ERROR_INVALID_HANDLE);
   HandleReq bogus_stream{0x77777};
   Expect("bogus_stream", Send(&c, Op::kStreamSynchronize, &bogus_stream, sizeof bogus_stream, true), CUDA_ERROR_INVALID_HANDLE);
+  // CUDA arrays and texture objects: extents, formats, handles and boxes are all checked.
+  ArrayCreateReq huge_arr{uint64_t{1} << 40, 1, 1, CU_AD_FORMAT_FLOAT, 4, 0, 0};
+  Expect("array_absurd_extent", Send(&c, Op::kArrayCreate, &huge_arr, sizeof huge_arr, true), CUDA_ERROR_INVALID_VALUE);
+  ArrayCreateReq quota_arr{16384, 16384, 16, CU_AD_FORMAT_FLOAT, 4, 0, 0};  // 64 GiB
+  Expect("array_over_quota", Send(&c, Op::kArrayCreate, &quota_arr, sizeof quota_arr, true), CUDA_ERROR_OUT_OF_MEMORY);
+  ArrayCreateReq odd_arr{16, 16, 0, 0x7777, 1, 0, 0};
+  Expect("array_unknown_format", Send(&c, Op::kArrayCreate, &odd_arr, sizeof odd_arr, true), CUDA_ERROR_NOT_SUPPORTED);
+  ArrayCreateReq small_arr{16, 16, 0, CU_AD_FORMAT_FLOAT, 1, 0, 0};
+  const uint64_t arr = Handle(&c, Op::kArrayCreate, &small_arr, sizeof small_arr);
+  Report("array", arr != 0);
+  ArrayCopyReq box{};
+  box.src = dptr;
+  box.src_pitch = 64;
+  box.dst = arr;
+  box.dst_side = kSideArray;
+  box.dst_x = 60;  // 60 + 8 bytes runs past the 64-byte row
+  box.width_bytes = 8;
+  box.height = 1;
+  Expect("array_box_past_row", Send(&c, Op::kMemcpyArray, &box, sizeof box, true), CUDA_ERROR_INVALID_VALUE);
+  box.dst_x = 0;
+  box.dst_y = 15;
+  box.height = 2;  // past the last row
+  Expect("array_box_past_rows", Send(&c, Op::kMemcpyArray, &box, sizeof box, true), CUDA_ERROR_INVALID_VALUE);
+  box.dst_y = 0;
+  box.dst = 0x55550;  // not an array of this session
+  Expect("array_bogus_handle", Send(&c, Op::kMemcpyArray, &box, sizeof box, true), CUDA_ERROR_INVALID_VALUE);
+  box.dst = arr;
+  box.dst_side = 7;
+  Expect("array_bogus_side", Send(&c, Op::kMemcpyArray, &box, sizeof box, true), CUDA_ERROR_INVALID_VALUE);
+  TexObjectReq tq{};
+  tq.res_type = CU_RESOURCE_TYPE_LINEAR;
+  tq.res = dptr + (1 << 20) - 64;  // 64 bytes left, 1024 asked for
+  tq.format = CU_AD_FORMAT_FLOAT;
+  tq.channels = 1;
+  tq.width = 256;
+  Expect("texture_past_allocation", Send(&c, Op::kTexObjectCreate, &tq, sizeof tq, true), CUDA_ERROR_INVALID_VALUE);
+  tq.res_type = CU_RESOURCE_TYPE_ARRAY;
+  tq.res = arr;
+  tq.surface = 1;  // the array was not made for surface load/store
+  Expect("surface_without_ldst", Send(&c, Op::kTexObjectCreate, &tq, sizeof tq, true), CUDA_ERROR_INVALID_VALUE);
+  ObjectReq oq{12345, 0, 0};
+  Expect("texture_bogus_destroy", Send(&c, Op::kTexObjectDestroy, &oq, sizeof oq, true), CUDA_ERROR_INVALID_VALUE);
+  HandleReq aq2{arr};
+  Report("array_destroy", Send(&c, Op::kArrayDestroy, &aq2, sizeof aq2, true) == 0);
+  Expect("array_destroy_twice", Send(&c, Op::kArrayDestroy, &aq2, sizeof aq2, true), CUDA_ERROR_INVALID_HANDLE);
   // An asynchronous launch of a function that does not exist: reported as deferred at the next reply.
   uint8_t lbuf[sizeof(LaunchReq)] = {};
   LaunchReq lq{};

@@ -423,6 +423,63 @@ ORION_WIRE_STRUCT(EventElapsedReq, 16);
 struct F32Rep { float ms; uint32_t reserved; };
 static_assert(sizeof(F32Rep) == 8);
 
+// CUDA arrays (cuArrayCreate, cuArray3DCreate; CUDA_ARRAY3D_DESCRIPTOR): ArrayCreate -> HandleRep,
+// ArrayDestroy: HandleReq. Extents in elements (texels); height 0: a 1D array, depth 0: 2D (the CUDA
+// convention). Counted in the session's quota as width * height * depth * texel bytes.
+struct ArrayCreateReq {
+  uint64_t width;
+  uint64_t height;
+  uint64_t depth;
+  uint32_t format;    // CUarray_format: CU_AD_FORMAT_{UNSIGNED,SIGNED}_INT{8,16,32}, HALF, FLOAT
+  uint32_t channels;  // 1, 2 or 4
+  uint32_t flags;     // 0 or CUDA_ARRAY3D_SURFACE_LDST (layered, cubemap, gather: refused)
+  uint32_t reserved;  // 0
+};
+ORION_WIRE_STRUCT(ArrayCreateReq, 40);
+
+// MemcpyArray: a 2D box (one slice) between any two of device memory, the data window and a CUDA
+// array. Device / window side: the address or window offset of the box's first byte and the row
+// pitch; array side: the array handle, pitch 0, and the box's origin (x in bytes, y row, z slice).
+// kFlagWantsReply when the window is the destination and the client must read it.
+inline constexpr uint32_t kSideArray = 2;
+struct ArrayCopyReq {
+  uint64_t src;
+  uint64_t src_pitch;
+  uint64_t dst;
+  uint64_t dst_pitch;
+  uint64_t src_x, src_y, src_z;
+  uint64_t dst_x, dst_y, dst_z;
+  uint64_t width_bytes;
+  uint64_t height;
+  uint64_t stream;
+  uint32_t src_side;  // kSideDevice, kSideWindow, kSideArray
+  uint32_t dst_side;
+};
+ORION_WIRE_STRUCT(ArrayCopyReq, 112);
+
+// TexObjectCreate (cuTexObjectCreate, cuSurfObjectCreate) -> U64Rep: the object's value, which the
+// client passes to kernels as it is. TexObjectDestroy: TexObjectReq's `object` field alone is read
+// (ObjectReq). Resource: CU_RESOURCE_TYPE_ARRAY (res = array handle) or, textures only, LINEAR
+// (res = device pointer, width = bytes / texel) or PITCH2D (res, width, height in texels, pitch).
+struct TexObjectReq {
+  uint64_t res;
+  uint64_t width;
+  uint64_t height;
+  uint64_t pitch;
+  uint32_t res_type;        // CUresourcetype
+  uint32_t format;          // linear / pitch2D: CUarray_format
+  uint32_t channels;        // linear / pitch2D: 1, 2 or 4
+  uint32_t surface;         // 1: a surface object (cuSurfObjectCreate), array resources only
+  uint32_t address_mode[3];  // CUaddress_mode
+  uint32_t filter_mode;     // CUfilter_mode
+  uint32_t flags;           // CU_TRSF_READ_AS_INTEGER | CU_TRSF_NORMALIZED_COORDINATES (others refused)
+  uint32_t reserved;
+  uint32_t border_color[4];  // the floats' bits (CUDA_TEXTURE_DESC::borderColor)
+};
+ORION_WIRE_STRUCT(TexObjectReq, 88);
+struct ObjectReq { uint64_t object; uint32_t surface; uint32_t reserved; };
+ORION_WIRE_STRUCT(ObjectReq, 16);
+
 #undef ORION_WIRE_STRUCT
 
 }  // namespace orion

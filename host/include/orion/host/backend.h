@@ -113,6 +113,41 @@ class Backend {
   virtual CUresult IpcExportEvent(void* event, IpcHandle* out) = 0;
   virtual CUresult IpcImportEvent(const IpcHandle& h, void** event) = 0;
 
+  // CUDA arrays, texture and surface objects. The worker has validated the descriptor (formats,
+  // channel counts, extents) and charged the array to the quota; it destroys an array only when no
+  // texture or surface object of its still refers to it. `MemcpyArray` copies a `width` x `height`
+  // box (bytes x rows) of one slice: each side is device memory (`dptr`, `pitch`), window memory
+  // (`host`, `pitch`) or an array (`array`, origin `x` bytes, `y`, `z`), all inside their bounds.
+  // Texture objects on LINEAR / PITCH2D memory name a range inside one of the session's allocations.
+  struct ArraySpec {
+    uint64_t width = 0, height = 0, depth = 0;  // CUDA's convention: height 0 = 1D, depth 0 = 2D
+    uint32_t format = 0, channels = 1, flags = 0;
+  };
+  struct CopySide {
+    uint32_t kind = kSideDevice;  // kSideDevice, kSideWindow, kSideArray
+    uint64_t dptr = 0;
+    void* host = nullptr;
+    void* array = nullptr;
+    uint64_t pitch = 0;
+    uint64_t x = 0, y = 0, z = 0;
+  };
+  struct TexSpec {
+    uint32_t res_type = 0;  // CU_RESOURCE_TYPE_ARRAY, LINEAR, PITCH2D
+    void* array = nullptr;  // ARRAY
+    uint64_t dptr = 0, width = 0, height = 0, pitch = 0;  // LINEAR (width in texels), PITCH2D
+    uint32_t format = 0, channels = 1;                    // LINEAR, PITCH2D
+    bool surface = false;
+    uint32_t address_mode[3] = {};
+    uint32_t filter_mode = 0, flags = 0;
+    float border_color[4] = {};
+  };
+  virtual CUresult ArrayCreate(const ArraySpec& spec, void** array) = 0;
+  virtual CUresult ArrayDestroy(void* array) = 0;
+  virtual CUresult MemcpyArray(const CopySide& dst, const CopySide& src, uint64_t width, uint64_t height,
+                               void* stream) = 0;
+  virtual CUresult TexObjectCreate(const TexSpec& spec, uint64_t* object) = 0;
+  virtual CUresult TexObjectDestroy(uint64_t object, bool surface) = 0;
+
   // Why the last call failed, when the backend knows more than its CUresult (e.g. which part of a
   // module image it could not parse); "" otherwise.
   virtual std::string ErrorDetail() const { return ""; }
