@@ -50,6 +50,8 @@ enum class Op : uint16_t {
   kShfl, kVote, kActivemask, kMatch, kRedux, kBarWarp,
   // builtins (extern functions the executor provides)
   kVprintf, kAssertFail,
+  // textures and surfaces (unified mode: the object is a 64-bit handle)
+  kTex, kSuld, kSust, kTxq, kSuq,
 };
 const char* OpName(Op op);
 
@@ -60,6 +62,9 @@ enum class MulMode : uint8_t { kNone, kLo, kHi, kWide };
 enum class AtomOp : uint8_t { kAdd, kInc, kDec, kMin, kMax, kAnd, kOr, kXor, kExch, kCas };
 enum class ShflMode : uint8_t { kUp, kDown, kBfly, kIdx };
 enum class VoteMode : uint8_t { kAll, kAny, kUni, kBallot };
+
+// suld/sust out-of-range handling (PTX ISA: .trap, .clamp, .zero).
+enum : uint8_t { kOobTrap, kOobClamp, kOobZero };
 
 inline constexpr uint32_t kNoReg = 0xffffffffu;
 inline constexpr uint32_t kNoSym = 0xffffffffu;
@@ -96,6 +101,8 @@ struct Ins {
   MulMode mul = MulMode::kNone;
   uint8_t sub = 0;         // AtomOp / ShflMode / VoteMode / redux op / shf mode / bar.red op
   uint8_t vec = 1;         // ld/st/mov vector width
+  uint8_t geom = 0;        // tex/suld/sust: dimensions (1, 2, 3)
+  uint8_t oob = 0;         // suld/sust: out-of-range mode (kOobTrap...); txq/suq: the query (0 width, 1 height, 2 depth)
   bool ftz = false, sat = false, approx = false, cc = false, to = false, wrap = false, uni = false, relu = false;
   bool pred_neg = false;
   uint32_t pred = kNoReg;  // guard predicate register

@@ -49,7 +49,7 @@ const char* OpName(Op op) {
       "copysign", "testp", "setp", "set", "selp", "slct", "mov",  "cvt",   "cvta",    "ld",    "ldu",
       "st",   "prefetch", "isspacep", "atom", "red", "bra", "call", "ret", "exit",   "trap",  "brkpt",
       "bar",  "bar.red", "bar.arrive", "membar", "nanosleep", "shfl", "vote", "activemask", "match", "redux",
-      "bar.warp.sync", "vprintf", "__assertfail"};
+      "bar.warp.sync", "vprintf", "__assertfail", "tex", "suld", "sust", "txq", "suq"};
   return kNames[static_cast<int>(op)];
 }
 
@@ -814,6 +814,7 @@ class Parser {
     const uint32_t index = static_cast<uint32_t>(f.code.size());
     std::string why;
     const bool known = Decode(opcode, &ins, &why);
+    if (known && IsImageOp(ins.op)) return ImageInstruction(ins, opcode, index);
     const bool is_call = ins.op == Op::kCall;
     // Operands.
     if (!Is(";")) {
@@ -864,6 +865,178 @@ class Parser {
     return Status::Ok();
   }
 
+  static bool IsImageOp(Op op) {
+    return op == Op::kTex || op == Op::kSuld || op == Op::kSust || op == Op::kTxq || op == Op::kSuq;
+  }
+
+  // The operands of tex / suld / sust / txq / suq (the opcode is decoded):
+  //   tex.geom.v4.dtype.ctype  d, [a, c];     suld.b.geom{.vec}.dtype.mode  d, [a, c];
+  //   sust.b.geom{.vec}.ctype.mode  [a, c], s;     txq.query.b32 / suq.query.b32  d, [a];
+  // `a` is the texture / surface object: a .u64 register, or a .param variable holding it (unified
+  // mode; .texref / .surfref variables are not supported). `c` is a vector of coordinate registers
+  // (`{x}`, `{x, y}`, `{x, y, z, _}`; a lone register for 1d). Laid out as: tex/suld: o[0] d, o[1] a,
+  // o[2] c; sust: o[0] a, o[1] c, o[2] s; txq/suq: o[0] d, o[1] a.
+  Status ImageInstruction(Ins ins, const std::string& opcode, uint32_t index) {
+    Func& f = p_->funcs[func_];
+    auto refuse = [&](const std::string& what) {
+      SkipStatement();
+      unsupported_.push_back({opcode + " (" + what + ")", ins.line});
+      f.code.push_back(Ins{});
+      return Status::Ok();
+    };
+    const bool query = ins.op == Op::kTxq || ins.op == Op::kSuq;
+    if (ins.op == Op::kSust) {
+      if (Status s = ImageOperand(&ins.o[0], &ins.o[1], true); !s.ok()) return s;
+      if (Status s = Expect(","); !s.ok()) return s;
+      if (Status s = ParseOperand(&ins.o[2], false, index, 2); !s.ok()) return s;
+    } else {
+      if (Status s = ParseOperand(&ins.o[0], false, index, 0); !s.ok()) return s;
+      if (Is("|")) return refuse("predicate destination");
+      if (Status s = Expect(","); !s.ok()) return s;
+      if (Status s = ImageOperand(&ins.o[1], &ins.o[2], !query); !s.ok()) return s;
+    }
+    ins.nops = query ? 2 : 3;
+    if (Is(",")) return refuse("offset, depth-compare or level-of-detail operands");
+    if (Status s = Expect(";"); !s.ok()) return s;
+    // Shapes: coordinates for every dimension; as many data registers as the vector width.
+    if (!query) {
+      const Operand& c = ins.o[ins.op == Op::kSust ? 1 : 2];
+      if (c.n < ins.geom)
+        return InvalidArgument("PTX line " + std::to_string(ins.line) + ": " + opcode + " needs " +
+                               std::to_string(ins.geom) + " coordinates");
+      for (int i = 0; i < ins.geom; ++i)
+        if (c.regs[i] == kNoReg)
+          return InvalidArgument("PTX line " + std::to_string(ins.line) + ": " + opcode + " coordinate " +
+                                 std::to_string(i) + " is '_'");
+    }
+    const Operand& data = ins.o[ins.op == Op::kSust ? 2 : 0];
+    const int want = ins.op == Op::kTex ? 4 : query ? 1 : ins.vec;
+    const bool ok = data.kind == Operand::kVec ? (data.n >= 1 && data.n <= want && (ins.op == Op::kTex || data.n == want))
+                                               : (want == 1 || ins.op == Op::kTex) &&
+                                                     (data.kind == Operand::kReg || data.kind == Operand::kSink ||
+                                                      (ins.op == Op::kSust && data.kind == Operand::kImm));
+    if (!ok)
+      return InvalidArgument("PTX line " + std::to_string(ins.line) + ": " + opcode + " has " +
+                             (data.kind == Operand::kVec ? std::to_string(data.n) : std::string("one")) +
+                             " data operands for a vector of " + std::to_string(want));
+    f.code.push_back(ins);
+    return Status::Ok();
+  }
+
+  // `[a, c]` (or `[a]` without coordinates): the handle into `handle`, the coordinates into `coords`.
+  Status ImageOperand(Operand* handle, Operand* coords, bool want_coords) {
+    if (Status s = Expect("["); !s.ok()) return s;
+    auto n = Ident();
+    if (!n.ok()) return n.status();
+    const Name* nm = Lookup(*n);
+    if (nm != nullptr && nm->kind == Name::kReg) {
+      handle->kind = Operand::kReg;
+      handle->reg = nm->index;
+    } else if (nm != nullptr && p_->syms[nm->index].space == Space::kParam) {
+      handle->kind = Operand::kMem;  // the handle is read from the parameter
+      handle->sym = nm->index;
+    } else {
+      return Error("texture/surface operand " + std::string(*n) +
+                   " is neither a .u64 register nor a .param (.texref/.surfref variables are not supported)");
+    }
+    if (want_coords) {
+      if (Status s = Expect(","); !s.ok()) return s;
+      coords->kind = Operand::kVec;
+      auto one = [&]() -> Status {
+        if (coords->n >= 4) return Error("too many coordinates");
+        if (Accept("_")) {
+          coords->regs[coords->n++] = kNoReg;
+          return Status::Ok();
+        }
+        auto r = Ident();
+        if (!r.ok()) return r.status();
+        const Name* rn = Lookup(*r);
+        if (rn == nullptr || rn->kind != Name::kReg) return Error("texture/surface coordinates must be registers");
+        coords->regs[coords->n++] = rn->index;
+        return Status::Ok();
+      };
+      if (Accept("{")) {
+        do {
+          if (Status s = one(); !s.ok()) return s;
+        } while (Accept(","));
+        if (Status s = Expect("}"); !s.ok()) return s;
+      } else if (Status s = one(); !s.ok()) {
+        return s;
+      }
+    }
+    return Expect("]");
+  }
+
+  // tex / suld / sust / txq / suq opcodes -> Ins fields; false (with `why`) for the forms the
+  // executor refuses: tex.level / tex.grad / tex.base (mipmaps), tld4 (gather), layered, cube and
+  // multisample geometries, formatted surface access (suld.p / sust.p), sured, f16 results.
+  static bool DecodeImage(const std::vector<std::string_view>& parts, Ins* ins, std::string* why) {
+    const std::string_view base = parts[0];
+    if (base == "tld4") { *why = "texture gather"; return false; }
+    if (base == "sured") { *why = "surface reduction"; return false; }
+    ins->op = base == "tex" ? Op::kTex : base == "suld" ? Op::kSuld : base == "sust" ? Op::kSust
+            : base == "txq" ? Op::kTxq : Op::kSuq;
+    const bool surface = ins->op == Op::kSuld || ins->op == Op::kSust;
+    const bool query = ins->op == Op::kTxq || ins->op == Op::kSuq;
+    bool seen_b = false, seen_query = false;
+    int types = 0;
+    for (size_t i = 1; i < parts.size(); ++i) {
+      const std::string_view m = parts[i];
+      if (!query && (m == "1d" || m == "2d" || m == "3d")) { ins->geom = static_cast<uint8_t>(m[0] - '0'); continue; }
+      if (m == "a1d" || m == "a2d" || m == "cube" || m == "acube" || m == "2dms" || m == "a2dms") {
+        *why = "." + std::string(m) + " geometry (layered, cube and multisample textures are not supported)";
+        return false;
+      }
+      if (ins->op == Op::kTex && (m == "level" || m == "grad" || m == "base")) {
+        *why = "mipmapped fetch tex." + std::string(m);
+        return false;
+      }
+      if (!query && m == "v2") { ins->vec = 2; continue; }
+      if (!query && m == "v4") { ins->vec = 4; continue; }
+      if (surface && m == "b") { seen_b = true; continue; }
+      if (surface && m == "p") { *why = "formatted surface access (." + std::string(parts[0]) + ".p)"; return false; }
+      if (surface && m == "trap") { ins->oob = kOobTrap; continue; }
+      if (surface && m == "clamp") { ins->oob = kOobClamp; continue; }
+      if (surface && m == "zero") { ins->oob = kOobZero; continue; }
+      if (surface && (m == "ca" || m == "cg" || m == "cs" || m == "cv" || m == "wb" || m == "wt")) continue;
+      if (query && !seen_query && (m == "width" || m == "height" || m == "depth")) {
+        ins->oob = m == "width" ? 0 : m == "height" ? 1 : 2;
+        seen_query = true;
+        continue;
+      }
+      if (auto t = TypeOf(m)) {
+        if (types == 0) ins->type = *t;
+        else ins->type2 = *t;
+        ++types;
+        continue;
+      }
+      *why = "modifier ." + std::string(m);
+      return false;
+    }
+    if (ins->op == Op::kTex) {
+      if (ins->geom == 0 || types != 2 || ins->vec != 4) { *why = "expected tex.{1d,2d,3d}.v4.dtype.ctype"; return false; }
+      if (ins->type != Ty::kF32 && ins->type != Ty::kS32 && ins->type != Ty::kU32) {
+        *why = std::string(".") + TyName(ins->type) + " results";
+        return false;
+      }
+      if (ins->type2 != Ty::kF32 && ins->type2 != Ty::kS32) { *why = "coordinates must be .f32 or .s32"; return false; }
+      return true;
+    }
+    if (surface) {
+      if (!seen_b || ins->geom == 0 || types != 1) { *why = "expected " + std::string(base) + ".b.{1d,2d,3d}{.v2,.v4}.b{8,16,32,64}.mode"; return false; }
+      if (ins->type != Ty::kB8 && ins->type != Ty::kB16 && ins->type != Ty::kB32 && ins->type != Ty::kB64) {
+        *why = std::string(".") + TyName(ins->type) + " data";
+        return false;
+      }
+      return true;
+    }
+    if (!seen_query || types != 1 || ins->type != Ty::kB32) {
+      *why = "only " + std::string(base) + ".{width,height,depth}.b32 are supported";
+      return false;
+    }
+    return true;
+  }
+
   // Converts float immediates to the float width of the operand they stand for.
   static void FixImmediates(Ins* ins) {
     for (int i = 0; i < ins->nops; ++i) {
@@ -895,6 +1068,9 @@ class Parser {
   static bool Decode(const std::string& text, Ins* ins, std::string* why) {
     auto parts = SplitDots(text);
     const std::string_view base = parts[0];
+    if (base == "tex" || base == "tld4" || base == "suld" || base == "sust" || base == "sured" || base == "txq" ||
+        base == "suq")
+      return DecodeImage(parts, ins, why);
     static const std::pair<const char*, Op> kOps[] = {
         {"add", Op::kAdd},     {"sub", Op::kSub},       {"mul", Op::kMul},     {"mad", Op::kMad},
         {"mul24", Op::kMul24}, {"mad24", Op::kMad24},   {"sad", Op::kSad},     {"div", Op::kDiv},

@@ -1,6 +1,8 @@
 // Unit tests of the PTX executor: instruction families against values computed on the host, and
 // whole nvcc-compiled kernels (tests/data/ptx_kernels.cu, built to PTX at build time).
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -374,12 +376,12 @@ TEST(PtxErrors, BlockLargerThanMaxntidIsRefused) {
 
 TEST(PtxErrors, UnsupportedInstructionIsNamed) {
   TestMemory mem;
-  Runner run = MustParse(Wrap("", "tex.2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%f5, %f6}];"));
+  Runner run = MustParse(Wrap("", "tld4.r.2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%f5, %f6}];"));
   Params p;
   p.Add(uint64_t{0}).Add(uint64_t{0});
   auto r = run.Go(mem, "k", {1, 1, 1}, {1, 1, 1}, p);
   EXPECT_EQ(r.code, CUDA_ERROR_NOT_SUPPORTED);
-  EXPECT_NE(r.message.find("tex.2d"), std::string::npos) << r.message;
+  EXPECT_NE(r.message.find("tld4.r.2d"), std::string::npos) << r.message;
 }
 
 TEST(PtxErrors, TimeoutEndsARunawayKernel) {
@@ -389,6 +391,94 @@ TEST(PtxErrors, TimeoutEndsARunawayKernel) {
   p.Add(uint64_t{0}).Add(uint64_t{0});
   auto r = run.Go(mem, "k", {1, 1, 1}, {32, 1, 1}, p, 0, nullptr, 1, 200);
   EXPECT_EQ(r.code, CUDA_ERROR_LAUNCH_TIMEOUT) << r.message;
+}
+
+// ---- textures and surfaces (hand-written PTX) ----
+
+// A view of `data` (elements of T, `ch` per texel) as a texture or surface; rows packed unless
+// `row_pitch` is given.
+template <class T>
+ImageView View(std::vector<T>& data, uint32_t format, uint32_t ch, uint32_t dims, uint64_t w, uint64_t h = 1,
+               uint64_t d = 1, uint64_t row_pitch = 0) {
+  ImageView v;
+  v.data = reinterpret_cast<uint8_t*>(data.data());
+  v.bytes = data.size() * sizeof(T);
+  v.format = format;
+  v.channels = ch;
+  v.dims = dims;
+  v.width = w;
+  v.height = h;
+  v.depth = d;
+  v.row_pitch = row_pitch != 0 ? row_pitch : w * ch * sizeof(T);
+  v.slice_pitch = v.row_pitch * h;
+  return v;
+}
+
+TEST(PtxImage, QueriesAndAHandleReadFromTheParam) {
+  const std::string text = ".version 8.0\n.target sm_75\n.address_size 64\n"
+                           ".visible .entry q(.param .u64 q_tex, .param .u64 q_surf, .param .u64 q_out)\n{\n"
+                           ".reg .b16 %rs<4>;\n.reg .b32 %r<16>;\n.reg .b64 %rd<8>;\n"
+                           "ld.param.u64 %rd1, [q_tex];\nld.param.u64 %rd2, [q_surf];\nld.param.u64 %rd3, [q_out];\n"
+                           "cvta.to.global.u64 %rd3, %rd3;\n"
+                           "txq.width.b32 %r1, [%rd1];\ntxq.height.b32 %r2, [%rd1];\ntxq.depth.b32 %r3, [%rd1];\n"
+                           "suq.width.b32 %r4, [%rd2];\nsuq.height.b32 %r5, [%rd2];\nsuq.depth.b32 %r6, [%rd2];\n"
+                           "mov.u32 %r7, 1;\n"
+                           "tex.1d.v4.s32.s32 {%r8, %r9, %r10, %r11}, [q_tex, {%r7}];\n"
+                           "mov.u32 %r12, 2;\nsuld.b.1d.v2.b16.trap {%rs1, %rs2}, [q_surf, {%r12}];\n"
+                           "cvt.u32.u16 %r13, %rs1;\ncvt.u32.u16 %r14, %rs2;\n"
+                           "st.global.v4.u32 [%rd3], {%r1, %r2, %r3, %r4};\nst.global.v2.u32 [%rd3+16], {%r5, %r6};\n"
+                           "st.global.v4.u32 [%rd3+32], {%r8, %r9, %r10, %r11};\n"
+                           "st.global.v2.u32 [%rd3+48], {%r13, %r14};\nret;\n}\n";
+  TestMemory mem;
+  Runner run = MustParse(text);
+  // A 2-channel signed 16-bit 1D texture read as integers: texel 1 = (-5, 300), no z/w channels.
+  std::vector<int16_t> t = {7, 8, -5, 300, 9, 10};
+  ImageView tv = View(t, CU_AD_FORMAT_SIGNED_INT16, 2, 1, 3);
+  tv.read_as_integer = true;
+  std::vector<uint16_t> s(5 * 2 * 3);  // 5x2x3 texels of one u16
+  for (size_t i = 0; i < s.size(); ++i) s[i] = static_cast<uint16_t>(1000 + i);
+  const uint64_t th = mem.AddTexture(tv), sh = mem.AddSurface(View(s, CU_AD_FORMAT_UNSIGNED_INT16, 1, 3, 5, 2, 3));
+  const uint64_t out = mem.Alloc(64);
+  Params p;
+  p.Add(th).Add(sh).Add(out);
+  auto r = run.Go(mem, "q", {1, 1, 1}, {1, 1, 1}, p);
+  ASSERT_EQ(r.code, CUDA_SUCCESS) << r.message;
+  auto o = mem.Download<uint32_t>(out, 14);
+  EXPECT_EQ(o[0], 3u);
+  EXPECT_EQ(o[1], 1u);
+  EXPECT_EQ(o[2], 1u);
+  EXPECT_EQ(o[3], 5u);
+  EXPECT_EQ(o[4], 2u);
+  EXPECT_EQ(o[5], 3u);
+  EXPECT_EQ(static_cast<int32_t>(o[8]), -5);  // sign-extended s16
+  EXPECT_EQ(o[9], 300u);
+  EXPECT_EQ(o[10], 0u);  // missing z
+  EXPECT_EQ(o[11], 1u);  // missing w (integer 1)
+  // x = 2 is a byte offset: bytes 2..5 of row 0 are texels 1 and 2 (not texels 2 and 3).
+  EXPECT_EQ(o[12], 1001u);
+  EXPECT_EQ(o[13], 1002u);
+}
+
+TEST(PtxErrors, RefusedTextureAndSurfaceFormsAreNamed) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"tex.level.2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%f5, %f6}], %f7;", "tex.level.2d"},
+      {"tex.grad.2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%f5, %f6}], {%f7, %f8}, {%f9, %f10};", "tex.grad"},
+      {"tex.a2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%r2, %f5, %f6, %f7}];", "tex.a2d"},
+      {"sust.p.2d.b32.trap [%rd1, {%r2, %r3}], {%r4, %r5, %r6, %r7};", "sust.p"},
+      {"suld.b.a2d.b32.trap {%r2}, [%rd1, {%r3, %r4, %r5, %r6}];", "suld.b.a2d"},
+      {"sured.b.add.2d.u32.trap [%rd1, {%r2, %r3}], %r4;", "sured"},
+      {"txq.level.width.b32 %r2, [%rd1], %r3;", "txq.level"},
+      {"tex.2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%f5, %f6}], {%r2, %r3};", "offset"},
+  };
+  for (const auto& [ins, named] : cases) {
+    TestMemory mem;
+    Runner run = MustParse(Wrap("", ins));
+    Params p;
+    p.Add(uint64_t{0}).Add(uint64_t{0});
+    auto r = run.Go(mem, "k", {1, 1, 1}, {1, 1, 1}, p);
+    EXPECT_EQ(r.code, CUDA_ERROR_NOT_SUPPORTED) << ins;
+    EXPECT_NE(r.message.find(named), std::string::npos) << r.message;
+  }
 }
 
 // ---- nvcc-compiled kernels ----
@@ -546,6 +636,406 @@ TEST_F(Nvcc, DivergentWarpThenBallot) {
   std::vector<int> want(64);
   DivergentReference(64, want.data());
   EXPECT_EQ(got, want);
+}
+
+// Texture and surface kernels (tests/data/ptx_kernels.cu). References follow the CUDA C++
+// Programming Guide, "Texture Fetching".
+int RefIndex(int i, int n, uint32_t mode) {  // -1: border
+  switch (mode) {
+    case CU_TR_ADDRESS_MODE_WRAP: return ((i % n) + n) % n;
+    case CU_TR_ADDRESS_MODE_MIRROR: {
+      const int r = ((i % (2 * n)) + 2 * n) % (2 * n);
+      return r < n ? r : 2 * n - 1 - r;
+    }
+    case CU_TR_ADDRESS_MODE_CLAMP: return std::clamp(i, 0, n - 1);
+    default: return i < 0 || i >= n ? -1 : i;
+  }
+}
+// tex(x,y) = (1-a)(1-b)T[i,j] + a(1-b)T[i+1,j] + (1-a)bT[i,j+1] + abT[i+1,j+1], xB = x - 0.5,
+// i = floor(xB), a = frac(xB) (likewise y): the guide's linear filtering, unnormalized coordinates.
+float RefBilinear(const std::vector<float>& img, int w, int h, float x, float y, uint32_t mode, float border) {
+  const float xb = x - 0.5f, yb = y - 0.5f;
+  const int i = static_cast<int>(std::floor(xb)), j = static_cast<int>(std::floor(yb));
+  const float a = xb - std::floor(xb), b = yb - std::floor(yb);
+  auto T = [&](int ii, int jj) {
+    const int xi = RefIndex(ii, w, mode), yj = RefIndex(jj, h, mode);
+    return xi < 0 || yj < 0 ? border : img[static_cast<size_t>(yj * w + xi)];
+  };
+  return (1 - a) * (1 - b) * T(i, j) + a * (1 - b) * T(i + 1, j) + (1 - a) * b * T(i, j + 1) + a * b * T(i + 1, j + 1);
+}
+
+class NvccImage : public Nvcc {
+ protected:
+  // tex2D<float>(tex, x, y) for each point, one thread each.
+  std::vector<float> Tex2D(uint64_t tex, const std::vector<std::pair<float, float>>& xy, LaunchResult* res = nullptr) {
+    std::vector<float> flat;
+    for (auto [x, y] : xy) flat.push_back(x), flat.push_back(y);
+    const auto n = static_cast<int>(xy.size());
+    const uint64_t dxy = mem_.Upload(flat), dout = mem_.Alloc(xy.size() * 4);
+    Params p;
+    p.Add(tex).Add(dout).Add(dxy).Add(n);
+    auto r = run_.Go(mem_, "_Z6tex_2dyPfPK6float2i", {1, 1, 1}, {static_cast<uint32_t>(n), 1, 1}, p);
+    if (res != nullptr) *res = r;
+    else EXPECT_EQ(r.code, CUDA_SUCCESS) << r.message;
+    return mem_.Download<float>(dout, xy.size());
+  }
+  // tex2D<float4>
+  std::vector<float> Tex2D4(uint64_t tex, const std::vector<std::pair<float, float>>& xy) {
+    std::vector<float> flat;
+    for (auto [x, y] : xy) flat.push_back(x), flat.push_back(y);
+    const auto n = static_cast<int>(xy.size());
+    const uint64_t dxy = mem_.Upload(flat), dout = mem_.Alloc(xy.size() * 16);
+    Params p;
+    p.Add(tex).Add(dout).Add(dxy).Add(n);
+    auto r = run_.Go(mem_, "_Z7tex_2d4yP6float4PK6float2i", {1, 1, 1}, {static_cast<uint32_t>(n), 1, 1}, p);
+    EXPECT_EQ(r.code, CUDA_SUCCESS) << r.message;
+    return mem_.Download<float>(dout, xy.size() * 4);
+  }
+};
+
+TEST_F(NvccImage, Tex1DfetchIntegerCoordinatesBorderAndClamp) {
+  std::vector<float> t(8);
+  for (int i = 0; i < 8; ++i) t[i] = static_cast<float>(i) * 1.5f + 1;
+  ImageView v = View(t, CU_AD_FORMAT_FLOAT, 1, 1, 8);
+  v.address_mode[0] = CU_TR_ADDRESS_MODE_BORDER;  // linear memory: out-of-range fetches read 0
+  const uint64_t border = mem_.AddTexture(v);
+  v.address_mode[0] = CU_TR_ADDRESS_MODE_CLAMP;
+  const uint64_t clamp = mem_.AddTexture(v);
+  for (uint64_t tex : {border, clamp}) {
+    const uint64_t dout = mem_.Alloc(12 * 4);
+    Params p;
+    p.Add(tex).Add(dout).Add(12);
+    auto r = run_.Go(mem_, "_Z9tex_fetchyPfi", {1, 1, 1}, {12, 1, 1}, p);
+    ASSERT_EQ(r.code, CUDA_SUCCESS) << r.message;
+    auto o = mem_.Download<float>(dout, 12);
+    for (int i = 0; i < 12; ++i) {
+      const int x = i - 2;  // the kernel fetches texel i - 2
+      const float want = x >= 0 && x < 8 ? t[x] : tex == border ? 0.0f : t[std::clamp(x, 0, 7)];
+      EXPECT_EQ(o[i], want) << "texel " << x;
+    }
+  }
+  EXPECT_EQ(mem_.texture_lookups, 2u) << "each handle is resolved once per launch";
+}
+
+TEST_F(NvccImage, Tex2DPointSamplingUnnormalizedAndNormalized) {
+  const int w = 4, h = 3;
+  std::vector<float> img(w * h);
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x) img[y * w + x] = static_cast<float>(10 * y + x);
+  ImageView v = View(img, CU_AD_FORMAT_FLOAT, 1, 2, w, h);
+  v.address_mode[0] = v.address_mode[1] = CU_TR_ADDRESS_MODE_CLAMP;
+  const uint64_t un = mem_.AddTexture(v);
+  v.normalized_coords = true;
+  const uint64_t nrm = mem_.AddTexture(v);
+  std::vector<std::pair<float, float>> at, at_n;
+  std::vector<float> want;
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x) {
+      const float fx = static_cast<float>(x) + 0.2f + 0.15f * static_cast<float>(y), fy = static_cast<float>(y) + 0.9f;
+      at.push_back({fx, fy});
+      at_n.push_back({fx / w, fy / h});
+      want.push_back(img[y * w + x]);  // nearest-point: T[floor(x), floor(y)]
+    }
+  // Unnormalized coordinates outside the image clamp to the edge texels.
+  at.push_back({-3.0f, 1.5f});
+  at.push_back({9.0f, 7.0f});
+  at_n.push_back({-0.75f, 0.5f});
+  at_n.push_back({2.25f, 2.4f});
+  want.push_back(img[1 * w + 0]);
+  want.push_back(img[2 * w + 3]);
+  EXPECT_EQ(Tex2D(un, at), want);
+  EXPECT_EQ(Tex2D(nrm, at_n), want);
+}
+
+TEST_F(NvccImage, Tex2DAddressModesWithNormalizedCoordinates) {
+  const int w = 4, h = 2;
+  std::vector<float> img(w * h);
+  for (int i = 0; i < w * h; ++i) img[i] = static_cast<float>(i * i) + 0.5f;
+  const std::vector<std::pair<float, float>> at = {{0.3f, 0.3f},  {1.3f, 0.3f},   {-0.1f, 0.3f}, {2.6f, 0.8f},
+                                                   {-1.4f, 1.7f}, {1.1f, -0.2f}, {1.6f, 0.6f},  {-0.6f, -1.3f}};
+  const uint32_t modes[] = {CU_TR_ADDRESS_MODE_WRAP, CU_TR_ADDRESS_MODE_CLAMP, CU_TR_ADDRESS_MODE_MIRROR,
+                            CU_TR_ADDRESS_MODE_BORDER};
+  for (uint32_t mode : modes) {
+    ImageView v = View(img, CU_AD_FORMAT_FLOAT, 1, 2, w, h);
+    v.normalized_coords = true;
+    v.address_mode[0] = v.address_mode[1] = mode;
+    v.border_color[0] = -42.0f;
+    const auto got = Tex2D(mem_.AddTexture(v), at);
+    for (size_t k = 0; k < at.size(); ++k) {
+      // The guide's formulas on the normalized coordinate, then T[floor(x * N)].
+      auto coord = [&](float u, int n) -> int {
+        const float fr = u - std::floor(u), nf = static_cast<float>(n);
+        switch (mode) {
+          case CU_TR_ADDRESS_MODE_WRAP: return std::min(static_cast<int>(std::floor(fr * nf)), n - 1);
+          case CU_TR_ADDRESS_MODE_MIRROR: {
+            const float m = static_cast<int64_t>(std::floor(u)) % 2 == 0 ? fr : 1 - fr;
+            return std::min(static_cast<int>(std::floor(m * nf)), n - 1);
+          }
+          case CU_TR_ADDRESS_MODE_CLAMP: return std::clamp(static_cast<int>(std::floor(u * nf)), 0, n - 1);
+          default: return u < 0 || u >= 1 ? -1 : static_cast<int>(std::floor(u * nf));
+        }
+      };
+      const int x = coord(at[k].first, w), y = coord(at[k].second, h);
+      const float want = x < 0 || y < 0 ? -42.0f : img[y * w + x];
+      EXPECT_EQ(got[k], want) << "mode " << mode << " at (" << at[k].first << "," << at[k].second << ")";
+    }
+  }
+  // A few by hand: wrap 1.3 -> 0.3 -> texel 1; mirror 1.1 -> 0.9 -> texel 3; mirror 1.6 -> 0.4 -> texel 1.
+  ImageView v = View(img, CU_AD_FORMAT_FLOAT, 1, 2, w, h);
+  v.normalized_coords = true;
+  v.address_mode[0] = v.address_mode[1] = CU_TR_ADDRESS_MODE_WRAP;
+  EXPECT_EQ(Tex2D(mem_.AddTexture(v), {{1.3f, 0.3f}})[0], img[1]);
+  v.address_mode[0] = v.address_mode[1] = CU_TR_ADDRESS_MODE_MIRROR;
+  EXPECT_EQ(Tex2D(mem_.AddTexture(v), {{1.1f, 0.3f}, {1.6f, 0.6f}}), (std::vector<float>{img[3], img[w + 1]}));
+}
+
+TEST_F(NvccImage, Tex2DLinearFiltering) {
+  const int w = 5, h = 4;
+  std::vector<float> img(w * h);
+  for (int i = 0; i < w * h; ++i) img[i] = static_cast<float>((i * 37) % 23) - 7.25f;
+  std::vector<std::pair<float, float>> at;
+  for (int k = 0; k < 40; ++k)
+    at.push_back({-1.0f + 0.173f * static_cast<float>(k), -0.6f + 0.137f * static_cast<float>((k * 7) % 40)});
+  for (uint32_t mode : {CU_TR_ADDRESS_MODE_CLAMP, CU_TR_ADDRESS_MODE_BORDER}) {
+    ImageView v = View(img, CU_AD_FORMAT_FLOAT, 1, 2, w, h);
+    v.filter_mode = CU_TR_FILTER_MODE_LINEAR;
+    v.address_mode[0] = v.address_mode[1] = mode;
+    v.border_color[0] = 3.0f;
+    const auto got = Tex2D(mem_.AddTexture(v), at);
+    for (size_t k = 0; k < at.size(); ++k)
+      EXPECT_NEAR(got[k], RefBilinear(img, w, h, at[k].first, at[k].second, mode, 3.0f), 1e-5)
+          << "mode " << mode << " at (" << at[k].first << "," << at[k].second << ")";
+  }
+  // At texel centres linear filtering returns the texel; halfway between two it is their mean.
+  ImageView v = View(img, CU_AD_FORMAT_FLOAT, 1, 2, w, h);
+  v.filter_mode = CU_TR_FILTER_MODE_LINEAR;
+  v.address_mode[0] = v.address_mode[1] = CU_TR_ADDRESS_MODE_CLAMP;
+  const auto got = Tex2D(mem_.AddTexture(v), {{2.5f, 1.5f}, {3.0f, 1.5f}});
+  EXPECT_EQ(got[0], img[1 * w + 2]);
+  EXPECT_FLOAT_EQ(got[1], (img[1 * w + 2] + img[1 * w + 3]) / 2);
+}
+
+TEST_F(NvccImage, MissingChannelsReadAsZeroAndAlphaOne) {
+  std::vector<float> two = {1.5f, -2.5f, 3.5f, 4.5f};  // 2x1 texels of (r, g)
+  ImageView v2 = View(two, CU_AD_FORMAT_FLOAT, 2, 2, 2, 1);
+  std::vector<uint16_t> half = {0x3c00, 0xc000};  // 1.0, -2.0 as HALF, one channel
+  ImageView vh = View(half, CU_AD_FORMAT_HALF, 1, 2, 2, 1);
+  EXPECT_EQ(Tex2D4(mem_.AddTexture(v2), {{1.5f, 0.5f}}), (std::vector<float>{3.5f, 4.5f, 0.0f, 1.0f}));
+  EXPECT_EQ(Tex2D4(mem_.AddTexture(vh), {{1.5f, 0.5f}}), (std::vector<float>{-2.0f, 0.0f, 0.0f, 1.0f}));
+}
+
+TEST_F(NvccImage, U8NormalizedFloatVersusReadAsInteger) {
+  std::vector<uint8_t> img = {0, 64, 128, 255, 10, 20, 30, 40};  // 2x1 RGBA8
+  ImageView v = View(img, CU_AD_FORMAT_UNSIGNED_INT8, 4, 2, 2, 1);
+  const auto f = Tex2D4(mem_.AddTexture(v), {{0.5f, 0.5f}, {1.5f, 0.5f}});
+  for (int i = 0; i < 8; ++i) EXPECT_FLOAT_EQ(f[i], static_cast<float>(img[i]) / 255.0f) << i;
+  v.read_as_integer = true;
+  const uint64_t dxy = mem_.Upload(std::vector<float>{0.5f, 0.5f, 1.5f, 0.5f}), dout = mem_.Alloc(8);
+  Params p;
+  p.Add(mem_.AddTexture(v)).Add(dout).Add(dxy).Add(2);
+  auto r = run_.Go(mem_, "_Z8tex_2du8yP6uchar4PK6float2i", {1, 1, 1}, {2, 1, 1}, p);
+  ASSERT_EQ(r.code, CUDA_SUCCESS) << r.message;
+  EXPECT_EQ(mem_.Download<uint8_t>(dout, 8), img);
+  // Signed 8-bit: [-1, 1], -128 and -127 both -1.
+  std::vector<int8_t> s = {-128, -127, -64, 0, 127};
+  ImageView vs = View(s, CU_AD_FORMAT_SIGNED_INT8, 1, 2, 5, 1);
+  const auto g = Tex2D(mem_.AddTexture(vs), {{0.5f, 0.5f}, {1.5f, 0.5f}, {2.5f, 0.5f}, {3.5f, 0.5f}, {4.5f, 0.5f}});
+  EXPECT_EQ(g, (std::vector<float>{-1.0f, -1.0f, -64.0f / 127.0f, 0.0f, 1.0f}));
+}
+
+TEST_F(NvccImage, Tex3DPointAndTrilinear) {
+  const int w = 4, h = 3, d = 2;
+  std::vector<float> vol(w * h * d);
+  for (int i = 0; i < w * h * d; ++i) vol[i] = static_cast<float>((i * 13) % 17) * 0.5f;
+  ImageView v = View(vol, CU_AD_FORMAT_FLOAT, 1, 3, w, h, d);
+  v.address_mode[0] = v.address_mode[1] = v.address_mode[2] = CU_TR_ADDRESS_MODE_CLAMP;
+  const uint64_t point = mem_.AddTexture(v);
+  v.filter_mode = CU_TR_FILTER_MODE_LINEAR;
+  const uint64_t linear = mem_.AddTexture(v);
+  std::vector<float> xyz;
+  for (int k = 0; k < 24; ++k) {
+    xyz.push_back(0.31f * static_cast<float>(k) - 0.4f);
+    xyz.push_back(0.21f * static_cast<float>((k * 5) % 24) - 0.3f);
+    xyz.push_back(0.11f * static_cast<float>((k * 7) % 24) - 0.2f);
+    xyz.push_back(0.0f);
+  }
+  auto T = [&](int x, int y, int z) {
+    return vol[static_cast<size_t>((std::clamp(z, 0, d - 1) * h + std::clamp(y, 0, h - 1)) * w + std::clamp(x, 0, w - 1))];
+  };
+  for (uint64_t tex : {point, linear}) {
+    const uint64_t dxyz = mem_.Upload(xyz), dout = mem_.Alloc(24 * 4);
+    Params p;
+    p.Add(tex).Add(dout).Add(dxyz).Add(24);
+    auto r = run_.Go(mem_, "_Z6tex_3dyPfPK6float4i", {1, 1, 1}, {24, 1, 1}, p);
+    ASSERT_EQ(r.code, CUDA_SUCCESS) << r.message;
+    const auto o = mem_.Download<float>(dout, 24);
+    for (int k = 0; k < 24; ++k) {
+      const float x = xyz[4 * k], y = xyz[4 * k + 1], z = xyz[4 * k + 2];
+      float want;
+      if (tex == point) {
+        want = T(static_cast<int>(std::floor(x)), static_cast<int>(std::floor(y)), static_cast<int>(std::floor(z)));
+      } else {
+        const float xb = x - 0.5f, yb = y - 0.5f, zb = z - 0.5f;
+        const int i = static_cast<int>(std::floor(xb)), j = static_cast<int>(std::floor(yb)), l = static_cast<int>(std::floor(zb));
+        const float a = xb - std::floor(xb), b = yb - std::floor(yb), c = zb - std::floor(zb);
+        want = 0;
+        for (int dz = 0; dz < 2; ++dz)
+          for (int dy = 0; dy < 2; ++dy)
+            for (int dx = 0; dx < 2; ++dx)
+              want += (dx ? a : 1 - a) * (dy ? b : 1 - b) * (dz ? c : 1 - c) * T(i + dx, j + dy, l + dz);
+      }
+      EXPECT_NEAR(o[k], want, 1e-5) << (tex == point ? "point" : "linear") << " at " << x << "," << y << "," << z;
+    }
+  }
+}
+
+TEST_F(NvccImage, Surface2DReadModifyWriteWithPaddedRows) {
+  const int w = 5, h = 3, pitch = 32;  // rows of 20 bytes, 12 bytes of padding each
+  std::vector<float> img(pitch / 4 * h, -1.0f);
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x) img[y * pitch / 4 + x] = static_cast<float>(y * 10 + x);
+  const std::vector<float> before = img;
+  const uint64_t s = mem_.AddSurface(View(img, CU_AD_FORMAT_FLOAT, 1, 2, w, h, 1, pitch));
+  Params p;
+  p.Add(s);
+  auto r = run_.Go(mem_, "_Z10surf_scaley", {h, 1, 1}, {w, 1, 1}, p);
+  ASSERT_EQ(r.code, CUDA_SUCCESS) << r.message;
+  for (int y = 0; y < h; ++y)
+    for (int i = 0; i < pitch / 4; ++i) {
+      const float b = before[y * pitch / 4 + i];
+      EXPECT_EQ(img[y * pitch / 4 + i], i < w ? b * 2 + 1 : b) << "row " << y << " word " << i;
+    }
+}
+
+TEST_F(NvccImage, Surface1DWriteUchar4IsByteAddressed) {
+  std::vector<uint8_t> img(8 * 4, 0xee);
+  const uint64_t s = mem_.AddSurface(View(img, CU_AD_FORMAT_UNSIGNED_INT8, 4, 1, 8));
+  Params p;
+  p.Add(s);
+  auto r = run_.Go(mem_, "_Z9surf_rgbay", {1, 1, 1}, {8, 1, 1}, p);
+  ASSERT_EQ(r.code, CUDA_SUCCESS) << r.message;
+  for (int x = 0; x < 8; ++x) {
+    EXPECT_EQ(img[x * 4 + 0], x);
+    EXPECT_EQ(img[x * 4 + 1], x + 1);
+    EXPECT_EQ(img[x * 4 + 2], x + 2);
+    EXPECT_EQ(img[x * 4 + 3], 255 - x);
+  }
+}
+
+TEST_F(NvccImage, SurfaceClampAndZeroModes) {
+  std::vector<int32_t> img = {1, 2, 3, 4, 5, 6, 7, 8};  // 4x2
+  const uint64_t s = mem_.AddSurface(View(img, CU_AD_FORMAT_SIGNED_INT32, 1, 2, 4, 2));
+  struct Case {
+    int x, y;
+    int clamp, zero;
+    bool stored;
+  };
+  const Case cases[] = {{2, 0, 3, 3, true}, {10, 1, 8, 0, false}, {-3, 5, 5, 0, false}, {1, -1, 2, 0, false},
+                        {3, 1, 8, 8, true}};
+  for (const Case& c : cases) {
+    std::vector<int32_t> before = img;
+    const uint64_t dout = mem_.Alloc(8);
+    Params p;
+    p.Add(s).Add(dout).Add(c.x).Add(c.y);
+    auto r = run_.Go(mem_, "_Z10surf_modesyPiii", {1, 1, 1}, {1, 1, 1}, p);
+    ASSERT_EQ(r.code, CUDA_SUCCESS) << r.message;
+    const auto o = mem_.Download<int32_t>(dout, 2);
+    EXPECT_EQ(o[0], c.clamp) << c.x << "," << c.y;
+    EXPECT_EQ(o[1], c.zero) << c.x << "," << c.y;
+    if (c.stored) before[c.y * 4 + c.x] = -1;  // .zero stores land in range, are dropped outside
+    EXPECT_EQ(img, before) << c.x << "," << c.y;
+  }
+}
+
+TEST_F(NvccImage, SurfaceTrapOutOfRangeFailsTheLaunch) {
+  std::vector<int32_t> img(4 * 2, 0);
+  const uint64_t s = mem_.AddSurface(View(img, CU_AD_FORMAT_SIGNED_INT32, 1, 2, 4, 2));
+  for (auto [x, y] : {std::pair{4, 0}, std::pair{-1, 0}, std::pair{0, 2}, std::pair{0, -1}}) {
+    Params p;
+    p.Add(s).Add(x).Add(y);
+    auto r = run_.Go(mem_, "_Z9surf_trapyii", {1, 1, 1}, {1, 1, 1}, p);
+    EXPECT_EQ(r.code, CUDA_ERROR_ILLEGAL_ADDRESS) << x << "," << y;
+    EXPECT_NE(r.message.find("out of range"), std::string::npos) << r.message;
+    EXPECT_NE(r.message.find("sust at PTX line"), std::string::npos) << r.message;
+  }
+  EXPECT_EQ(img, std::vector<int32_t>(8, 0));
+  Params p;
+  p.Add(s).Add(3).Add(1);
+  ASSERT_EQ(run_.Go(mem_, "_Z9surf_trapyii", {1, 1, 1}, {1, 1, 1}, p).code, CUDA_SUCCESS);
+  EXPECT_EQ(img[7], 7);
+}
+
+TEST_F(NvccImage, UnknownOrUnusableHandleFailsTheLaunch) {
+  std::vector<float> img(4, 1.0f);
+  const uint64_t surf = mem_.AddSurface(View(img, CU_AD_FORMAT_FLOAT, 1, 2, 2, 2));
+  LaunchResult r;
+  Tex2D(0xdead, {{0.5f, 0.5f}}, &r);
+  EXPECT_EQ(r.code, CUDA_ERROR_ILLEGAL_ADDRESS);
+  EXPECT_NE(r.message.find("unknown texture object 0xdead used by tex at PTX line"), std::string::npos) << r.message;
+  Tex2D(surf, {{0.5f, 0.5f}}, &r);  // a surface is not a texture
+  EXPECT_EQ(r.code, CUDA_ERROR_ILLEGAL_ADDRESS) << r.message;
+  ImageView bad = View(img, CU_AD_FORMAT_FLOAT, 3, 2, 1, 1);  // 3 channels: no CUDA format has them
+  Tex2D(mem_.AddTexture(bad), {{0.5f, 0.5f}}, &r);
+  EXPECT_EQ(r.code, CUDA_ERROR_ILLEGAL_ADDRESS);
+  EXPECT_NE(r.message.find("3 channels"), std::string::npos) << r.message;
+}
+
+// A hostile view: `bytes` far smaller than width x height x texel. Its data ends right before a
+// PROT_NONE page, so a single byte read or written past `bytes` would crash the test. Texels inside
+// `bytes` work; any other fails the launch with CUDA_ERROR_ILLEGAL_ADDRESS (nothing is clamped to fit).
+TEST_F(NvccImage, HostileViewIsNeverAccessedPastItsBytes) {
+  const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  void* m = mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(m, MAP_FAILED);
+  ASSERT_EQ(mprotect(static_cast<uint8_t*>(m) + page, page, PROT_NONE), 0);
+  auto* data = reinterpret_cast<float*>(static_cast<uint8_t*>(m) + page - 16);
+  for (int i = 0; i < 4; ++i) data[i] = static_cast<float>(i + 1);
+  ImageView v;
+  v.data = reinterpret_cast<uint8_t*>(data);
+  v.bytes = 16;
+  v.format = CU_AD_FORMAT_FLOAT;
+  v.dims = 2;
+  v.width = 64;
+  v.height = 64;
+  v.row_pitch = 256;
+  v.address_mode[0] = v.address_mode[1] = CU_TR_ADDRESS_MODE_CLAMP;
+  const uint64_t t = mem_.AddTexture(v);
+  EXPECT_EQ(Tex2D(t, {{0.5f, 0.5f}, {3.5f, 0.2f}}), (std::vector<float>{1.0f, 4.0f}));
+  LaunchResult r;
+  for (auto xy : {std::pair{4.5f, 0.5f}, std::pair{0.5f, 1.5f}, std::pair{1e9f, 1e9f}}) {
+    Tex2D(t, {xy}, &r);
+    EXPECT_EQ(r.code, CUDA_ERROR_ILLEGAL_ADDRESS) << xy.first << "," << xy.second;
+    EXPECT_NE(r.message.find("outside its 16 bytes"), std::string::npos) << r.message;
+  }
+  // Pitches whose products overflow 64 bits.
+  ImageView huge = v;
+  huge.width = uint64_t{1} << 62;
+  huge.row_pitch = uint64_t{1} << 63;
+  huge.address_mode[0] = huge.address_mode[1] = CU_TR_ADDRESS_MODE_BORDER;
+  const uint64_t th = mem_.AddTexture(huge);
+  for (auto xy : {std::pair{1e18f, 0.5f}, std::pair{0.5f, 2.5f}, std::pair{0.5f, 1.5f}}) {
+    Tex2D(th, {xy}, &r);
+    EXPECT_EQ(r.code, CUDA_ERROR_ILLEGAL_ADDRESS) << xy.first << "," << xy.second;
+  }
+  // Surfaces: stores and clamped loads past `bytes` fail too; the 16 bytes keep what was written.
+  const uint64_t s = mem_.AddSurface(v);
+  Params p;
+  p.Add(s).Add(3).Add(0);
+  ASSERT_EQ(run_.Go(mem_, "_Z9surf_trapyii", {1, 1, 1}, {1, 1, 1}, p).code, CUDA_SUCCESS);
+  int32_t last;
+  std::memcpy(&last, &data[3], 4);
+  EXPECT_EQ(last, 7);
+  Params p2;
+  p2.Add(s).Add(4).Add(0);  // inside the 64-texel row, outside the 16 bytes
+  r = run_.Go(mem_, "_Z9surf_trapyii", {1, 1, 1}, {1, 1, 1}, p2);
+  EXPECT_EQ(r.code, CUDA_ERROR_ILLEGAL_ADDRESS);
+  EXPECT_NE(r.message.find("outside its 16 bytes"), std::string::npos) << r.message;
+  const uint64_t dout = mem_.Alloc(8);
+  Params p3;
+  p3.Add(s).Add(dout).Add(1000).Add(0);  // .clamp moves x to texel 63: still outside the bytes
+  r = run_.Go(mem_, "_Z10surf_modesyPiii", {1, 1, 1}, {1, 1, 1}, p3);
+  EXPECT_EQ(r.code, CUDA_ERROR_ILLEGAL_ADDRESS) << r.message;
+  munmap(m, 2 * page);
 }
 #endif
 

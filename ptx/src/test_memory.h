@@ -40,10 +40,32 @@ class TestMemory : public GlobalMemory {
     *out = Span{it->first, it->second.size(), it->second.data()};
     return true;
   }
+  // Texture and surface objects: the handle a kernel receives (a CUtexObject / CUsurfObject) for a
+  // view the test describes. Handles of the two kinds never coincide.
+  uint64_t AddTexture(const ImageView& v) {
+    textures_[next_handle_] = v;
+    return next_handle_++;
+  }
+  uint64_t AddSurface(const ImageView& v) {
+    surfaces_[next_handle_] = v;
+    return next_handle_++;
+  }
+  bool FindTexture(uint64_t handle, ImageView* out) override { return Lookup(textures_, handle, out); }
+  bool FindSurface(uint64_t handle, ImageView* out) override { return Lookup(surfaces_, handle, out); }
+  uint64_t texture_lookups = 0;  // FindTexture / FindSurface calls (hits and misses)
 
  private:
+  bool Lookup(const std::map<uint64_t, ImageView>& m, uint64_t handle, ImageView* out) {
+    ++texture_lookups;
+    auto it = m.find(handle);
+    if (it == m.end()) return false;
+    *out = it->second;
+    return true;
+  }
   std::map<uint64_t, std::vector<uint8_t>> blocks_;
   uint64_t next_ = 0x200000000000ull;
+  std::map<uint64_t, ImageView> textures_, surfaces_;
+  uint64_t next_handle_ = 1;
 };
 
 }  // namespace orion::ptx

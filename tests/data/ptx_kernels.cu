@@ -35,3 +35,32 @@ __global__ void scan(int* d) {
   d[i] = t[i];
 }
 __global__ void math(float* f) { int i = threadIdx.x; f[i] = sinf(f[i]) + expf(f[i]) + __fdividef(1.f, f[i]+1) + rsqrtf(f[i]+2) + tanhf(f[i]); }
+// Texture and surface objects (tex / suld / sust in unified mode).
+__global__ void tex_fetch(cudaTextureObject_t t, float* o, int n) { int i = threadIdx.x; if (i < n) o[i] = tex1Dfetch<float>(t, i - 2); }
+__global__ void tex_2d(cudaTextureObject_t t, float* o, const float2* xy, int n) {
+  int i = threadIdx.x; if (i < n) o[i] = tex2D<float>(t, xy[i].x, xy[i].y);
+}
+__global__ void tex_2d4(cudaTextureObject_t t, float4* o, const float2* xy, int n) {
+  int i = threadIdx.x; if (i < n) o[i] = tex2D<float4>(t, xy[i].x, xy[i].y);
+}
+__global__ void tex_2du8(cudaTextureObject_t t, uchar4* o, const float2* xy, int n) {
+  int i = threadIdx.x; if (i < n) o[i] = tex2D<uchar4>(t, xy[i].x, xy[i].y);
+}
+__global__ void tex_3d(cudaTextureObject_t t, float* o, const float4* xyz, int n) {
+  int i = threadIdx.x; if (i < n) o[i] = tex3D<float>(t, xyz[i].x, xyz[i].y, xyz[i].z);
+}
+__global__ void surf_scale(cudaSurfaceObject_t s) {
+  int x = threadIdx.x, y = blockIdx.x;
+  float v = surf2Dread<float>(s, x * 4, y);
+  surf2Dwrite(v * 2.0f + 1.0f, s, x * 4, y);
+}
+__global__ void surf_rgba(cudaSurfaceObject_t s) {
+  int x = threadIdx.x;
+  surf1Dwrite(make_uchar4(x, x + 1, x + 2, 255 - x), s, x * 4);
+}
+__global__ void surf_modes(cudaSurfaceObject_t s, int* o, int x, int y) {
+  o[0] = surf2Dread<int>(s, x * 4, y, cudaBoundaryModeClamp);
+  o[1] = surf2Dread<int>(s, x * 4, y, cudaBoundaryModeZero);
+  surf2Dwrite(-1, s, x * 4, y, cudaBoundaryModeZero);
+}
+__global__ void surf_trap(cudaSurfaceObject_t s, int x, int y) { surf2Dwrite(7, s, x * 4, y); }

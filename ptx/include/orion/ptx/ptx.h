@@ -25,9 +25,23 @@
 //   * An instruction the executor does not implement fails the *parse* of its kernel (at the first
 //     launch) with CUDA_ERROR_NOT_SUPPORTED and the instruction named: never a silent no-op.
 //
-// Not implemented (named in the error when met): textures and surfaces (tex, suld, sust), tensor
-// cores (mma, wmma, wgmma), cp.async / TMA, indirect calls, recursion, clusters' distributed
-// shared memory.
+//   * Textures and surfaces, unified mode only (the object is a 64-bit CUtexObject / CUsurfObject
+//     in a .u64 register or a .param; see ImageView and GlobalMemory::FindTexture): tex.{1d,2d,3d}
+//     .v4.{f32,s32,u32}.{f32,s32} (tex1Dfetch / tex1D / tex2D / tex3D: nearest-point and linear
+//     filtering, wrap / clamp / mirror / border, normalized coordinates, 8/16-bit integers read as
+//     normalized floats or as integers, HALF), suld.b / sust.b.{1d,2d,3d}{,.v2,.v4}.b{8,16,32,64}
+//     .{trap,clamp,zero} (x in bytes), txq / suq .{width,height,depth}.b32. Linear filtering keeps
+//     the weights in float (a GPU rounds them to 8 fractional bits: results may differ by up to 1/256
+//     of the texel difference). An unknown handle, a view the executor cannot use, a texel outside
+//     the view's `bytes`, or a .trap surface access out of range ends the launch with
+//     CUDA_ERROR_ILLEGAL_ADDRESS.
+//
+// Not implemented (named in the error when met): mipmapped, gather, layered, cube and multisample
+// texture fetches (tex.level, tex.grad, tex.base, tld4, .a1d/.a2d/.cube/.acube/.2dms/.a2dms),
+// f16 tex results, formatted surface access (suld.p, sust.p), sured, txq / suq queries other than
+// width / height / depth, .texref / .surfref / .samplerref variables (the pre-CUDA-12 texture
+// references: a module declaring one does not parse), tensor cores (mma, wmma, wgmma), cp.async /
+// TMA, indirect calls, recursion, clusters' distributed shared memory.
 //
 // Thread-safety: a Program is immutable after Parse except for its lowered-kernel cache, which is
 // guarded; several launches of one Program may run at once from different threads.
@@ -57,6 +71,21 @@ inline constexpr uint64_t kWindowBytes = 0x0000010000000000ull;
 // slices `slice_pitch` bytes apart; `data` holds at least `bytes` bytes (every access stays inside).
 // Sources: CUDA driver API reference, CUDA_RESOURCE_DESC / CUDA_TEXTURE_DESC; CUDA C++ Programming
 // Guide, "Texture Fetching" (the addressing and filtering rules).
+//
+// How the executor reads a view (what the sim backend fills in):
+//   * Textures: texel (x, y, z) is the `channels` elements of `format` at byte z * slice_pitch +
+//     y * row_pitch + x * texel bytes. Float coordinates are scaled by width / height / depth when
+//     `normalized_coords`; integer coordinates (tex1Dfetch) are texel indices and never filtered.
+//     Wrap and mirror apply only to normalized coordinates (the guide supports them only there);
+//     otherwise they act as clamp. A linear-memory texture (CU_RESOURCE_TYPE_LINEAR, tex1Dfetch)
+//     reads 0 out of range on a GPU: give it address_mode[0] = BORDER and a zero border_color.
+//     FLOAT and HALF texels, and 8/16-bit integers unless `read_as_integer`, are returned as floats
+//     (integers normalized to [0,1] / [-1,1]); 32-bit integers are returned as integers. Channels
+//     the format lacks read as 0, a missing alpha as 1. Linear filtering applies to float results.
+//   * Surfaces: the same layout; suld/sust address x in bytes (within width * texel bytes), y and z
+//     in texels. Sampling fields are ignored.
+//   * dims is informational: the instruction's geometry decides how many coordinates are used
+//     (a 1D view needs height = depth = 1, a 2D one depth = 1).
 struct ImageView {
   uint8_t* data = nullptr;
   uint64_t bytes = 0;
@@ -86,6 +115,11 @@ class GlobalMemory {
   virtual bool Find(uint64_t addr, Span* out) = 0;
   // The session's texture / surface object `handle`; false if it has none by that handle (the
   // instruction then fails the launch with CUDA_ERROR_ILLEGAL_ADDRESS, as a bad pointer would).
+  // `handle` is the 64-bit value the kernel received (the CUtexObject / CUsurfObject the program
+  // passed as a kernel argument). The executor calls these at the first use of a handle by each
+  // worker thread of a launch and keeps the view for the rest of that launch: `data` must stay
+  // valid (and the object's memory allocated) until Launch returns. Called from the launch's worker
+  // threads, possibly concurrently.
   virtual bool FindTexture(uint64_t handle, ImageView* out) { (void)handle; (void)out; return false; }
   virtual bool FindSurface(uint64_t handle, ImageView* out) { (void)handle; (void)out; return false; }
 };
