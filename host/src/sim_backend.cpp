@@ -1011,6 +1011,12 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     }
     for (int i = 0; i < 3; ++i) v.address_mode[i] = t.address_mode[i];
     for (int i = 0; i < 4; ++i) v.border_color[i] = t.border_color[i];
+    if (t.res_type == CU_RESOURCE_TYPE_LINEAR) {
+      // tex1Dfetch past the end of linear memory reads 0 on a GPU (CUDA C++ Programming Guide,
+      // "Texture Fetching": linear memory has no addressing mode but border).
+      v.address_mode[0] = CU_TR_ADDRESS_MODE_BORDER;
+      for (float& c : v.border_color) c = 0.0f;
+    }
     v.filter_mode = t.filter_mode;
     v.normalized_coords = (t.flags & CU_TRSF_NORMALIZED_COORDINATES) != 0;
     v.read_as_integer = (t.flags & CU_TRSF_READ_AS_INTEGER) != 0;

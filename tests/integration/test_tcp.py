@@ -44,7 +44,7 @@ def run_tcp(d, program, *args, address=None, timeout=120, **env):
 
 def test_programs_run_over_tcp(tcp_oriond):
     d = tcp_oriond
-    for prog in ["device_props", "kernel_params", "driver_api", "threads", "streams_events", "vadd_shared", "vmm", "graphs", "hostfunc"]:
+    for prog in ["device_props", "kernel_params", "driver_api", "threads", "streams_events", "vadd_shared", "vmm", "graphs", "hostfunc", "arrays"]:
         r = run_tcp(d, prog, ORION_GMEM=2048)
         assert_passed(r)
         assert "Orion transport: TCP to 127.0.0.1" in r.stderr, r.stderr

@@ -34,7 +34,7 @@ def test_the_cuda_backend_serves_programs_over_a_second_oriond(two_hop):
     assert "(backend cuda)" in a.log(), a.log()[-2000:]
     assert "Orion Simulated GPU" in a.log()  # the GPU A found is B's vGPU
     for prog in ["compute", "device_props", "memory", "kernel_params", "driver_api", "streams_events", "vadd_shared",
-                 "vmm", "graphs", "hostfunc"]:
+                 "vmm", "graphs", "hostfunc", "arrays"]:
         r = a.run(prog, ORION_GMEM=512)
         assert_passed(r)
         if prog == "compute":
