@@ -50,6 +50,9 @@ def test_programs_run_over_tcp(tcp_oriond):
         assert "Orion transport: TCP to 127.0.0.1" in r.stderr, r.stderr
         if prog in ("kernel_params", "driver_api"):
             assert_launches_logged(r.stdout, d.launches())
+    # JIT linking: the linked PTX crosses as a module image like any other.
+    assert_passed(run_tcp(d, "jit_link", TEST_BIN / "link_a.ptx", TEST_BIN / "link_b.fatbin", ORION_GMEM=512),
+                  expect_checks=6)
     assert "Client supports TCP mode, then server also falls back to TCP mode." in d.log()
     assert re.search(r"Creating session \d+ for 'device_props' .* over TCP", d.log())
 

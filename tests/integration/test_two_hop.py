@@ -5,7 +5,7 @@ modules, launches, streams, events, the quota) then meets a complete driver-API 
 and the results that B's PTX executor computes come back through both hops."""
 import pytest
 
-from conftest import PREFIX, Oriond, assert_passed, checks
+from conftest import PREFIX, TEST_BIN, Oriond, assert_passed, checks
 
 
 @pytest.fixture
@@ -40,6 +40,9 @@ def test_the_cuda_backend_serves_programs_over_a_second_oriond(two_hop):
         if prog == "compute":
             assert all(v == "ok" for k, v in checks(r.stdout).items()), checks(r.stdout)
             assert sum(l.startswith("DEVPRINTF") for l in r.stdout.splitlines()) == 4, r.stdout
+    # JIT linking: A's cuda backend hands the linked PTX to its driver (here B's vGPU) to compile.
+    assert_passed(a.run("jit_link", TEST_BIN / "link_a.ptx", TEST_BIN / "link_b.fatbin", ORION_GMEM=512),
+                  expect_checks=6)
     # A cooperative launch goes through A's cuda backend (CU_LAUNCH_ATTRIBUTE_COOPERATIVE) to B.
     assert_passed(a.run("compute", "coop", ORION_GMEM=512), expect_checks=3)
     assert any("grid_exchange" in l and "cooperative=1" in l and l.endswith(" exec=ran") for l in b.launches())
