@@ -178,7 +178,7 @@ CUresult AllocHost(void** pp, size_t bytes, unsigned flags) {
   LogDebug("pinned heap full: " + std::to_string(bytes) + " bytes of host memory copied through");
   State& s = S();
   std::lock_guard<std::mutex> l(s.mu);
-  s.registered[reinterpret_cast<uintptr_t>(p)] = bytes | (uint64_t{1} << 63);  // bit 63: we own it
+  s.registered[reinterpret_cast<uintptr_t>(p)] = bytes | kRegisteredOwned;
   *pp = p;
   return CUDA_SUCCESS;
 }
@@ -352,7 +352,7 @@ ORION_EXPORT CUresult CUDAAPI cuMemFreeHost(void* p) {
   State& s = S();
   std::lock_guard<std::mutex> l(s.mu);
   auto it = s.registered.find(reinterpret_cast<uintptr_t>(p));
-  if (it == s.registered.end() || (it->second >> 63) == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (it == s.registered.end() || (it->second & kRegisteredOwned) == 0) return CUDA_ERROR_INVALID_VALUE;
   s.registered.erase(it);
   std::free(p);
   return CUDA_SUCCESS;
@@ -368,8 +368,11 @@ ORION_EXPORT CUresult CUDAAPI cuMemHostGetDevicePointer_v2(CUdeviceptr* pdptr, v
   }
   void* base = nullptr;
   uint64_t bytes = 0;
-  if (!Client::Get().PinnedRange(p, &base, &bytes)) {
-    LogWarn("cuMemHostGetDevicePointer: only memory from cuMemHostAlloc/cuMemAllocHost can be mapped");
+  if (void* alias = Client::Get().WindowAlias(p, &base, &bytes); alias != nullptr) {
+    p = alias;  // registered with CU_MEMHOSTREGISTER_DEVICEMAP: its pages live in the window
+  } else if (!Client::Get().PinnedRange(p, &base, &bytes)) {
+    LogWarn("cuMemHostGetDevicePointer: only memory from cuMemHostAlloc/cuMemAllocHost, or registered with "
+            "CU_MEMHOSTREGISTER_DEVICEMAP, can be mapped");
     return CUDA_ERROR_NOT_SUPPORTED;
   }
   WindowRangeReq q{static_cast<uint64_t>(Client::Get().WindowOffset(base, bytes)), bytes};
@@ -400,16 +403,29 @@ ORION_EXPORT CUresult CUDAAPI cuMemHostRegister_v2(void* p, size_t bytesize, uns
   ORION_API(cuMemHostRegister_v2);
   if (p == nullptr || bytesize == 0 || (Flags & ~0xFu) != 0) return CUDA_ERROR_INVALID_VALUE;
   if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
-  if (Flags & CU_MEMHOSTREGISTER_DEVICEMAP) {
-    LogWarn("cuMemHostRegister: CU_MEMHOSTREGISTER_DEVICEMAP is not supported (copy-through only)");
-    return CUDA_ERROR_NOT_SUPPORTED;
-  }
   State& s = S();
-  std::lock_guard<std::mutex> l(s.mu);
   const auto a = reinterpret_cast<uintptr_t>(p);
-  auto it = s.registered.upper_bound(a + bytesize - 1);
-  if (it != s.registered.begin() && (--it)->first + (it->second & ~(uint64_t{1} << 63)) > a)
-    return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+  auto overlaps = [&] {
+    auto it = s.registered.upper_bound(a + bytesize - 1);
+    return it != s.registered.begin() && (--it)->first + (it->second & kRegisteredSize) > a;
+  };
+  if (Flags & CU_MEMHOSTREGISTER_DEVICEMAP) {
+    // Mapped: its pages move into the data window, where kernels reach them (Client::MapIntoWindow).
+    if (Client::Get().network()) {
+      LogWarn("cuMemHostRegister: CU_MEMHOSTREGISTER_DEVICEMAP needs a shared-memory transport (not a network one)");
+      return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    {
+      std::lock_guard<std::mutex> l(s.mu);
+      if (overlaps()) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    }
+    if (CUresult r = Client::Get().MapIntoWindow(p, bytesize); r != CUDA_SUCCESS) return r;
+    std::lock_guard<std::mutex> l(s.mu);
+    s.registered[a] = bytesize | kRegisteredInWindow;
+    return CUDA_SUCCESS;
+  }
+  std::lock_guard<std::mutex> l(s.mu);
+  if (overlaps()) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
   s.registered[a] = bytesize;  // copies from it go through staging (copy-through)
   return CUDA_SUCCESS;
 }
@@ -417,10 +433,19 @@ ORION_EXPORT CUresult CUDAAPI cuMemHostRegister_v2(void* p, size_t bytesize, uns
 ORION_EXPORT CUresult CUDAAPI cuMemHostUnregister(void* p) {
   ORION_API(cuMemHostUnregister);
   State& s = S();
-  std::lock_guard<std::mutex> l(s.mu);
-  auto it = s.registered.find(reinterpret_cast<uintptr_t>(p));
-  if (it == s.registered.end() || (it->second >> 63) != 0) return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
-  s.registered.erase(it);
+  bool in_window = false;
+  {
+    std::lock_guard<std::mutex> l(s.mu);
+    auto it = s.registered.find(reinterpret_cast<uintptr_t>(p));
+    if (it == s.registered.end() || (it->second & kRegisteredOwned) != 0) return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+    in_window = (it->second & kRegisteredInWindow) != 0;
+    s.registered.erase(it);
+  }
+  if (in_window) {
+    // Nothing in flight may still use the pages when they leave the window.
+    if (CUresult r = NeedCtx(); r == CUDA_SUCCESS) (void)Client::Get().Call(Op::kCtxSynchronize, nullptr, 0);
+    (void)Client::Get().UnmapFromWindow(p);
+  }
   return CUDA_SUCCESS;
 }
 

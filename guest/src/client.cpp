@@ -1017,10 +1017,13 @@ void* Client::PinnedAlloc(uint64_t bytes) noexcept {
 
 bool Client::PinnedFree(void* p) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
-  if (window_ == nullptr) return false;
-  const auto off = static_cast<uint64_t>(static_cast<uint8_t*>(p) - window_);
+  if (window_ == nullptr || static_cast<uint8_t*>(p) < window_) return false;
+  return PinnedFreeLocked(static_cast<uint64_t>(static_cast<uint8_t*>(p) - window_));
+}
+
+bool Client::PinnedFreeLocked(uint64_t off) noexcept {
   auto it = pinned_used_.find(off);
-  if (static_cast<uint8_t*>(p) < window_ || it == pinned_used_.end()) return false;
+  if (it == pinned_used_.end()) return false;
   uint64_t start = off, size = it->second;
   pinned_used_.erase(it);
   auto next = pinned_free_.lower_bound(start);
@@ -1053,6 +1056,97 @@ bool Client::PinnedRange(const void* p, void** base, uint64_t* bytes) noexcept {
   *base = window_ + it->first;
   *bytes = it->second;
   return true;
+}
+
+CUresult Client::MapIntoWindow(void* p, uint64_t bytes) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (window_ == nullptr || network_ || region_ == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  const uint64_t start = a & ~(page - 1);
+  uint64_t end = 0;
+  if (__builtin_add_overflow(a, bytes, &end) || end > UINTPTR_MAX - page) return CUDA_ERROR_INVALID_VALUE;
+  end = (end + page - 1) & ~(page - 1);
+  const uint64_t len = end - start;
+  const auto window_file = static_cast<uint64_t>(window_ - region_->data());
+  if (window_file % page != 0) return CUDA_ERROR_NOT_SUPPORTED;
+  for (const auto& [ptr, m] : window_mappings_) {
+    if (m.page_start < end && start < m.page_start + m.len) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+  }
+  // A page-aligned block of the pinned heap (first fit).
+  uint64_t off = 0;
+  bool found = false;
+  for (auto it = pinned_free_.begin(); it != pinned_free_.end(); ++it) {
+    const uint64_t aligned = (it->first + page - 1) & ~(page - 1);
+    if (aligned + len > it->first + it->second) continue;
+    const uint64_t fstart = it->first, fsize = it->second;
+    pinned_free_.erase(it);
+    if (aligned > fstart) pinned_free_[fstart] = aligned - fstart;
+    if (aligned + len < fstart + fsize) pinned_free_[aligned + len] = fstart + fsize - (aligned + len);
+    pinned_used_[aligned] = len;
+    off = aligned;
+    found = true;
+    break;
+  }
+  if (!found) {
+    LogWarn("cuMemHostRegister(DEVICEMAP): " + std::to_string(len >> 10) + " KiB do not fit in the data window's pinned heap");
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  auto give_back = [&] { (void)PinnedFreeLocked(off); };
+  std::memcpy(window_ + off, reinterpret_cast<void*>(start), len);
+  const int fd = ::open(region_->path().c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
+    give_back();
+    LogWarn("cuMemHostRegister(DEVICEMAP): cannot reopen " + region_->path());
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  void* m = ::mmap(reinterpret_cast<void*>(start), len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd,
+                   static_cast<off_t>(window_file + off));
+  ::close(fd);
+  if (m == MAP_FAILED) {
+    give_back();
+    LogWarn("cuMemHostRegister(DEVICEMAP): mapping the window over the registered pages failed");
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  window_mappings_[a] = WindowMapping{start, len, off};
+  return CUDA_SUCCESS;
+}
+
+bool Client::UnmapFromWindow(void* p) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = window_mappings_.find(reinterpret_cast<uintptr_t>(p));
+  if (it == window_mappings_.end()) return false;
+  const WindowMapping w = it->second;
+  window_mappings_.erase(it);
+  // Private pages again, with the bytes they hold now (the window copy is the same memory).
+  void* tmp = ::mmap(nullptr, w.len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (tmp != MAP_FAILED) {
+    std::memcpy(tmp, window_ + w.off, w.len);
+    // mremap moves the private copy over the shared pages atomically: no moment without memory.
+    if (::mremap(tmp, w.len, w.len, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(w.page_start)) == MAP_FAILED) {
+      ::munmap(tmp, w.len);
+      LogWarn("cuMemHostUnregister: the registered pages stay shared with the window");
+      return true;  // the program's memory still holds its bytes; the heap block stays taken
+    }
+  } else {
+    LogWarn("cuMemHostUnregister: the registered pages stay shared with the window");
+    return true;
+  }
+  (void)PinnedFreeLocked(w.off);
+  return true;
+}
+
+void* Client::WindowAlias(const void* p, void** base, uint64_t* bytes) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  for (const auto& [ptr, m] : window_mappings_) {
+    if (a >= m.page_start && a < m.page_start + m.len) {
+      *base = window_ + m.off;
+      *bytes = m.len;
+      return window_ + m.off + (a - m.page_start);
+    }
+  }
+  return nullptr;
 }
 
 int64_t Client::WindowOffset(const void* p, uint64_t bytes) const noexcept {

@@ -81,6 +81,20 @@ class Client {
   int64_t WindowOffset(const void* p, uint64_t bytes) const noexcept;
   // The pinned allocation containing p: its base and size.
   bool PinnedRange(const void* p, void** base, uint64_t* bytes) noexcept;
+  // cuMemHostRegister(CU_MEMHOSTREGISTER_DEVICEMAP) on a shared-memory transport: the pages of
+  // [p, p+bytes) are moved into the pinned heap of the data window, in place: their bytes are
+  // copied there and the window's pages are mapped (MAP_SHARED|MAP_FIXED, from the region file) at
+  // the same virtual addresses, so the program's pointers now reach memory oriond sees too. Whole
+  // pages move (bytes of other objects that share the first or last page go along, unchanged).
+  // Errors: CUDA_ERROR_NOT_SUPPORTED (a network transport), CUDA_ERROR_OUT_OF_MEMORY (the pinned
+  // heap is full), CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED (a page is already moved).
+  CUresult MapIntoWindow(void* p, uint64_t bytes) noexcept;
+  // Undoes MapIntoWindow for the registration starting at `p`: the bytes are copied back into
+  // private pages at the same addresses. False if `p` starts no such registration.
+  bool UnmapFromWindow(void* p) noexcept;
+  // The window address of `p` inside a MapIntoWindow registration (nullptr if none), and the
+  // registration's window range.
+  void* WindowAlias(const void* p, void** base, uint64_t* bytes) noexcept;
 
   const WelcomeRep& welcome() const noexcept { return welcome_; }
   const std::vector<DeviceInfo>& devices() const noexcept { return devices_; }
@@ -192,6 +206,9 @@ class Client {
 
   std::map<uint64_t, uint64_t> pinned_free_;  // offset -> size (heap free list)
   std::map<uint64_t, uint64_t> pinned_used_;  // offset -> size
+  bool PinnedFreeLocked(uint64_t off) noexcept;  // mu_ held; `off` from the pinned heap
+  struct WindowMapping { uint64_t page_start, len, off; };
+  std::map<uintptr_t, WindowMapping> window_mappings_;  // by the registered pointer
 
   WelcomeRep welcome_{};
   std::vector<DeviceInfo> devices_;

@@ -139,7 +139,8 @@ bool IsRegisteredHost(const void* p, uint64_t bytes) noexcept {
   auto it = s.registered.upper_bound(a);
   if (it == s.registered.begin()) return false;
   --it;
-  return a >= it->first && a - it->first <= it->second && bytes <= it->second - (a - it->first);
+  const uint64_t size = it->second & kRegisteredSize;
+  return a >= it->first && a - it->first <= size && bytes <= size - (a - it->first);
 }
 
 }  // namespace orion::guest

@@ -128,6 +128,11 @@ class Mirror {
   std::map<uint64_t, DeviceRange> ranges_;
 };
 
+// State::registered values: the size, and what kind of registration it is.
+inline constexpr uint64_t kRegisteredOwned = uint64_t{1} << 63;     // our own memory (cuMemAllocHost fallback)
+inline constexpr uint64_t kRegisteredInWindow = uint64_t{1} << 62;  // DEVICEMAP: its pages moved into the window
+inline constexpr uint64_t kRegisteredSize = kRegisteredInWindow - 1;
+
 struct State {
   std::mutex mu;
   std::vector<GuestCtx*> primary;        // per device; nullptr until retained
@@ -139,7 +144,7 @@ struct State {
   IdSet streams;
   IdSet events;
   Mirror mirror;
-  std::map<uintptr_t, uint64_t> registered;  // cuMemHostRegister'ed ranges (copy-through)
+  std::map<uintptr_t, uint64_t> registered;  // cuMemHostRegister'ed ranges: size | kRegistered* flags
   std::atomic<unsigned long long> next_ctx_id{1};
 };
 State& S() noexcept;

@@ -25,7 +25,8 @@ import vm
 from conftest import PREFIX, ROOT, TEST_BIN, Oriond, assert_passed
 from test_sim import assert_launches_logged
 
-PROGRAMS = ["device_props", "kernel_params", "driver_api", "memory", "threads", "two_clients", "vadd_shared"]
+PROGRAMS = ["device_props", "kernel_params", "driver_api", "memory", "threads", "two_clients", "vadd_shared",
+            "mapped_register"]
 
 
 class Result:
@@ -289,7 +290,7 @@ def vm_oriond(tmp_path):
 
 def test_programs_run_in_a_guest_over_ivshmem(vm_oriond, kernel, initrd, tmp_path):
     console = vm.boot(kernel, initrd, ["orion-check:runtime:client", "device_props", "kernel_params", "driver_api",
-                                       "memory", "threads", "vadd_shared"], region=vm_oriond.region,
+                                       "memory", "threads", "vadd_shared", "mapped_register"], region=vm_oriond.region,
                       log=tmp_path / "console.log")
     out = vm.outputs(console)
     # orion-check, installed by install-client, finds the device and oriond behind it.
@@ -297,14 +298,17 @@ def test_programs_run_in_a_guest_over_ivshmem(vm_oriond, kernel, initrd, tmp_pat
     assert rc == 0, text
     assert re.search(r"Found through :\s+ivshmem /sys/bus/pci/devices/0000:00:0\d.0", text), text
     assert re.search(r"Orion Server serves this region\s+\[Yes\]", text), text
-    assert set(out) == {"device_props", "kernel_params", "driver_api", "memory", "threads", "vadd_shared"}, console[-3000:]
+    assert set(out) == {"device_props", "kernel_params", "driver_api", "memory", "threads", "vadd_shared",
+                        "mapped_register"}, console[-3000:]
     for prog, (rc, text) in out.items():
         assert_passed(Result(rc, text))
-        assert "Orion Simulated GPU" in text, prog
+        assert "Orion Simulated GPU" in text or prog == "mapped_register", prog  # it prints no device name
     assert "Orion vGPU client environment has been installed in /usr/lib/orion" not in console  # -q
     assert_launches_logged(out["kernel_params"][1], vm_oriond.launches())
     assert_launches_logged(out["driver_api"][1], vm_oriond.launches())
-    assert len(re.findall(r"Session \d+ exits \(client exited\)", vm_oriond.log())) >= 6
+    # DEVICEMAP registration in a guest: the pages move into BAR2 (the sysfs resource2 mapping).
+    assert "CHECK kernel_writes_seen_by_host ok" in out["mapped_register"][1]
+    assert len(re.findall(r"Session \d+ exits \(client exited\)", vm_oriond.log())) >= 7
 
 
 def test_guest_without_the_device_gets_a_clear_error(kernel, initrd, tmp_path):
