@@ -1058,6 +1058,33 @@ bool Client::PinnedRange(const void* p, void** base, uint64_t* bytes) noexcept {
   return true;
 }
 
+namespace {
+// Whether [start, end) is covered by private anonymous mappings only (the heap, the stack, anonymous
+// mmaps): the memory MapIntoWindow may move. A shared or file-backed mapping (another region, a
+// mapped file) must keep being what it is. From /proc/self/maps (proc(5)).
+bool AnonymousPrivate(uint64_t start, uint64_t end) noexcept {
+  FILE* f = std::fopen("/proc/self/maps", "re");
+  if (f == nullptr) return false;
+  char line[512];
+  uint64_t covered = start;
+  bool ok = true;
+  while (ok && covered < end && std::fgets(line, sizeof line, f) != nullptr) {
+    unsigned long long lo = 0, hi = 0, offset = 0, inode = 0;
+    char perms[8] = {}, dev[16] = {};
+    int path_at = 0;
+    if (std::sscanf(line, "%llx-%llx %7s %llx %15s %llu %n", &lo, &hi, perms, &offset, dev, &inode, &path_at) < 6) continue;
+    if (hi <= covered || lo >= end) continue;
+    const char* path = line + path_at;
+    const bool special = path[0] == '[' && std::strncmp(path, "[heap]", 6) != 0 && std::strncmp(path, "[stack", 6) != 0 &&
+                         std::strncmp(path, "[anon", 5) != 0;
+    if (lo > covered || perms[3] != 'p' || inode != 0 || special) ok = false;
+    covered = hi;
+  }
+  std::fclose(f);
+  return ok && covered >= end;
+}
+}  // namespace
+
 CUresult Client::MapIntoWindow(void* p, uint64_t bytes) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   if (window_ == nullptr || network_ || region_ == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
@@ -1068,6 +1095,11 @@ CUresult Client::MapIntoWindow(void* p, uint64_t bytes) noexcept {
   if (__builtin_add_overflow(a, bytes, &end) || end > UINTPTR_MAX - page) return CUDA_ERROR_INVALID_VALUE;
   end = (end + page - 1) & ~(page - 1);
   const uint64_t len = end - start;
+  if (!AnonymousPrivate(start, end)) {
+    LogWarn("cuMemHostRegister(DEVICEMAP): only private anonymous memory (heap, stack, anonymous mmap) can be "
+            "mapped for the device; this range is shared or file-backed");
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
   const auto window_file = static_cast<uint64_t>(window_ - region_->data());
   if (window_file % page != 0) return CUDA_ERROR_NOT_SUPPORTED;
   for (const auto& [ptr, m] : window_mappings_) {

@@ -9,8 +9,9 @@
 // them, so insertion order is one); cuGraphLaunch sends them on the launch stream, where oriond
 // validates each frame like any other (no new trust), and stream order gives every dependency.
 // What does not fit a graph here fails loudly: copies to or from host memory and stream-ordered
-// allocations in capture (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, capture invalidated), host and
-// memory-allocation nodes (their entry points stay NOT_SUPPORTED stubs).
+// allocations in capture (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, capture invalidated), and
+// memory-allocation nodes (their entry points stay NOT_SUPPORTED stubs). Host nodes (explicit, or
+// cuLaunchHostFunc captured) are queued at launch as cuLaunchHostFunc does (hostfunc.cpp).
 // Independent branches run one after another on the launch stream (correct, but without the
 // overlap a GPU could give them).
 #include <algorithm>
@@ -43,6 +44,7 @@ struct GraphNode {
   std::vector<void*> args;
   CUDA_MEMSET_NODE_PARAMS memset{};   // MEMSET nodes
   uint64_t event = 0;                 // EVENT_RECORD / WAIT_EVENT nodes
+  CUDA_HOST_NODE_PARAMS host{};       // HOST nodes: the function runs in this process (hostfunc.cpp)
 };
 
 struct GuestGraph {
@@ -54,6 +56,7 @@ struct Frame {
   Op op;
   std::vector<uint8_t> payload;
   uint32_t stream_offset;
+  CUDA_HOST_NODE_PARAMS host{};  // a HOST node: no frame; the function is queued in stream order
 };
 struct GuestExec {
   std::vector<Frame> frames;
@@ -160,6 +163,7 @@ std::unique_ptr<GuestGraph> Clone(const GuestGraph& g, std::map<const GraphNode*
     c->args = n->args;
     c->memset = n->memset;
     c->event = n->event;
+    c->host = n->host;
     for (GraphNode* d : n->deps) c->deps.push_back((*map)[d]);
     if (n->child) c->child = Clone(*n->child, map);
     (*map)[n.get()] = c.get();
@@ -175,7 +179,7 @@ void Flatten(const GuestGraph& g, GuestExec* e, bool top) {
       Flatten(*n->child, e, false);
     } else if (n->type != CU_GRAPH_NODE_TYPE_EMPTY) {
       e->index[n.get()] = e->frames.size();
-      e->frames.push_back(Frame{n->op, n->payload, n->stream_offset});
+      e->frames.push_back(Frame{n->op, n->payload, n->stream_offset, n->host});
     }
   }
 }
@@ -274,6 +278,24 @@ bool CaptureRefuse(uint64_t stream, const char* what, CUresult* result) noexcept
   if (c == nullptr) return false;
   Invalidate(c.get(), what);
   *result = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  return true;
+}
+
+bool CaptureHostFunc(uint64_t stream, CUhostFn fn, void* data, CUresult* result) noexcept {
+  HostFuncGate(stream);
+  if (!CaptureActive()) return false;
+  std::lock_guard l(G().mu);
+  auto c = CaptureOf(stream);
+  if (c == nullptr) return false;
+  if (c->invalidated) {
+    *result = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    return true;
+  }
+  auto node = std::make_unique<GraphNode>();
+  node->type = CU_GRAPH_NODE_TYPE_HOST;
+  node->host.fn = fn;
+  node->host.userData = data;
+  *result = AppendCaptured(c.get(), stream, std::move(node));
   return true;
 }
 
@@ -471,6 +493,12 @@ CUresult LaunchGraph(CUgraphExec he, CUstream hs) {
     frames = e->frames;
   }
   for (Frame& f : frames) {
+    if (f.host.fn != nullptr) {
+      // A host node: queued in stream order as cuLaunchHostFunc does (or, launched into a
+      // capturing stream, captured as a host node).
+      if (CUresult r = LaunchHostFunc(hs, f.host.fn, f.host.userData); r != CUDA_SUCCESS) return r;
+      continue;
+    }
     std::memcpy(f.payload.data() + f.stream_offset, &sid, sizeof sid);
     CUresult r = CUDA_SUCCESS;
     // Launched into a capturing stream: its frames become nodes of that capture.
@@ -739,6 +767,50 @@ ORION_EXPORT CUresult CUDAAPI cuGraphAddMemcpyNode(CUgraphNode* out, CUgraph hg,
                                             kSideDevice, kSideDevice},
                                 offsetof(Memcpy2DReq, stream));
   return AddToGraph(hg, deps, n, std::move(node), out);
+}
+
+ORION_EXPORT CUresult CUDAAPI cuGraphAddHostNode(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps, size_t n,
+                                                 const CUDA_HOST_NODE_PARAMS* p) {
+  ORION_API(cuGraphAddHostNode);
+  if (out == nullptr || p == nullptr || p->fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  auto node = std::make_unique<GraphNode>();
+  node->type = CU_GRAPH_NODE_TYPE_HOST;
+  node->host = *p;
+  return AddToGraph(hg, deps, n, std::move(node), out);
+}
+
+ORION_EXPORT CUresult CUDAAPI cuGraphHostNodeGetParams(CUgraphNode hn, CUDA_HOST_NODE_PARAMS* p) {
+  ORION_API(cuGraphHostNodeGetParams);
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard l(G().mu);
+  GraphNode* node = AsNode(hn);
+  if (node == nullptr || node->type != CU_GRAPH_NODE_TYPE_HOST) return CUDA_ERROR_INVALID_VALUE;
+  *p = node->host;
+  return CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuGraphHostNodeSetParams(CUgraphNode hn, const CUDA_HOST_NODE_PARAMS* p) {
+  ORION_API(cuGraphHostNodeSetParams);
+  if (p == nullptr || p->fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard l(G().mu);
+  GraphNode* node = AsNode(hn);
+  if (node == nullptr || node->type != CU_GRAPH_NODE_TYPE_HOST) return CUDA_ERROR_INVALID_VALUE;
+  node->host = *p;
+  return CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuGraphExecHostNodeSetParams(CUgraphExec he, CUgraphNode hn,
+                                                           const CUDA_HOST_NODE_PARAMS* p) {
+  ORION_API(cuGraphExecHostNodeSetParams);
+  if (p == nullptr || p->fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard l(G().mu);
+  GuestExec* e = AsExec(he);
+  GraphNode* node = AsNode(hn);
+  if (e == nullptr || node == nullptr || node->type != CU_GRAPH_NODE_TYPE_HOST) return CUDA_ERROR_INVALID_VALUE;
+  auto it = e->index.find(node);
+  if (it == e->index.end()) return CUDA_ERROR_INVALID_VALUE;  // not a node of the graph it was made from
+  e->frames[it->second].host = *p;
+  return CUDA_SUCCESS;
 }
 
 ORION_EXPORT CUresult CUDAAPI cuGraphAddEventRecordNode(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps, size_t n,

@@ -117,7 +117,11 @@ CUresult Enqueue(CUstream hs, CUhostFn fn, CUstreamCallback cb, void* data) {
   if (fn == nullptr && cb == nullptr) return CUDA_ERROR_INVALID_VALUE;
   uint64_t stream = 0;
   if (!StreamId(hs, &stream)) return CUDA_ERROR_INVALID_HANDLE;
-  if (CUresult r; CaptureRefuse(stream, "a host function (graph host node)", &r)) return r;
+  if (fn != nullptr) {
+    if (CUresult r; CaptureHostFunc(stream, fn, data, &r)) return r;  // captured: a host node
+  } else if (CUresult r; CaptureRefuse(stream, "a stream callback (cuStreamAddCallback)", &r)) {
+    return r;
+  }
   HostFuncs& h = H();
   uint64_t event = 0;
   {
@@ -154,6 +158,8 @@ CUresult Enqueue(CUstream hs, CUhostFn fn, CUstreamCallback cb, void* data) {
 }  // namespace
 
 namespace orion::guest {
+
+CUresult LaunchHostFunc(CUstream hs, CUhostFn fn, void* data) noexcept { return Enqueue(hs, fn, nullptr, data); }
 
 void HostFuncGate(uint64_t stream) noexcept {
   if (g_pending.load(std::memory_order_acquire) == 0 || t_on_host_thread) return;

@@ -181,6 +181,8 @@ CUresult KernelNodeFrame(const CUDA_KERNEL_NODE_PARAMS* p, Op* op, std::vector<u
 void HostFuncGate(uint64_t stream) noexcept;
 // Whether such host functions are still queued (cuStreamQuery answers CUDA_ERROR_NOT_READY).
 bool HostFuncPending(uint64_t stream) noexcept;
+// Queues `fn(data)` on `hs` as cuLaunchHostFunc does (a graph's host node at launch).
+CUresult LaunchHostFunc(CUstream hs, CUhostFn fn, void* data) noexcept;
 
 // ---- Stream capture and graphs (graph.cpp) ------------------------------------------------------
 // A graph is kept in this process: its nodes are the frames their work would send (kernel launch,
@@ -197,6 +199,8 @@ bool CaptureFrame(uint64_t stream, Op op, const void* payload, uint32_t len, uin
 // from host memory, a stream-ordered allocation): the capture is invalidated, as CUDA does with
 // operations not permitted in capture; *result = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED.
 bool CaptureRefuse(uint64_t stream, const char* what, CUresult* result) noexcept;
+// cuLaunchHostFunc on a capturing stream: a host node of the capture (true, *result set).
+bool CaptureHostFunc(uint64_t stream, CUhostFn fn, void* data, CUresult* result) noexcept;
 // Event record on a capturing stream (a dependency inside the capture, no frame), and a wait on
 // an event recorded in a capture (the waiting stream joins that capture).
 bool CaptureEventRecord(uint64_t event, uint64_t stream, unsigned flags, CUresult* result) noexcept;

@@ -6,6 +6,8 @@
 
 #include <cstdlib>
 
+#include <atomic>
+
 #include "orion_test.h"
 
 __global__ void add(int* p, int n, int v) {
@@ -179,5 +181,38 @@ int main() {
             cudaGraphNodeGetType(kn, &t) != cudaSuccess && cudaGraphGetNodes(inner, nullptr, &inner_nodes) != cudaSuccess);
   cudaGetLastError();
   CUDA_OK(cudaGraphDestroy(child));
+
+  // Explicit host nodes: run at each launch after the nodes they depend on; their parameters can
+  // be read, and changed in the instantiated graph.
+  static std::atomic<int> first{0}, second{0};
+  auto bump = [](void* p) { static_cast<std::atomic<int>*>(p)->fetch_add(1); };
+  cudaGraph_t hg = nullptr;
+  CUDA_OK(cudaGraphCreate(&hg, 0));
+  cudaGraphNode_t k1 = nullptr, hn = nullptr;
+  CUDA_OK(cudaGraphAddKernelNode(&k1, hg, nullptr, 0, &kp));
+  cudaHostNodeParams hp{};
+  hp.fn = bump;
+  hp.userData = &first;
+  CUDA_OK(cudaGraphAddHostNode(&hn, hg, &k1, 1, &hp));
+  cudaGraphNodeType ht{};
+  cudaHostNodeParams back{};
+  CUDA_OK(cudaGraphNodeGetType(hn, &ht));
+  CUDA_OK(cudaGraphHostNodeGetParams(hn, &back));
+  ot::check("host_node_type_and_params", ht == cudaGraphNodeTypeHost && back.userData == &first);
+  cudaGraphExec_t he = nullptr;
+  CUDA_OK(cudaGraphInstantiate(&he, hg, 0));
+  CUDA_OK(cudaGraphLaunch(he, s));
+  CUDA_OK(cudaGraphLaunch(he, s));
+  CUDA_OK(cudaStreamSynchronize(s));
+  hp.userData = &second;
+  CUDA_OK(cudaGraphExecHostNodeSetParams(he, hn, &hp));
+  CUDA_OK(cudaGraphLaunch(he, s));
+  CUDA_OK(cudaStreamSynchronize(s));
+  ot::check("host_node_runs_per_launch", first == 2 && second == 1, ot::fmt("%d %d", first.load(), second.load()));
+  hp.fn = nullptr;
+  ot::check("host_node_without_function_refused", cudaGraphAddHostNode(&hn, hg, nullptr, 0, &hp) != cudaSuccess);
+  cudaGetLastError();
+  CUDA_OK(cudaGraphExecDestroy(he));
+  CUDA_OK(cudaGraphDestroy(hg));
   return ot::finish();
 }

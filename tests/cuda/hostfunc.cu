@@ -1,7 +1,8 @@
 // Host functions in stream order (cudaLaunchHostFunc / cudaStreamAddCallback): a function sees the
 // bytes an earlier async copy wrote; work issued after it waits until it returns (a copy from a
 // buffer it fills carries its value); callbacks of a stream run once each, in order; cudaStreamQuery
-// says not ready while one is pending; capture refuses them. Kernels are computed (PTX executor).
+// says not ready while one is pending; captured, they are graph host nodes run in stream order at
+// each launch (stream callbacks are refused in capture). Kernels are computed (PTX executor).
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -55,7 +56,11 @@ static void CUDART_CB Callback(cudaStream_t s, cudaError_t status, void* p) {
   if (status != cudaSuccess || s != t->order->expect) t->order->status_bad++;
   t->order->seen.push_back(t->value);
 }
-static void Nothing(void*) {}
+// A host node's function: records its tag in order.
+static void CUDART_CB Record(void* p) {
+  auto* t = static_cast<Tag*>(p);
+  t->order->seen.push_back(t->value);
+}
 
 int main() {
   ot::init_output();
@@ -119,10 +124,36 @@ int main() {
   ot::check("bad_flags_refused", cudaStreamAddCallback(s, Callback, &tags[0], 1) == cudaErrorInvalidValue);
   cudaGetLastError();
 
-  // 4. Not in a capture (a graph host node is not served): refused, loudly.
+  // 4. In a capture: cudaLaunchHostFunc becomes a host node; each launch of the graph runs it in
+  // stream order, between the kernels around it. A stream callback is not permitted in capture.
+  Order gorder;
+  gorder.expect = s;
+  Tag ga{&gorder, 1}, gb{&gorder, 2};
+  CUDA_OK(cudaMemset(d, 0, N * sizeof(int)));
   CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  ot::check("host_func_in_capture_refused", cudaLaunchHostFunc(s, Nothing, nullptr) == cudaErrorStreamCaptureUnsupported);
+  add<<<N / 256, 256, 0, s>>>(d, N, 1);
+  CUDA_OK(cudaLaunchHostFunc(s, Record, &ga));
+  add<<<N / 256, 256, 0, s>>>(d, N, 10);
+  CUDA_OK(cudaLaunchHostFunc(s, Record, &gb));
   cudaGraph_t g = nullptr;
+  CUDA_OK(cudaStreamEndCapture(s, &g));
+  size_t nodes = 0;
+  CUDA_OK(cudaGraphGetNodes(g, nullptr, &nodes));
+  cudaGraphExec_t ge = nullptr;
+  CUDA_OK(cudaGraphInstantiate(&ge, g, 0));
+  for (int i = 0; i < 3; ++i) CUDA_OK(cudaGraphLaunch(ge, s));
+  CUDA_OK(cudaStreamSynchronize(s));
+  std::vector<int> got(N);
+  CUDA_OK(cudaMemcpy(got.data(), d, N * sizeof(int), cudaMemcpyDeviceToHost));
+  ot::check("captured_host_nodes_run_in_order", nodes == 4 && gorder.seen == std::vector<int>({1, 2, 1, 2, 1, 2}),
+            ot::fmt("%zu nodes, %zu calls", nodes, gorder.seen.size()));
+  ot::check_kernel("graph_kernels_around_host_nodes", got[0] == 33 && got[N - 1] == 33, ot::fmt("d[0]=%d", got[0]));
+  CUDA_OK(cudaGraphExecDestroy(ge));
+  CUDA_OK(cudaGraphDestroy(g));
+  CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  ot::check("stream_callback_in_capture_refused",
+            cudaStreamAddCallback(s, Callback, &tags[0], 0) == cudaErrorStreamCaptureUnsupported);
+  g = nullptr;
   (void)cudaStreamEndCapture(s, &g);
   cudaGetLastError();
   CUDA_OK(cudaStreamDestroy(s));

@@ -5,6 +5,8 @@
 // same pages are untouched and stay writable; after cudaHostUnregister the buffer keeps its bytes
 // and stays the program's memory. Over a network transport it is refused (no shared memory).
 // Usage: mapped_register [expect-refused]
+#include <sys/mman.h>
+
 #include <cstdlib>
 
 #include "orion_test.h"
@@ -76,6 +78,14 @@ int main(int argc, char** argv) {
   cudaDeviceSynchronize();
   ot::check_kernel("second_registration_mapped", buf[0] == 3 * 12345, ot::fmt("%d", buf[0]));
   cudaHostUnregister(buf);
+  // Shared (or file-backed) memory must stay what it is: refused, and still shared afterwards.
+  void* shared = mmap(nullptr, 8192, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  static_cast<int*>(shared)[0] = 42;
+  e = cudaHostRegister(shared, 8192, cudaHostRegisterMapped);
+  ot::check("shared_mapping_refused", e == cudaErrorNotSupported && static_cast<int*>(shared)[0] == 42,
+            cudaGetErrorName(e));
+  (void)cudaGetLastError();
+  munmap(shared, 8192);
   cudaFree(d2);
   std::free(raw);
   return ot::finish();

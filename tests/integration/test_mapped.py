@@ -8,7 +8,7 @@ from test_tcp import run_tcp, tcp_oriond  # noqa: F401 (fixture)
 
 def test_registered_memory_is_mapped_for_kernels(oriond):
     r = oriond.run("mapped_register", ORION_GMEM=256)
-    assert_passed(r, expect_checks=10)
+    assert_passed(r, expect_checks=11)
     c = checks(r.stdout)
     assert c["kernel_writes_seen_by_host"] == "ok" and c["host_writes_seen_by_kernel"] == "ok"
     assert any("triple_plus" in l and l.endswith((" exec=ran", " exec=deferred")) for l in oriond.launches())
