@@ -52,14 +52,27 @@ struct GuestGraph {
   bool child = false;  // a child graph node's copy: owned by the node, not destroyable by handle
 };
 
+constexpr size_t kBatchBytes = 32 * 1024;  // one Batch frame's payload at most (<= kMaxPayload)
+
 struct Frame {
   Op op;
   std::vector<uint8_t> payload;
   uint32_t stream_offset;
   CUDA_HOST_NODE_PARAMS host{};  // a HOST node: no frame; the function is queued in stream order
 };
+// What a launch sends, built from the frames once (and again after they change): Batch payloads
+// with the offsets of their stream ids, and the host nodes and unbatchable frames between them.
+struct Segment {
+  enum Kind { kBatch, kSingle, kHost } kind = kBatch;
+  std::vector<uint8_t> payload;          // kBatch: the Batch payload; kSingle: the frame's payload
+  std::vector<uint32_t> stream_offsets;  // where stream ids go in `payload`
+  Op op = Op::kBatch;                    // kSingle: the frame's op
+  CUDA_HOST_NODE_PARAMS host{};          // kHost
+};
 struct GuestExec {
   std::vector<Frame> frames;
+  std::vector<Segment> plan;
+  bool dirty = true;  // `plan` must be rebuilt from `frames`
   std::map<const GraphNode*, size_t> index;  // source node -> its frame (cuGraphExec*SetParams)
   std::vector<const GraphNode*> order;       // source nodes of the top-level graph, as flattened
   unsigned long long flags = 0;
@@ -481,34 +494,92 @@ CUresult Instantiate(CUgraphExec* out, CUgraph hg, unsigned long long flags) {
   return CUDA_SUCCESS;
 }
 
+// Rebuilds e->plan from e->frames. Requires the lock.
+void BuildPlan(GuestExec* e) {
+  e->plan.clear();
+  for (const Frame& f : e->frames) {
+    if (f.host.fn != nullptr) {
+      Segment h;
+      h.kind = Segment::kHost;
+      h.host = f.host;
+      e->plan.push_back(std::move(h));
+      continue;
+    }
+    const size_t padded = (f.payload.size() + 7) & ~size_t{7};
+    if (!OpBatchable(static_cast<uint16_t>(f.op)) || sizeof(BatchEntry) + padded > kBatchBytes) {
+      Segment one;
+      one.kind = Segment::kSingle;
+      one.op = f.op;
+      one.payload = f.payload;
+      one.stream_offsets.push_back(f.stream_offset);
+      e->plan.push_back(std::move(one));
+      continue;
+    }
+    if (e->plan.empty() || e->plan.back().kind != Segment::kBatch ||
+        e->plan.back().payload.size() + sizeof(BatchEntry) + padded > kBatchBytes) {
+      e->plan.emplace_back();
+    }
+    Segment& b = e->plan.back();
+    const BatchEntry entry{static_cast<uint16_t>(f.op), 0, static_cast<uint32_t>(f.payload.size())};
+    const size_t at = b.payload.size();
+    b.payload.resize(at + sizeof entry + padded, 0);
+    std::memcpy(b.payload.data() + at, &entry, sizeof entry);
+    std::memcpy(b.payload.data() + at + sizeof entry, f.payload.data(), f.payload.size());
+    b.stream_offsets.push_back(static_cast<uint32_t>(at + sizeof entry + f.stream_offset));
+  }
+  e->dirty = false;
+}
+
 CUresult LaunchGraph(CUgraphExec he, CUstream hs) {
   if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
   uint64_t sid = 0;
   if (!StreamId(hs, &sid)) return CUDA_ERROR_INVALID_HANDLE;
-  std::vector<Frame> frames;
+  if (CaptureActive()) {
+    // Launched into a capturing stream: every frame becomes a node of that capture.
+    std::vector<Frame> frames;
+    {
+      std::lock_guard l(G().mu);
+      GuestExec* e = AsExec(he);
+      if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
+      frames = e->frames;
+    }
+    // The first frame tells whether the launch stream is capturing (recorded) or not (sent below).
+    bool captured = false;
+    for (Frame& f : frames) {
+      CUresult r = CUDA_SUCCESS;
+      bool took = false;
+      if (f.host.fn != nullptr) {
+        took = CaptureHostFunc(sid, f.host.fn, f.host.userData, &r);
+      } else {
+        std::memcpy(f.payload.data() + f.stream_offset, &sid, sizeof sid);
+        took = CaptureFrame(sid, f.op, f.payload.data(), static_cast<uint32_t>(f.payload.size()), f.stream_offset, &r);
+      }
+      if (!took) break;
+      if (r != CUDA_SUCCESS) return r;
+      captured = true;
+    }
+    if (captured) return CUDA_SUCCESS;
+  }
+  // One Batch frame per kBatchBytes of nodes (a launch costs a frame, not one per node); a host
+  // node is queued in stream order between them as cuLaunchHostFunc does.
+  std::vector<Segment> plan;
   {
     std::lock_guard l(G().mu);
     GuestExec* e = AsExec(he);
     if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    frames = e->frames;
+    if (e->dirty) BuildPlan(e);
+    plan = e->plan;
   }
-  for (Frame& f : frames) {
-    if (f.host.fn != nullptr) {
-      // A host node: queued in stream order as cuLaunchHostFunc does (or, launched into a
-      // capturing stream, captured as a host node).
-      if (CUresult r = LaunchHostFunc(hs, f.host.fn, f.host.userData); r != CUDA_SUCCESS) return r;
+  for (Segment& seg : plan) {
+    if (seg.kind == Segment::kHost) {
+      if (CUresult r = LaunchHostFunc(hs, seg.host.fn, seg.host.userData); r != CUDA_SUCCESS) return r;
       continue;
     }
-    std::memcpy(f.payload.data() + f.stream_offset, &sid, sizeof sid);
-    CUresult r = CUDA_SUCCESS;
-    // Launched into a capturing stream: its frames become nodes of that capture.
-    if (CaptureFrame(sid, f.op, f.payload.data(), static_cast<uint32_t>(f.payload.size()), f.stream_offset, &r)) {
-      if (r != CUDA_SUCCESS) return r;
-      continue;
-    }
-    if (CUresult s = Client::Get().Send(f.op, f.payload.data(), static_cast<uint32_t>(f.payload.size()));
-        s != CUDA_SUCCESS)
-      return s;
+    for (uint32_t off : seg.stream_offsets) std::memcpy(seg.payload.data() + off, &sid, sizeof sid);
+    HostFuncGate(sid);  // the work after a host function waits for it to return
+    if (CUresult r = Client::Get().Send(seg.op, seg.payload.data(), static_cast<uint32_t>(seg.payload.size()));
+        r != CUDA_SUCCESS)
+      return r;
   }
   return CUDA_SUCCESS;
 }
@@ -810,6 +881,7 @@ ORION_EXPORT CUresult CUDAAPI cuGraphExecHostNodeSetParams(CUgraphExec he, CUgra
   auto it = e->index.find(node);
   if (it == e->index.end()) return CUDA_ERROR_INVALID_VALUE;  // not a node of the graph it was made from
   e->frames[it->second].host = *p;
+  e->dirty = true;
   return CUDA_SUCCESS;
 }
 
@@ -915,6 +987,7 @@ ORION_EXPORT CUresult CUDAAPI cuGraphExecKernelNodeSetParams_v2(CUgraphExec he, 
                                e->frames[it->second].op != Op::kLaunchKernelEx))
     return CUDA_ERROR_INVALID_VALUE;
   e->frames[it->second] = Frame{op, std::move(frame), static_cast<uint32_t>(offsetof(LaunchReq, stream))};
+  e->dirty = true;
   return CUDA_SUCCESS;
 }
 
@@ -1027,6 +1100,7 @@ ORION_EXPORT CUresult CUDAAPI cuGraphExecUpdate_v2(CUgraphExec he, CUgraph hg, C
   }
   // Keep the node -> frame index of the exec's own nodes (cuGraphExec*SetParams name those).
   e->frames = std::move(fresh.frames);
+  e->dirty = true;
   if (info != nullptr) {
     info->result = CU_GRAPH_EXEC_UPDATE_SUCCESS;
     info->errorNode = nullptr;

@@ -652,6 +652,33 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       r = b_->Memset(q.dst, q.value, q.elem_size, q.width, q.height, q.pitch, s);
       break;
     }
+    case Op::kBatch: {
+      size_t off = 0;
+      while (off < len) {
+        BatchEntry e;
+        ORION_WANT(len - off >= sizeof e, "truncated Batch entry");
+        std::memcpy(&e, payload + off, sizeof e);  // read once: the guest may change the bytes
+        off += sizeof e;
+        ORION_WANT(e.reserved == 0 && OpBatchable(e.op) && e.len <= len - off, "bad Batch entry");
+        if (static_cast<Op>(e.op) == Op::kMemcpy2D) {
+          Memcpy2DReq m;
+          ORION_WANT(e.len >= sizeof m, "bad Batch entry");
+          std::memcpy(&m, payload + off, sizeof m);
+          // Window bytes do not travel with a batch (network transports): device to device only.
+          ORION_WANT(m.src_side == kSideDevice && m.dst_side == kSideDevice, "Batch Memcpy2D with a window side");
+        }
+        FrameHeader sub = h;
+        sub.op = e.op;
+        sub.payload_len = e.len;
+        sub.flags = 0;
+        int32_t st = 0;
+        std::vector<uint8_t> ignored;
+        if (!Dispatch(sub, payload + off, &ignored, &st, why)) return false;
+        if (st != 0 && r == CUDA_SUCCESS) r = static_cast<CUresult>(st);  // the first error, deferred
+        off += std::min<size_t>((e.len + 7u) & ~size_t{7}, len - off);
+      }
+      break;
+    }
     case Op::kArrayCreate: {
       ArrayCreateReq q;
       ORION_WANT(Get(payload, len, &q), "bad ArrayCreate");

@@ -232,6 +232,44 @@ int main(int argc, char** argv) {
     Report("malformed_payload_ends_session", WaitDead(&c, 10), "channel not closed");
     return g_failed == 0 ? 0 : 1;
   }
+  if (mode == "batch") {
+    // A Batch frame (a graph launch): its entries run in order, a bad entry's error is deferred
+    // and the next entries still run; an entry that is not batchable ends the session.
+    DeviceReq bdq{0, 0};
+    Report("primary_ctx", Handle(&c, Op::kPrimaryCtxRetain, &bdq, sizeof bdq) != 0);
+    MemAllocReq baq{4096};
+    const uint64_t buf = Handle(&c, Op::kMemAlloc, &baq, sizeof baq);
+    Report("alloc", buf != 0);
+    std::vector<uint8_t> batch;
+    auto add = [&](Op op, const void* p, uint32_t n) {
+      BatchEntry e{static_cast<uint16_t>(op), 0, n};
+      const size_t at = batch.size();
+      batch.resize(at + sizeof e + ((n + 7u) & ~7u), 0);
+      std::memcpy(batch.data() + at, &e, sizeof e);
+      std::memcpy(batch.data() + at + sizeof e, p, n);
+    };
+    MemsetReq first{buf, 1024, 1, 0, 0, 0x11111111u, 4};
+    MemsetReq bogus{0xdead0000ull, 16, 1, 0, 0, 0, 4};
+    MemsetReq last{buf, 16, 1, 0, 0, 0x22u, 1};
+    add(Op::kMemset, &first, sizeof first);
+    add(Op::kMemset, &bogus, sizeof bogus);
+    add(Op::kMemset, &last, sizeof last);
+    Send(&c, Op::kBatch, batch.data(), static_cast<uint32_t>(batch.size()), false);
+    int deferred = 0;
+    std::vector<uint8_t> got;
+    MemcpyReq back{0, buf, 32, 0};
+    const int st = Send(&c, Op::kMemcpyDtoH, &back, sizeof back, true, &deferred, &got);
+    Report("batch_error_deferred", st == 0 && deferred == CUDA_ERROR_INVALID_VALUE, "deferred " + std::to_string(deferred));
+    const uint8_t* w = c.base + c.layout.window_offset;
+    Report("batch_entries_after_error_ran", w[0] == 0x22 && w[15] == 0x22 && w[16] == 0x11 && w[31] == 0x11,
+           "window bytes not as the batch wrote them");
+    batch.clear();
+    MemAllocReq nested{64};
+    add(Op::kMemAlloc, &nested, sizeof nested);  // not batchable: a protocol violation
+    Send(&c, Op::kBatch, batch.data(), static_cast<uint32_t>(batch.size()), false);
+    Report("unbatchable_entry_ends_session", WaitDead(&c, 10), "channel not closed");
+    return g_failed == 0 ? 0 : 1;
+  }
   // bogus: every request names something this session does not own.
   DeviceReq dq{0, 0};
   const uint64_t ctx = Handle(&c, Op::kPrimaryCtxRetain, &dq, sizeof dq);

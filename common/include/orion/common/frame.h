@@ -480,6 +480,33 @@ ORION_WIRE_STRUCT(TexObjectReq, 88);
 struct ObjectReq { uint64_t object; uint32_t surface; uint32_t reserved; };
 ORION_WIRE_STRUCT(ObjectReq, 16);
 
+// Batch (a graph launch in one frame): entries, each a BatchEntry and then `len` bytes of the
+// entry's own payload, the next entry starting 8-byte aligned. Only the asynchronous ops that need
+// no window bytes and send no reply may be batched (OpBatchable); a Memcpy2D entry must copy device
+// to device. oriond executes the entries in order, as if they had come one frame each: an entry's
+// error is deferred like any asynchronous frame's, and the next entries still run. A malformed
+// entry (truncated, an op not batchable) is a protocol violation.
+struct BatchEntry {
+  uint16_t op;
+  uint16_t reserved;  // 0
+  uint32_t len;
+};
+ORION_WIRE_STRUCT(BatchEntry, 8);
+inline constexpr bool OpBatchable(uint16_t op) noexcept {
+  switch (static_cast<Op>(op)) {
+    case Op::kLaunchKernel:
+    case Op::kLaunchKernelEx:
+    case Op::kMemcpyDtoD:
+    case Op::kMemcpy2D:
+    case Op::kMemset:
+    case Op::kEventRecord:
+    case Op::kStreamWaitEvent:
+      return true;
+    default:
+      return false;
+  }
+}
+
 #undef ORION_WIRE_STRUCT
 
 }  // namespace orion
