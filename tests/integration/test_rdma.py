@@ -17,6 +17,8 @@ from test_sim import assert_launches_logged
 
 ADDR = vm.SOFT_ROCE_ADDR
 PROGRAMS = ["memory", "kernel_params", "driver_api", "device_props"]
+# Driver API families (issue #13) over RDMA: arrays, textures and surfaces; graphs.
+FAMILIES = ["arrays", "graphs"]
 
 # A program run with TCP forced: oriond has RDMA, the client says why it does not use it.
 TCP_WRAPPER = "#!/bin/sh\nORION_TRANSPORT=tcp exec /opt/device_props\n"
@@ -73,14 +75,14 @@ def rdma_initrd(tmp_path_factory, rdma_kernel):
     lowmem.chmod(0o755)
     extra["/opt/lowmem_device_props"] = lowmem
     extra["/opt/tcp_device_props"] = wrapper
-    progs = [TEST_BIN / p for p in PROGRAMS] + [TEST_BIN / "sleeper", ROOT / "build" / "hostile_rdma"]
+    progs = [TEST_BIN / p for p in PROGRAMS + FAMILIES] + [TEST_BIN / "sleeper", ROOT / "build" / "hostile_rdma"]
     return vm.build_initramfs(d / "initrd.gz", PREFIX, progs, extra=extra, setup=vm.SOFT_ROCE_SETUP,
                               teardown=vm.SOFT_ROCE_TEARDOWN, applets=vm.SOFT_ROCE_APPLETS + ["su"])
 
 
 def test_programs_run_over_soft_roce(rdma_kernel, rdma_initrd, tmp_path):
     # Hostile RDMA clients first: each loses only its own session, and oriond serves the rest.
-    run = ["hostile_all", "killed_memory", *PROGRAMS[:3], "tcp_device_props", "lowmem_device_props"]
+    run = ["hostile_all", "killed_memory", *PROGRAMS[:3], *FAMILIES, "tcp_device_props", "lowmem_device_props"]
     console = vm.boot(rdma_kernel, rdma_initrd, run, gmem=256, timeout=600, log=tmp_path / "console.log",
                       mem_mib=1024)  # oriond, its worker and the 64 MiB round trips of memory, in RAM
     out = vm.outputs(console)
@@ -93,12 +95,17 @@ def test_programs_run_over_soft_roce(rdma_kernel, rdma_initrd, tmp_path):
         assert_passed(vm_result(rc, text), expect_checks=40 if prog == "memory" else 1)
         assert f"Orion transport: RDMA to {ADDR}:9960 (rxe0 port 1" in text, text[-3000:]
         assert "Orion Simulated GPU" in text or prog == "memory", prog
-    assert len(re.findall(r"Client supports RDMA mode, then server runs in RDMA mode\.", server_log)) == 9, server_log
+    for prog in FAMILIES:
+        assert prog in out, console[-4000:]
+        rc, text = out[prog]
+        assert_passed(vm_result(rc, text), expect_checks=20 if prog == "arrays" else 30)
+        assert f"Orion transport: RDMA to {ADDR}:9960 (rxe0 port 1" in text, text[-3000:]
+    assert len(re.findall(r"Client supports RDMA mode, then server runs in RDMA mode\.", server_log)) == 11, server_log
     assert len(re.findall(r"Creating session \d+ for '(memory|kernel_params|driver_api)' .* over RDMA", server_log)) == 3
     assert re.search(r"Creating session \d+ for 'sleeper' .* over RDMA", server_log), server_log
     assert "RDMA enabled: device(s) rxe0" in server_log, server_log
     session_log = out["session.log"][1]
-    assert len(re.findall(r"RDMA queue pair \d+ on rxe0 port 1 .* connected to client queue pair \d+", session_log)) == 7
+    assert len(re.findall(r"RDMA queue pair \d+ on rxe0 port 1 .* connected to client queue pair \d+", session_log)) == 9
     # The killed client's session ended by itself, before oriond stopped.
     rc, text = out["killed_memory"]
     assert re.search(r"Session 5 exits \((client disconnected|worker ended)\)", text), text
