@@ -9,14 +9,16 @@
 // oriond's backend's own, so kernels receive them unchanged. Served: 1D, 2D and 3D arrays of 1, 2
 // or 4 channels of 8/16/32-bit integers, half and float, optionally with CUDA_ARRAY3D_SURFACE_LDST;
 // textures on arrays, linear and pitched memory. Refused, loudly (CUDA_ERROR_NOT_SUPPORTED):
-// layered, cubemap, texture-gather, sparse, deferred-mapping arrays, mipmapped arrays, resource
-// views, and block-compressed or packed formats.
+// layered, cubemap, texture-gather, sparse, deferred-mapping arrays, resource views, and
+// block-compressed or packed formats. Mipmapped arrays are served (their levels are arrays); on the
+// sim backend a mipmapped texture samples level 0 (tex.level / tex.grad are refused there).
 #include <algorithm>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "export.h"
 #include "log.h"
@@ -31,6 +33,14 @@ struct GuestArray {
   uint64_t remote = 0;  // oriond's handle
   CUDA_ARRAY3D_DESCRIPTOR desc{};
   uint64_t texel = 0, row_bytes = 0, rows = 0, slices = 0;
+  const void* mipmap = nullptr;  // a level of this mipmapped array (destroyed with it)
+};
+
+struct GuestMipmap {
+  uint64_t remote = 0;
+  CUDA_ARRAY3D_DESCRIPTOR desc{};
+  unsigned levels = 0;
+  std::vector<CUarray> level_arrays;  // nullptr until asked for
 };
 
 struct GuestObject {
@@ -41,6 +51,7 @@ struct GuestObject {
 std::mutex g_mu;
 std::unordered_map<const void*, std::unique_ptr<GuestArray>> g_arrays;  // by the CUarray handed out
 std::map<uint64_t, GuestObject> g_textures, g_surfaces;
+std::unordered_map<const void*, std::unique_ptr<GuestMipmap>> g_mipmaps;  // by the CUmipmappedArray handed out
 
 uint64_t FormatBytes(CUarray_format f) {
   switch (f) {
@@ -246,9 +257,13 @@ CUresult ObjectCreate(uint64_t* out, const CUDA_RESOURCE_DESC* res, const CUDA_T
       q.height = res->res.pitch2D.height;
       q.pitch = res->res.pitch2D.pitchInBytes;
       break;
-    case CU_RESOURCE_TYPE_MIPMAPPED_ARRAY:
-      WarnOnce("a texture object on a mipmapped array");
-      return CUDA_ERROR_NOT_SUPPORTED;
+    case CU_RESOURCE_TYPE_MIPMAPPED_ARRAY: {
+      std::lock_guard<std::mutex> l(g_mu);
+      auto it = g_mipmaps.find(res->res.mipmap.hMipmappedArray);
+      if (it == g_mipmaps.end()) return CUDA_ERROR_INVALID_HANDLE;
+      q.res = it->second->remote;
+      break;
+    }
     default:
       return CUDA_ERROR_INVALID_VALUE;
   }
@@ -258,12 +273,11 @@ CUresult ObjectCreate(uint64_t* out, const CUDA_RESOURCE_DESC* res, const CUDA_T
     q.filter_mode = static_cast<uint32_t>(tex->filterMode);
     q.flags = tex->flags;
     std::memcpy(q.border_color, tex->borderColor, sizeof q.border_color);
-    if (tex->maxAnisotropy > 1 || tex->mipmapFilterMode != CU_TR_FILTER_MODE_POINT || tex->mipmapLevelBias != 0.0f ||
-        tex->minMipmapLevelClamp != 0.0f || tex->maxMipmapLevelClamp != 0.0f) {
-      // Meaningful for mipmapped arrays only, which Orion does not serve; a real driver ignores
-      // them on a plain array too.
-      LogDebug("cuTexObjectCreate: anisotropy and mipmap settings ignored (no mipmapped arrays)");
-    }
+    q.mipmap_filter = static_cast<uint32_t>(tex->mipmapFilterMode);
+    q.max_anisotropy = tex->maxAnisotropy;
+    std::memcpy(&q.mipmap_bias, &tex->mipmapLevelBias, 4);
+    std::memcpy(&q.min_level, &tex->minMipmapLevelClamp, 4);
+    std::memcpy(&q.max_level, &tex->maxMipmapLevelClamp, 4);
   }
   U64Rep rep{};
   if (CUresult r = Client::Get().Call(Op::kTexObjectCreate, &q, sizeof q, &rep, sizeof rep); r != CUDA_SUCCESS) return r;
@@ -342,7 +356,7 @@ ORION_EXPORT CUresult CUDAAPI cuArrayDestroy(CUarray a) {
   {
     std::lock_guard<std::mutex> l(g_mu);
     auto it = g_arrays.find(a);
-    if (it == g_arrays.end()) return CUDA_ERROR_INVALID_HANDLE;
+    if (it == g_arrays.end() || it->second->mipmap != nullptr) return CUDA_ERROR_INVALID_HANDLE;  // a level goes with its owner
     g = std::move(it->second);
     g_arrays.erase(it);
   }
@@ -439,6 +453,93 @@ ORION_EXPORT CUresult CUDAAPI cuMemcpyAtoA_v2(CUarray dst, size_t dst_off, CUarr
 ORION_EXPORT CUresult CUDAAPI cuMemcpyAtoA_v2_ptds(CUarray dst, size_t dst_off, CUarray src, size_t src_off, size_t n) {
   ORION_API(cuMemcpyAtoA_v2_ptds);
   return ArrayToArray(dst, dst_off, src, src_off, n);
+}
+
+ORION_EXPORT CUresult CUDAAPI cuMipmappedArrayCreate(CUmipmappedArray* out, const CUDA_ARRAY3D_DESCRIPTOR* d,
+                                                     unsigned int numLevels) {
+  ORION_API(cuMipmappedArrayCreate);
+  if (out == nullptr || d == nullptr || numLevels == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  if (FormatBytes(d->Format) == 0 || (d->Flags & ~static_cast<unsigned>(CUDA_ARRAY3D_SURFACE_LDST)) != 0) {
+    WarnOnce("a mipmapped array of this format or with these flags");
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  if (d->Width == 0 || (d->Height == 0 && d->Depth != 0)) return CUDA_ERROR_INVALID_VALUE;
+  MipmapCreateReq q{{d->Width, d->Height, d->Depth, static_cast<uint32_t>(d->Format), d->NumChannels, d->Flags, 0},
+                    numLevels, 0};
+  HandleRep rep{};
+  if (CUresult r = Client::Get().Call(Op::kMipmappedArrayCreate, &q, sizeof q, &rep, sizeof rep); r != CUDA_SUCCESS) return r;
+  auto m = std::make_unique<GuestMipmap>();
+  m->remote = rep.handle;
+  m->desc = *d;
+  m->levels = numLevels;
+  m->level_arrays.assign(numLevels, nullptr);
+  *out = reinterpret_cast<CUmipmappedArray>(m.get());
+  std::lock_guard<std::mutex> l(g_mu);
+  g_mipmaps.emplace(m.get(), std::move(m));
+  return CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuMipmappedArrayGetLevel(CUarray* out, CUmipmappedArray mipmap, unsigned int level) {
+  ORION_API(cuMipmappedArrayGetLevel);
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  uint64_t remote = 0;
+  CUDA_ARRAY3D_DESCRIPTOR d{};
+  {
+    std::lock_guard<std::mutex> l(g_mu);
+    auto it = g_mipmaps.find(mipmap);
+    if (it == g_mipmaps.end()) return CUDA_ERROR_INVALID_HANDLE;
+    if (level >= it->second->levels) return CUDA_ERROR_INVALID_VALUE;
+    if (it->second->level_arrays[level] != nullptr) {
+      *out = it->second->level_arrays[level];
+      return CUDA_SUCCESS;
+    }
+    remote = it->second->remote;
+    d = it->second->desc;
+  }
+  MipmapLevelReq q{remote, level, 0};
+  HandleRep rep{};
+  if (CUresult r = Client::Get().Call(Op::kMipmappedArrayGetLevel, &q, sizeof q, &rep, sizeof rep); r != CUDA_SUCCESS)
+    return r;
+  auto a = std::make_unique<GuestArray>();
+  a->remote = rep.handle;
+  a->desc = d;
+  a->desc.Width = std::max<size_t>(d.Width >> level, 1);
+  if (d.Height != 0) a->desc.Height = std::max<size_t>(d.Height >> level, 1);
+  if (d.Depth != 0) a->desc.Depth = std::max<size_t>(d.Depth >> level, 1);
+  a->texel = FormatBytes(d.Format) * d.NumChannels;
+  a->row_bytes = a->desc.Width * a->texel;
+  a->rows = a->desc.Height != 0 ? a->desc.Height : 1;
+  a->slices = a->desc.Depth != 0 ? a->desc.Depth : 1;
+  a->mipmap = mipmap;
+  std::lock_guard<std::mutex> l(g_mu);
+  auto it = g_mipmaps.find(mipmap);
+  if (it == g_mipmaps.end()) return CUDA_ERROR_INVALID_HANDLE;  // destroyed meanwhile
+  if (it->second->level_arrays[level] == nullptr) {
+    it->second->level_arrays[level] = reinterpret_cast<CUarray>(a.get());
+    g_arrays.emplace(a.get(), std::move(a));
+  }
+  *out = it->second->level_arrays[level];
+  return CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuMipmappedArrayDestroy(CUmipmappedArray mipmap) {
+  ORION_API(cuMipmappedArrayDestroy);
+  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  uint64_t remote = 0;
+  {
+    std::lock_guard<std::mutex> l(g_mu);
+    auto it = g_mipmaps.find(mipmap);
+    if (it == g_mipmaps.end()) return CUDA_ERROR_INVALID_HANDLE;
+    remote = it->second->remote;
+    for (CUarray a : it->second->level_arrays) {
+      if (a != nullptr) g_arrays.erase(a);
+    }
+    g_mipmaps.erase(it);
+  }
+  HandleReq q{remote};
+  return Client::Get().Call(Op::kMipmappedArrayDestroy, &q, sizeof q);
 }
 
 ORION_EXPORT CUresult CUDAAPI cuTexObjectCreate(CUtexObject* out, const CUDA_RESOURCE_DESC* res,

@@ -106,6 +106,9 @@ namespace {
   X(memcpy3DAsync, cuMemcpy3DAsync_v2)                                                       \
   X(array3DCreate, cuArray3DCreate_v2)                                                       \
   X(arrayDestroy, cuArrayDestroy)                                                            \
+  X(mipmappedArrayCreate, cuMipmappedArrayCreate)                                            \
+  X(mipmappedArrayGetLevel, cuMipmappedArrayGetLevel)                                        \
+  X(mipmappedArrayDestroy, cuMipmappedArrayDestroy)                                          \
   X(texObjectCreate, cuTexObjectCreate)                                                      \
   X(texObjectDestroy, cuTexObjectDestroy)                                                    \
   X(surfObjectCreate, cuSurfObjectCreate)                                                    \
@@ -736,12 +739,38 @@ class CudaBackend final : public Backend {
     return api_.streamSynchronize(Stream(stream));
   }
 
+  CUresult MipmappedArrayCreate(const ArraySpec& spec, uint32_t levels, void** mipmap) override {
+    CUDA_ARRAY3D_DESCRIPTOR d;
+    std::memset(&d, 0, sizeof d);
+    d.Width = static_cast<size_t>(spec.width);
+    d.Height = static_cast<size_t>(spec.height);
+    d.Depth = static_cast<size_t>(spec.depth);
+    d.Format = static_cast<CUarray_format>(spec.format);
+    d.NumChannels = spec.channels;
+    d.Flags = spec.flags;
+    CUmipmappedArray m = nullptr;
+    const CUresult r = api_.mipmappedArrayCreate(&m, &d, levels);
+    if (r == CUDA_SUCCESS) *mipmap = m;
+    return r;
+  }
+  CUresult MipmappedArrayGetLevel(void* mipmap, uint32_t level, void** array) override {
+    CUarray a = nullptr;
+    const CUresult r = api_.mipmappedArrayGetLevel(&a, static_cast<CUmipmappedArray>(mipmap), level);
+    if (r == CUDA_SUCCESS) *array = a;
+    return r;
+  }
+  CUresult MipmappedArrayDestroy(void* mipmap) override {
+    return api_.mipmappedArrayDestroy(static_cast<CUmipmappedArray>(mipmap));
+  }
+
   CUresult TexObjectCreate(const TexSpec& t, uint64_t* object) override {
     CUDA_RESOURCE_DESC rd;
     std::memset(&rd, 0, sizeof rd);
     rd.resType = static_cast<CUresourcetype>(t.res_type);
     if (t.res_type == CU_RESOURCE_TYPE_ARRAY) {
       rd.res.array.hArray = static_cast<CUarray>(t.array);
+    } else if (t.res_type == CU_RESOURCE_TYPE_MIPMAPPED_ARRAY) {
+      rd.res.mipmap.hMipmappedArray = static_cast<CUmipmappedArray>(t.mipmap);
     } else if (t.res_type == CU_RESOURCE_TYPE_LINEAR) {
       rd.res.linear.devPtr = static_cast<CUdeviceptr>(t.dptr);
       rd.res.linear.format = static_cast<CUarray_format>(t.format);
@@ -767,6 +796,11 @@ class CudaBackend final : public Backend {
     td.filterMode = static_cast<CUfilter_mode>(t.filter_mode);
     td.flags = t.flags;
     for (int i = 0; i < 4; ++i) td.borderColor[i] = t.border_color[i];
+    td.mipmapFilterMode = static_cast<CUfilter_mode>(t.mipmap_filter);
+    td.maxAnisotropy = t.max_anisotropy;
+    td.mipmapLevelBias = t.mipmap_bias;
+    td.minMipmapLevelClamp = t.min_level;
+    td.maxMipmapLevelClamp = t.max_level;
     CUtexObject o = 0;
     const CUresult r = api_.texObjectCreate(&o, &rd, &td, nullptr);
     if (r == CUDA_SUCCESS) *object = o;

@@ -89,9 +89,23 @@ struct ArrayRec {
   uint64_t row_bytes = 0, rows = 0, slices = 0;
   uint32_t objects = 0;                       // texture and surface objects on it
   bool destroyed = false;
+  uint64_t mipmap = 0;                        // a level of this mipmapped array (which owns it)
+};
+// A mipmapped array: its levels are ArrayRecs owned by it (made at MipmappedArrayGetLevel), charged
+// with it; it lives while texture or surface objects use it or one of its levels.
+struct MipmapRec {
+  void* backend = nullptr;
+  uint32_t dev = 0;
+  uint64_t charged = 0;
+  uint32_t format = 0, channels = 0, flags = 0, levels = 0;
+  uint64_t width = 0, height = 0, depth = 0;
+  std::vector<uint64_t> level_ids;  // 0 until asked for
+  uint32_t objects = 0;             // objects on it or on its levels
+  bool destroyed = false;
 };
 struct TexRec {
-  uint64_t array = 0;  // its array's id (0: linear or pitched memory)
+  uint64_t array = 0;   // its array's id (0: linear or pitched memory, or a mipmapped array)
+  uint64_t mipmap = 0;  // the mipmapped array it uses, itself or through one of its levels
   uint32_t dev = 0;
 };
 
@@ -209,16 +223,33 @@ class Session {
   void HoldBlob(const std::string& hex, std::vector<uint8_t> data);
   void DropBlob(const std::string& hex);
   void CacheBlob(const std::string& hex, const std::vector<uint8_t>& data);
-  bool HandlesFull() const { return handles_.size() + arrays_.size() + texobjs_.size() >= kMaxSessionHandles; }
+  bool HandlesFull() const {
+    return handles_.size() + arrays_.size() + texobjs_.size() + mipmaps_.size() >= kMaxSessionHandles;
+  }
+  MipmapRec* LiveMipmap(uint64_t id) {
+    auto it = mipmaps_.find(id);
+    return it != mipmaps_.end() && !it->second.destroyed ? &it->second : nullptr;
+  }
+  // Destroys mipmapped array `id` (and its levels) once destroyed and unused.
+  void MaybeFreeMipmap(uint64_t id) {
+    auto it = mipmaps_.find(id);
+    if (it == mipmaps_.end() || !it->second.destroyed || it->second.objects != 0) return;
+    for (uint64_t level : it->second.level_ids) arrays_.erase(level);
+    (void)b_->MipmappedArrayDestroy(it->second.backend);
+    Uncharge(it->second.dev, it->second.charged);
+    mipmaps_.erase(it);
+  }
   // A live (not destroyed) array of this session.
   ArrayRec* LiveArray(uint64_t id) {
     auto it = arrays_.find(id);
-    return it != arrays_.end() && !it->second.destroyed ? &it->second : nullptr;
+    if (it == arrays_.end() || it->second.destroyed) return nullptr;
+    if (it->second.mipmap != 0 && LiveMipmap(it->second.mipmap) == nullptr) return nullptr;  // its owner is gone
+    return &it->second;
   }
   // Destroys array `id` in the backend and gives its quota back once nothing refers to it.
   void MaybeFreeArray(uint64_t id) {
     auto it = arrays_.find(id);
-    if (it == arrays_.end() || !it->second.destroyed || it->second.objects != 0) return;
+    if (it == arrays_.end() || !it->second.destroyed || it->second.objects != 0 || it->second.mipmap != 0) return;
     (void)b_->ArrayDestroy(it->second.backend);
     Uncharge(it->second.dev, it->second.charged);
     arrays_.erase(it);
@@ -243,6 +274,7 @@ class Session {
   std::set<uint64_t> ipc_imports_;                // allocations opened from another session's handle
   std::unordered_map<uint64_t, ArrayRec> arrays_;  // CUDA arrays, by handle
   std::map<std::pair<uint64_t, bool>, TexRec> texobjs_;  // (object value, is a surface) -> its record
+  std::unordered_map<uint64_t, MipmapRec> mipmaps_;      // mipmapped arrays, by handle
   std::map<uint64_t, Reservation> reservations_;  // VMM address ranges, by start
   uint64_t reserved_bytes_ = 0;                   // their sum (at most kMaxReservedBytes)
   std::map<uint64_t, Mapping> mappings_;          // VMM mappings, by start
@@ -497,6 +529,13 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
           if (it->second.array != 0) --arrays_[it->second.array].objects;
           it = texobjs_.erase(it);
         }
+        for (auto it = mipmaps_.begin(); it != mipmaps_.end();) {
+          if (it->second.dev != q.device) { ++it; continue; }
+          for (uint64_t level : it->second.level_ids) arrays_.erase(level);
+          (void)b_->MipmappedArrayDestroy(it->second.backend);
+          Uncharge(it->second.dev, it->second.charged);
+          it = mipmaps_.erase(it);
+        }
         for (auto it = arrays_.begin(); it != arrays_.end();) {
           if (it->second.dev != q.device) { ++it; continue; }
           (void)b_->ArrayDestroy(it->second.backend);
@@ -730,9 +769,98 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       HandleReq q;
       ORION_WANT(Get(payload, len, &q), "bad ArrayDestroy");
       ArrayRec* a = LiveArray(q.handle);
-      if (a == nullptr) { r = CUDA_ERROR_INVALID_HANDLE; break; }
+      if (a == nullptr || a->mipmap != 0) { r = CUDA_ERROR_INVALID_HANDLE; break; }  // a level goes with its owner
       a->destroyed = true;
       MaybeFreeArray(q.handle);
+      break;
+    }
+    case Op::kMipmappedArrayCreate: {
+      MipmapCreateReq q;
+      ORION_WANT(Get(payload, len, &q), "bad MipmappedArrayCreate");
+      if (cur_ctx_ == 0) { r = CUDA_ERROR_INVALID_CONTEXT; break; }
+      const ArrayCreateReq& a = q.array;
+      const uint64_t fb = FormatBytes(a.format);
+      const uint32_t dims = a.depth != 0 ? 3 : a.height != 0 ? 2 : 1;
+      const uint64_t largest = std::max({a.width, a.height, a.depth});
+      uint32_t max_levels = 1;
+      while ((largest >> max_levels) != 0 && max_levels < 64) ++max_levels;
+      const bool extents_ok = a.width != 0 && a.reserved == 0 && q.reserved == 0 && q.levels != 0 &&
+          q.levels <= max_levels &&
+          (dims == 1 ? a.width <= kMaxArray1D
+           : dims == 2 ? a.width <= kMaxArray2DW && a.height <= kMaxArray2DH
+                       : a.width <= kMaxArray3D && a.height <= kMaxArray3D && a.depth <= kMaxArray3D);
+      if (fb == 0 || (a.flags & ~uint32_t{CUDA_ARRAY3D_SURFACE_LDST}) != 0) { r = CUDA_ERROR_NOT_SUPPORTED; break; }
+      if (!extents_ok || (a.channels != 1 && a.channels != 2 && a.channels != 4)) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      if (HandlesFull()) { r = CUDA_ERROR_OUT_OF_MEMORY; break; }
+      uint64_t bytes = 0;
+      for (uint32_t l = 0; l < q.levels; ++l) {
+        const uint64_t lw = std::max<uint64_t>(a.width >> l, 1), lh = std::max<uint64_t>(a.height >> l, 1),
+                       ld = std::max<uint64_t>(a.depth >> l, 1);
+        bytes += lw * fb * a.channels * lh * ld;  // bounded by the extents above: no overflow
+      }
+      MipmapRec m;
+      m.dev = cur_dev_;
+      m.format = a.format;
+      m.channels = a.channels;
+      m.flags = a.flags;
+      m.levels = q.levels;
+      m.width = a.width;
+      m.height = a.height;
+      m.depth = a.depth;
+      m.level_ids.assign(q.levels, 0);
+      if (!Charge(cur_dev_, bytes, kAllocGranularity, "MipmappedArrayCreate", "cuMipmappedArrayCreate", &m.charged)) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+        break;
+      }
+      Backend::ArraySpec spec{a.width, a.height, a.depth, a.format, a.channels, a.flags};
+      r = b_->MipmappedArrayCreate(spec, q.levels, &m.backend);
+      if (r != CUDA_SUCCESS) {
+        Uncharge(cur_dev_, m.charged);
+        break;
+      }
+      const uint64_t id = next_handle_;
+      next_handle_ += 0x10;
+      mipmaps_.emplace(id, std::move(m));
+      put(HandleRep{id});
+      break;
+    }
+    case Op::kMipmappedArrayGetLevel: {
+      MipmapLevelReq q;
+      ORION_WANT(Get(payload, len, &q), "bad MipmappedArrayGetLevel");
+      MipmapRec* m = LiveMipmap(q.mipmap);
+      if (m == nullptr || q.reserved != 0) { r = CUDA_ERROR_INVALID_HANDLE; break; }
+      if (q.level >= m->levels) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      if (m->level_ids[q.level] == 0) {
+        ArrayRec a;
+        r = b_->MipmappedArrayGetLevel(m->backend, q.level, &a.backend);
+        if (r != CUDA_SUCCESS) break;
+        a.dev = m->dev;
+        a.format = m->format;
+        a.channels = m->channels;
+        a.flags = m->flags;
+        a.width = std::max<uint64_t>(m->width >> q.level, 1);
+        a.height = m->height != 0 ? std::max<uint64_t>(m->height >> q.level, 1) : 0;
+        a.depth = m->depth != 0 ? std::max<uint64_t>(m->depth >> q.level, 1) : 0;
+        a.texel = FormatBytes(m->format) * m->channels;
+        a.row_bytes = a.width * a.texel;
+        a.rows = std::max<uint64_t>(a.height, 1);
+        a.slices = std::max<uint64_t>(a.depth, 1);
+        a.mipmap = q.mipmap;
+        const uint64_t id = next_handle_;
+        next_handle_ += 0x10;
+        arrays_.emplace(id, a);
+        m->level_ids[q.level] = id;
+      }
+      put(HandleRep{m->level_ids[q.level]});
+      break;
+    }
+    case Op::kMipmappedArrayDestroy: {
+      HandleReq q;
+      ORION_WANT(Get(payload, len, &q), "bad MipmappedArrayDestroy");
+      MipmapRec* m = LiveMipmap(q.handle);
+      if (m == nullptr) { r = CUDA_ERROR_INVALID_HANDLE; break; }
+      m->destroyed = true;
+      MaybeFreeMipmap(q.handle);
       break;
     }
     case Op::kMemcpyArray: {
@@ -770,7 +898,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
         r = CUDA_ERROR_NOT_SUPPORTED;
         break;
       }
-      uint64_t array_id = 0, texel = 0;
+      uint64_t array_id = 0, texel = 0, mipmap_id = 0;
       uint32_t format = q.format;
       if (q.res_type == CU_RESOURCE_TYPE_ARRAY) {
         ArrayRec* a = LiveArray(q.res);
@@ -778,10 +906,26 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
         ok = ok && a != nullptr && (!t.surface || (a->flags & CUDA_ARRAY3D_SURFACE_LDST) != 0);
         if (ok) {
           array_id = q.res;
+          mipmap_id = a->mipmap;  // a level keeps its mipmapped array alive too
           t.array = a->backend;
           format = a->format;
           t.format = a->format;
           t.channels = a->channels;
+        }
+      } else if (!t.surface && q.res_type == CU_RESOURCE_TYPE_MIPMAPPED_ARRAY) {
+        MipmapRec* m = LiveMipmap(q.res);
+        ok = ok && m != nullptr && q.mipmap_filter <= CU_TR_FILTER_MODE_LINEAR && q.max_anisotropy <= 16;
+        if (ok) {
+          mipmap_id = q.res;
+          t.mipmap = m->backend;
+          format = m->format;
+          t.format = m->format;
+          t.channels = m->channels;
+          t.mipmap_filter = q.mipmap_filter;
+          t.max_anisotropy = q.max_anisotropy;
+          std::memcpy(&t.mipmap_bias, &q.mipmap_bias, 4);
+          std::memcpy(&t.min_level, &q.min_level, 4);
+          std::memcpy(&t.max_level, &q.max_level, 4);
         }
       } else if (!t.surface && (q.res_type == CU_RESOURCE_TYPE_LINEAR || q.res_type == CU_RESOURCE_TYPE_PITCH2D)) {
         texel = FormatBytes(q.format) * q.channels;
@@ -813,13 +957,14 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       uint64_t object = 0;
       r = b_->TexObjectCreate(t, &object);
       if (r != CUDA_SUCCESS) break;
-      if (!texobjs_.emplace(std::make_pair(object, t.surface), TexRec{array_id, cur_dev_}).second) {
+      if (!texobjs_.emplace(std::make_pair(object, t.surface), TexRec{array_id, mipmap_id, cur_dev_}).second) {
         p_.log->error("sess={} op=TexObjectCreate: the backend returned object {:#x} twice", p_.session_id, object);
         (void)b_->TexObjectDestroy(object, t.surface);
         r = CUDA_ERROR_UNKNOWN;
         break;
       }
       if (array_id != 0) ++arrays_[array_id].objects;
+      if (mipmap_id != 0) ++mipmaps_[mipmap_id].objects;
       put(U64Rep{object});
       break;
     }
@@ -830,11 +975,15 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       if (it == texobjs_.end()) { r = CUDA_ERROR_INVALID_VALUE; break; }
       r = b_->TexObjectDestroy(q.object, q.surface != 0);
       if (r != CUDA_SUCCESS) break;
-      const uint64_t array_id = it->second.array;
+      const uint64_t array_id = it->second.array, mipmap_id = it->second.mipmap;
       texobjs_.erase(it);
       if (array_id != 0) {
         --arrays_[array_id].objects;
         MaybeFreeArray(array_id);
+      }
+      if (mipmap_id != 0) {
+        --mipmaps_[mipmap_id].objects;
+        MaybeFreeMipmap(mipmap_id);
       }
       break;
     }

@@ -163,6 +163,11 @@ struct SimArray {
   std::vector<uint8_t> data;
 };
 
+// A mipmapped array: its levels are SimArrays (in arrays_, owned here through their handles).
+struct SimMipmap {
+  std::vector<void*> levels;
+};
+
 class SimBackend final : public Backend, private ptx::GlobalMemory {
  public:
   explicit SimBackend(SimOptions o) : opt_(std::move(o)) {
@@ -409,8 +414,42 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     }
     return CUDA_SUCCESS;
   }
+  CUresult MipmappedArrayCreate(const ArraySpec& spec, uint32_t levels, void** mipmap) override {
+    auto m = std::make_unique<SimMipmap>();
+    for (uint32_t l = 0; l < levels; ++l) {
+      ArraySpec ls = spec;
+      ls.width = std::max<uint64_t>(spec.width >> l, 1);
+      if (spec.height != 0) ls.height = std::max<uint64_t>(spec.height >> l, 1);
+      if (spec.depth != 0) ls.depth = std::max<uint64_t>(spec.depth >> l, 1);
+      void* a = nullptr;
+      if (CUresult r = ArrayCreate(ls, &a); r != CUDA_SUCCESS) {
+        for (void* made : m->levels) arrays_.erase(made);
+        return r;
+      }
+      m->levels.push_back(a);
+    }
+    *mipmap = m.get();
+    mipmaps_.emplace(m.get(), std::move(m));
+    return CUDA_SUCCESS;
+  }
+  CUresult MipmappedArrayGetLevel(void* mipmap, uint32_t level, void** array) override {
+    auto it = mipmaps_.find(mipmap);
+    if (it == mipmaps_.end()) return CUDA_ERROR_INVALID_HANDLE;
+    if (level >= it->second->levels.size()) return CUDA_ERROR_INVALID_VALUE;
+    *array = it->second->levels[level];
+    return CUDA_SUCCESS;
+  }
+  CUresult MipmappedArrayDestroy(void* mipmap) override {
+    (void)FlushBlocking(true);
+    auto it = mipmaps_.find(mipmap);
+    if (it == mipmaps_.end()) return CUDA_ERROR_INVALID_HANDLE;
+    for (void* a : it->second->levels) arrays_.erase(a);
+    mipmaps_.erase(it);
+    return CUDA_SUCCESS;
+  }
   CUresult TexObjectCreate(const TexSpec& spec, uint64_t* object) override {
     if (spec.res_type == CU_RESOURCE_TYPE_ARRAY && arrays_.count(spec.array) == 0) return CUDA_ERROR_INVALID_HANDLE;
+    if (spec.res_type == CU_RESOURCE_TYPE_MIPMAPPED_ARRAY && mipmaps_.count(spec.mipmap) == 0) return CUDA_ERROR_INVALID_HANDLE;
     const uint64_t id = next_object_++;
     (spec.surface ? surfaces_ : textures_)[id] = spec;
     *object = id;
@@ -979,8 +1018,15 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     if (it == objects.end()) return false;
     const TexSpec& t = it->second;
     ptx::ImageView v;
-    if (t.res_type == CU_RESOURCE_TYPE_ARRAY) {
-      auto a = arrays_.find(t.array);
+    if (t.res_type == CU_RESOURCE_TYPE_ARRAY || t.res_type == CU_RESOURCE_TYPE_MIPMAPPED_ARRAY) {
+      // A mipmapped texture samples its level 0 here (the executor refuses tex.level / tex.grad).
+      void* array = t.array;
+      if (t.res_type == CU_RESOURCE_TYPE_MIPMAPPED_ARRAY) {
+        auto m = mipmaps_.find(t.mipmap);
+        if (m == mipmaps_.end() || m->second->levels.empty()) return false;
+        array = m->second->levels[0];
+      }
+      auto a = arrays_.find(array);
       if (a == arrays_.end()) return false;
       const SimArray& arr = *a->second;
       v.data = const_cast<uint8_t*>(arr.data.data());
@@ -1155,6 +1201,7 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
   uint64_t window_bytes_ = 0;
   std::map<uint64_t, Block> blocks_;
   std::unordered_map<void*, std::unique_ptr<SimArray>> arrays_;       // by handle (the SimArray's address)
+  std::unordered_map<void*, std::unique_ptr<SimMipmap>> mipmaps_;     // by handle
   std::unordered_map<uint64_t, TexSpec> textures_, surfaces_;         // objects, by value
   uint64_t next_object_ = 1;                                          // texture and surface object values
   std::unordered_set<uint64_t> ipc_imports_;  // blocks mapped from another session's ticket

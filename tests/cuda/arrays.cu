@@ -253,6 +253,60 @@ int main() {
   ot::check("layered_array_refused", le != cudaSuccess, cudaGetErrorName(le));
   (void)cudaGetLastError();
 
+  // ---- Mipmapped arrays: each level an array (copies, textures); the whole counts in the quota.
+  const int MW = 16, MH = 8, LEVELS = 4;
+  cudaMipmappedArray_t mm = nullptr;
+  CK(cudaMemGetInfo(&free0, &total));
+  CK(cudaMallocMipmappedArray(&mm, &fdesc, make_cudaExtent(MW, MH, 0), LEVELS));
+  CK(cudaMemGetInfo(&free1, &total));
+  bool levels_ok = true;
+  size_t level_bytes = 0;
+  for (int l = 0; l < LEVELS; ++l) {
+    cudaArray_t lv = nullptr;
+    CK(cudaGetMipmappedArrayLevel(&lv, mm, l));
+    cudaChannelFormatDesc ld{};
+    cudaExtent ext{};
+    CK(cudaArrayGetInfo(&ld, &ext, nullptr, lv));
+    const int w = std::max(MW >> l, 1), h = std::max(MH >> l, 1);
+    levels_ok &= (int)ext.width == w && (int)ext.height == h;
+    level_bytes += (size_t)w * h * sizeof(float);
+    std::vector<float> src(w * h), dst(w * h, -1.0f);
+    for (int i = 0; i < w * h; ++i) src[i] = (float)(l * 1000 + i);
+    CK(cudaMemcpy2DToArray(lv, 0, 0, src.data(), w * sizeof(float), w * sizeof(float), h, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy2DFromArray(dst.data(), w * sizeof(float), lv, 0, 0, w * sizeof(float), h, cudaMemcpyDeviceToHost));
+    levels_ok &= dst == src;
+  }
+  ot::check("mipmap_levels_copy", levels_ok);
+  ot::check("mipmap_counts_in_quota", free0 - free1 >= level_bytes, ot::fmt("free %zu -> %zu", free0, free1));
+  // A texture on one level samples that level.
+  cudaArray_t lv1 = nullptr;
+  CK(cudaGetMipmappedArrayLevel(&lv1, mm, 1));
+  cudaTextureObject_t tl1 = MakeTex(lv1, cudaFilterModePoint, cudaAddressModeClamp, false);
+  read2d<<<1, dim3(MW / 2, MH / 2)>>>(tl1, out, MW / 2, MH / 2, 0.5f, 0.5f);
+  CK(cudaMemcpy(got.data(), out, (MW / 2) * (MH / 2) * sizeof(float), cudaMemcpyDeviceToHost));
+  bool lvl_ok = true;
+  for (int i = 0; i < (MW / 2) * (MH / 2); ++i) lvl_ok &= got[i] == (float)(1000 + i);
+  ot::check_kernel("tex_on_mipmap_level", lvl_ok, ot::fmt("got[3]=%g", got[3]));
+  // A texture object on the mipmapped array itself.
+  cudaResourceDesc mr{};
+  mr.resType = cudaResourceTypeMipmappedArray;
+  mr.res.mipmap.mipmap = mm;
+  cudaTextureDesc mtd{};
+  mtd.addressMode[0] = mtd.addressMode[1] = cudaAddressModeClamp;
+  mtd.filterMode = cudaFilterModePoint;
+  mtd.mipmapFilterMode = cudaFilterModePoint;
+  mtd.normalizedCoords = 1;
+  mtd.maxMipmapLevelClamp = LEVELS - 1;
+  cudaTextureObject_t tm = 0;
+  CK(cudaCreateTextureObject(&tm, &mr, &mtd, nullptr));
+  ot::check("mipmap_level_not_freeable", cudaFreeArray(lv1) != cudaSuccess);
+  (void)cudaGetLastError();
+  CK(cudaDestroyTextureObject(tl1));
+  CK(cudaDestroyTextureObject(tm));
+  CK(cudaFreeMipmappedArray(mm));
+  CK(cudaMemGetInfo(&free2, &total));
+  ot::check("mipmap_free_returns_quota", free2 == free0, ot::fmt("free %zu -> %zu", free0, free2));
+
   CK(cudaDestroySurfaceObject(s));
   for (cudaTextureObject_t t : {tp, tl, tw, tn, t1, t3}) CK(cudaDestroyTextureObject(t));
   for (cudaArray_t x : {a, b, v, rgba}) CK(cudaFreeArray(x));

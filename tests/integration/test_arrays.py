@@ -11,7 +11,7 @@ from conftest import assert_passed, checks
 
 def test_arrays_textures_and_surfaces(oriond):
     r = oriond.run("arrays", ORION_GMEM=512)
-    assert_passed(r, expect_checks=20)
+    assert_passed(r, expect_checks=25)
     c = checks(r.stdout)
     for k in ("tex2d_point", "tex2d_linear", "tex2d_normalized_wrap", "tex1dfetch_linear", "tex3d_point",
               "surf2d_read_write", "array_over_quota_refused"):

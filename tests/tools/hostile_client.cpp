@@ -340,6 +340,28 @@ int main(int argc, char** argv) {
   Expect("surface_without_ldst", Send(&c, Op::kTexObjectCreate, &tq, sizeof tq, true), CUDA_ERROR_INVALID_VALUE);
   ObjectReq oq{12345, 0, 0};
   Expect("texture_bogus_destroy", Send(&c, Op::kTexObjectDestroy, &oq, sizeof oq, true), CUDA_ERROR_INVALID_VALUE);
+  MipmapCreateReq mq_many{{16, 16, 0, CU_AD_FORMAT_FLOAT, 1, 0, 0}, 6, 0};  // a 16x16 array has 5 levels
+  Expect("mipmap_too_many_levels", Send(&c, Op::kMipmappedArrayCreate, &mq_many, sizeof mq_many, true),
+         CUDA_ERROR_INVALID_VALUE);
+  MipmapCreateReq mq_ok{{16, 16, 0, CU_AD_FORMAT_FLOAT, 1, 0, 0}, 5, 0};
+  const uint64_t mip = Handle(&c, Op::kMipmappedArrayCreate, &mq_ok, sizeof mq_ok);
+  Report("mipmap", mip != 0);
+  MipmapLevelReq mlq{mip, 5, 0};
+  Expect("mipmap_level_past_end", Send(&c, Op::kMipmappedArrayGetLevel, &mlq, sizeof mlq, true), CUDA_ERROR_INVALID_VALUE);
+  mlq.level = 4;
+  const uint64_t level = Handle(&c, Op::kMipmappedArrayGetLevel, &mlq, sizeof mlq);
+  HandleReq lvq{level};
+  Expect("mipmap_level_not_destroyable", Send(&c, Op::kArrayDestroy, &lvq, sizeof lvq, true), CUDA_ERROR_INVALID_HANDLE);
+  HandleReq mdq{mip};
+  Report("mipmap_destroy", Send(&c, Op::kMipmappedArrayDestroy, &mdq, sizeof mdq, true) == 0);
+  ArrayCopyReq lbox{};
+  lbox.src = dptr;
+  lbox.src_pitch = 4;
+  lbox.dst = level;  // its mipmapped array is gone
+  lbox.dst_side = kSideArray;
+  lbox.width_bytes = 4;
+  lbox.height = 1;
+  Expect("destroyed_mipmap_level_refused", Send(&c, Op::kMemcpyArray, &lbox, sizeof lbox, true), CUDA_ERROR_INVALID_VALUE);
   HandleReq aq2{arr};
   Report("array_destroy", Send(&c, Op::kArrayDestroy, &aq2, sizeof aq2, true) == 0);
   Expect("array_destroy_twice", Send(&c, Op::kArrayDestroy, &aq2, sizeof aq2, true), CUDA_ERROR_INVALID_HANDLE);

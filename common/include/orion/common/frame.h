@@ -475,8 +475,26 @@ struct TexObjectReq {
   uint32_t flags;           // CU_TRSF_READ_AS_INTEGER | CU_TRSF_NORMALIZED_COORDINATES (others refused)
   uint32_t reserved;
   uint32_t border_color[4];  // the floats' bits (CUDA_TEXTURE_DESC::borderColor)
+  // Mipmapped arrays (res_type CU_RESOURCE_TYPE_MIPMAPPED_ARRAY, res = the mipmapped array's handle).
+  uint32_t mipmap_filter;   // CUfilter_mode between levels
+  uint32_t max_anisotropy;  // 0..16
+  uint32_t mipmap_bias;     // float bits: CUDA_TEXTURE_DESC::mipmapLevelBias
+  uint32_t min_level;       // float bits: minMipmapLevelClamp
+  uint32_t max_level;       // float bits: maxMipmapLevelClamp
+  uint32_t reserved2;
 };
-ORION_WIRE_STRUCT(TexObjectReq, 88);
+ORION_WIRE_STRUCT(TexObjectReq, 112);
+// MipmappedArrayCreate -> HandleRep: `levels` levels of `array` (each dimension halved per level,
+// never below 1); MipmappedArrayGetLevel -> HandleRep: the array handle of one level (owned by the
+// mipmapped array: it cannot be destroyed by itself); MipmappedArrayDestroy: HandleReq.
+struct MipmapCreateReq {
+  ArrayCreateReq array;
+  uint32_t levels;
+  uint32_t reserved;
+};
+ORION_WIRE_STRUCT(MipmapCreateReq, 48);
+struct MipmapLevelReq { uint64_t mipmap; uint32_t level; uint32_t reserved; };
+ORION_WIRE_STRUCT(MipmapLevelReq, 16);
 struct ObjectReq { uint64_t object; uint32_t surface; uint32_t reserved; };
 ORION_WIRE_STRUCT(ObjectReq, 16);
 

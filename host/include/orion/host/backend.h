@@ -136,15 +136,23 @@ class Backend {
     void* array = nullptr;  // ARRAY
     uint64_t dptr = 0, width = 0, height = 0, pitch = 0;  // LINEAR (width in texels), PITCH2D
     uint32_t format = 0, channels = 1;                    // LINEAR, PITCH2D
+    void* mipmap = nullptr;                               // MIPMAPPED_ARRAY
     bool surface = false;
     uint32_t address_mode[3] = {};
     uint32_t filter_mode = 0, flags = 0;
     float border_color[4] = {};
+    uint32_t mipmap_filter = 0, max_anisotropy = 0;
+    float mipmap_bias = 0, min_level = 0, max_level = 0;
   };
   virtual CUresult ArrayCreate(const ArraySpec& spec, void** array) = 0;
   virtual CUresult ArrayDestroy(void* array) = 0;
   virtual CUresult MemcpyArray(const CopySide& dst, const CopySide& src, uint64_t width, uint64_t height,
                                void* stream) = 0;
+  // A mipmapped array of `levels` levels; its levels are arrays owned by it (MipmappedArrayGetLevel
+  // returns the same one each time; they go with MipmappedArrayDestroy).
+  virtual CUresult MipmappedArrayCreate(const ArraySpec& spec, uint32_t levels, void** mipmap) = 0;
+  virtual CUresult MipmappedArrayGetLevel(void* mipmap, uint32_t level, void** array) = 0;
+  virtual CUresult MipmappedArrayDestroy(void* mipmap) = 0;
   virtual CUresult TexObjectCreate(const TexSpec& spec, uint64_t* object) = 0;
   virtual CUresult TexObjectDestroy(uint64_t object, bool surface) = 0;
 
