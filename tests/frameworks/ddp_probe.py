@@ -6,6 +6,7 @@ flattening kernels are SASS, not run on sim, so the weights' values are not chec
 ranks end with the same bytes) and three training steps. Each rank prints one RANK line:
   RANK <r> allreduce=<bool> broadcast=<bool> before=<sha256> after=<sha256> steps=3
 Usage: torchrun --nproc_per_node=2 ddp_probe.py"""
+import gc
 import hashlib
 import os
 
@@ -35,11 +36,22 @@ before = digest(model)
 ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0])
 after = digest(model)
 opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-for _ in range(3):
-    loss = ddp(torch.randn(16, 32, device="cuda")).square().mean()
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
+# The backward passes run in this thread, not on autograd's CUDA device thread: that thread can drop
+# its last reference to a finished graph task (a decref that takes the GIL) while the interpreter
+# finalizes, and then aborts the process at exit with "terminate called without an active
+# exception" (PyTorch's own race, pytorch/pytorch#190489 and #38228; seen here about one run in
+# three under load). DDP's hooks and all-reduces are the same either way.
+with torch.autograd.set_multithreading_enabled(False):
+    for _ in range(3):
+        loss = ddp(torch.randn(16, 32, device="cuda")).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
 torch.cuda.synchronize()
 print(f"RANK {rank} allreduce={allreduce} broadcast={broadcast} before={before} after={after} steps=3", flush=True)
+# The process group goes before the interpreter does: DistributedDataParallel holds it, and gloo's
+# worker threads dispose of finished work (again a decref that takes the GIL) until it is destroyed;
+# left to interpreter finalization, that aborts the process as above.
+del ddp, opt, loss
+gc.collect()
 dist.destroy_process_group()
