@@ -334,6 +334,8 @@ Status Daemon::AddRegion(const std::string& p, Region* out, uint32_t processes, 
     return Status(s.code(), "region " + p + ": " + s.message());
   }
   r.processes = processes;
+  r.has_limits = vm != nullptr;
+  if (vm != nullptr) r.limits = *vm;
   r.channel_bytes = ch;
   r.channel_count = ivshmem::ChannelCountFor(size, ch);
   r.epoch = ivshmem::Header(r.map->data())->server_epoch;
@@ -1023,10 +1025,53 @@ bool Daemon::RegionIntact(Region& r) {
     ++sessions;
   }
   log_->error("region {} {}: a violation by a tenant of this region; ending its {} session(s); the region is no "
-              "longer served (other regions and network clients are not affected; restart oriond, or detach and "
-              "attach the VM, to serve it again)",
+              "longer served until they are gone (other regions and network clients are not affected; it is then "
+              "formatted afresh and served again if its file still has its size)",
               r.map->path(), why, sessions);
   return false;
+}
+
+void Daemon::RepairSevered() {
+  for (size_t i = 0; i < regions_.size(); ++i) {
+    Region& r = regions_[i];
+    if (!r.severed) continue;
+    bool live = false;
+    for (const Channel& c : r.channels) live |= c.state == Channel::kServing;
+    if (live) continue;  // Reap has not collected every session yet
+    const std::string path = r.map->path();
+    struct stat st{};
+    if (::stat(path.c_str(), &st) != 0 || static_cast<uint64_t>(st.st_size) != r.map->size()) {
+      if (!r.repair_refused_logged) {
+        log_->warn("region {} stays unserved: its file is gone or no longer {} bytes", path, r.map->size());
+        r.repair_refused_logged = true;
+      }
+      continue;
+    }
+    // Release the old mapping (and its lock) first: OpenServed locks the file again.
+    const ivshmem::VmLimits limits = r.limits;
+    const bool has_limits = r.has_limits;
+    const uint32_t vectors = r.bell ? r.limits.doorbell_vectors : 0;
+    r.map.reset();
+    Region fresh;
+    if (Status s = AddRegion(path, &fresh, r.processes, has_limits ? &limits : nullptr); !s.ok()) {
+      log_->error("region {} cannot be served again ({}); it is dropped{}", path, s.message(),
+                  r.vm.empty() ? "" : " (VM " + r.vm + ": attach it again)");
+      pool_->Release(r.reserved);
+      if (link_ && !r.vm.empty()) link_->Unassign(r.vm);
+      regions_.erase(regions_.begin() + static_cast<std::ptrdiff_t>(i));
+      --i;
+      continue;
+    }
+    r.map = std::move(fresh.map);
+    r.channel_bytes = fresh.channel_bytes;
+    r.channel_count = fresh.channel_count;
+    r.channels = std::move(fresh.channels);
+    r.epoch = fresh.epoch;
+    r.severed = false;
+    r.repair_refused_logged = false;
+    if (r.bell && r.channel_count < vectors) ivshmem::PublishDoorbell(r.map->data(), ivshmem::kHostPeer, r.channel_count);
+    log_->warn("region {} formatted afresh after a tenant broke it; served again ({} channels)", path, r.channel_count);
+  }
 }
 
 void Daemon::SetDead(Region& r, uint32_t index, int32_t reason) {
@@ -1301,6 +1346,7 @@ int Daemon::Run() {
     const uint64_t now = NowMs();
     if (now - last_vm_check >= 1000) {
       DropGoneVms();
+      RepairSevered();
       last_vm_check = now;
     }
     if (now - last_beat >= 100) {

@@ -353,6 +353,30 @@ def test_a_tenant_truncating_its_region_ends_only_its_sessions(tmp_path, how):
         d.stop()
 
 
+def test_an_overwritten_region_header_is_formatted_afresh(oriond):
+    # Issue #11 item 11: one write over a region's header used to break it for every later client
+    # until oriond restarted, with nothing logged. oriond ends the region's sessions, says why, and,
+    # once none is left, formats the region afresh: a new client is served again.
+    a = oriond.popen("sleeper", 16)
+    try:
+        wait_ready(a)
+        with open(oriond.region, "r+b") as f:
+            f.write(b"\xff" * 64)  # over the magic, layout version and sizes
+        deadline = time.time() + 10
+        while "formatted afresh after a tenant broke it; served again" not in oriond.log():
+            assert oriond.alive() and time.time() < deadline, oriond.log()[-3000:]
+            time.sleep(0.1)
+        log = oriond.log()
+        assert re.search(r"region .*orionsock0 was overwritten .* ending its 1 session", log), log[-3000:]
+        assert log.index("was overwritten") < log.index("formatted afresh after")
+        assert re.search(r"Session \d+ exits", oriond.log()), oriond.log()[-2000:]  # its session was ended
+        assert_passed(oriond.run("device_props"))
+        assert_passed(oriond.run("device_props"))
+    finally:
+        a.kill()
+        a.wait()
+
+
 def test_a_region_a_port_and_a_control_socket_have_one_oriond_each(tmp_path):
     # A second oriond must refuse to start, loudly, instead of reformatting a live region (its
     # clients and the first oriond's would then share channels), taking over the control socket

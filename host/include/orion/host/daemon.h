@@ -69,6 +69,9 @@ class Daemon {
     std::unique_ptr<ivshmem::DoorbellServer> bell;
     uint64_t epoch = 0;     // the server_epoch FormatRegion wrote (a copy: the header is hostile)
     bool severed = false;   // a tenant broke the region: no longer served (RegionIntact)
+    bool has_limits = false;           // formatted with VM limits (a VM's region): `limits`
+    ivshmem::VmLimits limits{};
+    bool repair_refused_logged = false;  // RepairSevered said once why it cannot serve it again
   };
 
   Status StartServing();
@@ -111,6 +114,10 @@ class Daemon {
   // VM regions whose file was removed or replaced (the VM stopped, maybe while oriond was down)
   // are dropped, so the VM's next start attaches afresh.
   void DropGoneVms();
+  // A severed region whose file still has its size (its header was overwritten, or it was truncated
+  // and grown back) is formatted afresh and served again once none of its sessions is left
+  // (issue #11 item 11); one of another size stays severed.
+  void RepairSevered();
   std::shared_ptr<spdlog::logger> SessionLogger(uint32_t session);
   Result<std::unique_ptr<Backend>> MakeBackend(uint32_t session) const;
   SessionParams BaseParams(uint32_t session, const std::vector<Placement>& placements,
