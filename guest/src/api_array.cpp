@@ -53,14 +53,7 @@ std::unordered_map<const void*, std::unique_ptr<GuestArray>> g_arrays;  // by th
 std::map<uint64_t, GuestObject> g_textures, g_surfaces;
 std::unordered_map<const void*, std::unique_ptr<GuestMipmap>> g_mipmaps;  // by the CUmipmappedArray handed out
 
-uint64_t FormatBytes(CUarray_format f) {
-  switch (f) {
-    case CU_AD_FORMAT_UNSIGNED_INT8: case CU_AD_FORMAT_SIGNED_INT8: return 1;
-    case CU_AD_FORMAT_UNSIGNED_INT16: case CU_AD_FORMAT_SIGNED_INT16: case CU_AD_FORMAT_HALF: return 2;
-    case CU_AD_FORMAT_UNSIGNED_INT32: case CU_AD_FORMAT_SIGNED_INT32: case CU_AD_FORMAT_FLOAT: return 4;
-    default: return 0;
-  }
-}
+uint64_t FormatBytes(CUarray_format f) { return ArrayFormatBytes(static_cast<uint32_t>(f)); }
 
 // A copy of the array's record (arrays may be destroyed by another thread meanwhile; oriond checks
 // the handle again).
@@ -418,34 +411,28 @@ ORION_ATOH(cuMemcpyAtoHAsync_v2_ptsz, s)
 #undef ORION_HTOA
 #undef ORION_ATOH
 
-ORION_EXPORT CUresult CUDAAPI cuMemcpyDtoA_v2(CUarray dst, size_t off, CUdeviceptr src, size_t n) {
-  ORION_API(cuMemcpyDtoA_v2);
-  Client::CopySide d{};
-  d.kind = kSideDevice;
-  d.dptr = src;
-  return LinearArrayCopy(dst, off, n, d, true, nullptr);
-}
-ORION_EXPORT CUresult CUDAAPI cuMemcpyDtoA_v2_ptds(CUarray dst, size_t off, CUdeviceptr src, size_t n) {
-  ORION_API(cuMemcpyDtoA_v2_ptds);
-  Client::CopySide d{};
-  d.kind = kSideDevice;
-  d.dptr = src;
-  return LinearArrayCopy(dst, off, n, d, true, nullptr);
-}
-ORION_EXPORT CUresult CUDAAPI cuMemcpyAtoD_v2(CUdeviceptr dst, CUarray src, size_t off, size_t n) {
-  ORION_API(cuMemcpyAtoD_v2);
-  Client::CopySide d{};
-  d.kind = kSideDevice;
-  d.dptr = dst;
-  return LinearArrayCopy(src, off, n, d, false, nullptr);
-}
-ORION_EXPORT CUresult CUDAAPI cuMemcpyAtoD_v2_ptds(CUdeviceptr dst, CUarray src, size_t off, size_t n) {
-  ORION_API(cuMemcpyAtoD_v2_ptds);
-  Client::CopySide d{};
-  d.kind = kSideDevice;
-  d.dptr = dst;
-  return LinearArrayCopy(src, off, n, d, false, nullptr);
-}
+#define ORION_DTOA(name)                                                                  \
+  ORION_EXPORT CUresult CUDAAPI name(CUarray dst, size_t off, CUdeviceptr src, size_t n) { \
+    ORION_API(name);                                                                       \
+    Client::CopySide d{};                                                                  \
+    d.kind = kSideDevice;                                                                  \
+    d.dptr = src;                                                                          \
+    return LinearArrayCopy(dst, off, n, d, true, nullptr);                                 \
+  }
+#define ORION_ATOD(name)                                                                  \
+  ORION_EXPORT CUresult CUDAAPI name(CUdeviceptr dst, CUarray src, size_t off, size_t n) { \
+    ORION_API(name);                                                                       \
+    Client::CopySide d{};                                                                  \
+    d.kind = kSideDevice;                                                                  \
+    d.dptr = dst;                                                                          \
+    return LinearArrayCopy(src, off, n, d, false, nullptr);                                \
+  }
+ORION_DTOA(cuMemcpyDtoA_v2)
+ORION_DTOA(cuMemcpyDtoA_v2_ptds)
+ORION_ATOD(cuMemcpyAtoD_v2)
+ORION_ATOD(cuMemcpyAtoD_v2_ptds)
+#undef ORION_DTOA
+#undef ORION_ATOD
 ORION_EXPORT CUresult CUDAAPI cuMemcpyAtoA_v2(CUarray dst, size_t dst_off, CUarray src, size_t src_off, size_t n) {
   ORION_API(cuMemcpyAtoA_v2);
   return ArrayToArray(dst, dst_off, src, src_off, n);

@@ -684,7 +684,7 @@ class CudaBackend final : public Backend {
     return api_.streamSynchronize(Stream(stream));
   }
 
-  CUresult ArrayCreate(const ArraySpec& spec, void** array) override {
+  static CUDA_ARRAY3D_DESCRIPTOR Descriptor(const ArraySpec& spec) {
     CUDA_ARRAY3D_DESCRIPTOR d;
     std::memset(&d, 0, sizeof d);
     d.Width = static_cast<size_t>(spec.width);
@@ -693,6 +693,10 @@ class CudaBackend final : public Backend {
     d.Format = static_cast<CUarray_format>(spec.format);
     d.NumChannels = spec.channels;
     d.Flags = spec.flags;
+    return d;
+  }
+  CUresult ArrayCreate(const ArraySpec& spec, void** array) override {
+    const CUDA_ARRAY3D_DESCRIPTOR d = Descriptor(spec);
     CUarray a = nullptr;
     const CUresult r = api_.array3DCreate(&a, &d);
     if (r == CUDA_SUCCESS) *array = a;
@@ -740,14 +744,7 @@ class CudaBackend final : public Backend {
   }
 
   CUresult MipmappedArrayCreate(const ArraySpec& spec, uint32_t levels, void** mipmap) override {
-    CUDA_ARRAY3D_DESCRIPTOR d;
-    std::memset(&d, 0, sizeof d);
-    d.Width = static_cast<size_t>(spec.width);
-    d.Height = static_cast<size_t>(spec.height);
-    d.Depth = static_cast<size_t>(spec.depth);
-    d.Format = static_cast<CUarray_format>(spec.format);
-    d.NumChannels = spec.channels;
-    d.Flags = spec.flags;
+    const CUDA_ARRAY3D_DESCRIPTOR d = Descriptor(spec);
     CUmipmappedArray m = nullptr;
     const CUresult r = api_.mipmappedArrayCreate(&m, &d, levels);
     if (r == CUDA_SUCCESS) *mipmap = m;
@@ -810,13 +807,7 @@ class CudaBackend final : public Backend {
     return surface ? api_.surfObjectDestroy(static_cast<CUsurfObject>(object))
                    : api_.texObjectDestroy(static_cast<CUtexObject>(object));
   }
-  static uint64_t TexelBytes(uint32_t format, uint32_t channels) {
-    switch (format) {
-      case CU_AD_FORMAT_UNSIGNED_INT8: case CU_AD_FORMAT_SIGNED_INT8: return channels;
-      case CU_AD_FORMAT_UNSIGNED_INT16: case CU_AD_FORMAT_SIGNED_INT16: case CU_AD_FORMAT_HALF: return 2u * channels;
-      default: return 4u * channels;
-    }
-  }
+  static uint64_t TexelBytes(uint32_t format, uint32_t channels) { return ArrayFormatBytes(format) * channels; }
 
   CUresult Memset(uint64_t dst, uint32_t value, uint32_t elem_size, uint64_t width, uint64_t height, uint64_t pitch,
                   void* stream) override {

@@ -109,16 +109,7 @@ struct TexRec {
   uint32_t dev = 0;
 };
 
-// Bytes of one channel of `format`; 0 for a format Orion does not serve (planar, block-compressed,
-// the packed UNORM/SNORM/SRGB formats of CUDA 11.5+).
-uint64_t FormatBytes(uint32_t format) {
-  switch (format) {
-    case CU_AD_FORMAT_UNSIGNED_INT8: case CU_AD_FORMAT_SIGNED_INT8: return 1;
-    case CU_AD_FORMAT_UNSIGNED_INT16: case CU_AD_FORMAT_SIGNED_INT16: case CU_AD_FORMAT_HALF: return 2;
-    case CU_AD_FORMAT_UNSIGNED_INT32: case CU_AD_FORMAT_SIGNED_INT32: case CU_AD_FORMAT_FLOAT: return 4;
-    default: return 0;
-  }
-}
+uint64_t FormatBytes(uint32_t format) { return ArrayFormatBytes(format); }
 bool IntegerFormat32(uint32_t format) {
   return format == CU_AD_FORMAT_UNSIGNED_INT32 || format == CU_AD_FORMAT_SIGNED_INT32;
 }
@@ -254,6 +245,9 @@ class Session {
     Uncharge(it->second.dev, it->second.charged);
     arrays_.erase(it);
   }
+  // A CUDA array descriptor Orion serves: CUDA_ERROR_NOT_SUPPORTED (logged) for a format or flags it
+  // does not, CUDA_ERROR_INVALID_VALUE for extents or channels no GPU takes.
+  CUresult CheckArrayDesc(const ArrayCreateReq& q, const char* op);
   // Checks one side of a MemcpyArray and fills the backend's view of it.
   bool CopySideOk(uint32_t side, uint64_t at, uint64_t pitch, uint64_t x, uint64_t y, uint64_t z, uint64_t width,
                   uint64_t height, Backend::CopySide* out);
@@ -723,18 +717,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       ORION_WANT(Get(payload, len, &q), "bad ArrayCreate");
       if (cur_ctx_ == 0) { r = CUDA_ERROR_INVALID_CONTEXT; break; }
       const uint64_t fb = FormatBytes(q.format);
-      const uint32_t dims = q.depth != 0 ? 3 : q.height != 0 ? 2 : 1;
-      const bool extents_ok = q.width != 0 && q.reserved == 0 &&
-          (dims == 1 ? q.width <= kMaxArray1D
-           : dims == 2 ? q.width <= kMaxArray2DW && q.height <= kMaxArray2DH
-                       : q.width <= kMaxArray3D && q.height <= kMaxArray3D && q.depth <= kMaxArray3D);
-      if (fb == 0 || (q.flags & ~uint32_t{CUDA_ARRAY3D_SURFACE_LDST}) != 0) {
-        p_.log->warn("sess={} op=ArrayCreate: format {:#x} / flags {:#x} not served (layered, cubemap, "
-                     "texture-gather, sparse, planar and block-compressed arrays are not)", p_.session_id, q.format, q.flags);
-        r = CUDA_ERROR_NOT_SUPPORTED;
-        break;
-      }
-      if (!extents_ok || (q.channels != 1 && q.channels != 2 && q.channels != 4)) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      if (r = CheckArrayDesc(q, "ArrayCreate"); r != CUDA_SUCCESS) break;
       if (HandlesFull()) { r = CUDA_ERROR_OUT_OF_MEMORY; break; }
       ArrayRec a;
       a.dev = cur_dev_;
@@ -780,17 +763,11 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       if (cur_ctx_ == 0) { r = CUDA_ERROR_INVALID_CONTEXT; break; }
       const ArrayCreateReq& a = q.array;
       const uint64_t fb = FormatBytes(a.format);
-      const uint32_t dims = a.depth != 0 ? 3 : a.height != 0 ? 2 : 1;
+      if (r = CheckArrayDesc(a, "MipmappedArrayCreate"); r != CUDA_SUCCESS) break;
       const uint64_t largest = std::max({a.width, a.height, a.depth});
       uint32_t max_levels = 1;
       while ((largest >> max_levels) != 0 && max_levels < 64) ++max_levels;
-      const bool extents_ok = a.width != 0 && a.reserved == 0 && q.reserved == 0 && q.levels != 0 &&
-          q.levels <= max_levels &&
-          (dims == 1 ? a.width <= kMaxArray1D
-           : dims == 2 ? a.width <= kMaxArray2DW && a.height <= kMaxArray2DH
-                       : a.width <= kMaxArray3D && a.height <= kMaxArray3D && a.depth <= kMaxArray3D);
-      if (fb == 0 || (a.flags & ~uint32_t{CUDA_ARRAY3D_SURFACE_LDST}) != 0) { r = CUDA_ERROR_NOT_SUPPORTED; break; }
-      if (!extents_ok || (a.channels != 1 && a.channels != 2 && a.channels != 4)) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      if (q.reserved != 0 || q.levels == 0 || q.levels > max_levels) { r = CUDA_ERROR_INVALID_VALUE; break; }
       if (HandlesFull()) { r = CUDA_ERROR_OUT_OF_MEMORY; break; }
       uint64_t bytes = 0;
       for (uint32_t l = 0; l < q.levels; ++l) {
@@ -1530,6 +1507,20 @@ void ClampServedFeatures(DeviceInfo* info) {
   set(CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS, 0);
   set(CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES, 0);
   set(CU_DEVICE_ATTRIBUTE_DIRECT_MANAGED_MEM_ACCESS_FROM_HOST, 0);
+}
+
+CUresult Session::CheckArrayDesc(const ArrayCreateReq& q, const char* op) {
+  if (FormatBytes(q.format) == 0 || (q.flags & ~uint32_t{CUDA_ARRAY3D_SURFACE_LDST}) != 0) {
+    p_.log->warn("sess={} op={}: format {:#x} / flags {:#x} not served (layered, cubemap, texture-gather, sparse, "
+                 "planar and block-compressed arrays are not)", p_.session_id, op, q.format, q.flags);
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  const uint32_t dims = q.depth != 0 ? 3 : q.height != 0 ? 2 : 1;
+  const bool extents_ok = q.width != 0 && q.reserved == 0 &&
+      (dims == 1 ? q.width <= kMaxArray1D
+       : dims == 2 ? q.width <= kMaxArray2DW && q.height <= kMaxArray2DH
+                   : q.width <= kMaxArray3D && q.height <= kMaxArray3D && q.depth <= kMaxArray3D);
+  return extents_ok && (q.channels == 1 || q.channels == 2 || q.channels == 4) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 bool Session::CopySideOk(uint32_t side, uint64_t at, uint64_t pitch, uint64_t x, uint64_t y, uint64_t z,

@@ -1079,14 +1079,7 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     const uint64_t off = (c.z * arr.rows + c.y + r) * arr.row_bytes + c.x;
     return off <= arr.data.size() && width <= arr.data.size() - off ? arr.data.data() + off : nullptr;
   }
-  static uint64_t FormatBytes(uint32_t format) {
-    switch (format) {
-      case CU_AD_FORMAT_UNSIGNED_INT8: case CU_AD_FORMAT_SIGNED_INT8: return 1;
-      case CU_AD_FORMAT_UNSIGNED_INT16: case CU_AD_FORMAT_SIGNED_INT16: case CU_AD_FORMAT_HALF: return 2;
-      case CU_AD_FORMAT_UNSIGNED_INT32: case CU_AD_FORMAT_SIGNED_INT32: case CU_AD_FORMAT_FLOAT: return 4;
-      default: return 0;
-    }
-  }
+  static uint64_t FormatBytes(uint32_t format) { return ArrayFormatBytes(format); }
 
   // The module's PTX program, parsed at its first launch; nullptr (with ptx_error) if none.
   ptx::Program* ProgramOf(SimModule* m) {

@@ -436,6 +436,17 @@ struct ArrayCreateReq {
   uint32_t reserved;  // 0
 };
 ORION_WIRE_STRUCT(ArrayCreateReq, 40);
+// Bytes of one channel of a CUarray_format Orion serves (values from cuda.h: UNSIGNED_INT8 0x01,
+// 16 0x02, 32 0x03, SIGNED_INT8 0x08, 16 0x09, 32 0x0a, HALF 0x10, FLOAT 0x20); 0 for any other
+// (planar, block-compressed, packed UNORM/SNORM/SRGB formats).
+inline constexpr uint64_t ArrayFormatBytes(uint32_t format) noexcept {
+  switch (format) {
+    case 0x01: case 0x08: return 1;
+    case 0x02: case 0x09: case 0x10: return 2;
+    case 0x03: case 0x0a: case 0x20: return 4;
+    default: return 0;
+  }
+}
 
 // MemcpyArray: a 2D box (one slice) between any two of device memory, the data window and a CUDA
 // array. Device / window side: the address or window offset of the box's first byte and the row
