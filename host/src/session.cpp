@@ -110,6 +110,22 @@ struct TexRec {
 };
 
 uint64_t FormatBytes(uint32_t format) { return ArrayFormatBytes(format); }
+// An array's record with its geometry (extents already checked: the products cannot overflow).
+ArrayRec ArrayGeometry(uint32_t format, uint32_t channels, uint32_t flags, uint64_t width, uint64_t height,
+                       uint64_t depth) {
+  ArrayRec a;
+  a.format = format;
+  a.channels = channels;
+  a.flags = flags;
+  a.width = width;
+  a.height = height;
+  a.depth = depth;
+  a.texel = FormatBytes(format) * channels;
+  a.row_bytes = width * a.texel;
+  a.rows = std::max<uint64_t>(height, 1);
+  a.slices = std::max<uint64_t>(depth, 1);
+  return a;
+}
 bool IntegerFormat32(uint32_t format) {
   return format == CU_AD_FORMAT_UNSIGNED_INT32 || format == CU_AD_FORMAT_SIGNED_INT32;
 }
@@ -716,21 +732,10 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       ArrayCreateReq q;
       ORION_WANT(Get(payload, len, &q), "bad ArrayCreate");
       if (cur_ctx_ == 0) { r = CUDA_ERROR_INVALID_CONTEXT; break; }
-      const uint64_t fb = FormatBytes(q.format);
       if (r = CheckArrayDesc(q, "ArrayCreate"); r != CUDA_SUCCESS) break;
       if (HandlesFull()) { r = CUDA_ERROR_OUT_OF_MEMORY; break; }
-      ArrayRec a;
+      ArrayRec a = ArrayGeometry(q.format, q.channels, q.flags, q.width, q.height, q.depth);
       a.dev = cur_dev_;
-      a.format = q.format;
-      a.channels = q.channels;
-      a.flags = q.flags;
-      a.width = q.width;
-      a.height = q.height;
-      a.depth = q.depth;
-      a.texel = fb * q.channels;
-      a.row_bytes = q.width * a.texel;  // bounded above: no overflow
-      a.rows = std::max<uint64_t>(q.height, 1);
-      a.slices = std::max<uint64_t>(q.depth, 1);
       if (!Charge(cur_dev_, a.row_bytes * a.rows * a.slices, kAllocGranularity, "ArrayCreate", "cuArray3DCreate",
                   &a.charged)) {
         r = CUDA_ERROR_OUT_OF_MEMORY;
@@ -808,20 +813,12 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       if (m == nullptr || q.reserved != 0) { r = CUDA_ERROR_INVALID_HANDLE; break; }
       if (q.level >= m->levels) { r = CUDA_ERROR_INVALID_VALUE; break; }
       if (m->level_ids[q.level] == 0) {
-        ArrayRec a;
+        ArrayRec a = ArrayGeometry(m->format, m->channels, m->flags, std::max<uint64_t>(m->width >> q.level, 1),
+                                   m->height != 0 ? std::max<uint64_t>(m->height >> q.level, 1) : 0,
+                                   m->depth != 0 ? std::max<uint64_t>(m->depth >> q.level, 1) : 0);
         r = b_->MipmappedArrayGetLevel(m->backend, q.level, &a.backend);
         if (r != CUDA_SUCCESS) break;
         a.dev = m->dev;
-        a.format = m->format;
-        a.channels = m->channels;
-        a.flags = m->flags;
-        a.width = std::max<uint64_t>(m->width >> q.level, 1);
-        a.height = m->height != 0 ? std::max<uint64_t>(m->height >> q.level, 1) : 0;
-        a.depth = m->depth != 0 ? std::max<uint64_t>(m->depth >> q.level, 1) : 0;
-        a.texel = FormatBytes(m->format) * m->channels;
-        a.row_bytes = a.width * a.texel;
-        a.rows = std::max<uint64_t>(a.height, 1);
-        a.slices = std::max<uint64_t>(a.depth, 1);
         a.mipmap = q.mipmap;
         const uint64_t id = next_handle_;
         next_handle_ += 0x10;
