@@ -1167,6 +1167,7 @@ class Block {
         return true;
       }
       case Op::kCvt:
+        if (n == 0 || TyBytes(ins.type2) == 0) return Unsupported(w, mask, ins);  // `cvt.rzi`: no types
         if (ins.o[0].kind == Operand::kReg && (t == Ty::kF16x2 || t == Ty::kBF16x2)) {
           // cvt.rn.f16x2.f32 d, a, b: a to the upper half, b to the lower.
           Ins one = ins;
@@ -1321,6 +1322,7 @@ class Block {
       });
       return true;
     }
+    if (n == 0) return Unsupported(w, mask, ins);  // integer arithmetic without a type (`abs;`)
     return ExecInt(w, mask, ins, n, sg);
   }
 
