@@ -451,7 +451,11 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
     case Op::kSync:
       break;
     case Op::kTakeOutput: {
-      const size_t room = kMaxPayload - sizeof(OutputRep);
+      // A record takes at most half its ring (RingProducer::Reserve): on a small channel (4 MiB: a
+      // 64 KiB reply ring) a full kMaxPayload reply would never fit, and the session would wait for
+      // room until the client's lease ran out. The client asks again while kFlagOutputPending is set.
+      const uint64_t ring_max = layout_.reply_ring_bytes / 2 - ivshmem::kStampBytes - sizeof(FrameHeader);
+      const size_t room = std::min<uint64_t>(kMaxPayload, ring_max) - sizeof(OutputRep);
       const size_t n = std::min<size_t>(output_.size(), room);
       const size_t m = std::min<size_t>(notices_.size(), room - n);
       put(OutputRep{static_cast<uint32_t>(n), static_cast<uint32_t>(m)});

@@ -1105,7 +1105,7 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
           m->ptx_error = "no memory for its variable " + v.name;
           return nullptr;
         }
-        std::memcpy(Host(addr, v.size), v.init.data(), std::min<uint64_t>(v.init.size(), v.size));
+        if (!v.init.empty()) std::memcpy(Host(addr, v.size), v.init.data(), std::min<uint64_t>(v.init.size(), v.size));
         it = m->globals.emplace(v.name, addr).first;
       }
       m->var_addrs.push_back(it->second);

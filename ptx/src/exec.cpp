@@ -1167,6 +1167,7 @@ class Block {
         return true;
       }
       case Op::kCvt:
+        if (n == 0 || TyBytes(ins.type2) == 0) return Unsupported(w, mask, ins);  // `cvt.rzi`: no types
         if (ins.o[0].kind == Operand::kReg && (t == Ty::kF16x2 || t == Ty::kBF16x2)) {
           // cvt.rn.f16x2.f32 d, a, b: a to the upper half, b to the lower.
           Ins one = ins;
@@ -1321,6 +1322,7 @@ class Block {
       });
       return true;
     }
+    if (n == 0) return Unsupported(w, mask, ins);  // integer arithmetic without a type (`abs;`)
     return ExecInt(w, mask, ins, n, sg);
   }
 
@@ -2080,6 +2082,18 @@ LaunchResult Launch(Program& p, std::string_view kernel, const LaunchConfig& cfg
     for (;;) {
       const uint64_t i = next.fetch_add(1);
       if (i >= blocks || stop.load()) break;
+      // A block looks at the deadline every 65536 warp instructions of its own: a grid of many
+      // short blocks is bounded here.
+      if (cfg.timeout_ms != 0 && std::chrono::steady_clock::now() > deadline) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (fault.code == CUDA_SUCCESS || i < fault_block) {
+          fault = Fault{CUDA_ERROR_LAUNCH_TIMEOUT,
+                        "the kernel ran longer than the sim kernel timeout (" + std::to_string(cfg.timeout_ms) + " ms)"};
+          fault_block = i;
+        }
+        stop = true;
+        break;
+      }
       const uint32_t ctaid[3] = {static_cast<uint32_t>(i % cfg.grid[0]),
                                  static_cast<uint32_t>((i / cfg.grid[0]) % cfg.grid[1]),
                                  static_cast<uint32_t>(i / (uint64_t{cfg.grid[0]} * cfg.grid[1]))};

@@ -424,6 +424,7 @@ class Parser {
     s.extern_shared = d->space == Space::kShared && (is_extern || d->unsized);
     if (Accept("=")) {
       if (Status st = Initializer(*d, &s.init); !st.ok()) return st;
+      if (d->unsized) s.size = s.init.size();  // `x[] = {...}`: sized by its initialiser (as fatbin.cpp)
     }
     if (Status st = Expect(";"); !st.ok()) return st;
     if (is_extern && !s.extern_shared) return Status::Ok();  // defined in another module
