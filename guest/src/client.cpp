@@ -888,34 +888,18 @@ CUresult Client::Copy2D(const CUDA_MEMCPY2D& c, uint64_t stream, bool async) noe
     FrameHeader h = MakeHeader(Op::kMemcpy2D, sizeof q, false);
     return PushLocked(h, &q, sizeof q, nullptr, 0);
   }
-  if (w > layout_.staging_bytes / 4) return CUDA_ERROR_NOT_SUPPORTED;
-  const uint64_t rows_per_chunk = std::max<uint64_t>(1, kChunk / w);
-  for (uint64_t row = 0; row < hgt; row += rows_per_chunk) {
-    const uint64_t rows = std::min(rows_per_chunk, hgt - row);
-    const int64_t off = StageAllocLocked(rows * w);
-    if (off < 0) return broken_ != CUDA_SUCCESS ? broken_ : CUDA_ERROR_UNKNOWN;
-    if (src_host) {
-      for (uint64_t r = 0; r < rows; ++r) std::memcpy(window_ + off + r * w, src_h + (row + r) * c.srcPitch, w);
-      Memcpy2DReq q{static_cast<uint64_t>(off), w, dst_dev + row * c.dstPitch, c.dstPitch, w, rows, stream,
-                    kSideWindow, kSideDevice};
-      FrameHeader h = MakeHeader(Op::kMemcpy2D, sizeof q, false);
-      StageTagLocked(h.seq, false);
-      if (CUresult r = PushLocked(h, &q, sizeof q, nullptr, 0); r != CUDA_SUCCESS) return r;
-    } else {
-      Memcpy2DReq q{src_dev + row * c.srcPitch, c.srcPitch, static_cast<uint64_t>(off), w, w, rows, stream,
-                    kSideDevice, kSideWindow};
-      FrameHeader h = MakeHeader(Op::kMemcpy2D, sizeof q, true);
-      StageTagLocked(h.seq, true);
-      if (CUresult r = PushLocked(h, &q, sizeof q, nullptr, 0); r != CUDA_SUCCESS) return r;
-      CUresult r = WaitReplyLocked(h.seq, static_cast<Op>(h.op), nullptr, 0, nullptr);
-      stage_fifo_.back().released = true;
-      if (r != CUDA_SUCCESS) return r;
-      for (uint64_t k = 0; k < rows; ++k) std::memcpy(dst_h + (row + k) * c.dstPitch, window_ + off + k * w, w);
-      ReclaimLocked();
-    }
-  }
+  const CUresult r = StagedRowsLocked(
+      Op::kMemcpy2D, w, hgt, src_host ? src_h : nullptr, c.srcPitch, src_host ? nullptr : dst_h, c.dstPitch,
+      [&](uint64_t row, uint64_t rows, uint64_t off, uint8_t* req) {
+        const Memcpy2DReq q = src_host ? Memcpy2DReq{off, w, dst_dev + row * c.dstPitch, c.dstPitch, w, rows, stream,
+                                                     kSideWindow, kSideDevice}
+                                       : Memcpy2DReq{src_dev + row * c.srcPitch, c.srcPitch, off, w, w, rows, stream,
+                                                     kSideDevice, kSideWindow};
+        std::memcpy(req, &q, sizeof q);
+        return static_cast<uint32_t>(sizeof q);
+      });
   (void)async;  // host-side destinations are filled before returning, as for pageable memory
-  return CUDA_SUCCESS;
+  return r;
 }
 
 CUresult Client::CopyArray(const CopySide& dst, const CopySide& src, uint64_t w, uint64_t hgt, uint64_t stream) noexcept {
@@ -955,26 +939,39 @@ CUresult Client::CopyArray(const CopySide& dst, const CopySide& src, uint64_t w,
     FrameHeader h = MakeHeader(Op::kMemcpyArray, sizeof q, false);
     return PushLocked(h, &q, sizeof q, nullptr, 0);
   }
+  return StagedRowsLocked(Op::kMemcpyArray, w, hgt, src_host ? src.src : nullptr, src.pitch, src_host ? nullptr : dst.dst,
+                          dst.pitch, [&](uint64_t row, uint64_t rows, uint64_t off, uint8_t* req) {
+                            const ArrayCopyReq q = request(row, rows, off);
+                            std::memcpy(req, &q, sizeof q);
+                            return static_cast<uint32_t>(sizeof q);
+                          });
+}
+
+template <class Build>
+CUresult Client::StagedRowsLocked(Op op, uint64_t w, uint64_t hgt, const uint8_t* src_h, uint64_t src_pitch,
+                                  uint8_t* dst_h, uint64_t dst_pitch, Build build) noexcept {
   if (w > layout_.staging_bytes / 4) return CUDA_ERROR_NOT_SUPPORTED;
   const uint64_t rows_per_chunk = std::max<uint64_t>(1, kChunk / w);
   for (uint64_t row = 0; row < hgt; row += rows_per_chunk) {
     const uint64_t rows = std::min(rows_per_chunk, hgt - row);
     const int64_t off = StageAllocLocked(rows * w);
     if (off < 0) return broken_ != CUDA_SUCCESS ? broken_ : CUDA_ERROR_UNKNOWN;
-    ArrayCopyReq q = request(row, rows, static_cast<uint64_t>(off));
-    if (src_host) {
-      for (uint64_t r = 0; r < rows; ++r) std::memcpy(window_ + off + r * w, src.src + (row + r) * src.pitch, w);
-      FrameHeader h = MakeHeader(Op::kMemcpyArray, sizeof q, false);
+    static_assert(sizeof(Memcpy2DReq) <= kMaxStagedRequest && sizeof(ArrayCopyReq) <= kMaxStagedRequest);
+    alignas(8) uint8_t req[kMaxStagedRequest];
+    const uint32_t len = build(row, rows, static_cast<uint64_t>(off), req);
+    if (src_h != nullptr) {
+      for (uint64_t r = 0; r < rows; ++r) std::memcpy(window_ + off + r * w, src_h + (row + r) * src_pitch, w);
+      FrameHeader h = MakeHeader(op, len, false);
       StageTagLocked(h.seq, false);
-      if (CUresult r = PushLocked(h, &q, sizeof q, nullptr, 0); r != CUDA_SUCCESS) return r;
+      if (CUresult r = PushLocked(h, req, len, nullptr, 0); r != CUDA_SUCCESS) return r;
     } else {
-      FrameHeader h = MakeHeader(Op::kMemcpyArray, sizeof q, true);
+      FrameHeader h = MakeHeader(op, len, true);
       StageTagLocked(h.seq, true);
-      if (CUresult r = PushLocked(h, &q, sizeof q, nullptr, 0); r != CUDA_SUCCESS) return r;
-      CUresult r = WaitReplyLocked(h.seq, static_cast<Op>(h.op), nullptr, 0, nullptr);
+      if (CUresult r = PushLocked(h, req, len, nullptr, 0); r != CUDA_SUCCESS) return r;
+      CUresult r = WaitReplyLocked(h.seq, op, nullptr, 0, nullptr);
       stage_fifo_.back().released = true;
       if (r != CUDA_SUCCESS) return r;
-      for (uint64_t k = 0; k < rows; ++k) std::memcpy(dst.dst + (row + k) * dst.pitch, window_ + off + k * w, w);
+      for (uint64_t k = 0; k < rows; ++k) std::memcpy(dst_h + (row + k) * dst_pitch, window_ + off + k * w, w);
       ReclaimLocked();
     }
   }
@@ -1003,16 +1000,22 @@ CUresult Client::UploadBlob(uint64_t hash_lo, uint64_t hash_hi, const uint8_t* d
 void* Client::PinnedAlloc(uint64_t bytes) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   if (window_ == nullptr || bytes == 0) return nullptr;
-  const uint64_t need = (bytes + kPinnedAlign - 1) & ~(kPinnedAlign - 1);
-  for (auto it = pinned_free_.begin(); it != pinned_free_.end(); ++it) {
-    if (it->second < need) continue;
-    const uint64_t off = it->first, size = it->second;
+  const int64_t off = PinnedAllocLocked((bytes + kPinnedAlign - 1) & ~(kPinnedAlign - 1), kPinnedAlign);
+  return off < 0 ? nullptr : window_ + off;
+}
+
+int64_t Client::PinnedAllocLocked(uint64_t need, uint64_t align) noexcept {
+  for (auto it = pinned_free_.begin(); it != pinned_free_.end(); ++it) {  // first fit
+    const uint64_t start = it->first, size = it->second;
+    const uint64_t at = (start + align - 1) & ~(align - 1);
+    if (at - start > size || need > size - (at - start)) continue;
     pinned_free_.erase(it);
-    if (size > need) pinned_free_[off + need] = size - need;
-    pinned_used_[off] = need;
-    return window_ + off;
+    if (at > start) pinned_free_[start] = at - start;
+    if (at + need < start + size) pinned_free_[at + need] = start + size - (at + need);
+    pinned_used_[at] = need;
+    return static_cast<int64_t>(at);
   }
-  return nullptr;
+  return -1;
 }
 
 bool Client::PinnedFree(void* p) noexcept {
@@ -1105,25 +1108,13 @@ CUresult Client::MapIntoWindow(void* p, uint64_t bytes) noexcept {
   for (const auto& [ptr, m] : window_mappings_) {
     if (m.page_start < end && start < m.page_start + m.len) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
   }
-  // A page-aligned block of the pinned heap (first fit).
-  uint64_t off = 0;
-  bool found = false;
-  for (auto it = pinned_free_.begin(); it != pinned_free_.end(); ++it) {
-    const uint64_t aligned = (it->first + page - 1) & ~(page - 1);
-    if (aligned + len > it->first + it->second) continue;
-    const uint64_t fstart = it->first, fsize = it->second;
-    pinned_free_.erase(it);
-    if (aligned > fstart) pinned_free_[fstart] = aligned - fstart;
-    if (aligned + len < fstart + fsize) pinned_free_[aligned + len] = fstart + fsize - (aligned + len);
-    pinned_used_[aligned] = len;
-    off = aligned;
-    found = true;
-    break;
-  }
-  if (!found) {
+  // A page-aligned block of the pinned heap.
+  const int64_t at = PinnedAllocLocked(len, page);
+  if (at < 0) {
     LogWarn("cuMemHostRegister(DEVICEMAP): " + std::to_string(len >> 10) + " KiB do not fit in the data window's pinned heap");
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
+  const auto off = static_cast<uint64_t>(at);
   auto give_back = [&] { (void)PinnedFreeLocked(off); };
   std::memcpy(window_ + off, reinterpret_cast<void*>(start), len);
   const int fd = ::open(region_->path().c_str(), O_RDWR | O_CLOEXEC);

@@ -153,6 +153,14 @@ class Client {
   // Staging (window[0, staging_bytes)) FIFO: released when the server has executed the frame
   // (host-released) or when we copied the bytes out (guest-released).
   int64_t StageAllocLocked(uint64_t bytes) noexcept;  // window offset, or -1 on a broken channel
+  // The host side of a 2D copy through staging, in row chunks (mu_ held): a host source's rows are
+  // copied into the window before each chunk's frame; a host destination's after its reply.
+  // `build(row, rows, window_offset, req)` writes the `op` request for rows [row, row + rows) into
+  // `req` (kMaxStagedRequest bytes) and returns its length. Exactly one of src_h, dst_h is set.
+  static constexpr uint32_t kMaxStagedRequest = 128;
+  template <class Build>
+  CUresult StagedRowsLocked(Op op, uint64_t w, uint64_t hgt, const uint8_t* src_h, uint64_t src_pitch, uint8_t* dst_h,
+                            uint64_t dst_pitch, Build build) noexcept;
   void StageTagLocked(uint32_t seq, bool guest_owned) noexcept;
   void StageReleaseGuestLocked() noexcept;
   void ReclaimLocked() noexcept;
@@ -207,6 +215,9 @@ class Client {
   std::map<uint64_t, uint64_t> pinned_free_;  // offset -> size (heap free list)
   std::map<uint64_t, uint64_t> pinned_used_;  // offset -> size
   bool PinnedFreeLocked(uint64_t off) noexcept;  // mu_ held; `off` from the pinned heap
+  // `need` bytes of the pinned heap at a multiple of `align` (a power of two), first fit (mu_ held);
+  // the window offset, or -1 when none fits.
+  int64_t PinnedAllocLocked(uint64_t need, uint64_t align) noexcept;
   struct WindowMapping { uint64_t page_start, len, off; };
   std::map<uintptr_t, WindowMapping> window_mappings_;  // by the registered pointer
 

@@ -249,6 +249,26 @@ void Invalidate(Capture* c, const char* what, bool permitted = true) {
   c->invalidated = true;
 }
 
+// When `stream` is being captured: a node made by `make` is appended to its capture (*result says
+// whether that worked; an invalidated capture refuses it) and true is returned. False when the
+// stream is not capturing: the caller does the work itself.
+template <class Make>
+bool CaptureNode(uint64_t stream, CUresult* result, Make make) noexcept {
+  HostFuncGate(stream);
+  if (g_captures.load(std::memory_order_relaxed) == 0) return false;
+  std::lock_guard l(G().mu);
+  auto c = CaptureOf(stream);
+  if (c == nullptr) return false;
+  if (c->invalidated) {
+    *result = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    return true;
+  }
+  auto node = std::make_unique<GraphNode>();
+  make(node.get());
+  *result = AppendCaptured(c.get(), stream, std::move(node));
+  return true;
+}
+
 }  // namespace
 
 // ---- Hooks used by the direct calls (state.h) ----------------------------------------------------
@@ -258,29 +278,19 @@ bool CaptureActive() noexcept { return g_captures.load(std::memory_order_relaxed
 
 bool CaptureFrame(uint64_t stream, Op op, const void* payload, uint32_t len, uint32_t stream_offset,
                   CUresult* result) noexcept {
-  HostFuncGate(stream);
-  if (!CaptureActive()) return false;
-  std::lock_guard l(G().mu);
-  auto c = CaptureOf(stream);
-  if (c == nullptr) return false;
-  if (c->invalidated) {
-    *result = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-    return true;
-  }
-  auto node = std::make_unique<GraphNode>();
-  switch (op) {
-    case Op::kLaunchKernel:
-    case Op::kLaunchKernelEx: node->type = CU_GRAPH_NODE_TYPE_KERNEL; break;
-    case Op::kMemset: node->type = CU_GRAPH_NODE_TYPE_MEMSET; break;
-    case Op::kEventRecord: node->type = CU_GRAPH_NODE_TYPE_EVENT_RECORD; break;
-    case Op::kStreamWaitEvent: node->type = CU_GRAPH_NODE_TYPE_WAIT_EVENT; break;
-    default: node->type = CU_GRAPH_NODE_TYPE_MEMCPY; break;
-  }
-  node->op = op;
-  node->payload.assign(static_cast<const uint8_t*>(payload), static_cast<const uint8_t*>(payload) + len);
-  node->stream_offset = stream_offset;
-  *result = AppendCaptured(c.get(), stream, std::move(node));
-  return true;
+  return CaptureNode(stream, result, [&](GraphNode* node) {
+    switch (op) {
+      case Op::kLaunchKernel:
+      case Op::kLaunchKernelEx: node->type = CU_GRAPH_NODE_TYPE_KERNEL; break;
+      case Op::kMemset: node->type = CU_GRAPH_NODE_TYPE_MEMSET; break;
+      case Op::kEventRecord: node->type = CU_GRAPH_NODE_TYPE_EVENT_RECORD; break;
+      case Op::kStreamWaitEvent: node->type = CU_GRAPH_NODE_TYPE_WAIT_EVENT; break;
+      default: node->type = CU_GRAPH_NODE_TYPE_MEMCPY; break;
+    }
+    node->op = op;
+    node->payload.assign(static_cast<const uint8_t*>(payload), static_cast<const uint8_t*>(payload) + len);
+    node->stream_offset = stream_offset;
+  });
 }
 
 bool CaptureRefuse(uint64_t stream, const char* what, CUresult* result) noexcept {
@@ -295,21 +305,11 @@ bool CaptureRefuse(uint64_t stream, const char* what, CUresult* result) noexcept
 }
 
 bool CaptureHostFunc(uint64_t stream, CUhostFn fn, void* data, CUresult* result) noexcept {
-  HostFuncGate(stream);
-  if (!CaptureActive()) return false;
-  std::lock_guard l(G().mu);
-  auto c = CaptureOf(stream);
-  if (c == nullptr) return false;
-  if (c->invalidated) {
-    *result = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-    return true;
-  }
-  auto node = std::make_unique<GraphNode>();
-  node->type = CU_GRAPH_NODE_TYPE_HOST;
-  node->host.fn = fn;
-  node->host.userData = data;
-  *result = AppendCaptured(c.get(), stream, std::move(node));
-  return true;
+  return CaptureNode(stream, result, [&](GraphNode* node) {
+    node->type = CU_GRAPH_NODE_TYPE_HOST;
+    node->host.fn = fn;
+    node->host.userData = data;
+  });
 }
 
 bool CaptureEventRecord(uint64_t event, uint64_t stream, unsigned flags, CUresult* result) noexcept {
