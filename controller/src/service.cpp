@@ -19,6 +19,14 @@ constexpr uint64_t kMaxGmemMib = uint64_t{1} << 24;  // 16 TiB: anything larger 
 // A decision that lost its race to another controller (a guarded key moved) is made again from a
 // fresh read, at most this many times.
 constexpr int kMaxAttempts = 24;
+// How long the pool remembers an idempotency key (request_id) after placing it, whether or not its
+// allocation is still there. A repeat of a request can arrive late: a controller stalled while etcd
+// elected a leader works through its queue after the client timed out, asked the next controller,
+// ran and released. Answering such a repeat with a fresh placement left an allocation nobody would
+// use until its lease ended (a CI run found both servers full of them). Clients give up on a
+// request after one timeout per controller (5 s each), far less than this.
+constexpr uint64_t kRequestMemoryMs = 10 * 60 * 1000;
+constexpr size_t kMaxRecentRequests = 1 << 16;  // SQLite: keys remembered at most (the oldest go first)
 
 std::string AllocPath(const std::string& id) { return "allocations/" + id; }
 std::string SlotPath(const std::string& server, uint32_t pgpu, uint32_t vgpu) {
@@ -663,6 +671,14 @@ Result<Json> Service::PlaceAndStore(const Json& body, const std::string& server,
         ++replays_;
         return ToJson(x);
       }
+      if (RequestSeenLocked(request_id)) {
+        // Placed before, and its allocation released or expired since: a late repeat, whose client
+        // is done with it. Nothing is placed again.
+        store_->Revoke(lease);
+        ++refusals_;
+        return NotFound("request_id " + request_id + " was placed already and its allocation has been released or "
+                        "has expired; a new request needs a new request_id");
+      }
     }
     if (kind == "process" && caller.kind == Caller::Kind::kClient) {
       uint32_t held = 0;
@@ -706,14 +722,36 @@ Result<Json> Service::PlaceAndStore(const Json& body, const std::string& server,
     }
     StoreChange c;
     PlaceInto(*a, &c);
+    if (!a->request_id.empty() && store_->shared()) {
+      auto rl = RequestLeaseLocked();
+      if (!rl.ok()) {
+        UnreserveLocked(*a);
+        store_->Revoke(lease);
+        return Unavailable("the pool's store cannot be reached: " + rl.status().message());
+      }
+      c.put_requests.push_back({a->request_id, a->id, *rl});
+    }
     Status st = Apply(c);
     if (st.ok()) {
       ++allocations_made_;
+      if (!a->request_id.empty() && !store_->shared()) {
+        const uint64_t until = WallMs() + kRequestMemoryMs;
+        if (recent_requests_.size() >= kMaxRecentRequests) {
+          recent_requests_.erase(recent_by_expiry_.begin()->second);
+          recent_by_expiry_.erase(recent_by_expiry_.begin());
+        }
+        recent_requests_[a->request_id] = until;
+        recent_by_expiry_.emplace(until, a->request_id);
+      }
       Json doc = ToJson(*a);
       allocs_[a->id] = std::move(*a);
       return doc;
     }
     UnreserveLocked(*a);
+    if (st.code() == Code::kNotFound && request_lease_ != 0 && attempt + 1 < kMaxAttempts) {
+      request_lease_ = 0;  // a lease named in it lapsed (the request-memory one, after a long pause): again
+      continue;
+    }
     if (st.code() == Code::kAlreadyExists && attempt + 1 < kMaxAttempts) {
       Backoff(attempt);  // another controller placed on the same GPU first: decide again
       continue;
@@ -722,6 +760,27 @@ Result<Json> Service::PlaceAndStore(const Json& body, const std::string& server,
     if (st.code() == Code::kAlreadyExists) return Unavailable("the pool is too busy: placement lost " + std::to_string(kMaxAttempts) + " races in a row; try again");
     return st;
   }
+}
+
+bool Service::RequestSeenLocked(const std::string& request_id) {
+  if (store_->shared()) return versions_.count(RequestPath(request_id)) != 0;
+  const uint64_t now = WallMs();
+  while (!recent_by_expiry_.empty() && recent_by_expiry_.begin()->first <= now) {
+    recent_requests_.erase(recent_by_expiry_.begin()->second);
+    recent_by_expiry_.erase(recent_by_expiry_.begin());
+  }
+  return recent_requests_.count(request_id) != 0;
+}
+
+Result<int64_t> Service::RequestLeaseLocked() {
+  const uint64_t now = WallMs();
+  if (request_lease_ == 0 || now >= request_lease_ms_ + kRequestMemoryMs / 2) {
+    auto l = store_->Grant(kRequestMemoryMs);
+    if (!l.ok()) return l.status();
+    request_lease_ = *l;
+    request_lease_ms_ = now;
+  }
+  return request_lease_;
 }
 
 Result<Json> Service::Allocate(const Json& body, const std::string& server, const Caller& caller) {

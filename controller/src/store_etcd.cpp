@@ -150,7 +150,7 @@ class EtcdStore final : public Store {
     for (const Json& a : c.erase_allocations) {
       del("allocations/" + a.value("id", ""));
       slots(a, del);
-      if (!a.value("request_id", "").empty()) del("requests/" + a.value("request_id", ""));
+      // requests/<request_id> stays: it lives on its own lease (see StoreChange::put_requests).
     }
     for (const auto& [a, lease] : c.put_allocations) {
       Json doc = a;
@@ -158,9 +158,8 @@ class EtcdStore final : public Store {
       put("allocations/" + a.value("id", ""), doc.dump(), lease);
       const std::string id = a.value("id", "");
       slots(a, [&](const std::string& path) { put(path, id, lease); });
-      // The idempotency key, with the allocation's lease: it lives as long as the allocation.
-      if (!a.value("request_id", "").empty()) put("requests/" + a.value("request_id", ""), id, lease);
     }
+    for (const auto& r : c.put_requests) put("requests/" + r.request_id, r.allocation_id, r.lease);
     for (const auto& path : c.touch) put(path, "", 0);
     if (ops.empty()) return Status();
     auto r = Call("/v3/kv/txn", {{"compare", compare}, {"success", ops}});

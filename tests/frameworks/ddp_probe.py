@@ -48,7 +48,10 @@ with torch.autograd.set_multithreading_enabled(False):
         loss.backward()
         opt.step()
 torch.cuda.synchronize()
-print(f"RANK {rank} allreduce={allreduce} broadcast={broadcast} before={before} after={after} steps=3", flush=True)
+# One write(2) of the whole line, newline included: both ranks share torchrun's stdout, and print()
+# writes the text and its newline separately when stdout is unbuffered (PYTHONUNBUFFERED, python -u),
+# so the two ranks' lines could interleave as "RANK 0 ...RANK 1 ...\n\n" (a CI run saw neither).
+os.write(1, f"RANK {rank} allreduce={allreduce} broadcast={broadcast} before={before} after={after} steps=3\n".encode())
 # The process group goes before the interpreter does: DistributedDataParallel holds it, and gloo's
 # worker threads dispose of finished work (again a decref that takes the GIL) until it is destroyed;
 # left to interpreter finalization, that aborts the process as above.

@@ -184,6 +184,12 @@ class Service {
   // kPermissionDenied unless `c` may renew or release `a` (see Ownership above).
   static Status MayTouch(const Allocation& a, const Caller& c, const char* what);
   void UnreserveLocked(const Allocation& a);  // gives its slots back to pools_
+  // Whether a placement was already made for `request_id` (its allocation may be gone since):
+  // etcd: its requests/ key exists; SQLite: it is in recent_requests_.
+  bool RequestSeenLocked(const std::string& request_id);
+  // etcd: the lease idempotency keys are put on, granted afresh when the current one is older than
+  // half of kRequestMemoryMs (so every key lives between half of it and all of it).
+  Result<int64_t> RequestLeaseLocked();
 
   ServiceOptions opts_;
   std::unique_ptr<Store> store_;
@@ -197,6 +203,12 @@ class Service {
   bool store_ok_ = true;
   std::string store_error_;
   uint64_t last_sweep_ms_ = 0;
+  int64_t request_lease_ = 0;  // etcd: see RequestLeaseLocked
+  uint64_t request_lease_ms_ = 0;
+  // SQLite (one controller): request_id -> when its memory ends, and the same in order of expiry
+  // (bounded by kMaxRecentRequests; the oldest go first).
+  std::map<std::string, uint64_t> recent_requests_;
+  std::multimap<uint64_t, std::string> recent_by_expiry_;
 };
 
 }  // namespace orion::controller

@@ -59,6 +59,14 @@ struct StoreChange {
   // etcd: paths written (empty value) only to move their version: gpus/<server>/<pgpu>, bumped by
   // every placement on that GPU, so a placement guarded on it fails if another one got there first.
   std::vector<std::string> touch;
+  // etcd: idempotency keys, requests/<request_id> = allocation id, each on `lease` (the controller's
+  // request-memory lease, not the allocation's: the key outlives the allocation, so a repeat of the
+  // request that arrives after the allocation was released is recognized and places nothing).
+  struct RequestKey {
+    std::string request_id, allocation_id;
+    int64_t lease = 0;
+  };
+  std::vector<RequestKey> put_requests;
 };
 
 class Store {
