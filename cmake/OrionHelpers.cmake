@@ -12,6 +12,16 @@ function(orion_warnings target)
   endif()
 endfunction()
 
+# orion_sanitizer_link(TARGET): a shared library built from sanitized objects elsewhere (an OBJECT
+# library's link options do not reach it) links the sanitizer's runtime itself, as --no-undefined
+# requires.
+function(orion_sanitizer_link target)
+  if(ORION_SANITIZE)
+    string(REPLACE ";" "," _san "${ORION_SANITIZE}")
+    target_link_options(${target} PRIVATE -fsanitize=${_san})
+  endif()
+endfunction()
+
 # orion_library(NAME SOURCES ... DEPS ...): a static library with include/ as its public headers.
 function(orion_library name)
   cmake_parse_arguments(A "" "" "SOURCES;DEPS" ${ARGN})

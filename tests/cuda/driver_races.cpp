@@ -9,6 +9,10 @@
 //                       (cuMemGetAddressRange) until that thread frees it, and every free succeeds.
 //   driver_races flags  threads set and read the current context's flags at once (a data race
 //                       without the runtime's lock; TSan builds see it).
+//   driver_races mixed  8 threads, each with its own stream, pinned buffer and device buffer, copy,
+//                       set and compare at once (sync and async copies, memsets, events, stream
+//                       queries, context-wide synchronizations): every byte read back is checked.
+//                       The multithreaded client the ThreadSanitizer build runs (scripts/sanitize).
 //   driver_races tiny   (quota accounting, not a race) one-byte cuMemAlloc's until the quota
 //                       (ORION_GMEM) refuses one, at most 20000; prints "TINY allocated=<n>".
 // Output: CHECK lines and DONE (orion_test.h).
@@ -16,6 +20,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -123,6 +128,77 @@ int FlagsRace() {
   return ot::finish();
 }
 
+int Mixed() {
+  CUcontext ctx = nullptr;
+  if (cuInit(0) != CUDA_SUCCESS || cuDevicePrimaryCtxRetain(&ctx, 0) != CUDA_SUCCESS) {
+    ot::check("setup", false, "cuInit / cuDevicePrimaryCtxRetain");
+    return ot::finish();
+  }
+  const int kThreads = 8, kIters = 60;
+  std::vector<std::string> errors(kThreads);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < kThreads; ++t) {
+    pool.emplace_back([t, ctx, &errors] {
+      auto fail = [&](int i, const char* what, CUresult r) {
+        if (errors[t].empty()) errors[t] = ot::fmt("iteration %d: %s %s", i, what, Name(r));
+      };
+      if (CUresult r = cuCtxSetCurrent(ctx); r != CUDA_SUCCESS) return fail(-1, "cuCtxSetCurrent", r);
+      CUstream stream = nullptr;
+      CUevent done = nullptr;
+      if (CUresult r = cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING); r != CUDA_SUCCESS) return fail(-1, "cuStreamCreate", r);
+      if (CUresult r = cuEventCreate(&done, CU_EVENT_DEFAULT); r != CUDA_SUCCESS) return fail(-1, "cuEventCreate", r);
+      ot::Rng rng(1000 + t);
+      const size_t kMax = 1 << 20;
+      void* pinned = nullptr;
+      if (CUresult r = cuMemAllocHost(&pinned, kMax); r != CUDA_SUCCESS) return fail(-1, "cuMemAllocHost", r);
+      std::vector<uint8_t> want(kMax), got(kMax);
+      for (int i = 0; i < kIters && errors[t].empty(); ++i) {
+        const size_t bytes = 1 + rng.next() % kMax;
+        CUdeviceptr d = 0;
+        if (CUresult r = cuMemAlloc(&d, bytes); r != CUDA_SUCCESS) { fail(i, "cuMemAlloc", r); break; }
+        rng.fill(want.data(), bytes);
+        CUresult r = CUDA_SUCCESS;
+        if (i % 2 == 0) {
+          r = cuMemcpyHtoD(d, want.data(), bytes);  // synchronous, from pageable memory
+        } else {
+          std::memcpy(pinned, want.data(), bytes);  // asynchronous, from pinned memory
+          r = cuMemcpyHtoDAsync(d, pinned, bytes, stream);
+        }
+        if (r != CUDA_SUCCESS) { fail(i, "cuMemcpyHtoD", r); cuMemFree(d); break; }
+        // A stretch in the middle set to the thread's byte, on the thread's stream.
+        const size_t from = bytes / 4, len = bytes / 2;
+        if ((r = cuMemsetD8Async(d + from, static_cast<unsigned char>(0xA0 + t), len, stream)) != CUDA_SUCCESS) {
+          fail(i, "cuMemsetD8Async", r);
+        } else if ((r = cuMemcpyDtoHAsync(pinned, d, bytes, stream)) != CUDA_SUCCESS) {
+          fail(i, "cuMemcpyDtoHAsync", r);
+        } else if ((r = cuEventRecord(done, stream)) != CUDA_SUCCESS) {
+          fail(i, "cuEventRecord", r);
+        } else if ((r = (i % 3 == 0 ? cuCtxSynchronize() : cuEventSynchronize(done))) != CUDA_SUCCESS) {
+          fail(i, "synchronize", r);
+        } else if ((r = cuStreamQuery(stream)) != CUDA_SUCCESS) {
+          fail(i, "cuStreamQuery after the event", r);
+        }
+        if (errors[t].empty()) {
+          std::memcpy(got.data(), pinned, bytes);
+          std::memset(want.data() + from, 0xA0 + t, len);
+          if (std::memcmp(got.data(), want.data(), bytes) != 0) {
+            size_t k = 0;
+            while (got[k] == want[k]) ++k;
+            errors[t] = ot::fmt("iteration %d: byte %zu of %zu read back 0x%02x, wrote 0x%02x", i, k, bytes, got[k], want[k]);
+          }
+        }
+        if ((r = cuMemFree(d)) != CUDA_SUCCESS) fail(i, "cuMemFree", r);
+      }
+      cuMemFreeHost(pinned);
+      cuEventDestroy(done);
+      cuStreamDestroy(stream);
+    });
+  }
+  for (auto& th : pool) th.join();
+  for (int t = 0; t < kThreads; ++t) ot::check(ot::fmt("mixed_thread%d", t), errors[t].empty(), errors[t]);
+  return ot::finish();
+}
+
 int Tiny() {
   CUcontext ctx = nullptr;
   if (cuInit(0) != CUDA_SUCCESS || cuDevicePrimaryCtxRetain(&ctx, 0) != CUDA_SUCCESS ||
@@ -156,7 +232,8 @@ int main(int argc, char** argv) {
   if (mode == "init") return InitRace();
   if (mode == "free") return FreeRace();
   if (mode == "flags") return FlagsRace();
+  if (mode == "mixed") return Mixed();
   if (mode == "tiny") return Tiny();
-  fprintf(stderr, "usage: driver_races init|free|flags|tiny\n");
+  fprintf(stderr, "usage: driver_races init|free|flags|mixed|tiny\n");
   return 2;
 }

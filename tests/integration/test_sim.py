@@ -448,6 +448,13 @@ def test_threads_allocating_and_freeing_at_once_keep_their_ranges(oriond):
         assert_passed(oriond.run("driver_races", "free", ORION_GMEM=2048, timeout=120), expect_checks=8)
 
 
+def test_threads_copying_setting_and_synchronizing_at_once(oriond):
+    # Eight threads, each its own stream, pinned and device buffers: sync and async copies, memsets,
+    # events and synchronizations interleave through one session; every byte is checked. The
+    # ThreadSanitizer build (scripts/sanitize) runs this too.
+    assert_passed(oriond.run("driver_races", "mixed", ORION_GMEM=2048, timeout=300), expect_checks=8)
+
+
 def test_threads_setting_context_flags_at_once(oriond):
     assert_passed(oriond.run("driver_races", "flags", timeout=60))
 
