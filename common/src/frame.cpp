@@ -5,18 +5,29 @@
 namespace orion {
 namespace {
 
+template <typename T>
+constexpr uint32_t SizeOf() {
+  if constexpr (std::is_void_v<T>) {
+    return 0;
+  } else {
+    return sizeof(T);
+  }
+}
+
 struct OpEntry {
   const char* name;
   ReplyKind reply;
+  OpShape shape;
+  uint32_t req_bytes;  // sizeof the request struct (0: none)
 };
 
 // Dense table indexed by op number; generated from ops.def.
 constexpr uint16_t kOpTableSize = 128;
 constexpr auto MakeTable() {
   struct Table { OpEntry e[kOpTableSize]{}; } t{};
-#define ORION_OP(name, number, reply)                                         \
+#define ORION_OP(name, number, reply, req, shape)                                     \
   static_assert((number) > 0 && (number) < kOpTableSize, "op number out of table");  \
-  t.e[number] = OpEntry{#name, ReplyKind::reply};
+  t.e[number] = OpEntry{#name, ReplyKind::reply, OpShape::shape, SizeOf<req>()};
 #include "orion/common/ops.def"
   return t;
 }
@@ -25,7 +36,7 @@ constexpr auto kOps = MakeTable();
 // Duplicate op numbers are a compile error: two equal case labels.
 [[maybe_unused]] constexpr bool OpNumbersUnique(uint16_t x) {
   switch (x) {
-#define ORION_OP(name, number, reply) case number:
+#define ORION_OP(name, number, ...) case number:
 #include "orion/common/ops.def"
       return true;
     default:
@@ -100,6 +111,27 @@ bool FrameWindowRanges(uint16_t op, const uint8_t* payload, uint32_t len, Window
     default:
       return true;
   }
+}
+
+bool CheckRequestShape(uint16_t op, uint32_t len, std::string* why) {
+  if (!OpKnown(op)) {
+    *why = "unknown op " + std::to_string(op);
+    return false;
+  }
+  const OpEntry& e = kOps.e[op];
+  bool ok = len <= kMaxPayload;
+  const char* expected = "";
+  switch (e.shape) {
+    case OpShape::kEmpty: ok = ok && len == 0; expected = "expected none"; break;
+    case OpShape::kFixed: ok = ok && len == e.req_bytes; expected = "expected exactly"; break;
+    case OpShape::kHead: ok = ok && len >= e.req_bytes; expected = "expected at least"; break;
+    case OpShape::kOwn: ok = false; expected = "not a request the session dispatches"; break;
+  }
+  if (ok) return true;
+  *why = "a payload of " + std::to_string(len) + " bytes, " + expected;
+  if (e.shape == OpShape::kFixed || e.shape == OpShape::kHead) *why += " " + std::to_string(e.req_bytes);
+  if (e.shape == OpShape::kHead) *why += " (at most " + std::to_string(kMaxPayload) + ")";
+  return false;
 }
 
 bool OpWantsReply(uint16_t op) noexcept {

@@ -82,7 +82,7 @@ TEST(Ops, NumbersAreStableAndNamed) {
 TEST(Ops, EveryOpHasAUniqueNameAndReplyKind) {
   std::set<std::string> names;
   int count = 0;
-#define ORION_OP(name, number, reply)                                               \
+#define ORION_OP(name, number, reply, ...)                                          \
   ++count;                                                                          \
   EXPECT_TRUE(names.insert(#name).second) << #name;                                 \
   EXPECT_STREQ(OpName(number), #name);                                              \
@@ -91,6 +91,62 @@ TEST(Ops, EveryOpHasAUniqueNameAndReplyKind) {
   EXPECT_EQ(static_cast<int>(names.size()), count);
   EXPECT_TRUE(OpWantsReply(static_cast<uint16_t>(Op::kMemAlloc)));
   EXPECT_FALSE(OpWantsReply(static_cast<uint16_t>(Op::kLaunchKernel)));
+}
+
+namespace {
+template <typename T>
+constexpr uint32_t Bytes() {
+  if constexpr (std::is_void_v<T>) {
+    return 0;
+  } else {
+    return sizeof(T);
+  }
+}
+}  // namespace
+
+TEST(Checkpoint, EveryOpAcceptsExactlyItsShape) {
+  // Generated from ops.def, as the checkpoint is: each op's own length passes, one byte more or
+  // less does not (kHead: more passes, up to kMaxPayload); kOwn ops are never dispatched.
+  std::string why;
+  int checked = 0;
+#define ORION_OP(name, number, reply, req, shape)                                                    \
+  {                                                                                                   \
+    const uint32_t n = Bytes<req>();                                                                  \
+    switch (OpShape::shape) {                                                                         \
+      case OpShape::kEmpty:                                                                           \
+        EXPECT_TRUE(CheckRequestShape(number, 0, &why)) << #name;                                      \
+        EXPECT_FALSE(CheckRequestShape(number, 8, &why)) << #name;                                     \
+        break;                                                                                        \
+      case OpShape::kFixed:                                                                           \
+        EXPECT_GT(n, 0u) << #name;                                                                    \
+        EXPECT_TRUE(CheckRequestShape(number, n, &why)) << #name;                                      \
+        EXPECT_FALSE(CheckRequestShape(number, n - 1, &why)) << #name;                                 \
+        EXPECT_FALSE(CheckRequestShape(number, n + 1, &why)) << #name;                                 \
+        EXPECT_FALSE(CheckRequestShape(number, 0, &why)) << #name;                                     \
+        break;                                                                                        \
+      case OpShape::kHead:                                                                            \
+        EXPECT_TRUE(CheckRequestShape(number, n, &why)) << #name;                                      \
+        EXPECT_TRUE(CheckRequestShape(number, n + 100, &why)) << #name;                                \
+        EXPECT_TRUE(CheckRequestShape(number, kMaxPayload, &why)) << #name;                            \
+        EXPECT_FALSE(CheckRequestShape(number, n - 1, &why)) << #name;                                 \
+        EXPECT_FALSE(CheckRequestShape(number, kMaxPayload + 1, &why)) << #name;                       \
+        break;                                                                                        \
+      case OpShape::kOwn:                                                                             \
+        EXPECT_FALSE(CheckRequestShape(number, n, &why)) << #name;                                     \
+        break;                                                                                        \
+    }                                                                                                 \
+    ++checked;                                                                                        \
+  }
+#include "orion/common/ops.def"
+  EXPECT_GT(checked, 70);
+  EXPECT_FALSE(CheckRequestShape(999, 0, &why));
+  EXPECT_EQ(why, "unknown op 999");
+  EXPECT_FALSE(CheckRequestShape(static_cast<uint16_t>(Op::kMemAlloc), 12, &why));
+  EXPECT_EQ(why, "a payload of 12 bytes, expected exactly 8");
+  // The typed decode reads the struct ops.def names for the op.
+  static_assert(std::is_same_v<OpRequestT<Op::kMemAlloc>, MemAllocReq>);
+  MemAllocReq q{12345};
+  EXPECT_EQ(DecodeReq<Op::kMemAlloc>(reinterpret_cast<const uint8_t*>(&q)).bytes, 12345u);
 }
 
 TEST(Limits, Span2DRefusesWhatWrapsOrExceeds) {

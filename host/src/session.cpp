@@ -407,13 +407,6 @@ void Session::CacheBlob(const std::string& hex, const std::vector<uint8_t>& data
   }
 }
 
-template <typename T>
-bool Get(const uint8_t* payload, uint32_t len, T* out, bool exact = true) {
-  if (exact ? len != sizeof(T) : len < sizeof(T)) return false;
-  std::memcpy(out, payload, sizeof(T));
-  return true;
-}
-
 // The NUL-terminated name after a ModuleSymbolReq.
 bool Name(const uint8_t* payload, uint32_t len, const ModuleSymbolReq& q, std::string* name) {
   if (q.name_len == 0 || q.name_len > 4 * kNameLen || len != sizeof q + q.name_len) return false;
@@ -431,20 +424,30 @@ bool Name(const uint8_t* payload, uint32_t len, const ModuleSymbolReq& q, std::s
     }                         \
   } while (0)
 
+// Cases that serve several ops decode one request type for all of them (ops.def must agree).
+static_assert(std::is_same_v<OpRequestT<Op::kMemcpyDtoH>, OpRequestT<Op::kMemcpyDtoHAsync>>);
+static_assert(std::is_same_v<OpRequestT<Op::kModuleGetFunction>, OpRequestT<Op::kModuleGetGlobal>>);
+static_assert(std::is_same_v<OpRequestT<Op::kFuncGetAttribute>, OpRequestT<Op::kFuncSetAttribute>>);
+static_assert(std::is_same_v<OpRequestT<Op::kStreamDestroy>, OpRequestT<Op::kStreamSynchronize>>);
+static_assert(std::is_same_v<OpRequestT<Op::kStreamDestroy>, OpRequestT<Op::kStreamQuery>>);
+static_assert(std::is_same_v<OpRequestT<Op::kEventDestroy>, OpRequestT<Op::kEventSynchronize>>);
+static_assert(std::is_same_v<OpRequestT<Op::kEventDestroy>, OpRequestT<Op::kEventQuery>>);
+
 bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector<uint8_t>* reply,
                        int32_t* status, std::string* why) {
   const uint32_t len = h.payload_len;
   reply->clear();
+  // The checkpoint: nothing below runs for a payload whose length is not the one ops.def gives its
+  // op; each case then reads its request once, with DecodeReq, typed by ops.def.
+  ORION_WANT(static_cast<Op>(h.op) != Op::kHello, "second Hello");
+  ORION_WANT(static_cast<Op>(h.op) != Op::kRdmaConnect, "RdmaConnect inside the frame stream");
+  if (static_cast<Op>(h.op) != Op::kBatch && !CheckRequestShape(h.op, len, why)) return false;
   auto put = [&](const auto& v) {
     const auto* b = reinterpret_cast<const uint8_t*>(&v);
     reply->insert(reply->end(), b, b + sizeof v);
   };
   CUresult r = CUDA_SUCCESS;
   switch (static_cast<Op>(h.op)) {
-    case Op::kHello:
-      ORION_WANT(false, "second Hello");
-    case Op::kRdmaConnect:
-      ORION_WANT(false, "RdmaConnect inside the frame stream");
     case Op::kGoodbye:
     case Op::kNop:
     case Op::kNopAsync:
@@ -467,8 +470,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
     }
 
     case Op::kCtxCreate: {
-      CtxCreateReq q;
-      ORION_WANT(Get(payload, len, &q), "bad CtxCreate");
+      const auto q = DecodeReq<Op::kCtxCreate>(payload);
       if (q.device >= p_.placements.size()) { r = CUDA_ERROR_INVALID_DEVICE; break; }
       if (HandlesFull()) { r = CUDA_ERROR_OUT_OF_MEMORY; break; }
       void* ctx = nullptr;
@@ -482,8 +484,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       break;
     }
     case Op::kCtxDestroy: {
-      HandleReq q;
-      ORION_WANT(Get(payload, len, &q), "bad CtxDestroy");
+      const auto q = DecodeReq<Op::kCtxDestroy>(payload);
       Obj* o = Find(q.handle, Kind::kCtx);
       if (o == nullptr) { r = CUDA_ERROR_INVALID_CONTEXT; break; }
       r = b_->CtxDestroy(o->backend);
@@ -494,8 +495,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       break;
     }
     case Op::kCtxSetCurrent: {
-      HandleReq q;
-      ORION_WANT(Get(payload, len, &q), "bad CtxSetCurrent");
+      const auto q = DecodeReq<Op::kCtxSetCurrent>(payload);
       Obj* o = Find(q.handle, Kind::kCtx);
       if (o == nullptr) { r = CUDA_ERROR_INVALID_CONTEXT; break; }
       r = b_->SetCurrent(o->backend);
@@ -506,12 +506,10 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       break;
     }
     case Op::kCtxSynchronize:
-      ORION_WANT(len == 0, "bad CtxSynchronize");
       r = b_->CtxSynchronize();
       break;
     case Op::kPrimaryCtxRetain: {
-      DeviceReq q;
-      ORION_WANT(Get(payload, len, &q), "bad PrimaryCtxRetain");
+      const auto q = DecodeReq<Op::kPrimaryCtxRetain>(payload);
       if (q.device >= p_.placements.size()) { r = CUDA_ERROR_INVALID_DEVICE; break; }
       void* ctx = nullptr;
       r = b_->PrimaryCtxRetain(q.device, &ctx);
@@ -530,8 +528,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
     case Op::kPrimaryCtxRelease:
       break;
     case Op::kPrimaryCtxReset: {
-      DeviceReq q;
-      ORION_WANT(Get(payload, len, &q), "bad PrimaryCtxReset");
+      const auto q = DecodeReq<Op::kPrimaryCtxReset>(payload);
       if (q.device >= p_.placements.size()) { r = CUDA_ERROR_INVALID_DEVICE; break; }
       r = b_->PrimaryCtxReset(q.device);
       if (r == CUDA_SUCCESS) {
@@ -570,14 +567,12 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       break;
     }
     case Op::kCtxSetLimit: {
-      LimitReq q;
-      ORION_WANT(Get(payload, len, &q), "bad CtxSetLimit");
+      const auto q = DecodeReq<Op::kCtxSetLimit>(payload);
       r = cur_ctx_ == 0 ? CUDA_ERROR_INVALID_CONTEXT : b_->CtxSetLimit(q.limit, q.value);
       break;
     }
     case Op::kCtxGetLimit: {
-      LimitReq q;
-      ORION_WANT(Get(payload, len, &q), "bad CtxGetLimit");
+      const auto q = DecodeReq<Op::kCtxGetLimit>(payload);
       uint64_t v = 0;
       r = cur_ctx_ == 0 ? CUDA_ERROR_INVALID_CONTEXT : b_->CtxGetLimit(q.limit, &v);
       put(U64Rep{v});
@@ -585,8 +580,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
     }
 
     case Op::kMemAlloc: {
-      MemAllocReq q;
-      ORION_WANT(Get(payload, len, &q), "bad MemAlloc");
+      const auto q = DecodeReq<Op::kMemAlloc>(payload);
       if (cur_ctx_ == 0) { r = CUDA_ERROR_INVALID_CONTEXT; break; }
       if (q.bytes == 0) { r = CUDA_ERROR_INVALID_VALUE; break; }
       // Each allocation costs at least the driver's allocation granularity (kAllocGranularity):
@@ -607,8 +601,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       break;
     }
     case Op::kMemFree: {
-      MemFreeReq q;
-      ORION_WANT(Get(payload, len, &q), "bad MemFree");
+      const auto q = DecodeReq<Op::kMemFree>(payload);
       auto it = allocs_.find(q.dptr);
       if (it == allocs_.end() || !it->second.counted) { r = CUDA_ERROR_INVALID_VALUE; break; }
       r = b_->MemFree(q.dptr);
@@ -620,7 +613,6 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       break;
     }
     case Op::kMemGetInfo: {
-      ORION_WANT(len == 0, "bad MemGetInfo");
       if (cur_ctx_ == 0) { r = CUDA_ERROR_INVALID_CONTEXT; break; }
       uint64_t free = 0, total = 0;
       r = b_->MemGetInfo(&free, &total);
@@ -635,15 +627,13 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
     case Op::kDeviceMemoryInfo: {
       // NVML's view of one vGPU (guest libnvidia-ml.so.1): needs no context. Hostile input: the
       // device index is checked against this session's placements, the flags must be 0.
-      DeviceReq q;
-      ORION_WANT(Get(payload, len, &q), "bad DeviceMemoryInfo");
+      const auto q = DecodeReq<Op::kDeviceMemoryInfo>(payload);
       if (q.device >= p_.placements.size() || q.flags != 0) { r = CUDA_ERROR_INVALID_VALUE; break; }
       put(DeviceMemoryRep{p_.placements[q.device].quota_bytes, used_[q.device], overhead_[q.device]});
       break;
     }
     case Op::kMemcpyHtoD: {
-      MemcpyReq q;
-      ORION_WANT(Get(payload, len, &q), "bad MemcpyHtoD");
+      const auto q = DecodeReq<Op::kMemcpyHtoD>(payload);
       void* s = nullptr;
       if (!WindowRange(q.src, q.bytes)) { r = CUDA_ERROR_INVALID_VALUE; break; }
       if (!DeviceRange(q.dst, q.bytes) || !Stream(q.stream, &s)) { r = CUDA_ERROR_INVALID_VALUE; break; }
@@ -652,8 +642,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
     }
     case Op::kMemcpyDtoH:
     case Op::kMemcpyDtoHAsync: {
-      MemcpyReq q;
-      ORION_WANT(Get(payload, len, &q), "bad MemcpyDtoH");
+      const auto q = DecodeReq<Op::kMemcpyDtoH>(payload);
       void* s = nullptr;
       if (!WindowRange(q.dst, q.bytes)) { r = CUDA_ERROR_INVALID_VALUE; break; }
       if (!DeviceRange(q.src, q.bytes) || !Stream(q.stream, &s)) { r = CUDA_ERROR_INVALID_VALUE; break; }
@@ -661,8 +650,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       break;
     }
     case Op::kMemcpyDtoD: {
-      MemcpyReq q;
-      ORION_WANT(Get(payload, len, &q), "bad MemcpyDtoD");
+      const auto q = DecodeReq<Op::kMemcpyDtoD>(payload);
       void* s = nullptr;
       if (!DeviceRange(q.dst, q.bytes) || !DeviceRange(q.src, q.bytes) || !Stream(q.stream, &s)) {
         r = CUDA_ERROR_INVALID_VALUE;
@@ -672,8 +660,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       break;
     }
     case Op::kMemcpy2D: {
-      Memcpy2DReq q;
-      ORION_WANT(Get(payload, len, &q), "bad Memcpy2D");
+      const auto q = DecodeReq<Op::kMemcpy2D>(payload);
       void* s = nullptr;
       if (q.width_bytes == 0 || q.height == 0) break;
       uint64_t src_span = 0, dst_span = 0;
@@ -692,8 +679,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       break;
     }
     case Op::kMemset: {
-      MemsetReq q;
-      ORION_WANT(Get(payload, len, &q), "bad Memset");
+      const auto q = DecodeReq<Op::kMemset>(payload);
       void* s = nullptr;
       uint64_t row_bytes = 0, span = 0;
       if ((q.elem_size != 1 && q.elem_size != 2 && q.elem_size != 4) || !CheckedMul(q.width, q.elem_size, &row_bytes) ||
@@ -713,11 +699,13 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
         std::memcpy(&e, payload + off, sizeof e);  // read once: the guest may change the bytes
         off += sizeof e;
         ORION_WANT(e.reserved == 0 && OpBatchable(e.op) && e.len <= len - off, "bad Batch entry");
+        if (!CheckRequestShape(e.op, e.len, why)) {  // the checkpoint, for each entry as for a frame
+          *why = std::string("entry ") + OpName(e.op) + ": " + *why;
+          return false;
+        }
         if (static_cast<Op>(e.op) == Op::kMemcpy2D) {
-          Memcpy2DReq m;
-          ORION_WANT(e.len >= sizeof m, "bad Batch entry");
-          std::memcpy(&m, payload + off, sizeof m);
           // Window bytes do not travel with a batch (network transports): device to device only.
+          const auto m = DecodeReq<Op::kMemcpy2D>(payload + off);
           ORION_WANT(m.src_side == kSideDevice && m.dst_side == kSideDevice, "Batch Memcpy2D with a window side");
         }
         FrameHeader sub = h;
@@ -726,15 +714,17 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
         sub.flags = 0;
         int32_t st = 0;
         std::vector<uint8_t> ignored;
-        if (!Dispatch(sub, payload + off, &ignored, &st, why)) return false;
+        if (!Dispatch(sub, payload + off, &ignored, &st, why)) {
+          *why = std::string("entry ") + OpName(e.op) + ": " + *why;
+          return false;
+        }
         if (st != 0 && r == CUDA_SUCCESS) r = static_cast<CUresult>(st);  // the first error, deferred
         off += std::min<size_t>((e.len + 7u) & ~size_t{7}, len - off);
       }
       break;
     }
     case Op::kArrayCreate: {
-      ArrayCreateReq q;
-      ORION_WANT(Get(payload, len, &q), "bad ArrayCreate");
+      const auto q = DecodeReq<Op::kArrayCreate>(payload);
       if (cur_ctx_ == 0) { r = CUDA_ERROR_INVALID_CONTEXT; break; }
       if (r = CheckArrayDesc(q, "ArrayCreate"); r != CUDA_SUCCESS) break;
       if (HandlesFull()) { r = CUDA_ERROR_OUT_OF_MEMORY; break; }
@@ -758,8 +748,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       break;
     }
     case Op::kArrayDestroy: {
-      HandleReq q;
-      ORION_WANT(Get(payload, len, &q), "bad ArrayDestroy");
+      const auto q = DecodeReq<Op::kArrayDestroy>(payload);
       ArrayRec* a = LiveArray(q.handle);
       if (a == nullptr || a->mipmap != 0) { r = CUDA_ERROR_INVALID_HANDLE; break; }  // a level goes with its owner
       a->destroyed = true;
@@ -767,8 +756,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       break;
     }
     case Op::kMipmappedArrayCreate: {
-      MipmapCreateReq q;
-      ORION_WANT(Get(payload, len, &q), "bad MipmappedArrayCreate");
+      const auto q = DecodeReq<Op::kMipmappedArrayCreate>(payload);
       if (cur_ctx_ == 0) { r = CUDA_ERROR_INVALID_CONTEXT; break; }
       const ArrayCreateReq& a = q.array;
       const uint64_t fb = FormatBytes(a.format);
@@ -811,8 +799,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       break;
     }
     case Op::kMipmappedArrayGetLevel: {
-      MipmapLevelReq q;
-      ORION_WANT(Get(payload, len, &q), "bad MipmappedArrayGetLevel");
+      const auto q = DecodeReq<Op::kMipmappedArrayGetLevel>(payload);
       MipmapRec* m = LiveMipmap(q.mipmap);
       if (m == nullptr || q.reserved != 0) { r = CUDA_ERROR_INVALID_HANDLE; break; }
       if (q.level >= m->levels) { r = CUDA_ERROR_INVALID_VALUE; break; }
@@ -833,8 +820,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       break;
     }
     case Op::kMipmappedArrayDestroy: {
-      HandleReq q;
-      ORION_WANT(Get(payload, len, &q), "bad MipmappedArrayDestroy");
+      const auto q = DecodeReq<Op::kMipmappedArrayDestroy>(payload);
       MipmapRec* m = LiveMipmap(q.handle);
       if (m == nullptr) { r = CUDA_ERROR_INVALID_HANDLE; break; }
       m->destroyed = true;
@@ -842,8 +828,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       break;
     }
     case Op::kMemcpyArray: {
-      ArrayCopyReq q;
-      ORION_WANT(Get(payload, len, &q), "bad MemcpyArray");
+      const auto q = DecodeReq<Op::kMemcpyArray>(payload);
       void* s = nullptr;
       if (q.width_bytes == 0 || q.height == 0) break;
       Backend::CopySide src, dst;
@@ -857,8 +842,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       break;
     }
     case Op::kTexObjectCreate: {
-      TexObjectReq q;
-      ORION_WANT(Get(payload, len, &q), "bad TexObjectCreate");
+      const auto q = DecodeReq<Op::kTexObjectCreate>(payload);
       if (cur_ctx_ == 0) { r = CUDA_ERROR_INVALID_CONTEXT; break; }
       Backend::TexSpec t;
       t.res_type = q.res_type;
@@ -947,8 +931,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       break;
     }
     case Op::kTexObjectDestroy: {
-      ObjectReq q;
-      ORION_WANT(Get(payload, len, &q), "bad TexObjectDestroy");
+      const auto q = DecodeReq<Op::kTexObjectDestroy>(payload);
       auto it = q.surface <= 1 ? texobjs_.find({q.object, q.surface != 0}) : texobjs_.end();
       if (it == texobjs_.end()) { r = CUDA_ERROR_INVALID_VALUE; break; }
       r = b_->TexObjectDestroy(q.object, q.surface != 0);
@@ -966,8 +949,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       break;
     }
     case Op::kMemAddressReserve: {
-      MemReserveReq q;
-      ORION_WANT(Get(payload, len, &q), "bad MemAddressReserve");
+      const auto q = DecodeReq<Op::kMemAddressReserve>(payload);
       const bool pow2 = q.alignment == 0 || (q.alignment & (q.alignment - 1)) == 0;
       uint64_t total = 0;
       if (q.bytes == 0 || q.bytes % kVmmGranularity != 0 || !pow2 || q.alignment > (uint64_t{1} << 40)) {
@@ -990,8 +972,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       break;
     }
     case Op::kMemAddressFree: {
-      MemRangeReq q;
-      ORION_WANT(Get(payload, len, &q), "bad MemAddressFree");
+      const auto q = DecodeReq<Op::kMemAddressFree>(payload);
       auto it = reservations_.find(q.addr);
       // The whole reservation, with nothing mapped in it any more.
       if (it == reservations_.end() || it->second.bytes != q.bytes || it->second.mappings != 0) {
@@ -1006,8 +987,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       break;
     }
     case Op::kMemCreate: {
-      MemCreateReq q;
-      ORION_WANT(Get(payload, len, &q), "bad MemCreate");
+      const auto q = DecodeReq<Op::kMemCreate>(payload);
       if (q.device >= p_.placements.size() || q.bytes == 0 || q.bytes % kVmmGranularity != 0 || q.flags != 0) {
         r = q.device >= p_.placements.size() ? CUDA_ERROR_INVALID_DEVICE : CUDA_ERROR_INVALID_VALUE;
         break;
@@ -1032,8 +1012,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       break;
     }
     case Op::kMemRelease: {
-      HandleReq q;
-      ORION_WANT(Get(payload, len, &q), "bad MemRelease");
+      const auto q = DecodeReq<Op::kMemRelease>(payload);
       Obj* o = Find(q.handle, Kind::kMemHandle);
       if (o == nullptr) { r = CUDA_ERROR_INVALID_VALUE; break; }
       const uint64_t pid = o->owner;
@@ -1045,8 +1024,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       break;
     }
     case Op::kMemMap: {
-      MemMapReq q;
-      ORION_WANT(Get(payload, len, &q), "bad MemMap");
+      const auto q = DecodeReq<Op::kMemMap>(payload);
       Obj* o = Find(q.handle, Kind::kMemHandle);
       if (o == nullptr) { r = CUDA_ERROR_INVALID_HANDLE; break; }
       auto res = ReservationOf(q.addr, q.bytes);
@@ -1069,8 +1047,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       break;
     }
     case Op::kMemUnmap: {
-      MemRangeReq q;
-      ORION_WANT(Get(payload, len, &q), "bad MemUnmap");
+      const auto q = DecodeReq<Op::kMemUnmap>(payload);
       std::map<uint64_t, Mapping>::iterator first, it;
       if (!WholeMappings(q.addr, q.bytes, &first, &it)) { r = CUDA_ERROR_INVALID_VALUE; break; }
       r = b_->MemUnmap(q.addr, q.bytes);
@@ -1087,8 +1064,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       break;
     }
     case Op::kMemSetAccess: {
-      MemSetAccessReq q;
-      ORION_WANT(Get(payload, len, &q), "bad MemSetAccess");
+      const auto q = DecodeReq<Op::kMemSetAccess>(payload);
       if (q.device >= p_.placements.size()) { r = CUDA_ERROR_INVALID_DEVICE; break; }
       if (q.flags > CU_MEM_ACCESS_FLAGS_PROT_READWRITE) { r = CUDA_ERROR_INVALID_VALUE; break; }
       std::map<uint64_t, Mapping>::iterator first, it;
@@ -1109,8 +1085,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       break;
     }
     case Op::kIpcGetMemHandle: {
-      MemFreeReq q;
-      ORION_WANT(Get(payload, len, &q), "bad IpcGetMemHandle");
+      const auto q = DecodeReq<Op::kIpcGetMemHandle>(payload);
       // The start of one of this session's own allocations (cuMemAlloc'ed: not imported, not VMM).
       auto it = allocs_.find(q.dptr);
       if (it == allocs_.end() || !it->second.counted) { r = CUDA_ERROR_INVALID_VALUE; break; }
@@ -1123,8 +1098,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       break;
     }
     case Op::kIpcOpenMemHandle: {
-      IpcOpenReq q;
-      ORION_WANT(Get(payload, len, &q), "bad IpcOpenMemHandle");
+      const auto q = DecodeReq<Op::kIpcOpenMemHandle>(payload);
       if (cur_ctx_ == 0) { r = CUDA_ERROR_INVALID_CONTEXT; break; }
       if (ipc_imports_.size() >= kMaxIpcImports) { r = CUDA_ERROR_OUT_OF_MEMORY; break; }
       IpcHandle handle{};
@@ -1141,8 +1115,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       break;
     }
     case Op::kIpcCloseMemHandle: {
-      MemFreeReq q;
-      ORION_WANT(Get(payload, len, &q), "bad IpcCloseMemHandle");
+      const auto q = DecodeReq<Op::kIpcCloseMemHandle>(payload);
       if (ipc_imports_.count(q.dptr) == 0) { r = CUDA_ERROR_INVALID_VALUE; break; }
       r = b_->IpcCloseMemory(q.dptr);
       if (r == CUDA_SUCCESS) {
@@ -1152,8 +1125,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       break;
     }
     case Op::kIpcGetEventHandle: {
-      HandleReq q;
-      ORION_WANT(Get(payload, len, &q), "bad IpcGetEventHandle");
+      const auto q = DecodeReq<Op::kIpcGetEventHandle>(payload);
       Obj* e = Find(q.handle, Kind::kEvent);
       if (e == nullptr) { r = CUDA_ERROR_INVALID_HANDLE; break; }
       if (ipc_exports_.size() >= kMaxIpcExports) { r = CUDA_ERROR_OUT_OF_MEMORY; break; }
@@ -1163,8 +1135,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       break;
     }
     case Op::kIpcOpenEventHandle: {
-      IpcOpenReq q;
-      ORION_WANT(Get(payload, len, &q), "bad IpcOpenEventHandle");
+      const auto q = DecodeReq<Op::kIpcOpenEventHandle>(payload);
       if (cur_ctx_ == 0) { r = CUDA_ERROR_INVALID_CONTEXT; break; }
       if (HandlesFull()) { r = CUDA_ERROR_OUT_OF_MEMORY; break; }
       IpcHandle handle{};
@@ -1179,8 +1150,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       break;
     }
     case Op::kHostGetDevicePointer: {
-      WindowRangeReq q;
-      ORION_WANT(Get(payload, len, &q), "bad HostGetDevicePointer");
+      const auto q = DecodeReq<Op::kHostGetDevicePointer>(payload);
       if (q.bytes == 0 || !WindowRange(q.window_offset, q.bytes) || q.window_offset < layout_.staging_bytes) {
         r = CUDA_ERROR_INVALID_VALUE;
         break;
@@ -1195,8 +1165,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
     }
 
     case Op::kModuleLoad: {
-      ModuleLoadReq q;
-      ORION_WANT(Get(payload, len, &q), "bad ModuleLoad");
+      const auto q = DecodeReq<Op::kModuleLoad>(payload);
       if (q.image_bytes == 0 || q.image_bytes > fatbin::kMaxDecompressedBytes) { r = CUDA_ERROR_INVALID_IMAGE; break; }
       const std::vector<uint8_t>* img = Blob(q.hash_lo, q.hash_hi, q.image_bytes);
       if (img == nullptr) { r = static_cast<CUresult>(kStatusNeedBytes); break; }
@@ -1218,8 +1187,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       break;
     }
     case Op::kBlobPut: {
-      BlobPutReq q;
-      ORION_WANT(Get(payload, len, &q), "bad BlobPut");
+      const auto q = DecodeReq<Op::kBlobPut>(payload);
       if (q.image_bytes == 0 || q.image_bytes > fatbin::kMaxDecompressedBytes || q.offset > q.image_bytes ||
           q.bytes > q.image_bytes - q.offset || !WindowRange(q.window_offset, q.bytes)) {
         r = CUDA_ERROR_INVALID_VALUE;
@@ -1250,8 +1218,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       break;
     }
     case Op::kModuleUnload: {
-      HandleReq q;
-      ORION_WANT(Get(payload, len, &q), "bad ModuleUnload");
+      const auto q = DecodeReq<Op::kModuleUnload>(payload);
       Obj* o = Find(q.handle, Kind::kModule);
       if (o == nullptr) { r = CUDA_ERROR_INVALID_HANDLE; break; }
       r = b_->ModuleUnload(o->backend);
@@ -1269,9 +1236,9 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
     }
     case Op::kModuleGetFunction:
     case Op::kModuleGetGlobal: {
-      ModuleSymbolReq q;
+      const auto q = DecodeReq<Op::kModuleGetFunction>(payload);
       std::string name;
-      ORION_WANT(Get(payload, len, &q, false) && Name(payload, len, q, &name), "bad ModuleGetFunction/Global");
+      ORION_WANT(Name(payload, len, q, &name), "bad ModuleGetFunction/Global");
       Obj* o = Find(q.module, Kind::kModule);
       if (o == nullptr) { r = CUDA_ERROR_INVALID_HANDLE; break; }
       if (static_cast<Op>(h.op) == Op::kModuleGetGlobal) {
@@ -1303,8 +1270,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       break;
     }
     case Op::kModuleFunctionName: {
-      ModuleFunctionNameReq q;
-      ORION_WANT(Get(payload, len, &q), "bad ModuleFunctionName");
+      const auto q = DecodeReq<Op::kModuleFunctionName>(payload);
       Obj* o = Find(q.module, Kind::kModule);
       if (o == nullptr) { r = CUDA_ERROR_INVALID_HANDLE; break; }
       std::vector<std::string> names;
@@ -1322,8 +1288,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
     }
     case Op::kFuncGetAttribute:
     case Op::kFuncSetAttribute: {
-      FuncAttributeReq q;
-      ORION_WANT(Get(payload, len, &q), "bad FuncGet/SetAttribute");
+      const auto q = DecodeReq<Op::kFuncGetAttribute>(payload);
       Obj* o = Find(q.function, Kind::kFunction);
       if (o == nullptr) { r = CUDA_ERROR_INVALID_HANDLE; break; }
       if (static_cast<Op>(h.op) == Op::kFuncSetAttribute) {
@@ -1341,8 +1306,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       LaunchExReq x{};
       x.cluster[0] = x.cluster[1] = x.cluster[2] = 1;
       const uint32_t head = ex ? sizeof(LaunchExReq) : sizeof(LaunchReq);
-      ORION_WANT(len >= head, "bad LaunchKernel");
-      std::memcpy(&x, payload, head);
+      std::memcpy(&x, payload, head);  // the checkpoint saw at least `head` bytes (ops.def: kHead)
       const LaunchReq& q = x.base;
       uint64_t want_len = 0;
       ORION_WANT(CheckedAdd(head, q.param_bytes, &want_len) && len == want_len, "bad LaunchKernel");
@@ -1360,8 +1324,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       break;
     }
     case Op::kOccupancyMaxClusters: {
-      OccupancyClustersReq q;
-      ORION_WANT(Get(payload, len, &q), "bad OccupancyMaxClusters");
+      const auto q = DecodeReq<Op::kOccupancyMaxClusters>(payload);
       Obj* f = Find(q.function, Kind::kFunction);
       if (f == nullptr) { r = CUDA_ERROR_INVALID_HANDLE; break; }
       int n = 0;
@@ -1370,8 +1333,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       break;
     }
     case Op::kOccupancyAvailableSmem: {
-      OccupancySmemReq q;
-      ORION_WANT(Get(payload, len, &q), "bad OccupancyAvailableSmem");
+      const auto q = DecodeReq<Op::kOccupancyAvailableSmem>(payload);
       Obj* f = Find(q.function, Kind::kFunction);
       if (f == nullptr) { r = CUDA_ERROR_INVALID_HANDLE; break; }
       uint64_t bytes = 0;
@@ -1381,8 +1343,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       break;
     }
     case Op::kOccupancyMaxBlocks: {
-      OccupancyReq q;
-      ORION_WANT(Get(payload, len, &q), "bad OccupancyMaxBlocks");
+      const auto q = DecodeReq<Op::kOccupancyMaxBlocks>(payload);
       Obj* f = Find(q.function, Kind::kFunction);
       if (f == nullptr) { r = CUDA_ERROR_INVALID_HANDLE; break; }
       int blocks = 0;
@@ -1393,8 +1354,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
     }
 
     case Op::kStreamCreate: {
-      StreamCreateReq q;
-      ORION_WANT(Get(payload, len, &q), "bad StreamCreate");
+      const auto q = DecodeReq<Op::kStreamCreate>(payload);
       if (cur_ctx_ == 0) { r = CUDA_ERROR_INVALID_CONTEXT; break; }
       if (HandlesFull()) { r = CUDA_ERROR_OUT_OF_MEMORY; break; }
       void* s = nullptr;
@@ -1405,8 +1365,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
     case Op::kStreamDestroy:
     case Op::kStreamSynchronize:
     case Op::kStreamQuery: {
-      HandleReq q;
-      ORION_WANT(Get(payload, len, &q), "bad Stream op");
+      const auto q = DecodeReq<Op::kStreamDestroy>(payload);
       void* s = nullptr;
       if (!Stream(q.handle, &s) || (static_cast<Op>(h.op) == Op::kStreamDestroy && q.handle == 0)) {
         r = CUDA_ERROR_INVALID_HANDLE;
@@ -1423,8 +1382,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       break;
     }
     case Op::kStreamWaitEvent: {
-      StreamWaitEventReq q;
-      ORION_WANT(Get(payload, len, &q), "bad StreamWaitEvent");
+      const auto q = DecodeReq<Op::kStreamWaitEvent>(payload);
       void* s = nullptr;
       Obj* e = Find(q.event, Kind::kEvent);
       if (e == nullptr || !Stream(q.stream, &s)) { r = CUDA_ERROR_INVALID_HANDLE; break; }
@@ -1432,8 +1390,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       break;
     }
     case Op::kEventCreate: {
-      EventCreateReq q;
-      ORION_WANT(Get(payload, len, &q), "bad EventCreate");
+      const auto q = DecodeReq<Op::kEventCreate>(payload);
       if (cur_ctx_ == 0) { r = CUDA_ERROR_INVALID_CONTEXT; break; }
       if (HandlesFull()) { r = CUDA_ERROR_OUT_OF_MEMORY; break; }
       void* e = nullptr;
@@ -1444,8 +1401,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
     case Op::kEventDestroy:
     case Op::kEventSynchronize:
     case Op::kEventQuery: {
-      HandleReq q;
-      ORION_WANT(Get(payload, len, &q), "bad Event op");
+      const auto q = DecodeReq<Op::kEventDestroy>(payload);
       Obj* e = Find(q.handle, Kind::kEvent);
       if (e == nullptr) { r = CUDA_ERROR_INVALID_HANDLE; break; }
       switch (static_cast<Op>(h.op)) {
@@ -1459,8 +1415,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       break;
     }
     case Op::kEventRecord: {
-      EventRecordReq q;
-      ORION_WANT(Get(payload, len, &q), "bad EventRecord");
+      const auto q = DecodeReq<Op::kEventRecord>(payload);
       Obj* e = Find(q.event, Kind::kEvent);
       void* s = nullptr;
       if (e == nullptr || !Stream(q.stream, &s)) { r = CUDA_ERROR_INVALID_HANDLE; break; }
@@ -1468,8 +1423,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       break;
     }
     case Op::kEventElapsedTime: {
-      EventElapsedReq q;
-      ORION_WANT(Get(payload, len, &q), "bad EventElapsedTime");
+      const auto q = DecodeReq<Op::kEventElapsedTime>(payload);
       Obj* a = Find(q.start, Kind::kEvent);
       Obj* b = Find(q.end, Kind::kEvent);
       if (a == nullptr || b == nullptr) { r = CUDA_ERROR_INVALID_HANDLE; break; }

@@ -164,7 +164,7 @@ def test_two_clients_at_once(oriond):
     assert len(re.findall(r"Creating session", oriond.log())) >= 2
 
 
-@pytest.mark.parametrize("mode", ["bogus", "garbage", "unknown", "cursor", "overflow", "batch"])
+@pytest.mark.parametrize("mode", ["bogus", "garbage", "unknown", "cursor", "overflow", "batch", "shape"])
 def test_hostile_client_only_loses_its_own_session(oriond, mode):
     victim = oriond.popen("two_clients", 3000, 7, ORION_GMEM=128)
     time.sleep(0.5)

@@ -130,7 +130,7 @@ uint64_t Handle(Chan* c, Op op, const void* q, uint32_t len) {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: hostile_client REGION bogus|garbage|unknown\n");
+    std::fprintf(stderr, "usage: hostile_client REGION bogus|garbage|unknown|cursor|overflow|batch|shape\n");
     return 2;
   }
   std::string path = argv[1];
@@ -230,6 +230,15 @@ int main(int argc, char** argv) {
     uint8_t junk[3] = {1, 2, 3};
     Send(&c, Op::kMemAlloc, junk, sizeof junk, false);
     Report("malformed_payload_ends_session", WaitDead(&c, 10), "channel not closed");
+    return g_failed == 0 ? 0 : 1;
+  }
+  if (mode == "shape") {
+    // The checkpoint (ops.def's shapes): a request whose payload is not the length its op has ends
+    // the session, whatever the op. Ops without a request were served with any bytes behind them
+    // before (a Sync carrying 8 stray bytes was answered).
+    uint64_t stray = 0x5555;
+    Send(&c, Op::kSync, &stray, sizeof stray, false);
+    Report("payload_on_an_op_without_one_ends_session", WaitDead(&c, 10), "channel not closed");
     return g_failed == 0 ? 0 : 1;
   }
   if (mode == "batch") {

@@ -13,6 +13,8 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <string>
 #include <type_traits>
 
 namespace orion {
@@ -24,7 +26,7 @@ inline constexpr uint16_t kProtocolVersion = 2;  // 2: Hello/Welcome carry the c
 inline constexpr uint32_t kMaxPayload = 64 * 1024;    // bulk bytes travel in the data window
 
 enum class Op : uint16_t {
-#define ORION_OP(name, number, reply) k##name = number,
+#define ORION_OP(name, number, ...) k##name = number,
 #include "orion/common/ops.def"
 };
 
@@ -534,6 +536,43 @@ inline constexpr bool OpBatchable(uint16_t op) noexcept {
     default:
       return false;
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The checkpoint for hostile input (oriond): every request frame, on every transport, and every
+// Batch entry passes CheckRequestShape before the session dispatches it; the request struct is
+// then read once with DecodeReq, whose type comes from ops.def (never restated by the handler).
+// Window ranges are checked in one place too (FrameWindowRanges above, for all transports).
+
+enum class OpShape : uint8_t { kEmpty, kFixed, kHead, kOwn };  // ops.def, "shape"
+
+// The request struct of `op` (ops.def), void for ops without one.
+template <Op op>
+struct OpRequest;
+#define ORION_OP(name, number, reply, req, shape) \
+  template <>                                      \
+  struct OpRequest<Op::k##name> {                  \
+    using type = req;                              \
+    static constexpr OpShape kShape = OpShape::shape; \
+  };
+#include "orion/common/ops.def"
+template <Op op>
+using OpRequestT = typename OpRequest<op>::type;
+
+// Whether a payload of `len` bytes has the shape ops.def gives `op` (unknown ops: false). On
+// false, *why says what was wrong ("a payload of 12 bytes, expected exactly 16"): for oriond, a
+// protocol violation that ends the session.
+bool CheckRequestShape(uint16_t op, uint32_t len, std::string* why);
+
+// The request of a frame that passed CheckRequestShape, copied out once (a guest may change the
+// shared bytes under us). Its type is ops.def's for `op`.
+template <Op op>
+OpRequestT<op> DecodeReq(const uint8_t* payload) noexcept {
+  static_assert(OpRequest<op>::kShape == OpShape::kFixed || OpRequest<op>::kShape == OpShape::kHead,
+                "only kFixed and kHead requests have a struct to decode");
+  OpRequestT<op> q;
+  std::memcpy(&q, payload, sizeof q);
+  return q;
 }
 
 #undef ORION_WIRE_STRUCT
