@@ -34,6 +34,9 @@ class FrameChannel {
   virtual bool Flush() noexcept { return true; }
   // At exit, after the last Flush: waits (briefly) until what was sent has left this process.
   virtual void Close() noexcept {}
+  // Blocks until oriond may have sent something, or `max_us` passes. False: this channel cannot
+  // block (shared memory, RDMA): it returned at once, and the caller naps instead.
+  virtual bool AwaitInput(uint32_t /*max_us*/) noexcept { return false; }
 };
 
 class ShmFrameChannel final : public FrameChannel {
@@ -91,6 +94,9 @@ class TcpFrameChannel final : public FrameChannel {
   bool Commit() noexcept override;
   Status Pop(ivshmem::FrameView* f, std::vector<uint8_t>* scratch, bool* got) noexcept override;
   bool Flush() noexcept override;
+  // Sleeps in poll(2) on the socket: a reply wakes the client as a kernel wake-up would, not at
+  // its next nap's end, and a long wait (a synchronize) costs no CPU.
+  bool AwaitInput(uint32_t max_us) noexcept override;
   static constexpr size_t kBatchBytes = 64 * 1024;
 
  private:

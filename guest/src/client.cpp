@@ -31,6 +31,9 @@ using ivshmem::kChannelFree;
 constexpr uint64_t kChunk = 1ull << 20;            // bulk copy chunk
 constexpr uint64_t kPinnedAlign = 256;
 constexpr auto kHeartbeatTimeout = std::chrono::seconds(5);
+// The longest a wait for a reply blocks on a network socket at once (FrameChannel::AwaitInput)
+// before it checks the deadline and the server's liveness again.
+constexpr uint32_t kAwaitInputUs = 50000;
 // HandshakeLocked: oriond chose RDMA but this end could not set it up; connect again over TCP.
 constexpr auto kRetryOverTcp = static_cast<CUresult>(1002);  // private, never returned to applications
 
@@ -651,7 +654,9 @@ CUresult Client::WaitReplyLocked(uint32_t seq, Op op, void* rep, uint32_t rep_ca
     }
     if (backoff.sleeping() && ServerGoneLocked(&last_beat, &last_change)) return broken_;
     if (backoff.sleeping() && TimedOutLocked(start, deadline_ms, op, seq)) return broken_;
-    backoff.Pause();
+    // A network channel blocks on its socket (bounded, so the checks above keep running); shared
+    // memory naps.
+    if (!backoff.sleeping() || !chan_->AwaitInput(kAwaitInputUs)) backoff.Pause();
   }
 }
 
@@ -675,7 +680,7 @@ void Client::DrainOutputLocked() noexcept {
       if (got) break;
       if (backoff.sleeping() && ServerGoneLocked(&last_beat, &last_change)) return;
       if (backoff.sleeping() && TimedOutLocked(start, reply_ms_, Op::kTakeOutput, h.seq)) return;
-      backoff.Pause();
+      if (!backoff.sleeping() || !chan_->AwaitInput(kAwaitInputUs)) backoff.Pause();
     }
     if (!ReplyValidLocked(f.header, h.seq, Op::kTakeOutput)) return;
     OutputRep rep{};

@@ -105,9 +105,14 @@ class TcpSessionChannel final : public SessionChannel {
   }
 
   Status Reply(const FrameHeader& h, const void* payload, uint32_t len) override {
-    if (!SendAll(&h, sizeof h) || (len != 0 && !SendAll(payload, len))) return Unavailable("cannot send to the client");
+    // One send for header and payload: the client wakes once, on the whole reply.
+    out_.resize(sizeof h + len);
+    std::memcpy(out_.data(), &h, sizeof h);
+    if (len != 0) std::memcpy(out_.data() + sizeof h, payload, len);
+    if (!SendAll(out_.data(), out_.size())) return Unavailable("cannot send to the client");
     return Status::Ok();
   }
+  uint32_t SpinPolls() const override { return 0; }
 
   Status Idle(uint64_t) override { return Fill(false); }
   bool WaitIdle(int timeout_ms) override {
@@ -152,6 +157,7 @@ class TcpSessionChannel final : public SessionChannel {
     const ssize_t n = ::recv(fd_, p, len, 0);
     return n < 0 && errno == EINTR ? RecvWait(p, len) : n;
   }
+  std::vector<uint8_t> out_;  // a reply being sent (header and payload)
   bool SendAll(const void* p, uint64_t len) {
     const auto* b = static_cast<const uint8_t*>(p);
     while (len > 0) {

@@ -1573,13 +1573,13 @@ int Session::Run(const FrameHeader& hello_header, const HelloReq& hello) {
   ch_->Serving();
 
   std::vector<uint8_t> scratch, reply;
-  // Idle: spin ~0.1 ms, yield, then sleep until the client rings (a futex, the VM's ivshmem
+  // Idle: spin ~0.1 ms (not over TCP: SpinPolls), yield, then sleep until the client rings (a futex, the VM's ivshmem
   // doorbell, or the socket): the first call after a pause costs one kernel wake-up. The sleep's
   // timeout runs the liveness checks (Idle: the client's lease) and bounds a wake-up missed after
   // an asynchronous frame (client.h, B1): 2 ms after the last frame, doubling with each quiet
   // wait up to idle_wait_ms (a quarter of the lease timeout, 20..250 ms). A client that cannot ring
   // (an older guest runtime in a VM) gets naps of up to 2 ms, 5 ms after a quiet second.
-  ivshmem::Backoff backoff(2000, 100, 2000);
+  ivshmem::Backoff backoff(ch_->SpinPolls(), 100, 2000);
   const int idle_wait_ms = static_cast<int>(std::clamp<uint64_t>(p_.lease_timeout_ms / 4, 20, 250));
   uint64_t frames = 0;
   uint64_t last_frame_ms = NowMs();
