@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/rotating_file_sink.h>
 #include <spdlog/sinks/stdout_sinks.h>
@@ -229,6 +230,10 @@ Status Daemon::StartServing() {
     log_->info("Physical GPU {}: {} ({} MiB, {})", g.index, g.name, g.total_mem >> 20, g.uuid);
   }
   pool_ = std::make_unique<VgpuPool>(gpus, config_.vgpu_count);
+  for (const auto& g : gpus) {
+    if (gpu_names_.size() <= g.index) gpu_names_.resize(g.index + 1);
+    gpu_names_[g.index] = g.name;
+  }
   log_->info("Final virtual gpu list <vID:pID:mbSize>: {}", pool_->FinalList());
   for (const auto& g : gpus) {
     for (uint32_t v = 0; v < config_.vgpu_count; ++v) log_->info("Registered v-GPU {} on p-GPU {}.", v, g.index);
@@ -508,8 +513,15 @@ void Daemon::ServeControl() {
     }
     if (auto nl = line.find('\n'); nl != std::string::npos) line.resize(nl);
     std::string reply = Control(line) + "\n";
-    ssize_t w = ::write(c, reply.data(), reply.size());
-    (void)w;
+    // All of it (a `sessions` listing can be long), each write bounded by the socket's send timeout.
+    timeval tv{1, 0};
+    setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    for (size_t off = 0; off < reply.size();) {
+      const ssize_t w = ::write(c, reply.data() + off, reply.size() - off);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) break;
+      off += static_cast<size_t>(w);
+    }
     ::close(c);
   }
 }
@@ -549,7 +561,38 @@ std::string Daemon::Control(const std::string& line) {
     }
     return out;
   }
-  return "error unknown command '" + cmd + "' (attach, detach, status)";
+  if (cmd == "sessions") return "ok " + SessionsJson();
+  return "error unknown command '" + cmd + "' (attach, detach, status, sessions)";
+}
+
+std::string Daemon::SessionsJson() const {
+  nlohmann::json out = nlohmann::json::array();
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  const std::string server = std::string(host) + " (oriond, " + (backend_ == BackendKind::kCuda ? "cuda" : "sim") + ")";
+  auto add = [&](uint32_t session, const std::vector<Placement>& placements, const std::string& allocation_id,
+                 int slot, const ClientInfo& c) {
+    nlohmann::json places = nlohmann::json::array();
+    const std::atomic<uint64_t>* used = StatSlot(slot);
+    for (size_t d = 0; d < placements.size(); ++d) {
+      const Placement& p = placements[d];
+      places.push_back({{"server", server}, {"pgpu", p.pgpu}, {"vgpu", p.vgpu}, {"gmem_mib", p.quota_bytes >> 20},
+                        {"used_mib", used != nullptr && d < kMaxDevices ? used[d].load(std::memory_order_relaxed) >> 20 : 0},
+                        {"gpu_name", p.pgpu < gpu_names_.size() ? gpu_names_[p.pgpu] : std::string()}});
+    }
+    // Client-supplied names are bytes: JSON needs UTF-8, so bad bytes become U+FFFD at dump time.
+    out.push_back({{"session", session}, {"transport", c.transport}, {"server", server},
+                   {"allocation_id", allocation_id},
+                   {"client", {{"pid", c.pid}, {"process", c.process}, {"host", c.host}}},
+                   {"placements", std::move(places)}});
+  };
+  for (const Region& r : regions_) {
+    for (const Channel& c : r.channels) {
+      if (c.state == Channel::kServing) add(c.session, c.placements, c.allocation_id, c.stat_slot, c.client);
+    }
+  }
+  for (const NetSession& n : net_sessions_) add(n.session, n.placements, n.allocation_id, n.stat_slot, n.client);
+  return out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 Result<std::unique_ptr<ivshmem::DoorbellServer>> Daemon::MakeDoorbell(const std::string& path,
@@ -909,7 +952,10 @@ void Daemon::Handshake(Pending& p) {
   if (link_ && !admitted->allocation_id.empty()) {
     link_->Track(admitted->allocation_id, StatSlot(slot), static_cast<uint32_t>(placements->size()));
   }
-  net_sessions_.push_back({pid, session, std::move(*placements), admitted->allocation_id, slot});
+  std::string client_host(hello.hostname, strnlen(hello.hostname, sizeof hello.hostname));
+  net_sessions_.push_back({pid, session, std::move(*placements), admitted->allocation_id, slot,
+                           {hello.pid, hello.process_name, client_host.empty() ? p.source : client_host,
+                            transport == kTransportRdma ? "rdma" : "tcp"}});
   ++serving_;
 }
 
@@ -1206,6 +1252,8 @@ void Daemon::Admit(Region& r, uint32_t index) {
   c.placements = std::move(*placements);
   c.allocation_id = allocation_id;
   c.stat_slot = slot;
+  c.client = {hello.pid, hello.process_name, std::string(hello.hostname, strnlen(hello.hostname, sizeof hello.hostname)),
+              r.vm.empty() ? "shm" : "vm " + r.vm};
   if (link_ && !allocation_id.empty()) {
     link_->Track(allocation_id, StatSlot(slot), static_cast<uint32_t>(c.placements.size()));
   }

@@ -3,6 +3,7 @@ ORION_SERVER=host:port instead of a shared-memory region. Also the transport cho
 which has no RDMA (a client offering RDMA, and oriond with enable_rdma, fall back to TCP and say
 why; RDMA itself is tested in a Soft-RoCE guest: test_rdma.py), garbage on the socket, a client killed in the
 middle of a transfer, oriond killed and restarted, and a client in another network namespace."""
+import json
 import os
 import random
 import re
@@ -320,3 +321,77 @@ def test_silent_connections_do_not_lock_out_clients(tcp_oriond):
             s.close()
     assert d.alive()
     assert "closed before its Hello to make room for new connections" in d.log()
+
+
+def test_orion_smi_standalone_lists_every_session_of_the_local_oriond(tcp_oriond):
+    # Issue #12: with no controller, orion-smi used to say "no Orion Controller configured" and show
+    # nothing. It asks the local oriond's control socket (`sessions`): a shared-memory client with
+    # two vGPUs and a TCP client with one, their pids, names and memory in use now. Where the socket
+    # cannot be read (a container or VM guest), it shows the client's region instead.
+    d = tcp_oriond
+    smi = PREFIX / "bin" / "orion-smi"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")}
+    env["HOME"] = str(d.tmp)  # no client.conf: no controller
+    shm = d.popen("sleeper", 8, ORION_VGPU=2, ORION_GMEM=300)
+    e = d.env(ORION_VGPU=1, ORION_GMEM=200)
+    e.pop("ORION_SHM")
+    e["ORION_SERVER"] = f"127.0.0.1:{d.port}"
+    tcp = subprocess.Popen([str(TEST_BIN / "sleeper"), "16"], env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    try:
+        pids = {}
+        for name, p in (("shm", shm), ("tcp", tcp)):
+            for line in p.stdout:
+                if m := re.match(r"SLEEPER pid=(\d+)", line):
+                    pids[name] = int(m.group(1))
+                if line.startswith("READY"):
+                    break
+        assert set(pids) == {"shm", "tcp"}
+        time.sleep(0.5)  # the workers publish the memory they use
+        r = subprocess.run([smi, "--oriond", d.tmp / "oriond.sock", "--json"], env=env, capture_output=True, text=True,
+                           timeout=30)
+        assert r.returncode == 0, r.stderr
+        sessions = {s["transport"]: s for s in json.loads(r.stdout)}
+        assert set(sessions) == {"shm", "tcp"}, r.stdout
+        assert sessions["shm"]["client"]["pid"] == pids["shm"] and sessions["tcp"]["client"]["pid"] == pids["tcp"]
+        assert all(s["client"]["process"] == "sleeper" for s in sessions.values())
+        assert [(p["gmem_mib"]) for p in sessions["shm"]["placements"]] == [300, 300]
+        assert [(p["gmem_mib"]) for p in sessions["tcp"]["placements"]] == [200]
+        # What each touched (8 and 16 MiB) is in use on its first vGPU, as oriond accounts it.
+        assert sessions["shm"]["placements"][0]["used_mib"] >= 8, sessions["shm"]
+        assert sessions["tcp"]["placements"][0]["used_mib"] >= 16, sessions["tcp"]
+        assert all(p["gpu_name"] for s in sessions.values() for p in s["placements"])
+        text = subprocess.run([smi, "--oriond", d.tmp / "oriond.sock"], env=env, capture_output=True, text=True, timeout=30)
+        assert text.returncode == 0, text.stderr
+        assert "standalone: every session of this oriond" in text.stdout, text.stdout
+        assert len(re.findall(rf"^\|.* {pids['shm']}  sleeper ", text.stdout, re.M)) == 2, text.stdout
+        assert len(re.findall(rf"^\|.* {pids['tcp']}  sleeper ", text.stdout, re.M)) == 1, text.stdout
+        # No access to oriond: the client's region, what a container sees.
+        region_env = dict(env, ORION_SHM=str(d.region))
+        r = subprocess.run([smi, "--oriond", d.tmp / "absent.sock", "--json"], env=region_env, capture_output=True,
+                           text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        view = json.loads(r.stdout)
+        assert view["region"] == str(d.region) and view["served"] is True
+        assert [c["state"] for c in view["in_use"]] == ["active"], view
+        r = subprocess.run([smi, "--oriond", d.tmp / "absent.sock"], env=region_env, capture_output=True, text=True,
+                           timeout=30)
+        assert r.returncode == 0 and "oriond serves it: yes" in r.stdout and "1 in use" in r.stdout, r.stdout
+        assert "absent.sock" in r.stdout  # says why oriond was not asked
+        # Neither oriond nor a region: a clear error.
+        r = subprocess.run([smi, "--oriond", d.tmp / "absent.sock"], env=dict(env, ORION_SHM=str(d.tmp / "none")),
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 1 and "no Orion region" in r.stderr, r.stderr
+    finally:
+        for p in (shm, tcp):
+            p.kill()
+            p.wait()
+    # Gone: nothing listed.
+    deadline = time.time() + 10
+    while True:
+        r = subprocess.run([smi, "--oriond", d.tmp / "oriond.sock", "--json"], env=env, capture_output=True, text=True,
+                           timeout=30)
+        if json.loads(r.stdout) == []:
+            break
+        assert time.time() < deadline, r.stdout
+        time.sleep(0.2)

@@ -39,6 +39,12 @@ class Daemon {
   BackendKind backend() const { return backend_; }
 
  private:
+  // Who a session serves, from its Hello (informational: the client says so) and its transport.
+  struct ClientInfo {
+    uint32_t pid = 0;
+    std::string process, host;
+    std::string transport;  // "shm", "vm <name>", "tcp", "rdma"
+  };
   struct Channel {
     enum State { kIdle, kServing, kWaitFree } state = kIdle;
     pid_t pid = 0;
@@ -50,6 +56,7 @@ class Daemon {
     uint32_t generation = 1;  // our record; FormatRegion starts every channel at 1
     std::string allocation_id;  // the controller's (controller mode)
     int stat_slot = -1;
+    ClientInfo client;
   };
   struct Region {
     std::unique_ptr<ivshmem::MappedRegion> map;
@@ -87,6 +94,10 @@ class Daemon {
   Status OpenControlSocket();
   void ServeControl();
   std::string Control(const std::string& line);
+  // The control socket's `sessions`: every live session as one JSON array, each entry shaped like
+  // the controller's allocations (client pid/process/host, placements with pgpu, vgpu, gmem_mib,
+  // used_mib, gpu_name) so orion-smi prints both the same way; plus session, transport, server.
+  std::string SessionsJson() const;
   // `bell_socket` (may be ""): serve the VM's ivshmem-doorbell there, with up to `vectors` vectors.
   std::string Attach(const std::string& vm, const std::string& path, uint32_t vgpus, uint64_t gmem_mib,
                      uint32_t processes, const std::string& bell_socket = "", uint32_t vectors = 0);
@@ -148,6 +159,7 @@ class Daemon {
   ServerConfig config_;
   BackendKind backend_ = BackendKind::kSim;
   std::unique_ptr<VgpuPool> pool_;
+  std::vector<std::string> gpu_names_;  // by physical GPU index
   std::vector<Region> regions_;
   std::shared_ptr<spdlog::logger> log_;
   std::atomic<bool> stop_{false};
@@ -170,6 +182,7 @@ class Daemon {
     std::vector<Placement> placements;
     std::string allocation_id;
     int stat_slot = -1;
+    ClientInfo client;
   };
   Status OpenListener();
   void AcceptClients(uint64_t now_ms);
