@@ -257,7 +257,7 @@ TEST_F(ServiceTest, ARestartedServerLosesTheSessionsItNoLongerHas) {
   EXPECT_EQ((*a)["state"], "active");
   Json again = TwoGpuServer("a");
   again["boot_id"] = "b2";
-  again["allocations"] = {(*b)["id"]};
+  again["allocations"] = Json::array({(*b)["id"]});  // not {x}: clang makes that x itself
   auto r = s->RegisterServer("10.0.0.1:9960", again);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ((*r)["released"], Json::array({(*a)["id"]}));

@@ -157,7 +157,8 @@ class EtcdStore final : public Store {
       doc.erase("lease");  // the key's own lease is the truth
       put("allocations/" + a.value("id", ""), doc.dump(), lease);
       const std::string id = a.value("id", "");
-      slots(a, [&](const std::string& path) { put(path, id, lease); });
+      const int64_t l = lease;  // a structured binding: not capturable before C++20 in every compiler
+      slots(a, [&](const std::string& path) { put(path, id, l); });
     }
     for (const auto& r : c.put_requests) put("requests/" + r.request_id, r.allocation_id, r.lease);
     for (const auto& path : c.touch) put(path, "", 0);

@@ -19,6 +19,7 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include "half.h"
 #include "ir.h"
 
 namespace orion::ptx {
@@ -32,8 +33,8 @@ inline float F32(uint64_t b) { return std::bit_cast<float>(static_cast<uint32_t>
 inline uint64_t B32(float f) { return std::bit_cast<uint32_t>(f); }
 inline double F64(uint64_t b) { return std::bit_cast<double>(b); }
 inline uint64_t B64(double d) { return std::bit_cast<uint64_t>(d); }
-inline float H2F(uint64_t h) { return static_cast<float>(std::bit_cast<_Float16>(static_cast<uint16_t>(h))); }
-inline uint64_t F2H(float f) { return std::bit_cast<uint16_t>(static_cast<_Float16>(f)); }
+inline float H2F(uint64_t h) { return HalfToFloat(static_cast<uint16_t>(h)); }
+inline uint64_t F2H(float f) { return FloatToHalf(f); }
 inline float BF2F(uint64_t h) { return std::bit_cast<float>(static_cast<uint32_t>(static_cast<uint16_t>(h)) << 16); }
 inline uint64_t F2BF(float f) {
   uint32_t u = std::bit_cast<uint32_t>(f);

@@ -11,6 +11,7 @@
 #include <numeric>
 #include <sstream>
 
+#include "half.h"
 #include "orion/ptx/ptx.h"
 #include "test_memory.h"
 #include "../../tests/cuda/divergent_value.h"
@@ -253,6 +254,50 @@ TEST(PtxFloat, DoubleAndConversions) {
   }
 }
 
+// A float rounded to half and back: by the compiler's own half type where it has one (GCC on
+// x86-64), so the executor's portable conversions (half.h) are checked against an independent one.
+#if defined(__GNUC__) && !defined(__clang__)
+#define ORION_HAVE_FLOAT16 1
+float RoundHalf(float x) { return static_cast<float>(static_cast<_Float16>(x)); }
+#else
+float RoundHalf(float x) { return HalfToFloat(FloatToHalf(x)); }
+#endif
+
+#ifdef ORION_HAVE_FLOAT16
+TEST(PtxFloat, HalfConversionsMatchTheCompilersHalfType) {
+  auto same = [](float a, float b) { return std::isnan(a) ? std::isnan(b) : std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b); };
+  // Every half to float.
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const float want = static_cast<float>(std::bit_cast<_Float16>(static_cast<uint16_t>(h)));
+    ASSERT_TRUE(same(HalfToFloat(static_cast<uint16_t>(h)), want)) << std::hex << h;
+  }
+  // Floats to half: every midpoint between neighbouring halves (the ties) and the floats beside
+  // it, then a sweep over all float bit patterns.
+  uint64_t checked = 0;
+  auto check = [&](uint32_t bits) {
+    const float f = std::bit_cast<float>(bits);
+    const uint16_t want = std::bit_cast<uint16_t>(static_cast<_Float16>(f));
+    const uint16_t got = FloatToHalf(f);
+    if (std::isnan(f)) {
+      ASSERT_TRUE((got & 0x7c00u) == 0x7c00u && (got & 0x3ffu) != 0) << std::hex << bits;
+    } else {
+      ASSERT_EQ(got, want) << std::hex << bits;
+    }
+    ++checked;
+  };
+  for (uint32_t h = 0; h < 0x7bff; ++h) {
+    const float lo = HalfToFloat(static_cast<uint16_t>(h)), hi = HalfToFloat(static_cast<uint16_t>(h + 1));
+    const uint32_t mid = std::bit_cast<uint32_t>((lo + hi) / 2);  // exact in float
+    for (uint32_t b : {mid - 1, mid, mid + 1}) {
+      check(b);
+      check(b | 0x80000000u);
+    }
+  }
+  for (uint64_t b = 0; b < (uint64_t{1} << 32); b += 4099) check(static_cast<uint32_t>(b));
+  EXPECT_GT(checked, 1000000u);
+}
+#endif
+
 TEST(PtxFloat, HalfPrecision) {
   std::vector<uint64_t> in(32);
   for (int i = 0; i < 32; ++i) in[i] = FBits(0.5f * static_cast<float>(i) - 4.0f);
@@ -261,12 +306,12 @@ TEST(PtxFloat, HalfPrecision) {
     add.f16x2 %r3, %r2, %r2; mov.b32 {%rs5, %rs6}, %r3; cvt.f32.f16 %f2, %rs5; cvt.f32.f16 %f3, %rs6;
     add.f32 %f4, %f2, %f3; mov.b32 %r4, %f4; cvt.u64.u32 %rd6, %r4; st.global.u64 [%rd4], %rd6;)", in);
   for (int i = 0; i < 32; ++i) {
-    const _Float16 a = static_cast<_Float16>(BitsF(in[i]));
-    const _Float16 b = static_cast<_Float16>(static_cast<float>(a) + static_cast<float>(a));
-    const _Float16 c = static_cast<_Float16>(static_cast<float>(b) * static_cast<float>(a));
-    const _Float16 d = static_cast<_Float16>(std::fma(static_cast<float>(c), static_cast<float>(a), static_cast<float>(b)));
-    const float lo = static_cast<float>(static_cast<_Float16>(static_cast<float>(d) * 2));
-    const float hi = static_cast<float>(static_cast<_Float16>(static_cast<float>(a) * 2));
+    const float a = RoundHalf(BitsF(in[i]));
+    const float b = RoundHalf(a + a);
+    const float c = RoundHalf(b * a);
+    const float d = RoundHalf(std::fma(c, a, b));
+    const float lo = RoundHalf(d * 2);
+    const float hi = RoundHalf(a * 2);
     EXPECT_EQ(BitsF(out[i]), lo + hi) << i;
   }
 }
