@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cfenv>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -285,16 +286,30 @@ TEST(PtxFloat, HalfConversionsMatchTheCompilersHalfType) {
     }
     ++checked;
   };
-  for (uint32_t h = 0; h < 0x7bff; ++h) {
-    const float lo = HalfToFloat(static_cast<uint16_t>(h)), hi = HalfToFloat(static_cast<uint16_t>(h + 1));
-    const uint32_t mid = std::bit_cast<uint32_t>((lo + hi) / 2);  // exact in float
-    for (uint32_t b : {mid - 1, mid, mid + 1}) {
+  // In each rounding mode (the executor's .rn/.rz/.rm/.rp conversions run under it).
+  for (int mode : {FE_TONEAREST, FE_TOWARDZERO, FE_UPWARD, FE_DOWNWARD}) {
+    SCOPED_TRACE(mode);
+    for (uint32_t h = 0; h < 0x7bff; ++h) {
+      const float lo = HalfToFloat(static_cast<uint16_t>(h)), hi = HalfToFloat(static_cast<uint16_t>(h + 1));
+      const uint32_t mid = std::bit_cast<uint32_t>((lo + hi) / 2);  // exact in float
+      ASSERT_EQ(std::fesetround(mode), 0);
+      for (uint32_t b : {mid - 1, mid, mid + 1}) {
+        check(b);
+        check(b | 0x80000000u);
+      }
+      std::fesetround(FE_TONEAREST);
+    }
+    ASSERT_EQ(std::fesetround(mode), 0);
+    for (uint64_t b = 0; b < (uint64_t{1} << 32); b += 4099) check(static_cast<uint32_t>(b));
+    for (uint32_t b : {0x477fe000u, 0x477fefffu, 0x477ff000u, 0x477ff001u, 0x47800000u, 0x7f7fffffu, 0x7f800000u,
+                       0x33000000u, 0x33000001u, 0x32ffffffu, 0x00000001u, 0x387fc000u, 0x387fe000u}) {
       check(b);
       check(b | 0x80000000u);
     }
+    std::fesetround(FE_TONEAREST);
+    if (HasFatalFailure()) return;
   }
-  for (uint64_t b = 0; b < (uint64_t{1} << 32); b += 4099) check(static_cast<uint32_t>(b));
-  EXPECT_GT(checked, 1000000u);
+  EXPECT_GT(checked, 4000000u);
 }
 #endif
 
