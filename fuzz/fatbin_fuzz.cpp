@@ -1,4 +1,4 @@
-// fatbin_fuzz — orion::fatbin (host/include/orion/host/fatbin.h) on hostile module images: what a
+// fatbin_fuzz — orion::fatbin (host/include/orion/fatbin/fatbin.h) on hostile module images: what a
 // client passes to cuModuleLoadData / cuLibraryLoadData reaches ParseImage, ExtractPtx, PtxArch and
 // ImageSize in oriond.
 //
@@ -14,7 +14,7 @@
 #include <memory>
 #include <string_view>
 
-#include "orion/host/fatbin.h"
+#include "orion/fatbin/fatbin.h"
 
 namespace {
 

@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include "export.h"
-#include "orion/host/fatbin.h"
+#include "orion/fatbin/fatbin.h"
 #include "state.h"
 
 using namespace orion;

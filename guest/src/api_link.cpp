@@ -19,7 +19,7 @@
 
 #include "export.h"
 #include "log.h"
-#include "orion/host/fatbin.h"
+#include "orion/fatbin/fatbin.h"
 #include "orion/ptx/link.h"
 #include "state.h"
 

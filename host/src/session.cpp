@@ -19,7 +19,7 @@
 #include <unordered_map>
 
 #include "orion/common/text.h"
-#include "orion/host/fatbin.h"
+#include "orion/fatbin/fatbin.h"
 #include "orion/ivshmem/doorbell.h"
 #include "orion/ivshmem/ring.h"
 

@@ -19,7 +19,7 @@
 #include <thread>
 
 #include "orion/host/backend.h"
-#include "orion/host/fatbin.h"
+#include "orion/fatbin/fatbin.h"
 #include "orion/host/ipc_ticket.h"
 #include "orion/ptx/ptx.h"
 

@@ -1,5 +1,5 @@
-// Fixture source for host/src/fatbin_test.cpp. Compiled at test build time by nvcc (see
-// host/fatbin.cmake) into fatbins, a cubin and PTX. The test asserts the parameter layouts the C++
+// Fixture source for fatbin/src/fatbin_test.cpp. Compiled at test build time by nvcc (see
+// fatbin/CMakeLists.txt) into fatbins, a cubin and PTX. The test asserts the parameter layouts the C++
 // ABI gives these signatures, so keep the two files in step.
 #include <cstdint>
 

@@ -1,9 +1,9 @@
-// Tests for orion/host/fatbin.h.
+// Tests for orion/fatbin/fatbin.h.
 //
 // Fixtures (ORION_FATBIN_FIXTURES) are built by nvcc from tests/data/kernels.cu at build time, see
-// host/fatbin.cmake; tests that need them skip when nvcc was not found. The synthetic containers
+// fatbin/CMakeLists.txt; tests that need them skip when nvcc was not found. The synthetic containers
 // and PTX below need no toolkit.
-#include "orion/host/fatbin.h"
+#include "orion/fatbin/fatbin.h"
 
 #include <gtest/gtest.h>
 #include <lz4.h>

@@ -1,4 +1,4 @@
-// orion/host/fatbin.h — understand CUDA module images without a GPU.
+// orion/fatbin/fatbin.h — understand CUDA module images without a GPU.
 //
 // The daemon's "sim" backend receives the bytes a client passed to cuModuleLoadData /
 // cuLibraryLoadData and must answer cuModuleGetFunction, cuFuncGetParamInfo, cuModuleGetGlobal and

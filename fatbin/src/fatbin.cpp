@@ -8,7 +8,7 @@
 // Format facts marked [recipes] come from /work/shared/recipes.md ("CUDA 13 toolkit"); facts marked
 // [exp] were checked with nvcc/ptxas/fatbinary 13.0 (V13.0.88) on this machine, see the notes at the
 // sections below.
-#include "orion/host/fatbin.h"
+#include "orion/fatbin/fatbin.h"
 
 #include <lz4.h>
 #include <zstd.h>
