@@ -5,15 +5,6 @@
 namespace orion {
 namespace {
 
-template <typename T>
-constexpr uint32_t SizeOf() {
-  if constexpr (std::is_void_v<T>) {
-    return 0;
-  } else {
-    return sizeof(T);
-  }
-}
-
 struct OpEntry {
   const char* name;
   ReplyKind reply;
@@ -27,7 +18,7 @@ constexpr auto MakeTable() {
   struct Table { OpEntry e[kOpTableSize]{}; } t{};
 #define ORION_OP(name, number, reply, req, shape)                                     \
   static_assert((number) > 0 && (number) < kOpTableSize, "op number out of table");  \
-  t.e[number] = OpEntry{#name, ReplyKind::reply, OpShape::shape, SizeOf<req>()};
+  t.e[number] = OpEntry{#name, ReplyKind::reply, OpShape::shape, RequestBytes<req>()};
 #include "orion/common/ops.def"
   return t;
 }

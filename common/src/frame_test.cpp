@@ -93,17 +93,6 @@ TEST(Ops, EveryOpHasAUniqueNameAndReplyKind) {
   EXPECT_FALSE(OpWantsReply(static_cast<uint16_t>(Op::kLaunchKernel)));
 }
 
-namespace {
-template <typename T>
-constexpr uint32_t Bytes() {
-  if constexpr (std::is_void_v<T>) {
-    return 0;
-  } else {
-    return sizeof(T);
-  }
-}
-}  // namespace
-
 TEST(Checkpoint, EveryOpAcceptsExactlyItsShape) {
   // Generated from ops.def, as the checkpoint is: each op's own length passes, one byte more or
   // less does not (kHead: more passes, up to kMaxPayload); kOwn ops are never dispatched.
@@ -111,7 +100,7 @@ TEST(Checkpoint, EveryOpAcceptsExactlyItsShape) {
   int checked = 0;
 #define ORION_OP(name, number, reply, req, shape)                                                    \
   {                                                                                                   \
-    const uint32_t n = Bytes<req>();                                                                  \
+    const uint32_t n = RequestBytes<req>();                                                                  \
     switch (OpShape::shape) {                                                                         \
       case OpShape::kEmpty:                                                                           \
         EXPECT_TRUE(CheckRequestShape(number, 0, &why)) << #name;                                      \

@@ -558,6 +558,15 @@ struct OpRequest;
 #include "orion/common/ops.def"
 template <Op op>
 using OpRequestT = typename OpRequest<op>::type;
+// sizeof(T), 0 for void: the length of a request struct as ops.def names it.
+template <typename T>
+constexpr uint32_t RequestBytes() {
+  if constexpr (std::is_void_v<T>) {
+    return 0;
+  } else {
+    return sizeof(T);
+  }
+}
 
 // Whether a payload of `len` bytes has the shape ops.def gives `op` (unknown ops: false). On
 // false, *why says what was wrong ("a payload of 12 bytes, expected exactly 16"): for oriond, a
