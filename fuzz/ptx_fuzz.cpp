@@ -30,6 +30,7 @@
 
 #include "orion/ptx/link.h"
 #include "orion/ptx/ptx.h"
+#include "test_memory.h"
 
 namespace {
 
@@ -37,24 +38,10 @@ void Check(bool ok) {
   if (!ok) __builtin_trap();
 }
 
-// Device memory at fake addresses, a gap after each allocation (as ptx/src/test_memory.h).
-class Memory : public orion::ptx::GlobalMemory {
+// Device memory at fake addresses, a gap after each allocation: the executor tests' own
+// (ptx/src/test_memory.h), with every handle a texture / surface.
+class Memory : public orion::ptx::TestMemory {
  public:
-  uint64_t Alloc(uint64_t bytes) {
-    const uint64_t addr = next_;
-    blocks_[addr].resize(bytes);
-    next_ += ((bytes + 0xfffff) & ~uint64_t{0xfffff}) + 0x100000;
-    return addr;
-  }
-  uint8_t* Host(uint64_t addr) { return blocks_.at(addr).data(); }
-  bool Find(uint64_t addr, Span* out) override {
-    auto it = blocks_.upper_bound(addr);
-    if (it == blocks_.begin()) return false;
-    --it;
-    if (addr - it->first >= it->second.size()) return false;
-    *out = Span{it->first, it->second.size(), it->second.data()};
-    return true;
-  }
   // Every handle is a texture / surface: its shape and sampling come from the handle's bits mixed
   // with the input's texture byte (format, channels, 1D/2D/3D, address modes, filtering, coordinates).
   bool FindTexture(uint64_t handle, orion::ptx::ImageView* out) override { return View(handle, out); }
@@ -91,9 +78,7 @@ class Memory : public orion::ptx::GlobalMemory {
     v->data = buf.data();
     return true;
   }
-  std::map<uint64_t, std::vector<uint8_t>> blocks_;
   std::deque<std::vector<uint8_t>> images_;  // views' bytes, alive until the launch is over
-  uint64_t next_ = 0x200000000000ull;
 };
 
 // PTX_FUZZ_TRACE=1: each launch's result on stderr (to check what a seed reaches).

@@ -12,9 +12,6 @@
 // Controller: --controller, else $ORION_CONTROLLER, else client.conf [controller] controller_addr.
 // Key: $ORION_CONTROLLER_KEY, else $ORION_KEY. oriond: --oriond, else /run/orion/oriond.sock
 // (server.conf's control_socket default). Exit status 1 when nothing could be asked.
-#include <sys/socket.h>
-#include <sys/time.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -24,6 +21,7 @@
 #include <string>
 
 #include "orion/controller/client.h"
+#include "orion/host/control.h"
 #include "orion/ivshmem/discover.h"
 #include "orion/ivshmem/region.h"
 
@@ -32,35 +30,6 @@ namespace {
 std::string Fit(std::string s, size_t n) {
   if (s.size() > n) s = s.substr(0, n - 1) + "~";
   return s;
-}
-
-// One request on oriond's control socket; the whole reply (bounded), or an error naming the socket.
-orion::Result<std::string> AskOriond(const std::string& path, const std::string& line) {
-  sockaddr_un addr{};
-  if (path.size() >= sizeof addr.sun_path) return orion::InvalidArgument("socket path too long: " + path);
-  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return orion::Unavailable(std::string("socket: ") + std::strerror(errno));
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.c_str(), path.size());
-  timeval tv{5, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    const std::string why = std::strerror(errno);
-    close(fd);
-    return orion::Unavailable("oriond's control socket " + path + ": " + why);
-  }
-  const std::string req = line + "\n";
-  std::string out;
-  if (write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
-    char buf[65536];
-    ssize_t n;
-    while (out.size() < (64u << 20) && (n = read(fd, buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
-  }
-  close(fd);
-  if (out.empty()) return orion::Unavailable("oriond's control socket " + path + " gave no answer");
-  while (!out.empty() && out.back() == '\n') out.pop_back();
-  return out;
 }
 
 // The two tables, for allocations shaped as the controller lists them (oriond's `sessions` too).
@@ -184,7 +153,7 @@ int main(int argc, char** argv) {
   if (addr.empty()) addr = orion::ivshmem::ClientControllerAddr();
   if (addr.empty()) {
     // Standalone: the local oriond, else this client's region.
-    auto reply = AskOriond(oriond, "sessions");
+    auto reply = orion::host::ControlRequest(oriond, "sessions", 5000);
     std::string why;
     if (!reply.ok()) {
       why = reply.status().message();

@@ -17,9 +17,12 @@ Result<std::string> ControlRequest(const std::string& socket_path, const std::st
   std::strncpy(addr.sun_path, socket_path.c_str(), sizeof addr.sun_path - 1);
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    const std::string err = std::strerror(errno);
+    const int e = errno;
     if (fd >= 0) close(fd);
-    return Unavailable("oriond is not running (cannot connect to " + socket_path + ": " + err + ")");
+    if (e == EACCES || e == EPERM) {
+      return Status(Code::kPermissionDenied, "cannot connect to " + socket_path + ": " + std::strerror(e) + " (oriond's control socket is root-only)");
+    }
+    return Unavailable("oriond is not running (cannot connect to " + socket_path + ": " + std::strerror(e) + ")");
   }
   const std::string msg = line + "\n";
   std::string reply;
