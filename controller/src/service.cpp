@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <set>
 #include <thread>
@@ -76,6 +77,16 @@ bool ValidVmName(const std::string& vm) {
   if (vm.empty() || vm.size() > 64) return false;
   return std::all_of(vm.begin(), vm.end(), [](char c) {
     return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
+  });
+}
+
+// A job's name (POST /v1/allocations "job"): printable, no spaces or quotes, so it can go in a log
+// line and a URL query unescaped.
+constexpr size_t kMaxJobName = 128;
+bool ValidJobName(const std::string& job) {
+  if (job.empty() || job.size() > kMaxJobName) return false;
+  return std::all_of(job.begin(), job.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("._:@/+-", c) != nullptr;
   });
 }
 
@@ -202,6 +213,7 @@ Json Service::ToJson(const Allocation& a) const {
             {"client", {{"host", a.client_host}, {"pid", a.client_pid}, {"process", a.client_process}}},
             {"placements", pl}};
   if (!a.vm.empty()) j["vm"] = a.vm;
+  if (!a.job.empty()) j["job"] = a.job;
   if (!a.owner.empty()) j["owner"] = a.owner;
   if (!a.request_id.empty()) j["request_id"] = a.request_id;
   return j;
@@ -253,6 +265,7 @@ Status Service::Absorb(const StoreState& st, bool initial) {
     a.id = j.value("id", "");
     a.kind = j.value("kind", "process");
     a.vm = j.value("vm", "");
+    a.job = j.value("job", "");
     a.server = j.value("server", "");
     a.vgpus = j.value("vgpus", 0u);
     a.gmem_mib = j.value("gmem_mib", uint64_t{0});
@@ -383,7 +396,9 @@ Result<Json> Service::RegisterServer(const std::string& id, const Json& body) {
     // A (re)starting oriond holds only the sessions it lists: its other clients' allocations are gone.
     std::vector<std::string> drop;
     for (const auto& [aid, x] : allocs_) {
-      if (x.server == id && x.kind == "process" && x.state != "pending" && !active.count(aid)) drop.push_back(aid);
+      if (x.server == id && x.kind == "process" && x.state != "pending" && x.job.empty() && !active.count(aid)) {
+        drop.push_back(aid);  // a job's allocation outlives its sessions: its holder still renews it
+      }
     }
     for (const auto& aid : drop) EraseInto(allocs_[aid], &c);
     c.put_servers.push_back(StoreDoc(s));
@@ -572,6 +587,12 @@ Result<Service::Allocation> Service::Place(const Json& body, const std::string& 
     if (Status st = Str(c, "process", 64, &a.client_process); !st.ok()) return st;
     if (Status st = UInt(c, "pid", 0xffffffffu, 0, &pid); !st.ok()) return st;
   }
+  if (body.contains("job")) {
+    if (Status st = Str(body, "job", kMaxJobName, &a.job); !st.ok()) return st;
+    if (!ValidJobName(a.job)) {
+      return InvalidArgument("job must be 1.." + std::to_string(kMaxJobName) + " of [A-Za-z0-9._:@/+-]");
+    }
+  }
   std::vector<const Server*> cands;
   for (const auto& [id, s] : servers_) {
     if (s.up && (server.empty() || id == server)) cands.push_back(&s);
@@ -702,7 +723,9 @@ Result<Json> Service::PlaceAndStore(const Json& body, const std::string& server,
       a->client_host = vm;
     } else {
       a->owner = caller.owner;
-      if (!server.empty()) {
+      if (!a->job.empty()) {
+        a->state = "held";  // its holder renews it; sessions come and go (Confirm)
+      } else if (!server.empty()) {
         a->state = "active";  // oriond asked for its own client: it is serving it now
         uint64_t session = 0;
         (void)UInt(body, "session", 0xffffffffu, 0, &session);
@@ -802,6 +825,12 @@ Result<Json> Service::Confirm(const std::string& id, const Json& body) {
     if (a.kind != "process") return InvalidArgument("allocation " + id + " is a VM assignment");
     if (a.server != server) return InvalidArgument("allocation " + id + " is placed on " + a.server + ", not " + server);
     if (a.state == "releasing") return FailedPrecondition("allocation " + id + " is being released (its client exited)");
+    if (!a.job.empty()) {
+      // A job's allocation: every session of the job may use it, at once or one after another.
+      if (store_->shared()) (void)store_->KeepAlive(a.lease, opts_.lease_ttl_ms);
+      a.lease_expires_ms = std::max(a.lease_expires_ms, WallMs() + opts_.lease_ttl_ms);
+      return ToJson(a);
+    }
     if (a.state == "active" && a.session != 0 && a.session != session) {
       return InvalidArgument("allocation " + id + " is already used by session " + std::to_string(a.session));
     }
@@ -919,6 +948,11 @@ Result<Json> Service::Release(const std::string& id, const std::string& why, con
   if (Status st = MayTouch(it->second, caller, "release"); !st.ok()) return st;
   if (it->second.kind != "process") return InvalidArgument("allocation " + id + " is VM " + it->second.vm + "'s assignment");
   Json j = {{"id", id}, {"server", it->second.server}, {"released", why}};
+  if (!server.empty() && !it->second.job.empty()) {
+    j["state"] = it->second.state;  // a session of the job ended: the job still holds its vGPUs
+    j.erase("released");
+    return j;
+  }
   if (server.empty() && why == "client_exited" && (it->second.state == "active" || it->second.state == "releasing")) {
     j["state"] = "releasing";
     if (it->second.state == "releasing") return j;

@@ -268,6 +268,56 @@ TEST_F(ServiceTest, ARestartedServerLosesTheSessionsItNoLongerHas) {
   EXPECT_EQ(s->Assign("bad name!", {{"vgpus", 1}}).status().code(), Code::kInvalidArgument);
 }
 
+TEST_F(ServiceTest, AJobsAllocationServesEverySessionOfTheJobUntilItsHolderReleasesIt) {
+  // Issue #14 (Slurm): the plugin allocates for a job step; the job's processes come and go.
+  opts_.pending_ttl_ms = 1000;
+  opts_.lease_ttl_ms = 100000;
+  auto s = Open();
+  ASSERT_TRUE(s->RegisterServer("10.0.0.1:9960", TwoGpuServer("a")).ok());
+  const Caller slurm{Caller::Kind::kClient, "key:5555", ""}, other{Caller::Kind::kClient, "key:6666", ""};
+  Json body = Req(2, 1000);
+  body["job"] = "slurm/17.batch@node1";
+  auto j = s->Allocate(body, "", slurm);
+  ASSERT_TRUE(j.ok()) << j.status().ToString();
+  EXPECT_EQ((*j)["state"], "held");
+  EXPECT_EQ((*j)["job"], "slurm/17.batch@node1");
+  const std::string id = (*j)["id"];
+  // Two sessions at once, then a third after both ended: each is confirmed on the same vGPUs.
+  auto c1 = s->Confirm(id, {{"server", "10.0.0.1:9960"}, {"session", 1}});
+  auto c2 = s->Confirm(id, {{"server", "10.0.0.1:9960"}, {"session", 2}});
+  ASSERT_TRUE(c1.ok() && c2.ok()) << c2.status().ToString();
+  EXPECT_EQ((*c1)["placements"], (*c2)["placements"]);
+  EXPECT_EQ(s->Confirm(id, {{"server", "10.0.0.2:9960"}, {"session", 3}}).status().code(), Code::kInvalidArgument);
+  // oriond's release when a session ends keeps the job's vGPUs.
+  auto r = s->Release(id, "session_ended", {}, "10.0.0.1:9960");
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->contains("released"));
+  ASSERT_TRUE(s->GetAllocation(id).ok());
+  ASSERT_TRUE(s->Confirm(id, {{"server", "10.0.0.1:9960"}, {"session", 3}}).ok());
+  // Not subject to pending_confirm_s (its holder renews it), and kept when its server restarts
+  // with no session of the job.
+  EXPECT_TRUE(s->Sweep(WallMs() + 1500).empty());
+  Json again = TwoGpuServer("a");
+  again["boot_id"] = "b2";
+  again["allocations"] = Json::array();
+  auto reg = s->RegisterServer("10.0.0.1:9960", again);
+  ASSERT_TRUE(reg.ok());
+  EXPECT_TRUE((*reg)["released"].empty());
+  EXPECT_EQ(s->Summary()["vgpus_used"], 2);
+  // Only its holder (or an admin) releases it, at once; oriond's next heartbeat then revokes it.
+  EXPECT_EQ(s->Release(id, "job_ended", other).status().code(), Code::kPermissionDenied);
+  ASSERT_TRUE(s->Release(id, "job_ended", slurm).ok());
+  EXPECT_EQ(s->Summary()["vgpus_used"], 0);
+  auto hb = s->Heartbeat("10.0.0.1:9960", {{"boot_id", "b2"}, {"allocations", {{{"id", id}}}}});
+  ASSERT_TRUE(hb.ok());
+  EXPECT_EQ((*hb)["revoked"][0], id);
+  // Job names are checked.
+  body["job"] = "bad name";
+  EXPECT_EQ(s->Allocate(body, "", slurm).status().code(), Code::kInvalidArgument);
+  body["job"] = std::string(200, 'x');
+  EXPECT_EQ(s->Allocate(body, "", slurm).status().code(), Code::kInvalidArgument);
+}
+
 TEST_F(ServiceTest, ConfirmChecksTheServer) {
   auto s = Open();
   ASSERT_TRUE(s->RegisterServer("10.0.0.1:9960", TwoGpuServer("a")).ok());

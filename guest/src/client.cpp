@@ -356,6 +356,19 @@ CUresult Client::HandshakeLocked(uint64_t vgpus, uint64_t gmem, const std::strin
     std::strncpy(hello.key, key, sizeof hello.key - 1);
   }
   std::snprintf(hello.allocation_id, sizeof hello.allocation_id, "%s", controller_alloc_.c_str());
+  if (const char* job = std::getenv("ORION_ALLOCATION"); job != nullptr && *job != '\0' && network_ &&
+      controller_alloc_.empty()) {
+    // An allocation made for this process's job (the Slurm plugin): oriond serves it on the job's
+    // vGPUs and leaves it to the job (it is not released when this process exits).
+    if (!IsUuid(job)) {
+      LogError("ORION_ALLOCATION '" + LogSafe(job) + "' is not an allocation id (a UUID)");
+      broken_ = CUDA_ERROR_INVALID_VALUE;
+      GiveBackLocked();
+      return broken_;
+    }
+    std::snprintf(hello.allocation_id, sizeof hello.allocation_id, "%s", job);
+    hello_job_ = true;
+  }
   gethostname(hello.hostname, sizeof hello.hostname - 1);
   FrameHeader h = MakeHeader(Op::kHello, sizeof hello, true);
   if (CUresult r = PushLocked(h, &hello, sizeof hello, nullptr, 0); r != CUDA_SUCCESS) return r;
@@ -420,7 +433,8 @@ CUresult Client::HandshakeLocked(uint64_t vgpus, uint64_t gmem, const std::strin
                                                   LogSafe(welcome_.allocation_id)).c_str());
   }
   if (welcome_.allocation_id[0] != '\0') {
-    allocation_text_ = std::string("(controller) ") + welcome_.allocation_id + " :";
+    // "(job)": the allocation of this process's job (ORION_ALLOCATION), which outlives it.
+    allocation_text_ = std::string(hello_job_ ? "(job) " : "(controller) ") + welcome_.allocation_id + " :";
   } else {
     allocation_text_ = "(standalone) session-" + std::to_string(welcome_.session_id) + " :";
   }

@@ -228,6 +228,7 @@ class Client {
   // process asked for, released at exit (oriond also releases it when the session ends).
   std::string controller_addr_;
   std::string controller_alloc_;
+  bool hello_job_ = false;  // the Hello named the job's allocation (ORION_ALLOCATION)
   CUresult AllocateFromControllerLocked(uint64_t vgpus, uint64_t gmem, std::string* server) noexcept;
   void ReleaseControllerAllocation(const char* why) noexcept;
   std::thread lease_thread_;

@@ -146,6 +146,7 @@ Result<ControllerGrant> ControllerLink::Grant(const Result<json>& r, const std::
   ControllerGrant g;
   try {
     g.allocation_id = (*r).at("id").get<std::string>();
+    g.job = (*r).contains("job");
     if ((*r).at("server").get<std::string>() != opts_.server_id) {
       return FailedPrecondition(what + " is placed on " + (*r)["server"].get<std::string>() + ", not on this server");
     }
@@ -198,6 +199,11 @@ void ControllerLink::Unassign(const std::string& vm) {
 void ControllerLink::Track(const std::string& allocation_id, const std::atomic<uint64_t>* used, uint32_t devices) {
   std::lock_guard<std::mutex> lock(mu_);
   active_[allocation_id] = {used, devices};
+}
+
+void ControllerLink::Untrack(const std::string& allocation_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  active_.erase(allocation_id);
 }
 
 void ControllerLink::Release(const std::string& allocation_id, const std::string& why) {

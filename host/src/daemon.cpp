@@ -133,6 +133,7 @@ Result<Daemon::Admission> Daemon::Acquire(const HelloReq& hello, uint32_t sessio
                                               hello.process_name, session)
                         : link_->Confirm(want, session);
   if (!g.ok()) return Status(g.status().code(), "Orion Controller: " + g.status().message());
+  if (g->job) return AcquireForJob(hello, session, std::move(*g));
   if (Status st = pool_->Reserve(g->placements); !st.ok()) {
     link_->Release(g->allocation_id, "refused_by_server");
     return FailedPrecondition("the controller's placement conflicts with this server's sessions: " + st.message());
@@ -143,8 +144,51 @@ Result<Daemon::Admission> Daemon::Acquire(const HelloReq& hello, uint32_t sessio
   return a;
 }
 
+Result<Daemon::Admission> Daemon::AcquireForJob(const HelloReq& hello, uint32_t session, ControllerGrant g) {
+  const std::string has = "job allocation " + g.allocation_id + " has " + std::to_string(g.placements.size()) +
+                          " vGPU(s) of " + std::to_string(g.placements[0].quota_bytes >> 20) + " MiB";
+  if (hello.vgpu_count > g.placements.size()) {
+    return ResourceExhausted("ORION_VGPU=" + std::to_string(hello.vgpu_count) + " is more than " + has);
+  }
+  if (hello.gmem_mib != 0 && (hello.gmem_mib << 20) > g.placements[0].quota_bytes) {
+    return InvalidArgument("ORION_GMEM=" + std::to_string(hello.gmem_mib) + " MiB is more than " + has);
+  }
+  JobHold& hold = jobs_[g.allocation_id];
+  if (hold.sessions == 0) {
+    if (Status st = pool_->Reserve(g.placements); !st.ok()) {
+      jobs_.erase(g.allocation_id);
+      return FailedPrecondition("the controller's placement conflicts with this server's sessions: " + st.message());
+    }
+    hold.placements = g.placements;
+  }
+  ++hold.sessions;
+  Admission a;
+  // The job's first vGPUs, as many as the process asks (a VM's rule); each with the job's quota
+  // or the smaller one asked.
+  a.placements.assign(hold.placements.begin(), hold.placements.begin() + (hello.vgpu_count == 0 ? 1 : hello.vgpu_count));
+  if (hello.gmem_mib != 0) {
+    for (auto& p : a.placements) p.quota_bytes = hello.gmem_mib << 20;
+  }
+  a.allocation_id = std::move(g.allocation_id);
+  a.job = true;
+  log_->info("Using Orion resource {} (a job's: {} session(s) on it) for session {}", a.allocation_id, hold.sessions,
+             session);
+  return a;
+}
+
 void Daemon::Finish(const std::vector<Placement>& placements, const std::string& allocation_id, int stat_slot,
                     const std::string& why) {
+  if (auto job = jobs_.find(allocation_id); job != jobs_.end()) {
+    // A job's session: the job keeps its vGPUs at the controller (its holder releases them); this
+    // server holds them while any of its sessions runs.
+    if (--job->second.sessions == 0) {
+      pool_->Release(job->second.placements);
+      if (link_) link_->Untrack(allocation_id);
+      jobs_.erase(job);
+    }
+    if (stat_slot >= 0) stat_used_[static_cast<size_t>(stat_slot)] = false;
+    return;
+  }
   pool_->Release(placements);
   if (link_ && !allocation_id.empty()) link_->Release(allocation_id, why);
   if (stat_slot >= 0) stat_used_[static_cast<size_t>(stat_slot)] = false;
@@ -950,7 +994,9 @@ void Daemon::Handshake(Pending& p) {
   }
   ::close(fd);
   if (link_ && !admitted->allocation_id.empty()) {
-    link_->Track(admitted->allocation_id, StatSlot(slot), static_cast<uint32_t>(placements->size()));
+    // A job's allocation is shared by its sessions: no one session's memory figures stand for it.
+    link_->Track(admitted->allocation_id, admitted->job ? nullptr : StatSlot(slot),
+                 static_cast<uint32_t>(placements->size()));
   }
   std::string client_host(hello.hostname, strnlen(hello.hostname, sizeof hello.hostname));
   net_sessions_.push_back({pid, session, std::move(*placements), admitted->allocation_id, slot,
@@ -1255,7 +1301,8 @@ void Daemon::Admit(Region& r, uint32_t index) {
   c.client = {hello.pid, hello.process_name, std::string(hello.hostname, strnlen(hello.hostname, sizeof hello.hostname)),
               r.vm.empty() ? "shm" : "vm " + r.vm};
   if (link_ && !allocation_id.empty()) {
-    link_->Track(allocation_id, StatSlot(slot), static_cast<uint32_t>(c.placements.size()));
+    link_->Track(allocation_id, jobs_.count(allocation_id) != 0 ? nullptr : StatSlot(slot),
+                 static_cast<uint32_t>(c.placements.size()));
   }
   ++serving_;
 }

@@ -145,7 +145,11 @@ class Service {
     std::string client_host, client_process;
     uint32_t client_pid = 0;
     std::string owner;  // Caller::owner of the request that made it
-    std::string state = "pending";  // pending (not yet confirmed by oriond) | active
+    std::string state = "pending";  // pending (not yet confirmed by oriond) | active | releasing | held (a job's)
+    // A job's allocation (POST "job": e.g. "slurm/1234.0@node1", made by the Slurm plugin): state
+    // "held" from the start, any number of sessions (one after another or at once) confirm it, a
+    // session's end does not release it, and only its holder's release or its lease's end does.
+    std::string job;
     uint32_t session = 0;
     uint64_t created_ms = 0, lease_expires_ms = 0;
     int64_t lease = 0;  // etcd: the lease its keys are attached to

@@ -32,6 +32,9 @@ namespace orion::host {
 struct ControllerGrant {
   std::string allocation_id;
   std::vector<Placement> placements;  // all on this server
+  // A job's allocation (the Slurm plugin's, "job" in the controller's reply): every session of the
+  // job uses it; a session's end does not release it (its holder does).
+  bool job = false;
 };
 
 struct ControllerLinkOptions {
@@ -66,6 +69,8 @@ class ControllerLink {
   // The session serving `allocation_id` is live; `used` points at kMaxDevices counters the
   // worker updates (bytes in use per device), or null.
   void Track(const std::string& allocation_id, const std::atomic<uint64_t>* used, uint32_t devices);
+  // A job's last session here ended: stop reporting it, and leave it to its holder (no release).
+  void Untrack(const std::string& allocation_id);
   // The session ended: stop reporting it and release the allocation (queued).
   void Release(const std::string& allocation_id, const std::string& why);
   // Allocations the controller no longer holds (revoked by an administrator, or released while

@@ -139,9 +139,18 @@ class Daemon {
   struct Admission {
     std::vector<Placement> placements;
     std::string allocation_id;
+    bool job = false;  // a job's allocation: shared by the job's sessions (jobs_)
   };
+  // The jobs' allocations this oriond serves sessions of: their vGPUs are reserved in pool_ once,
+  // from the first session to the end of the last.
+  struct JobHold {
+    std::vector<Placement> placements;
+    uint32_t sessions = 0;
+  };
+  std::map<std::string, JobHold> jobs_;
   Status CheckRequest(HelloReq* hello) const;
   Result<Admission> Acquire(const HelloReq& hello, uint32_t session, const std::string& peer);
+  Result<Admission> AcquireForJob(const HelloReq& hello, uint32_t session, ControllerGrant g);
   // A session ended: its vGPUs go back (and its allocation to the controller).
   void Finish(const std::vector<Placement>& placements, const std::string& allocation_id, int stat_slot,
               const std::string& why);
