@@ -38,6 +38,10 @@ std::atomic<httplib::Server*> g_server{nullptr};
 constexpr size_t kMaxBodyBytes = 256 * 1024;
 // The sweeper's period, and the gap after which it treats the controller as having been away.
 constexpr int kSweepPeriodMs = 200;
+// POST /v1/servers/{id}/watch: ids per request (36 bytes each: well inside kMaxBodyBytes) and the
+// longest wait (oriond's own HTTP timeout is longer).
+constexpr size_t kMaxWatchedAllocations = 4096;
+constexpr uint64_t kMaxWatchMs = 30000;
 constexpr uint64_t kClockGapMs = 10 * kSweepPeriodMs;
 
 // A key's identity as stored with its allocations: never the key itself.
@@ -292,6 +296,31 @@ void Api::Routes(httplib::Server& s) {
            auto r = svc_->Heartbeat(req.matches[1], *body);
            if (r.ok() && (*r)["back"].get<bool>()) log_->info("server {} is back", std::string(req.matches[1]));
            Reply(res, r);
+         }));
+  // oriond's watch: answered as soon as one of the allocations it serves is gone (a release, an
+  // expiry; on etcd, by any controller or by etcd itself), so it ends that session at once instead
+  // of at its next heartbeat. Bounded: a few thousand ids, at most 30 s, Service::kMaxWatchers.
+  s.Post(R"(/v1/servers/([^/]+)/watch)", Wrap("watch", kServer, [this](const httplib::Request& req, httplib::Response& res) {
+           auto body = Body(req);
+           if (!body.ok()) return Reply(res, body.status());
+           std::vector<std::string> ids;
+           const oc::Json& list = (*body).value("allocations", oc::Json::array());
+           uint64_t timeout_ms = 20000;
+           if (!list.is_array() || list.size() > kMaxWatchedAllocations) {
+             return SendError(res, 400, "allocations must be a list of at most " + std::to_string(kMaxWatchedAllocations) + " ids");
+           }
+           for (const auto& id : list) {
+             if (!id.is_string() || !orion::IsUuid(id.get_ref<const std::string&>())) return SendError(res, 400, "allocation ids must be UUIDs");
+             ids.push_back(id.get<std::string>());
+           }
+           if ((*body).contains("timeout_ms")) {
+             const oc::Json& t = (*body)["timeout_ms"];
+             if (!t.is_number_unsigned() || t.get<uint64_t>() > kMaxWatchMs) {
+               return SendError(res, 400, "timeout_ms must be 0.." + std::to_string(kMaxWatchMs));
+             }
+             timeout_ms = t.get<uint64_t>();
+           }
+           Reply(res, svc_->WatchRevoked(req.matches[1], ids, timeout_ms));
          }));
   s.Delete(R"(/v1/servers/([^/]+))", Wrap("deregister", kServer, [this](const httplib::Request& req, httplib::Response& res) {
              auto r = svc_->DeregisterServer(req.matches[1]);

@@ -44,6 +44,7 @@ Result<std::string> MigrateState(Store& from, Store& to, const ServiceOptions& o
     if (!vm) a["lease_expires_ms"] = WallMs() + opts.lease_ttl_ms;
     StoreChange c;
     c.put_allocations.emplace_back(a, lease);
+    if (vm && to.shared()) c.put_vms.emplace_back(a.value("vm", ""), a.value("id", ""));  // the VM name's guard key
     // Its slots must be free in the destination (a --force copy over a live pool).
     for (const Json& p : a.value("placements", Json::array())) {
       c.guards.emplace_back("vgpus/" + a.value("server", "") + "/" + std::to_string(p.value("pgpu", 0u)) + "/" +

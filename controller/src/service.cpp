@@ -35,6 +35,7 @@ std::string SlotPath(const std::string& server, uint32_t pgpu, uint32_t vgpu) {
 }
 std::string GpuPath(const std::string& server, uint32_t pgpu) { return "gpus/" + server + "/" + std::to_string(pgpu); }
 std::string RequestPath(const std::string& request_id) { return "requests/" + request_id; }
+std::string VmPath(const std::string& vm) { return "vms/" + vm; }
 
 // A short random pause before retrying a lost race (the winners of the last round finish first).
 void Backoff(int attempt) {
@@ -108,17 +109,37 @@ Result<std::unique_ptr<Service>> Service::Open(ServiceOptions opts, std::unique_
   std::unique_ptr<Service> s(new Service(std::move(opts), std::move(store)));
   auto st = s->store_->Load();
   if (!st.ok()) return st.status();
-  std::lock_guard<std::mutex> lock(s->mu_);
-  if (Status a = s->Absorb(*st, /*initial=*/true); !a.ok()) return a;
+  {
+    std::lock_guard<std::mutex> lock(s->mu_);
+    if (Status a = s->Absorb(*st, /*initial=*/true); !a.ok()) return a;
+  }
+  if (s->store_->shared()) {
+    Service* self = s.get();
+    s->store_watcher_ = std::thread([self] {
+      auto wake = [self] {
+        std::lock_guard<std::mutex> lock(self->mu_);
+        self->NoteDeletionsLocked();
+      };
+      while (!self->stop_watch_.load()) {
+        if (!self->store_->WatchDeletions(wake, self->stop_watch_)) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(200));  // no member answered: again soon
+        }
+      }
+    });
+  }
   return s;
 }
 
 void Service::Checkpoint() { store_->Checkpoint(); }
 
-Service::~Service() = default;
+Service::~Service() {
+  stop_watch_ = true;
+  if (store_watcher_.joinable()) store_watcher_.join();
+}
 
 Status Service::Apply(const StoreChange& c) {
   Status st = store_->Apply(c);
+  if (st.ok() && !c.erase_allocations.empty()) NoteDeletionsLocked();
   if (st.code() == Code::kAlreadyExists) {
     ++conflicts_;
   } else if (st.code() == Code::kUnavailable || st.code() == Code::kInternal) {
@@ -160,6 +181,7 @@ int64_t Service::Version(const std::string& path) const {
 void Service::EraseInto(const Allocation& a, StoreChange* c) const {
   c->erase_allocations.push_back(StoreDoc(a));
   if (store_->shared()) c->guards.emplace_back(AllocPath(a.id), Version(AllocPath(a.id)));
+  if (store_->shared() && a.kind == "vm") c->erase_vms.push_back(a.vm);
 }
 
 void Service::PlaceInto(const Allocation& a, StoreChange* c) const {
@@ -169,6 +191,11 @@ void Service::PlaceInto(const Allocation& a, StoreChange* c) const {
   // same key (a client that asked again elsewhere, a write repeated after its answer was lost) fails
   // here, and its controller answers with the first one.
   if (!a.request_id.empty()) c->guards.emplace_back(RequestPath(a.request_id), 0);
+  if (a.kind == "vm") {
+    // One assignment per VM name, across controllers.
+    c->guards.emplace_back(VmPath(a.vm), 0);
+    c->put_vms.emplace_back(a.vm, a.id);
+  }
   std::set<uint32_t> gpus;
   for (const Slot& sl : a.slots) {
     c->guards.emplace_back(SlotPath(a.server, sl.pgpu, sl.vgpu), 0);  // the slot is free
@@ -680,6 +707,14 @@ Result<Json> Service::PlaceAndStore(const Json& body, const std::string& server,
       store_->Revoke(lease);
       return st;
     }
+    if (kind == "vm") {
+      // Assigned already (by this controller, or by another one that won the vms/<name> guard).
+      auto existing = ExistingAssignmentLocked(vm, body, server);
+      if (existing.ok() || existing.status().code() != Code::kNotFound) {
+        store_->Revoke(lease);
+        return existing;
+      }
+    }
     if (!request_id.empty()) {
       // Asked before (through this controller or another): the answer is the allocation it made.
       for (const auto& [id, x] : allocs_) {
@@ -979,6 +1014,31 @@ Result<Json> Service::Release(const std::string& id, const std::string& why, con
   }
 }
 
+Result<Json> Service::WatchRevoked(const std::string& server, const std::vector<std::string>& ids, uint64_t timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  std::unique_lock<std::mutex> lock(mu_);
+  if (watchers_ >= kMaxWatchers) {
+    return Status(Code::kOutOfRange, std::to_string(kMaxWatchers) + " watches are open already; rely on heartbeats");
+  }
+  ++watchers_;
+  struct Leave {
+    int* n;
+    ~Leave() { --*n; }
+  } leave{&watchers_};
+  for (;;) {
+    const uint64_t seen = deletions_;
+    if (Status st = Sync(); !st.ok()) return st;
+    Json revoked = Json::array();
+    for (const auto& id : ids) {
+      auto it = allocs_.find(id);
+      if (it == allocs_.end() || it->second.server != server) revoked.push_back(id);
+    }
+    if (!revoked.empty() || std::chrono::steady_clock::now() >= deadline) return Json{{"revoked", revoked}};
+    deleted_.wait_until(lock, deadline, [&] { return deletions_ != seen || stop_watch_.load(); });
+    if (stop_watch_.load()) return Json{{"revoked", Json::array()}};
+  }
+}
+
 Result<Json> Service::GetAllocation(const std::string& id, const Caller& caller) {
   std::lock_guard<std::mutex> lock(mu_);
   if (Status st = Sync(); !st.ok()) return st;
@@ -1009,7 +1069,11 @@ Result<Json> Service::Assign(const std::string& vm, const Json& body) {
   std::string server;
   if (Status st = Str(body, "server", 300, &server); !st.ok()) return st;
   std::lock_guard<std::mutex> lock(mu_);
-  if (Status st = Sync(); !st.ok()) return st;
+  // PlaceAndStore answers an existing assignment of `vm` (ExistingAssignmentLocked) after each read.
+  return PlaceAndStore(body, server, "vm", Caller{}, vm);
+}
+
+Result<Json> Service::ExistingAssignmentLocked(const std::string& vm, const Json& body, const std::string& server) {
   for (const auto& [id, a] : allocs_) {
     if (a.kind != "vm" || a.vm != vm) continue;
     uint64_t vgpus = 0, gmem = 0;
@@ -1021,9 +1085,7 @@ Result<Json> Service::Assign(const std::string& vm, const Json& body) {
     return ResourceExhausted("VM " + vm + " already holds " + std::to_string(a.vgpus) + " x " +
                              std::to_string(a.gmem_mib) + " MiB on " + a.server);
   }
-  // etcd: two controllers assigning the same VM at the same moment could both place it (no key
-  // guards a VM's name); the libvirt hook assigns a VM once, when it starts.
-  return PlaceAndStore(body, server, "vm", Caller{}, vm);
+  return NotFound("no assignment");
 }
 
 Result<Json> Service::Unassign(const std::string& vm) {

@@ -161,6 +161,8 @@ class EtcdStore final : public Store {
       slots(a, [&](const std::string& path) { put(path, id, l); });
     }
     for (const auto& r : c.put_requests) put("requests/" + r.request_id, r.allocation_id, r.lease);
+    for (const auto& [name, id] : c.put_vms) put("vms/" + name, id, 0);
+    for (const auto& name : c.erase_vms) del("vms/" + name);
     for (const auto& path : c.touch) put(path, "", 0);
     if (ops.empty()) return Status();
     auto r = Call("/v3/kv/txn", {{"compare", compare}, {"success", ops}});
@@ -197,7 +199,53 @@ class EtcdStore final : public Store {
     return r.ok() ? Status() : r.status();
   }
 
+  bool WatchDeletions(const std::function<void()>& on_delete, const std::atomic<bool>& stop) override {
+    const size_t i = current_.load() % members_.size();
+    // Its own connection: the stream holds it for the whole watch.
+    httplib::Client c(members_[i].host, members_[i].port);
+    c.set_connection_timeout(std::chrono::milliseconds(kConnectTimeoutMs));
+    c.set_read_timeout(std::chrono::milliseconds(kWatchSpanMs));  // an idle stream ends here; the next call resumes
+    const std::string from = std::string(kPrefix) + "allocations/", to = std::string(kPrefix) + "allocations0";
+    Json create = {{"key", B64(from)}, {"range_end", B64(to)}, {"filters", Json::array({"NOPUT"})}};
+    if (watch_revision_ > 0) create["start_revision"] = std::to_string(watch_revision_);
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v3/watch";
+    req.body = Json{{"create_request", create}}.dump();
+    req.set_header("Content-Type", "application/json");
+    std::string buf;
+    bool heard = false;
+    req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+      heard = true;
+      buf.append(data, n);
+      if (buf.size() > kMaxWatchMessage) return false;  // not etcd's gateway: give up this stream
+      for (size_t nl; (nl = buf.find('\n')) != std::string::npos;) {
+        const Json j = Json::parse(buf.substr(0, nl), nullptr, false);
+        buf.erase(0, nl + 1);
+        if (j.is_discarded() || !j.is_object()) continue;
+        const Json res = j.value("result", Json::object());
+        if (I64(res, "compact_revision") > 0 || res.value("canceled", false)) {
+          watch_revision_ = 0;  // history compacted away: start from now, after a full re-read
+          on_delete();
+          return false;
+        }
+        const int64_t rev = I64(res.value("header", Json::object()), "revision");
+        if (rev > 0) watch_revision_ = rev + 1;
+        if (!res.value("events", Json::array()).empty()) on_delete();
+      }
+      return !stop.load();
+    };
+    httplib::Response res;
+    httplib::Error err = httplib::Error::Success;
+    (void)c.send(req, res, err);
+    if (!heard) current_.store((i + 1) % members_.size());  // this member did not answer: the next one next time
+    return heard;
+  }
+
  private:
+  static constexpr int kWatchSpanMs = 1000;
+  static constexpr size_t kMaxWatchMessage = 4 << 20;
+
   // POSTs `body` to the member that answered last, then to each other one. Errors: kUnavailable
   // (no member answered with a leader), kNotFound (a lease named in the request does not exist),
   // kInternal (etcd refused the request).
@@ -234,6 +282,7 @@ class EtcdStore final : public Store {
   std::vector<Endpoint> members_;
   std::vector<std::unique_ptr<httplib::Client>> clients_;  // thread-safe: one request at a time each
   std::atomic<size_t> current_{0};
+  int64_t watch_revision_ = 0;  // the watcher thread's: the next revision it wants (0: from now)
 };
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "orion/host/controller_link.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <random>
@@ -66,6 +67,39 @@ void ControllerLink::Start() {
     log_->warn("Orion Controller {} is not reachable yet; clients are refused until it is", client_.endpoint().text());
   }
   thread_ = std::thread([this] { Loop(); });
+  watch_ = std::make_shared<WatchState>(
+      controller::ControllerClient(EndpointsOr(opts_.controller_addr), opts_.key, kWatchSpanMs + 5000));
+  std::thread(WatchLoop, watch_, opts_.server_id, log_).detach();
+}
+
+void ControllerLink::WatchLoop(std::shared_ptr<WatchState> w, std::string server_id, std::shared_ptr<spdlog::logger> log) {
+  std::unique_lock<std::mutex> lock(w->mu);
+  bool said = false;
+  while (!w->stop) {
+    if (w->ids.empty()) {
+      w->cv.wait(lock, [&] { return w->stop || !w->ids.empty(); });
+      continue;
+    }
+    json ids = w->ids;  // a JSON array of the ids
+    lock.unlock();
+    auto r = w->client.Call("POST", "/v1/servers/" + server_id + "/watch", {{"allocations", ids}, {"timeout_ms", kWatchSpanMs}});
+    lock.lock();
+    if (w->stop) break;
+    if (r.ok()) {
+      said = false;
+      for (const auto& id : r->value("revoked", json::array())) {
+        if (!id.is_string() || w->ids.erase(id.get<std::string>()) == 0) continue;
+        w->revoked.push_back(id.get<std::string>());
+      }
+      continue;
+    }
+    // A controller without the watch (404), too many watches open (429), or none reachable: the
+    // heartbeats still carry revocations; try the watch again later.
+    if (!said) log->info("Orion Controller watch: {}; revocations come with heartbeats meanwhile", r.status().message());
+    said = true;
+    const bool later = r.status().code() == Code::kNotFound || r.status().code() == Code::kOutOfRange;
+    w->cv.wait_for(lock, std::chrono::milliseconds(later ? 10000 : 1000), [&] { return w->stop; });
+  }
 }
 
 void ControllerLink::Stop() {
@@ -76,6 +110,11 @@ void ControllerLink::Stop() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  if (watch_) {
+    std::lock_guard<std::mutex> lock(watch_->mu);
+    watch_->stop = true;
+    watch_->cv.notify_all();
+  }
   // Flush what is queued, then say goodbye.
   for (const auto& [path, why] : releases_) (void)client_.Call("DELETE", path);
   if (registered_.load()) {
@@ -197,16 +236,34 @@ void ControllerLink::Unassign(const std::string& vm) {
 }
 
 void ControllerLink::Track(const std::string& allocation_id, const std::atomic<uint64_t>* used, uint32_t devices) {
-  std::lock_guard<std::mutex> lock(mu_);
-  active_[allocation_id] = {used, devices};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    active_[allocation_id] = {used, devices};
+  }
+  Watch(allocation_id, true);
 }
 
 void ControllerLink::Untrack(const std::string& allocation_id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  active_.erase(allocation_id);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    active_.erase(allocation_id);
+  }
+  Watch(allocation_id, false);
+}
+
+void ControllerLink::Watch(const std::string& allocation_id, bool on) {
+  if (!watch_) return;
+  std::lock_guard<std::mutex> lock(watch_->mu);
+  if (on) {
+    watch_->ids.insert(allocation_id);
+    watch_->cv.notify_all();
+  } else {
+    watch_->ids.erase(allocation_id);
+  }
 }
 
 void ControllerLink::Release(const std::string& allocation_id, const std::string& why) {
+  Watch(allocation_id, false);
   std::lock_guard<std::mutex> lock(mu_);
   active_.erase(allocation_id);
   // ?server=: a server key may release only the allocations its own server serves.
@@ -215,8 +272,19 @@ void ControllerLink::Release(const std::string& allocation_id, const std::string
 }
 
 std::vector<std::string> ControllerLink::TakeRevoked() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return std::exchange(revoked_, {});
+  std::vector<std::string> out;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    out = std::exchange(revoked_, {});
+  }
+  if (watch_) {
+    std::lock_guard<std::mutex> lock(watch_->mu);
+    for (auto& id : watch_->revoked) {
+      if (std::find(out.begin(), out.end(), id) == out.end()) out.push_back(std::move(id));
+    }
+    watch_->revoked.clear();
+  }
+  return out;
 }
 
 }  // namespace orion::host

@@ -178,8 +178,9 @@ class Controller:
 class Pool:
     """etcd (3 members), controllers on it, oriond (sim, 2 GPUs of 16384 MiB) listing every controller."""
 
-    def __init__(self, tmp: Path, controllers=3, servers=2, vgpu_count=4, lease_ttl_s=30):
+    def __init__(self, tmp: Path, controllers=3, servers=2, vgpu_count=4, lease_ttl_s=30, heartbeat_ms=300):
         self.tmp = tmp
+        self.heartbeat_ms = heartbeat_ms
         self.etcd = Etcd(tmp)
         self.ctls, self.servers = [], []
         try:
@@ -190,14 +191,15 @@ class Pool:
 
     def _start(self, tmp, controllers, servers, vgpu_count, lease_ttl_s):
         for i in range(controllers):
-            self.ctls.append(Controller(tmp, self.etcd.url, f"ctl{i}", lease_ttl_s=lease_ttl_s))
+            self.ctls.append(Controller(tmp, self.etcd.url, f"ctl{i}", lease_ttl_s=lease_ttl_s,
+                                        server_timeout_s=max(2, 3 * self.heartbeat_ms // 1000)))
         self.addrs = ",".join(c.addr for c in self.ctls)
         for i in range(servers):
             sub = tmp / f"srv{i}"
             sub.mkdir()
             port = free_port()
             conf = (f"[server]\n    vgpu_count = {vgpu_count}\n[server-shm]\n    shm_buffer_size = 16\n"
-                    f"[controller]\n    controller_addr = {self.addrs}\n    heartbeat_ms = 300\n")
+                    f"[controller]\n    controller_addr = {self.addrs}\n    heartbeat_ms = {self.heartbeat_ms}\n")
             d = Oriond(sub, tcp_port=port, conf_text=conf, extra_args=("--sim-gpus", "2", "--sim-gpu-mem", "16384"))
             d.id = f"127.0.0.1:{port}"
             self.servers.append(d)
@@ -528,6 +530,67 @@ def test_killed_client_allocation_expires_by_its_etcd_lease(tmp_path):
         assert p.etcd.ctl("get", "--prefix", f"/orion/vgpus/{server}/", "--keys-only").stdout.strip() == ""
         os.kill(srv.proc.pid, signal.SIGCONT)
         print(f"allocation dropped by etcd {gone:.1f} s after its client and controllers died")
+    finally:
+        p.stop()
+
+
+def test_a_vm_assigned_through_every_controller_at_once_is_placed_once(pool):
+    # A vms/<name> key guards a VM's name: before it, two controllers assigning the same VM at the
+    # same moment could both place it (two standing assignments, twice the vGPUs).
+    for round_ in range(5):
+        vm = f"vm-race-{round_}"
+        barrier = threading.Barrier(len(pool.ctls) * 2)
+        answers = []
+
+        def assign(c):
+            barrier.wait()
+            answers.append(http(c.addr, "PUT", f"/v1/assignments/{vm}", {"vgpus": 2, "gmem_mib": 1000}))
+
+        threads = [threading.Thread(target=assign, args=(c,)) for c in pool.ctls for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert all(code in (200, 201) for code, _ in answers), answers
+        assert len({body["id"] for _, body in answers}) == 1, answers
+        vms = [a for a in pool.ctls[0].get("/v1/assignments") if a.get("vm") == vm]
+        assert len(vms) == 1, vms
+        assert pool.etcd.ctl("get", f"/orion/vms/{vm}", "--print-value-only").stdout.strip() == vms[0]["id"]
+    assert pool.ctls[0].get("/v1/status")["vgpus_used"] == 10
+    # Unassigned, the name is free again.
+    assert http(pool.ctls[1].addr, "DELETE", "/v1/assignments/vm-race-0")[0] == 200
+    assert pool.etcd.ctl("get", "/orion/vms/vm-race-0", "--keys-only").stdout.strip() == ""
+    code, again = http(pool.ctls[2].addr, "PUT", "/v1/assignments/vm-race-0", {"vgpus": 1})
+    assert code in (200, 201), again
+
+
+def test_a_release_through_another_controller_reaches_oriond_through_the_watch(tmp_path):
+    # Issue #14: oriond's watch goes to its first controller, which follows etcd's deletions with an
+    # etcd watch: a release made through another controller (or etcd dropping a lapsed lease) ends
+    # the session at once, not at oriond's next heartbeat (20 s here).
+    p = Pool(tmp_path, servers=1, heartbeat_ms=20000, lease_ttl_s=60)
+    try:
+        sleeper = subprocess.Popen([str(TEST_BIN / "sleeper"), "64"], env=p.env(), stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+        line = ""
+        while "READY" not in line:
+            line = sleeper.stdout.readline()
+            assert line, sleeper.stderr.read()
+        (a,) = p.ctls[0].get("/v1/allocations?kind=process")
+        d = p.servers[0]
+        time.sleep(0.5)
+        assert "Orion Controller watch:" not in d.log()  # the watch is open, not refused
+        t0 = time.time()
+        assert http(p.ctls[2].addr, "DELETE", f"/v1/allocations/{a['id']}?reason=admin")[0] == 200
+        deadline = t0 + 5
+        while f"no longer holds allocation {a['id']}; ending it" not in d.log():
+            assert time.time() < deadline, (d.log()[-2000:], p.ctls[0].log()[-2000:])
+            time.sleep(0.02)
+        took = time.time() - t0
+        assert took < 2, took
+        sleeper.kill()
+        sleeper.wait()
+        print(f"a release through another controller ended the session {took * 1000:.0f} ms later")
     finally:
         p.stop()
 

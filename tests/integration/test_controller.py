@@ -34,7 +34,7 @@ def free_port():
 
 
 class Controller:
-    def __init__(self, tmp: Path, placement="pack", keys=False, port=None, db=None, extra=""):
+    def __init__(self, tmp: Path, placement="pack", keys=False, port=None, db=None, extra="", server_timeout_s=1.5):
         self.tmp = tmp
         self.port = port or free_port()
         self.addr = f"127.0.0.1:{self.port}"
@@ -42,13 +42,14 @@ class Controller:
         self.placement = placement
         self.keys = keys
         self.extra = extra  # more controller.yaml lines
+        self.server_timeout_s = server_timeout_s
         self.log_path = tmp / "controller.log"
         self.start()
 
     def start(self):
         conf = self.tmp / "controller.yaml"
         text = (f"listen: {self.addr}\ndatabase: {self.db}\nplacement: {self.placement}\n"
-                "lease_ttl_s: 2\nserver_timeout_s: 1.5\nserver_release_s: 30\n" + self.extra)
+                f"lease_ttl_s: 2\nserver_timeout_s: {self.server_timeout_s}\nserver_release_s: {max(30, self.server_timeout_s)}\n" + self.extra)
         if self.keys:
             text += f"authentication:\n  client: [{CLIENT}, {CLIENT2}]\n  server: [{SERVER}]\n  admin: {ADMIN}\n"
         conf.write_text(text)
@@ -100,18 +101,20 @@ class Controller:
         self.err.close()
 
 
-def server_conf(ctl, key=None, gpus=2):
+def server_conf(ctl, key=None, gpus=2, heartbeat_ms=300):
     return ("[server]\n    vgpu_count = 4\n[server-shm]\n    shm_buffer_size = 16\n"
-            f"[controller]\n    controller_addr = {ctl.addr}\n    heartbeat_ms = 300\n" +
+            f"[controller]\n    controller_addr = {ctl.addr}\n    heartbeat_ms = {heartbeat_ms}\n" +
             (f"    controller_key = {key}\n" if key else ""))
 
 
 class Cluster:
     """A controller and oriond servers (2 sim GPUs of 16384 MiB, 4 vGPUs each) registered with it."""
 
-    def __init__(self, tmp: Path, servers=2, placement="pack", keys=False):
+    def __init__(self, tmp: Path, servers=2, placement="pack", keys=False, heartbeat_ms=300):
         self.tmp = tmp
-        self.ctl = Controller(tmp, placement=placement, keys=keys)
+        self.heartbeat_ms = heartbeat_ms
+        # Slow heartbeats: the controller waits for them (server_timeout_s) accordingly.
+        self.ctl = Controller(tmp, placement=placement, keys=keys, server_timeout_s=max(1.5, 3 * heartbeat_ms / 1000))
         self.servers = []
         for i in range(servers):
             self.add_server(key=SERVER if keys else None)
@@ -128,7 +131,7 @@ class Cluster:
         sub = self.tmp / f"srv{len(self.servers)}"
         sub.mkdir()
         port = free_port()
-        d = Oriond(sub, tcp_port=port, conf_text=server_conf(self.ctl, key) +
+        d = Oriond(sub, tcp_port=port, conf_text=server_conf(self.ctl, key, heartbeat_ms=self.heartbeat_ms) +
                    f"[orion]\n    control_socket = {sub / 'oriond.sock'}\n",
                    extra_args=("--sim-gpus", "2", "--sim-gpu-mem", "16384", "-k"))
         d.port = port
@@ -805,3 +808,35 @@ def test_stray_unformatted_region_does_not_hide_the_controller(cluster):
     assert_passed(r)
     assert f"ignoring {stray}" in r.stderr and "placing through the controller" in r.stderr, r.stderr
     cluster.wait_allocations(0)
+
+
+def test_a_revoked_allocation_ends_its_session_at_once_through_the_watch(tmp_path):
+    # Issue #14: revocations reach oriond through a watch (a long poll the controller answers as
+    # soon as an allocation it serves is gone), not with its next heartbeat (20 s here).
+    c = Cluster(tmp_path, servers=1, heartbeat_ms=20000)
+    try:
+        p = c.sleeper()
+        (a,) = c.allocations()
+        d = c.servers[0]
+        time.sleep(0.5)  # the watch is open with this allocation in it
+        t0 = time.time()
+        code, body = c.ctl.call("DELETE", f"/v1/allocations/{a['id']}?reason=admin")
+        assert code == 200, body
+        deadline = time.time() + 5
+        while f"no longer holds allocation {a['id']}; ending it" not in d.log():
+            assert time.time() < deadline, d.log()[-2000:]
+            time.sleep(0.02)
+        assert time.time() - t0 < 2, time.time() - t0
+        kill(p)
+        # A lease that lapses (the sleeper's oriond kept renewing only through heartbeats, which
+        # are 20 s apart here) is a revocation too: the next client's session ends when it lapses.
+        p = c.sleeper()
+        (b,) = c.allocations()
+        deadline = time.time() + 10
+        while f"no longer holds allocation {b['id']}; ending it" not in d.log():
+            assert time.time() < deadline, (c.ctl.log()[-2000:], d.log()[-2000:])
+            time.sleep(0.05)
+        assert "expired: nobody renewed its lease" in c.ctl.log()
+        kill(p)
+    finally:
+        c.stop()

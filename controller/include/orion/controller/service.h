@@ -27,7 +27,9 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <condition_variable>
 #include <mutex>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -111,6 +113,14 @@ class Service {
   std::string Metrics();  // Prometheus text (the pool part and this controller's store)
   // {"kind": "sqlite"|"etcd", "where": ..., "reachable": bool, "error": ...} (not under the pool's lock).
   Json StoreHealth();
+  // The watch behind POST /v1/servers/{id}/watch: answers {"revoked": [ids]} as soon as one of
+  // `ids` (allocations `server` serves) is no longer held for it (released, expired, or never
+  // known), or {"revoked": []} after `timeout_ms`. Woken by this controller's own releases and
+  // expiries and, on etcd, by its watch on the allocations (any controller's releases, etcd's
+  // lease expiries). At most kMaxWatchers wait at once (kOutOfRange beyond: the caller relies on
+  // heartbeats).
+  static constexpr int kMaxWatchers = 16;
+  Result<Json> WatchRevoked(const std::string& server, const std::vector<std::string>& ids, uint64_t timeout_ms);
   const Store& store() const { return *store_; }
   // Releases expired leases and withholds silent servers. Returns what it did, for the log.
   std::vector<std::string> Sweep(uint64_t now_ms);
@@ -190,6 +200,9 @@ class Service {
   void UnreserveLocked(const Allocation& a);  // gives its slots back to pools_
   // Whether a placement was already made for `request_id` (its allocation may be gone since):
   // etcd: its requests/ key exists; SQLite: it is in recent_requests_.
+  // `vm`'s assignment when it has one (the same request again: it; another shape: kResourceExhausted),
+  // else kNotFound.
+  Result<Json> ExistingAssignmentLocked(const std::string& vm, const Json& body, const std::string& server);
   bool RequestSeenLocked(const std::string& request_id);
   // etcd: the lease idempotency keys are put on, granted afresh when the current one is older than
   // half of kRequestMemoryMs (so every key lives between half of it and all of it).
@@ -198,6 +211,17 @@ class Service {
   ServiceOptions opts_;
   std::unique_ptr<Store> store_;
   mutable std::mutex mu_;
+  // Bumped (under mu_) whenever allocations may have gone: WatchRevoked's waiters look again.
+  uint64_t deletions_ = 0;
+  std::condition_variable deleted_;
+  int watchers_ = 0;
+  // etcd: the thread that follows deletions made by others (Store::WatchDeletions).
+  std::atomic<bool> stop_watch_{false};
+  std::thread store_watcher_;
+  void NoteDeletionsLocked() {
+    ++deletions_;
+    deleted_.notify_all();
+  }
   std::map<std::string, Server> servers_;
   std::map<std::string, Allocation> allocs_;
   std::map<std::string, host::VgpuPool> pools_;  // per server: slots taken by allocs_ (kept in step)

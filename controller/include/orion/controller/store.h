@@ -8,6 +8,7 @@
 //   vgpus/<server>/<pgpu>/<vgpu>    the slot's holder (the allocation id), with the allocation
 //   gpus/<server>/<pgpu>            a counter every placement on the GPU bumps
 //   requests/<request_id>           the allocation a client's idempotency key made, with the allocation
+//   vms/<name>                      the VM's assignment (its allocation id): one per VM name
 //   alive/<server>, present/<server>  liveness (etcd leases, below)
 // A Change carries guards, (path, version) pairs: etcd applies the change only if every guarded
 // key's mod_revision still equals the version the controller saw (0: the key is absent), so two
@@ -30,7 +31,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -67,6 +70,10 @@ struct StoreChange {
     int64_t lease = 0;
   };
   std::vector<RequestKey> put_requests;
+  // etcd: vms/<name> = the assignment's id (written with a guard that it is absent, so two
+  // controllers assigning the same VM at once place it once), deleted with the assignment.
+  std::vector<std::pair<std::string, std::string>> put_vms;  // (name, allocation id)
+  std::vector<std::string> erase_vms;
 };
 
 class Store {
@@ -92,6 +99,16 @@ class Store {
 
   // Can it be reached now (etcd: a linearizable read, which needs a quorum)?
   virtual Status Ping() = 0;
+  // etcd: follows the deletions of allocations/ keys (by any controller's release, or by etcd when
+  // an allocation's lease lapsed) with a watch (POST /v3/watch, a stream), calling `on_delete` for
+  // each batch, for about a second or until `stop`; the next call resumes after the last revision
+  // seen. false when nothing can be watched (SQLite: this controller makes every change itself; or
+  // no member answered).
+  virtual bool WatchDeletions(const std::function<void()>& on_delete, const std::atomic<bool>& stop) {
+    (void)on_delete;
+    (void)stop;
+    return false;
+  }
   virtual void Checkpoint() {}
 };
 

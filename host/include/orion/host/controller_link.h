@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -80,6 +81,8 @@ class ControllerLink {
 
  private:
   Result<ControllerGrant> Grant(const Result<nlohmann::json>& r, const std::string& what);
+  void Watch(const std::string& allocation_id, bool on);
+  static constexpr uint64_t kWatchSpanMs = 10000;  // one watch request's longest wait
   bool Register();
   void Loop();
 
@@ -100,6 +103,22 @@ class ControllerLink {
   std::unordered_map<std::string, uint32_t> release_tries_;   // path -> failed attempts so far
   std::vector<std::string> revoked_;
   std::thread thread_;
+
+  // The watch (POST /v1/servers/{id}/watch, a long poll): the controller answers as soon as an
+  // allocation this server serves is gone, so its session ends at once, not at the next heartbeat.
+  // Its thread owns nothing of the link's: it shares this state, and is detached at Stop (its
+  // request may take a watch's whole span to return).
+  struct WatchState {
+    explicit WatchState(controller::ControllerClient c) : client(std::move(c)) {}
+    std::mutex mu;
+    std::condition_variable cv;
+    bool stop = false;
+    std::set<std::string> ids;          // served now
+    std::vector<std::string> revoked;   // the controller said they are gone
+    controller::ControllerClient client;
+  };
+  std::shared_ptr<WatchState> watch_;
+  static void WatchLoop(std::shared_ptr<WatchState> w, std::string server_id, std::shared_ptr<spdlog::logger> log);
 };
 
 // "ip:port" of the controller for oriond: $ORION_CONTROLLER beats server.conf's controller_addr.
