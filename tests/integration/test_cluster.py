@@ -232,6 +232,16 @@ class Pool:
         return subprocess.run([str(TEST_BIN / program), *map(str, args)], env=self.env(controllers, **env),
                               capture_output=True, text=True, timeout=timeout)
 
+    def sleeper(self, mib=64):
+        """A client holding `mib` MiB of device memory, started (READY printed) and waiting to be killed."""
+        p = subprocess.Popen([str(TEST_BIN / "sleeper"), str(mib)], env=self.env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        line = ""
+        while "READY" not in line:
+            line = p.stdout.readline()
+            assert line, p.stderr.read()
+        return p
+
     def stop(self):
         for d in self.servers:
             if d.proc.poll() is None:
@@ -500,12 +510,7 @@ def test_majority_lost_gives_503_and_placements_resume(pool):
 def test_killed_client_allocation_expires_by_its_etcd_lease(tmp_path):
     p = Pool(tmp_path, lease_ttl_s=2)
     try:
-        sleeper = subprocess.Popen([str(TEST_BIN / "sleeper"), "64"], env=p.env(), stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True)
-        line = ""
-        while "READY" not in line:
-            line = sleeper.stdout.readline()
-            assert line, sleeper.stderr.read()
+        sleeper = p.sleeper()
         allocs = p.ctls[0].get("/v1/allocations?kind=process")
         assert len(allocs) == 1 and allocs[0]["state"] == "active"
         aid, server = allocs[0]["id"], allocs[0]["server"]
@@ -570,12 +575,7 @@ def test_a_release_through_another_controller_reaches_oriond_through_the_watch(t
     # the session at once, not at oriond's next heartbeat (20 s here).
     p = Pool(tmp_path, servers=1, heartbeat_ms=20000, lease_ttl_s=60)
     try:
-        sleeper = subprocess.Popen([str(TEST_BIN / "sleeper"), "64"], env=p.env(), stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True)
-        line = ""
-        while "READY" not in line:
-            line = sleeper.stdout.readline()
-            assert line, sleeper.stderr.read()
+        sleeper = p.sleeper()
         (a,) = p.ctls[0].get("/v1/allocations?kind=process")
         d = p.servers[0]
         time.sleep(0.5)
