@@ -31,6 +31,14 @@ function(orion_library name)
   orion_warnings(${name})
 endfunction()
 
+# orion_tool(NAME SOURCE DEPS ...): a command-line tool in tools/ (CLI11 for its options).
+function(orion_tool name source)
+  cmake_parse_arguments(A "" "" "DEPS" ${ARGN})
+  add_executable(${name} ${source})
+  target_link_libraries(${name} PRIVATE ${A_DEPS} CLI11::CLI11)
+  orion_warnings(${name})
+endfunction()
+
 # orion_unit_test(NAME SOURCES ... DEPS ...): a GoogleTest binary registered with ctest (label unit).
 function(orion_unit_test name)
   cmake_parse_arguments(A "" "" "SOURCES;DEPS;LABELS" ${ARGN})

@@ -290,7 +290,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   sp.channel = 0;
   sp.generation = desc.generation;
   sp.request_position = 0;  // the Hello was taken by the daemon; here it never was in the ring
-  sp.placements = {host::Placement{0, 0, uint64_t{64} << 20}};
+  sp.placements = {pool::Placement{0, 0, uint64_t{64} << 20}};
   sp.lease_timeout_ms = 2000;
   sp.log = NullLogger();
   FrameHeader hello_header{};

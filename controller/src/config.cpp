@@ -46,8 +46,8 @@ Result<ControllerConfig> ParseControllerConfig(const std::string& text, const st
         }
       } else if (key == "placement") {
         const std::string p = v.as<std::string>();
-        if (p == "pack") c.service.policy = host::PlacementPolicy::kPack;
-        else if (p == "spread") c.service.policy = host::PlacementPolicy::kSpread;
+        if (p == "pack") c.service.policy = pool::PlacementPolicy::kPack;
+        else if (p == "spread") c.service.policy = pool::PlacementPolicy::kSpread;
         else return bad(key, "'" + p + "' is not pack or spread");
       } else if (key == "lease_ttl_s") {
         st = seconds(&c.service.lease_ttl_ms);

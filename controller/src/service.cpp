@@ -329,9 +329,9 @@ Status Service::Absorb(const StoreState& st, bool initial) {
   return Status();
 }
 
-std::map<std::string, host::VgpuPool> Service::Pools(const std::string& only) const {
-  std::map<std::string, host::VgpuPool> pools;
-  std::map<std::string, std::vector<std::vector<host::Placement>>> taken;
+std::map<std::string, pool::VgpuPool> Service::Pools(const std::string& only) const {
+  std::map<std::string, pool::VgpuPool> pools;
+  std::map<std::string, std::vector<std::vector<pool::Placement>>> taken;
   for (const auto& [id, a] : allocs_) {
     if (!only.empty() && a.server != only) continue;
     auto& v = taken[a.server].emplace_back();
@@ -339,9 +339,9 @@ std::map<std::string, host::VgpuPool> Service::Pools(const std::string& only) co
   }
   for (const auto& [id, s] : servers_) {
     if (!only.empty() && id != only) continue;
-    std::vector<host::PhysicalGpu> gpus;
+    std::vector<pool::PhysicalGpu> gpus;
     for (const Gpu& g : s.gpus) gpus.push_back({g.index, g.name, g.memory_mib << 20, g.uuid});
-    host::VgpuPool pool(std::move(gpus), s.vgpu_count);
+    pool::VgpuPool pool(std::move(gpus), s.vgpu_count);
     if (auto t = taken.find(id); t != taken.end()) {
       for (const auto& p : t->second) (void)pool.Reserve(p);  // as in PoolOf
     }
@@ -350,8 +350,8 @@ std::map<std::string, host::VgpuPool> Service::Pools(const std::string& only) co
   return pools;
 }
 
-const host::VgpuPool& Service::PoolOf(const Server& s) const {
-  static const host::VgpuPool kEmpty({}, 1);
+const pool::VgpuPool& Service::PoolOf(const Server& s) const {
+  static const pool::VgpuPool kEmpty({}, 1);
   auto it = pools_.find(s.id);
   return it != pools_.end() ? it->second : kEmpty;
 }
@@ -451,7 +451,7 @@ Result<Json> Service::RegisterServer(const std::string& id, const Json& body) {
   servers_[id] = s;
   pools_.erase(id);
   pools_.emplace(id, std::move(Pools(id).at(id)));
-  const host::VgpuPool& pool = PoolOf(s);
+  const pool::VgpuPool& pool = PoolOf(s);
   Json assignments = Json::array();
   for (const auto& [aid, a] : allocs_) {
     if (a.server == id && a.kind == "vm") assignments.push_back(ToJson(a));
@@ -586,7 +586,7 @@ Json Service::Servers() {
   Json out = Json::array();
   for (const auto& [id, s] : servers_) {
     Json j = ToJson(s);
-    const host::VgpuPool& pool = PoolOf(s);
+    const pool::VgpuPool& pool = PoolOf(s);
     j["vgpus_total"] = pool.total_vgpus();
     j["vgpus_free"] = pool.free_vgpus();
     Json used = Json::array();
@@ -629,11 +629,11 @@ Result<Service::Allocation> Service::Place(const Json& body, const std::string& 
   }
   uint64_t largest_gpu = 0, largest_server_mem = 0;
   uint32_t largest_server_vgpus = 0;
-  std::vector<host::VgpuPool*> pools;
+  std::vector<pool::VgpuPool*> pools;
   pools.reserve(cands.size());
   for (const Server* s : cands) {
     pools.push_back(&pools_.at(s->id));
-    const host::VgpuPool& p = *pools.back();
+    const pool::VgpuPool& p = *pools.back();
     uint64_t mem = 0;
     for (const Gpu& g : s->gpus) {
       largest_gpu = std::max(largest_gpu, g.memory_mib);
@@ -662,7 +662,7 @@ Result<Service::Allocation> Service::Place(const Json& body, const std::string& 
   };
   // pack: the fullest server that still fits (Orion's rule); spread: the emptiest.
   std::stable_sort(idx.begin(), idx.end(), [&](size_t x, size_t y) {
-    return opts_.policy == host::PlacementPolicy::kPack ? fill(x) > fill(y) : fill(x) < fill(y);
+    return opts_.policy == pool::PlacementPolicy::kPack ? fill(x) > fill(y) : fill(x) < fill(y);
   });
   std::string why;
   for (size_t i : idx) {
@@ -968,7 +968,7 @@ Status Service::ReleaseManyLocked(const std::vector<std::string>& ids) {
 void Service::UnreserveLocked(const Allocation& a) {
   auto p = pools_.find(a.server);
   if (p == pools_.end()) return;
-  std::vector<host::Placement> v;
+  std::vector<pool::Placement> v;
   for (const Slot& sl : a.slots) v.push_back({sl.pgpu, sl.vgpu, sl.gmem_mib << 20});
   p->second.Release(v);
 }
@@ -1108,7 +1108,7 @@ Json Service::Summary() {
   for (const auto& [id, s] : servers_) {
     if (!s.up) continue;
     ++up;
-    const host::VgpuPool& p = PoolOf(s);
+    const pool::VgpuPool& p = PoolOf(s);
     total += p.total_vgpus();
     free += p.free_vgpus();
   }
@@ -1116,7 +1116,7 @@ Json Service::Summary() {
   for (const auto& [id, a] : allocs_) vms += a.kind == "vm";
   return Json{{"servers", servers_.size()}, {"servers_up", up}, {"vgpus_total", total}, {"vgpus_free", free},
               {"vgpus_used", total - free}, {"allocations", allocs_.size() - vms}, {"assignments", vms},
-              {"policy", opts_.policy == host::PlacementPolicy::kPack ? "pack" : "spread"},
+              {"policy", opts_.policy == pool::PlacementPolicy::kPack ? "pack" : "spread"},
               {"lease_ttl_ms", opts_.lease_ttl_ms},
               {"store", {{"kind", store_->kind()}, {"reachable", store_ok_}}}};
 }
@@ -1134,7 +1134,7 @@ std::string Service::Metrics() {
   uint32_t total = 0, free = 0, up = 0;
   std::vector<std::string> gpu_total, gpu_alloc, gpu_used;
   for (const auto& [id, s] : servers_) {
-    const host::VgpuPool& p = PoolOf(s);
+    const pool::VgpuPool& p = PoolOf(s);
     if (s.up) {
       ++up;
       total += p.total_vgpus();

@@ -61,7 +61,7 @@ TEST_F(ServiceTest, PacksVgpusOntoOneGpuThenTheFullestServer) {
 }
 
 TEST_F(ServiceTest, SpreadPolicyTakesTheEmptiestServerAndGpu) {
-  opts_.policy = host::PlacementPolicy::kSpread;
+  opts_.policy = pool::PlacementPolicy::kSpread;
   auto s = Open();
   ASSERT_TRUE(s->RegisterServer("10.0.0.1:9960", TwoGpuServer("a")).ok());
   ASSERT_TRUE(s->RegisterServer("10.0.0.2:9960", TwoGpuServer("b")).ok());
@@ -415,7 +415,7 @@ TEST(ControllerConfig, ParsesKeysAndRejectsGarbage) {
       "c.yaml");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->listen, "127.0.0.1:9200");
-  EXPECT_EQ(c->service.policy, host::PlacementPolicy::kSpread);
+  EXPECT_EQ(c->service.policy, pool::PlacementPolicy::kSpread);
   EXPECT_EQ(c->service.lease_ttl_ms, 2500u);
   EXPECT_EQ(c->keys.size(), 4u);
   EXPECT_EQ(c->keys["serverkey"], Role::kServer);

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -58,7 +59,11 @@ CUresult EnsureInit() noexcept {
         for (GuestCtx* g : made) delete g;
         return rr;
       }
-      auto* ctx = new GuestCtx();
+      auto* ctx = new (std::nothrow) GuestCtx();
+      if (ctx == nullptr) {
+        for (GuestCtx* g : made) delete g;
+        return CUDA_ERROR_OUT_OF_MEMORY;
+      }
       ctx->handle = rep.handle;
       ctx->device = static_cast<int>(d);
       ctx->primary = true;

@@ -191,10 +191,7 @@ CUresult FillPointerAttribute(void* data, CUpointer_attribute attr, CUdeviceptr 
   const bool pinned = !dev && Client::Get().PinnedRange(reinterpret_cast<void*>(ptr), &pin_base, &pin_bytes);
   const bool registered = !dev && !pinned && IsRegisteredHost(reinterpret_cast<void*>(ptr), 1);
   if (!dev && !pinned && !registered) {
-    return attr == CU_POINTER_ATTRIBUTE_MEMORY_TYPE || attr == CU_POINTER_ATTRIBUTE_CONTEXT ||
-                   attr == CU_POINTER_ATTRIBUTE_DEVICE_POINTER
-               ? CUDA_ERROR_INVALID_VALUE
-               : CUDA_ERROR_INVALID_VALUE;
+    return CUDA_ERROR_INVALID_VALUE;  // not memory of this process's CUDA, whatever the attribute
   }
   GuestCtx* ctx = dev ? r.ctx : CurrentCtx();
   switch (attr) {

@@ -24,7 +24,6 @@ namespace {
 
 using ivshmem::Backoff;
 using ivshmem::ChannelLayout;
-using ivshmem::kChannelActive;
 using ivshmem::kChannelClaimed;
 using ivshmem::kChannelFree;
 
@@ -128,12 +127,17 @@ CUresult Client::Connect() noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   if (tried_) return connect_result_;
   tried_ = true;
-  connect_result_ = ConnectLocked();
+  try {
+    connect_result_ = ConnectLocked();
+  } catch (const std::exception& e) {  // an allocation that failed, a library's exception: no abort
+    LogError(std::string("cannot connect to oriond: ") + e.what());
+    connect_result_ = CUDA_ERROR_OPERATING_SYSTEM;
+  }
   if (connect_result_ == CUDA_SUCCESS) connected_.store(true, std::memory_order_release);
   return connect_result_;
 }
 
-CUresult Client::ConnectLocked() noexcept {
+CUresult Client::ConnectLocked() {
   bool bad = false;
   // Unset in a VM: the VM's own vGPU count (published in its region) instead of 1.
   const char* vgpu_env = std::getenv("ORION_VGPU");

@@ -106,7 +106,7 @@ class Client {
 
  private:
   Client() = default;
-  CUresult ConnectLocked() noexcept;
+  CUresult ConnectLocked();  // may throw (std::bad_alloc...): Connect catches
   void DrainOutputLocked() noexcept;
   CUresult HandshakeLocked(uint64_t vgpus, uint64_t gmem, const std::string& where) noexcept;
   CUresult PushLocked(const FrameHeader& h, const void* req, uint32_t req_len, const void* tail,

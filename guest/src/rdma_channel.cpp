@@ -187,17 +187,18 @@ bool RdmaFrameChannel::Commit() noexcept {
 
 Status RdmaFrameChannel::Pop(ivshmem::FrameView* f, std::vector<uint8_t>* scratch, bool* got) noexcept {
   *got = false;
-  const Status broke = Unavailable("the RDMA connection to oriond at " + address_ + " broke");
-  if (!Flush() || desc_.state.load() != ivshmem::kChannelActive) return broke;
+  // Made only when it is the answer: Pop runs on every poll, and the text allocates.
+  auto broke = [this] { return Unavailable("the RDMA connection to oriond at " + address_ + " broke"); };
+  if (!Flush() || desc_.state.load() != ivshmem::kChannelActive) return broke();
   if (msg_ == nullptr) {
     if (!ep_->PollSend().ok() || !ep_->PollRecv(&msg_, &msg_len_).ok()) {
       Fail();
-      return broke;
+      return broke();
     }
     // A healthy connection is a live server (the Client watches this heartbeat).
     header_.server_heartbeat.fetch_add(1, std::memory_order_relaxed);
     if (msg_ == nullptr) {
-      if ((++idle_polls_ & 0xff) == 0 && !SocketAlive()) return broke;
+      if ((++idle_polls_ & 0xff) == 0 && !SocketAlive()) return broke();
       return Status::Ok();
     }
     at_ = 0;
@@ -222,7 +223,7 @@ Status RdmaFrameChannel::Pop(ivshmem::FrameView* f, std::vector<uint8_t>* scratc
     msg_ = nullptr;
     if (!ep_->RepostLast().ok()) {
       Fail();
-      return broke;
+      return broke();
     }
   }
   *got = true;

@@ -273,7 +273,7 @@ Status Daemon::StartServing() {
   for (const auto& g : gpus) {
     log_->info("Physical GPU {}: {} ({} MiB, {})", g.index, g.name, g.total_mem >> 20, g.uuid);
   }
-  pool_ = std::make_unique<VgpuPool>(gpus, config_.vgpu_count);
+  pool_ = std::make_unique<pool::VgpuPool>(gpus, config_.vgpu_count);
   for (const auto& g : gpus) {
     if (gpu_names_.size() <= g.index) gpu_names_.resize(g.index + 1);
     gpu_names_[g.index] = g.name;

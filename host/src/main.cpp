@@ -8,6 +8,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <exception>
 
 #include "orion/host/config.h"
 #include "orion/host/daemon.h"
@@ -19,7 +20,7 @@ void OnSignal(int) {
 }
 }  // namespace
 
-int main(int argc, char** argv) {
+static int Main(int argc, char** argv) {
   CLI::App app{"oriond: the Orion vGPU server"};
   app.set_version_flag("--version", "oriond " ORION_VERSION_STRING " (build " ORION_BUILD_STRING ")");
   std::string config_path = "/etc/orion/server.conf";
@@ -168,4 +169,15 @@ int main(int argc, char** argv) {
     close(ready_fd);
   }
   return d.Run();
+}
+
+// Whatever escapes (a failed allocation, a library's exception) ends the program with its reason,
+// not with std::terminate's abort.
+int main(int argc, char** argv) {
+  try {
+    return Main(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "oriond: %s\n", e.what());
+    return 1;
+  }
 }

@@ -176,7 +176,7 @@ Status SaveVmState(const std::string& path, const std::vector<VmAttachment>& vms
   ::close(fd);
   if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
     errno = ok ? errno : err;
-    const Status s = Errno(Code::kInternal, "cannot write " + path);
+    Status s = Errno(Code::kInternal, "cannot write " + path);
     ::unlink(tmp.c_str());
     return s;
   }

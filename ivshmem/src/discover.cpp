@@ -78,7 +78,7 @@ std::string FindIvshmem(const std::string& sysfs, std::string* why) {
       }
     }
     // A memory BAR's resource file can be mapped but not read(): map its first page.
-    const std::string res = dev + "/resource2";
+    std::string res = dev + "/resource2";
     const int fd = ::open(res.c_str(), O_RDWR | O_CLOEXEC);
     if (fd < 0) {
       *why = "cannot open " + res + ": " + std::strerror(errno) +

@@ -31,7 +31,8 @@ SERVER_FILES = ["/usr/bin/oriond", "/usr/bin/orion-shm", "/usr/bin/orion-vm", "/
                 "/usr/lib/orion/libnvidia-ml.so.1", "/usr/lib/orion/install-client"]
 CLIENT_FILES = ["/usr/lib/orion/libcuda.so.1", "/usr/lib/orion/libnvidia-ml.so.1", "/usr/lib/orion/install-client",
                 "/usr/bin/orion-check", "/usr/bin/orion-smi", "/etc/orion/client.conf", "/etc/ld.so.conf.d/orion.conf",
-                "/lib/udev/rules.d/99-orion-ivshmem.rules"]
+                "/lib/udev/rules.d/99-orion-ivshmem.rules", "/usr/lib/orion/slurm/orion_spank.so",
+                "/usr/share/orion/slurm/job_submit.lua"]
 SERVER_CONFFILES = ["/etc/orion/server.conf", "/etc/orion/controller.yaml", "/etc/libvirt/hooks/qemu.d/orion"]
 CLIENT_CONFFILES = ["/etc/orion/client.conf", "/etc/ld.so.conf.d/orion.conf"]
 

@@ -35,7 +35,7 @@
 
 #include "orion/common/status.h"
 #include "orion/controller/store.h"
-#include "orion/host/pool.h"
+#include "orion/pool/pool.h"
 
 namespace orion::controller {
 
@@ -43,7 +43,7 @@ using Json = nlohmann::json;
 
 struct ServiceOptions {
   std::string database;                   // "sqlite:<file>" or a file (created if absent), or "etcd://h:p,h:p,..."
-  host::PlacementPolicy policy = host::PlacementPolicy::kPack;
+  pool::PlacementPolicy policy = pool::PlacementPolicy::kPack;
   uint64_t lease_ttl_ms = 15000;          // an allocation nobody renews is released after this
   uint64_t server_timeout_ms = 10000;     // a server silent this long is down: its vGPUs are withheld
   uint64_t server_release_ms = 60000;     // ... and after this long its allocations are released
@@ -185,9 +185,9 @@ class Service {
   // Guards and GPU counters for a new placement of `a` into `c`.
   void PlaceInto(const Allocation& a, StoreChange* c) const;
   int64_t Version(const std::string& path) const;
-  const host::VgpuPool& PoolOf(const Server& s) const;  // pools_'s entry (empty if none)
+  const pool::VgpuPool& PoolOf(const Server& s) const;  // pools_'s entry (empty if none)
   // Every server's pool (or only `only`'s), from one pass over the allocations.
-  std::map<std::string, host::VgpuPool> Pools(const std::string& only = "") const;
+  std::map<std::string, pool::VgpuPool> Pools(const std::string& only = "") const;
   Result<Allocation> Place(const Json& body, const std::string& server, const std::string& kind);
   // Stores a new allocation or assignment (placed by Place, reserved in pools_). Retries placement
   // from a fresh read when another controller took a guarded key first.
@@ -224,7 +224,7 @@ class Service {
   }
   std::map<std::string, Server> servers_;
   std::map<std::string, Allocation> allocs_;
-  std::map<std::string, host::VgpuPool> pools_;  // per server: slots taken by allocs_ (kept in step)
+  std::map<std::string, pool::VgpuPool> pools_;  // per server: slots taken by allocs_ (kept in step)
   std::map<std::string, int64_t> versions_;      // etcd: path -> mod_revision at the last read
   uint64_t allocations_made_ = 0, refusals_ = 0, expired_ = 0, replays_ = 0;
   uint64_t conflicts_ = 0, store_errors_ = 0;    // lost races (retried), failed store reads/writes

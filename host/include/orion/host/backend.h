@@ -24,23 +24,13 @@
 #include "orion/common/frame.h"
 #include "orion/common/status.h"
 #include "orion/host/ipc_ticket.h"
+#include "orion/pool/pool.h"
 
 namespace orion::host {
 
-// One vGPU of a session: which physical GPU, which slot on it, and its memory quota.
-struct Placement {
-  uint32_t pgpu = 0;
-  uint32_t vgpu = 0;
-  uint64_t quota_bytes = 0;
-};
-
-// A physical GPU as the daemon sees it at start-up.
-struct PhysicalGpu {
-  uint32_t index = 0;
-  std::string name;
-  uint64_t total_mem = 0;  // bytes
-  std::string uuid;        // text, for logs
-};
+// The pool's types (orion/pool/pool.h), as the backends and the daemon name them.
+using pool::Placement;
+using pool::PhysicalGpu;
 
 struct KernelLayout {
   std::vector<ParamInfo> params;  // in ordinal order

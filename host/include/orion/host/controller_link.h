@@ -109,7 +109,7 @@ class ControllerLink {
   // Its thread owns nothing of the link's: it shares this state, and is detached at Stop (its
   // request may take a watch's whole span to return).
   struct WatchState {
-    explicit WatchState(controller::ControllerClient c) : client(std::move(c)) {}
+    explicit WatchState(const controller::ControllerClient& c) : client(c) {}
     std::mutex mu;
     std::condition_variable cv;
     bool stop = false;

@@ -18,7 +18,7 @@
 #include "orion/host/backend.h"
 #include "orion/host/config.h"
 #include "orion/host/controller_link.h"
-#include "orion/host/pool.h"
+#include "orion/pool/pool.h"
 #include "orion/host/session.h"
 #include "orion/ivshmem/doorbell.h"
 #include "orion/ivshmem/region.h"
@@ -167,7 +167,7 @@ class Daemon {
 
   ServerConfig config_;
   BackendKind backend_ = BackendKind::kSim;
-  std::unique_ptr<VgpuPool> pool_;
+  std::unique_ptr<pool::VgpuPool> pool_;
   std::vector<std::string> gpu_names_;  // by physical GPU index
   std::vector<Region> regions_;
   std::shared_ptr<spdlog::logger> log_;

@@ -1,8 +1,8 @@
-#include "orion/host/pool.h"
+#include "orion/pool/pool.h"
 
 #include <gtest/gtest.h>
 
-namespace orion::host {
+namespace orion::pool {
 namespace {
 
 std::vector<PhysicalGpu> TwoV100() {
@@ -87,4 +87,4 @@ TEST(VgpuPool, ReserveMirrorsPlacementsDecidedElsewhere) {
 }
 
 }  // namespace
-}  // namespace orion::host
+}  // namespace orion::pool

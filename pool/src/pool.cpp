@@ -1,8 +1,8 @@
-#include "orion/host/pool.h"
+#include "orion/pool/pool.h"
 
 #include <algorithm>
 
-namespace orion::host {
+namespace orion::pool {
 
 VgpuPool::VgpuPool(std::vector<PhysicalGpu> gpus, uint32_t vgpu_count)
     : gpus_(std::move(gpus)), vgpu_count_(std::max<uint32_t>(1, vgpu_count)), state_(gpus_.size()) {
@@ -119,4 +119,4 @@ uint32_t VgpuPool::free_vgpus() const {
   return n;
 }
 
-}  // namespace orion::host
+}  // namespace orion::pool

@@ -33,6 +33,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <exception>
 #include <cstring>
 #include <iostream>
 #include <optional>
@@ -424,7 +425,7 @@ int Status(const orion::host::ServerConfig& conf, const std::string& uri, const 
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int Main(int argc, char** argv) {
   CLI::App app{"orion-vm: Orion vGPUs for libvirt domains"};
   std::string config_path = "/etc/orion/server.conf", uri = "qemu:///system";
   app.add_option("--config", config_path, "oriond's server.conf (paths, shm owner, control socket)");
@@ -471,4 +472,15 @@ int main(int argc, char** argv) {
   if (dis->parsed()) return Disable(uri, domain);
   if (st->parsed()) return Status(c, uri, domain);
   return Hook(c, domain, op);
+}
+
+// Whatever escapes (a failed allocation, a library's exception) ends the program with its reason,
+// not with std::terminate's abort.
+int main(int argc, char** argv) {
+  try {
+    return Main(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "orion-vm: %s\n", e.what());
+    return 1;
+  }
 }

@@ -16,6 +16,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <exception>
 #include <cstring>
 #include <ctime>
 #include <string>
@@ -141,7 +142,7 @@ int RegionView(bool json, const std::string& oriond_why) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int Main(int argc, char** argv) {
   CLI::App app{"orion-smi: the vGPUs and processes of this Orion client host"};
   bool all = false, json = false;
   std::string addr, oriond = "/run/orion/oriond.sock";
@@ -193,4 +194,15 @@ int main(int argc, char** argv) {
   }
   PrintTables(*list, "Orion Controller " + cc.endpoint().text(), all ? "all client hosts" : std::string("client host ") + host);
   return 0;
+}
+
+// Whatever escapes (a failed allocation, a library's exception) ends the program with its reason,
+// not with std::terminate's abort.
+int main(int argc, char** argv) {
+  try {
+    return Main(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "orion-smi: %s\n", e.what());
+    return 1;
+  }
 }

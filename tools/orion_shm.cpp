@@ -5,11 +5,12 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <exception>
 #include <string>
 
 #include "orion/ivshmem/region.h"
 
-int main(int argc, char** argv) {
+static int Main(int argc, char** argv) {
   CLI::App app{"Create an Orion shared-memory region file (<dir>/orionsock<index>)"};
   int index = 0;
   uint64_t mib = 128;
@@ -34,4 +35,15 @@ int main(int argc, char** argv) {
   }
   std::printf("%s is successfully created.\n", path.c_str());
   return 0;
+}
+
+// Whatever escapes (a failed allocation, a library's exception) ends the program with its reason,
+// not with std::terminate's abort.
+int main(int argc, char** argv) {
+  try {
+    return Main(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "orion-shm: %s\n", e.what());
+    return 1;
+  }
 }

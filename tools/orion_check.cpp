@@ -12,6 +12,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <exception>
 #include <cstring>
 #include <string>
 
@@ -184,7 +185,7 @@ int Install(const std::string& what, const std::string& self) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int Main(int argc, char** argv) {
   CLI::App app{"orion-check: Orion diagnostics"};
   std::string config_path = "/etc/orion/server.conf";
   app.add_option("--config", config_path, "oriond's server.conf");
@@ -209,4 +210,15 @@ int main(int argc, char** argv) {
     return 1;
   }
   return RuntimeServer(conf.ok() ? *conf : orion::host::ServerConfig{});
+}
+
+// Whatever escapes (a failed allocation, a library's exception) ends the program with its reason,
+// not with std::terminate's abort.
+int main(int argc, char** argv) {
+  try {
+    return Main(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "orion-check: %s\n", e.what());
+    return 1;
+  }
 }

@@ -1,5 +1,7 @@
-// orion/host/pool.h — standalone vGPU admission: oriond splits its physical GPUs into vGPU slots
-// (vgpu_count per GPU) and admits a client asking ORION_VGPU x ORION_GMEM when that fits.
+// orion/pool/pool.h — the vGPU slot pool: physical GPUs split into vGPU slots (vgpu_count per GPU),
+// and admission of a request for ORION_VGPU x ORION_GMEM when it fits. A bottom-layer library
+// (it needs orion_common only): oriond admits standalone clients with it, orion-controller places
+// with one pool per server.
 //
 // Placement follows Orion: the vGPUs of one request are packed onto one GPU while its memory and
 // slots allow, then onto the next GPU (the fullest GPU that still fits is chosen first).
@@ -14,9 +16,23 @@
 #include <vector>
 
 #include "orion/common/status.h"
-#include "orion/host/backend.h"
 
-namespace orion::host {
+namespace orion::pool {
+
+// One vGPU of a session: which physical GPU, which slot on it, and its memory quota.
+struct Placement {
+  uint32_t pgpu = 0;
+  uint32_t vgpu = 0;
+  uint64_t quota_bytes = 0;
+};
+
+// A physical GPU as oriond sees it at start-up (or as a server registered it at the controller).
+struct PhysicalGpu {
+  uint32_t index = 0;
+  std::string name;
+  uint64_t total_mem = 0;  // bytes
+  std::string uuid;        // text, for logs
+};
 
 // How the vGPUs of one request are laid on GPUs: `kPack` fills the fullest GPU that still fits
 // (Orion's rule); `kSpread` takes the emptiest GPU for each vGPU.
@@ -54,4 +70,4 @@ class VgpuPool {
   std::vector<Gpu> state_;
 };
 
-}  // namespace orion::host
+}  // namespace orion::pool
