@@ -98,7 +98,7 @@ int main(int argc, char** argv) {
     for (int i = 0; i < n; ++i) {
       auto t0 = Clock::now();
       auto r = mine.Call("POST", "/v1/allocations",
-                       {{"vgpus", 1 + (i % 2)}, {"gmem_mib", 4096}, {"client", {{"host", "bench"}, {"pid", c}}}});
+                         {{"vgpus", 1 + (i % 2)}, {"gmem_mib", 4096}, {"client", {{"host", "bench"}, {"pid", c}}}});
       out->push_back(us(t0));
       if (!r.ok()) {
         refused++;

@@ -52,15 +52,15 @@ void Percentiles(const char* what, std::vector<uint64_t>& v) {
               static_cast<unsigned long long>(v[v.size() * 99 / 100]), v.size());
 }
 
-#define CK(x)                                                                    \
-  do {                                                                           \
-    CUresult r_ = (x);                                                           \
-    if (r_ != CUDA_SUCCESS) {                                                    \
-      const char* n_ = nullptr;                                                  \
-      cuGetErrorName(r_, &n_);                                                   \
-      std::fprintf(stderr, "%s failed: %s\n", #x, n_ != nullptr ? n_ : "?");    \
-      std::exit(2);                                                              \
-    }                                                                            \
+#define CK(x)                                                                \
+  do {                                                                       \
+    CUresult r_ = (x);                                                       \
+    if (r_ != CUDA_SUCCESS) {                                                \
+      const char* n_ = nullptr;                                              \
+      cuGetErrorName(r_, &n_);                                               \
+      std::fprintf(stderr, "%s failed: %s\n", #x, n_ != nullptr ? n_ : "?"); \
+      std::exit(2);                                                          \
+    }                                                                        \
   } while (0)
 
 void* Shared(size_t bytes) {
@@ -444,19 +444,29 @@ int main(int argc, char** argv) {
   }
   const std::string mode = argv[1];
   const long n = std::atol(argv[2]);
-  if (mode == "baseline-pingpong") BaselinePingPong(static_cast<int>(n));
-  else if (mode == "baseline-ring") BaselineRing(static_cast<uint64_t>(n));
-  else if (mode == "baseline-memcpy") BaselineMemcpy(static_cast<uint64_t>(n));
-  else if (mode == "baseline-tcp-pingpong") BaselineTcpPingPong(static_cast<int>(n));
-  else if (mode == "baseline-tcp-stream") BaselineTcpStream(static_cast<uint64_t>(n));
-  else if (mode == "null-call") NullCall(static_cast<int>(n));
-  else if (mode == "idle-call") IdleCall(static_cast<int>(n), argc > 3 ? std::atol(argv[3]) : 2000);
+  if (mode == "baseline-pingpong")
+    BaselinePingPong(static_cast<int>(n));
+  else if (mode == "baseline-ring")
+    BaselineRing(static_cast<uint64_t>(n));
+  else if (mode == "baseline-memcpy")
+    BaselineMemcpy(static_cast<uint64_t>(n));
+  else if (mode == "baseline-tcp-pingpong")
+    BaselineTcpPingPong(static_cast<int>(n));
+  else if (mode == "baseline-tcp-stream")
+    BaselineTcpStream(static_cast<uint64_t>(n));
+  else if (mode == "null-call")
+    NullCall(static_cast<int>(n));
+  else if (mode == "idle-call")
+    IdleCall(static_cast<int>(n), argc > 3 ? std::atol(argv[3]) : 2000);
   else if (mode == "baseline-idle-wake" && argc > 3) {
     BaselineIdleWake(argv[1 + 1], static_cast<int>(std::atol(argv[3])), argc > 4 ? std::atol(argv[4]) : 2000);
-  }
-  else if (mode == "launches" && argc > 3) Launches(static_cast<int>(n), argv[3]);
-  else if (mode == "memcpy") Memcpy(static_cast<uint64_t>(n));
-  else if (mode == "idle") Idle(static_cast<int>(n));
-  else return 2;
+  } else if (mode == "launches" && argc > 3)
+    Launches(static_cast<int>(n), argv[3]);
+  else if (mode == "memcpy")
+    Memcpy(static_cast<uint64_t>(n));
+  else if (mode == "idle")
+    Idle(static_cast<int>(n));
+  else
+    return 2;
   return 0;
 }

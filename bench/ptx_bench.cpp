@@ -85,7 +85,8 @@ int main(int argc, char** argv) {
       const Figure fig = Time(**prog, "_Z4vaddPKfS0_Pfi", cfg, mem);
       const auto* hc = reinterpret_cast<const float*>(mem.Host(c));
       for (uint64_t i = 0; i < n; ++i)
-        if (hc[i] != static_cast<float>(i) + 1.0f) return std::fprintf(stderr, "vadd wrong at %llu\n", (unsigned long long)i), 1;
+        if (hc[i] != static_cast<float>(i) + 1.0f)
+          return std::fprintf(stderr, "vadd wrong at %llu\n", (unsigned long long)i), 1;
       std::printf("%-34s %8u %10.3f %14llu %12.1f\n", ("vadd n=" + std::to_string(n)).c_str(), w, fig.seconds,
                   static_cast<unsigned long long>(fig.lanes), static_cast<double>(fig.lanes) / fig.seconds / 1e6);
     }
@@ -118,7 +119,8 @@ int main(int argc, char** argv) {
           return std::fprintf(stderr, "sgemm wrong at %d,%d\n", i, j), 1;
       }
       std::printf("%-34s %8u %10.3f %14llu %12.1f\n", ("sgemm tiled " + std::to_string(m) + "^3").c_str(), w,
-                  fig.seconds, static_cast<unsigned long long>(fig.lanes), static_cast<double>(fig.lanes) / fig.seconds / 1e6);
+                  fig.seconds, static_cast<unsigned long long>(fig.lanes),
+                  static_cast<double>(fig.lanes) / fig.seconds / 1e6);
     }
   }
   return 0;

@@ -39,9 +39,12 @@ struct Pool {
 };
 
 oc::Json TwoGpuServer(const std::string& host) {
-  return {{"hostname", host}, {"vgpu_count", 4}, {"boot_id", "b1"},
-          {"gpus", {{{"index", 0}, {"uuid", "GPU-a"}, {"name", "V100"}, {"memory_mib", 16384}},
-                    {{"index", 1}, {"uuid", "GPU-b"}, {"name", "V100"}, {"memory_mib", 16384}}}}};
+  return {{"hostname", host},
+          {"vgpu_count", 4},
+          {"boot_id", "b1"},
+          {"gpus",
+           {{{"index", 0}, {"uuid", "GPU-a"}, {"name", "V100"}, {"memory_mib", 16384}},
+            {{"index", 1}, {"uuid", "GPU-b"}, {"name", "V100"}, {"memory_mib", 16384}}}}};
 }
 
 Pool* GetPool() {

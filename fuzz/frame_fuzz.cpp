@@ -224,8 +224,8 @@ class Client {
         if (f.header.seq != seq) continue;  // not ours (cannot happen: every reply is awaited)
         if (Trace()) {
           std::fprintf(stderr, "frame_fuzz: seq %u op %s -> status %d (deferred %d), %u bytes, %.1f ms\n", seq,
-                       OpName(f.header.op) != nullptr ? OpName(f.header.op) : "?", f.header.status,
-                       f.header.deferred, f.header.payload_len, static_cast<double>(NowNs() - start) / 1e6);
+                       OpName(f.header.op) != nullptr ? OpName(f.header.op) : "?", f.header.status, f.header.deferred,
+                       f.header.payload_len, static_cast<double>(NowNs() - start) / 1e6);
         }
         if (f.header.status == 0) {
           for (uint32_t o = 0; o + 8 <= f.header.payload_len && o < 64 && values_.size() < kMaxValues; o += 8) {

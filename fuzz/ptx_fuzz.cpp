@@ -50,10 +50,9 @@ class Memory : public orion::ptx::TestMemory {
 
  private:
   bool View(uint64_t handle, orion::ptx::ImageView* v) {
-    static constexpr uint32_t kFormats[8] = {CU_AD_FORMAT_UNSIGNED_INT8, CU_AD_FORMAT_UNSIGNED_INT16,
-                                             CU_AD_FORMAT_UNSIGNED_INT32, CU_AD_FORMAT_SIGNED_INT8,
-                                             CU_AD_FORMAT_SIGNED_INT16, CU_AD_FORMAT_SIGNED_INT32,
-                                             CU_AD_FORMAT_HALF, CU_AD_FORMAT_FLOAT};
+    static constexpr uint32_t kFormats[8] = {
+        CU_AD_FORMAT_UNSIGNED_INT8, CU_AD_FORMAT_UNSIGNED_INT16, CU_AD_FORMAT_UNSIGNED_INT32, CU_AD_FORMAT_SIGNED_INT8,
+        CU_AD_FORMAT_SIGNED_INT16,  CU_AD_FORMAT_SIGNED_INT32,   CU_AD_FORMAT_HALF,           CU_AD_FORMAT_FLOAT};
     static constexpr uint32_t kElem[8] = {1, 2, 4, 1, 2, 4, 2, 4};
     static constexpr uint32_t kChannels[4] = {1, 2, 4, 4};
     const uint64_t h = (handle * 0x9E3779B97F4A7C15ull) ^ (uint64_t{texture_bits} * 0x0101010101010101ull);
@@ -93,7 +92,8 @@ std::vector<std::string> EntryNames(std::string_view text) {
   size_t pos = 0;
   while ((pos = text.find(".entry", pos)) != std::string_view::npos && names.size() < 64) {
     pos += 6;
-    while (pos < text.size() && (text[pos] == ' ' || text[pos] == '\t' || text[pos] == '\n' || text[pos] == '\r')) ++pos;
+    while (pos < text.size() && (text[pos] == ' ' || text[pos] == '\t' || text[pos] == '\n' || text[pos] == '\r'))
+      ++pos;
     const size_t start = pos;
     while (pos < text.size() && (std::isalnum(static_cast<unsigned char>(text[pos])) || text[pos] == '_' ||
                                  text[pos] == '$' || text[pos] == '%' || text[pos] == '.')) {
@@ -145,8 +145,8 @@ void Launch(orion::ptx::Program& prog, std::string_view text, uint8_t selector, 
     cfg.printf_limit = 4096;
     const auto r = orion::ptx::Launch(prog, names[i], cfg, mem);
     if (Trace()) {
-      std::fprintf(stderr, "ptx_fuzz: %s -> %d %s (%llu warp instructions)\n", names[i].c_str(), static_cast<int>(r.code),
-                   r.message.c_str(), static_cast<unsigned long long>(r.warp_instructions));
+      std::fprintf(stderr, "ptx_fuzz: %s -> %d %s (%llu warp instructions)\n", names[i].c_str(),
+                   static_cast<int>(r.code), r.message.c_str(), static_cast<unsigned long long>(r.warp_instructions));
     }
     Check(out.size() <= 4096 + 1024);
   }

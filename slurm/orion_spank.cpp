@@ -60,22 +60,22 @@ namespace {
 
 using orion::controller::ControllerClient;
 
-constexpr uint32_t kMaxVgpus = 16;            // a process sees at most 16 devices
-constexpr uint64_t kMaxGmemMib = 1u << 20;    // 1 TiB per vGPU
-constexpr int kRetryMs = 2000;                // between "not now" answers
+constexpr uint32_t kMaxVgpus = 16;          // a process sees at most 16 devices
+constexpr uint64_t kMaxGmemMib = 1u << 20;  // 1 TiB per vGPU
+constexpr int kRetryMs = 2000;              // between "not now" answers
 constexpr int kDefaultWaitS = 600;
 
 struct Settings {
-  std::string controller;         // controller=: "host:port[,host:port...]"
+  std::string controller;                   // controller=: "host:port[,host:port...]"
   std::string key_path, key;                // key_file= and its contents: the controller client key
   std::string oriond_key_path, oriond_key;  // oriond_key_file= and its contents: exported as ORION_KEY
-  int wait_s = kDefaultWaitS;     // wait=: how long a step waits for free vGPUs
+  int wait_s = kDefaultWaitS;               // wait=: how long a step waits for free vGPUs
 };
 
 // What this process (srun, or one step's slurmstepd) knows.
 Settings g_settings;
-uint32_t g_vgpus = 0;    // 0: the job did not ask
-uint64_t g_gmem = 0;     // MiB per vGPU; 0: the server's default size
+uint32_t g_vgpus = 0;      // 0: the job did not ask
+uint64_t g_gmem = 0;       // MiB per vGPU; 0: the server's default size
 std::string g_allocation;  // held by this slurmstepd (released at exit)
 
 // The lease renewer (remote context).
@@ -218,11 +218,12 @@ int HoldForStep(const std::string& job_text, const std::string& label, const std
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(g_settings.wait_s);
   orion::Result<nlohmann::json> a = orion::Status();
   for (bool said = false;; said = true) {
-    nlohmann::json body = {{"vgpus", g_vgpus},
-                           {"gmem_mib", g_gmem},
-                           {"job", label},
-                           {"request_id", orion::RandomUuid()},
-                           {"client", {{"host", orion::ValidUtf8(host)}, {"pid", getpid()}, {"process", "slurm-" + job_text}}}};
+    nlohmann::json body = {
+        {"vgpus", g_vgpus},
+        {"gmem_mib", g_gmem},
+        {"job", label},
+        {"request_id", orion::RandomUuid()},
+        {"client", {{"host", orion::ValidUtf8(host)}, {"pid", getpid()}, {"process", "slurm-" + job_text}}}};
     a = cc.Call("POST", "/v1/allocations", body);
     if (a.ok()) break;
     const orion::Code code = a.status().code();

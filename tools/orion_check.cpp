@@ -59,8 +59,8 @@ bool ControllerStatus(const std::string& addr, const std::string& key) {
   }
   std::printf("Address %s is reached.\n", cc.endpoint().text().c_str());
   const auto num = [&](const char* k) { return (*st).contains(k) ? (*st)[k].dump() : std::string("?"); };
-  std::printf("There are %s vGPU under managed by Orion Controller. %s vGPU are free now.\n", num("vgpus_total").c_str(),
-              num("vgpus_free").c_str());
+  std::printf("There are %s vGPU under managed by Orion Controller. %s vGPU are free now.\n",
+              num("vgpus_total").c_str(), num("vgpus_free").c_str());
   Row("Servers up :", num("servers_up") + " of " + num("servers"));
   return true;
 }
@@ -143,7 +143,9 @@ int RuntimeServer(const orion::host::ServerConfig& c) {
     std::printf("No controller configured: oriond admits clients itself (standalone).\n");
   } else {
     ok &= ControllerStatus(controller, c.controller_key);
-    if (ok) Row("oriond registered with the controller", YesNo(Field(status, "controller").find("(registered)") != std::string::npos));
+    if (ok)
+      Row("oriond registered with the controller",
+          YesNo(Field(status, "controller").find("(registered)") != std::string::npos));
   }
   return ok ? 0 : 1;
 }
@@ -164,14 +166,14 @@ int Install(const std::string& what, const std::string& self) {
     // The orion-server package installs the hook as qemu.d/orion (libvirt >= 6.5 runs every script
     // there); an older install-server wrote /etc/libvirt/hooks/qemu.
     if (Exists("/etc/libvirt")) {
-      check("libvirt qemu hook", Exists("/etc/libvirt/hooks/qemu.d/orion") ? "/etc/libvirt/hooks/qemu.d/orion"
-                                                                           : "/etc/libvirt/hooks/qemu");
+      check("libvirt qemu hook",
+            Exists("/etc/libvirt/hooks/qemu.d/orion") ? "/etc/libvirt/hooks/qemu.d/orion" : "/etc/libvirt/hooks/qemu");
     }
   }
   if (what == "client" || what == "all") {
     std::printf("Checking Orion client installation ...\n");
-    const std::string lib = Exists("/usr/lib/orion/libcuda.so.1") ? "/usr/lib/orion/libcuda.so.1"
-                                                                   : prefix + "/lib/orion/libcuda.so.1";
+    const std::string lib =
+        Exists("/usr/lib/orion/libcuda.so.1") ? "/usr/lib/orion/libcuda.so.1" : prefix + "/lib/orion/libcuda.so.1";
     check("Orion runtime (libcuda.so.1)", lib);
     check("client.conf", "/etc/orion/client.conf");
   }

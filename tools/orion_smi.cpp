@@ -67,9 +67,10 @@ void PrintTables(const nlohmann::json& list, const std::string& source, const st
   for (const auto& a : list) {
     const auto c = a.value("client", nlohmann::json::object());
     for (const auto& p : a.value("placements", nlohmann::json::array())) {
-      std::printf("| %-21s %4u %4u %8u  %-20s %-8s %9lluMiB |\n", Fit(p.value("server", ""), 21).c_str(), p.value("pgpu", 0u),
-                  p.value("vgpu", 0u), c.value("pid", 0u), Fit(c.value("process", ""), 20).c_str(),
-                  Fit(c.value("host", ""), 8).c_str(), static_cast<unsigned long long>(p.value("used_mib", uint64_t{0})));
+      std::printf("| %-21s %4u %4u %8u  %-20s %-8s %9lluMiB |\n", Fit(p.value("server", ""), 21).c_str(),
+                  p.value("pgpu", 0u), p.value("vgpu", 0u), c.value("pid", 0u), Fit(c.value("process", ""), 20).c_str(),
+                  Fit(c.value("host", ""), 8).c_str(),
+                  static_cast<unsigned long long>(p.value("used_mib", uint64_t{0})));
       ++procs;
     }
   }
@@ -81,8 +82,10 @@ void PrintTables(const nlohmann::json& list, const std::string& source, const st
 // enforces its own copy of every limit).
 int RegionView(bool json, const std::string& oriond_why) {
   auto nothing = [&](const std::string& region_why) {
-    std::fprintf(stderr, "orion-smi: no Orion Controller configured (ORION_CONTROLLER, or controller_addr in [controller] of "
-                         "client.conf), %s, and no Orion region: %s\n", oriond_why.c_str(), region_why.c_str());
+    std::fprintf(stderr,
+                 "orion-smi: no Orion Controller configured (ORION_CONTROLLER, or controller_addr in [controller] of "
+                 "client.conf), %s, and no Orion region: %s\n",
+                 oriond_why.c_str(), region_why.c_str());
     return 1;
   };
   auto where = orion::ivshmem::FindClientRegion();
@@ -110,8 +113,11 @@ int RegionView(bool json, const std::string& oriond_why) {
   }
   const bool vm = (h->features & orion::ivshmem::kFeatureVmLimits) != 0;
   if (json) {
-    nlohmann::json j = {{"region", where->path}, {"found_through", where->source}, {"served", served},
-                        {"channels", h->channel_count}, {"in_use", channels}};
+    nlohmann::json j = {{"region", where->path},
+                        {"found_through", where->source},
+                        {"served", served},
+                        {"channels", h->channel_count},
+                        {"in_use", channels}};
     if (vm) j["vm"] = {{"vgpus", h->vm_vgpus}, {"gmem_mib", h->vm_gmem_bytes >> 20}};
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
@@ -121,21 +127,27 @@ int RegionView(bool json, const std::string& oriond_why) {
   std::printf("| %-83s |\n", "ORION-SMI (standalone: this client's Orion region; oriond itself was not asked)");
   std::printf("| %-83s |\n", Fit("region " + where->path + " (" + where->source + ")", 83).c_str());
   std::printf("|%s|\n", std::string(85, '-').c_str());
-  std::printf("| %-83s |\n", (std::string("oriond serves it: ") + (served ? "yes" : "no (its heartbeat has stopped)")).c_str());
+  std::printf("| %-83s |\n",
+              (std::string("oriond serves it: ") + (served ? "yes" : "no (its heartbeat has stopped)")).c_str());
   if (vm) {
     std::printf("| %-83s |\n", ("vGPUs of this VM: " + std::to_string(h->vm_vgpus) + " x " +
-                                 std::to_string(h->vm_gmem_bytes >> 20) + " MiB").c_str());
+                                std::to_string(h->vm_gmem_bytes >> 20) + " MiB")
+                                   .c_str());
   }
   std::printf("| %-83s |\n", ("channels (one per CUDA process): " + std::to_string(h->channel_count) + ", " +
-                               std::to_string(in_use) + " in use").c_str());
+                              std::to_string(in_use) + " in use")
+                                 .c_str());
   for (const auto& c : channels) {
-    std::printf("| %-83s |\n", ("  channel " + c["channel"].dump() + ": " + c["state"].get<std::string>() + ", session " +
-                                 c["session"].dump()).c_str());
+    std::printf("| %-83s |\n", ("  channel " + c["channel"].dump() + ": " + c["state"].get<std::string>() +
+                                ", session " + c["session"].dump())
+                                   .c_str());
   }
   std::printf("%s\n", bar.c_str());
   if (!oriond_why.empty()) {
-    std::printf("oriond was not asked (%s): for every process's vGPUs and memory, run orion-smi where "
-                "oriond's control socket can be read (--oriond), or use a controller.\n", oriond_why.c_str());
+    std::printf(
+        "oriond was not asked (%s): for every process's vGPUs and memory, run orion-smi where "
+        "oriond's control socket can be read (--oriond), or use a controller.\n",
+        oriond_why.c_str());
   }
   return 0;
 }
@@ -183,16 +195,19 @@ static int Main(int argc, char** argv) {
   char host[256] = {};
   gethostname(host, sizeof host - 1);
   orion::controller::ControllerClient cc(*ep, orion::ivshmem::ClientControllerKey(), 5000);
-  auto list = cc.Call("GET", all ? "/v1/allocations?kind=process" : std::string("/v1/allocations?kind=process&host=") + host);
+  auto list =
+      cc.Call("GET", all ? "/v1/allocations?kind=process" : std::string("/v1/allocations?kind=process&host=") + host);
   if (!list.ok()) {
-    std::fprintf(stderr, "orion-smi: Orion Controller %s: %s\n", cc.endpoint().text().c_str(), list.status().message().c_str());
+    std::fprintf(stderr, "orion-smi: Orion Controller %s: %s\n", cc.endpoint().text().c_str(),
+                 list.status().message().c_str());
     return 1;
   }
   if (json) {
     std::printf("%s\n", list->dump(2).c_str());
     return 0;
   }
-  PrintTables(*list, "Orion Controller " + cc.endpoint().text(), all ? "all client hosts" : std::string("client host ") + host);
+  PrintTables(*list, "Orion Controller " + cc.endpoint().text(),
+              all ? "all client hosts" : std::string("client host ") + host);
   return 0;
 }
 

@@ -54,8 +54,8 @@ struct VgpuRequest {
   uint32_t processes = 0;  // 0: not in the XML (an older orion-vm): oriond's shm_buffer_size decides
 };
 
-constexpr uint32_t kMaxProcesses = 30;             // channels in a region (ivshmem::kMaxChannels)
-constexpr uint64_t kMinChannelMib = 4;             // ivshmem::kMinChannelBytes
+constexpr uint32_t kMaxProcesses = 30;  // channels in a region (ivshmem::kMaxChannels)
+constexpr uint64_t kMinChannelMib = 4;  // ivshmem::kMinChannelBytes
 uint64_t Pow2Ceil(uint64_t v) {
   uint64_t p = 1;
   while (p < v) p <<= 1;
@@ -64,10 +64,10 @@ uint64_t Pow2Ceil(uint64_t v) {
 struct Shmem {
   std::string name;
   uint64_t bytes = 0;
-  bool doorbell = false;   // ivshmem-doorbell: oriond is its server
-  std::string socket;      // <server path=…/>
-  uint32_t vectors = 1;    // <msi vectors=…/> (QEMU's default: 1)
-  bool sized = false;      // a <size> element (an ivshmem-doorbell has none: the metadata's shm_mib)
+  bool doorbell = false;  // ivshmem-doorbell: oriond is its server
+  std::string socket;     // <server path=…/>
+  uint32_t vectors = 1;   // <msi vectors=…/> (QEMU's default: 1)
+  bool sized = false;     // a <size> element (an ivshmem-doorbell has none: the metadata's shm_mib)
 };
 
 bool SafeName(const std::string& s) {
@@ -139,7 +139,8 @@ bool ParseDomain(const std::string& xml, std::optional<Shmem>* shm, VgpuRequest*
         if (xmlStrcmp(c->name, BAD_CAST "model") == 0) s.doorbell = prop("type") == "ivshmem-doorbell";
         if (xmlStrcmp(c->name, BAD_CAST "server") == 0) s.socket = prop("path");
         if (xmlStrcmp(c->name, BAD_CAST "msi") == 0 && !prop("vectors").empty()) {
-          s.vectors = static_cast<uint32_t>(std::min<unsigned long>(std::strtoul(prop("vectors").c_str(), nullptr, 10), 1024));
+          s.vectors =
+              static_cast<uint32_t>(std::min<unsigned long>(std::strtoul(prop("vectors").c_str(), nullptr, 10), 1024));
         }
         if (xmlStrcmp(c->name, BAD_CAST "size") == 0) {
           s.sized = true;
@@ -322,7 +323,8 @@ int Enable(const orion::host::ServerConfig& conf, const std::string& uri, const 
   for (xmlNodePtr c = devices->children; c != nullptr;) {
     xmlNodePtr next = c->next;
     xmlChar* name = c->type == XML_ELEMENT_NODE ? xmlGetProp(c, BAD_CAST "name") : nullptr;
-    if (name != nullptr && xmlStrcmp(c->name, BAD_CAST "shmem") == 0 && xmlStrncmp(name, BAD_CAST "orionsock", 9) == 0) {
+    if (name != nullptr && xmlStrcmp(c->name, BAD_CAST "shmem") == 0 &&
+        xmlStrncmp(name, BAD_CAST "orionsock", 9) == 0) {
       xmlUnlinkNode(c);
       xmlFreeNode(c);
     }
@@ -368,8 +370,8 @@ int Enable(const orion::host::ServerConfig& conf, const std::string& uri, const 
   xmlNewProp(v, BAD_CAST "shm_mib", BAD_CAST std::to_string(shm_mib).c_str());
   if (!DefineXml(uri, doc)) return 1;
   std::cout << "Domain " << domain << ": " << vgpus << " vGPU(s) of " << (gmem != 0 ? std::to_string(gmem) : "default")
-            << " MiB, " << processes << " CUDA processes at once, through " << shm_name << " (" << shm_mib
-            << " MiB, " << (doorbell ? "ivshmem-doorbell served by oriond" : "ivshmem-plain")
+            << " MiB, " << processes << " CUDA processes at once, through " << shm_name << " (" << shm_mib << " MiB, "
+            << (doorbell ? "ivshmem-doorbell served by oriond" : "ivshmem-plain")
             << "); takes effect at the next start\n";
   return 0;
 }
@@ -416,9 +418,9 @@ int Status(const orion::host::ServerConfig& conf, const std::string& uri, const 
   }
   std::cout << "Domain " << domain << ": " << req.count << " vGPU(s), gmem " << req.gmem_mib << " MiB, "
             << (req.processes != 0 ? std::to_string(req.processes) : std::string("server-chosen"))
-            << " processes at once, region "
-            << conf.shm_path_base << shm->name << " (" << (shm->bytes >> 20) << " MiB, "
-            << (shm->doorbell ? "ivshmem-doorbell, server " + shm->socket : std::string("ivshmem-plain")) << ")\n";
+            << " processes at once, region " << conf.shm_path_base << shm->name << " (" << (shm->bytes >> 20)
+            << " MiB, " << (shm->doorbell ? "ivshmem-doorbell, server " + shm->socket : std::string("ivshmem-plain"))
+            << ")\n";
   std::cout << "oriond: " << Oriond(conf.control_socket, "status") << "\n";
   return 0;
 }

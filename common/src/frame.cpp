@@ -15,9 +15,11 @@ struct OpEntry {
 // Dense table indexed by op number; generated from ops.def.
 constexpr uint16_t kOpTableSize = 128;
 constexpr auto MakeTable() {
-  struct Table { OpEntry e[kOpTableSize]{}; } t{};
-#define ORION_OP(name, number, reply, req, shape)                                     \
-  static_assert((number) > 0 && (number) < kOpTableSize, "op number out of table");  \
+  struct Table {
+    OpEntry e[kOpTableSize]{};
+  } t{};
+#define ORION_OP(name, number, reply, req, shape)                                   \
+  static_assert((number) > 0 && (number) < kOpTableSize, "op number out of table"); \
   t.e[number] = OpEntry{#name, ReplyKind::reply, OpShape::shape, RequestBytes<req>()};
 #include "orion/common/ops.def"
   return t;
@@ -29,9 +31,8 @@ constexpr auto kOps = MakeTable();
   switch (x) {
 #define ORION_OP(name, number, ...) case number:
 #include "orion/common/ops.def"
-      return true;
-    default:
-      return false;
+    return true;
+    default: return false;
   }
 }
 
@@ -99,8 +100,7 @@ bool FrameWindowRanges(uint16_t op, const uint8_t* payload, uint32_t len, Window
       }
       return true;
     }
-    default:
-      return true;
+    default: return true;
   }
 }
 
@@ -113,10 +113,22 @@ bool CheckRequestShape(uint16_t op, uint32_t len, std::string* why) {
   bool ok = len <= kMaxPayload;
   const char* expected = "";
   switch (e.shape) {
-    case OpShape::kEmpty: ok = ok && len == 0; expected = "expected none"; break;
-    case OpShape::kFixed: ok = ok && len == e.req_bytes; expected = "expected exactly"; break;
-    case OpShape::kHead: ok = ok && len >= e.req_bytes; expected = "expected at least"; break;
-    case OpShape::kOwn: ok = false; expected = "not a request the session dispatches"; break;
+    case OpShape::kEmpty:
+      ok = ok && len == 0;
+      expected = "expected none";
+      break;
+    case OpShape::kFixed:
+      ok = ok && len == e.req_bytes;
+      expected = "expected exactly";
+      break;
+    case OpShape::kHead:
+      ok = ok && len >= e.req_bytes;
+      expected = "expected at least";
+      break;
+    case OpShape::kOwn:
+      ok = false;
+      expected = "not a request the session dispatches";
+      break;
   }
   if (ok) return true;
   *why = "a payload of " + std::to_string(len) + " bytes, " + expected;
@@ -125,8 +137,6 @@ bool CheckRequestShape(uint16_t op, uint32_t len, std::string* why) {
   return false;
 }
 
-bool OpWantsReply(uint16_t op) noexcept {
-  return OpKnown(op) && kOps.e[op].reply == ReplyKind::kSync;
-}
+bool OpWantsReply(uint16_t op) noexcept { return OpKnown(op) && kOps.e[op].reply == ReplyKind::kSync; }
 
 }  // namespace orion

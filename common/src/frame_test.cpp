@@ -82,10 +82,10 @@ TEST(Ops, NumbersAreStableAndNamed) {
 TEST(Ops, EveryOpHasAUniqueNameAndReplyKind) {
   std::set<std::string> names;
   int count = 0;
-#define ORION_OP(name, number, reply, ...)                                          \
-  ++count;                                                                          \
-  EXPECT_TRUE(names.insert(#name).second) << #name;                                 \
-  EXPECT_STREQ(OpName(number), #name);                                              \
+#define ORION_OP(name, number, reply, ...)          \
+  ++count;                                          \
+  EXPECT_TRUE(names.insert(#name).second) << #name; \
+  EXPECT_STREQ(OpName(number), #name);              \
   EXPECT_EQ(OpWantsReply(number), ReplyKind::reply == ReplyKind::kSync) << #name;
 #include "orion/common/ops.def"
   EXPECT_EQ(static_cast<int>(names.size()), count);
@@ -98,33 +98,31 @@ TEST(Checkpoint, EveryOpAcceptsExactlyItsShape) {
   // less does not (kHead: more passes, up to kMaxPayload); kOwn ops are never dispatched.
   std::string why;
   int checked = 0;
-#define ORION_OP(name, number, reply, req, shape)                                                    \
-  {                                                                                                   \
-    const uint32_t n = RequestBytes<req>();                                                                  \
-    switch (OpShape::shape) {                                                                         \
-      case OpShape::kEmpty:                                                                           \
-        EXPECT_TRUE(CheckRequestShape(number, 0, &why)) << #name;                                      \
-        EXPECT_FALSE(CheckRequestShape(number, 8, &why)) << #name;                                     \
-        break;                                                                                        \
-      case OpShape::kFixed:                                                                           \
-        EXPECT_GT(n, 0u) << #name;                                                                    \
-        EXPECT_TRUE(CheckRequestShape(number, n, &why)) << #name;                                      \
-        EXPECT_FALSE(CheckRequestShape(number, n - 1, &why)) << #name;                                 \
-        EXPECT_FALSE(CheckRequestShape(number, n + 1, &why)) << #name;                                 \
-        EXPECT_FALSE(CheckRequestShape(number, 0, &why)) << #name;                                     \
-        break;                                                                                        \
-      case OpShape::kHead:                                                                            \
-        EXPECT_TRUE(CheckRequestShape(number, n, &why)) << #name;                                      \
-        EXPECT_TRUE(CheckRequestShape(number, n + 100, &why)) << #name;                                \
-        EXPECT_TRUE(CheckRequestShape(number, kMaxPayload, &why)) << #name;                            \
-        EXPECT_FALSE(CheckRequestShape(number, n - 1, &why)) << #name;                                 \
-        EXPECT_FALSE(CheckRequestShape(number, kMaxPayload + 1, &why)) << #name;                       \
-        break;                                                                                        \
-      case OpShape::kOwn:                                                                             \
-        EXPECT_FALSE(CheckRequestShape(number, n, &why)) << #name;                                     \
-        break;                                                                                        \
-    }                                                                                                 \
-    ++checked;                                                                                        \
+#define ORION_OP(name, number, reply, req, shape)                                           \
+  {                                                                                         \
+    const uint32_t n = RequestBytes<req>();                                                 \
+    switch (OpShape::shape) {                                                               \
+      case OpShape::kEmpty:                                                                 \
+        EXPECT_TRUE(CheckRequestShape(number, 0, &why)) << #name;                           \
+        EXPECT_FALSE(CheckRequestShape(number, 8, &why)) << #name;                          \
+        break;                                                                              \
+      case OpShape::kFixed:                                                                 \
+        EXPECT_GT(n, 0u) << #name;                                                          \
+        EXPECT_TRUE(CheckRequestShape(number, n, &why)) << #name;                           \
+        EXPECT_FALSE(CheckRequestShape(number, n - 1, &why)) << #name;                      \
+        EXPECT_FALSE(CheckRequestShape(number, n + 1, &why)) << #name;                      \
+        EXPECT_FALSE(CheckRequestShape(number, 0, &why)) << #name;                          \
+        break;                                                                              \
+      case OpShape::kHead:                                                                  \
+        EXPECT_TRUE(CheckRequestShape(number, n, &why)) << #name;                           \
+        EXPECT_TRUE(CheckRequestShape(number, n + 100, &why)) << #name;                     \
+        EXPECT_TRUE(CheckRequestShape(number, kMaxPayload, &why)) << #name;                 \
+        EXPECT_FALSE(CheckRequestShape(number, n - 1, &why)) << #name;                      \
+        EXPECT_FALSE(CheckRequestShape(number, kMaxPayload + 1, &why)) << #name;            \
+        break;                                                                              \
+      case OpShape::kOwn: EXPECT_FALSE(CheckRequestShape(number, n, &why)) << #name; break; \
+    }                                                                                       \
+    ++checked;                                                                              \
   }
 #include "orion/common/ops.def"
   EXPECT_GT(checked, 70);
@@ -167,15 +165,15 @@ TEST(Limits, WindowRangesOfAWrappingMemcpy2DAreEmpty) {
   q.width_bytes = q.src_pitch = q.dst_pitch = kMax2DPitch;
   q.height = kMax2DHeight;
   WindowRanges r;
-  ASSERT_TRUE(FrameWindowRanges(static_cast<uint16_t>(Op::kMemcpy2D), reinterpret_cast<const uint8_t*>(&q),
-                                sizeof q, &r));
+  ASSERT_TRUE(
+      FrameWindowRanges(static_cast<uint16_t>(Op::kMemcpy2D), reinterpret_cast<const uint8_t*>(&q), sizeof q, &r));
   EXPECT_EQ(r.nreads, 0u);  // unchecked: one read range of 0 bytes
   EXPECT_EQ(r.nwrites, 0u);
   q.height = 2;
   q.width_bytes = 16;
   q.src_pitch = q.dst_pitch = 32;
-  ASSERT_TRUE(FrameWindowRanges(static_cast<uint16_t>(Op::kMemcpy2D), reinterpret_cast<const uint8_t*>(&q),
-                                sizeof q, &r));
+  ASSERT_TRUE(
+      FrameWindowRanges(static_cast<uint16_t>(Op::kMemcpy2D), reinterpret_cast<const uint8_t*>(&q), sizeof q, &r));
   ASSERT_EQ(r.nreads, 1u);
   EXPECT_EQ(r.reads[0].bytes, 48u);
   ASSERT_EQ(r.nwrites, 1u);
@@ -194,8 +192,8 @@ TEST(Limits, WindowRangesOfAnArrayCopy) {
   q.width_bytes = 48;
   q.height = 3;
   WindowRanges r;
-  ASSERT_TRUE(FrameWindowRanges(static_cast<uint16_t>(Op::kMemcpyArray), reinterpret_cast<const uint8_t*>(&q),
-                                sizeof q, &r));
+  ASSERT_TRUE(
+      FrameWindowRanges(static_cast<uint16_t>(Op::kMemcpyArray), reinterpret_cast<const uint8_t*>(&q), sizeof q, &r));
   ASSERT_EQ(r.nreads, 1u);
   EXPECT_EQ(r.reads[0].offset, 4096u);
   EXPECT_EQ(r.reads[0].bytes, 2u * 64 + 48);
@@ -203,8 +201,8 @@ TEST(Limits, WindowRangesOfAnArrayCopy) {
   std::swap(q.src_side, q.dst_side);
   std::swap(q.src, q.dst);
   std::swap(q.src_pitch, q.dst_pitch);
-  ASSERT_TRUE(FrameWindowRanges(static_cast<uint16_t>(Op::kMemcpyArray), reinterpret_cast<const uint8_t*>(&q),
-                                sizeof q, &r));
+  ASSERT_TRUE(
+      FrameWindowRanges(static_cast<uint16_t>(Op::kMemcpyArray), reinterpret_cast<const uint8_t*>(&q), sizeof q, &r));
   EXPECT_EQ(r.nreads, 0u);
   ASSERT_EQ(r.nwrites, 1u);
   EXPECT_EQ(r.writes[0].bytes, 2u * 64 + 48);

@@ -20,7 +20,9 @@ Result<ControllerConfig> ParseControllerConfig(const std::string& text, const st
   }
   if (root.IsNull()) return c;
   if (!root.IsMap()) return InvalidArgument(source + ": the top level must be a mapping of keys");
-  auto bad = [&](const std::string& key, const std::string& why) { return InvalidArgument(source + ": " + key + " " + why); };
+  auto bad = [&](const std::string& key, const std::string& why) {
+    return InvalidArgument(source + ": " + key + " " + why);
+  };
   try {
     for (const auto& kv : root) {
       const std::string key = kv.first.as<std::string>();
@@ -39,16 +41,20 @@ Result<ControllerConfig> ParseControllerConfig(const std::string& text, const st
         c.service.database = v.as<std::string>();
         if (c.service.database.empty()) return bad(key, "is empty");
         if (c.service.database.rfind("etcd://", 0) == 0) {
-          if (auto m = ParseEndpoints(c.service.database.substr(7), 2379); !m.ok()) return bad(key, m.status().message());
-        } else if (c.service.database == "sqlite:" ||
-                   (c.service.database.rfind("sqlite:", 0) != 0 && c.service.database.find("://") != std::string::npos)) {
+          if (auto m = ParseEndpoints(c.service.database.substr(7), 2379); !m.ok())
+            return bad(key, m.status().message());
+        } else if (c.service.database == "sqlite:" || (c.service.database.rfind("sqlite:", 0) != 0 &&
+                                                       c.service.database.find("://") != std::string::npos)) {
           return bad(key, "'" + c.service.database + "' is neither sqlite:<file>, a file, nor etcd://host:port,...");
         }
       } else if (key == "placement") {
         const std::string p = v.as<std::string>();
-        if (p == "pack") c.service.policy = pool::PlacementPolicy::kPack;
-        else if (p == "spread") c.service.policy = pool::PlacementPolicy::kSpread;
-        else return bad(key, "'" + p + "' is not pack or spread");
+        if (p == "pack")
+          c.service.policy = pool::PlacementPolicy::kPack;
+        else if (p == "spread")
+          c.service.policy = pool::PlacementPolicy::kSpread;
+        else
+          return bad(key, "'" + p + "' is not pack or spread");
       } else if (key == "lease_ttl_s") {
         st = seconds(&c.service.lease_ttl_ms);
       } else if (key == "server_timeout_s") {
@@ -69,10 +75,14 @@ Result<ControllerConfig> ParseControllerConfig(const std::string& text, const st
         for (const auto& r : v) {
           const std::string rname = r.first.as<std::string>();
           Role role;
-          if (rname == "client") role = Role::kClient;
-          else if (rname == "server") role = Role::kServer;
-          else if (rname == "admin" || rname == "administrator") role = Role::kAdmin;
-          else return bad("authentication." + rname, "is not client, server or admin");
+          if (rname == "client")
+            role = Role::kClient;
+          else if (rname == "server")
+            role = Role::kServer;
+          else if (rname == "admin" || rname == "administrator")
+            role = Role::kAdmin;
+          else
+            return bad("authentication." + rname, "is not client, server or admin");
           std::vector<std::string> ks;
           if (r.second.IsSequence()) {
             for (const auto& k : r.second) ks.push_back(k.as<std::string>());

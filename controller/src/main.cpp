@@ -125,8 +125,10 @@ static int Main(int argc, char** argv) {
     return 1;
   }
   if (cfg->keys.empty()) {
-    log->warn("authentication is off: anyone who reaches {} can allocate and release vGPUs "
-              "(set authentication in the config file)", cfg->listen);
+    log->warn(
+        "authentication is off: anyone who reaches {} can allocate and release vGPUs "
+        "(set authentication in the config file)",
+        cfg->listen);
   }
   auto api = oc::MakeRestApi(*cfg, std::move(*svc), log);
   httplib::Server server;
@@ -152,7 +154,8 @@ static int Main(int argc, char** argv) {
     log->error("cannot listen on {}: {}", cfg->listen, std::strerror(errno));
     return 1;
   }
-  if (listen_fd >= 0 && ::listen(listen_fd, 1024) != 0) log->warn("cannot enlarge the listen backlog: {}", std::strerror(errno));
+  if (listen_fd >= 0 && ::listen(listen_fd, 1024) != 0)
+    log->warn("cannot enlarge the listen backlog: {}", std::strerror(errno));
   g_server = &server;
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGINT, OnSignal);
@@ -169,8 +172,9 @@ static int Main(int argc, char** argv) {
   });
   const oc::Json sum = api->service().Summary();
   log->info("Orion Controller listens on {} (store {} {}, placement {}, {} servers, {} allocations, {} assignments)",
-            cfg->listen, api->service().store().kind(), api->service().store().where(), sum["policy"].get<std::string>(), sum["servers"].get<size_t>(),
-            sum["allocations"].get<size_t>(), sum["assignments"].get<size_t>());
+            cfg->listen, api->service().store().kind(), api->service().store().where(),
+            sum["policy"].get<std::string>(), sum["servers"].get<size_t>(), sum["allocations"].get<size_t>(),
+            sum["assignments"].get<size_t>());
   server.listen_after_bind();
   stop = true;
   sweeper.join();

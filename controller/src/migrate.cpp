@@ -9,8 +9,9 @@ Result<std::string> MigrateState(Store& from, Store& to, const ServiceOptions& o
   auto dst = to.Load();
   if (!dst.ok()) return dst.status();
   if (!force && (!dst->servers.empty() || !dst->allocations.empty())) {
-    return FailedPrecondition(to.where() + " already holds a pool (" + std::to_string(dst->servers.size()) + " servers, " +
-                              std::to_string(dst->allocations.size()) + " allocations); --force copies over it");
+    return FailedPrecondition(to.where() + " already holds a pool (" + std::to_string(dst->servers.size()) +
+                              " servers, " + std::to_string(dst->allocations.size()) +
+                              " allocations); --force copies over it");
   }
   size_t servers = 0, procs = 0, vms = 0;
   for (Json s : src->servers) {
@@ -29,7 +30,8 @@ Result<std::string> MigrateState(Store& from, Store& to, const ServiceOptions& o
       s.erase("present_lease");
     }
     c.put_servers.push_back(s);
-    if (Status st = to.Apply(c); !st.ok()) return Status(st.code(), "server " + s.value("id", "") + ": " + st.message());
+    if (Status st = to.Apply(c); !st.ok())
+      return Status(st.code(), "server " + s.value("id", "") + ": " + st.message());
     ++servers;
   }
   for (Json a : src->allocations) {

@@ -36,7 +36,6 @@ std::string OwnerOf(const std::string& key) {
   return out;
 }
 
-
 // Request latency per route, as a Prometheus histogram.
 class Latency {
  public:
@@ -50,14 +49,16 @@ class Latency {
   }
   std::string Text() {
     std::lock_guard<std::mutex> lock(mu_);
-    std::string out = "# HELP orion_controller_request_seconds REST request latency\n"
-                      "# TYPE orion_controller_request_seconds histogram\n";
+    std::string out =
+        "# HELP orion_controller_request_seconds REST request latency\n"
+        "# TYPE orion_controller_request_seconds histogram\n";
     for (const auto& [route, h] : by_route_) {
       const std::string l = "route=\"" + route + "\"";
       for (size_t i = 0; i < kBounds.size(); ++i) {
         char b[32];
         std::snprintf(b, sizeof b, "%g", kBounds[i]);
-        out += "orion_controller_request_seconds_bucket{" + l + ",le=\"" + b + "\"} " + std::to_string(h.buckets[i]) + "\n";
+        out += "orion_controller_request_seconds_bucket{" + l + ",le=\"" + b + "\"} " + std::to_string(h.buckets[i]) +
+               "\n";
       }
       out += "orion_controller_request_seconds_bucket{" + l + ",le=\"+Inf\"} " + std::to_string(h.count) + "\n";
       out += "orion_controller_request_seconds_sum{" + l + "} " + std::to_string(h.sum) + "\n";
@@ -81,7 +82,9 @@ int HttpStatus(Code c) {
     case Code::kInvalidArgument: return 400;
     case Code::kPermissionDenied: return 403;
     case Code::kNotFound: return 404;
-    case Code::kResourceExhausted: case Code::kAlreadyExists: case Code::kFailedPrecondition: return 409;
+    case Code::kResourceExhausted:
+    case Code::kAlreadyExists:
+    case Code::kFailedPrecondition: return 409;
     case Code::kOutOfRange: return 429;  // a per-key limit (Service)
     case Code::kUnavailable: return 503;
     default: return 500;
@@ -103,7 +106,8 @@ class Api final : public RestApi {
       : cfg_(std::move(cfg)), svc_(std::move(svc)), log_(std::move(log)) {}
 
   void Install(httplib::Server& s) override {
-    s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) { return PreRouting(req, res); });
+    s.set_pre_routing_handler(
+        [this](const httplib::Request& req, httplib::Response& res) { return PreRouting(req, res); });
     Routes(s);
   }
   void Routes(httplib::Server& s);
@@ -259,18 +263,20 @@ void Api::Routes(httplib::Server& s) {
   s.Get("/v1/servers", Wrap("servers", kServer, [this](const httplib::Request&, httplib::Response& res) {
           SendJson(res, 200, svc_->Servers());
         }));
-  s.Put(R"(/v1/servers/([^/]+))", Wrap("register", kServer, [this](const httplib::Request& req, httplib::Response& res) {
+  s.Put(R"(/v1/servers/([^/]+))",
+        Wrap("register", kServer, [this](const httplib::Request& req, httplib::Response& res) {
           auto body = Body(req);
           if (!body.ok()) return Reply(res, body.status());
           auto r = svc_->RegisterServer(req.matches[1], *body);
           if (r.ok()) {
-            log_->info("server {} registered: {} vGPUs, {} free{}", std::string(req.matches[1]), (*r)["vgpus_total"].get<int>(),
-                       (*r)["vgpus_free"].get<int>(),
+            log_->info("server {} registered: {} vGPUs, {} free{}", std::string(req.matches[1]),
+                       (*r)["vgpus_total"].get<int>(), (*r)["vgpus_free"].get<int>(),
                        (*r)["released"].empty() ? "" : "; released its stale allocations " + (*r)["released"].dump());
           }
           Reply(res, r);
         }));
-  s.Post(R"(/v1/servers/([^/]+)/heartbeat)", Wrap("heartbeat", kServer, [this](const httplib::Request& req, httplib::Response& res) {
+  s.Post(R"(/v1/servers/([^/]+)/heartbeat)",
+         Wrap("heartbeat", kServer, [this](const httplib::Request& req, httplib::Response& res) {
            auto body = Body(req);
            if (!body.ok()) return Reply(res, body.status());
            auto r = svc_->Heartbeat(req.matches[1], *body);
@@ -280,17 +286,20 @@ void Api::Routes(httplib::Server& s) {
   // oriond's watch: answered as soon as one of the allocations it serves is gone (a release, an
   // expiry; on etcd, by any controller or by etcd itself), so it ends that session at once instead
   // of at its next heartbeat. Bounded: a few thousand ids, at most 30 s, Service::kMaxWatchers.
-  s.Post(R"(/v1/servers/([^/]+)/watch)", Wrap("watch", kServer, [this](const httplib::Request& req, httplib::Response& res) {
+  s.Post(R"(/v1/servers/([^/]+)/watch)",
+         Wrap("watch", kServer, [this](const httplib::Request& req, httplib::Response& res) {
            auto body = Body(req);
            if (!body.ok()) return Reply(res, body.status());
            std::vector<std::string> ids;
            const oc::Json& list = (*body).value("allocations", oc::Json::array());
            uint64_t timeout_ms = 20000;
            if (!list.is_array() || list.size() > kMaxWatchedAllocations) {
-             return SendError(res, 400, "allocations must be a list of at most " + std::to_string(kMaxWatchedAllocations) + " ids");
+             return SendError(
+                 res, 400, "allocations must be a list of at most " + std::to_string(kMaxWatchedAllocations) + " ids");
            }
            for (const auto& id : list) {
-             if (!id.is_string() || !orion::IsUuid(id.get_ref<const std::string&>())) return SendError(res, 400, "allocation ids must be UUIDs");
+             if (!id.is_string() || !orion::IsUuid(id.get_ref<const std::string&>()))
+               return SendError(res, 400, "allocation ids must be UUIDs");
              ids.push_back(id.get<std::string>());
            }
            if ((*body).contains("timeout_ms")) {
@@ -302,12 +311,14 @@ void Api::Routes(httplib::Server& s) {
            }
            Reply(res, svc_->WatchRevoked(req.matches[1], ids, timeout_ms));
          }));
-  s.Delete(R"(/v1/servers/([^/]+))", Wrap("deregister", kServer, [this](const httplib::Request& req, httplib::Response& res) {
+  s.Delete(R"(/v1/servers/([^/]+))",
+           Wrap("deregister", kServer, [this](const httplib::Request& req, httplib::Response& res) {
              auto r = svc_->DeregisterServer(req.matches[1]);
              if (r.ok()) log_->info("server {} deregistered", std::string(req.matches[1]));
              Reply(res, r);
            }));
-  s.Post("/v1/allocations", Wrap("allocate", kClient | kServer, [this](const httplib::Request& req, httplib::Response& res) {
+  s.Post("/v1/allocations",
+         Wrap("allocate", kClient | kServer, [this](const httplib::Request& req, httplib::Response& res) {
            auto body = Body(req);
            if (!body.ok()) return Reply(res, body.status());
            std::string server;
@@ -330,45 +341,55 @@ void Api::Routes(httplib::Server& s) {
            }
            Reply(res, r, 201);
          }));
-  s.Get("/v1/allocations", Wrap("allocations", kClient | kServer, [this](const httplib::Request& req, httplib::Response& res) {
+  s.Get("/v1/allocations",
+        Wrap("allocations", kClient | kServer, [this](const httplib::Request& req, httplib::Response& res) {
           SendJson(res, 200, svc_->ListAllocations(req.get_param_value("host"), req.get_param_value("kind"), caller_));
         }));
-  s.Get(R"(/v1/allocations/([^/]+))", Wrap("allocation", kClient | kServer, [this](const httplib::Request& req, httplib::Response& res) {
+  s.Get(R"(/v1/allocations/([^/]+))",
+        Wrap("allocation", kClient | kServer, [this](const httplib::Request& req, httplib::Response& res) {
           if (!IdOk(req, res)) return;
           Reply(res, svc_->GetAllocation(req.matches[1], caller_));
         }));
-  s.Post(R"(/v1/allocations/([^/]+)/confirm)", Wrap("confirm", kServer, [this](const httplib::Request& req, httplib::Response& res) {
+  s.Post(R"(/v1/allocations/([^/]+)/confirm)",
+         Wrap("confirm", kServer, [this](const httplib::Request& req, httplib::Response& res) {
            if (!IdOk(req, res)) return;
            auto body = Body(req);
            if (!body.ok()) return Reply(res, body.status());
            Reply(res, svc_->Confirm(req.matches[1], *body));
          }));
-  s.Put(R"(/v1/allocations/([^/]+)/lease)", Wrap("renew", kClient | kServer, [this](const httplib::Request& req, httplib::Response& res) {
+  s.Put(R"(/v1/allocations/([^/]+)/lease)",
+        Wrap("renew", kClient | kServer, [this](const httplib::Request& req, httplib::Response& res) {
           if (!IdOk(req, res)) return;
           Reply(res, svc_->Renew(req.matches[1], caller_));
         }));
-  s.Delete(R"(/v1/allocations/([^/]+))", Wrap("release", kClient | kServer, [this](const httplib::Request& req, httplib::Response& res) {
+  s.Delete(R"(/v1/allocations/([^/]+))",
+           Wrap("release", kClient | kServer, [this](const httplib::Request& req, httplib::Response& res) {
              if (!IdOk(req, res)) return;
              std::string why = req.get_param_value("reason");
              if (why.size() > 64) why.resize(64);
-             auto r = svc_->Release(req.matches[1], why.empty() ? "released" : why, caller_, req.get_param_value("server"));
+             auto r =
+                 svc_->Release(req.matches[1], why.empty() ? "released" : why, caller_, req.get_param_value("server"));
              if (r.ok()) {
                log_->info("allocation {} {} ({})", std::string(req.matches[1]),
-                          r->contains("state") ? "is released when its session ends" : "released", why.empty() ? "by request" : why);
+                          r->contains("state") ? "is released when its session ends" : "released",
+                          why.empty() ? "by request" : why);
              }
              Reply(res, r);
            }));
   s.Get("/v1/assignments", Wrap("assignments", kServer, [this](const httplib::Request&, httplib::Response& res) {
           SendJson(res, 200, svc_->ListAllocations("", "vm"));
         }));
-  s.Put(R"(/v1/assignments/([^/]+))", Wrap("assign", kServer, [this](const httplib::Request& req, httplib::Response& res) {
+  s.Put(R"(/v1/assignments/([^/]+))",
+        Wrap("assign", kServer, [this](const httplib::Request& req, httplib::Response& res) {
           auto body = Body(req);
           if (!body.ok()) return Reply(res, body.status());
           auto r = svc_->Assign(req.matches[1], *body);
-          if (r.ok()) log_->info("VM {} holds assignment {}", std::string(req.matches[1]), (*r)["id"].get<std::string>());
+          if (r.ok())
+            log_->info("VM {} holds assignment {}", std::string(req.matches[1]), (*r)["id"].get<std::string>());
           Reply(res, r);
         }));
-  s.Delete(R"(/v1/assignments/([^/]+))", Wrap("unassign", kServer, [this](const httplib::Request& req, httplib::Response& res) {
+  s.Delete(R"(/v1/assignments/([^/]+))",
+           Wrap("unassign", kServer, [this](const httplib::Request& req, httplib::Response& res) {
              auto r = svc_->Unassign(req.matches[1]);
              if (r.ok()) log_->info("VM {} released its assignment", std::string(req.matches[1]));
              Reply(res, r);

@@ -15,7 +15,7 @@ namespace orion::controller {
 
 namespace {
 
-constexpr uint32_t kMaxVgpusPerRequest = 16;    // a process sees at most 16 devices (kMaxDevices)
+constexpr uint32_t kMaxVgpusPerRequest = 16;         // a process sees at most 16 devices (kMaxDevices)
 constexpr uint64_t kMaxGmemMib = uint64_t{1} << 24;  // 16 TiB: anything larger is garbage
 // A decision that lost its race to another controller (a guarded key moved) is made again from a
 // fresh read, at most this many times.
@@ -57,7 +57,8 @@ Status UInt(const Json& body, const char* key, uint64_t max, uint64_t def, uint6
     return InvalidArgument(std::string(key) + " must be a whole number, not " + v.dump());
   }
   const uint64_t n = v.get<uint64_t>();
-  if (n > max) return InvalidArgument(std::string(key) + " = " + std::to_string(n) + " is larger than " + std::to_string(max));
+  if (n > max)
+    return InvalidArgument(std::string(key) + " = " + std::to_string(n) + " is larger than " + std::to_string(max));
   *out = n;
   return Status();
 }
@@ -94,9 +95,9 @@ bool ValidJobName(const std::string& job) {
 }  // namespace
 
 uint64_t WallMs() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                   std::chrono::system_clock::now().time_since_epoch())
-                                   .count());
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count());
 }
 
 Result<std::unique_ptr<Service>> Service::Open(ServiceOptions opts) {
@@ -157,7 +158,8 @@ Status Service::Sync() {
     ++store_errors_;
     store_ok_ = false;
     store_error_ = st.status().message();
-    return Unavailable("the pool's store (" + std::string(store_->kind()) + ") cannot be reached: " + st.status().message());
+    return Unavailable("the pool's store (" + std::string(store_->kind()) +
+                       ") cannot be reached: " + st.status().message());
   }
   store_ok_ = true;
   store_error_.clear();
@@ -213,8 +215,15 @@ Json Service::ToJson(const Server& s) {
   for (const Gpu& g : s.gpus) {
     gpus.push_back({{"index", g.index}, {"uuid", g.uuid}, {"name", g.name}, {"memory_mib", g.memory_mib}});
   }
-  return {{"id", s.id}, {"addr", s.id}, {"hostname", s.hostname}, {"boot_id", s.boot_id}, {"vgpu_count", s.vgpu_count},
-          {"gpus", gpus}, {"up", s.up}, {"last_seen_ms", s.last_seen_ms}, {"registered_ms", s.registered_ms}};
+  return {{"id", s.id},
+          {"addr", s.id},
+          {"hostname", s.hostname},
+          {"boot_id", s.boot_id},
+          {"vgpu_count", s.vgpu_count},
+          {"gpus", gpus},
+          {"up", s.up},
+          {"last_seen_ms", s.last_seen_ms},
+          {"registered_ms", s.registered_ms}};
 }
 
 Json Service::ToJson(const Allocation& a) const {
@@ -230,13 +239,26 @@ Json Service::ToJson(const Allocation& a) const {
         }
       }
     }
-    pl.push_back({{"server", a.server}, {"pgpu", s.pgpu}, {"vgpu", s.vgpu}, {"gmem_mib", s.gmem_mib},
-                  {"used_mib", s.used_mib}, {"gpu_name", name}, {"gpu_uuid", uuid},
+    pl.push_back({{"server", a.server},
+                  {"pgpu", s.pgpu},
+                  {"vgpu", s.vgpu},
+                  {"gmem_mib", s.gmem_mib},
+                  {"used_mib", s.used_mib},
+                  {"gpu_name", name},
+                  {"gpu_uuid", uuid},
                   {"text", a.server + "/" + std::to_string(s.pgpu) + "/" + std::to_string(s.vgpu)}});
   }
-  Json j = {{"id", a.id}, {"kind", a.kind}, {"server", a.server}, {"state", a.state}, {"vgpus", a.vgpus},
-            {"gmem_mib", a.gmem_mib}, {"ratio", a.ratio}, {"session", a.session}, {"created_ms", a.created_ms},
-            {"lease_expires_ms", a.lease_expires_ms}, {"lease_ttl_ms", opts_.lease_ttl_ms},
+  Json j = {{"id", a.id},
+            {"kind", a.kind},
+            {"server", a.server},
+            {"state", a.state},
+            {"vgpus", a.vgpus},
+            {"gmem_mib", a.gmem_mib},
+            {"ratio", a.ratio},
+            {"session", a.session},
+            {"created_ms", a.created_ms},
+            {"lease_expires_ms", a.lease_expires_ms},
+            {"lease_ttl_ms", opts_.lease_ttl_ms},
             {"client", {{"host", a.client_host}, {"pid", a.client_pid}, {"process", a.client_process}}},
             {"placements", pl}};
   if (!a.vm.empty()) j["vm"] = a.vm;
@@ -283,7 +305,8 @@ Status Service::Absorb(const StoreState& st, bool initial) {
       if (auto old = servers_.find(s.id); old != servers_.end()) s.last_seen_ms = old->second.last_seen_ms;
     }
     for (const Json& g : j.value("gpus", Json::array())) {
-      s.gpus.push_back({g.value("index", 0u), g.value("uuid", ""), g.value("name", ""), g.value("memory_mib", uint64_t{0})});
+      s.gpus.push_back(
+          {g.value("index", 0u), g.value("uuid", ""), g.value("name", ""), g.value("memory_mib", uint64_t{0})});
     }
     servers[s.id] = std::move(s);
   }
@@ -311,7 +334,8 @@ Status Service::Absorb(const StoreState& st, bool initial) {
     // Grace: whoever renews this lease gets a full period to reach the restarted controller.
     if (initial && a.kind != "vm") a.lease_expires_ms = std::max(a.lease_expires_ms, now + opts_.lease_ttl_ms);
     for (const Json& p : j.value("placements", Json::array())) {
-      a.slots.push_back({p.value("pgpu", 0u), p.value("vgpu", 0u), p.value("gmem_mib", uint64_t{0}), p.value("used_mib", uint64_t{0})});
+      a.slots.push_back({p.value("pgpu", 0u), p.value("vgpu", 0u), p.value("gmem_mib", uint64_t{0}),
+                         p.value("used_mib", uint64_t{0})});
     }
     if (auto old = allocs_.find(a.id); old != allocs_.end()) {
       // What this controller learnt from renewals and heartbeats (not written to the store).
@@ -382,7 +406,8 @@ Result<Json> Service::RegisterServer(const std::string& id, const Json& body) {
     if (Status st = Str(g, "uuid", 80, &gpu.uuid); !st.ok()) return st;
     if (Status st = Str(g, "name", 128, &gpu.name); !st.ok()) return st;
     if (mem == 0) return InvalidArgument("GPU memory_mib must be > 0");
-    if (!seen.insert(static_cast<uint32_t>(idx)).second) return InvalidArgument("GPU index " + std::to_string(idx) + " is listed twice");
+    if (!seen.insert(static_cast<uint32_t>(idx)).second)
+      return InvalidArgument("GPU index " + std::to_string(idx) + " is listed twice");
     gpu.index = static_cast<uint32_t>(idx);
     gpu.memory_mib = mem;
     s.gpus.push_back(std::move(gpu));
@@ -456,9 +481,13 @@ Result<Json> Service::RegisterServer(const std::string& id, const Json& body) {
   for (const auto& [aid, a] : allocs_) {
     if (a.server == id && a.kind == "vm") assignments.push_back(ToJson(a));
   }
-  return Json{{"server", id}, {"vgpus_total", pool.total_vgpus()}, {"vgpus_free", pool.free_vgpus()},
-              {"released", released}, {"assignments", assignments},
-              {"lease_ttl_ms", opts_.lease_ttl_ms}, {"server_timeout_ms", opts_.server_timeout_ms}};
+  return Json{{"server", id},
+              {"vgpus_total", pool.total_vgpus()},
+              {"vgpus_free", pool.free_vgpus()},
+              {"released", released},
+              {"assignments", assignments},
+              {"lease_ttl_ms", opts_.lease_ttl_ms},
+              {"server_timeout_ms", opts_.server_timeout_ms}};
 }
 
 Result<Json> Service::Heartbeat(const std::string& id, const Json& body) {
@@ -502,7 +531,8 @@ Result<Json> Service::Heartbeat(const std::string& id, const Json& body) {
       if (Status st = Apply(c); !st.ok()) {
         if (!alive_ok) store_->Revoke(next.alive_lease);
         if (!present_ok) store_->Revoke(next.present_lease);
-        return st.code() == Code::kAlreadyExists ? Unavailable("server " + id + " was updated concurrently; try again") : st;
+        return st.code() == Code::kAlreadyExists ? Unavailable("server " + id + " was updated concurrently; try again")
+                                                 : st;
       }
       s = next;
     }
@@ -529,7 +559,8 @@ Result<Json> Service::Heartbeat(const std::string& id, const Json& body) {
       }
       if (e.contains("used_mib") && e["used_mib"].is_array()) {
         for (size_t i = 0; i < e["used_mib"].size() && i < a->second.slots.size(); ++i) {
-          if (e["used_mib"][i].is_number_integer() && e["used_mib"][i].get<int64_t>() >= 0) a->second.slots[i].used_mib = e["used_mib"][i].get<uint64_t>();
+          if (e["used_mib"][i].is_number_integer() && e["used_mib"][i].get<int64_t>() >= 0)
+            a->second.slots[i].used_mib = e["used_mib"][i].get<uint64_t>();
         }
       }
     }
@@ -604,7 +635,8 @@ Result<Service::Allocation> Service::Place(const Json& body, const std::string& 
     return InvalidArgument("ORION_VGPU: " + st.message());
   }
   if (vgpus == 0) return InvalidArgument("ORION_VGPU must be 1.." + std::to_string(kMaxVgpusPerRequest));
-  if (Status st = UInt(body, "gmem_mib", kMaxGmemMib, 0, &gmem); !st.ok()) return InvalidArgument("ORION_GMEM: " + st.message());
+  if (Status st = UInt(body, "gmem_mib", kMaxGmemMib, 0, &gmem); !st.ok())
+    return InvalidArgument("ORION_GMEM: " + st.message());
   if (Status st = UInt(body, "ratio", 100, 0, &ratio); !st.ok()) return InvalidArgument("ORION_RATIO: " + st.message());
   Allocation a;
   if (body.contains("client")) {
@@ -652,7 +684,8 @@ Result<Service::Allocation> Service::Place(const Json& body, const std::string& 
   }
   if (gmem != 0 && vgpus * gmem > largest_server_mem) {
     return InvalidArgument(std::to_string(vgpus) + " x " + std::to_string(gmem) +
-                           " MiB is more than any server's GPU memory (" + std::to_string(largest_server_mem) + " MiB)");
+                           " MiB is more than any server's GPU memory (" + std::to_string(largest_server_mem) +
+                           " MiB)");
   }
   std::vector<size_t> idx(cands.size());
   for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
@@ -688,7 +721,8 @@ Result<Service::Allocation> Service::Place(const Json& body, const std::string& 
     return a;
   }
   return ResourceExhausted("no server has " + std::to_string(vgpus) + " free vGPU(s) of " +
-                           (gmem == 0 ? std::string("the default size") : std::to_string(gmem) + " MiB") + " now (" + why + ")");
+                           (gmem == 0 ? std::string("the default size") : std::to_string(gmem) + " MiB") + " now (" +
+                           why + ")");
 }
 
 Result<Json> Service::PlaceAndStore(const Json& body, const std::string& server, const std::string& kind,
@@ -732,7 +766,8 @@ Result<Json> Service::PlaceAndStore(const Json& body, const std::string& server,
         // is done with it. Nothing is placed again.
         store_->Revoke(lease);
         ++refusals_;
-        return NotFound("request_id " + request_id + " was placed already and its allocation has been released or "
+        return NotFound("request_id " + request_id +
+                        " was placed already and its allocation has been released or "
                         "has expired; a new request needs a new request_id");
       }
     }
@@ -742,7 +777,8 @@ Result<Json> Service::PlaceAndStore(const Json& body, const std::string& server,
       if (held >= opts_.max_allocations_per_key) {
         ++refusals_;
         store_->Revoke(lease);
-        return Status(Code::kOutOfRange, "this key holds " + std::to_string(held) + " live allocations, its limit (max_allocations_per_key " +
+        return Status(Code::kOutOfRange, "this key holds " + std::to_string(held) +
+                                             " live allocations, its limit (max_allocations_per_key " +
                                              std::to_string(opts_.max_allocations_per_key) + "); release one first");
       }
     }
@@ -815,7 +851,9 @@ Result<Json> Service::PlaceAndStore(const Json& body, const std::string& server,
       continue;
     }
     store_->Revoke(lease);
-    if (st.code() == Code::kAlreadyExists) return Unavailable("the pool is too busy: placement lost " + std::to_string(kMaxAttempts) + " races in a row; try again");
+    if (st.code() == Code::kAlreadyExists)
+      return Unavailable("the pool is too busy: placement lost " + std::to_string(kMaxAttempts) +
+                         " races in a row; try again");
     return st;
   }
 }
@@ -858,8 +896,10 @@ Result<Json> Service::Confirm(const std::string& id, const Json& body) {
     if (it == allocs_.end()) return NotFound("allocation " + id + " does not exist (released or expired)");
     Allocation& a = it->second;
     if (a.kind != "process") return InvalidArgument("allocation " + id + " is a VM assignment");
-    if (a.server != server) return InvalidArgument("allocation " + id + " is placed on " + a.server + ", not " + server);
-    if (a.state == "releasing") return FailedPrecondition("allocation " + id + " is being released (its client exited)");
+    if (a.server != server)
+      return InvalidArgument("allocation " + id + " is placed on " + a.server + ", not " + server);
+    if (a.state == "releasing")
+      return FailedPrecondition("allocation " + id + " is being released (its client exited)");
     if (!a.job.empty()) {
       // A job's allocation: every session of the job may use it, at once or one after another.
       if (store_->shared()) (void)store_->KeepAlive(a.lease, opts_.lease_ttl_ms);
@@ -908,14 +948,16 @@ Result<Json> Service::Renew(const std::string& id, const Caller& caller) {
         ++expired_;
         (void)ReleaseLocked(id);
         return FailedPrecondition("allocation " + id + " was never confirmed by a server within " +
-                                  std::to_string(opts_.pending_ttl_ms / 1000) + " s (pending_confirm_s); it is released");
+                                  std::to_string(opts_.pending_ttl_ms / 1000) +
+                                  " s (pending_confirm_s); it is released");
       }
       until = std::min(until, deadline);
     }
     if (store_->shared()) {
       auto left = store_->KeepAlive(a.lease, opts_.lease_ttl_ms);
       if (!left.ok()) {
-        if (left.status().code() == Code::kNotFound) return NotFound("allocation " + id + " expired (its lease lapsed)");
+        if (left.status().code() == Code::kNotFound)
+          return NotFound("allocation " + id + " expired (its lease lapsed)");
         return Unavailable("the pool's store cannot be reached: " + left.status().message());
       }
       until = std::min(until, now + *left);
@@ -928,17 +970,17 @@ Result<Json> Service::Renew(const std::string& id, const Caller& caller) {
 Status Service::MayTouch(const Allocation& a, const Caller& c, const char* what) {
   switch (c.kind) {
     case Caller::Kind::kOpen:
-    case Caller::Kind::kAdmin:
-      return Status();
+    case Caller::Kind::kAdmin: return Status();
     case Caller::Kind::kClient:
       if (!a.owner.empty() && a.owner == c.owner) return Status();
-      return Status(Code::kPermissionDenied, "allocation " + a.id + " belongs to another key: a client key may " + what +
-                              " only the allocations it made");
+      return Status(Code::kPermissionDenied, "allocation " + a.id + " belongs to another key: a client key may " +
+                                                 what + " only the allocations it made");
     case Caller::Kind::kServer:
       if (!c.server.empty() && c.server == a.server) return Status();
-      return Status(Code::kPermissionDenied, "allocation " + a.id + " is served by " + a.server + ", not by " +
-                              (c.server.empty() ? std::string("an unnamed server (add ?server=ip:port)") : c.server) +
-                              ": a server key may " + what + " only the allocations its server serves");
+      return Status(Code::kPermissionDenied,
+                    "allocation " + a.id + " is served by " + a.server + ", not by " +
+                        (c.server.empty() ? std::string("an unnamed server (add ?server=ip:port)") : c.server) +
+                        ": a server key may " + what + " only the allocations its server serves");
   }
   return Status(Code::kPermissionDenied, "unknown caller");
 }
@@ -977,44 +1019,46 @@ Result<Json> Service::Release(const std::string& id, const std::string& why, con
                               const std::string& server) {
   std::lock_guard<std::mutex> lock(mu_);
   for (int attempt = 0;; ++attempt) {
-  if (Status st = Sync(); !st.ok()) return st;
-  auto it = allocs_.find(id);
-  if (it == allocs_.end()) return NotFound("allocation " + id + " does not exist (released or expired)");
-  if (Status st = MayTouch(it->second, caller, "release"); !st.ok()) return st;
-  if (it->second.kind != "process") return InvalidArgument("allocation " + id + " is VM " + it->second.vm + "'s assignment");
-  Json j = {{"id", id}, {"server", it->second.server}, {"released", why}};
-  if (!server.empty() && !it->second.job.empty()) {
-    j["state"] = it->second.state;  // a session of the job ended: the job still holds its vGPUs
-    j.erase("released");
-    return j;
-  }
-  if (server.empty() && why == "client_exited" && (it->second.state == "active" || it->second.state == "releasing")) {
-    j["state"] = "releasing";
-    if (it->second.state == "releasing") return j;
-    Allocation next = it->second;
-    next.state = "releasing";
-    StoreChange c;
-    c.put_allocations.emplace_back(StoreDoc(next), next.lease);
-    if (store_->shared()) c.guards.emplace_back(AllocPath(id), Version(AllocPath(id)));
-    Status st = Apply(c);
-    if (st.code() == Code::kAlreadyExists && attempt + 1 < kMaxAttempts) {
-      Backoff(attempt);
-      continue;
+    if (Status st = Sync(); !st.ok()) return st;
+    auto it = allocs_.find(id);
+    if (it == allocs_.end()) return NotFound("allocation " + id + " does not exist (released or expired)");
+    if (Status st = MayTouch(it->second, caller, "release"); !st.ok()) return st;
+    if (it->second.kind != "process")
+      return InvalidArgument("allocation " + id + " is VM " + it->second.vm + "'s assignment");
+    Json j = {{"id", id}, {"server", it->second.server}, {"released", why}};
+    if (!server.empty() && !it->second.job.empty()) {
+      j["state"] = it->second.state;  // a session of the job ended: the job still holds its vGPUs
+      j.erase("released");
+      return j;
     }
-    if (st.code() == Code::kNotFound) return NotFound("allocation " + id + " expired (its lease lapsed)");
-    if (!st.ok()) return st;
-    it->second = next;
+    if (server.empty() && why == "client_exited" && (it->second.state == "active" || it->second.state == "releasing")) {
+      j["state"] = "releasing";
+      if (it->second.state == "releasing") return j;
+      Allocation next = it->second;
+      next.state = "releasing";
+      StoreChange c;
+      c.put_allocations.emplace_back(StoreDoc(next), next.lease);
+      if (store_->shared()) c.guards.emplace_back(AllocPath(id), Version(AllocPath(id)));
+      Status st = Apply(c);
+      if (st.code() == Code::kAlreadyExists && attempt + 1 < kMaxAttempts) {
+        Backoff(attempt);
+        continue;
+      }
+      if (st.code() == Code::kNotFound) return NotFound("allocation " + id + " expired (its lease lapsed)");
+      if (!st.ok()) return st;
+      it->second = next;
+      return j;
+    }
+    if (Status st = ReleaseLocked(id); !st.ok()) {
+      if (st.code() == Code::kAlreadyExists && attempt + 1 < kMaxAttempts) continue;  // changed meanwhile: read again
+      return st;
+    }
     return j;
-  }
-  if (Status st = ReleaseLocked(id); !st.ok()) {
-    if (st.code() == Code::kAlreadyExists && attempt + 1 < kMaxAttempts) continue;  // changed meanwhile: read again
-    return st;
-  }
-  return j;
   }
 }
 
-Result<Json> Service::WatchRevoked(const std::string& server, const std::vector<std::string>& ids, uint64_t timeout_ms) {
+Result<Json> Service::WatchRevoked(const std::string& server, const std::vector<std::string>& ids,
+                                   uint64_t timeout_ms) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   std::unique_lock<std::mutex> lock(mu_);
   if (watchers_ >= kMaxWatchers) {
@@ -1114,8 +1158,13 @@ Json Service::Summary() {
   }
   size_t vms = 0;
   for (const auto& [id, a] : allocs_) vms += a.kind == "vm";
-  return Json{{"servers", servers_.size()}, {"servers_up", up}, {"vgpus_total", total}, {"vgpus_free", free},
-              {"vgpus_used", total - free}, {"allocations", allocs_.size() - vms}, {"assignments", vms},
+  return Json{{"servers", servers_.size()},
+              {"servers_up", up},
+              {"vgpus_total", total},
+              {"vgpus_free", free},
+              {"vgpus_used", total - free},
+              {"allocations", allocs_.size() - vms},
+              {"assignments", vms},
               {"policy", opts_.policy == pool::PlacementPolicy::kPack ? "pack" : "spread"},
               {"lease_ttl_ms", opts_.lease_ttl_ms},
               {"store", {{"kind", store_->kind()}, {"reachable", store_ok_}}}};
@@ -1141,7 +1190,8 @@ std::string Service::Metrics() {
       free += p.free_vgpus();
     }
     for (size_t i = 0; i < s.gpus.size(); ++i) {
-      const std::string lbl = "{server=\"" + id + "\",gpu=\"" + std::to_string(s.gpus[i].index) + "\",name=\"" + s.gpus[i].name + "\"}";
+      const std::string lbl =
+          "{server=\"" + id + "\",gpu=\"" + std::to_string(s.gpus[i].index) + "\",name=\"" + s.gpus[i].name + "\"}";
       uint64_t used = 0;
       for (const auto& [aid, a] : allocs_) {
         if (a.server != id) continue;
@@ -1156,24 +1206,31 @@ std::string Service::Metrics() {
   for (const auto& [id, a] : allocs_) vms += a.kind == "vm";
   family("orion_vgpus_total", "gauge", "vGPUs on servers that are up", {num(total)});
   family("orion_vgpus_free", "gauge", "free vGPUs on servers that are up", {num(free)});
-  family("orion_vgpus_used", "gauge", "vGPUs held by allocations and assignments on servers that are up", {num(total - free)});
+  family("orion_vgpus_used", "gauge", "vGPUs held by allocations and assignments on servers that are up",
+         {num(total - free)});
   family("orion_servers", "gauge", "registered servers by state",
          {"{state=\"up\"}" + num(up), "{state=\"down\"}" + num(servers_.size() - up)});
   family("orion_allocations", "gauge", "live allocations by kind",
          {"{kind=\"process\"}" + num(allocs_.size() - vms), "{kind=\"vm\"}" + num(vms)});
-  family("orion_allocations_created_total", "counter", "allocations and assignments made since start", {num(allocations_made_)});
+  family("orion_allocations_created_total", "counter", "allocations and assignments made since start",
+         {num(allocations_made_)});
   family("orion_allocation_refusals_total", "counter", "requests refused since start", {num(refusals_)});
   family("orion_allocation_replays_total", "counter",
-         "allocation requests sent again with the same request_id, answered with the allocation already made", {num(replays_)});
-  family("orion_allocations_expired_total", "counter", "allocations released because nobody renewed their lease", {num(expired_)});
+         "allocation requests sent again with the same request_id, answered with the allocation already made",
+         {num(replays_)});
+  family("orion_allocations_expired_total", "counter", "allocations released because nobody renewed their lease",
+         {num(expired_)});
   family("orion_gpu_memory_total_mib", "gauge", "physical GPU memory", gpu_total);
   family("orion_gpu_memory_allocated_mib", "gauge", "vGPU quota placed on the GPU", gpu_alloc);
   family("orion_gpu_memory_used_mib", "gauge", "memory the GPU's sessions use (oriond's heartbeats)", gpu_used);
   const std::string kind = std::string("{store=\"") + store_->kind() + "\"}";
-  family("orion_controller_store_up", "gauge", "this controller reached its store at its last read or write", {kind + num(store_ok_ ? 1 : 0)});
+  family("orion_controller_store_up", "gauge", "this controller reached its store at its last read or write",
+         {kind + num(store_ok_ ? 1 : 0)});
   family("orion_controller_store_conflicts_total", "counter",
-         "this controller's placements and updates that lost a race to another controller and were retried", {kind + num(conflicts_)});
-  family("orion_controller_store_errors_total", "counter", "this controller's store reads and writes that failed", {kind + num(store_errors_)});
+         "this controller's placements and updates that lost a race to another controller and were retried",
+         {kind + num(conflicts_)});
+  family("orion_controller_store_errors_total", "counter", "this controller's store reads and writes that failed",
+         {kind + num(store_errors_)});
   return out;
 }
 
@@ -1198,14 +1255,16 @@ std::vector<std::string> Service::Sweep(uint64_t now_ms) {
       if (was_up.count(id) && !s.up) did.push_back("server " + id + " stopped heartbeating; its vGPUs are withheld");
     }
   }
-  if (!store_->shared() && opts_.clock_gap_ms != 0 && last_sweep_ms_ != 0 && now_ms > last_sweep_ms_ + opts_.clock_gap_ms) {
+  if (!store_->shared() && opts_.clock_gap_ms != 0 && last_sweep_ms_ != 0 &&
+      now_ms > last_sweep_ms_ + opts_.clock_gap_ms) {
     // The controller itself was away (paused, suspended, clock stepped): nobody could renew or
     // heartbeat meanwhile. Give every lease and live server a fresh period from now.
     for (auto& [id, s] : servers_) {
       if (s.up) s.last_seen_ms = std::max(s.last_seen_ms, now_ms);
     }
     for (auto& [aid, a] : allocs_) {
-      if (a.kind == "process" && a.lease_expires_ms != 0) a.lease_expires_ms = std::max(a.lease_expires_ms, now_ms + opts_.lease_ttl_ms);
+      if (a.kind == "process" && a.lease_expires_ms != 0)
+        a.lease_expires_ms = std::max(a.lease_expires_ms, now_ms + opts_.lease_ttl_ms);
     }
     did.push_back("the controller's clock moved " + std::to_string(now_ms - last_sweep_ms_) +
                   " ms since its last sweep (paused, suspended or stepped): leases and servers get a grace period of " +
@@ -1226,7 +1285,8 @@ std::vector<std::string> Service::Sweep(uint64_t now_ms) {
       (void)Apply(c);
       did.push_back("server " + id + " stopped heartbeating; its vGPUs are withheld");
     }
-    const bool gone = store_->shared() ? !s.up && present.count(id) == 0 : !s.up && now_ms > s.last_seen_ms + opts_.server_release_ms;
+    const bool gone =
+        store_->shared() ? !s.up && present.count(id) == 0 : !s.up && now_ms > s.last_seen_ms + opts_.server_release_ms;
     if (gone) {
       for (const auto& [aid, a] : allocs_) {
         if (a.server == id && a.kind == "process") {
@@ -1241,7 +1301,8 @@ std::vector<std::string> Service::Sweep(uint64_t now_ms) {
         std::find(drop.begin(), drop.end(), aid) == drop.end()) {
       drop.push_back(aid);
       ++expired_;
-      did.push_back("allocation " + aid + " expired: no server confirmed it within " + std::to_string(opts_.pending_ttl_ms) + " ms");
+      did.push_back("allocation " + aid + " expired: no server confirmed it within " +
+                    std::to_string(opts_.pending_ttl_ms) + " ms");
       continue;
     }
     if (!store_->shared() && a.kind == "process" && a.lease_expires_ms != 0 && now_ms > a.lease_expires_ms &&

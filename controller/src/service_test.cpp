@@ -28,9 +28,12 @@ class ServiceTest : public ::testing::Test {
     return std::move(*s);
   }
   static Json TwoGpuServer(const std::string& host, uint32_t vgpu_count = 4) {
-    return {{"hostname", host}, {"vgpu_count", vgpu_count}, {"boot_id", "b1"},
-            {"gpus", {{{"index", 0}, {"uuid", "GPU-a"}, {"name", "V100"}, {"memory_mib", 16384}},
-                      {{"index", 1}, {"uuid", "GPU-b"}, {"name", "V100"}, {"memory_mib", 16384}}}}};
+    return {{"hostname", host},
+            {"vgpu_count", vgpu_count},
+            {"boot_id", "b1"},
+            {"gpus",
+             {{{"index", 0}, {"uuid", "GPU-a"}, {"name", "V100"}, {"memory_mib", 16384}},
+              {{"index", 1}, {"uuid", "GPU-b"}, {"name", "V100"}, {"memory_mib", 16384}}}}};
   }
   static Json Req(uint32_t vgpus, uint64_t gmem) {
     return {{"vgpus", vgpus}, {"gmem_mib", gmem}, {"client", {{"host", "c1"}, {"pid", 42}, {"process", "train"}}}};
@@ -79,7 +82,8 @@ TEST_F(ServiceTest, RefusalsSayWhyAndAllocateNothing) {
   ASSERT_TRUE(s->RegisterServer("10.0.0.1:9960", TwoGpuServer("a")).ok());
   auto big = s->Allocate(Req(1, 20000), "");
   EXPECT_EQ(big.status().code(), Code::kInvalidArgument);
-  EXPECT_NE(big.status().message().find("more than any GPU has (16384 MiB)"), std::string::npos) << big.status().message();
+  EXPECT_NE(big.status().message().find("more than any GPU has (16384 MiB)"), std::string::npos)
+      << big.status().message();
   auto many = s->Allocate(Req(9, 100), "");
   EXPECT_EQ(many.status().code(), Code::kInvalidArgument);
   EXPECT_NE(many.status().message().find("more than any server holds (8 vGPUs)"), std::string::npos);
@@ -111,8 +115,10 @@ TEST_F(ServiceTest, ConcurrentRequestsNeverDoubleBook) {
     ts.emplace_back([&] {
       auto a = s->Allocate(Req(1, 1000), "");
       std::lock_guard<std::mutex> lock(mu);
-      if (a.ok()) got.push_back(*a);
-      else refused += a.status().code() == Code::kResourceExhausted;
+      if (a.ok())
+        got.push_back(*a);
+      else
+        refused += a.status().code() == Code::kResourceExhausted;
     });
   }
   for (auto& t : ts) t.join();
@@ -161,7 +167,9 @@ TEST_F(ServiceTest, UnrenewedLeasesExpireAndHeartbeatsRenewThem) {
   ASSERT_TRUE(kept.ok() && lost.ok());
   const uint64_t t0 = WallMs();
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  ASSERT_TRUE(s->Heartbeat("10.0.0.1:9960", {{"boot_id", "b1"}, {"allocations", {{{"id", (*kept)["id"]}, {"used_mib", {300}}}}}}).ok());
+  ASSERT_TRUE(s->Heartbeat("10.0.0.1:9960",
+                           {{"boot_id", "b1"}, {"allocations", {{{"id", (*kept)["id"]}, {"used_mib", {300}}}}}})
+                  .ok());
   auto did = s->Sweep(t0 + 1005);
   ASSERT_EQ(did.size(), 1u);
   EXPECT_NE(did[0].find((*lost)["id"].get<std::string>()), std::string::npos);
@@ -326,7 +334,8 @@ TEST_F(ServiceTest, ConfirmChecksTheServer) {
   EXPECT_EQ(s->Confirm((*a)["id"], {{"server", "10.0.0.2:9960"}}).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(s->Confirm("nope", {{"server", "10.0.0.1:9960"}}).status().code(), Code::kNotFound);
   ASSERT_TRUE(s->Confirm((*a)["id"], {{"server", "10.0.0.1:9960"}, {"session", 3}}).ok());
-  EXPECT_EQ(s->Confirm((*a)["id"], {{"server", "10.0.0.1:9960"}, {"session", 4}}).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(s->Confirm((*a)["id"], {{"server", "10.0.0.1:9960"}, {"session", 4}}).status().code(),
+            Code::kInvalidArgument);
   EXPECT_TRUE(s->Release((*a)["id"], "test").ok());
   EXPECT_EQ(s->Summary()["vgpus_free"], 8);
 }

@@ -34,8 +34,8 @@ constexpr size_t kMaxMembers = 16;
 
 std::string B64(const std::string& s) {
   std::string out(4 * ((s.size() + 2) / 3), '\0');
-  const int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()), reinterpret_cast<const unsigned char*>(s.data()),
-                                static_cast<int>(s.size()));
+  const int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                                reinterpret_cast<const unsigned char*>(s.data()), static_cast<int>(s.size()));
   out.resize(static_cast<size_t>(std::max(n, 0)));
   return out;
 }
@@ -43,8 +43,8 @@ std::string B64(const std::string& s) {
 Result<std::string> Unb64(const std::string& s) {
   if (s.size() % 4 != 0) return Internal("etcd sent malformed base64");
   std::string out(3 * (s.size() / 4), '\0');
-  const int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()), reinterpret_cast<const unsigned char*>(s.data()),
-                                static_cast<int>(s.size()));
+  const int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                                reinterpret_cast<const unsigned char*>(s.data()), static_cast<int>(s.size()));
   if (n < 0) return Internal("etcd sent malformed base64");
   size_t len = static_cast<size_t>(n);
   // EVP_DecodeBlock counts padding as zero bytes.
@@ -77,7 +77,8 @@ class EtcdStore final : public Store {
       c->set_read_timeout(std::chrono::milliseconds(kReadTimeoutMs));
       c->set_write_timeout(std::chrono::milliseconds(kReadTimeoutMs));
       c->set_keep_alive(true);
-      c->set_tcp_nodelay(true);  // headers and body are two writes: Nagle would hold the body for the delayed ACK (40 ms)
+      c->set_tcp_nodelay(
+          true);  // headers and body are two writes: Nagle would hold the body for the delayed ACK (40 ms)
       clients_.push_back(std::move(c));
     }
   }
@@ -129,7 +130,9 @@ class EtcdStore final : public Store {
   Status Apply(const StoreChange& c) override {
     Json compare = Json::array(), ops = Json::array();
     for (const auto& [path, version] : c.guards) {
-      compare.push_back({{"key", B64(kPrefix + path)}, {"target", "MOD"}, {"result", "EQUAL"},
+      compare.push_back({{"key", B64(kPrefix + path)},
+                         {"target", "MOD"},
+                         {"result", "EQUAL"},
                          {"mod_revision", std::to_string(version)}});
     }
     auto put = [&](const std::string& path, const std::string& value, int64_t lease) {
@@ -137,10 +140,13 @@ class EtcdStore final : public Store {
       if (lease != 0) p["lease"] = std::to_string(lease);
       ops.push_back({{"request_put", p}});
     };
-    auto del = [&](const std::string& path) { ops.push_back({{"request_delete_range", {{"key", B64(kPrefix + path)}}}}); };
+    auto del = [&](const std::string& path) {
+      ops.push_back({{"request_delete_range", {{"key", B64(kPrefix + path)}}}});
+    };
     auto slots = [](const Json& a, auto fn) {
       for (const Json& p : a.value("placements", Json::array())) {
-        fn("vgpus/" + a.value("server", "") + "/" + std::to_string(p.value("pgpu", 0u)) + "/" + std::to_string(p.value("vgpu", 0u)));
+        fn("vgpus/" + a.value("server", "") + "/" + std::to_string(p.value("pgpu", 0u)) + "/" +
+           std::to_string(p.value("vgpu", 0u)));
       }
     };
     for (const Json& s : c.put_servers) put("servers/" + s.value("id", ""), s.dump(), 0);
@@ -265,7 +271,8 @@ class EtcdStore final : public Store {
         current_.store(i);
         return j;
       }
-      const std::string msg = !j.is_discarded() && j.is_object() ? j.value("message", j.value("error", res->body)) : res->body;
+      const std::string msg =
+          !j.is_discarded() && j.is_object() ? j.value("message", j.value("error", res->body)) : res->body;
       const int64_t code = !j.is_discarded() && j.is_object() ? I64(j, "code") : 0;
       if (code == 5 || msg.find("lease not found") != std::string::npos) return NotFound("etcd: " + msg);
       // gRPC codes 14 (unavailable: no leader), 4 (deadline: no quorum), 1 (canceled), or any 5xx

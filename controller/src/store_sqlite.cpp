@@ -26,9 +26,10 @@ class SqliteStore final : public Store {
   }
 
   Status Open() {
-    if (sqlite3_open_v2(path_.c_str(), &db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, nullptr) !=
-        SQLITE_OK) {
-      return Unavailable("cannot open database " + path_ + ": " + (db_ != nullptr ? sqlite3_errmsg(db_) : "out of memory"));
+    if (sqlite3_open_v2(path_.c_str(), &db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
+                        nullptr) != SQLITE_OK) {
+      return Unavailable("cannot open database " + path_ + ": " +
+                         (db_ != nullptr ? sqlite3_errmsg(db_) : "out of memory"));
     }
     sqlite3_busy_timeout(db_, 2000);
     ::chmod(path_.c_str(), 0600);  // also a database an older controller made world-readable
@@ -36,7 +37,8 @@ class SqliteStore final : public Store {
     const std::string lock = path_ + ".lock";
     lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (lock_fd_ < 0 || ::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
-      return FailedPrecondition("database " + path_ + " is in use by another orion-controller (" + lock + " is locked)");
+      return FailedPrecondition("database " + path_ + " is in use by another orion-controller (" + lock +
+                                " is locked)");
     }
     // WAL with synchronous=NORMAL: a commit is an append, no fsync. Checkpoints (which fsync) are
     // not run by commits (they stalled every request queued behind one for tens of ms on this
@@ -51,7 +53,8 @@ class SqliteStore final : public Store {
       // NOLINTEND(bugprone-suspicious-missing-comma)
       if (Status st = Exec(sql); !st.ok()) return Unavailable("database " + path_ + ": " + st.message());
     }
-    if (sqlite3_open_v2(path_.c_str(), &checkpoint_db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_FULLMUTEX, nullptr) != SQLITE_OK) {
+    if (sqlite3_open_v2(path_.c_str(), &checkpoint_db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_FULLMUTEX, nullptr) !=
+        SQLITE_OK) {
       return Unavailable("cannot open database " + path_ + " for checkpoints");
     }
     sqlite3_busy_timeout(checkpoint_db_, 5000);

@@ -85,14 +85,13 @@ std::string Quote(std::string_view v) {
 
 #define FB_CONCAT_INNER(a, b) a##b
 #define FB_CONCAT(a, b) FB_CONCAT_INNER(a, b)
-#define FB_ASSIGN_OR_RETURN(lhs, expr)                                        \
-  auto FB_CONCAT(fb_result_, __LINE__) = (expr);                              \
-  if (!FB_CONCAT(fb_result_, __LINE__).ok())                                  \
-    return FB_CONCAT(fb_result_, __LINE__).status();                          \
+#define FB_ASSIGN_OR_RETURN(lhs, expr)                                                        \
+  auto FB_CONCAT(fb_result_, __LINE__) = (expr);                                              \
+  if (!FB_CONCAT(fb_result_, __LINE__).ok()) return FB_CONCAT(fb_result_, __LINE__).status(); \
   lhs = std::move(*FB_CONCAT(fb_result_, __LINE__))
-#define FB_RETURN_IF_ERROR(expr)          \
-  do {                                    \
-    ::orion::Status fb_status_ = (expr);  \
+#define FB_RETURN_IF_ERROR(expr)             \
+  do {                                       \
+    ::orion::Status fb_status_ = (expr);     \
     if (!fb_status_.ok()) return fb_status_; \
   } while (0)
 
@@ -159,8 +158,7 @@ struct Entry {
 // Returns the payload of the container at the start of `image`: [header_size, +payload_size).
 Result<Bytes> FatbinPayload(Bytes image) {
   if (image.size() < kFatbinHeaderBytes)
-    return OutOfRange(Cat("fatbin header truncated: ", image.size(), " of ", kFatbinHeaderBytes,
-                          " bytes"));
+    return OutOfRange(Cat("fatbin header truncated: ", image.size(), " of ", kFatbinHeaderBytes, " bytes"));
   const auto version = At<uint16_t>(image, 4);
   const auto header_size = At<uint16_t>(image, 6);
   const auto payload_size = At<uint64_t>(image, 8);
@@ -169,8 +167,8 @@ Result<Bytes> FatbinPayload(Bytes image) {
     return InvalidArgument(Cat("fatbin header_size ", header_size, " < ", kFatbinHeaderBytes));
   Bytes payload;
   if (!Sub(image, header_size, payload_size, payload))
-    return OutOfRange(Cat("fatbin claims header_size ", header_size, " + payload_size ",
-                          payload_size, " bytes but the image has ", image.size()));
+    return OutOfRange(Cat("fatbin claims header_size ", header_size, " + payload_size ", payload_size,
+                          " bytes but the image has ", image.size()));
   return payload;
 }
 
@@ -183,18 +181,16 @@ Status ForEachEntry(Bytes image, F&& f) {
     const uint64_t at = base + pos;
     Bytes h;
     if (!Sub(payload, pos, kEntryHeaderBytes, h))
-      return OutOfRange(Cat("fatbin entry header at offset ", at, " truncated: ",
-                            payload.size() - pos, " of ", kEntryHeaderBytes, " bytes left"));
+      return OutOfRange(Cat("fatbin entry header at offset ", at, " truncated: ", payload.size() - pos, " of ",
+                            kEntryHeaderBytes, " bytes left"));
     const auto hdr_size = At<uint32_t>(h, 4);
     const auto size = At<uint64_t>(h, 8);
     if (hdr_size < kEntryHeaderBytes)
-      return InvalidArgument(Cat("fatbin entry at offset ", at, ": hdr_size ", hdr_size, " < ",
-                                 kEntryHeaderBytes));
+      return InvalidArgument(Cat("fatbin entry at offset ", at, ": hdr_size ", hdr_size, " < ", kEntryHeaderBytes));
     Entry e;
     if (!Sub(payload, pos + hdr_size, size, e.payload))  // pos + hdr_size cannot overflow
-      return OutOfRange(Cat("fatbin entry at offset ", at, ": hdr_size ", hdr_size, " + size ",
-                            size, " runs past the container end (", payload.size() - pos,
-                            " bytes left)"));
+      return OutOfRange(Cat("fatbin entry at offset ", at, ": hdr_size ", hdr_size, " + size ", size,
+                            " runs past the container end (", payload.size() - pos, " bytes left)"));
     e.offset = at;
     e.kind = At<uint16_t>(h, 0);
     e.compressed_size = At<uint32_t>(h, 16);
@@ -215,12 +211,11 @@ Result<std::vector<uint8_t>> EntryData(const Entry& e) {
   if (!lz4 && !zstd) return std::vector<uint8_t>(e.payload.begin(), e.payload.end());
   if (lz4 && zstd) return InvalidArgument(where + ": flags " + Hex(e.flags) + " set both LZ4 and zstd");
   if (e.compressed_size == 0 || e.compressed_size > e.payload.size())
-    return OutOfRange(Cat(where, ": compressed_size ", e.compressed_size, " not in [1, size ",
-                          e.payload.size(), "]"));
+    return OutOfRange(Cat(where, ": compressed_size ", e.compressed_size, " not in [1, size ", e.payload.size(), "]"));
   if (e.uncompressed_size == 0) return DataLoss(where + ": compressed entry with uncompressed_size 0");
   if (e.uncompressed_size > kMaxDecompressedBytes)
-    return ResourceExhausted(Cat(where, ": uncompressed_size ", e.uncompressed_size, " exceeds the ",
-                                 kMaxDecompressedBytes, "-byte limit"));
+    return ResourceExhausted(
+        Cat(where, ": uncompressed_size ", e.uncompressed_size, " exceeds the ", kMaxDecompressedBytes, "-byte limit"));
   const Bytes src = e.payload.first(e.compressed_size);  // the rest is padding [recipes]
   std::vector<uint8_t> out;
   if (lz4) {
@@ -228,27 +223,23 @@ Result<std::vector<uint8_t>> EntryData(const Entry& e) {
     if (src.size() > static_cast<size_t>(std::numeric_limits<int>::max()))
       return ResourceExhausted(where + ": LZ4 compressed_size too large");
     out.resize(static_cast<size_t>(e.uncompressed_size));
-    const int n = LZ4_decompress_safe(reinterpret_cast<const char*>(src.data()),
-                                      reinterpret_cast<char*>(out.data()),
+    const int n = LZ4_decompress_safe(reinterpret_cast<const char*>(src.data()), reinterpret_cast<char*>(out.data()),
                                       static_cast<int>(src.size()), static_cast<int>(out.size()));
     if (n < 0) return DataLoss(where + ": corrupt LZ4 data");
     if (static_cast<uint64_t>(n) != e.uncompressed_size)
-      return DataLoss(Cat(where, ": LZ4 data decompressed to ", n, " bytes, header says ",
-                          e.uncompressed_size));
+      return DataLoss(Cat(where, ": LZ4 data decompressed to ", n, " bytes, header says ", e.uncompressed_size));
   } else {
     // zstd frame(s) [recipes][exp]: payload starts with 28 b5 2f fd.
     // Check the first frame's declared size before allocating (a later frame can only add).
     const unsigned long long declared = ZSTD_getFrameContentSize(src.data(), src.size());
     if (declared == ZSTD_CONTENTSIZE_ERROR) return DataLoss(where + ": corrupt zstd frame header");
     if (declared != ZSTD_CONTENTSIZE_UNKNOWN && declared > e.uncompressed_size)
-      return DataLoss(Cat(where, ": zstd frame holds ", declared, " bytes, header says ",
-                          e.uncompressed_size));
+      return DataLoss(Cat(where, ": zstd frame holds ", declared, " bytes, header says ", e.uncompressed_size));
     out.resize(static_cast<size_t>(e.uncompressed_size));
     const size_t n = ZSTD_decompress(out.data(), out.size(), src.data(), src.size());
     if (ZSTD_isError(n)) return DataLoss(where + ": corrupt zstd data: " + ZSTD_getErrorName(n));
     if (n != e.uncompressed_size)
-      return DataLoss(Cat(where, ": zstd data decompressed to ", n, " bytes, header says ",
-                          e.uncompressed_size));
+      return DataLoss(Cat(where, ": zstd data decompressed to ", n, " bytes, header says ", e.uncompressed_size));
   }
   return out;
 }
@@ -333,8 +324,7 @@ Result<Elf> ReadElf(Bytes image, bool keep_sections) {
   if (image[4] != 2) return InvalidArgument(Cat("ELF class ", image[4], " unsupported (need 64-bit)"));
   if (image[5] != 1) return InvalidArgument(Cat("ELF data encoding ", image[5], " unsupported (need little-endian)"));
   const auto machine = At<uint16_t>(image, 0x12);
-  if (machine != kEmCuda)
-    return InvalidArgument(Cat("ELF e_machine ", machine, " is not EM_CUDA (", kEmCuda, ")"));
+  if (machine != kEmCuda) return InvalidArgument(Cat("ELF e_machine ", machine, " is not EM_CUDA (", kEmCuda, ")"));
   elf.abi_version = image[8];
   const auto phoff = At<uint64_t>(image, 0x20);
   const auto shoff = At<uint64_t>(image, 0x28);
@@ -348,12 +338,11 @@ Result<Elf> ReadElf(Bytes image, bool keep_sections) {
 
   // Section header table; entry 0 carries the extended counts.
   if (shoff == 0) return InvalidArgument("ELF has no section header table (e_shoff 0)");
-  if (shentsize < kShdrBytes)
-    return InvalidArgument(Cat("ELF e_shentsize ", shentsize, " < ", kShdrBytes));
+  if (shentsize < kShdrBytes) return InvalidArgument(Cat("ELF e_shentsize ", shentsize, " < ", kShdrBytes));
   Bytes h;
   if (!Sub(image, shoff, kShdrBytes, h))
-    return OutOfRange(Cat("ELF section header table at offset ", shoff, " is past the end of the ",
-                          image.size(), "-byte image"));
+    return OutOfRange(
+        Cat("ELF section header table at offset ", shoff, " is past the end of the ", image.size(), "-byte image"));
   const Shdr sh0 = ReadShdr(h);
   const uint64_t shnum = e_shnum != 0 ? e_shnum : sh0.size;
   elf.shstrndx = e_shstrndx == kShnXindex ? sh0.link : e_shstrndx;
@@ -361,11 +350,10 @@ Result<Elf> ReadElf(Bytes image, bool keep_sections) {
   if (shnum == 0 || shnum > kMaxSections)
     return InvalidArgument(Cat("ELF section count ", shnum, " not in [1, ", kMaxSections, "]"));
   if (shnum > (image.size() - shoff) / shentsize)
-    return OutOfRange(Cat("ELF section header table (", shnum, " x ", shentsize, " bytes at offset ",
-                          shoff, ") runs past the end of the ", image.size(), "-byte image"));
+    return OutOfRange(Cat("ELF section header table (", shnum, " x ", shentsize, " bytes at offset ", shoff,
+                          ") runs past the end of the ", image.size(), "-byte image"));
   elf.extent = std::max(elf.extent, shoff + shnum * shentsize);
-  if (elf.shstrndx >= shnum)
-    return InvalidArgument(Cat("ELF e_shstrndx ", elf.shstrndx, " >= section count ", shnum));
+  if (elf.shstrndx >= shnum) return InvalidArgument(Cat("ELF e_shstrndx ", elf.shstrndx, " >= section count ", shnum));
   if (keep_sections) elf.sections.reserve(static_cast<size_t>(shnum));
   for (uint64_t i = 0; i < shnum; ++i) {
     (void)Sub(image, shoff + i * shentsize, kShdrBytes, h);  // inside the table checked above
@@ -382,14 +370,11 @@ Result<Elf> ReadElf(Bytes image, bool keep_sections) {
 
   // Program header table (optional; a relocatable cubin has none).
   if (phnum != 0) {
-    if (phnum > kMaxSections)
-      return InvalidArgument(Cat("ELF program header count ", phnum, " > ", kMaxSections));
-    if (phentsize < kPhdrBytes)
-      return InvalidArgument(Cat("ELF e_phentsize ", phentsize, " < ", kPhdrBytes));
+    if (phnum > kMaxSections) return InvalidArgument(Cat("ELF program header count ", phnum, " > ", kMaxSections));
+    if (phentsize < kPhdrBytes) return InvalidArgument(Cat("ELF e_phentsize ", phentsize, " < ", kPhdrBytes));
     if (phoff > image.size() || phnum > (image.size() - phoff) / phentsize)
-      return OutOfRange(Cat("ELF program header table (", phnum, " x ", phentsize,
-                            " bytes at offset ", phoff, ") runs past the end of the ",
-                            image.size(), "-byte image"));
+      return OutOfRange(Cat("ELF program header table (", phnum, " x ", phentsize, " bytes at offset ", phoff,
+                            ") runs past the end of the ", image.size(), "-byte image"));
     elf.extent = std::max(elf.extent, phoff + phnum * phentsize);
     for (uint64_t i = 0; i < phnum; ++i) {
       (void)Sub(image, phoff + i * phentsize, kPhdrBytes, h);
@@ -417,13 +402,12 @@ Result<std::string_view> ElfString(const Elf& elf, uint64_t sec, uint64_t off, c
     return InvalidArgument(Cat("ELF string table index ", sec, " for ", what, " out of range"));
   const Bytes d = SectionData(elf, elf.sections[sec]);
   if (off >= d.size())
-    return OutOfRange(Cat("ELF ", what, " name offset ", off, " outside string table section ",
-                          sec, " (", d.size(), " bytes)"));
+    return OutOfRange(
+        Cat("ELF ", what, " name offset ", off, " outside string table section ", sec, " (", d.size(), " bytes)"));
   const Bytes rest = d.subspan(static_cast<size_t>(off));
   const size_t len = FindNul(rest);
   if (len == rest.size())
-    return InvalidArgument(Cat("ELF ", what, " name at offset ", off, " of section ", sec,
-                               " is not NUL-terminated"));
+    return InvalidArgument(Cat("ELF ", what, " name at offset ", off, " of section ", sec, " is not NUL-terminated"));
   return std::string_view(reinterpret_cast<const char*>(rest.data()), len);
 }
 
@@ -432,8 +416,8 @@ Result<std::string_view> ElfString(const Elf& elf, uint64_t sec, uint64_t off, c
 // record 01 3e 00 00 in a __cluster_dims__ kernel].
 constexpr uint8_t kEifmtSval = 4;
 constexpr uint8_t kEifmtHval = 3;
-constexpr uint8_t kEiattrKparamInfo = 0x17;    // u32 index, u16 ordinal, u16 offset, u32 bits;
-                                               // size = (bits >> 18) & 0x3fff [recipes]
+constexpr uint8_t kEiattrKparamInfo = 0x17;      // u32 index, u16 ordinal, u16 offset, u32 bits;
+                                                 // size = (bits >> 18) & 0x3fff [recipes]
 constexpr uint8_t kEiattrCbankParamSize = 0x19;  // HVAL: total parameter bytes [recipes]
 // [exp] ptxas 13 writes this instead of 0x17 when the parameter buffer is large (seen for 16383-,
 // 20000- and 32000-byte structs, not for 4096): u32 index, u16 ordinal, u16 offset, u16 size,
@@ -445,20 +429,19 @@ Status ParseKernelInfo(Bytes info, Kernel& k) {
   std::optional<uint32_t> cbank;
   std::vector<KernelParam> params;
   for (uint64_t pos = 0; pos < info.size();) {
-    if (info.size() - pos < 4)
-      return OutOfRange(Cat(where, ": record at offset ", pos, " truncated"));
+    if (info.size() - pos < 4) return OutOfRange(Cat(where, ": record at offset ", pos, " truncated"));
     const uint8_t fmt = info[pos];
     const uint8_t attr = info[pos + 1];
     const auto value = At<uint16_t>(info, pos + 2);
     if (fmt == kEifmtSval) {
       Bytes v;
       if (!Sub(info, pos + 4, value, v))
-        return OutOfRange(Cat(where, ": record at offset ", pos, " (attribute ",
-                              Hex(attr), ") length ", value, " runs past the section end"));
+        return OutOfRange(Cat(where, ": record at offset ", pos, " (attribute ", Hex(attr), ") length ", value,
+                              " runs past the section end"));
       if (attr == kEiattrKparamInfo || attr == kEiattrKparamInfoV2) {
         if (v.size() < 12)
-          return InvalidArgument(Cat(where, ": parameter record at offset ", pos,
-                                     " has ", v.size(), " bytes, need 12"));
+          return InvalidArgument(
+              Cat(where, ": parameter record at offset ", pos, " has ", v.size(), " bytes, need 12"));
         const auto bits = At<uint32_t>(v, 8);
         params.push_back({At<uint16_t>(v, 4), At<uint16_t>(v, 6),
                           attr == kEiattrKparamInfo ? (bits >> 18) & 0x3fff : bits & 0xffff});
@@ -468,8 +451,7 @@ Status ParseKernelInfo(Bytes info, Kernel& k) {
       if (attr == kEiattrCbankParamSize && fmt == kEifmtHval) cbank = value;
       pos += 4;
     } else {
-      return InvalidArgument(Cat(where, ": record at offset ", pos,
-                                 " has unknown format ", fmt));
+      return InvalidArgument(Cat(where, ": record at offset ", pos, " has unknown format ", fmt));
     }
   }
   std::sort(params.begin(), params.end(),
@@ -485,8 +467,7 @@ Status ParseKernelInfo(Bytes info, Kernel& k) {
     end = std::max(end, uint64_t{p.offset} + p.size);
   }
   if (cbank && end > *cbank)
-    return InvalidArgument(Cat(where, ": parameters end at byte ", end,
-                               " beyond EIATTR_CBANK_PARAM_SIZE ", *cbank));
+    return InvalidArgument(Cat(where, ": parameters end at byte ", end, " beyond EIATTR_CBANK_PARAM_SIZE ", *cbank));
   if (!cbank && end > std::numeric_limits<uint32_t>::max())
     return InvalidArgument(Cat(where, ": parameters end at byte ", end));
   k.params = std::move(params);
@@ -505,8 +486,7 @@ Result<Module> ParseCubin(Bytes image) {
     if (secs[i].type == kShtSymtab) symtab = i;
   if (symtab == 0) return InvalidArgument("cubin has no SHT_SYMTAB section");
   const Shdr& st = secs[symtab];
-  if (st.entsize < kSymBytes)
-    return InvalidArgument(Cat("ELF .symtab sh_entsize ", st.entsize, " < ", kSymBytes));
+  if (st.entsize < kSymBytes) return InvalidArgument(Cat("ELF .symtab sh_entsize ", st.entsize, " < ", kSymBytes));
   const Bytes syms = SectionData(elf, st);
   const uint64_t nsyms = syms.size() / st.entsize;
   Bytes shndx_table;  // SHT_SYMTAB_SHNDX for symbols with st_shndx == SHN_XINDEX
@@ -518,8 +498,7 @@ Result<Module> ParseCubin(Bytes image) {
   std::unordered_map<std::string_view, uint32_t> info_by_name;
   for (uint32_t i = 1; i < secs.size(); ++i) {
     if (secs[i].type != kShtCudaInfo) continue;
-    if (secs[i].info != 0 && secs[i].info < secs.size() && info_of[secs[i].info] == 0)
-      info_of[secs[i].info] = i;
+    if (secs[i].info != 0 && secs[i].info < secs.size() && info_of[secs[i].info] == 0) info_of[secs[i].info] = i;
     FB_ASSIGN_OR_RETURN(const std::string_view n, ElfString(elf, elf.shstrndx, secs[i].name, "section"));
     if (n.starts_with(".nv.info.")) info_by_name.emplace(n.substr(9), i);
   }
@@ -542,8 +521,7 @@ Result<Module> ParseCubin(Bytes image) {
       continue;  // undefined or special (SHN_ABS, SHN_COMMON): not a definition in this image
     }
     if (shndx >= secs.size())
-      return InvalidArgument(Cat("ELF symbol ", i, ": section index ", shndx, " >= section count ",
-                                 secs.size()));
+      return InvalidArgument(Cat("ELF symbol ", i, ": section index ", shndx, " >= section count ", secs.size()));
     FB_ASSIGN_OR_RETURN(const std::string_view name, ElfString(elf, st.link, At<uint32_t>(s, 0), "symbol"));
     if (is_kernel) {
       Kernel k;
@@ -555,8 +533,7 @@ Result<Module> ParseCubin(Bytes image) {
       }
       if (info != 0) {  // a kernel without .nv.info has no parameters
         if (info_used[info])
-          return InvalidArgument(Cat("ELF section ", info, " describes more than one kernel (",
-                                     Quote(name), ")"));
+          return InvalidArgument(Cat("ELF section ", info, " describes more than one kernel (", Quote(name), ")"));
         info_used[info] = true;
         FB_RETURN_IF_ERROR(ParseKernelInfo(SectionData(elf, secs[info]), k));
       }
@@ -631,13 +608,13 @@ class Lexer {
     i_ = saved;
     return t;
   }
-  size_t line() const { return static_cast<size_t>(std::count(s_.begin(), s_.begin() + static_cast<std::ptrdiff_t>(i_), '\n')) + 1; }
+  size_t line() const {
+    return static_cast<size_t>(std::count(s_.begin(), s_.begin() + static_cast<std::ptrdiff_t>(i_), '\n')) + 1;
+  }
 
  private:
   static bool IsDigit(char c) { return c >= '0' && c <= '9'; }
-  static bool IsWord(char c) {
-    return IsDigit(c) || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
-  }
+  static bool IsWord(char c) { return IsDigit(c) || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
   void SkipSpaceAndComments() {
     while (i_ < s_.size()) {
       const char c = s_[i_];
@@ -676,10 +653,14 @@ std::optional<uint64_t> ParseUint(std::string_view t) {
   uint64_t v = 0;
   for (const char c : t) {
     unsigned d;
-    if (c >= '0' && c <= '9') d = static_cast<unsigned>(c - '0');
-    else if (c >= 'a' && c <= 'f') d = static_cast<unsigned>(c - 'a' + 10);
-    else if (c >= 'A' && c <= 'F') d = static_cast<unsigned>(c - 'A' + 10);
-    else return std::nullopt;
+    if (c >= '0' && c <= '9')
+      d = static_cast<unsigned>(c - '0');
+    else if (c >= 'a' && c <= 'f')
+      d = static_cast<unsigned>(c - 'a' + 10);
+    else if (c >= 'A' && c <= 'F')
+      d = static_cast<unsigned>(c - 'A' + 10);
+    else
+      return std::nullopt;
     if (d >= base || !MulOk(v, base, v) || !AddOk(v, d, v)) return std::nullopt;
   }
   return v;
@@ -688,11 +669,10 @@ std::optional<uint64_t> ParseUint(std::string_view t) {
 // Size of a PTX fundamental type directive; 0 if it is not one.
 uint32_t ScalarSize(std::string_view d) {
   static constexpr std::pair<std::string_view, uint32_t> kTypes[] = {
-      {".b8", 1},     {".u8", 1},      {".s8", 1},      {".pred", 1},    {".b16", 2},
-      {".u16", 2},    {".s16", 2},     {".f16", 2},     {".bf16", 2},    {".b32", 4},
-      {".u32", 4},    {".s32", 4},     {".f32", 4},     {".f16x2", 4},   {".bf16x2", 4},
-      {".b64", 8},    {".u64", 8},     {".s64", 8},     {".f64", 8},     {".b128", 16},
-      {".texref", 8}, {".samplerref", 8}, {".surfref", 8}};
+      {".b8", 1},  {".u8", 1},    {".s8", 1},     {".pred", 1},       {".b16", 2},    {".u16", 2},
+      {".s16", 2}, {".f16", 2},   {".bf16", 2},   {".b32", 4},        {".u32", 4},    {".s32", 4},
+      {".f32", 4}, {".f16x2", 4}, {".bf16x2", 4}, {".b64", 8},        {".u64", 8},    {".s64", 8},
+      {".f64", 8}, {".b128", 16}, {".texref", 8}, {".samplerref", 8}, {".surfref", 8}};
   for (const auto& [name, size] : kTypes)
     if (d == name) return size;
   return 0;
@@ -764,11 +744,12 @@ class PtxParser {
       } else if (t.Is(".attribute")) {  // .attribute(.managed)
         if (!lx_.Next().Is("(")) return Error("expected '(' after .attribute");
         Token a;
-        do a = lx_.Next(); while (a.kind != Tok::kEnd && !a.Is(")"));
+        do a = lx_.Next();
+        while (a.kind != Tok::kEnd && !a.Is(")"));
       } else if (t.Is(".v2") || t.Is(".v4") || t.Is(".v8")) {
         d.vec = static_cast<uint64_t>(t.text[2] - '0');
-      } else if (t.Is(".ptr") || t.Is(".global") || t.Is(".const") || t.Is(".local") ||
-                 t.Is(".shared") || t.Is(".generic")) {
+      } else if (t.Is(".ptr") || t.Is(".global") || t.Is(".const") || t.Is(".local") || t.Is(".shared") ||
+                 t.Is(".generic")) {
         // pointer attributes of a kernel parameter: `.param .u64 .ptr .global .align 8 p`
       } else if (const uint32_t size = ScalarSize(t.text); size != 0) {
         d.elem = size;
@@ -849,9 +830,12 @@ class PtxParser {
         bool item_start = true;
         for (t = lx_.Next(); t.kind != Tok::kEnd; t = lx_.Next()) {
           if (depth == 0 && (t.Is(",") || t.Is(";"))) break;
-          if (t.Is("{")) ++depth;
-          else if (t.Is("}")) --depth;
-          else if (t.Is(",")) item_start = true;
+          if (t.Is("{"))
+            ++depth;
+          else if (t.Is("}"))
+            --depth;
+          else if (t.Is(","))
+            item_start = true;
           else if (item_start) {
             ++items;
             item_start = false;
@@ -942,8 +926,9 @@ Result<Module> ParseImage(std::span<const uint8_t> image, uint32_t prefer_sm) {
   if (Load(image, 0, magic)) {
     if (magic == kFatbinMagic) return ParseFatbin(image, prefer_sm);
     if (magic == kWrapperMagic)
-      return InvalidArgument("image is a __fatBinC_Wrapper_t (magic 0x466243b1); pass the fatbin "
-                             "its data field points to");
+      return InvalidArgument(
+          "image is a __fatBinC_Wrapper_t (magic 0x466243b1); pass the fatbin "
+          "its data field points to");
   }
   if (IsElf(image)) return ParseCubin(image);
   if (const auto len = PtxLength(image))

@@ -35,21 +35,54 @@ struct S {
   double b;
   char c[5];
 };
-struct alignas(16) A16 { float x, y, z, w; };
-struct alignas(16) Double2 { double x, y; };
-struct Huge { char x[20000]; };
-struct MixedArgs { int* p; int i; float f; S s; char c; };
-struct ManyArgs { char a; short b; int c; long long d; double e; char f; float* g; S h; char i; };
-struct AlignArgs { char a; A16 v; char b; Double2 d; float* p; };
-struct HugeArgs { char a; Huge h; int c; float* p; };
+struct alignas(16) A16 {
+  float x, y, z, w;
+};
+struct alignas(16) Double2 {
+  double x, y;
+};
+struct Huge {
+  char x[20000];
+};
+struct MixedArgs {
+  int* p;
+  int i;
+  float f;
+  S s;
+  char c;
+};
+struct ManyArgs {
+  char a;
+  short b;
+  int c;
+  long long d;
+  double e;
+  char f;
+  float* g;
+  S h;
+  char i;
+};
+struct AlignArgs {
+  char a;
+  A16 v;
+  char b;
+  Double2 d;
+  float* p;
+};
+struct HugeArgs {
+  char a;
+  Huge h;
+  int c;
+  float* p;
+};
 static_assert(sizeof(S) == 24 && alignof(S) == 8);
-static_assert(offsetof(MixedArgs, i) == 8 && offsetof(MixedArgs, f) == 12 &&
-              offsetof(MixedArgs, s) == 16 && offsetof(MixedArgs, c) == 40);
+static_assert(offsetof(MixedArgs, i) == 8 && offsetof(MixedArgs, f) == 12 && offsetof(MixedArgs, s) == 16 &&
+              offsetof(MixedArgs, c) == 40);
 static_assert(offsetof(ManyArgs, b) == 2 && offsetof(ManyArgs, c) == 4 && offsetof(ManyArgs, d) == 8 &&
               offsetof(ManyArgs, e) == 16 && offsetof(ManyArgs, f) == 24 && offsetof(ManyArgs, g) == 32 &&
               offsetof(ManyArgs, h) == 40 && offsetof(ManyArgs, i) == 64);
-static_assert(offsetof(AlignArgs, v) == 16 && offsetof(AlignArgs, b) == 32 &&
-              offsetof(AlignArgs, d) == 48 && offsetof(AlignArgs, p) == 64);
+static_assert(offsetof(AlignArgs, v) == 16 && offsetof(AlignArgs, b) == 32 && offsetof(AlignArgs, d) == 48 &&
+              offsetof(AlignArgs, p) == 64);
 static_assert(offsetof(HugeArgs, h) == 1 && offsetof(HugeArgs, c) == 20004 && offsetof(HugeArgs, p) == 20008);
 
 struct Expected {
@@ -77,8 +110,7 @@ const std::vector<Expected>& ExpectedKernels() {
   return k;
 }
 const std::map<std::string, uint64_t>& ExpectedGlobals() {
-  static const std::map<std::string, uint64_t> g = {
-      {"dvar", 40}, {"cvar", 28}, {"dinit", 8}, {"mvar", 4}};
+  static const std::map<std::string, uint64_t> g = {{"dvar", 40}, {"cvar", 28}, {"dinit", 8}, {"mvar", 4}};
   return g;
 }
 
@@ -103,8 +135,8 @@ void ExpectKernelsOf(const Module& m) {
 }
 
 // ---- fixture access -----------------------------------------------------------------------------
-#define REQUIRE_FIXTURES()                                                       \
-  do {                                                                           \
+#define REQUIRE_FIXTURES()                                                          \
+  do {                                                                              \
     if (!ORION_FATBIN_HAVE_FIXTURES) GTEST_SKIP() << "nvcc was not found by CMake"; \
   } while (0)
 
@@ -142,8 +174,13 @@ std::vector<EntryAt> Entries(const Bytes& fb) {
   std::vector<EntryAt> out;
   const size_t end = Get<uint16_t>(fb, 6) + Get<uint64_t>(fb, 8);
   for (size_t p = Get<uint16_t>(fb, 6); p < end;) {
-    EntryAt e{p, Get<uint16_t>(fb, p), Get<uint32_t>(fb, p + 4), Get<uint32_t>(fb, p + 28),
-              Get<uint32_t>(fb, p + 16), Get<uint64_t>(fb, p + 8), Get<uint64_t>(fb, p + 40),
+    EntryAt e{p,
+              Get<uint16_t>(fb, p),
+              Get<uint32_t>(fb, p + 4),
+              Get<uint32_t>(fb, p + 28),
+              Get<uint32_t>(fb, p + 16),
+              Get<uint64_t>(fb, p + 8),
+              Get<uint64_t>(fb, p + 40),
               Get<uint64_t>(fb, p + 56)};
     out.push_back(e);
     p += e.hdr_size + e.size;
@@ -235,7 +272,7 @@ struct Spec {
   uint16_t kind = 1;
   uint32_t arch = 90;
   uint64_t flags = 0x11;
-  Bytes data;                 // stored payload (already compressed if flags say so)
+  Bytes data;  // stored payload (already compressed if flags say so)
   uint32_t compressed_size = 0;
   uint64_t uncompressed_size = 0;
   uint32_t hdr_size = 64;
@@ -265,8 +302,8 @@ Spec Lz4Spec(std::string_view text) {
   Spec s;
   s.flags |= 0x2000;
   Bytes out(static_cast<size_t>(LZ4_compressBound(static_cast<int>(text.size()))));
-  const int n = LZ4_compress_default(text.data(), reinterpret_cast<char*>(out.data()),
-                                     static_cast<int>(text.size()), static_cast<int>(out.size()));
+  const int n = LZ4_compress_default(text.data(), reinterpret_cast<char*>(out.data()), static_cast<int>(text.size()),
+                                     static_cast<int>(out.size()));
   out.resize(static_cast<size_t>(n));
   s.compressed_size = static_cast<uint32_t>(n);
   out.resize((out.size() + 7) / 8 * 8);  // padded like nvcc's entries
@@ -352,8 +389,8 @@ TEST(FatbinFixtures, MultiArchSelection) {
   for (const EntryAt& e : Entries(fb)) (e.kind == 2 ? elf : ptx)++;
   EXPECT_EQ(elf, 2);
   EXPECT_EQ(ptx, 1);
-  const std::pair<uint32_t, uint32_t> cases[] = {
-      {90, 90}, {89, 75}, {86, 75}, {75, 75}, {74, 75}, {0, 75}, {100, 90}, {0xffffffff, 90}};
+  const std::pair<uint32_t, uint32_t> cases[] = {{90, 90}, {89, 75}, {86, 75},  {75, 75},
+                                                 {74, 75}, {0, 75},  {100, 90}, {0xffffffff, 90}};
   for (const auto& [prefer, want] : cases) {
     SCOPED_TRACE(prefer);
     auto m = Parse(fb, prefer);
@@ -421,7 +458,7 @@ TEST(FatbinFixtures, ImageSize) {
   ptx.resize(ptx.size() + 50, 'x');
   auto n = ImageSize(ptx.data(), ptx.size());
   ASSERT_TRUE(n.ok()) << n.status().ToString();
-  EXPECT_EQ(*n, len);  // strlen + 1
+  EXPECT_EQ(*n, len);                                 // strlen + 1
   EXPECT_FALSE(ImageSize(ptx.data(), len - 1).ok());  // NUL not within max
 }
 
@@ -443,8 +480,8 @@ void ExpectHandWrittenPtx(const Module& m) {
   EXPECT_EQ(m.FindKernel("fake"), nullptr);
   std::map<std::string, uint64_t> globals;
   for (const Global& g : m.globals) globals[g.name] = g.size;
-  const std::map<std::string, uint64_t> want_globals = {
-      {"gv", 40}, {"cv", 48}, {"$str", 3}, {"a", 4}, {"b", 16}, {"c", 4}, {"managed_v", 4}, {"vec4", 16}};
+  const std::map<std::string, uint64_t> want_globals = {{"gv", 40}, {"cv", 48}, {"$str", 3},      {"a", 4},
+                                                        {"b", 16},  {"c", 4},   {"managed_v", 4}, {"vec4", 16}};
   EXPECT_EQ(globals, want_globals);
 }
 
@@ -553,7 +590,8 @@ TEST(FatbinNegative, FatbinHeadersAndEntries) {
   ASSERT_TRUE(Parse(good).ok());
   std::vector<BadCase> cases;
   for (size_t len = 0; len < 16 + 64; ++len)  // truncated container and entry headers
-    cases.push_back({"truncated to " + std::to_string(len), Bytes(good.begin(), good.begin() + static_cast<ptrdiff_t>(len))});
+    cases.push_back(
+        {"truncated to " + std::to_string(len), Bytes(good.begin(), good.begin() + static_cast<ptrdiff_t>(len))});
   auto mut = [&](std::string what, auto f) {
     Bytes b = good;
     f(b);
@@ -592,7 +630,8 @@ TEST(FatbinNegative, FatbinHeadersAndEntries) {
   for (const Spec& s : {Lz4Spec(kPtx), ZstdSpec(kPtx)}) {
     const std::string name = s.flags & 0x2000 ? "lz4 " : "zstd ";
     const uint32_t csize = s.compressed_size;
-    cmut(name + "compressed_size > size", s, [](Bytes& b) { Put<uint32_t>(b, 16 + 16, static_cast<uint32_t>(Get<uint64_t>(b, 16 + 8) + 1)); });
+    cmut(name + "compressed_size > size", s,
+         [](Bytes& b) { Put<uint32_t>(b, 16 + 16, static_cast<uint32_t>(Get<uint64_t>(b, 16 + 8) + 1)); });
     cmut(name + "compressed_size max", s, [](Bytes& b) { Put<uint32_t>(b, 16 + 16, ~0u); });
     cmut(name + "compressed_size halved", s, [csize](Bytes& b) { Put<uint32_t>(b, 16 + 16, csize / 2); });
     cmut(name + "uncompressed_size 0", s, [](Bytes& b) { Put<uint64_t>(b, 16 + 56, 0); });
@@ -708,36 +747,36 @@ TEST(FatbinNegative, CorruptCubins) {
   mut("duplicate ordinal", [&](Bytes& b) { Put<uint16_t>(b, kparam(2) + 8, 1); });
   mut("missing ordinal", [&](Bytes& b) { Put<uint16_t>(b, kparam(0) + 8, 7); });
   mut("offset beyond CBANK_PARAM_SIZE", [&](Bytes& b) { Put<uint16_t>(b, kparam(4) + 10, 0xfff0); });
-  mut("size beyond CBANK_PARAM_SIZE", [&](Bytes& b) { Put<uint32_t>(b, kparam(4) + 12, 0xfffc0000u | (Get<uint32_t>(b, kparam(4) + 12) & 0x3ffff)); });
-  mut("CBANK_PARAM_SIZE too small", [&](Bytes& b) {
-    Put<uint16_t>(b, elf.Record(info, 0x19, [](size_t) { return true; }) + 2, 40);
-  });
+  mut("size beyond CBANK_PARAM_SIZE",
+      [&](Bytes& b) { Put<uint32_t>(b, kparam(4) + 12, 0xfffc0000u | (Get<uint32_t>(b, kparam(4) + 12) & 0x3ffff)); });
+  mut("CBANK_PARAM_SIZE too small",
+      [&](Bytes& b) { Put<uint16_t>(b, elf.Record(info, 0x19, [](size_t) { return true; }) + 2, 40); });
   ExpectAllFail(cases);
 }
 
 TEST(FatbinNegative, BadPtx) {
   const char* const cases[] = {
-      ".version 8.0\n.entry",                                       // no name
-      ".version 8.0\n.entry 5k() {}",                               // bad name
-      ".version 8.0\n.entry k(.param .u32) {}",                     // no parameter name
-      ".version 8.0\n.entry k(.param .q32 x) {}",                   // unknown type
-      ".version 8.0\n.entry k(.param x) {}",                        // no type
-      ".version 8.0\n.entry k(.param .align 3 .b8 x[4]) {}",        // alignment not a power of 2
-      ".version 8.0\n.entry k(.param .align .b8 x[4]) {}",          // missing alignment
-      ".version 8.0\n.entry k(.param .b8 x[]) {}",                  // unsized parameter
-      ".version 8.0\n.entry k(.param .b8 x[4) {}",                  // missing ]
-      ".version 8.0\n.entry k(.param .u32 x .param .u32 y) {}",     // missing comma
-      ".version 8.0\n.entry k(.param .u32 x,",                      // unterminated list
-      ".version 8.0\n.entry k(.reg .u32 x) {}",                     // not .param
-      ".version 8.0\n.entry k(.param .b8 x[4294967296]) {}",        // over the parameter cap
+      ".version 8.0\n.entry",                                    // no name
+      ".version 8.0\n.entry 5k() {}",                            // bad name
+      ".version 8.0\n.entry k(.param .u32) {}",                  // no parameter name
+      ".version 8.0\n.entry k(.param .q32 x) {}",                // unknown type
+      ".version 8.0\n.entry k(.param x) {}",                     // no type
+      ".version 8.0\n.entry k(.param .align 3 .b8 x[4]) {}",     // alignment not a power of 2
+      ".version 8.0\n.entry k(.param .align .b8 x[4]) {}",       // missing alignment
+      ".version 8.0\n.entry k(.param .b8 x[]) {}",               // unsized parameter
+      ".version 8.0\n.entry k(.param .b8 x[4) {}",               // missing ]
+      ".version 8.0\n.entry k(.param .u32 x .param .u32 y) {}",  // missing comma
+      ".version 8.0\n.entry k(.param .u32 x,",                   // unterminated list
+      ".version 8.0\n.entry k(.reg .u32 x) {}",                  // not .param
+      ".version 8.0\n.entry k(.param .b8 x[4294967296]) {}",     // over the parameter cap
       ".version 8.0\n.entry k(.param .b8 x[600000], .param .b8 y[600000]) {}",
       ".version 8.0\n.entry k(.param .b8 x[18446744073709551616]) {}",  // not a uint64
-      ".version 8.0\n.global .b8 v[18446744073709551615][2];",       // size overflows
-      ".version 8.0\n.global .b8 v[];",                             // unsized, no initializer
-      ".version 8.0\n.global .u32 v",                               // unterminated
-      ".version 8.0\n.global .u32 v = {1, 2",                       // unterminated initializer
-      ".version 8.0\n.global .u32 v, ;",                            // missing declarator
-      ".version 8.0\n.global .attribute .u32 v;",                   // .attribute without (
+      ".version 8.0\n.global .b8 v[18446744073709551615][2];",          // size overflows
+      ".version 8.0\n.global .b8 v[];",                                 // unsized, no initializer
+      ".version 8.0\n.global .u32 v",                                   // unterminated
+      ".version 8.0\n.global .u32 v = {1, 2",                           // unterminated initializer
+      ".version 8.0\n.global .u32 v, ;",                                // missing declarator
+      ".version 8.0\n.global .attribute .u32 v;",                       // .attribute without (
   };
   std::vector<BadCase> bad;
   for (const char* c : cases) bad.push_back({c, PtxBytes(c)});

@@ -131,8 +131,10 @@ bool Side(CUmemorytype type, const void* host, CUdeviceptr dev, CUarray array, s
     if (host == nullptr) return false;
     out->kind = kSideWindow;
     const uint8_t* p = static_cast<const uint8_t*>(host) + y * pitch + x;
-    if (is_dst) out->dst = const_cast<uint8_t*>(p);
-    else out->src = p;
+    if (is_dst)
+      out->dst = const_cast<uint8_t*>(p);
+    else
+      out->src = p;
     return true;
   }
   if (type != CU_MEMORYTYPE_DEVICE) return false;
@@ -152,7 +154,8 @@ CUresult LinearArrayCopy(CUarray array, size_t offset, size_t n, Client::CopySid
   if (!FindArray(array, &a)) return CUDA_ERROR_INVALID_VALUE;
   if (n == 0) return CUDA_SUCCESS;
   const uint64_t total = a.row_bytes * a.rows * a.slices;
-  if (offset > total || n > total - offset || offset % a.texel != 0 || n % a.texel != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (offset > total || n > total - offset || offset % a.texel != 0 || n % a.texel != 0)
+    return CUDA_ERROR_INVALID_VALUE;
   if (other.kind == kSideDevice && !S().mirror.Find(other.dptr, n, nullptr)) return CUDA_ERROR_INVALID_VALUE;
   if (CUresult r; CaptureRefuse(stream, "a copy to or from a CUDA array", &r)) return r;
   uint64_t done = 0;
@@ -174,11 +177,14 @@ CUresult LinearArrayCopy(CUarray array, size_t offset, size_t n, Client::CopySid
     }
     Client::CopySide lin = other;
     lin.pitch = w;
-    if (lin.kind == kSideDevice) lin.dptr += done;
-    else if (to_array) lin.src += done;
-    else lin.dst += done;
-    const CUresult r = to_array ? Client::Get().CopyArray(arr, lin, w, h, stream)
-                                : Client::Get().CopyArray(lin, arr, w, h, stream);
+    if (lin.kind == kSideDevice)
+      lin.dptr += done;
+    else if (to_array)
+      lin.src += done;
+    else
+      lin.dst += done;
+    const CUresult r =
+        to_array ? Client::Get().CopyArray(arr, lin, w, h, stream) : Client::Get().CopyArray(lin, arr, w, h, stream);
     if (r != CUDA_SUCCESS) return r;
     done += w * h;
   }
@@ -257,8 +263,7 @@ CUresult ObjectCreate(uint64_t* out, const CUDA_RESOURCE_DESC* res, const CUDA_T
       q.res = it->second->remote;
       break;
     }
-    default:
-      return CUDA_ERROR_INVALID_VALUE;
+    default: return CUDA_ERROR_INVALID_VALUE;
   }
   if (res->resType != CU_RESOURCE_TYPE_ARRAY && surface) return CUDA_ERROR_INVALID_VALUE;
   if (tex != nullptr && !surface) {
@@ -273,7 +278,8 @@ CUresult ObjectCreate(uint64_t* out, const CUDA_RESOURCE_DESC* res, const CUDA_T
     std::memcpy(&q.max_level, &tex->maxMipmapLevelClamp, 4);
   }
   U64Rep rep{};
-  if (CUresult r = Client::Get().Call(Op::kTexObjectCreate, &q, sizeof q, &rep, sizeof rep); r != CUDA_SUCCESS) return r;
+  if (CUresult r = Client::Get().Call(Op::kTexObjectCreate, &q, sizeof q, &rep, sizeof rep); r != CUDA_SUCCESS)
+    return r;
   GuestObject o;
   o.res = *res;
   if (tex != nullptr && !surface) o.tex = *tex;
@@ -311,10 +317,10 @@ CUresult ArrayCopyBox(const CUDA_MEMCPY2D& k, size_t src_z, size_t dst_z, uint64
   Client::CopySide src, dst;
   const uint64_t w = k.WidthInBytes, h = k.Height;
   if (w == 0 || h == 0) return CUDA_SUCCESS;
-  if (!Side(k.srcMemoryType, k.srcHost, k.srcDevice, k.srcArray, k.srcXInBytes, k.srcY, src_z, k.srcPitch, w, h,
-            false, &src) ||
-      !Side(k.dstMemoryType, k.dstHost, k.dstDevice, k.dstArray, k.dstXInBytes, k.dstY, dst_z, k.dstPitch, w, h,
-            true, &dst)) {
+  if (!Side(k.srcMemoryType, k.srcHost, k.srcDevice, k.srcArray, k.srcXInBytes, k.srcY, src_z, k.srcPitch, w, h, false,
+            &src) ||
+      !Side(k.dstMemoryType, k.dstHost, k.dstDevice, k.dstArray, k.dstXInBytes, k.dstY, dst_z, k.dstPitch, w, h, true,
+            &dst)) {
     return CUDA_ERROR_INVALID_VALUE;
   }
   if (CUresult r; CaptureRefuse(stream, "a copy to or from a CUDA array", &r)) return r;
@@ -349,7 +355,8 @@ ORION_EXPORT CUresult CUDAAPI cuArrayDestroy(CUarray a) {
   {
     std::lock_guard<std::mutex> l(g_mu);
     auto it = g_arrays.find(a);
-    if (it == g_arrays.end() || it->second->mipmap != nullptr) return CUDA_ERROR_INVALID_HANDLE;  // a level goes with its owner
+    if (it == g_arrays.end() || it->second->mipmap != nullptr)
+      return CUDA_ERROR_INVALID_HANDLE;  // a level goes with its owner
     g = std::move(it->second);
     g_arrays.erase(it);
   }
@@ -378,23 +385,23 @@ ORION_EXPORT CUresult CUDAAPI cuArray3DGetDescriptor_v2(CUDA_ARRAY3D_DESCRIPTOR*
   return CUDA_SUCCESS;
 }
 
-#define ORION_HTOA(name, stream_expr)                                                                        \
+#define ORION_HTOA(name, stream_expr)                                                                         \
   ORION_EXPORT CUresult CUDAAPI name(CUarray dst, size_t off, const void* src, size_t n ORION_STREAM_PARAM) { \
-    ORION_API(name);                                                                                         \
-    if (src == nullptr && n != 0) return CUDA_ERROR_INVALID_VALUE;                                           \
-    Client::CopySide h{};                                                                                    \
-    h.kind = kSideWindow;                                                                                    \
-    h.src = static_cast<const uint8_t*>(src);                                                                \
-    return LinearArrayCopy(dst, off, n, h, true, stream_expr);                                               \
+    ORION_API(name);                                                                                          \
+    if (src == nullptr && n != 0) return CUDA_ERROR_INVALID_VALUE;                                            \
+    Client::CopySide h{};                                                                                     \
+    h.kind = kSideWindow;                                                                                     \
+    h.src = static_cast<const uint8_t*>(src);                                                                 \
+    return LinearArrayCopy(dst, off, n, h, true, stream_expr);                                                \
   }
-#define ORION_ATOH(name, stream_expr)                                                                  \
+#define ORION_ATOH(name, stream_expr)                                                                   \
   ORION_EXPORT CUresult CUDAAPI name(void* dst, CUarray src, size_t off, size_t n ORION_STREAM_PARAM) { \
-    ORION_API(name);                                                                                   \
-    if (dst == nullptr && n != 0) return CUDA_ERROR_INVALID_VALUE;                                     \
-    Client::CopySide h{};                                                                              \
-    h.kind = kSideWindow;                                                                              \
-    h.dst = static_cast<uint8_t*>(dst);                                                                \
-    return LinearArrayCopy(src, off, n, h, false, stream_expr);                                        \
+    ORION_API(name);                                                                                    \
+    if (dst == nullptr && n != 0) return CUDA_ERROR_INVALID_VALUE;                                      \
+    Client::CopySide h{};                                                                               \
+    h.kind = kSideWindow;                                                                               \
+    h.dst = static_cast<uint8_t*>(dst);                                                                 \
+    return LinearArrayCopy(src, off, n, h, false, stream_expr);                                         \
   }
 #define ORION_STREAM_PARAM
 ORION_HTOA(cuMemcpyHtoA_v2, nullptr)
@@ -411,7 +418,7 @@ ORION_ATOH(cuMemcpyAtoHAsync_v2_ptsz, s)
 #undef ORION_HTOA
 #undef ORION_ATOH
 
-#define ORION_DTOA(name)                                                                  \
+#define ORION_DTOA(name)                                                                   \
   ORION_EXPORT CUresult CUDAAPI name(CUarray dst, size_t off, CUdeviceptr src, size_t n) { \
     ORION_API(name);                                                                       \
     Client::CopySide d{};                                                                  \
@@ -419,7 +426,7 @@ ORION_ATOH(cuMemcpyAtoHAsync_v2_ptsz, s)
     d.dptr = src;                                                                          \
     return LinearArrayCopy(dst, off, n, d, true, nullptr);                                 \
   }
-#define ORION_ATOD(name)                                                                  \
+#define ORION_ATOD(name)                                                                   \
   ORION_EXPORT CUresult CUDAAPI name(CUdeviceptr dst, CUarray src, size_t off, size_t n) { \
     ORION_API(name);                                                                       \
     Client::CopySide d{};                                                                  \
@@ -452,10 +459,11 @@ ORION_EXPORT CUresult CUDAAPI cuMipmappedArrayCreate(CUmipmappedArray* out, cons
     return CUDA_ERROR_NOT_SUPPORTED;
   }
   if (d->Width == 0 || (d->Height == 0 && d->Depth != 0)) return CUDA_ERROR_INVALID_VALUE;
-  MipmapCreateReq q{{d->Width, d->Height, d->Depth, static_cast<uint32_t>(d->Format), d->NumChannels, d->Flags, 0},
-                    numLevels, 0};
+  MipmapCreateReq q{
+      {d->Width, d->Height, d->Depth, static_cast<uint32_t>(d->Format), d->NumChannels, d->Flags, 0}, numLevels, 0};
   HandleRep rep{};
-  if (CUresult r = Client::Get().Call(Op::kMipmappedArrayCreate, &q, sizeof q, &rep, sizeof rep); r != CUDA_SUCCESS) return r;
+  if (CUresult r = Client::Get().Call(Op::kMipmappedArrayCreate, &q, sizeof q, &rep, sizeof rep); r != CUDA_SUCCESS)
+    return r;
   auto m = std::make_unique<GuestMipmap>();
   m->remote = rep.handle;
   m->desc = *d;

@@ -104,9 +104,7 @@ CUresult RetainPrimary(CUcontext* pctx, CUdevice dev) {
   return CUDA_SUCCESS;
 }
 
-GuestCtx* AsCtx(CUcontext c) {
-  return S().contexts.Has(c) ? reinterpret_cast<GuestCtx*>(c) : nullptr;
-}
+GuestCtx* AsCtx(CUcontext c) { return S().contexts.Has(c) ? reinterpret_cast<GuestCtx*>(c) : nullptr; }
 
 }  // namespace
 
@@ -331,8 +329,8 @@ ORION_EXPORT CUresult CUDAAPI cuCtxCreate_v2(CUcontext* pctx, unsigned int flags
   ORION_API(cuCtxCreate_v2);
   return CreateCtx(pctx, flags, dev);
 }
-ORION_EXPORT CUresult CUDAAPI cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* params, int n,
-                                             unsigned int flags, CUdevice dev) {
+ORION_EXPORT CUresult CUDAAPI cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* params, int n, unsigned int flags,
+                                             CUdevice dev) {
   ORION_API(cuCtxCreate_v3);
   if (n != 0 || params != nullptr) return CUDA_ERROR_NOT_SUPPORTED;  // execution affinity (MPS)
   return CreateCtx(pctx, flags, dev);
@@ -390,7 +388,10 @@ ORION_EXPORT CUresult CUDAAPI cuCtxSetCurrent(CUcontext ctx) {
   }
   GuestCtx* c = AsCtx(ctx);
   if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
-  if (st.empty()) st.push_back(c); else st.back() = c;
+  if (st.empty())
+    st.push_back(c);
+  else
+    st.back() = c;
   SetCurrentCtx(c);
   return CUDA_SUCCESS;
 }
@@ -513,7 +514,7 @@ ORION_EXPORT CUresult CUDAAPI cuDeviceCanAccessPeer(int* canAccessPeer, CUdevice
 }
 
 ORION_EXPORT CUresult CUDAAPI cuDeviceGetP2PAttribute(int* value, CUdevice_P2PAttribute attrib, CUdevice srcDevice,
-                                                     CUdevice dstDevice) {
+                                                      CUdevice dstDevice) {
   ORION_API(cuDeviceGetP2PAttribute);
   if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (CUresult r = CheckDevice(srcDevice); r != CUDA_SUCCESS) return r;
@@ -522,7 +523,7 @@ ORION_EXPORT CUresult CUDAAPI cuDeviceGetP2PAttribute(int* value, CUdevice_P2PAt
   switch (attrib) {
     case CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK: *value = 0; break;
     case CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED: *value = 1; break;
-    case CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED: *value = 0; break;  // not promised across vGPUs
+    case CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED: *value = 0; break;      // not promised across vGPUs
     case CU_DEVICE_P2P_ATTRIBUTE_CUDA_ARRAY_ACCESS_SUPPORTED: *value = 0; break;  // no arrays yet
     default: return CUDA_ERROR_INVALID_VALUE;
   }
@@ -593,7 +594,10 @@ ORION_EXPORT CUresult CUDAAPI cuGetErrorName(CUresult error, const char** pStr) 
   ORION_API(cuGetErrorName);
   if (pStr == nullptr) return CUDA_ERROR_INVALID_VALUE;
   switch (static_cast<int>(error)) {
-#define ORION_CUDA_ERROR(v, n, d) case v: *pStr = #n; return CUDA_SUCCESS;
+#define ORION_CUDA_ERROR(v, n, d) \
+  case v:                         \
+    *pStr = #n;                   \
+    return CUDA_SUCCESS;
 #include "cuda_errors.inc"
 #undef ORION_CUDA_ERROR
     case 9: *pStr = "CUDA_ERROR_INVALID_CONFIGURATION"; return CUDA_SUCCESS;  // undocumented (api_exec.cpp)
@@ -605,7 +609,10 @@ ORION_EXPORT CUresult CUDAAPI cuGetErrorString(CUresult error, const char** pStr
   ORION_API(cuGetErrorString);
   if (pStr == nullptr) return CUDA_ERROR_INVALID_VALUE;
   switch (static_cast<int>(error)) {
-#define ORION_CUDA_ERROR(v, n, d) case v: *pStr = d; return CUDA_SUCCESS;
+#define ORION_CUDA_ERROR(v, n, d) \
+  case v:                         \
+    *pStr = d;                    \
+    return CUDA_SUCCESS;
 #include "cuda_errors.inc"
 #undef ORION_CUDA_ERROR
     case 9: *pStr = "invalid configuration argument"; return CUDA_SUCCESS;

@@ -92,9 +92,8 @@ CUresult GetFunction(GuestModule* m, const char* name, GuestFunction** out) {
   ModuleSymbolReq q{m->handle, static_cast<uint32_t>(len + 1), 0};
   std::vector<uint8_t> rep(sizeof(FunctionRep) + kMaxKernelParams * sizeof(ParamInfo));
   uint32_t rep_len = 0;
-  CUresult r = Client::Get().Call(Op::kModuleGetFunction, &q, sizeof q, rep.data(),
-                                  static_cast<uint32_t>(rep.size()), &rep_len, name,
-                                  static_cast<uint32_t>(len + 1));
+  CUresult r = Client::Get().Call(Op::kModuleGetFunction, &q, sizeof q, rep.data(), static_cast<uint32_t>(rep.size()),
+                                  &rep_len, name, static_cast<uint32_t>(len + 1));
   if (r != CUDA_SUCCESS) return r;
   FunctionRep fr{};
   if (rep_len < sizeof fr) return CUDA_ERROR_UNKNOWN;
@@ -113,7 +112,10 @@ CUresult GetFunction(GuestModule* m, const char* name, GuestFunction** out) {
   }
   std::lock_guard<std::mutex> l(m->mu);
   auto [it, inserted] = m->functions.emplace(name, f);
-  if (inserted) S().functions.Add(f); else delete f;
+  if (inserted)
+    S().functions.Add(f);
+  else
+    delete f;
   *out = it->second;
   return CUDA_SUCCESS;
 }
@@ -191,9 +193,12 @@ CUresult Launch(CUfunction hf, unsigned gx, unsigned gy, unsigned gz, unsigned b
   if (extra != nullptr) {
     // CU_LAUNCH_PARAM_BUFFER_POINTER / _SIZE pairs, CU_LAUNCH_PARAM_END.
     for (size_t i = 0; extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
-      if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) buffer = extra[i + 1];
-      else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE) buffer_size = *static_cast<size_t*>(extra[i + 1]);
-      else return CUDA_ERROR_INVALID_VALUE;
+      if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER)
+        buffer = extra[i + 1];
+      else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE)
+        buffer_size = *static_cast<size_t*>(extra[i + 1]);
+      else
+        return CUDA_ERROR_INVALID_VALUE;
       if (i > 64) return CUDA_ERROR_INVALID_VALUE;
     }
     if (params != nullptr || buffer == nullptr || buffer_size < f->param_bytes) return CUDA_ERROR_INVALID_VALUE;
@@ -203,8 +208,12 @@ CUresult Launch(CUfunction hf, unsigned gx, unsigned gy, unsigned gz, unsigned b
   LaunchReq q{};
   q.function = f->handle;
   q.stream = stream;
-  q.grid[0] = gx; q.grid[1] = gy; q.grid[2] = gz;
-  q.block[0] = bx; q.block[1] = by; q.block[2] = bz;
+  q.grid[0] = gx;
+  q.grid[1] = gy;
+  q.grid[2] = gz;
+  q.block[0] = bx;
+  q.block[1] = by;
+  q.block[2] = bz;
   q.shared_mem_bytes = smem;
   q.param_bytes = f->param_bytes;
   LaunchExReq x{};
@@ -231,7 +240,10 @@ CUresult Launch(CUfunction hf, unsigned gx, unsigned gy, unsigned gz, unsigned b
     const Op op = ex ? Op::kLaunchKernelEx : Op::kLaunchKernel;
     const uint32_t head = ex ? sizeof x : sizeof q;
     std::vector<uint8_t> frame(head + f->param_bytes);
-    if (ex) std::memcpy(frame.data(), &x, sizeof x); else std::memcpy(frame.data(), &q, sizeof q);
+    if (ex)
+      std::memcpy(frame.data(), &x, sizeof x);
+    else
+      std::memcpy(frame.data(), &q, sizeof q);
     fill(frame.data() + head);
     if (record != nullptr) {
       *record_op = op;
@@ -310,7 +322,9 @@ ORION_EXPORT CUresult CUDAAPI cuModuleLoadData(CUmodule* module, const void* ima
 ORION_EXPORT CUresult CUDAAPI cuModuleLoadDataEx(CUmodule* module, const void* image, unsigned int n,
                                                  CUjit_option* options, void** values) {
   ORION_API(cuModuleLoadDataEx);
-  (void)n; (void)options; (void)values;  // JIT options only tune PTX compilation on the server
+  (void)n;
+  (void)options;
+  (void)values;  // JIT options only tune PTX compilation on the server
   if (module == nullptr) return CUDA_ERROR_INVALID_VALUE;
   GuestModule* m = nullptr;
   CUresult r = LoadModule(image, &m);
@@ -375,8 +389,7 @@ ORION_EXPORT CUresult CUDAAPI cuModuleEnumerateFunctions(CUfunction* functions, 
   return CUDA_SUCCESS;
 }
 
-ORION_EXPORT CUresult CUDAAPI cuModuleGetGlobal_v2(CUdeviceptr* dptr, size_t* bytes, CUmodule hmod,
-                                                   const char* name) {
+ORION_EXPORT CUresult CUDAAPI cuModuleGetGlobal_v2(CUdeviceptr* dptr, size_t* bytes, CUmodule hmod, const char* name) {
   ORION_API(cuModuleGetGlobal_v2);
   return GetGlobal(AsModule(hmod), dptr, bytes, name);
 }
@@ -388,8 +401,12 @@ ORION_EXPORT CUresult CUDAAPI cuLibraryLoadData(CUlibrary* library, const void* 
                                                 CUlibraryOption* libraryOptions, void** libraryOptionValues,
                                                 unsigned int numLibraryOptions) {
   ORION_API(cuLibraryLoadData);
-  (void)jitOptions; (void)jitOptionsValues; (void)numJitOptions;
-  (void)libraryOptions; (void)libraryOptionValues; (void)numLibraryOptions;
+  (void)jitOptions;
+  (void)jitOptionsValues;
+  (void)numJitOptions;
+  (void)libraryOptions;
+  (void)libraryOptionValues;
+  (void)numLibraryOptions;
   if (library == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!Client::Get().connected()) return CUDA_ERROR_NOT_INITIALIZED;
   GuestModule* m = nullptr;
@@ -535,7 +552,8 @@ ORION_EXPORT CUresult CUDAAPI cuFuncSetCacheConfig(CUfunction hfunc, CUfunc_cach
 
 ORION_EXPORT CUresult CUDAAPI cuKernelSetCacheConfig(CUkernel kernel, CUfunc_cache config, CUdevice dev) {
   ORION_API(cuKernelSetCacheConfig);
-  (void)config; (void)dev;
+  (void)config;
+  (void)dev;
   return AsFunction(kernel) == nullptr ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
 }
 
@@ -569,8 +587,8 @@ ORION_EXPORT CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gx, unsi
 }
 
 ORION_EXPORT CUresult CUDAAPI cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
-                                                  unsigned int bx, unsigned int by, unsigned int bz,
-                                                  unsigned int smem, CUstream s, void** params, void** extra) {
+                                                  unsigned int bx, unsigned int by, unsigned int bz, unsigned int smem,
+                                                  CUstream s, void** params, void** extra) {
   ORION_API(cuLaunchKernel_ptsz);
   return Launch(f, gx, gy, gz, bx, by, bz, smem, s, params, extra);
 }
@@ -599,8 +617,7 @@ static CUresult LaunchEx(const CUlaunchConfig* config, CUfunction f, void** para
       case CU_LAUNCH_ATTRIBUTE_PRIORITY:
       case CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW:
       case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN:
-      case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP:
-        break;
+      case CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP: break;
       case CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION:
         break;  // allows overlap with the previous kernel; running after it is always correct
       case CU_LAUNCH_ATTRIBUTE_COOPERATIVE:  // carried to oriond
@@ -625,16 +642,16 @@ static CUresult LaunchEx(const CUlaunchConfig* config, CUfunction f, void** para
 // grid.sync()); oriond refuses grids that cannot be resident with
 // CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE.
 ORION_EXPORT CUresult CUDAAPI cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
-                                                       unsigned int bx, unsigned int by, unsigned int bz,
-                                                       unsigned int smem, CUstream s, void** params) {
+                                                        unsigned int bx, unsigned int by, unsigned int bz,
+                                                        unsigned int smem, CUstream s, void** params) {
   ORION_API(cuLaunchCooperativeKernel);
   return Launch(f, gx, gy, gz, bx, by, bz, smem, s, params, nullptr, nullptr, true);
 }
 
 ORION_EXPORT CUresult CUDAAPI cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
-                                                            unsigned int gz, unsigned int bx, unsigned int by,
-                                                            unsigned int bz, unsigned int smem, CUstream s,
-                                                            void** params) {
+                                                             unsigned int gz, unsigned int bx, unsigned int by,
+                                                             unsigned int bz, unsigned int smem, CUstream s,
+                                                             void** params) {
   ORION_API(cuLaunchCooperativeKernel_ptsz);
   return Launch(f, gx, gy, gz, bx, by, bz, smem, s, params, nullptr, nullptr, true);
 }
@@ -677,7 +694,7 @@ ORION_EXPORT CUresult CUDAAPI cuOccupancyMaxActiveBlocksPerMultiprocessorWithFla
 
 // Both answered by oriond: the real driver's answer on the cuda backend, a model on sim.
 ORION_EXPORT CUresult CUDAAPI cuOccupancyAvailableDynamicSMemPerBlock(size_t* dynamicSmemSize, CUfunction func,
-                                                                     int numBlocks, int blockSize) {
+                                                                      int numBlocks, int blockSize) {
   ORION_API(cuOccupancyAvailableDynamicSMemPerBlock);
   if (dynamicSmemSize == nullptr || numBlocks <= 0 || blockSize <= 0) return CUDA_ERROR_INVALID_VALUE;
   GuestFunction* f = AsFunction(func);
@@ -690,15 +707,19 @@ ORION_EXPORT CUresult CUDAAPI cuOccupancyAvailableDynamicSMemPerBlock(size_t* dy
 }
 
 ORION_EXPORT CUresult CUDAAPI cuOccupancyMaxActiveClusters(int* numClusters, CUfunction func,
-                                                          const CUlaunchConfig* config) {
+                                                           const CUlaunchConfig* config) {
   ORION_API(cuOccupancyMaxActiveClusters);
   if (numClusters == nullptr || config == nullptr) return CUDA_ERROR_INVALID_VALUE;
   GuestFunction* f = AsFunction(func);
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   OccupancyClustersReq q{};
   q.function = f->handle;
-  q.grid[0] = config->gridDimX; q.grid[1] = config->gridDimY; q.grid[2] = config->gridDimZ;
-  q.block[0] = config->blockDimX; q.block[1] = config->blockDimY; q.block[2] = config->blockDimZ;
+  q.grid[0] = config->gridDimX;
+  q.grid[1] = config->gridDimY;
+  q.grid[2] = config->gridDimZ;
+  q.block[0] = config->blockDimX;
+  q.block[1] = config->blockDimY;
+  q.block[2] = config->blockDimZ;
   q.shared_mem_bytes = config->sharedMemBytes;
   ClusterOf(config, q.cluster);
   I32Rep rep{};
@@ -715,8 +736,7 @@ ORION_EXPORT CUresult CUDAAPI cuOccupancyMaxPotentialBlockSize(int* minGridSize,
   GuestFunction* f = AsFunction(func);
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   int max_threads = 0;
-  if (CUresult r = FuncAttr(func, &max_threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK); r != CUDA_SUCCESS)
-    return r;
+  if (CUresult r = FuncAttr(func, &max_threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK); r != CUDA_SUCCESS) return r;
   if (blockSizeLimit > 0) max_threads = std::min(max_threads, blockSizeLimit);
   const int sms = Client::Get().devices()[0].attributes[CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT];
   int best_block = 0, best_threads = -1, best_blocks = 0;

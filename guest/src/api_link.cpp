@@ -48,10 +48,10 @@ struct LogSink {
 struct LinkState {
   std::vector<std::string> ptx;  // the PTX inputs, in order
   std::vector<std::string> names;
-  unsigned libraries = 0;        // CU_JIT_INPUT_LIBRARY inputs, accepted and not read
+  unsigned libraries = 0;  // CU_JIT_INPUT_LIBRARY inputs, accepted and not read
   LogSink info, error;
-  float* wall_time = nullptr;    // CU_JIT_WALL_TIME: the option value slot, as a float
-  std::string output;            // cuLinkComplete's image (NUL-terminated PTX)
+  float* wall_time = nullptr;  // CU_JIT_WALL_TIME: the option value slot, as a float
+  std::string output;          // cuLinkComplete's image (NUL-terminated PTX)
 };
 
 std::mutex g_mu;
@@ -126,11 +126,8 @@ CUresult AddInput(CUlinkState state, CUjitInputType type, const uint8_t* data, s
     case CU_JIT_INPUT_OBJECT:
       WarnOnce("linking SASS inputs (cubins and objects; Orion links PTX)");
       return CUDA_ERROR_NOT_SUPPORTED;
-    case CU_JIT_INPUT_NVVM:
-      WarnOnce("linking LTO IR (CU_JIT_INPUT_NVVM)");
-      return CUDA_ERROR_NOT_SUPPORTED;
-    default:
-      return CUDA_ERROR_INVALID_VALUE;
+    case CU_JIT_INPUT_NVVM: WarnOnce("linking LTO IR (CU_JIT_INPUT_NVVM)"); return CUDA_ERROR_NOT_SUPPORTED;
+    default: return CUDA_ERROR_INVALID_VALUE;
   }
 }
 
@@ -200,7 +197,7 @@ ORION_EXPORT CUresult CUDAAPI cuLinkComplete(CUlinkState state, void** cubinOut,
   st->output = std::move(*linked);
   st->info.Write("info    : linked " + std::to_string(st->ptx.size()) + " PTX module(s) (Orion)");
   st->error.Write("");
-  *cubinOut = st->output.data();      // NUL-terminated: loadable with cuModuleLoadData
+  *cubinOut = st->output.data();  // NUL-terminated: loadable with cuModuleLoadData
   *sizeOut = st->output.size() + 1;
   return CUDA_SUCCESS;
 }

@@ -88,9 +88,15 @@ CUresult Copy2D(const CUDA_MEMCPY2D* c, CUstream hs, bool async) {
   if (CaptureActive()) {
     CUresult r = CUDA_SUCCESS;
     if (k.srcMemoryType == CU_MEMORYTYPE_DEVICE && k.dstMemoryType == CU_MEMORYTYPE_DEVICE) {
-      Memcpy2DReq q{k.srcDevice + k.srcY * k.srcPitch + k.srcXInBytes, k.srcPitch,
-                    k.dstDevice + k.dstY * k.dstPitch + k.dstXInBytes, k.dstPitch, k.WidthInBytes, k.Height, stream,
-                    kSideDevice, kSideDevice};
+      Memcpy2DReq q{k.srcDevice + k.srcY * k.srcPitch + k.srcXInBytes,
+                    k.srcPitch,
+                    k.dstDevice + k.dstY * k.dstPitch + k.dstXInBytes,
+                    k.dstPitch,
+                    k.WidthInBytes,
+                    k.Height,
+                    stream,
+                    kSideDevice,
+                    kSideDevice};
       if (CaptureFrame(stream, Op::kMemcpy2D, &q, sizeof q, offsetof(Memcpy2DReq, stream), &r)) return r;
     } else if (CaptureRefuse(stream, "a 2D copy to or from host memory", &r)) {
       return r;
@@ -216,44 +222,28 @@ CUresult FillPointerAttribute(void* data, CUpointer_attribute attr, CUdeviceptr 
         return CUDA_SUCCESS;
       }
       return CUDA_ERROR_INVALID_VALUE;
-    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
-      *static_cast<int*>(data) = 0;
-      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED: *static_cast<int*>(data) = 0; return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
       *static_cast<int*>(data) = ctx != nullptr ? ctx->device : (dev ? r.device : 0);
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
-      *static_cast<CUdeviceptr*>(data) = dev ? r.base : reinterpret_cast<CUdeviceptr>(pin_base != nullptr ? pin_base : reinterpret_cast<void*>(ptr));
+      *static_cast<CUdeviceptr*>(data) =
+          dev ? r.base : reinterpret_cast<CUdeviceptr>(pin_base != nullptr ? pin_base : reinterpret_cast<void*>(ptr));
       return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
-      *static_cast<size_t*>(data) = dev ? r.bytes : pin_bytes;
-      return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_MAPPED:
-      *static_cast<int*>(data) = 1;
-      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *static_cast<size_t*>(data) = dev ? r.bytes : pin_bytes; return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_MAPPED: *static_cast<int*>(data) = 1; return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_BUFFER_ID:
       *static_cast<unsigned long long*>(data) = dev ? r.base : ptr;
       return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
-      *static_cast<int*>(data) = 1;
-      return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
-      *static_cast<int*>(data) = 0;
-      return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
-      *static_cast<unsigned long long*>(data) = 0;
-      return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
-      *static_cast<int*>(data) = 0;
-      return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS: *static_cast<int*>(data) = 1; return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: *static_cast<int*>(data) = 0; return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES: *static_cast<unsigned long long*>(data) = 0; return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE: *static_cast<int*>(data) = 0; return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS:
       *static_cast<unsigned*>(data) = CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE;
       return CUDA_SUCCESS;
-    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
-      *static_cast<CUmemoryPool*>(data) = nullptr;
-      return CUDA_SUCCESS;
-    default:
-      return CUDA_ERROR_INVALID_VALUE;
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: *static_cast<CUmemoryPool*>(data) = nullptr; return CUDA_SUCCESS;
+    default: return CUDA_ERROR_INVALID_VALUE;
   }
 }
 
@@ -278,11 +268,10 @@ ORION_EXPORT CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) 
   return CUDA_SUCCESS;
 }
 
-ORION_EXPORT CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch, size_t width,
-                                                 size_t height, unsigned int elementSize) {
+ORION_EXPORT CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch, size_t width, size_t height,
+                                                 unsigned int elementSize) {
   ORION_API(cuMemAllocPitch_v2);
-  if (pPitch == nullptr || width == 0 || height == 0 ||
-      (elementSize != 4 && elementSize != 8 && elementSize != 16))
+  if (pPitch == nullptr || width == 0 || height == 0 || (elementSize != 4 && elementSize != 8 && elementSize != 16))
     return CUDA_ERROR_INVALID_VALUE;
   const size_t pitch = (width + 511) & ~size_t{511};  // texture pitch alignment of sm_50+ GPUs
   *pPitch = pitch;
@@ -300,8 +289,10 @@ ORION_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
   if (!S().mirror.RemoveDevice(dptr, &range)) return CUDA_ERROR_INVALID_VALUE;
   MemFreeReq q{dptr};
   CUresult r = Client::Get().Call(Op::kMemFree, &q, sizeof q);
-  if (r != CUDA_SUCCESS) S().mirror.Add(range);  // still allocated on the server: still ours
-  else PoolFreed(dptr);
+  if (r != CUDA_SUCCESS)
+    S().mirror.Add(range);  // still allocated on the server: still ours
+  else
+    PoolFreed(dptr);
   return r;
 }
 
@@ -368,8 +359,9 @@ ORION_EXPORT CUresult CUDAAPI cuMemHostGetDevicePointer_v2(CUdeviceptr* pdptr, v
   if (void* alias = Client::Get().WindowAlias(p, &base, &bytes); alias != nullptr) {
     p = alias;  // registered with CU_MEMHOSTREGISTER_DEVICEMAP: its pages live in the window
   } else if (!Client::Get().PinnedRange(p, &base, &bytes)) {
-    LogWarn("cuMemHostGetDevicePointer: only memory from cuMemHostAlloc/cuMemAllocHost, or registered with "
-            "CU_MEMHOSTREGISTER_DEVICEMAP, can be mapped");
+    LogWarn(
+        "cuMemHostGetDevicePointer: only memory from cuMemHostAlloc/cuMemAllocHost, or registered with "
+        "CU_MEMHOSTREGISTER_DEVICEMAP, can be mapped");
     return CUDA_ERROR_NOT_SUPPORTED;
   }
   WindowRangeReq q{static_cast<uint64_t>(Client::Get().WindowOffset(base, bytes)), bytes};
@@ -501,24 +493,24 @@ static CUresult Peer(CUdeviceptr dst, CUcontext dstCtx, CUdeviceptr src, CUconte
   return DtoD(dst, src, n, s);
 }
 ORION_EXPORT CUresult CUDAAPI cuMemcpyPeer(CUdeviceptr dst, CUcontext dstCtx, CUdeviceptr src, CUcontext srcCtx,
-                                          size_t n) {
+                                           size_t n) {
   ORION_API(cuMemcpyPeer);
   if (CUresult r = Peer(dst, dstCtx, src, srcCtx, n, nullptr); r != CUDA_SUCCESS) return r;
   return Client::Get().Call(Op::kCtxSynchronize, nullptr, 0);  // synchronous, like cuMemcpy
 }
 ORION_EXPORT CUresult CUDAAPI cuMemcpyPeer_ptds(CUdeviceptr dst, CUcontext dstCtx, CUdeviceptr src, CUcontext srcCtx,
-                                               size_t n) {
+                                                size_t n) {
   ORION_API(cuMemcpyPeer_ptds);
   if (CUresult r = Peer(dst, dstCtx, src, srcCtx, n, nullptr); r != CUDA_SUCCESS) return r;
   return Client::Get().Call(Op::kCtxSynchronize, nullptr, 0);
 }
 ORION_EXPORT CUresult CUDAAPI cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dstCtx, CUdeviceptr src, CUcontext srcCtx,
-                                               size_t n, CUstream s) {
+                                                size_t n, CUstream s) {
   ORION_API(cuMemcpyPeerAsync);
   return Peer(dst, dstCtx, src, srcCtx, n, s);
 }
 ORION_EXPORT CUresult CUDAAPI cuMemcpyPeerAsync_ptsz(CUdeviceptr dst, CUcontext dstCtx, CUdeviceptr src,
-                                                    CUcontext srcCtx, size_t n, CUstream s) {
+                                                     CUcontext srcCtx, size_t n, CUstream s) {
   ORION_API(cuMemcpyPeerAsync_ptsz);
   return Peer(dst, dstCtx, src, srcCtx, n, s);
 }
@@ -580,26 +572,25 @@ ORION_EXPORT CUresult CUDAAPI cuMemcpy3DAsync_v2_ptsz(const CUDA_MEMCPY3D* p, CU
   return Copy3D(p, s, true);
 }
 
-#define ORION_MEMSET(name, elem, vtype)                                                              \
-  ORION_EXPORT CUresult CUDAAPI name(CUdeviceptr d, vtype v, size_t n) {                            \
-    ORION_API(name);                                                                                 \
-    return Memset(d, v, elem, n, 1, 0, nullptr);                                                     \
+#define ORION_MEMSET(name, elem, vtype)                                  \
+  ORION_EXPORT CUresult CUDAAPI name(CUdeviceptr d, vtype v, size_t n) { \
+    ORION_API(name);                                                     \
+    return Memset(d, v, elem, n, 1, 0, nullptr);                         \
   }
-#define ORION_MEMSET_ASYNC(name, elem, vtype)                                                        \
-  ORION_EXPORT CUresult CUDAAPI name(CUdeviceptr d, vtype v, size_t n, CUstream s) {                \
-    ORION_API(name);                                                                                 \
-    return Memset(d, v, elem, n, 1, 0, s);                                                           \
+#define ORION_MEMSET_ASYNC(name, elem, vtype)                                        \
+  ORION_EXPORT CUresult CUDAAPI name(CUdeviceptr d, vtype v, size_t n, CUstream s) { \
+    ORION_API(name);                                                                 \
+    return Memset(d, v, elem, n, 1, 0, s);                                           \
   }
-#define ORION_MEMSET2D(name, elem, vtype)                                                            \
-  ORION_EXPORT CUresult CUDAAPI name(CUdeviceptr d, size_t pitch, vtype v, size_t w, size_t h) {    \
-    ORION_API(name);                                                                                 \
-    return Memset(d, v, elem, w, h, pitch, nullptr);                                                 \
+#define ORION_MEMSET2D(name, elem, vtype)                                                        \
+  ORION_EXPORT CUresult CUDAAPI name(CUdeviceptr d, size_t pitch, vtype v, size_t w, size_t h) { \
+    ORION_API(name);                                                                             \
+    return Memset(d, v, elem, w, h, pitch, nullptr);                                             \
   }
-#define ORION_MEMSET2D_ASYNC(name, elem, vtype)                                                      \
-  ORION_EXPORT CUresult CUDAAPI name(CUdeviceptr d, size_t pitch, vtype v, size_t w, size_t h,      \
-                                     CUstream s) {                                                   \
-    ORION_API(name);                                                                                 \
-    return Memset(d, v, elem, w, h, pitch, s);                                                       \
+#define ORION_MEMSET2D_ASYNC(name, elem, vtype)                                                              \
+  ORION_EXPORT CUresult CUDAAPI name(CUdeviceptr d, size_t pitch, vtype v, size_t w, size_t h, CUstream s) { \
+    ORION_API(name);                                                                                         \
+    return Memset(d, v, elem, w, h, pitch, s);                                                               \
   }
 ORION_MEMSET(cuMemsetD8_v2, 1, unsigned char)
 ORION_MEMSET(cuMemsetD8_v2_ptds, 1, unsigned char)
@@ -659,4 +650,3 @@ ORION_EXPORT CUresult CUDAAPI cuPointerGetAttributes(unsigned int numAttributes,
 }
 
 }  // extern "C"
-

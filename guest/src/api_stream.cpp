@@ -135,7 +135,6 @@ ORION_EXPORT CUresult CUDAAPI cuStreamGetPriority(CUstream hs, int* priority) {
   return CUDA_SUCCESS;
 }
 
-
 // A stream's context and green context. Green contexts (SM partitions of a context) are not
 // offered, so no stream belongs to one: the driver's answer for such a stream is a NULL green
 // context (cuDNN's RNNs ask). Either output may be left out by the entry point.
@@ -247,4 +246,3 @@ ORION_EXPORT CUresult CUDAAPI cuEventElapsedTime_v2(float* ms, CUevent a, CUeven
 }
 
 }  // extern "C"
-

@@ -30,7 +30,7 @@ namespace {
 struct VmmHandle {
   CUmemAllocationProp prop{};
   uint64_t bytes = 0;
-  unsigned refs = 1;  // cuMemCreate + cuMemRetainAllocationHandle - cuMemRelease; 0: released on oriond
+  unsigned refs = 1;      // cuMemCreate + cuMemRetainAllocationHandle - cuMemRelease; 0: released on oriond
   unsigned mappings = 0;  // its live cuMemMap's: known (for retain) until both are 0
 };
 struct VmmMapping {
@@ -59,8 +59,10 @@ CUresult CheckProp(const CUmemAllocationProp* p) {
     return CUDA_ERROR_INVALID_VALUE;
   if (p->location.id < 0 || static_cast<size_t>(p->location.id) >= DeviceCount()) return CUDA_ERROR_INVALID_DEVICE;
   if ((p->requestedHandleTypes & ~CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0) {
-    LogWarn("cuMemCreate: only CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR (not exportable) or no shareable handle "
-            "type is served by Orion; requested " + std::to_string(p->requestedHandleTypes));
+    LogWarn(
+        "cuMemCreate: only CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR (not exportable) or no shareable handle "
+        "type is served by Orion; requested " +
+        std::to_string(p->requestedHandleTypes));
     return CUDA_ERROR_NOT_SUPPORTED;
   }
   if (p->allocFlags.compressionType != 0) return CUDA_ERROR_NOT_SUPPORTED;
@@ -77,8 +79,8 @@ ORION_EXPORT CUresult CUDAAPI cuMemGetAllocationGranularity(size_t* granularity,
                                                             CUmemAllocationGranularity_flags option) {
   ORION_API(cuMemGetAllocationGranularity);
   if (CUresult r = EnsureInit(); r != CUDA_SUCCESS) return r;
-  if (granularity == nullptr || (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM &&
-                                 option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
+  if (granularity == nullptr ||
+      (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
     return CUDA_ERROR_INVALID_VALUE;
   if (CUresult r = CheckProp(prop); r != CUDA_SUCCESS) return r;
   *granularity = kVmmGranularity;
@@ -186,8 +188,8 @@ ORION_EXPORT CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const
     std::lock_guard l(V().mu);
     const unsigned shift = 2 * static_cast<unsigned>(desc[i].location.id);
     for (auto it = V().mappings.lower_bound(ptr); it != V().mappings.end() && it->first < ptr + size; ++it) {
-      it->second.access = (it->second.access & ~(3ull << shift)) |
-                          (static_cast<unsigned long long>(desc[i].flags & 3) << shift);
+      it->second.access =
+          (it->second.access & ~(3ull << shift)) | (static_cast<unsigned long long>(desc[i].flags & 3) << shift);
       // Accessible from some device: a device range for copies and kernel arguments.
       if (it->second.access != 0) {
         S().mirror.Add({it->first, it->second.bytes, RangeKind::kVmm, nullptr, nullptr, desc[i].location.id});
@@ -199,11 +201,12 @@ ORION_EXPORT CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const
   return CUDA_SUCCESS;
 }
 
-ORION_EXPORT CUresult CUDAAPI cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location, CUdeviceptr ptr) {
+ORION_EXPORT CUresult CUDAAPI cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location,
+                                             CUdeviceptr ptr) {
   ORION_API(cuMemGetAccess);
   if (CUresult r = EnsureInit(); r != CUDA_SUCCESS) return r;
-  if (flags == nullptr || location == nullptr || location->type != CU_MEM_LOCATION_TYPE_DEVICE ||
-      location->id < 0 || static_cast<size_t>(location->id) >= DeviceCount())
+  if (flags == nullptr || location == nullptr || location->type != CU_MEM_LOCATION_TYPE_DEVICE || location->id < 0 ||
+      static_cast<size_t>(location->id) >= DeviceCount())
     return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard l(V().mu);
   auto it = V().mappings.upper_bound(ptr);
@@ -264,9 +267,9 @@ struct Pool {
 };
 struct Pools {
   std::mutex mu;
-  std::vector<std::unique_ptr<Pool>> all;   // defaults first (one per device), then created ones
-  std::unordered_set<const Pool*> valid;    // the same, for handle lookups (not destroyed ones)
-  std::vector<Pool*> current;               // per device: cuDeviceSetMemPool
+  std::vector<std::unique_ptr<Pool>> all;               // defaults first (one per device), then created ones
+  std::unordered_set<const Pool*> valid;                // the same, for handle lookups (not destroyed ones)
+  std::vector<Pool*> current;                           // per device: cuDeviceSetMemPool
   std::map<uint64_t, std::pair<Pool*, uint64_t>> live;  // pointer -> (pool, bytes)
 };
 Pools& P() {
@@ -356,9 +359,7 @@ CUresult CheckPoolProps(const CUmemPoolProps* p) {
 
 }  // namespace
 
-extern "C" {
-
-}  // extern "C"
+extern "C" {}  // extern "C"
 
 // Device `dev`'s default pool, or its current one (cuDeviceSetMemPool).
 static CUresult DevicePool(CUmemoryPool* pool, CUdevice dev, bool current) {
@@ -499,8 +500,8 @@ ORION_EXPORT CUresult CUDAAPI cuMemPoolSetAccess(CUmemoryPool pool, const CUmemA
 ORION_EXPORT CUresult CUDAAPI cuMemPoolGetAccess(CUmemAccess_flags* flags, CUmemoryPool pool, CUmemLocation* location) {
   ORION_API(cuMemPoolGetAccess);
   if (CUresult r = EnsureInit(); r != CUDA_SUCCESS) return r;
-  if (flags == nullptr || location == nullptr || location->type != CU_MEM_LOCATION_TYPE_DEVICE ||
-      location->id < 0 || static_cast<size_t>(location->id) >= DeviceCount())
+  if (flags == nullptr || location == nullptr || location->type != CU_MEM_LOCATION_TYPE_DEVICE || location->id < 0 ||
+      static_cast<size_t>(location->id) >= DeviceCount())
     return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard l(P().mu);
   Pool* p = FindPool(pool);

@@ -161,7 +161,8 @@ bool TcpFrameChannel::Send(const uint8_t* p, uint64_t len) noexcept {
   while (len > 0) {
     if (limit_ns != 0 && MonoNs() - start > limit_ns) {
       Fail("oriond at " + address_ + " stopped reading: " + std::to_string(len) + " bytes unsent after " +
-           std::to_string((MonoNs() - start) / 1000000) + " ms (ORION_STALL_TIMEOUT_MS=" + std::to_string(stall_ms_) + ")");
+           std::to_string((MonoNs() - start) / 1000000) + " ms (ORION_STALL_TIMEOUT_MS=" + std::to_string(stall_ms_) +
+           ")");
       return false;
     }
     pollfd pfd{fd_, POLLOUT | POLLIN, 0};
@@ -288,9 +289,10 @@ bool TcpFrameChannel::CheckStall() noexcept {
   }
   const uint64_t limit_ns = stall_ms_ * 1000000ull + total * 1000000000ull / kMinBytesPerSecond;
   if (now - msg_start_ns_ <= limit_ns) return true;
-  Fail("oriond at " + address_ + " stalled in the middle of " + (pending_data_ > 0 ? "WindowData" : "a frame") +
-       ": " + std::to_string(have) + " of " + std::to_string(total) + " bytes in " +
-       std::to_string((now - msg_start_ns_) / 1000000) + " ms (ORION_STALL_TIMEOUT_MS=" + std::to_string(stall_ms_) + ")");
+  Fail("oriond at " + address_ + " stalled in the middle of " + (pending_data_ > 0 ? "WindowData" : "a frame") + ": " +
+       std::to_string(have) + " of " + std::to_string(total) + " bytes in " +
+       std::to_string((now - msg_start_ns_) / 1000000) + " ms (ORION_STALL_TIMEOUT_MS=" + std::to_string(stall_ms_) +
+       ")");
   return false;
 }
 

@@ -118,17 +118,21 @@ class TcpFrameChannel final : public FrameChannel {
   std::string address_;
   std::string why_;
   uint64_t stall_ms_ = 30000;
-  uint64_t msg_start_ns_ = 0;           // when the message in progress began (0: none)
-  uint64_t pending_total_ = 0;          // bytes of the WindowData in progress, header included
+  uint64_t msg_start_ns_ = 0;   // when the message in progress began (0: none)
+  uint64_t pending_total_ = 0;  // bytes of the WindowData in progress, header included
   // Window ranges that requests we sent write and whose WindowData has not fully arrived, in order.
-  struct Expected { uint32_t seq; uint64_t offset; uint64_t bytes; };
+  struct Expected {
+    uint32_t seq;
+    uint64_t offset;
+    uint64_t bytes;
+  };
   std::deque<Expected> expected_;
   static constexpr size_t kMaxExpected = 65536;  // failed async copies never get theirs: bounded
-  std::vector<uint8_t> out_;            // the frame being built
-  std::vector<uint8_t> batch_;          // asynchronous frames not sent yet
-  std::vector<uint8_t> in_;             // received, not yet parsed
-  std::vector<std::vector<uint8_t>> ready_;  // parsed frames (header + payload), in order
-  uint64_t pending_data_ = 0;           // WindowData bytes still to receive
+  std::vector<uint8_t> out_;                     // the frame being built
+  std::vector<uint8_t> batch_;                   // asynchronous frames not sent yet
+  std::vector<uint8_t> in_;                      // received, not yet parsed
+  std::vector<std::vector<uint8_t>> ready_;      // parsed frames (header + payload), in order
+  uint64_t pending_data_ = 0;                    // WindowData bytes still to receive
   uint64_t pending_offset_ = 0;
   uint8_t* window_ = nullptr;
   uint64_t window_bytes_ = 0;

@@ -27,7 +27,7 @@ using ivshmem::ChannelLayout;
 using ivshmem::kChannelClaimed;
 using ivshmem::kChannelFree;
 
-constexpr uint64_t kChunk = 1ull << 20;            // bulk copy chunk
+constexpr uint64_t kChunk = 1ull << 20;  // bulk copy chunk
 constexpr uint64_t kPinnedAlign = 256;
 constexpr auto kHeartbeatTimeout = std::chrono::seconds(5);
 // The longest a wait for a reply blocks on a network socket at once (FrameChannel::AwaitInput)
@@ -74,22 +74,29 @@ bool KnownResult(int32_t v) noexcept {
 #define ORION_CUDA_ERROR(num, name, text) case num:
 #include "cuda_errors.inc"
 #undef ORION_CUDA_ERROR
-      return true;
-    default:
-      return false;
+    return true;
+    default: return false;
   }
 }
 
 // Ops whose reply legitimately waits for device work (a kernel of any length): no reply deadline.
 bool MayWaitForDevice(Op op) noexcept {
   switch (op) {
-    case Op::kSync: case Op::kCtxDestroy: case Op::kCtxSynchronize: case Op::kPrimaryCtxRelease:
-    case Op::kPrimaryCtxReset: case Op::kMemFree: case Op::kMemcpyHtoD: case Op::kMemcpyDtoH:
-    case Op::kMemcpy2D: case Op::kModuleLoad: case Op::kModuleUnload: case Op::kStreamDestroy:
-    case Op::kStreamSynchronize: case Op::kEventSynchronize:
-      return true;
-    default:
-      return false;
+    case Op::kSync:
+    case Op::kCtxDestroy:
+    case Op::kCtxSynchronize:
+    case Op::kPrimaryCtxRelease:
+    case Op::kPrimaryCtxReset:
+    case Op::kMemFree:
+    case Op::kMemcpyHtoD:
+    case Op::kMemcpyDtoH:
+    case Op::kMemcpy2D:
+    case Op::kModuleLoad:
+    case Op::kModuleUnload:
+    case Op::kStreamDestroy:
+    case Op::kStreamSynchronize:
+    case Op::kEventSynchronize: return true;
+    default: return false;
   }
 }
 
@@ -227,7 +234,8 @@ CUresult Client::ConnectLocked() {
     std::string placed;
     if (CUresult r = AllocateFromControllerLocked(vgpus, gmem, &placed); r != CUDA_SUCCESS) return r;
     if (Status st = connect_network(placed, true); !st.ok()) {
-      LogError("cannot reach oriond " + LogSafe(placed) + " of allocation " + controller_alloc_ + ": " + LogSafe(st.message()));
+      LogError("cannot reach oriond " + LogSafe(placed) + " of allocation " + controller_alloc_ + ": " +
+               LogSafe(st.message()));
       ReleaseControllerAllocation("server_unreachable");
       return CUDA_ERROR_NO_DEVICE;
     }
@@ -276,8 +284,7 @@ CUresult Client::ConnectLocked() {
   for (uint32_t i = 0; i < count && !claimed; ++i) {
     uint32_t expect = kChannelFree;
     // K0: claim; acquire pairs with R0 in ResetChannel (cursors were zeroed before it was freed).
-    if (header_->channels[i].state.compare_exchange_strong(expect, kChannelClaimed,
-                                                           std::memory_order_acq_rel)) {
+    if (header_->channels[i].state.compare_exchange_strong(expect, kChannelClaimed, std::memory_order_acq_rel)) {
       channel_index_ = i;
       claimed = true;
     }
@@ -288,12 +295,13 @@ CUresult Client::ConnectLocked() {
       LogError("no oriond serves " + path + " (its heartbeat has stopped): start oriond on the host");
       return CUDA_ERROR_NO_DEVICE;
     }
-    LogError("all " + std::to_string(count) + " channels of " + path +
-             " are in use by other CUDA processes (one per process); " +
-             (vm_region || where->source.rfind("ivshmem", 0) == 0
-                  ? "this VM has " + std::to_string(count) +
-                        ": give it more on the host with `orion-vm enable <domain> --processes N` (from the VM's next start)"
-                  : "a bigger region (orion-shm -s MIB) or a smaller shm_buffer_size gives more"));
+    LogError(
+        "all " + std::to_string(count) + " channels of " + path +
+        " are in use by other CUDA processes (one per process); " +
+        (vm_region || where->source.rfind("ivshmem", 0) == 0
+             ? "this VM has " + std::to_string(count) +
+                   ": give it more on the host with `orion-vm enable <domain> --processes N` (from the VM's next start)"
+             : "a bigger region (orion-shm -s MIB) or a smaller shm_buffer_size gives more"));
     return CUDA_ERROR_NO_DEVICE;
   }
   desc_ = &header_->channels[channel_index_];
@@ -320,10 +328,9 @@ CUresult Client::ConnectLocked() {
   layout_ = ChannelLayout::Compute(channel_bytes);
   uint8_t* chan = ivshmem::ChannelBase(region_->data(), channel_bytes, channel_index_);
   const uint32_t generation = desc_->generation;  // published before the channel was freed (R0/K0)
-  chan_ = std::make_unique<ShmFrameChannel>(chan + layout_.request_ring_offset,
-                                            static_cast<uint32_t>(layout_.request_ring_bytes),
-                                            chan + layout_.reply_ring_offset,
-                                            static_cast<uint32_t>(layout_.reply_ring_bytes), generation);
+  chan_ = std::make_unique<ShmFrameChannel>(
+      chan + layout_.request_ring_offset, static_cast<uint32_t>(layout_.request_ring_bytes),
+      chan + layout_.reply_ring_offset, static_cast<uint32_t>(layout_.reply_ring_bytes), generation);
   window_ = chan + layout_.window_offset;
   pinned_free_.clear();
   pinned_free_[layout_.staging_bytes] = layout_.window_bytes - layout_.staging_bytes;
@@ -360,8 +367,8 @@ CUresult Client::HandshakeLocked(uint64_t vgpus, uint64_t gmem, const std::strin
     std::strncpy(hello.key, key, sizeof hello.key - 1);
   }
   std::snprintf(hello.allocation_id, sizeof hello.allocation_id, "%s", controller_alloc_.c_str());
-  if (const char* job = std::getenv("ORION_ALLOCATION"); job != nullptr && *job != '\0' && network_ &&
-      controller_alloc_.empty()) {
+  if (const char* job = std::getenv("ORION_ALLOCATION");
+      job != nullptr && *job != '\0' && network_ && controller_alloc_.empty()) {
     // An allocation made for this process's job (the Slurm plugin): oriond serves it on the job's
     // vGPUs and leaves it to the job (it is not released when this process exits).
     if (!IsUuid(job)) {
@@ -402,7 +409,8 @@ CUresult Client::HandshakeLocked(uint64_t vgpus, uint64_t gmem, const std::strin
     }
     layout_ = ChannelLayout::Compute(welcome_.channel_bytes);
     if (welcome_.transport == kTransportRdma) {
-      if (rdma_port_ == nullptr) return Broken(CUDA_ERROR_UNKNOWN, "oriond chose RDMA, which this client did not offer");
+      if (rdma_port_ == nullptr)
+        return Broken(CUDA_ERROR_UNKNOWN, "oriond chose RDMA, which this client did not offer");
       // The queue pair is set up on the Hello's connection, which then only signals liveness.
       const FrameHeader ch = MakeHeader(Op::kRdmaConnect, sizeof(RdmaConnectInfo), true);
       auto rc = RdmaFrameChannel::Connect(tcp_->ReleaseFd(), *rdma_port_, where, layout_.window_bytes, ch);
@@ -420,9 +428,9 @@ CUresult Client::HandshakeLocked(uint64_t vgpus, uint64_t gmem, const std::strin
     } else {
       if (!tcp_->SetWindow(layout_.window_bytes)) return Broken(CUDA_ERROR_OUT_OF_MEMORY, "no memory for the window");
       window_ = tcp_->window();
-      transport_text = "TCP to " + where + " (" +
-                       (rdma_port_ != nullptr ? std::string("oriond chose TCP; its log says why")
-                                              : "no RDMA: " + rdma_why_) + ")";
+      transport_text =
+          "TCP to " + where + " (" +
+          (rdma_port_ != nullptr ? std::string("oriond chose TCP; its log says why") : "no RDMA: " + rdma_why_) + ")";
     }
     pinned_free_.clear();
     pinned_free_[layout_.staging_bytes] = layout_.window_bytes - layout_.staging_bytes;
@@ -433,8 +441,8 @@ CUresult Client::HandshakeLocked(uint64_t vgpus, uint64_t gmem, const std::strin
   LogInfo(std::string("Orion vGPU client ") + kOrionVersion + " (build " + kOrionBuild + ")");
   welcome_.allocation_id[sizeof welcome_.allocation_id - 1] = '\0';
   if (welcome_.allocation_id[0] != '\0' && !IsUuid(welcome_.allocation_id)) {
-    return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, ("oriond's Welcome names a malformed allocation id " +
-                                                  LogSafe(welcome_.allocation_id)).c_str());
+    return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE,
+                  ("oriond's Welcome names a malformed allocation id " + LogSafe(welcome_.allocation_id)).c_str());
   }
   if (welcome_.allocation_id[0] != '\0') {
     // "(job)": the allocation of this process's job (ORION_ALLOCATION), which outlives it.
@@ -466,46 +474,50 @@ CUresult Client::AllocateFromControllerLocked(uint64_t vgpus, uint64_t gmem, std
   char host[256] = {};
   gethostname(host, sizeof host - 1);
   try {
-  controller::ControllerClient cc(*eps, ivshmem::ClientControllerKey(), 5000);
-  // Host and program names are bytes, not text: JSON needs valid UTF-8 (invalid bytes become U+FFFD).
-  nlohmann::json req = {{"vgpus", vgpus}, {"gmem_mib", gmem},
-                        {"client", {{"host", ValidUtf8(host)}, {"pid", static_cast<uint32_t>(getpid())},
-                                    {"process", ValidUtf8(ProcessName())}}}};
-  if (ratio != 0) req["ratio"] = ratio;
-  // The idempotency key: Call sends the same body to the next controller when one does not answer
-  // (it may have placed the allocation and died before replying); the pool answers a repeat with the
-  // allocation the first request made, so a lost answer leaves no allocation behind.
-  req["request_id"] = RandomUuid();
-  auto r = cc.Call("POST", "/v1/allocations", req);
-  if (!r.ok()) {
-    LogError("Fail to get resource from controller " + cc.endpoint().text() + ": " + LogSafe(r.status().message()));
-    switch (r.status().code()) {
-      case Code::kInvalidArgument: return CUDA_ERROR_INVALID_VALUE;
-      case Code::kResourceExhausted: return CUDA_ERROR_OUT_OF_MEMORY;
-      case Code::kPermissionDenied: return CUDA_ERROR_NOT_PERMITTED;
-      default: return CUDA_ERROR_NO_DEVICE;
+    controller::ControllerClient cc(*eps, ivshmem::ClientControllerKey(), 5000);
+    // Host and program names are bytes, not text: JSON needs valid UTF-8 (invalid bytes become U+FFFD).
+    nlohmann::json req = {
+        {"vgpus", vgpus},
+        {"gmem_mib", gmem},
+        {"client",
+         {{"host", ValidUtf8(host)}, {"pid", static_cast<uint32_t>(getpid())}, {"process", ValidUtf8(ProcessName())}}}};
+    if (ratio != 0) req["ratio"] = ratio;
+    // The idempotency key: Call sends the same body to the next controller when one does not answer
+    // (it may have placed the allocation and died before replying); the pool answers a repeat with the
+    // allocation the first request made, so a lost answer leaves no allocation behind.
+    req["request_id"] = RandomUuid();
+    auto r = cc.Call("POST", "/v1/allocations", req);
+    if (!r.ok()) {
+      LogError("Fail to get resource from controller " + cc.endpoint().text() + ": " + LogSafe(r.status().message()));
+      switch (r.status().code()) {
+        case Code::kInvalidArgument: return CUDA_ERROR_INVALID_VALUE;
+        case Code::kResourceExhausted: return CUDA_ERROR_OUT_OF_MEMORY;
+        case Code::kPermissionDenied: return CUDA_ERROR_NOT_PERMITTED;
+        default: return CUDA_ERROR_NO_DEVICE;
+      }
     }
-  }
-  const nlohmann::json& a = *r;
-  if (!a.contains("id") || !a["id"].is_string() || !a.contains("server") || !a["server"].is_string() ||
-      !a.contains("placements") || !a["placements"].is_array() || a["placements"].empty()) {
-    LogError("Fail to get resource from controller " + cc.endpoint().text() + ": malformed reply");
-    return CUDA_ERROR_NO_DEVICE;
-  }
-  const std::string id = a["id"].get<std::string>();
-  if (!IsUuid(id)) {
-    // It would go into DELETE /v1/allocations/<id> and oriond's Hello: nothing but a UUID may.
-    LogError("Fail to get resource from controller " + cc.endpoint().text() + ": malformed allocation id " + LogSafe(id));
-    return CUDA_ERROR_NO_DEVICE;
-  }
-  controller_alloc_ = id;
-  *server = a["server"].get<std::string>();
-  std::string where;
-  for (const auto& p : a["placements"]) {
-    if (p.contains("text") && p["text"].is_string()) where += " " + p["text"].get<std::string>();
-  }
-  LogInfo("Orion Controller " + cc.endpoint().text() + " placed allocation " + controller_alloc_ + ":" + LogSafe(where));
-  return CUDA_SUCCESS;
+    const nlohmann::json& a = *r;
+    if (!a.contains("id") || !a["id"].is_string() || !a.contains("server") || !a["server"].is_string() ||
+        !a.contains("placements") || !a["placements"].is_array() || a["placements"].empty()) {
+      LogError("Fail to get resource from controller " + cc.endpoint().text() + ": malformed reply");
+      return CUDA_ERROR_NO_DEVICE;
+    }
+    const std::string id = a["id"].get<std::string>();
+    if (!IsUuid(id)) {
+      // It would go into DELETE /v1/allocations/<id> and oriond's Hello: nothing but a UUID may.
+      LogError("Fail to get resource from controller " + cc.endpoint().text() + ": malformed allocation id " +
+               LogSafe(id));
+      return CUDA_ERROR_NO_DEVICE;
+    }
+    controller_alloc_ = id;
+    *server = a["server"].get<std::string>();
+    std::string where;
+    for (const auto& p : a["placements"]) {
+      if (p.contains("text") && p["text"].is_string()) where += " " + p["text"].get<std::string>();
+    }
+    LogInfo("Orion Controller " + cc.endpoint().text() + " placed allocation " + controller_alloc_ + ":" +
+            LogSafe(where));
+    return CUDA_SUCCESS;
   } catch (const std::exception& e) {  // nothing may escape: this runs inside cuInit
     LogError("Fail to get resource from controller " + controller_addr_ + ": " + LogSafe(e.what()));
     return CUDA_ERROR_NO_DEVICE;
@@ -578,8 +590,8 @@ bool Client::ServerGoneLocked(uint64_t* last_beat, uint64_t* last_change) noexce
   return false;
 }
 
-CUresult Client::PushLocked(const FrameHeader& h, const void* req, uint32_t req_len,
-                            const void* tail, uint32_t tail_len) noexcept {
+CUresult Client::PushLocked(const FrameHeader& h, const void* req, uint32_t req_len, const void* tail,
+                            uint32_t tail_len) noexcept {
   Backoff backoff;
   uint8_t* p;
   uint64_t beat = 0, changed = 0;
@@ -608,9 +620,9 @@ uint64_t Client::ReplyDeadlineMs(Op op) const noexcept {
 
 bool Client::TimedOutLocked(uint64_t start_ns, uint64_t ms, Op op, uint32_t seq) noexcept {
   if (ms == 0 || NowNs() - start_ns <= ms * 1000000ull) return false;
-  const char* knob = op == Op::kHello || op == Op::kRdmaConnect                 ? "ORION_HANDSHAKE_TIMEOUT_MS"
+  const char* knob = op == Op::kHello || op == Op::kRdmaConnect ? "ORION_HANDSHAKE_TIMEOUT_MS"
                      : op != Op::kTakeOutput && (MayWaitForDevice(op) || async_unanswered_) ? "ORION_SYNC_TIMEOUT_MS"
-                                                                                      : "ORION_REPLY_TIMEOUT_MS";
+                                                                                            : "ORION_REPLY_TIMEOUT_MS";
   const std::string what = std::string("no reply to ") + OpName(static_cast<uint16_t>(op)) + " (seq " +
                            std::to_string(seq) + ") from " + peer_ + " in " + std::to_string(ms) + " ms (" + knob + ")";
   Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, what.c_str());
@@ -655,9 +667,10 @@ CUresult Client::WaitReplyLocked(uint32_t seq, Op op, void* rep, uint32_t rep_ca
     if (got) {
       if (!ReplyValidLocked(f.header, seq, op)) return broken_;
       if (f.header.status == CUDA_SUCCESS && rep != nullptr && rep_len == nullptr && f.header.payload_len < rep_cap) {
-        return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, (peer_ + " sent a short reply to " + OpName(f.header.op) + " (" +
-                                                      std::to_string(f.header.payload_len) + " of " +
-                                                      std::to_string(rep_cap) + " bytes)").c_str());
+        return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE,
+                      (peer_ + " sent a short reply to " + OpName(f.header.op) + " (" +
+                       std::to_string(f.header.payload_len) + " of " + std::to_string(rep_cap) + " bytes)")
+                          .c_str());
       }
       async_unanswered_ = false;  // oriond executes in order: everything before it has run
       if (network_) last_reply_ns_ = NowNs();
@@ -734,9 +747,8 @@ CUresult Client::SyncContextLocked() noexcept {
   return CUDA_SUCCESS;
 }
 
-
-CUresult Client::Call(Op op, const void* req, uint32_t req_len, void* rep, uint32_t rep_cap,
-                      uint32_t* rep_len, const void* tail, uint32_t tail_len) noexcept {
+CUresult Client::Call(Op op, const void* req, uint32_t req_len, void* rep, uint32_t rep_cap, uint32_t* rep_len,
+                      const void* tail, uint32_t tail_len) noexcept {
   std::lock_guard<std::mutex> lock(mu_);
   if (broken_ != CUDA_SUCCESS) return broken_;
   if (header_ == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
@@ -850,7 +862,10 @@ CUresult Client::CopyDtoH(void* dst, uint64_t src, uint64_t bytes, uint64_t stre
     return WaitReplyLocked(h.seq, static_cast<Op>(h.op), nullptr, 0, nullptr);
   }
   // Pageable destination: pipelined chunks through staging; the call returns when all arrived.
-  struct Pending { uint32_t seq; uint64_t off, len, at; };
+  struct Pending {
+    uint32_t seq;
+    uint64_t off, len, at;
+  };
   std::deque<Pending> pending;
   auto* d = static_cast<uint8_t*>(dst);
   CUresult result = CUDA_SUCCESS;
@@ -914,10 +929,11 @@ CUresult Client::Copy2D(const CUDA_MEMCPY2D& c, uint64_t stream, bool async) noe
   const CUresult r = StagedRowsLocked(
       Op::kMemcpy2D, w, hgt, src_host ? src_h : nullptr, c.srcPitch, src_host ? nullptr : dst_h, c.dstPitch,
       [&](uint64_t row, uint64_t rows, uint64_t off, uint8_t* req) {
-        const Memcpy2DReq q = src_host ? Memcpy2DReq{off, w, dst_dev + row * c.dstPitch, c.dstPitch, w, rows, stream,
-                                                     kSideWindow, kSideDevice}
-                                       : Memcpy2DReq{src_dev + row * c.srcPitch, c.srcPitch, off, w, w, rows, stream,
-                                                     kSideDevice, kSideWindow};
+        const Memcpy2DReq q =
+            src_host
+                ? Memcpy2DReq{off, w, dst_dev + row * c.dstPitch, c.dstPitch, w, rows, stream, kSideWindow, kSideDevice}
+                : Memcpy2DReq{
+                      src_dev + row * c.srcPitch, c.srcPitch, off, w, w, rows, stream, kSideDevice, kSideWindow};
         std::memcpy(req, &q, sizeof q);
         return static_cast<uint32_t>(sizeof q);
       });
@@ -925,7 +941,8 @@ CUresult Client::Copy2D(const CUDA_MEMCPY2D& c, uint64_t stream, bool async) noe
   return r;
 }
 
-CUresult Client::CopyArray(const CopySide& dst, const CopySide& src, uint64_t w, uint64_t hgt, uint64_t stream) noexcept {
+CUresult Client::CopyArray(const CopySide& dst, const CopySide& src, uint64_t w, uint64_t hgt,
+                           uint64_t stream) noexcept {
   if (w == 0 || hgt == 0) return CUDA_SUCCESS;
   // The request for rows [row, row + rows) with the window at `off` for the host side.
   auto request = [&](uint64_t row, uint64_t rows, uint64_t off) {
@@ -962,8 +979,9 @@ CUresult Client::CopyArray(const CopySide& dst, const CopySide& src, uint64_t w,
     FrameHeader h = MakeHeader(Op::kMemcpyArray, sizeof q, false);
     return PushLocked(h, &q, sizeof q, nullptr, 0);
   }
-  return StagedRowsLocked(Op::kMemcpyArray, w, hgt, src_host ? src.src : nullptr, src.pitch, src_host ? nullptr : dst.dst,
-                          dst.pitch, [&](uint64_t row, uint64_t rows, uint64_t off, uint8_t* req) {
+  return StagedRowsLocked(Op::kMemcpyArray, w, hgt, src_host ? src.src : nullptr, src.pitch,
+                          src_host ? nullptr : dst.dst, dst.pitch,
+                          [&](uint64_t row, uint64_t rows, uint64_t off, uint8_t* req) {
                             const ArrayCopyReq q = request(row, rows, off);
                             std::memcpy(req, &q, sizeof q);
                             return static_cast<uint32_t>(sizeof q);
@@ -1098,11 +1116,12 @@ bool AnonymousPrivate(uint64_t start, uint64_t end) noexcept {
     unsigned long long lo = 0, hi = 0, offset = 0, inode = 0;
     char perms[8] = {}, dev[16] = {};
     int path_at = 0;
-    if (std::sscanf(line, "%llx-%llx %7s %llx %15s %llu %n", &lo, &hi, perms, &offset, dev, &inode, &path_at) < 6) continue;
+    if (std::sscanf(line, "%llx-%llx %7s %llx %15s %llu %n", &lo, &hi, perms, &offset, dev, &inode, &path_at) < 6)
+      continue;
     if (hi <= covered || lo >= end) continue;
     const char* path = line + path_at;
-    const bool special = path[0] == '[' && std::strncmp(path, "[heap]", 6) != 0 && std::strncmp(path, "[stack", 6) != 0 &&
-                         std::strncmp(path, "[anon", 5) != 0;
+    const bool special = path[0] == '[' && std::strncmp(path, "[heap]", 6) != 0 &&
+                         std::strncmp(path, "[stack", 6) != 0 && std::strncmp(path, "[anon", 5) != 0;
     if (lo > covered || perms[3] != 'p' || inode != 0 || special) ok = false;
     covered = hi;
   }
@@ -1122,8 +1141,9 @@ CUresult Client::MapIntoWindow(void* p, uint64_t bytes) noexcept {
   end = (end + page - 1) & ~(page - 1);
   const uint64_t len = end - start;
   if (!AnonymousPrivate(start, end)) {
-    LogWarn("cuMemHostRegister(DEVICEMAP): only private anonymous memory (heap, stack, anonymous mmap) can be "
-            "mapped for the device; this range is shared or file-backed");
+    LogWarn(
+        "cuMemHostRegister(DEVICEMAP): only private anonymous memory (heap, stack, anonymous mmap) can be "
+        "mapped for the device; this range is shared or file-backed");
     return CUDA_ERROR_NOT_SUPPORTED;
   }
   const auto window_file = static_cast<uint64_t>(window_ - region_->data());
@@ -1134,7 +1154,8 @@ CUresult Client::MapIntoWindow(void* p, uint64_t bytes) noexcept {
   // A page-aligned block of the pinned heap.
   const int64_t at = PinnedAllocLocked(len, page);
   if (at < 0) {
-    LogWarn("cuMemHostRegister(DEVICEMAP): " + std::to_string(len >> 10) + " KiB do not fit in the data window's pinned heap");
+    LogWarn("cuMemHostRegister(DEVICEMAP): " + std::to_string(len >> 10) +
+            " KiB do not fit in the data window's pinned heap");
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   const auto off = static_cast<uint64_t>(at);
@@ -1169,7 +1190,8 @@ bool Client::UnmapFromWindow(void* p) noexcept {
   if (tmp != MAP_FAILED) {
     std::memcpy(tmp, window_ + w.off, w.len);
     // mremap moves the private copy over the shared pages atomically: no moment without memory.
-    if (::mremap(tmp, w.len, w.len, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(w.page_start)) == MAP_FAILED) {
+    if (::mremap(tmp, w.len, w.len, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(w.page_start)) ==
+        MAP_FAILED) {
       ::munmap(tmp, w.len);
       LogWarn("cuMemHostUnregister: the registered pages stay shared with the window");
       return true;  // the program's memory still holds its bytes; the heap block stays taken

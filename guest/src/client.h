@@ -47,8 +47,7 @@ class Client {
   CUresult Call(Op op, const void* req, uint32_t req_len, void* rep = nullptr, uint32_t rep_cap = 0,
                 uint32_t* rep_len = nullptr, const void* tail = nullptr, uint32_t tail_len = 0) noexcept;
   // Fire-and-forget: enqueues `op`; an error surfaces at a later Call.
-  CUresult Send(Op op, const void* req, uint32_t req_len, const void* tail = nullptr,
-                uint32_t tail_len = 0) noexcept;
+  CUresult Send(Op op, const void* req, uint32_t req_len, const void* tail = nullptr, uint32_t tail_len = 0) noexcept;
 
   // Launch fast path: writes a LaunchKernel frame (LaunchKernelEx when `ex` is given: a cluster
   // launch) in place. `fill` writes param_bytes bytes.
@@ -63,15 +62,16 @@ class Client {
   // origin x bytes, y, z). Host sides go through the data window in row chunks; a host destination
   // is filled before it returns.
   struct CopySide {
-    uint32_t kind;        // kSideDevice, kSideArray, or kSideWindow for host memory
-    uint64_t dptr;        // device: the box's first byte
-    const uint8_t* src;   // host source: the box's first byte
-    uint8_t* dst;         // host destination
-    uint64_t array;       // oriond's array handle
-    uint64_t pitch;       // device / host: bytes between rows
-    uint64_t x, y, z;     // array: origin
+    uint32_t kind;       // kSideDevice, kSideArray, or kSideWindow for host memory
+    uint64_t dptr;       // device: the box's first byte
+    const uint8_t* src;  // host source: the box's first byte
+    uint8_t* dst;        // host destination
+    uint64_t array;      // oriond's array handle
+    uint64_t pitch;      // device / host: bytes between rows
+    uint64_t x, y, z;    // array: origin
   };
-  CUresult CopyArray(const CopySide& dst, const CopySide& src, uint64_t width, uint64_t height, uint64_t stream) noexcept;
+  CUresult CopyArray(const CopySide& dst, const CopySide& src, uint64_t width, uint64_t height,
+                     uint64_t stream) noexcept;
   CUresult UploadBlob(uint64_t hash_lo, uint64_t hash_hi, const uint8_t* data, uint64_t bytes) noexcept;
 
   // Pinned allocations live in the window's heap. Returns nullptr when the heap is full.
@@ -185,11 +185,11 @@ class Client {
   uint32_t channel_index_ = 0;
   ivshmem::ChannelLayout layout_{};
   uint8_t* window_ = nullptr;
-  std::unique_ptr<FrameChannel> chan_;  // the rings of a region channel, or a TCP connection
-  TcpFrameChannel* tcp_ = nullptr;      // chan_, while it is TCP
-  bool network_ = false;                // ORION_SERVER: TCP, or RDMA after the Welcome
+  std::unique_ptr<FrameChannel> chan_;     // the rings of a region channel, or a TCP connection
+  TcpFrameChannel* tcp_ = nullptr;         // chan_, while it is TCP
+  bool network_ = false;                   // ORION_SERVER: TCP, or RDMA after the Welcome
   std::unique_ptr<rdma::Port> rdma_port_;  // the RDMA port this client offers (null: TCP only)
-  std::string rdma_why_;                // why it offers no RDMA
+  std::string rdma_why_;                   // why it offers no RDMA
   std::vector<uint8_t> scratch_;
   uint32_t next_seq_ = 1;
   // Bounded waits (ms, 0: none): ORION_HANDSHAKE_TIMEOUT_MS, ORION_REPLY_TIMEOUT_MS,
@@ -203,22 +203,24 @@ class Client {
   uint64_t current_ctx_sent_ = 0;
 
   struct StageEntry {
-    uint64_t end;       // staging cursor after this entry
-    uint32_t seq;       // frame that consumes it (host-released)
-    bool guest_owned;   // released by us after copy-out
+    uint64_t end;      // staging cursor after this entry
+    uint32_t seq;      // frame that consumes it (host-released)
+    bool guest_owned;  // released by us after copy-out
     bool released;
   };
   std::deque<StageEntry> stage_fifo_;
   uint64_t stage_head_ = 0;  // bytes allocated (free-running)
   uint64_t stage_tail_ = 0;  // bytes released (free-running)
 
-  std::map<uint64_t, uint64_t> pinned_free_;  // offset -> size (heap free list)
-  std::map<uint64_t, uint64_t> pinned_used_;  // offset -> size
+  std::map<uint64_t, uint64_t> pinned_free_;     // offset -> size (heap free list)
+  std::map<uint64_t, uint64_t> pinned_used_;     // offset -> size
   bool PinnedFreeLocked(uint64_t off) noexcept;  // mu_ held; `off` from the pinned heap
   // `need` bytes of the pinned heap at a multiple of `align` (a power of two), first fit (mu_ held);
   // the window offset, or -1 when none fits.
   int64_t PinnedAllocLocked(uint64_t need, uint64_t align) noexcept;
-  struct WindowMapping { uint64_t page_start, len, off; };
+  struct WindowMapping {
+    uint64_t page_start, len, off;
+  };
   std::map<uintptr_t, WindowMapping> window_mappings_;  // by the registered pointer
 
   WelcomeRep welcome_{};
@@ -253,7 +255,10 @@ CUresult Client::SendLaunch(const LaunchReq& q, const LaunchExReq* ex, Fill&& fi
     backoff.Pause();
   }
   std::memcpy(p, &h, sizeof h);
-  if (ex != nullptr) std::memcpy(p + sizeof h, ex, sizeof *ex); else std::memcpy(p + sizeof h, &q, sizeof q);
+  if (ex != nullptr)
+    std::memcpy(p + sizeof h, ex, sizeof *ex);
+  else
+    std::memcpy(p + sizeof h, &q, sizeof q);
   fill(p + sizeof h + head);
   async_unanswered_ = true;
   if (!chan_->Commit()) return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, "the connection to oriond broke");

@@ -30,15 +30,15 @@ namespace {
 
 // ---- Tables and coverage ------------------------------------------------------------------------
 enum Tbl : int {
-  kCudart,       // 6bd5fb6c: runtime interface
-  kHooks,        // a094798c: tool callback hooks
-  kTls,          // 42d85a81: tools TLS
-  kCls,          // c693336e: context-local storage
-  kCtxChecks,    // 263e8860: context checks
-  kIntegrity,    // d4082055: integrity check
-  kToolsContext, // 21318c60: contexts and streams (cuBLAS, cuBLASLt, cuSOLVER, cuFFT)
-  kToolsModule,  // 6e163fbe: modules and functions (cuFFT)
-  kLt1734,       // 1734dc26: asked for by cuBLASLt 13.2+ (wheel), slots unknown: all refused
+  kCudart,        // 6bd5fb6c: runtime interface
+  kHooks,         // a094798c: tool callback hooks
+  kTls,           // 42d85a81: tools TLS
+  kCls,           // c693336e: context-local storage
+  kCtxChecks,     // 263e8860: context checks
+  kIntegrity,     // d4082055: integrity check
+  kToolsContext,  // 21318c60: contexts and streams (cuBLAS, cuBLASLt, cuSOLVER, cuFFT)
+  kToolsModule,   // 6e163fbe: modules and functions (cuFFT)
+  kLt1734,        // 1734dc26: asked for by cuBLASLt 13.2+ (wheel), slots unknown: all refused
   kTblCount
 };
 
@@ -47,11 +47,14 @@ struct TableInfo {
   uint8_t uuid[16];
 };
 constexpr TableInfo kInfo[kTblCount] = {
-    {"cudart-interface", {0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a, 0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd, 0x9d, 0xf9}},
+    {"cudart-interface",
+     {0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a, 0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd, 0x9d, 0xf9}},
     {"tools-hooks", {0xa0, 0x94, 0x79, 0x8c, 0x2e, 0x74, 0x2e, 0x74, 0x93, 0xf2, 0x08, 0x00, 0x20, 0x0c, 0x0a, 0x66}},
     {"tools-tls", {0x42, 0xd8, 0x5a, 0x81, 0x23, 0xf6, 0xcb, 0x47, 0x82, 0x98, 0xf6, 0xe7, 0x8a, 0x3a, 0xec, 0xdc}},
-    {"context-storage", {0xc6, 0x93, 0x33, 0x6e, 0x11, 0x21, 0xdf, 0x11, 0xa8, 0xc3, 0x68, 0xf3, 0x55, 0xd8, 0x95, 0x93}},
-    {"context-checks", {0x26, 0x3e, 0x88, 0x60, 0x7c, 0xd2, 0x61, 0x43, 0x92, 0xf6, 0xbb, 0xd5, 0x00, 0x6d, 0xfa, 0x7e}},
+    {"context-storage",
+     {0xc6, 0x93, 0x33, 0x6e, 0x11, 0x21, 0xdf, 0x11, 0xa8, 0xc3, 0x68, 0xf3, 0x55, 0xd8, 0x95, 0x93}},
+    {"context-checks",
+     {0x26, 0x3e, 0x88, 0x60, 0x7c, 0xd2, 0x61, 0x43, 0x92, 0xf6, 0xbb, 0xd5, 0x00, 0x6d, 0xfa, 0x7e}},
     {"integrity", {0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1, 0xf2}},
     {"tools-context", {0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2}},
     {"tools-module", {0x6e, 0x16, 0x3f, 0xbe, 0xb9, 0x58, 0x44, 0x4d, 0x83, 0x5c, 0xe1, 0x82, 0xaf, 0xf1, 0x99, 0x1e}},
@@ -67,7 +70,7 @@ constexpr int kMaxSlots = 128;
 struct SlotCoverage {
   std::atomic<uint64_t> calls[kTblCount][kMaxSlots]{};
   std::atomic<bool> real[kTblCount][kMaxSlots]{};
-  std::mutex mu;  // guards the two maps
+  std::mutex mu;                                   // guards the two maps
   std::map<std::string, uint64_t> unknown_tables;  // uuid text -> requests
   uint64_t declined = 0;
 };
@@ -82,13 +85,11 @@ void SlotHit(int t, int slot, bool real) noexcept {
 
 std::string UuidText(const uint8_t* b) {
   char text[40];
-  std::snprintf(text, sizeof text, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
-                b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+  std::snprintf(text, sizeof text, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
+                b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
   return text;
 }
-std::string TableText(int t) {
-  return UuidText(kInfo[t].uuid).substr(0, 8) + " (" + kInfo[t].name + ")";
-}
+std::string TableText(int t) { return UuidText(kInfo[t].uuid).substr(0, 8) + " (" + kInfo[t].name + ")"; }
 
 // A served slot: counts the call, then runs F.
 template <int T, int N, auto F>
@@ -112,8 +113,8 @@ uint64_t Refused(uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3) {
   if (!warned.exchange(true)) {
     char args[128];
     std::snprintf(args, sizeof args, "0x%" PRIx64 ", 0x%" PRIx64 ", 0x%" PRIx64 ", 0x%" PRIx64, a0, a1, a2, a3);
-    LogWarn("private table " + TableText(T) + " slot " + std::to_string(N) + " is not supported by Orion (called with " +
-            args + ", ...); returning CUDA_ERROR_NOT_SUPPORTED");
+    LogWarn("private table " + TableText(T) + " slot " + std::to_string(N) +
+            " is not supported by Orion (called with " + args + ", ...); returning CUDA_ERROR_NOT_SUPPORTED");
   }
   return CUDA_ERROR_NOT_SUPPORTED;
 }
@@ -409,7 +410,8 @@ const void* FindExportTable(const CUuuid* id) noexcept {
     first = c.unknown_tables[text]++ == 0;
   }
   if (first) {
-    LogWarn("cuGetExportTable: private table " + text + " is not supported by Orion; returning CUDA_ERROR_NOT_SUPPORTED");
+    LogWarn("cuGetExportTable: private table " + text +
+            " is not supported by Orion; returning CUDA_ERROR_NOT_SUPPORTED");
   }
   return nullptr;
 }

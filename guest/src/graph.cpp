@@ -35,16 +35,16 @@ struct GuestGraph;
 
 struct GraphNode {
   CUgraphNodeType type = CU_GRAPH_NODE_TYPE_EMPTY;
-  Op op = Op::kNop;                 // the frame (not for EMPTY / GRAPH nodes)
+  Op op = Op::kNop;  // the frame (not for EMPTY / GRAPH nodes)
   std::vector<uint8_t> payload;
-  uint32_t stream_offset = 0;       // where the stream id goes in the payload
+  uint32_t stream_offset = 0;  // where the stream id goes in the payload
   std::vector<GraphNode*> deps;
   std::unique_ptr<GuestGraph> child;  // GRAPH nodes: a copy of the child graph
   CUDA_KERNEL_NODE_PARAMS kernel{};   // KERNEL nodes: as given (kernelParams point into `args`)
   std::vector<void*> args;
-  CUDA_MEMSET_NODE_PARAMS memset{};   // MEMSET nodes
-  uint64_t event = 0;                 // EVENT_RECORD / WAIT_EVENT nodes
-  CUDA_HOST_NODE_PARAMS host{};       // HOST nodes: the function runs in this process (hostfunc.cpp)
+  CUDA_MEMSET_NODE_PARAMS memset{};  // MEMSET nodes
+  uint64_t event = 0;                // EVENT_RECORD / WAIT_EVENT nodes
+  CUDA_HOST_NODE_PARAMS host{};      // HOST nodes: the function runs in this process (hostfunc.cpp)
 };
 
 struct GuestGraph {
@@ -72,7 +72,7 @@ struct Segment {
 struct GuestExec {
   std::vector<Frame> frames;
   std::vector<Segment> plan;
-  bool dirty = true;  // `plan` must be rebuilt from `frames`
+  bool dirty = true;                         // `plan` must be rebuilt from `frames`
   std::map<const GraphNode*, size_t> index;  // source node -> its frame (cuGraphExec*SetParams)
   std::vector<const GraphNode*> order;       // source nodes of the top-level graph, as flattened
   unsigned long long flags = 0;
@@ -89,7 +89,7 @@ struct Capture {
 
 struct Graphs {
   std::mutex mu;
-  std::set<GuestGraph*> graphs;  // every live graph, child copies included (Register)
+  std::set<GuestGraph*> graphs;                             // every live graph, child copies included (Register)
   std::unordered_map<const GraphNode*, GuestGraph*> owner;  // every node of those graphs
   std::set<GuestExec*> execs;
   std::map<uint64_t, std::shared_ptr<Capture>> capturing;  // stream id -> its capture
@@ -229,7 +229,10 @@ CUresult AppendCaptured(Capture* c, uint64_t stream, std::unique_ptr<GraphNode> 
 // Ends every capture `c` holds a stream of. Requires the lock.
 void EndCaptureLocked(const std::shared_ptr<Capture>& c) {
   for (auto it = G().capturing.begin(); it != G().capturing.end();) {
-    if (it->second == c) it = G().capturing.erase(it); else ++it;
+    if (it->second == c)
+      it = G().capturing.erase(it);
+    else
+      ++it;
   }
   g_captures.fetch_sub(1, std::memory_order_relaxed);
 }
@@ -242,8 +245,9 @@ std::shared_ptr<Capture> CaptureOf(uint64_t stream) {  // requires the lock
 // `permitted`: CUDA allows it in capture and Orion does not serve it (else CUDA forbids it too).
 void Invalidate(Capture* c, const char* what, bool permitted = true) {
   if (!c->invalidated) {
-    LogWarn(std::string(what) + (permitted ? " in stream capture is not supported by Orion"
-                                           : " is not permitted while a stream is captured (CUDA)") +
+    LogWarn(std::string(what) +
+            (permitted ? " in stream capture is not supported by Orion"
+                       : " is not permitted while a stream is captured (CUDA)") +
             "; the capture is invalidated");
   }
   c->invalidated = true;
@@ -654,9 +658,8 @@ ORION_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo_v2(CUstream hs, CUstreamCap
   ORION_API(cuStreamGetCaptureInfo_v2);
   return CaptureInfo(hs, status, id, graph, deps, nullptr, n);
 }
-ORION_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo_v2_ptsz(CUstream hs, CUstreamCaptureStatus* status,
-                                                             cuuint64_t* id, CUgraph* graph, const CUgraphNode** deps,
-                                                             size_t* n) {
+ORION_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo_v2_ptsz(CUstream hs, CUstreamCaptureStatus* status, cuuint64_t* id,
+                                                             CUgraph* graph, const CUgraphNode** deps, size_t* n) {
   ORION_API(cuStreamGetCaptureInfo_v2_ptsz);
   return CaptureInfo(hs, status, id, graph, deps, nullptr, n);
 }
@@ -666,8 +669,8 @@ ORION_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo_v3(CUstream hs, CUstreamCap
   ORION_API(cuStreamGetCaptureInfo_v3);
   return CaptureInfo(hs, status, id, graph, deps, edges, n);
 }
-ORION_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo_v3_ptsz(CUstream hs, CUstreamCaptureStatus* status,
-                                                             cuuint64_t* id, CUgraph* graph, const CUgraphNode** deps,
+ORION_EXPORT CUresult CUDAAPI cuStreamGetCaptureInfo_v3_ptsz(CUstream hs, CUstreamCaptureStatus* status, cuuint64_t* id,
+                                                             CUgraph* graph, const CUgraphNode** deps,
                                                              const CUgraphEdgeData** edges, size_t* n) {
   ORION_API(cuStreamGetCaptureInfo_v3_ptsz);
   return CaptureInfo(hs, status, id, graph, deps, edges, n);
@@ -720,7 +723,8 @@ ORION_EXPORT CUresult CUDAAPI cuGraphGetNodes(CUgraph hg, CUgraphNode* nodes, si
   GuestGraph* g = AsGraph(hg);
   if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (nodes != nullptr) {
-    for (size_t i = 0; i < std::min(*count, g->nodes.size()); ++i) nodes[i] = reinterpret_cast<CUgraphNode>(g->nodes[i].get());
+    for (size_t i = 0; i < std::min(*count, g->nodes.size()); ++i)
+      nodes[i] = reinterpret_cast<CUgraphNode>(g->nodes[i].get());
   }
   *count = g->nodes.size();
   return CUDA_SUCCESS;
@@ -778,8 +782,12 @@ ORION_EXPORT CUresult CUDAAPI cuGraphAddKernelNode(CUgraphNode* out, CUgraph hg,
   if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
   CUDA_KERNEL_NODE_PARAMS v2{};
   v2.func = p->func;
-  v2.gridDimX = p->gridDimX; v2.gridDimY = p->gridDimY; v2.gridDimZ = p->gridDimZ;
-  v2.blockDimX = p->blockDimX; v2.blockDimY = p->blockDimY; v2.blockDimZ = p->blockDimZ;
+  v2.gridDimX = p->gridDimX;
+  v2.gridDimY = p->gridDimY;
+  v2.gridDimZ = p->gridDimZ;
+  v2.blockDimX = p->blockDimX;
+  v2.blockDimY = p->blockDimY;
+  v2.blockDimZ = p->blockDimZ;
   v2.sharedMemBytes = p->sharedMemBytes;
   v2.kernelParams = p->kernelParams;
   v2.extra = p->extra;
@@ -832,7 +840,7 @@ ORION_EXPORT CUresult CUDAAPI cuGraphAddMemcpyNode(CUgraphNode* out, CUgraph hg,
   if (!rows) span_s = span_d = p->WidthInBytes;
   if (!S().mirror.Find(src, span_s, nullptr) || !S().mirror.Find(dst, span_d, nullptr)) return CUDA_ERROR_INVALID_VALUE;
   auto node = !rows ? FrameNode(CU_GRAPH_NODE_TYPE_MEMCPY, Op::kMemcpyDtoD, MemcpyReq{dst, src, p->WidthInBytes, 0},
-                                 offsetof(MemcpyReq, stream))
+                                offsetof(MemcpyReq, stream))
                     : FrameNode(CU_GRAPH_NODE_TYPE_MEMCPY, Op::kMemcpy2D,
                                 Memcpy2DReq{src, p->srcPitch, dst, p->dstPitch, p->WidthInBytes, p->Height, 0,
                                             kSideDevice, kSideDevice},
@@ -944,8 +952,8 @@ ORION_EXPORT CUresult CUDAAPI cuGraphKernelNodeGetParams_v2(CUgraphNode hn, CUDA
   {
     *p = n->kernel;
     // kernelParams point at the values the node holds (inside its frame), as the driver's copy.
-    GuestFunction* f = reinterpret_cast<GuestFunction*>(n->kernel.func != nullptr ? n->kernel.func
-                                                                                  : reinterpret_cast<CUfunction>(n->kernel.kern));
+    GuestFunction* f = reinterpret_cast<GuestFunction*>(
+        n->kernel.func != nullptr ? n->kernel.func : reinterpret_cast<CUfunction>(n->kernel.kern));
     const size_t head = n->op == Op::kLaunchKernelEx ? sizeof(LaunchExReq) : sizeof(LaunchReq);
     n->args.clear();
     if (S().functions.Has(f)) {
@@ -983,8 +991,8 @@ ORION_EXPORT CUresult CUDAAPI cuGraphExecKernelNodeSetParams_v2(CUgraphExec he, 
   GuestExec* e = AsExec(he);
   if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
   auto it = e->index.find(reinterpret_cast<GraphNode*>(hn));
-  if (it == e->index.end() || (e->frames[it->second].op != Op::kLaunchKernel &&
-                               e->frames[it->second].op != Op::kLaunchKernelEx))
+  if (it == e->index.end() ||
+      (e->frames[it->second].op != Op::kLaunchKernel && e->frames[it->second].op != Op::kLaunchKernelEx))
     return CUDA_ERROR_INVALID_VALUE;
   e->frames[it->second] = Frame{op, std::move(frame), static_cast<uint32_t>(offsetof(LaunchReq, stream))};
   e->dirty = true;

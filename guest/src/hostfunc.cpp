@@ -42,7 +42,7 @@ struct Item {
 
 struct HostFuncs {
   std::mutex mu;
-  std::condition_variable cv;      // a function finished, or a new one was queued
+  std::condition_variable cv;                   // a function finished, or a new one was queued
   std::map<uint64_t, std::deque<Item>> queues;  // per stream, in issue order
   std::vector<uint64_t> free_events;            // internal events to reuse
   size_t queued = 0;
@@ -135,8 +135,7 @@ CUresult Enqueue(CUstream hs, CUhostFn fn, CUstreamCallback cb, void* data) {
   if (event == 0) {
     EventCreateReq q{CU_EVENT_DISABLE_TIMING, 0};
     HandleRep rep{};
-    if (CUresult r = Client::Get().Call(Op::kEventCreate, &q, sizeof q, &rep, sizeof rep); r != CUDA_SUCCESS)
-      return r;
+    if (CUresult r = Client::Get().Call(Op::kEventCreate, &q, sizeof q, &rep, sizeof rep); r != CUDA_SUCCESS) return r;
     event = rep.handle;
   }
   // Stream order first: the function comes after what was issued on the stream before it.

@@ -26,11 +26,16 @@ spdlog::logger& Logger() {
     lg->set_pattern("[%l] %v");
     spdlog::level::level_enum lvl = spdlog::level::info;
     if (const char* e = std::getenv("ORION_LOG_LEVEL")) {
-      if (strcasecmp(e, "ERROR") == 0) lvl = spdlog::level::err;
-      else if (strcasecmp(e, "WARNING") == 0 || strcasecmp(e, "WARN") == 0) lvl = spdlog::level::warn;
-      else if (strcasecmp(e, "DEBUG") == 0) lvl = spdlog::level::debug;
-      else if (strcasecmp(e, "TRACE") == 0) lvl = spdlog::level::trace;
-      else if (strcasecmp(e, "OFF") == 0 || strcasecmp(e, "NONE") == 0) lvl = spdlog::level::off;
+      if (strcasecmp(e, "ERROR") == 0)
+        lvl = spdlog::level::err;
+      else if (strcasecmp(e, "WARNING") == 0 || strcasecmp(e, "WARN") == 0)
+        lvl = spdlog::level::warn;
+      else if (strcasecmp(e, "DEBUG") == 0)
+        lvl = spdlog::level::debug;
+      else if (strcasecmp(e, "TRACE") == 0)
+        lvl = spdlog::level::trace;
+      else if (strcasecmp(e, "OFF") == 0 || strcasecmp(e, "NONE") == 0)
+        lvl = spdlog::level::off;
     }
     lg->set_level(lvl);
     lg->flush_on(spdlog::level::trace);

@@ -48,9 +48,9 @@ using QueryFn = int (*)(uint32_t, uint32_t, uint32_t, void*, uint32_t) noexcept;
 
 struct Nvml {
   std::mutex mu;
-  unsigned refs = 0;                  // nvmlInit minus nvmlShutdown calls
+  unsigned refs = 0;                    // nvmlInit minus nvmlShutdown calls
   std::atomic<QueryFn> query{nullptr};  // set once, never reset (the library is never closed)
-  bool have_devices = false;          // `devices` fetched (under mu)
+  bool have_devices = false;            // `devices` fetched (under mu)
   NvmlDevices devices{};
   nvmlDevice_st handles[kMaxDevices];
 };
@@ -83,8 +83,9 @@ QueryFn LoadBridge() {
   }
   if (q == nullptr) q = sym(dlopen("libcuda.so.1", RTLD_NOW));
   if (q == nullptr) {
-    LogError("libnvidia-ml.so.1 (Orion): no Orion libcuda.so.1 with orion_nvml_query found (install both from "
-             "<prefix>/lib/orion); NVML answers NVML_ERROR_DRIVER_NOT_LOADED");
+    LogError(
+        "libnvidia-ml.so.1 (Orion): no Orion libcuda.so.1 with orion_nvml_query found (install both from "
+        "<prefix>/lib/orion); NVML answers NVML_ERROR_DRIVER_NOT_LOADED");
     return nullptr;
   }
   N().query.store(q, std::memory_order_release);
@@ -451,7 +452,8 @@ ORION_NVML_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvml
   return NVML_SUCCESS;
 }
 
-ORION_NVML_EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int* major, int* minor) noexcept {
+ORION_NVML_EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int* major,
+                                                                  int* minor) noexcept {
   NVML_API(nvmlDeviceGetCudaComputeCapability);
   if (major == nullptr || minor == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
   const DeviceInfo* info = nullptr;
@@ -512,12 +514,12 @@ ORION_NVML_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, n
 }
 
 ORION_NVML_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int* infoCount,
-                                                                      nvmlProcessInfo_t* infos) noexcept {
+                                                                       nvmlProcessInfo_t* infos) noexcept {
   NVML_API(nvmlDeviceGetComputeRunningProcesses_v3);
   return ComputeProcesses(device, infoCount, infos, "nvmlDeviceGetComputeRunningProcesses_v3");
 }
 ORION_NVML_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int* infoCount,
-                                                                      nvmlProcessInfo_v2_t* infos) noexcept {
+                                                                       nvmlProcessInfo_v2_t* infos) noexcept {
   NVML_API(nvmlDeviceGetComputeRunningProcesses_v2);
   return ComputeProcesses(device, infoCount, infos, "nvmlDeviceGetComputeRunningProcesses_v2");
 }
@@ -525,7 +527,7 @@ ORION_NVML_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevic
 // binaries built against old headers expect. (PyTorch's c10 looks this name up for its
 // out-of-memory report; with the one entry Orion lists, pid and memory sit where it reads them.)
 ORION_NVML_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int* infoCount,
-                                                                   nvmlProcessInfo_v1_t* infos) noexcept {
+                                                                    nvmlProcessInfo_v1_t* infos) noexcept {
   NVML_API(nvmlDeviceGetComputeRunningProcesses);
   return ComputeProcesses(device, infoCount, infos, "nvmlDeviceGetComputeRunningProcesses");
 }
@@ -538,12 +540,12 @@ static nvmlReturn_t NoGraphics(nvmlDevice_t device, unsigned* infoCount, const c
   return NVML_SUCCESS;
 }
 ORION_NVML_EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int* infoCount,
-                                                                       nvmlProcessInfo_t*) noexcept {
+                                                                        nvmlProcessInfo_t*) noexcept {
   NVML_API(nvmlDeviceGetGraphicsRunningProcesses_v3);
   return NoGraphics(device, infoCount, "nvmlDeviceGetGraphicsRunningProcesses_v3");
 }
 ORION_NVML_EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device, unsigned int* infoCount,
-                                                                       nvmlProcessInfo_v2_t*) noexcept {
+                                                                        nvmlProcessInfo_v2_t*) noexcept {
   NVML_API(nvmlDeviceGetGraphicsRunningProcesses_v2);
   return NoGraphics(device, infoCount, "nvmlDeviceGetGraphicsRunningProcesses_v2");
 }

@@ -65,7 +65,7 @@ typedef struct nvmlPciInfo_st {
   unsigned int domain;
   unsigned int bus;
   unsigned int device;
-  unsigned int pciDeviceId;     // device id << 16 | vendor id
+  unsigned int pciDeviceId;  // device id << 16 | vendor id
   unsigned int pciSubSystemId;
   char busId[NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE];  // "%08X:%02X:%02X.0"
 } nvmlPciInfo_t;
@@ -77,11 +77,11 @@ typedef struct nvmlMemory_st {
 } nvmlMemory_t;
 
 typedef struct nvmlMemory_v2_st {
-  unsigned int version;           // nvmlMemory_v2
-  unsigned long long total;       // bytes
-  unsigned long long reserved;    // bytes reserved for system use (driver or firmware)
-  unsigned long long free;        // bytes
-  unsigned long long used;        // bytes allocated
+  unsigned int version;         // nvmlMemory_v2
+  unsigned long long total;     // bytes
+  unsigned long long reserved;  // bytes reserved for system use (driver or firmware)
+  unsigned long long free;      // bytes
+  unsigned long long used;      // bytes allocated
 } nvmlMemory_v2_t;
 // NVML_STRUCT_VERSION(Memory, 2): sizeof | version << 24.
 #define nvmlMemory_v2 (static_cast<unsigned int>(sizeof(nvmlMemory_v2_t)) | (2u << 24))

@@ -12,7 +12,7 @@ using namespace orion;
 using namespace orion::guest;
 
 extern "C" ORION_EXPORT int orion_nvml_query(uint32_t abi, uint32_t what, uint32_t device, void* out,
-                                              uint32_t out_bytes) noexcept {
+                                             uint32_t out_bytes) noexcept {
   if (abi != kNvmlBridgeAbi || out == nullptr) return CUDA_ERROR_INVALID_VALUE;
   Client& c = Client::Get();
   switch (static_cast<NvmlQuery>(what)) {

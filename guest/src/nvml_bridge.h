@@ -32,8 +32,8 @@ enum class NvmlQuery : uint32_t {
 };
 
 struct NvmlDevices {
-  int32_t driver_version;   // the server driver's cuDriverGetVersion (e.g. 13000)
-  uint32_t device_count;    // <= kMaxDevices
+  int32_t driver_version;  // the server driver's cuDriverGetVersion (e.g. 13000)
+  uint32_t device_count;   // <= kMaxDevices
   DeviceInfo devices[kMaxDevices];
 };
 

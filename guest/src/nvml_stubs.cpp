@@ -71,8 +71,8 @@ __attribute__((destructor)) static void NvmlCoverageReport() {
     real += r;
     lines += std::string("orion-coverage: ") + (r ? "real " : "STUB ") + kNames[i] + " " + std::to_string(n) + "\n";
   }
-  std::fprintf(stderr, "%sorion-coverage: nvml: %zu entry points called, %zu real, %zu not supported\n",
-               lines.c_str(), called, real, called - real);
+  std::fprintf(stderr, "%sorion-coverage: nvml: %zu entry points called, %zu real, %zu not supported\n", lines.c_str(),
+               called, real, called - real);
 }
 
 }  // namespace orion::guest
@@ -82,11 +82,11 @@ using orion::guest::NvmlSym;
 // orion_nvml_stubimpl_<sym> is the stub itself (hidden); <sym> is a weak alias of it, replaced by the
 // real definition where one exists.
 extern "C" {
-#define ORION_NVML_SYMBOL(s)                                                                        \
-  __attribute__((visibility("hidden"))) nvmlReturn_t orion_nvml_stubimpl_##s() noexcept {           \
-    return orion::guest::StubCalled(NvmlSym::s);                                                    \
-  }                                                                                                 \
-  __attribute__((visibility("default"))) nvmlReturn_t orion_nvml_stub_##s() noexcept asm(#s)       \
+#define ORION_NVML_SYMBOL(s)                                                                 \
+  __attribute__((visibility("hidden"))) nvmlReturn_t orion_nvml_stubimpl_##s() noexcept {    \
+    return orion::guest::StubCalled(NvmlSym::s);                                             \
+  }                                                                                          \
+  __attribute__((visibility("default"))) nvmlReturn_t orion_nvml_stub_##s() noexcept asm(#s) \
       __attribute__((weak, alias("orion_nvml_stubimpl_" #s)));
 #include "nvml_api.inc"
 #undef ORION_NVML_SYMBOL

@@ -22,8 +22,8 @@ using namespace orion::guest;
 
 // The exported symbol of every driver entry point, real or stub (stubs.cpp), for the table.
 extern "C" {
-#define ORION_CUDA_SYMBOL(s) \
-  CUresult orion_stub_##s() asm(#s);  \
+#define ORION_CUDA_SYMBOL(s)         \
+  CUresult orion_stub_##s() asm(#s); \
   __attribute__((visibility("hidden"))) CUresult orion_stubimpl_##s();
 #include "cuda_api.inc"
 #undef ORION_CUDA_SYMBOL
@@ -42,9 +42,10 @@ struct ProcRow {
 const std::unordered_map<std::string_view, std::vector<ProcRow>>& ProcTable() {
   static const auto* table = [] {
     auto* t = new std::unordered_map<std::string_view, std::vector<ProcRow>>();
-#define ORION_CUDA_PROC(name, version, kind, sym) \
-  (*t)[#name].push_back({version, std::string_view(#kind) == "PTDS", reinterpret_cast<void*>(&orion_stub_##sym), \
-                         reinterpret_cast<void*>(&orion_stub_##sym) == reinterpret_cast<void*>(&orion_stubimpl_##sym)});
+#define ORION_CUDA_PROC(name, version, kind, sym)                                              \
+  (*t)[#name].push_back(                                                                       \
+      {version, std::string_view(#kind) == "PTDS", reinterpret_cast<void*>(&orion_stub_##sym), \
+       reinterpret_cast<void*>(&orion_stub_##sym) == reinterpret_cast<void*>(&orion_stubimpl_##sym)});
 #include "cuda_api.inc"
 #undef ORION_CUDA_PROC
     for (auto& [k, v] : *t) {

@@ -61,9 +61,8 @@ RdmaFrameChannel::~RdmaFrameChannel() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-Result<std::unique_ptr<RdmaFrameChannel>> RdmaFrameChannel::Connect(int fd, const rdma::Port& port,
-                                                                    std::string address, uint64_t window_bytes,
-                                                                    const FrameHeader& connect) {
+Result<std::unique_ptr<RdmaFrameChannel>> RdmaFrameChannel::Connect(int fd, const rdma::Port& port, std::string address,
+                                                                    uint64_t window_bytes, const FrameHeader& connect) {
   std::unique_ptr<RdmaFrameChannel> c(new RdmaFrameChannel(fd, std::move(address)));
   void* p = mmap(nullptr, window_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) return ResourceExhausted("no memory for the window");
@@ -71,8 +70,8 @@ Result<std::unique_ptr<RdmaFrameChannel>> RdmaFrameChannel::Connect(int fd, cons
   c->window_bytes_ = window_bytes;
   // oriond RDMA-writes server_done_seq (a lock-free 64-bit atomic: the same bytes as a uint64_t).
   static_assert(sizeof(std::atomic<uint64_t>) == sizeof(uint64_t) && std::atomic<uint64_t>::is_always_lock_free);
-  auto ep = rdma::Endpoint::Create(port, c->window_, window_bytes, reinterpret_cast<uint64_t*>(&c->desc_.server_done_seq),
-                                   kRecvSlots);
+  auto ep = rdma::Endpoint::Create(port, c->window_, window_bytes,
+                                   reinterpret_cast<uint64_t*>(&c->desc_.server_done_seq), kRecvSlots);
   if (!ep.ok()) return ep.status();
   c->ep_ = std::move(*ep);
   const RdmaConnectInfo mine = c->ep_->Local();

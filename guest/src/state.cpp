@@ -56,8 +56,7 @@ __attribute__((destructor)) static void CoverageReport() {
     ++called;
     bool r = Cov().real[i].load();
     real += r;
-    lines += std::string("orion-coverage: ") + (r ? "real " : "STUB ") + kSymNames[i] + " " +
-             std::to_string(n) + "\n";
+    lines += std::string("orion-coverage: ") + (r ? "real " : "STUB ") + kSymNames[i] + " " + std::to_string(n) + "\n";
   }
   size_t not_supported = called - real, declined = 0;
   lines += ExportTableCoverage(&called, &real, &not_supported, &declined);
@@ -112,7 +111,10 @@ bool Mirror::Find(uint64_t p, uint64_t bytes, DeviceRange* out) const {
 void Mirror::RemoveContext(const GuestCtx* ctx) {
   std::unique_lock l(mu_);
   for (auto it = ranges_.begin(); it != ranges_.end();) {
-    if (it->second.ctx == ctx) it = ranges_.erase(it); else ++it;
+    if (it->second.ctx == ctx)
+      it = ranges_.erase(it);
+    else
+      ++it;
   }
 }
 

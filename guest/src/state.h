@@ -40,7 +40,7 @@ CUresult NeedCtx() noexcept;
 
 // ---- Objects -----------------------------------------------------------------------------------
 struct GuestCtx {
-  uint64_t handle = 0;     // server id
+  uint64_t handle = 0;  // server id
   int device = 0;
   unsigned flags = 0;
   bool primary = false;
@@ -68,12 +68,19 @@ struct GuestFunction {
 template <typename T>
 class Registry {
  public:
-  void Add(T* p) { std::unique_lock l(mu_); set_.insert(p); }
-  bool Remove(T* p) { std::unique_lock l(mu_); return set_.erase(p) != 0; }
+  void Add(T* p) {
+    std::unique_lock l(mu_);
+    set_.insert(p);
+  }
+  bool Remove(T* p) {
+    std::unique_lock l(mu_);
+    return set_.erase(p) != 0;
+  }
   bool Has(const void* p) const {
     std::shared_lock l(mu_);
     return set_.count(static_cast<T*>(const_cast<void*>(p))) != 0;
   }
+
  private:
   mutable std::shared_mutex mu_;
   std::unordered_set<T*> set_;
@@ -83,9 +90,18 @@ class Registry {
 // (streams: flags and priority).
 class IdSet {
  public:
-  void Add(uint64_t id, uint64_t value = 0) { std::unique_lock l(mu_); set_[id] = value; }
-  bool Remove(uint64_t id) { std::unique_lock l(mu_); return set_.erase(id) != 0; }
-  bool Has(uint64_t id) const { std::shared_lock l(mu_); return set_.count(id) != 0; }
+  void Add(uint64_t id, uint64_t value = 0) {
+    std::unique_lock l(mu_);
+    set_[id] = value;
+  }
+  bool Remove(uint64_t id) {
+    std::unique_lock l(mu_);
+    return set_.erase(id) != 0;
+  }
+  bool Has(uint64_t id) const {
+    std::shared_lock l(mu_);
+    return set_.count(id) != 0;
+  }
   bool Get(uint64_t id, uint64_t* value) const {
     std::shared_lock l(mu_);
     auto it = set_.find(id);
@@ -93,6 +109,7 @@ class IdSet {
     *value = it->second;
     return true;
   }
+
  private:
   mutable std::shared_mutex mu_;
   std::unordered_map<uint64_t, uint64_t> set_;
@@ -105,8 +122,8 @@ struct DeviceRange {
   uint64_t base = 0, bytes = 0;
   RangeKind kind = RangeKind::kDevice;
   GuestCtx* ctx = nullptr;
-  void* host = nullptr;    // kMappedHost: the host pointer
-  int device = 0;          // kVmm: the device (others: ctx->device)
+  void* host = nullptr;  // kMappedHost: the host pointer
+  int device = 0;        // kVmm: the device (others: ctx->device)
 };
 
 // Mirror of device ranges the session owns: for immediate CUDA_ERROR_INVALID_VALUE like the real
@@ -123,6 +140,7 @@ class Mirror {
   bool Find(uint64_t p, uint64_t bytes, DeviceRange* out) const;
   // Drops every range of a context that was destroyed or reset.
   void RemoveContext(const GuestCtx* ctx);
+
  private:
   mutable std::shared_mutex mu_;
   std::map<uint64_t, DeviceRange> ranges_;
@@ -135,7 +153,7 @@ inline constexpr uint64_t kRegisteredSize = kRegisteredInWindow - 1;
 
 struct State {
   std::mutex mu;
-  std::vector<GuestCtx*> primary;        // per device; nullptr until retained
+  std::vector<GuestCtx*> primary;  // per device; nullptr until retained
   std::vector<unsigned> primary_refs;
   std::vector<unsigned> primary_flags;
   Registry<GuestCtx> contexts;

@@ -22,10 +22,9 @@ CUresult StubCalled(Sym s) noexcept {
 // orion_stubimpl_<sym> is the stub itself (hidden); <sym> is a weak alias of it, replaced by the
 // real definition where one exists. cuGetProcAddress compares the two to know what is real.
 extern "C" {
-#define ORION_CUDA_SYMBOL(s)                                                                   \
+#define ORION_CUDA_SYMBOL(s)                                                                                  \
   __attribute__((visibility("hidden"))) CUresult orion_stubimpl_##s() noexcept { return StubCalled(Sym::s); } \
   ORION_EXPORT CUresult orion_stub_##s() noexcept asm(#s) __attribute__((weak, alias("orion_stubimpl_" #s)));
 #include "cuda_api.inc"
 #undef ORION_CUDA_SYMBOL
 }
-

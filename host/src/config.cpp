@@ -30,8 +30,14 @@ struct ParseState {
 };
 
 bool ParseBool(const std::string& v, bool* out) {
-  if (v == "true" || v == "1" || v == "yes" || v == "on") { *out = true; return true; }
-  if (v == "false" || v == "0" || v == "no" || v == "off") { *out = false; return true; }
+  if (v == "true" || v == "1" || v == "yes" || v == "on") {
+    *out = true;
+    return true;
+  }
+  if (v == "false" || v == "0" || v == "no" || v == "off") {
+    *out = false;
+    return true;
+  }
   return false;
 }
 
@@ -96,9 +102,12 @@ int Handler(void* user, const char* section, const char* name, const char* raw) 
       return bad("is not a known key");
     }
   } else if (sec == "server-shm") {
-    if (key == "shm_path_base") c.shm_path_base = v;
-    else if (key == "shm_group_name") c.shm_group_name = v;
-    else if (key == "shm_user_name") c.shm_user_name = v;
+    if (key == "shm_path_base")
+      c.shm_path_base = v;
+    else if (key == "shm_group_name")
+      c.shm_group_name = v;
+    else if (key == "shm_user_name")
+      c.shm_user_name = v;
     else if (key == "shm_buffer_size") {
       if (!ParseU64(v, 4, 65536, &n)) return bad("is not a size in MiB (4..65536)");
       c.shm_buffer_size_mib = n;
@@ -109,41 +118,43 @@ int Handler(void* user, const char* section, const char* name, const char* raw) 
     if (key == "controller_addr") {
       // One address or a comma-separated list, each host:port (checked as the runtime reads them).
       if (!Blank(v)) {
-        if (auto ep = controller::ParseEndpoints(v); !ep.ok()) return bad("is not a controller address list: " + ep.status().message());
+        if (auto ep = controller::ParseEndpoints(v); !ep.ok())
+          return bad("is not a controller address list: " + ep.status().message());
       }
       c.controller_addr = v;
     } else if (key == "controller_key") {
       if (!v.empty() && Blank(v)) return bad("is blank (leave it out, or give a key)");
       c.controller_key = v;
-    }
-    else if (key == "heartbeat_ms") {
+    } else if (key == "heartbeat_ms") {
       if (!ParseU64(v, 100, 600000, &n)) return bad("is not a number of ms (100..600000)");
       c.controller_heartbeat_ms = n;
-    } else return bad("is not a known key");
+    } else
+      return bad("is not a known key");
   } else if (sec == "orion") {
     // Orion (ours) extensions, same names as the flags.
     if (key == "backend") {
       auto k = ParseBackend(v);
       if (!k.ok()) return bad("is not auto, cuda or sim");
       c.backend = *k;
-    } else if (key == "log_dir") c.log_dir = v;
-    else if (key == "control_socket") c.control_socket = v;
-    else if (key == "state_file") c.state_file = v;
+    } else if (key == "log_dir")
+      c.log_dir = v;
+    else if (key == "control_socket")
+      c.control_socket = v;
+    else if (key == "state_file")
+      c.state_file = v;
     else if (key == "net_stall_ms") {
       if (!ParseU64(v, 100, 3600000, &n)) return bad("is not a number of ms (100..3600000)");
       c.net_stall_ms = n;
-    }
-    else if (key == "client_key") {
+    } else if (key == "client_key") {
       if (v.size() > 31) return bad("is longer than 31 characters");
       if (!v.empty() && Blank(v)) return bad("is blank (leave it out, or give a key)");
       c.client_key = v;
-    }
-    else if (key == "cache_dir") c.cache_dir = v;
+    } else if (key == "cache_dir")
+      c.cache_dir = v;
     else if (key == "session_logs_max") {
       if (!ParseU64(v, 1, 1000000, &n)) return bad("is not a number of files (1..1000000)");
       c.session_logs_max = n;
-    }
-    else if (key == "lease_timeout_ms") {
+    } else if (key == "lease_timeout_ms") {
       if (!ParseU64(v, 200, 600000, &n)) return bad("is not a number of ms (200..600000)");
       c.lease_timeout_ms = n;
     } else {
@@ -184,7 +195,8 @@ Result<ServerConfig> ParseServerConfig(const std::string& text, const std::strin
 
 Result<ServerConfig> LoadServerConfig(const std::string& path, ServerConfig base) {
   std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) return InvalidArgument(path + " is a directory, not a configuration file");
+  if (std::filesystem::is_directory(path, ec))
+    return InvalidArgument(path + " is a directory, not a configuration file");
   std::ifstream f(path);
   if (!f) return NotFound(path + " does not exist or is not readable");
   std::stringstream ss;

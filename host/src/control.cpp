@@ -20,7 +20,8 @@ Result<std::string> ControlRequest(const std::string& socket_path, const std::st
     const int e = errno;
     if (fd >= 0) close(fd);
     if (e == EACCES || e == EPERM) {
-      return Status(Code::kPermissionDenied, "cannot connect to " + socket_path + ": " + std::strerror(e) + " (oriond's control socket is root-only)");
+      return Status(Code::kPermissionDenied, "cannot connect to " + socket_path + ": " + std::strerror(e) +
+                                                 " (oriond's control socket is root-only)");
     }
     return Unavailable("oriond is not running (cannot connect to " + socket_path + ": " + std::strerror(e) + ")");
   }

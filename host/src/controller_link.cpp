@@ -29,7 +29,9 @@ std::vector<controller::Endpoint> EndpointsOr(const std::string& addr) {
 }  // namespace
 
 ControllerLink::ControllerLink(ControllerLinkOptions opts, std::shared_ptr<spdlog::logger> log)
-    : opts_(std::move(opts)), log_(std::move(log)), client_(EndpointsOr(opts_.controller_addr), opts_.key, opts_.timeout_ms) {
+    : opts_(std::move(opts)),
+      log_(std::move(log)),
+      client_(EndpointsOr(opts_.controller_addr), opts_.key, opts_.timeout_ms) {
   std::mt19937_64 rng{std::random_device{}()};
   boot_id_ = std::to_string(rng());
 }
@@ -47,8 +49,11 @@ bool ControllerLink::Register() {
     for (const auto& [id, t] : active_) active.push_back(id);
   }
   auto r = client_.Call("PUT", "/v1/servers/" + opts_.server_id,
-                        {{"hostname", opts_.hostname}, {"vgpu_count", opts_.vgpu_count}, {"boot_id", boot_id_},
-                         {"gpus", gpus}, {"allocations", active}});
+                        {{"hostname", opts_.hostname},
+                         {"vgpu_count", opts_.vgpu_count},
+                         {"boot_id", boot_id_},
+                         {"gpus", gpus},
+                         {"allocations", active}});
   if (!r.ok()) {
     if (registered_.exchange(false) || r.status().code() != Code::kUnavailable) {
       log_->warn("Orion Controller {}: cannot register: {}", client_.endpoint().text(), r.status().message());
@@ -72,7 +77,8 @@ void ControllerLink::Start() {
   std::thread(WatchLoop, watch_, opts_.server_id, log_).detach();
 }
 
-void ControllerLink::WatchLoop(std::shared_ptr<WatchState> w, std::string server_id, std::shared_ptr<spdlog::logger> log) {
+void ControllerLink::WatchLoop(std::shared_ptr<WatchState> w, std::string server_id,
+                               std::shared_ptr<spdlog::logger> log) {
   std::unique_lock<std::mutex> lock(w->mu);
   bool said = false;
   while (!w->stop) {
@@ -82,7 +88,8 @@ void ControllerLink::WatchLoop(std::shared_ptr<WatchState> w, std::string server
     }
     json ids = w->ids;  // a JSON array of the ids
     lock.unlock();
-    auto r = w->client.Call("POST", "/v1/servers/" + server_id + "/watch", {{"allocations", ids}, {"timeout_ms", kWatchSpanMs}});
+    auto r = w->client.Call("POST", "/v1/servers/" + server_id + "/watch",
+                            {{"allocations", ids}, {"timeout_ms", kWatchSpanMs}});
     lock.lock();
     if (w->stop) break;
     if (r.ok()) {
@@ -95,7 +102,8 @@ void ControllerLink::WatchLoop(std::shared_ptr<WatchState> w, std::string server
     }
     // A controller without the watch (404), too many watches open (429), or none reachable: the
     // heartbeats still carry revocations; try the watch again later.
-    if (!said) log->info("Orion Controller watch: {}; revocations come with heartbeats meanwhile", r.status().message());
+    if (!said)
+      log->info("Orion Controller watch: {}; revocations come with heartbeats meanwhile", r.status().message());
     said = true;
     const bool later = r.status().code() == Code::kNotFound || r.status().code() == Code::kOutOfRange;
     w->cv.wait_for(lock, std::chrono::milliseconds(later ? 10000 : 1000), [&] { return w->stop; });
@@ -144,8 +152,9 @@ void ControllerLink::Loop() {
         releases_.emplace_front(path, why);
         break;
       }
-      if (retry) log_->warn("Orion Controller: giving up releasing {} after {} tries: {}", path, kMaxReleaseTries,
-                            r.status().message());
+      if (retry)
+        log_->warn("Orion Controller: giving up releasing {} after {} tries: {}", path, kMaxReleaseTries,
+                   r.status().message());
       release_tries_.erase(path);
     }
     if (std::chrono::steady_clock::now() < next_beat) continue;
@@ -153,14 +162,16 @@ void ControllerLink::Loop() {
     json allocs = json::array();
     for (const auto& [id, t] : active_) {
       json used = json::array();
-      for (uint32_t d = 0; d < t.devices && t.used != nullptr; ++d) used.push_back(t.used[d].load(std::memory_order_relaxed) >> 20);
+      for (uint32_t d = 0; d < t.devices && t.used != nullptr; ++d)
+        used.push_back(t.used[d].load(std::memory_order_relaxed) >> 20);
       allocs.push_back({{"id", id}, {"used_mib", used}});
     }
     lock.unlock();
     if (!registered_.load()) {
       Register();
     } else {
-      auto r = client_.Call("POST", "/v1/servers/" + opts_.server_id + "/heartbeat", {{"boot_id", boot_id_}, {"allocations", allocs}});
+      auto r = client_.Call("POST", "/v1/servers/" + opts_.server_id + "/heartbeat",
+                            {{"boot_id", boot_id_}, {"allocations", allocs}});
       if (!r.ok()) {
         if (r.status().code() == Code::kNotFound) {
           log_->warn("Orion Controller {}: {}; registering again", client_.endpoint().text(), r.status().message());
@@ -190,7 +201,8 @@ Result<ControllerGrant> ControllerLink::Grant(const Result<json>& r, const std::
       return FailedPrecondition(what + " is placed on " + (*r)["server"].get<std::string>() + ", not on this server");
     }
     for (const auto& p : (*r).at("placements")) {
-      g.placements.push_back({p.at("pgpu").get<uint32_t>(), p.at("vgpu").get<uint32_t>(), p.at("gmem_mib").get<uint64_t>() << 20});
+      g.placements.push_back(
+          {p.at("pgpu").get<uint32_t>(), p.at("vgpu").get<uint32_t>(), p.at("gmem_mib").get<uint64_t>() << 20});
     }
   } catch (const json::exception& e) {
     return Internal("Orion Controller sent a malformed allocation: " + std::string(e.what()));
@@ -217,7 +229,10 @@ Result<ControllerGrant> ControllerLink::AllocateHere(uint32_t vgpus, uint64_t gm
     return Internal(std::string("no idempotency key for the allocation: ") + e.what());
   }
   return Grant(client_.Call("POST", "/v1/allocations",
-                            {{"vgpus", vgpus}, {"gmem_mib", gmem_mib}, {"server", opts_.server_id}, {"session", session},
+                            {{"vgpus", vgpus},
+                             {"gmem_mib", gmem_mib},
+                             {"server", opts_.server_id},
+                             {"session", session},
                              {"request_id", request_id},  // a repeat to the next controller gets the same allocation
                              {"client", {{"host", host}, {"pid", pid}, {"process", process}}}}),
                "the allocation");

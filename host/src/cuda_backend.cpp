@@ -76,85 +76,85 @@ namespace {
 // declares with that signature (the header #defines e.g. cuMemAlloc to cuMemAlloc_v2). Never
 // pass a plain name that <cuda.h> #defines (cuMemAlloc, cuCtxCreate, cuEventElapsedTime): the
 // argument would be macro-expanded in decltype but not in the string.
-#define ORION_CUDA_REQUIRED(X)                                                               \
-  X(init, cuInit)                                                                            \
-  X(driverGetVersion, cuDriverGetVersion)                                                    \
-  X(deviceGet, cuDeviceGet)                                                                  \
-  X(deviceGetCount, cuDeviceGetCount)                                                        \
-  X(deviceGetName, cuDeviceGetName)                                                          \
-  X(deviceGetUuid, cuDeviceGetUuid_v2)                                                       \
-  X(deviceGetAttribute, cuDeviceGetAttribute)                                                \
-  X(deviceGetPCIBusId, cuDeviceGetPCIBusId)                                                  \
-  X(deviceTotalMem, cuDeviceTotalMem_v2)                                                     \
-  X(primaryCtxRetain, cuDevicePrimaryCtxRetain)                                              \
-  X(primaryCtxRelease, cuDevicePrimaryCtxRelease_v2)                                         \
-  X(primaryCtxReset, cuDevicePrimaryCtxReset_v2)                                             \
-  X(ctxDestroy, cuCtxDestroy_v2)                                                             \
-  X(ctxSetCurrent, cuCtxSetCurrent)                                                          \
-  X(ctxGetCurrent, cuCtxGetCurrent)                                                          \
-  X(ctxGetDevice, cuCtxGetDevice)                                                            \
-  X(ctxSynchronize, cuCtxSynchronize)                                                        \
-  X(ctxSetLimit, cuCtxSetLimit)                                                              \
-  X(ctxGetLimit, cuCtxGetLimit)                                                              \
-  X(memAlloc, cuMemAlloc_v2)                                                                 \
-  X(memFree, cuMemFree_v2)                                                                   \
-  X(memGetInfo, cuMemGetInfo_v2)                                                             \
-  X(memcpyHtoDAsync, cuMemcpyHtoDAsync_v2)                                                   \
-  X(memcpyDtoHAsync, cuMemcpyDtoHAsync_v2)                                                   \
-  X(memcpyDtoDAsync, cuMemcpyDtoDAsync_v2)                                                   \
-  X(memcpy2DAsync, cuMemcpy2DAsync_v2)                                                       \
-  X(memcpy3DAsync, cuMemcpy3DAsync_v2)                                                       \
-  X(array3DCreate, cuArray3DCreate_v2)                                                       \
-  X(arrayDestroy, cuArrayDestroy)                                                            \
-  X(mipmappedArrayCreate, cuMipmappedArrayCreate)                                            \
-  X(mipmappedArrayGetLevel, cuMipmappedArrayGetLevel)                                        \
-  X(mipmappedArrayDestroy, cuMipmappedArrayDestroy)                                          \
-  X(texObjectCreate, cuTexObjectCreate)                                                      \
-  X(texObjectDestroy, cuTexObjectDestroy)                                                    \
-  X(surfObjectCreate, cuSurfObjectCreate)                                                    \
-  X(surfObjectDestroy, cuSurfObjectDestroy)                                                  \
-  X(memsetD8Async, cuMemsetD8Async)                                                          \
-  X(memsetD16Async, cuMemsetD16Async)                                                        \
-  X(memsetD32Async, cuMemsetD32Async)                                                        \
-  X(memsetD2D8Async, cuMemsetD2D8Async)                                                      \
-  X(memsetD2D16Async, cuMemsetD2D16Async)                                                    \
-  X(memsetD2D32Async, cuMemsetD2D32Async)                                                    \
-  X(memHostRegister, cuMemHostRegister_v2)                                                   \
-  X(memAddressReserve, cuMemAddressReserve)                                                  \
-  X(memAddressFree, cuMemAddressFree)                                                        \
-  X(memCreate, cuMemCreate)                                                                  \
-  X(memRelease, cuMemRelease)                                                                \
-  X(memMap, cuMemMap)                                                                        \
-  X(memUnmap, cuMemUnmap)                                                                    \
-  X(memSetAccess, cuMemSetAccess)                                                            \
-  X(ipcGetMemHandle, cuIpcGetMemHandle)                                                      \
-  X(ipcOpenMemHandle, cuIpcOpenMemHandle_v2)                                                 \
-  X(ipcCloseMemHandle, cuIpcCloseMemHandle)                                                  \
-  X(ipcGetEventHandle, cuIpcGetEventHandle)                                                  \
-  X(ipcOpenEventHandle, cuIpcOpenEventHandle)                                                \
-  X(memHostGetDevicePointer, cuMemHostGetDevicePointer_v2)                                   \
-  X(libraryLoadData, cuLibraryLoadData)                                                      \
-  X(libraryUnload, cuLibraryUnload)                                                          \
-  X(libraryGetKernel, cuLibraryGetKernel)                                                    \
-  X(libraryGetGlobal, cuLibraryGetGlobal)                                                    \
-  X(kernelGetParamInfo, cuKernelGetParamInfo)                                                \
-  X(kernelGetAttribute, cuKernelGetAttribute)                                                \
-  X(kernelSetAttribute, cuKernelSetAttribute)                                                \
-  X(kernelGetFunction, cuKernelGetFunction)                                                  \
-  X(launchKernel, cuLaunchKernel)                                                            \
-  X(launchKernelEx, cuLaunchKernelEx)                                                        \
-  X(occupancyMaxActiveClusters, cuOccupancyMaxActiveClusters)                                \
-  X(occupancyAvailableDynamicSMem, cuOccupancyAvailableDynamicSMemPerBlock)                  \
-  X(occupancyMaxActiveBlocks, cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags)          \
-  X(streamCreateWithPriority, cuStreamCreateWithPriority)                                    \
-  X(streamDestroy, cuStreamDestroy_v2)                                                       \
-  X(streamSynchronize, cuStreamSynchronize)                                                  \
-  X(streamQuery, cuStreamQuery)                                                              \
-  X(streamWaitEvent, cuStreamWaitEvent)                                                      \
-  X(eventCreate, cuEventCreate)                                                              \
-  X(eventDestroy, cuEventDestroy_v2)                                                         \
-  X(eventRecord, cuEventRecord)                                                              \
-  X(eventSynchronize, cuEventSynchronize)                                                    \
+#define ORION_CUDA_REQUIRED(X)                                                      \
+  X(init, cuInit)                                                                   \
+  X(driverGetVersion, cuDriverGetVersion)                                           \
+  X(deviceGet, cuDeviceGet)                                                         \
+  X(deviceGetCount, cuDeviceGetCount)                                               \
+  X(deviceGetName, cuDeviceGetName)                                                 \
+  X(deviceGetUuid, cuDeviceGetUuid_v2)                                              \
+  X(deviceGetAttribute, cuDeviceGetAttribute)                                       \
+  X(deviceGetPCIBusId, cuDeviceGetPCIBusId)                                         \
+  X(deviceTotalMem, cuDeviceTotalMem_v2)                                            \
+  X(primaryCtxRetain, cuDevicePrimaryCtxRetain)                                     \
+  X(primaryCtxRelease, cuDevicePrimaryCtxRelease_v2)                                \
+  X(primaryCtxReset, cuDevicePrimaryCtxReset_v2)                                    \
+  X(ctxDestroy, cuCtxDestroy_v2)                                                    \
+  X(ctxSetCurrent, cuCtxSetCurrent)                                                 \
+  X(ctxGetCurrent, cuCtxGetCurrent)                                                 \
+  X(ctxGetDevice, cuCtxGetDevice)                                                   \
+  X(ctxSynchronize, cuCtxSynchronize)                                               \
+  X(ctxSetLimit, cuCtxSetLimit)                                                     \
+  X(ctxGetLimit, cuCtxGetLimit)                                                     \
+  X(memAlloc, cuMemAlloc_v2)                                                        \
+  X(memFree, cuMemFree_v2)                                                          \
+  X(memGetInfo, cuMemGetInfo_v2)                                                    \
+  X(memcpyHtoDAsync, cuMemcpyHtoDAsync_v2)                                          \
+  X(memcpyDtoHAsync, cuMemcpyDtoHAsync_v2)                                          \
+  X(memcpyDtoDAsync, cuMemcpyDtoDAsync_v2)                                          \
+  X(memcpy2DAsync, cuMemcpy2DAsync_v2)                                              \
+  X(memcpy3DAsync, cuMemcpy3DAsync_v2)                                              \
+  X(array3DCreate, cuArray3DCreate_v2)                                              \
+  X(arrayDestroy, cuArrayDestroy)                                                   \
+  X(mipmappedArrayCreate, cuMipmappedArrayCreate)                                   \
+  X(mipmappedArrayGetLevel, cuMipmappedArrayGetLevel)                               \
+  X(mipmappedArrayDestroy, cuMipmappedArrayDestroy)                                 \
+  X(texObjectCreate, cuTexObjectCreate)                                             \
+  X(texObjectDestroy, cuTexObjectDestroy)                                           \
+  X(surfObjectCreate, cuSurfObjectCreate)                                           \
+  X(surfObjectDestroy, cuSurfObjectDestroy)                                         \
+  X(memsetD8Async, cuMemsetD8Async)                                                 \
+  X(memsetD16Async, cuMemsetD16Async)                                               \
+  X(memsetD32Async, cuMemsetD32Async)                                               \
+  X(memsetD2D8Async, cuMemsetD2D8Async)                                             \
+  X(memsetD2D16Async, cuMemsetD2D16Async)                                           \
+  X(memsetD2D32Async, cuMemsetD2D32Async)                                           \
+  X(memHostRegister, cuMemHostRegister_v2)                                          \
+  X(memAddressReserve, cuMemAddressReserve)                                         \
+  X(memAddressFree, cuMemAddressFree)                                               \
+  X(memCreate, cuMemCreate)                                                         \
+  X(memRelease, cuMemRelease)                                                       \
+  X(memMap, cuMemMap)                                                               \
+  X(memUnmap, cuMemUnmap)                                                           \
+  X(memSetAccess, cuMemSetAccess)                                                   \
+  X(ipcGetMemHandle, cuIpcGetMemHandle)                                             \
+  X(ipcOpenMemHandle, cuIpcOpenMemHandle_v2)                                        \
+  X(ipcCloseMemHandle, cuIpcCloseMemHandle)                                         \
+  X(ipcGetEventHandle, cuIpcGetEventHandle)                                         \
+  X(ipcOpenEventHandle, cuIpcOpenEventHandle)                                       \
+  X(memHostGetDevicePointer, cuMemHostGetDevicePointer_v2)                          \
+  X(libraryLoadData, cuLibraryLoadData)                                             \
+  X(libraryUnload, cuLibraryUnload)                                                 \
+  X(libraryGetKernel, cuLibraryGetKernel)                                           \
+  X(libraryGetGlobal, cuLibraryGetGlobal)                                           \
+  X(kernelGetParamInfo, cuKernelGetParamInfo)                                       \
+  X(kernelGetAttribute, cuKernelGetAttribute)                                       \
+  X(kernelSetAttribute, cuKernelSetAttribute)                                       \
+  X(kernelGetFunction, cuKernelGetFunction)                                         \
+  X(launchKernel, cuLaunchKernel)                                                   \
+  X(launchKernelEx, cuLaunchKernelEx)                                               \
+  X(occupancyMaxActiveClusters, cuOccupancyMaxActiveClusters)                       \
+  X(occupancyAvailableDynamicSMem, cuOccupancyAvailableDynamicSMemPerBlock)         \
+  X(occupancyMaxActiveBlocks, cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags) \
+  X(streamCreateWithPriority, cuStreamCreateWithPriority)                           \
+  X(streamDestroy, cuStreamDestroy_v2)                                              \
+  X(streamSynchronize, cuStreamSynchronize)                                         \
+  X(streamQuery, cuStreamQuery)                                                     \
+  X(streamWaitEvent, cuStreamWaitEvent)                                             \
+  X(eventCreate, cuEventCreate)                                                     \
+  X(eventDestroy, cuEventDestroy_v2)                                                \
+  X(eventRecord, cuEventRecord)                                                     \
+  X(eventSynchronize, cuEventSynchronize)                                           \
   X(eventQuery, cuEventQuery)
 
 // cuCtxCreate_v2 (CUDA 3.2 .. 12.4 signature); <cuda.h> 13 declares it only internally.
@@ -387,7 +387,8 @@ class CudaBackend final : public Backend {
       std::string_view b(bus);
       // The field holds "dddd:bb:dd.f". A driver that prints an 8-digit domain ("00000000:3B:00.0",
       // nvidia-smi style) has leading zeros to spare.
-      while (b.size() > 1 && b[0] == '0' && b.find(':') > 4 && b.find(':') != std::string_view::npos) b.remove_prefix(1);
+      while (b.size() > 1 && b[0] == '0' && b.find(':') > 4 && b.find(':') != std::string_view::npos)
+        b.remove_prefix(1);
       const size_t n = std::min(b.size(), sizeof(out->pci_bus_id) - 1);
       std::memcpy(out->pci_bus_id, b.data(), n);
     }
@@ -637,14 +638,16 @@ class CudaBackend final : public Backend {
   // have read them before this returns: stream-synchronise (see the file comment).
   CUresult MemcpyHtoD(uint64_t dst, const void* src, uint64_t bytes, void* stream) override {
     EnsureWindow();
-    const CUresult r = api_.memcpyHtoDAsync(static_cast<CUdeviceptr>(dst), src, static_cast<size_t>(bytes), Stream(stream));
+    const CUresult r =
+        api_.memcpyHtoDAsync(static_cast<CUdeviceptr>(dst), src, static_cast<size_t>(bytes), Stream(stream));
     if (r != CUDA_SUCCESS) return r;
     return api_.streamSynchronize(Stream(stream));
   }
 
   CUresult MemcpyDtoH(void* dst, uint64_t src, uint64_t bytes, void* stream, bool async) override {
     EnsureWindow();
-    const CUresult r = api_.memcpyDtoHAsync(dst, static_cast<CUdeviceptr>(src), static_cast<size_t>(bytes), Stream(stream));
+    const CUresult r =
+        api_.memcpyDtoHAsync(dst, static_cast<CUdeviceptr>(src), static_cast<size_t>(bytes), Stream(stream));
     if (r != CUDA_SUCCESS || async) return r;
     return Synced(api_.streamSynchronize(Stream(stream)));
   }
@@ -721,8 +724,10 @@ class CudaBackend final : public Backend {
         return;
       }
       *type = x.kind == kSideWindow ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
-      if (x.kind == kSideWindow) *host = x.host;
-      else *dev = static_cast<CUdeviceptr>(x.dptr);
+      if (x.kind == kSideWindow)
+        *host = x.host;
+      else
+        *dev = static_cast<CUdeviceptr>(x.dptr);
       *pitch = static_cast<size_t>(x.pitch);
       *h = static_cast<size_t>(height);
     };
@@ -829,8 +834,7 @@ class CudaBackend final : public Backend {
         const auto v = static_cast<unsigned int>(value);
         return h == 1 ? api_.memsetD32Async(p, v, w, s) : api_.memsetD2D32Async(p, pt, v, w, h, s);
       }
-      default:
-        return CUDA_ERROR_INVALID_VALUE;
+      default: return CUDA_ERROR_INVALID_VALUE;
     }
   }
 
@@ -1027,13 +1031,13 @@ class CudaBackend final : public Backend {
         ++cfg.numAttrs;
       }
       size_t size = param_bytes;
-      void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, const_cast<uint8_t*>(params), CU_LAUNCH_PARAM_BUFFER_SIZE,
-                       &size, CU_LAUNCH_PARAM_END};
+      void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, const_cast<uint8_t*>(params), CU_LAUNCH_PARAM_BUFFER_SIZE, &size,
+                       CU_LAUNCH_PARAM_END};
       return api_.launchKernelEx(&cfg, f, nullptr, param_bytes == 0 ? nullptr : extra);
     }
     if (param_bytes == 0) {
-      return api_.launchKernel(f, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_mem,
-                               Stream(stream), nullptr, nullptr);
+      return api_.launchKernel(f, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_mem, Stream(stream),
+                               nullptr, nullptr);
     }
     size_t size = param_bytes;
     void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, const_cast<uint8_t*>(params), CU_LAUNCH_PARAM_BUFFER_SIZE, &size,
@@ -1163,7 +1167,7 @@ class CudaBackend final : public Backend {
     }
   }
 
-  Api api_;  // from a driver handle that is never dlclose'd
+  Api api_;                // from a driver handle that is never dlclose'd
   int out_fd_ = -1;        // read end of the worker's stdout (device printf)
   bool launched_ = false;  // a kernel was launched in this session
   bool synced_ = false;    // a synchronizing call since then: TakeOutput reads the pipe once
@@ -1172,18 +1176,18 @@ class CudaBackend final : public Backend {
     return r;
   }
   std::vector<Placement> placements_;
-  std::vector<CUdevice> devices_;               // per placement
+  std::vector<CUdevice> devices_;                              // per placement
   std::map<uint64_t, std::pair<int, IpcHandle>> mem_tickets_;  // exported allocations: ticket fd, handle
   std::map<void*, std::pair<int, IpcHandle>> event_tickets_;   // exported events
-  std::map<CUdevice, uint64_t> overhead_;       // ContextOverhead, per physical GPU
-  std::map<CUdevice, CUcontext> primary_;       // primary context handles handed out
+  std::map<CUdevice, uint64_t> overhead_;                      // ContextOverhead, per physical GPU
+  std::map<CUdevice, CUcontext> primary_;                      // primary context handles handed out
 
   void* window_base_ = nullptr;
   uint64_t window_bytes_ = 0;
   bool window_registered_ = false;
-  CUcontext window_owner_ = nullptr;            // context that registered it; nullptr = unknown
-  CUcontext window_failed_ctx_ = nullptr;       // last context a registration failed in
-  CUresult window_error_ = CUDA_SUCCESS;        // last registration failure
+  CUcontext window_owner_ = nullptr;       // context that registered it; nullptr = unknown
+  CUcontext window_failed_ctx_ = nullptr;  // last context a registration failed in
+  CUresult window_error_ = CUDA_SUCCESS;   // last registration failure
 };
 
 // ---- Probe (runs in a child process) --------------------------------------------------------
@@ -1230,7 +1234,8 @@ std::string ProbeInChild(const std::string& path) {
   for (int i = 0; i < count; ++i) {
     const std::string where = "device " + std::to_string(i) + ": ";
     CUdevice d = 0;
-    if ((r = api.deviceGet(&d, i)) != CUDA_SUCCESS) return "ERR " + where + "cuDeviceGet failed: " + ErrorText(api, r) + "\n";
+    if ((r = api.deviceGet(&d, i)) != CUDA_SUCCESS)
+      return "ERR " + where + "cuDeviceGet failed: " + ErrorText(api, r) + "\n";
     char name[kNameLen] = {};
     if ((r = api.deviceGetName(name, static_cast<int>(sizeof(name) - 1), d)) != CUDA_SUCCESS) {
       return "ERR " + where + "cuDeviceGetName failed: " + ErrorText(api, r) + "\n";
@@ -1243,8 +1248,8 @@ std::string ProbeInChild(const std::string& path) {
     if ((r = api.deviceGetUuid(&uuid, d)) != CUDA_SUCCESS) {
       return "ERR " + where + "cuDeviceGetUuid failed: " + ErrorText(api, r) + "\n";
     }
-    out += "GPU " + std::to_string(i) + " " + std::to_string(total) + " " + FormatUuid(uuid) + " " +
-           OneLine(name) + "\n";
+    out +=
+        "GPU " + std::to_string(i) + " " + std::to_string(total) + " " + FormatUuid(uuid) + " " + OneLine(name) + "\n";
   }
   out += "END\n";
   return out;
@@ -1326,7 +1331,8 @@ Result<std::vector<PhysicalGpu>> ProbeImpl(const CudaOptions& options) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kProbeTimeoutMs);
   char buf[4096];
   for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
       timed_out = true;
       break;

@@ -84,7 +84,8 @@ Status Daemon::CheckRequest(HelloReq* hello) const {
     return ResourceExhausted("oriond serves its maximum of " + std::to_string(config_.max_clients) + " clients");
   }
   if (hello->vgpu_count == 0 || hello->vgpu_count > kMaxDevices) {
-    return InvalidArgument("ORION_VGPU=" + std::to_string(hello->vgpu_count) + " must be 1.." + std::to_string(kMaxDevices));
+    return InvalidArgument("ORION_VGPU=" + std::to_string(hello->vgpu_count) + " must be 1.." +
+                           std::to_string(kMaxDevices));
   }
   SanitizeName(hello->hostname, sizeof hello->hostname);
   SanitizeName(hello->allocation_id, sizeof hello->allocation_id);
@@ -165,7 +166,8 @@ Result<Daemon::Admission> Daemon::AcquireForJob(const HelloReq& hello, uint32_t 
   Admission a;
   // The job's first vGPUs, as many as the process asks (a VM's rule); each with the job's quota
   // or the smaller one asked.
-  a.placements.assign(hold.placements.begin(), hold.placements.begin() + (hello.vgpu_count == 0 ? 1 : hello.vgpu_count));
+  a.placements.assign(hold.placements.begin(),
+                      hold.placements.begin() + (hello.vgpu_count == 0 ? 1 : hello.vgpu_count));
   if (hello.gmem_mib != 0) {
     for (auto& p : a.placements) p.quota_bytes = hello.gmem_mib << 20;
   }
@@ -237,8 +239,8 @@ Status Daemon::StartServing() {
       f->set_level(Level(config_.file_log_level));
       sinks.push_back(f);
     } catch (const std::exception& e) {
-      return Status(Code::kPermissionDenied, "cannot write " + config_.log_dir + "/server.log: " + e.what() +
-                                                 " (use --log-dir)");
+      return Status(Code::kPermissionDenied,
+                    "cannot write " + config_.log_dir + "/server.log: " + e.what() + " (use --log-dir)");
     }
   }
   if (config_.log_to_screen || sinks.empty()) {
@@ -263,8 +265,9 @@ Status Daemon::StartServing() {
       return Unavailable("--backend cuda: no GPU answered: " + probe.status().message());
     } else {
       log_->warn("No GPU answered ({}).", probe.status().message());
-      log_->warn("*** Using the SIM backend: device memory lives in host RAM; kernels run on the CPU from "
-                 "their PTX, SASS-only kernels (e.g. cuBLAS's) are validated and logged but NOT run. ***");
+      log_->warn(
+          "*** Using the SIM backend: device memory lives in host RAM; kernels run on the CPU from "
+          "their PTX, SASS-only kernels (e.g. cuBLAS's) are validated and logged but NOT run. ***");
       backend_ = BackendKind::kSim;
     }
   }
@@ -418,8 +421,10 @@ Status Daemon::RestoreVms(std::vector<std::string>* gone) {
   if (!vms.ok()) return vms.status();
   if (vms->empty()) return Status::Ok();
   if (!config_.enable_kvm) {
-    log_->warn("{} lists {} attached VM(s), but this oriond does not serve VMs (enable_kvm is off): their regions "
-               "are not served", config_.state_file, vms->size());
+    log_->warn(
+        "{} lists {} attached VM(s), but this oriond does not serve VMs (enable_kvm is off): their regions "
+        "are not served",
+        config_.state_file, vms->size());
     return Status::Ok();
   }
   bool changed = false;
@@ -534,8 +539,8 @@ Status Daemon::OpenControlSocket() {
   if (rc != 0 || listen(fd, 16) != 0) {
     const std::string err = std::strerror(errno);
     ::close(fd);
-    return Status(Code::kPermissionDenied, "cannot listen on " + config_.control_socket + ": " + err +
-                                               " (use --control-socket)");
+    return Status(Code::kPermissionDenied,
+                  "cannot listen on " + config_.control_socket + ": " + err + " (use --control-socket)");
   }
   control_fd_ = fd;
   return Status::Ok();
@@ -584,7 +589,8 @@ std::string Daemon::Control(const std::string& line) {
     if (!(in >> processes)) processes = 0;  // an older hook: shm_buffer_size decides
     std::string bell;
     uint32_t vectors = 0;
-    if (in >> bell && !(in >> vectors)) return "error usage: attach VM REGION VGPUS GMEM_MIB PROCESSES [SOCKET VECTORS]";
+    if (in >> bell && !(in >> vectors))
+      return "error usage: attach VM REGION VGPUS GMEM_MIB PROCESSES [SOCKET VECTORS]";
     return Attach(vm, path, vgpus, gmem, processes, bell, vectors);
   }
   if (cmd == "detach") {
@@ -596,9 +602,10 @@ std::string Daemon::Control(const std::string& line) {
     std::string out = "ok backend=" + std::string(backend_ == BackendKind::kCuda ? "cuda" : "sim") +
                       " vgpus_total=" + std::to_string(pool_->total_vgpus()) +
                       " vgpus_free=" + std::to_string(pool_->free_vgpus()) + " sessions=" + std::to_string(serving_) +
-                      " controller=" + (link_ ? ControllerAddrForServer(config_.controller_addr) +
-                                                    (link_->registered() ? "(registered)" : "(unreachable)")
-                                              : std::string("none"));
+                      " controller=" +
+                      (link_ ? ControllerAddrForServer(config_.controller_addr) +
+                                   (link_->registered() ? "(registered)" : "(unreachable)")
+                             : std::string("none"));
     for (const Region& r : regions_) {
       if (r.vm.empty()) continue;
       out += " vm=" + r.vm + ":" + std::to_string(r.reserved.size());
@@ -614,18 +621,24 @@ std::string Daemon::SessionsJson() const {
   char host[256] = {};
   gethostname(host, sizeof host - 1);
   const std::string server = std::string(host) + " (oriond, " + (backend_ == BackendKind::kCuda ? "cuda" : "sim") + ")";
-  auto add = [&](uint32_t session, const std::vector<Placement>& placements, const std::string& allocation_id,
-                 int slot, const ClientInfo& c) {
+  auto add = [&](uint32_t session, const std::vector<Placement>& placements, const std::string& allocation_id, int slot,
+                 const ClientInfo& c) {
     nlohmann::json places = nlohmann::json::array();
     const std::atomic<uint64_t>* used = StatSlot(slot);
     for (size_t d = 0; d < placements.size(); ++d) {
       const Placement& p = placements[d];
-      places.push_back({{"server", server}, {"pgpu", p.pgpu}, {"vgpu", p.vgpu}, {"gmem_mib", p.quota_bytes >> 20},
-                        {"used_mib", used != nullptr && d < kMaxDevices ? used[d].load(std::memory_order_relaxed) >> 20 : 0},
-                        {"gpu_name", p.pgpu < gpu_names_.size() ? gpu_names_[p.pgpu] : std::string()}});
+      places.push_back(
+          {{"server", server},
+           {"pgpu", p.pgpu},
+           {"vgpu", p.vgpu},
+           {"gmem_mib", p.quota_bytes >> 20},
+           {"used_mib", used != nullptr && d < kMaxDevices ? used[d].load(std::memory_order_relaxed) >> 20 : 0},
+           {"gpu_name", p.pgpu < gpu_names_.size() ? gpu_names_[p.pgpu] : std::string()}});
     }
     // Client-supplied names are bytes: JSON needs UTF-8, so bad bytes become U+FFFD at dump time.
-    out.push_back({{"session", session}, {"transport", c.transport}, {"server", server},
+    out.push_back({{"session", session},
+                   {"transport", c.transport},
+                   {"server", server},
                    {"allocation_id", allocation_id},
                    {"client", {{"pid", c.pid}, {"process", c.process}, {"host", c.host}}},
                    {"placements", std::move(places)}});
@@ -671,7 +684,8 @@ std::string Daemon::Attach(const std::string& vm, const std::string& path, uint3
     ++i;
   }
   for (Region& r : regions_) {
-    if (r.vm == vm && r.map->path() == path && !bell_socket.empty() && (!r.bell || r.bell->socket_path() != bell_socket)) {
+    if (r.vm == vm && r.map->path() == path && !bell_socket.empty() &&
+        (!r.bell || r.bell->socket_path() != bell_socket)) {
       // Attached before (restored after an oriond restart, or its release never ran) and started
       // again with a doorbell: QEMU will connect to this socket.
       const uint32_t n = std::min(vectors, r.channel_count);
@@ -783,9 +797,10 @@ Status Daemon::OpenListener() {
     }
   }
   if (config_.client_key.empty()) {
-    log_->warn("TCP clients on {}:{} are not authenticated: anyone who reaches the port gets vGPUs "
-               "(set client_key in [orion] of server.conf; clients pass ORION_KEY)",
-               config_.bind_addr, config_.listen_port);
+    log_->warn(
+        "TCP clients on {}:{} are not authenticated: anyone who reaches the port gets vGPUs "
+        "(set client_key in [orion] of server.conf; clients pass ORION_KEY)",
+        config_.bind_addr, config_.listen_port);
   }
   return Status::Ok();
 }
@@ -810,7 +825,9 @@ void Daemon::AcceptClients(uint64_t now_ms) {
       if (pending_[i].source != host) continue;
       if (same++ == 0) oldest_same = i;
     }
-    const size_t evict = same >= kMaxPendingPerSource ? oldest_same : pending_.size() >= kMaxPending ? 0 : pending_.size();
+    const size_t evict = same >= kMaxPendingPerSource     ? oldest_same
+                         : pending_.size() >= kMaxPending ? 0
+                                                          : pending_.size();
     if (evict < pending_.size()) {
       if (++evicted_ % 64 == 1) {
         log_->warn("client {}: closed before its Hello to make room for new connections ({} so far; {} pending)",
@@ -868,7 +885,8 @@ void Daemon::Handshake(Pending& p) {
   std::memcpy(&h, p.in.data(), sizeof h);
   if (h.magic != kFrameMagic || h.version != kProtocolVersion || h.op != static_cast<uint16_t>(Op::kHello) ||
       h.payload_len != sizeof(HelloReq)) {
-    log_->error("client {}: the first frame is not a Hello of protocol {}; connection closed", p.peer, kProtocolVersion);
+    log_->error("client {}: the first frame is not a Hello of protocol {}; connection closed", p.peer,
+                kProtocolVersion);
     ::close(p.fd);
     p.fd = -1;
     return;
@@ -897,7 +915,8 @@ void Daemon::Handshake(Pending& p) {
     p.fd = -1;
   };
   if (hello.protocol_version != kProtocolVersion) {
-    refuse(CUDA_ERROR_NOT_SUPPORTED, "protocol version " + std::to_string(hello.protocol_version) + " is not supported");
+    refuse(CUDA_ERROR_NOT_SUPPORTED,
+           "protocol version " + std::to_string(hello.protocol_version) + " is not supported");
     return;
   }
   // The shared client key, compared in constant time.
@@ -999,7 +1018,11 @@ void Daemon::Handshake(Pending& p) {
                  static_cast<uint32_t>(placements->size()));
   }
   std::string client_host(hello.hostname, strnlen(hello.hostname, sizeof hello.hostname));
-  net_sessions_.push_back({pid, session, std::move(*placements), admitted->allocation_id, slot,
+  net_sessions_.push_back({pid,
+                           session,
+                           std::move(*placements),
+                           admitted->allocation_id,
+                           slot,
                            {hello.pid, hello.process_name, client_host.empty() ? p.source : client_host,
                             transport == kTransportRdma ? "rdma" : "tcp"}});
   ++serving_;
@@ -1116,10 +1139,11 @@ bool Daemon::RegionIntact(Region& r) {
     kill(c.pid, SIGKILL);  // its view of the channel is gone; Reap frees its vGPUs
     ++sessions;
   }
-  log_->error("region {} {}: a violation by a tenant of this region; ending its {} session(s); the region is no "
-              "longer served until they are gone (other regions and network clients are not affected; it is then "
-              "formatted afresh and served again if its file still has its size)",
-              r.map->path(), why, sessions);
+  log_->error(
+      "region {} {}: a violation by a tenant of this region; ending its {} session(s); the region is no "
+      "longer served until they are gone (other regions and network clients are not affected; it is then "
+      "formatted afresh and served again if its file still has its size)",
+      r.map->path(), why, sessions);
   return false;
 }
 
@@ -1131,7 +1155,7 @@ void Daemon::RepairSevered() {
     for (const Channel& c : r.channels) live |= c.state == Channel::kServing;
     if (live) continue;  // Reap has not collected every session yet
     const std::string path = r.map->path();
-    struct stat st{};
+    struct stat st {};
     if (::stat(path.c_str(), &st) != 0 || static_cast<uint64_t>(st.st_size) != r.map->size()) {
       if (!r.repair_refused_logged) {
         log_->warn("region {} stays unserved: its file is gone or no longer {} bytes", path, r.map->size());
@@ -1161,7 +1185,8 @@ void Daemon::RepairSevered() {
     r.epoch = fresh.epoch;
     r.severed = false;
     r.repair_refused_logged = false;
-    if (r.bell && r.channel_count < vectors) ivshmem::PublishDoorbell(r.map->data(), ivshmem::kHostPeer, r.channel_count);
+    if (r.bell && r.channel_count < vectors)
+      ivshmem::PublishDoorbell(r.map->data(), ivshmem::kHostPeer, r.channel_count);
     log_->warn("region {} formatted afresh after a tenant broke it; served again ({} channels)", path, r.channel_count);
   }
 }
@@ -1298,7 +1323,8 @@ void Daemon::Admit(Region& r, uint32_t index) {
   c.placements = std::move(*placements);
   c.allocation_id = allocation_id;
   c.stat_slot = slot;
-  c.client = {hello.pid, hello.process_name, std::string(hello.hostname, strnlen(hello.hostname, sizeof hello.hostname)),
+  c.client = {hello.pid, hello.process_name,
+              std::string(hello.hostname, strnlen(hello.hostname, sizeof hello.hostname)),
               r.vm.empty() ? "shm" : "vm " + r.vm};
   if (link_ && !allocation_id.empty()) {
     link_->Track(allocation_id, jobs_.count(allocation_id) != 0 ? nullptr : StatSlot(slot),
@@ -1333,8 +1359,7 @@ void Daemon::Scan(Region& r, uint32_t index, uint64_t now_ms) {
       Reset(r, index);
       return;
     }
-    default:
-      break;
+    default: break;
   }
   // Active without a worker (left from an earlier oriond), dead, or a garbage state: free it once
   // the client's lease is stale.
@@ -1356,10 +1381,13 @@ void Daemon::Reap() {
       if (it->pid != pid) continue;
       --serving_;
       const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-      Finish(it->placements, it->allocation_id, it->stat_slot, code == kExitGoodbye ? "client_exited" : "session_ended");
+      Finish(it->placements, it->allocation_id, it->stat_slot,
+             code == kExitGoodbye ? "client_exited" : "session_ended");
       log_->info("Session {} exits ({}).", it->session,
-                 code == kExitGoodbye ? "client exited" : code == kExitViolation ? "protocol violation"
-                                       : code == kExitClientGone ? "client disconnected" : "worker ended");
+                 code == kExitGoodbye      ? "client exited"
+                 : code == kExitViolation  ? "protocol violation"
+                 : code == kExitClientGone ? "client disconnected"
+                                           : "worker ended");
       net_sessions_.erase(it);
       break;
     }
@@ -1377,11 +1405,11 @@ void Daemon::Reap() {
         c.allocation_id.clear();
         c.stat_slot = -1;
         const char* why = r.severed                    ? "its region was truncated or overwritten"
-                          : code == kExitGoodbye        ? "client exited"
-                          : code == kExitLeaseExpired ? "client lease expired"
-                          : code == kExitViolation    ? "protocol violation"
+                          : code == kExitGoodbye       ? "client exited"
+                          : code == kExitLeaseExpired  ? "client lease expired"
+                          : code == kExitViolation     ? "protocol violation"
                           : code == kExitBackendFailed ? "backend failed"
-                          : code == kExitClientGone   ? "client disconnected"
+                          : code == kExitClientGone    ? "client disconnected"
                                                        : "worker crashed";
         if (WIFSIGNALED(status) && !r.severed) {
           log_->error("Session {} worker died with signal {}", c.session, WTERMSIG(status));

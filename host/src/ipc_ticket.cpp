@@ -64,7 +64,9 @@ Result<int> CreateIpcTicket(uint32_t kind, uint64_t bytes, uint64_t data_bytes, 
 }
 
 Result<int> OpenIpcTicket(const IpcHandle& handle, uint32_t kind, uint8_t* payload) {
-  auto bad = [](const std::string& why) { return Status(Code::kInvalidArgument, "not an IPC handle of this oriond: " + why); };
+  auto bad = [](const std::string& why) {
+    return Status(Code::kInvalidArgument, "not an IPC handle of this oriond: " + why);
+  };
   if (std::memcmp(handle.magic, kMagic, sizeof kMagic) != 0 || handle.kind != kind) return bad("magic or kind");
   if (handle.pid <= 0 || handle.fd < 0) return bad("process or descriptor");
   const std::string path = "/proc/" + std::to_string(handle.pid) + "/fd/" + std::to_string(handle.fd);
@@ -76,9 +78,9 @@ Result<int> OpenIpcTicket(const IpcHandle& handle, uint32_t kind, uint8_t* paylo
   struct stat st {};
   Header h{};
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) < kIpcDataOffset ||
-      pread(fd, &h, sizeof h, 0) != static_cast<ssize_t>(sizeof h) || std::memcmp(h.magic, kMagic, sizeof kMagic) != 0 ||
-      h.kind != kind || h.bytes != handle.bytes || !SameSecret(h.secret, handle.secret) ||
-      static_cast<uint64_t>(st.st_size) - kIpcDataOffset != h.data_bytes) {
+      pread(fd, &h, sizeof h, 0) != static_cast<ssize_t>(sizeof h) ||
+      std::memcmp(h.magic, kMagic, sizeof kMagic) != 0 || h.kind != kind || h.bytes != handle.bytes ||
+      !SameSecret(h.secret, handle.secret) || static_cast<uint64_t>(st.st_size) - kIpcDataOffset != h.data_bytes) {
     close(fd);
     return bad("the ticket does not match the handle");
   }

@@ -44,7 +44,8 @@ static int Main(int argc, char** argv) {
   app.add_flag("-d,--daemon", daemonize, "run in the background");
   app.add_option("--cache-dir", cache_dir, "module cache directory");
   uint64_t cache_max_mib = 0;
-  app.add_option("--cache-max-mib", cache_max_mib, "module cache size bound in MiB (oldest entries evicted; default 2048)")
+  app.add_option("--cache-max-mib", cache_max_mib,
+                 "module cache size bound in MiB (oldest entries evicted; default 2048)")
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 24));
   app.add_option("--sim-launch-log", sim_log, "sim: append every kernel launch to this file");
   app.add_option("--sim-gpus", sim_gpus, "sim: number of simulated GPUs")->check(CLI::Range(1, 64));
@@ -54,16 +55,19 @@ static int Main(int argc, char** argv) {
   std::string sim_execute;
   uint64_t sim_timeout_ms = 0;
   uint32_t sim_workers = 0;
-  app.add_option("--sim-execute", sim_execute, "sim: run kernels from their PTX (ptx, default) or only validate and log them (none)")
+  app.add_option("--sim-execute", sim_execute,
+                 "sim: run kernels from their PTX (ptx, default) or only validate and log them (none)")
       ->check(CLI::IsMember({"ptx", "none"}));
-  app.add_option("--sim-kernel-timeout", sim_timeout_ms, "sim: end a kernel running longer than this many ms (CUDA_ERROR_LAUNCH_TIMEOUT)")
+  app.add_option("--sim-kernel-timeout", sim_timeout_ms,
+                 "sim: end a kernel running longer than this many ms (CUDA_ERROR_LAUNCH_TIMEOUT)")
       ->check(CLI::Range(uint64_t{1}, uint64_t{86400000}));
   app.add_option("--sim-workers", sim_workers, "sim: host threads running one launch's blocks (default: all cores)")
       ->check(CLI::Range(1, 1024));
   std::string control;
   app.add_option("--control-socket", control, "admin socket for the libvirt hook and orion-vm ('' = none)");
   std::string state_file;
-  app.add_option("--state-file", state_file, "where oriond keeps its VM attachments (default /var/lib/orion/vms.json; '' = not kept)");
+  app.add_option("--state-file", state_file,
+                 "where oriond keeps its VM attachments (default /var/lib/orion/vms.json; '' = not kept)");
   app.add_option("--lease-timeout-ms", lease_ms, "free a client's vGPUs this long after its lease stops")
       ->check(CLI::Range(200, 600000));
   CLI11_PARSE(app, argc, argv);
@@ -134,7 +138,8 @@ static int Main(int argc, char** argv) {
       int st = 0;
       while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
       }
-      if (WIFSIGNALED(st)) std::fprintf(stderr, "oriond: the daemon died (signal %d) before it started\n", WTERMSIG(st));
+      if (WIFSIGNALED(st))
+        std::fprintf(stderr, "oriond: the daemon died (signal %d) before it started\n", WTERMSIG(st));
       return 1;
     }
     close(fds[0]);

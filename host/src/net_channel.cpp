@@ -71,7 +71,9 @@ class TcpSessionChannel final : public SessionChannel {
       at_ += done;
       while (done < w.bytes) {
         const ssize_t n = RecvWait(window_ + w.offset + done, w.bytes - done);
-        if (n <= 0) return n == 0 ? Unavailable("client closed the connection in a frame") : DataLoss("client stalled in a frame");
+        if (n <= 0)
+          return n == 0 ? Unavailable("client closed the connection in a frame")
+                        : DataLoss("client stalled in a frame");
         done += static_cast<uint64_t>(n);
       }
     }
@@ -181,7 +183,7 @@ class TcpSessionChannel final : public SessionChannel {
   int fd_;
   int stall_ms_;
   ivshmem::ChannelLayout layout_;
-  size_t partial_bytes_ = 0;   // bytes of an unfinished frame, and since when they stand still
+  size_t partial_bytes_ = 0;  // bytes of an unfinished frame, and since when they stand still
   uint64_t partial_since_ = 0;
   uint8_t* window_ = nullptr;
   std::vector<uint8_t> in_;

@@ -31,7 +31,10 @@ class RdmaSessionChannel final : public SessionChannel {
  public:
   RdmaSessionChannel(int fd, uint64_t channel_bytes, uint64_t stall_ms, uint32_t session,
                      std::shared_ptr<spdlog::logger> log)
-      : fd_(fd), stall_ms_(stall_ms), session_(session), log_(std::move(log)),
+      : fd_(fd),
+        stall_ms_(stall_ms),
+        session_(session),
+        log_(std::move(log)),
         layout_(ivshmem::ChannelLayout::Compute(channel_bytes)) {
     void* p = mmap(nullptr, layout_.window_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
@@ -133,7 +136,8 @@ class RdmaSessionChannel final : public SessionChannel {
 
   Status Reply(const FrameHeader& h, const void* payload, uint32_t len) override {
     if (!connected_) {  // the Welcome (or a refusal) travels on the TCP socket
-      if (!SendAll(&h, sizeof h) || (len != 0 && !SendAll(payload, len))) return Unavailable("cannot send to the client");
+      if (!SendAll(&h, sizeof h) || (len != 0 && !SendAll(payload, len)))
+        return Unavailable("cannot send to the client");
       return Status::Ok();
     }
     if (len > rdma::kSlotBytes - sizeof h) return Internal("reply larger than a send buffer");

@@ -45,33 +45,36 @@ enum class Kind : uint8_t { kCtx, kModule, kFunction, kStream, kEvent, kMemHandl
 struct Obj {
   Kind kind;
   void* backend = nullptr;
-  uint32_t dev = 0;            // contexts, physical allocations
-  uint64_t owner = 0;          // function: its module; module/stream/event: its context
-  KernelLayout layout;         // functions
-  uint64_t bytes = 0;          // physical allocations (cuMemCreate): size, charged to the quota
+  uint32_t dev = 0;     // contexts, physical allocations
+  uint64_t owner = 0;   // function: its module; module/stream/event: its context
+  KernelLayout layout;  // functions
+  uint64_t bytes = 0;   // physical allocations (cuMemCreate): size, charged to the quota
 };
 
 // Virtual memory management: a reserved address range, and a mapping of a physical allocation
 // inside one. A physical allocation lives (and stays charged) while its handle is unreleased or
 // any mapping of it remains.
-struct Reservation { uint64_t bytes; uint32_t mappings = 0; };
+struct Reservation {
+  uint64_t bytes;
+  uint32_t mappings = 0;
+};
 struct Mapping {
   uint64_t bytes;
-  uint64_t physical;           // key of physicals_
-  bool accessible = false;     // cuMemSetAccess granted: a device range for copies and launches
+  uint64_t physical;        // key of physicals_
+  bool accessible = false;  // cuMemSetAccess granted: a device range for copies and launches
 };
 struct Physical {
   void* backend;
   uint64_t bytes;
   uint32_t dev;
   uint32_t mappings = 0;
-  bool released = false;       // cuMemRelease'd: its handle is gone, the memory lives while mapped
+  bool released = false;  // cuMemRelease'd: its handle is gone, the memory lives while mapped
 };
 
 struct Alloc {
   uint64_t bytes;
   uint32_t dev;
-  bool counted;  // counts against the quota (device allocations; not globals or mapped memory)
+  bool counted;          // counts against the quota (device allocations; not globals or mapped memory)
   uint64_t charged = 0;  // what it costs against the quota: bytes rounded up to kAllocGranularity
   bool vmm = false;      // an accessible VMM mapping (charged through its physical allocation)
 };
@@ -87,9 +90,9 @@ struct ArrayRec {
   uint64_t width = 0, height = 0, depth = 0;  // as created (CUDA's convention: 0 = absent dimension)
   uint64_t texel = 0;                         // bytes per element
   uint64_t row_bytes = 0, rows = 0, slices = 0;
-  uint32_t objects = 0;                       // texture and surface objects on it
+  uint32_t objects = 0;  // texture and surface objects on it
   bool destroyed = false;
-  uint64_t mipmap = 0;                        // a level of this mipmapped array (which owns it)
+  uint64_t mipmap = 0;  // a level of this mipmapped array (which owns it)
 };
 // A mipmapped array: its levels are ArrayRecs owned by it (made at MipmappedArrayGetLevel), charged
 // with it; it lives while texture or surface objects use it or one of its levels.
@@ -205,7 +208,8 @@ class Session {
                      std::map<uint64_t, Mapping>::iterator* end) {
     *first = *end = mappings_.find(addr);
     uint64_t covered = 0;
-    while (*end != mappings_.end() && (*end)->first == addr + covered && covered < bytes) covered += ((*end)++)->second.bytes;
+    while (*end != mappings_.end() && (*end)->first == addr + covered && covered < bytes)
+      covered += ((*end)++)->second.bytes;
     return *first != mappings_.end() && bytes != 0 && covered == bytes;
   }
   // Charges `bytes` of device `dev` to its quota (rounded up to `granule`); false, with the Orion
@@ -275,23 +279,23 @@ class Session {
   ChannelLayout layout_{};
   uint8_t* window_ = nullptr;
   std::unordered_map<uint64_t, Obj> handles_;
-  std::unordered_map<void*, uint64_t> primary_ids_;   // backend primary context -> handle
-  std::unordered_map<void*, uint64_t> function_ids_;                    // backend function -> handle
+  std::unordered_map<void*, uint64_t> primary_ids_;                       // backend primary context -> handle
+  std::unordered_map<void*, uint64_t> function_ids_;                      // backend function -> handle
   std::unordered_map<uint64_t, std::vector<uint64_t>> module_functions_;  // module -> its function handles
   uint64_t next_handle_ = 0x10000;
   std::map<uint64_t, Alloc> allocs_;
-  std::set<uint64_t> ipc_exports_;                // allocations with an IPC handle
-  std::set<uint64_t> ipc_imports_;                // allocations opened from another session's handle
-  std::unordered_map<uint64_t, ArrayRec> arrays_;  // CUDA arrays, by handle
+  std::set<uint64_t> ipc_exports_;                       // allocations with an IPC handle
+  std::set<uint64_t> ipc_imports_;                       // allocations opened from another session's handle
+  std::unordered_map<uint64_t, ArrayRec> arrays_;        // CUDA arrays, by handle
   std::map<std::pair<uint64_t, bool>, TexRec> texobjs_;  // (object value, is a surface) -> its record
   std::unordered_map<uint64_t, MipmapRec> mipmaps_;      // mipmapped arrays, by handle
-  std::map<uint64_t, Reservation> reservations_;  // VMM address ranges, by start
-  uint64_t reserved_bytes_ = 0;                   // their sum (at most kMaxReservedBytes)
-  std::map<uint64_t, Mapping> mappings_;          // VMM mappings, by start
-  std::unordered_map<uint64_t, Physical> physicals_;  // by id; handles_ holds the unreleased ones
+  std::map<uint64_t, Reservation> reservations_;         // VMM address ranges, by start
+  uint64_t reserved_bytes_ = 0;                          // their sum (at most kMaxReservedBytes)
+  std::map<uint64_t, Mapping> mappings_;                 // VMM mappings, by start
+  std::unordered_map<uint64_t, Physical> physicals_;     // by id; handles_ holds the unreleased ones
   uint64_t next_physical_ = 1;
-  std::vector<uint64_t> used_;        // bytes allocated per device (quota)
-  std::vector<uint64_t> overhead_;    // context bytes per device (quota)
+  std::vector<uint64_t> used_;      // bytes allocated per device (quota)
+  std::vector<uint64_t> overhead_;  // context bytes per device (quota)
   // Tells oriond (and through it the controller) what this session holds on device `d`.
   void PublishUsed(uint32_t d) {
     if (p_.used_out != nullptr && d < kMaxDevices && d < used_.size() && d < overhead_.size()) {
@@ -306,7 +310,7 @@ class Session {
   std::map<std::string, std::vector<uint8_t>> blobs_;  // images awaiting ModuleLoad (HoldBlob)
   std::deque<std::string> held_order_;                 // oldest first
   uint64_t held_bytes_ = 0;
-  std::set<std::string> cached_;                       // images known to be in the disk cache
+  std::set<std::string> cached_;  // images known to be in the disk cache
   std::string upload_hex_;
   std::vector<uint8_t> upload_;
   std::string output_;   // device printf text not yet taken by the client (at most kMaxPendingOutput)
@@ -433,8 +437,8 @@ static_assert(std::is_same_v<OpRequestT<Op::kStreamDestroy>, OpRequestT<Op::kStr
 static_assert(std::is_same_v<OpRequestT<Op::kEventDestroy>, OpRequestT<Op::kEventSynchronize>>);
 static_assert(std::is_same_v<OpRequestT<Op::kEventDestroy>, OpRequestT<Op::kEventQuery>>);
 
-bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector<uint8_t>* reply,
-                       int32_t* status, std::string* why) {
+bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector<uint8_t>* reply, int32_t* status,
+                       std::string* why) {
   const uint32_t len = h.payload_len;
   reply->clear();
   // The checkpoint: nothing below runs for a payload whose length is not the one ops.def gives its
@@ -451,8 +455,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
     case Op::kGoodbye:
     case Op::kNop:
     case Op::kNopAsync:
-    case Op::kSync:
-      break;
+    case Op::kSync: break;
     case Op::kTakeOutput: {
       // A record takes at most half its ring (RingProducer::Reserve): on a small channel (4 MiB: a
       // 64 KiB reply ring) a full kMaxPayload reply would never fit, and the session would wait for
@@ -471,8 +474,14 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
 
     case Op::kCtxCreate: {
       const auto q = DecodeReq<Op::kCtxCreate>(payload);
-      if (q.device >= p_.placements.size()) { r = CUDA_ERROR_INVALID_DEVICE; break; }
-      if (HandlesFull()) { r = CUDA_ERROR_OUT_OF_MEMORY; break; }
+      if (q.device >= p_.placements.size()) {
+        r = CUDA_ERROR_INVALID_DEVICE;
+        break;
+      }
+      if (HandlesFull()) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+        break;
+      }
       void* ctx = nullptr;
       r = b_->CtxCreate(q.device, q.flags, &ctx);
       if (r == CUDA_SUCCESS) {
@@ -486,7 +495,10 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
     case Op::kCtxDestroy: {
       const auto q = DecodeReq<Op::kCtxDestroy>(payload);
       Obj* o = Find(q.handle, Kind::kCtx);
-      if (o == nullptr) { r = CUDA_ERROR_INVALID_CONTEXT; break; }
+      if (o == nullptr) {
+        r = CUDA_ERROR_INVALID_CONTEXT;
+        break;
+      }
       r = b_->CtxDestroy(o->backend);
       if (r == CUDA_SUCCESS) {
         handles_.erase(q.handle);
@@ -497,7 +509,10 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
     case Op::kCtxSetCurrent: {
       const auto q = DecodeReq<Op::kCtxSetCurrent>(payload);
       Obj* o = Find(q.handle, Kind::kCtx);
-      if (o == nullptr) { r = CUDA_ERROR_INVALID_CONTEXT; break; }
+      if (o == nullptr) {
+        r = CUDA_ERROR_INVALID_CONTEXT;
+        break;
+      }
       r = b_->SetCurrent(o->backend);
       if (r == CUDA_SUCCESS) {
         cur_ctx_ = q.handle;
@@ -505,12 +520,13 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       }
       break;
     }
-    case Op::kCtxSynchronize:
-      r = b_->CtxSynchronize();
-      break;
+    case Op::kCtxSynchronize: r = b_->CtxSynchronize(); break;
     case Op::kPrimaryCtxRetain: {
       const auto q = DecodeReq<Op::kPrimaryCtxRetain>(payload);
-      if (q.device >= p_.placements.size()) { r = CUDA_ERROR_INVALID_DEVICE; break; }
+      if (q.device >= p_.placements.size()) {
+        r = CUDA_ERROR_INVALID_DEVICE;
+        break;
+      }
       void* ctx = nullptr;
       r = b_->PrimaryCtxRetain(q.device, &ctx);
       if (r == CUDA_SUCCESS) {
@@ -525,30 +541,41 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       }
       break;
     }
-    case Op::kPrimaryCtxRelease:
-      break;
+    case Op::kPrimaryCtxRelease: break;
     case Op::kPrimaryCtxReset: {
       const auto q = DecodeReq<Op::kPrimaryCtxReset>(payload);
-      if (q.device >= p_.placements.size()) { r = CUDA_ERROR_INVALID_DEVICE; break; }
+      if (q.device >= p_.placements.size()) {
+        r = CUDA_ERROR_INVALID_DEVICE;
+        break;
+      }
       r = b_->PrimaryCtxReset(q.device);
       if (r == CUDA_SUCCESS) {
         // The reset frees the context's allocations, arrays, texture and surface objects.
         // VMM mappings are not a context's: they stay.
         for (auto it = texobjs_.begin(); it != texobjs_.end();) {
-          if (it->second.dev != q.device) { ++it; continue; }
+          if (it->second.dev != q.device) {
+            ++it;
+            continue;
+          }
           (void)b_->TexObjectDestroy(it->first.first, it->first.second);
           if (it->second.array != 0) --arrays_[it->second.array].objects;
           it = texobjs_.erase(it);
         }
         for (auto it = mipmaps_.begin(); it != mipmaps_.end();) {
-          if (it->second.dev != q.device) { ++it; continue; }
+          if (it->second.dev != q.device) {
+            ++it;
+            continue;
+          }
           for (uint64_t level : it->second.level_ids) arrays_.erase(level);
           (void)b_->MipmappedArrayDestroy(it->second.backend);
           Uncharge(it->second.dev, it->second.charged);
           it = mipmaps_.erase(it);
         }
         for (auto it = arrays_.begin(); it != arrays_.end();) {
-          if (it->second.dev != q.device) { ++it; continue; }
+          if (it->second.dev != q.device) {
+            ++it;
+            continue;
+          }
           (void)b_->ArrayDestroy(it->second.backend);
           Uncharge(it->second.dev, it->second.charged);
           it = arrays_.erase(it);
@@ -581,8 +608,14 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
 
     case Op::kMemAlloc: {
       const auto q = DecodeReq<Op::kMemAlloc>(payload);
-      if (cur_ctx_ == 0) { r = CUDA_ERROR_INVALID_CONTEXT; break; }
-      if (q.bytes == 0) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      if (cur_ctx_ == 0) {
+        r = CUDA_ERROR_INVALID_CONTEXT;
+        break;
+      }
+      if (q.bytes == 0) {
+        r = CUDA_ERROR_INVALID_VALUE;
+        break;
+      }
       // Each allocation costs at least the driver's allocation granularity (kAllocGranularity):
       // many tiny allocations cannot hold more device memory than the quota.
       uint64_t charged = 0;
@@ -603,7 +636,10 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
     case Op::kMemFree: {
       const auto q = DecodeReq<Op::kMemFree>(payload);
       auto it = allocs_.find(q.dptr);
-      if (it == allocs_.end() || !it->second.counted) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      if (it == allocs_.end() || !it->second.counted) {
+        r = CUDA_ERROR_INVALID_VALUE;
+        break;
+      }
       r = b_->MemFree(q.dptr);
       if (r == CUDA_SUCCESS) {
         Uncharge(it->second.dev, it->second.charged);
@@ -613,7 +649,10 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       break;
     }
     case Op::kMemGetInfo: {
-      if (cur_ctx_ == 0) { r = CUDA_ERROR_INVALID_CONTEXT; break; }
+      if (cur_ctx_ == 0) {
+        r = CUDA_ERROR_INVALID_CONTEXT;
+        break;
+      }
       uint64_t free = 0, total = 0;
       r = b_->MemGetInfo(&free, &total);
       const uint64_t quota = p_.placements[cur_dev_].quota_bytes;
@@ -628,15 +667,24 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       // NVML's view of one vGPU (guest libnvidia-ml.so.1): needs no context. Hostile input: the
       // device index is checked against this session's placements, the flags must be 0.
       const auto q = DecodeReq<Op::kDeviceMemoryInfo>(payload);
-      if (q.device >= p_.placements.size() || q.flags != 0) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      if (q.device >= p_.placements.size() || q.flags != 0) {
+        r = CUDA_ERROR_INVALID_VALUE;
+        break;
+      }
       put(DeviceMemoryRep{p_.placements[q.device].quota_bytes, used_[q.device], overhead_[q.device]});
       break;
     }
     case Op::kMemcpyHtoD: {
       const auto q = DecodeReq<Op::kMemcpyHtoD>(payload);
       void* s = nullptr;
-      if (!WindowRange(q.src, q.bytes)) { r = CUDA_ERROR_INVALID_VALUE; break; }
-      if (!DeviceRange(q.dst, q.bytes) || !Stream(q.stream, &s)) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      if (!WindowRange(q.src, q.bytes)) {
+        r = CUDA_ERROR_INVALID_VALUE;
+        break;
+      }
+      if (!DeviceRange(q.dst, q.bytes) || !Stream(q.stream, &s)) {
+        r = CUDA_ERROR_INVALID_VALUE;
+        break;
+      }
       r = b_->MemcpyHtoD(q.dst, window_ + q.src, q.bytes, s);
       break;
     }
@@ -644,8 +692,14 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
     case Op::kMemcpyDtoHAsync: {
       const auto q = DecodeReq<Op::kMemcpyDtoH>(payload);
       void* s = nullptr;
-      if (!WindowRange(q.dst, q.bytes)) { r = CUDA_ERROR_INVALID_VALUE; break; }
-      if (!DeviceRange(q.src, q.bytes) || !Stream(q.stream, &s)) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      if (!WindowRange(q.dst, q.bytes)) {
+        r = CUDA_ERROR_INVALID_VALUE;
+        break;
+      }
+      if (!DeviceRange(q.src, q.bytes) || !Stream(q.stream, &s)) {
+        r = CUDA_ERROR_INVALID_VALUE;
+        break;
+      }
       r = b_->MemcpyDtoH(window_ + q.dst, q.src, q.bytes, s, static_cast<Op>(h.op) == Op::kMemcpyDtoHAsync);
       break;
     }
@@ -672,7 +726,10 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       }
       const bool src_ok = q.src_side == kSideWindow ? WindowRange(q.src, src_span) : DeviceRange(q.src, src_span);
       const bool dst_ok = q.dst_side == kSideWindow ? WindowRange(q.dst, dst_span) : DeviceRange(q.dst, dst_span);
-      if (!src_ok || !dst_ok) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      if (!src_ok || !dst_ok) {
+        r = CUDA_ERROR_INVALID_VALUE;
+        break;
+      }
       r = b_->Memcpy2D(q.dst_side == kSideDevice ? q.dst : 0, q.dst_side == kSideWindow ? window_ + q.dst : nullptr,
                        q.dst_pitch, q.src_side == kSideDevice ? q.src : 0,
                        q.src_side == kSideWindow ? window_ + q.src : nullptr, q.src_pitch, q.width_bytes, q.height, s);
@@ -687,7 +744,10 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
         r = CUDA_ERROR_INVALID_VALUE;
         break;
       }
-      if (!DeviceRange(q.dst, span)) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      if (!DeviceRange(q.dst, span)) {
+        r = CUDA_ERROR_INVALID_VALUE;
+        break;
+      }
       r = b_->Memset(q.dst, q.value, q.elem_size, q.width, q.height, q.pitch, s);
       break;
     }
@@ -725,9 +785,15 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
     }
     case Op::kArrayCreate: {
       const auto q = DecodeReq<Op::kArrayCreate>(payload);
-      if (cur_ctx_ == 0) { r = CUDA_ERROR_INVALID_CONTEXT; break; }
+      if (cur_ctx_ == 0) {
+        r = CUDA_ERROR_INVALID_CONTEXT;
+        break;
+      }
       if (r = CheckArrayDesc(q, "ArrayCreate"); r != CUDA_SUCCESS) break;
-      if (HandlesFull()) { r = CUDA_ERROR_OUT_OF_MEMORY; break; }
+      if (HandlesFull()) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+        break;
+      }
       ArrayRec a = ArrayGeometry(q.format, q.channels, q.flags, q.width, q.height, q.depth);
       a.dev = cur_dev_;
       if (!Charge(cur_dev_, a.row_bytes * a.rows * a.slices, kAllocGranularity, "ArrayCreate", "cuArray3DCreate",
@@ -750,22 +816,34 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
     case Op::kArrayDestroy: {
       const auto q = DecodeReq<Op::kArrayDestroy>(payload);
       ArrayRec* a = LiveArray(q.handle);
-      if (a == nullptr || a->mipmap != 0) { r = CUDA_ERROR_INVALID_HANDLE; break; }  // a level goes with its owner
+      if (a == nullptr || a->mipmap != 0) {
+        r = CUDA_ERROR_INVALID_HANDLE;
+        break;
+      }  // a level goes with its owner
       a->destroyed = true;
       MaybeFreeArray(q.handle);
       break;
     }
     case Op::kMipmappedArrayCreate: {
       const auto q = DecodeReq<Op::kMipmappedArrayCreate>(payload);
-      if (cur_ctx_ == 0) { r = CUDA_ERROR_INVALID_CONTEXT; break; }
+      if (cur_ctx_ == 0) {
+        r = CUDA_ERROR_INVALID_CONTEXT;
+        break;
+      }
       const ArrayCreateReq& a = q.array;
       const uint64_t fb = FormatBytes(a.format);
       if (r = CheckArrayDesc(a, "MipmappedArrayCreate"); r != CUDA_SUCCESS) break;
       const uint64_t largest = std::max({a.width, a.height, a.depth});
       uint32_t max_levels = 1;
       while ((largest >> max_levels) != 0 && max_levels < 64) ++max_levels;
-      if (q.reserved != 0 || q.levels == 0 || q.levels > max_levels) { r = CUDA_ERROR_INVALID_VALUE; break; }
-      if (HandlesFull()) { r = CUDA_ERROR_OUT_OF_MEMORY; break; }
+      if (q.reserved != 0 || q.levels == 0 || q.levels > max_levels) {
+        r = CUDA_ERROR_INVALID_VALUE;
+        break;
+      }
+      if (HandlesFull()) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+        break;
+      }
       uint64_t bytes = 0;
       for (uint32_t l = 0; l < q.levels; ++l) {
         const uint64_t lw = std::max<uint64_t>(a.width >> l, 1), lh = std::max<uint64_t>(a.height >> l, 1),
@@ -801,8 +879,14 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
     case Op::kMipmappedArrayGetLevel: {
       const auto q = DecodeReq<Op::kMipmappedArrayGetLevel>(payload);
       MipmapRec* m = LiveMipmap(q.mipmap);
-      if (m == nullptr || q.reserved != 0) { r = CUDA_ERROR_INVALID_HANDLE; break; }
-      if (q.level >= m->levels) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      if (m == nullptr || q.reserved != 0) {
+        r = CUDA_ERROR_INVALID_HANDLE;
+        break;
+      }
+      if (q.level >= m->levels) {
+        r = CUDA_ERROR_INVALID_VALUE;
+        break;
+      }
       if (m->level_ids[q.level] == 0) {
         ArrayRec a = ArrayGeometry(m->format, m->channels, m->flags, std::max<uint64_t>(m->width >> q.level, 1),
                                    m->height != 0 ? std::max<uint64_t>(m->height >> q.level, 1) : 0,
@@ -822,7 +906,10 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
     case Op::kMipmappedArrayDestroy: {
       const auto q = DecodeReq<Op::kMipmappedArrayDestroy>(payload);
       MipmapRec* m = LiveMipmap(q.handle);
-      if (m == nullptr) { r = CUDA_ERROR_INVALID_HANDLE; break; }
+      if (m == nullptr) {
+        r = CUDA_ERROR_INVALID_HANDLE;
+        break;
+      }
       m->destroyed = true;
       MaybeFreeMipmap(q.handle);
       break;
@@ -843,7 +930,10 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
     }
     case Op::kTexObjectCreate: {
       const auto q = DecodeReq<Op::kTexObjectCreate>(payload);
-      if (cur_ctx_ == 0) { r = CUDA_ERROR_INVALID_CONTEXT; break; }
+      if (cur_ctx_ == 0) {
+        r = CUDA_ERROR_INVALID_CONTEXT;
+        break;
+      }
       Backend::TexSpec t;
       t.res_type = q.res_type;
       t.surface = q.surface != 0;
@@ -855,8 +945,10 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
                 q.address_mode[0] <= CU_TR_ADDRESS_MODE_BORDER && q.address_mode[1] <= CU_TR_ADDRESS_MODE_BORDER &&
                 q.address_mode[2] <= CU_TR_ADDRESS_MODE_BORDER;
       if ((q.flags & ~uint32_t{CU_TRSF_READ_AS_INTEGER | CU_TRSF_NORMALIZED_COORDINATES}) != 0) {
-        p_.log->warn("sess={} op=TexObjectCreate: texture flags {:#x} not served (sRGB, seamless cubemap, "
-                     "trilinear optimisation)", p_.session_id, q.flags);
+        p_.log->warn(
+            "sess={} op=TexObjectCreate: texture flags {:#x} not served (sRGB, seamless cubemap, "
+            "trilinear optimisation)",
+            p_.session_id, q.flags);
         r = CUDA_ERROR_NOT_SUPPORTED;
         break;
       }
@@ -896,8 +988,8 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
         if (q.res_type == CU_RESOURCE_TYPE_LINEAR) {
           ok = ok && q.width <= kMaxTexLinear && q.height == 0 && q.pitch == 0 && CheckedMul(q.width, texel, &span);
         } else {
-          ok = ok && q.width <= kMaxArray2DW && q.height != 0 && q.height <= kMaxArray2DH && q.pitch >= q.width * texel &&
-               Span2D(q.height, q.pitch, q.width * texel, &span);
+          ok = ok && q.width <= kMaxArray2DW && q.height != 0 && q.height <= kMaxArray2DH &&
+               q.pitch >= q.width * texel && Span2D(q.height, q.pitch, q.width * texel, &span);
         }
         ok = ok && q.res % texel == 0 && DeviceRange(q.res, span);
         t.dptr = q.res;
@@ -914,8 +1006,14 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
           (IntegerFormat32(format) || (q.flags & CU_TRSF_READ_AS_INTEGER) != 0)) {
         ok = false;
       }
-      if (!ok) { r = CUDA_ERROR_INVALID_VALUE; break; }
-      if (HandlesFull()) { r = CUDA_ERROR_OUT_OF_MEMORY; break; }
+      if (!ok) {
+        r = CUDA_ERROR_INVALID_VALUE;
+        break;
+      }
+      if (HandlesFull()) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+        break;
+      }
       uint64_t object = 0;
       r = b_->TexObjectCreate(t, &object);
       if (r != CUDA_SUCCESS) break;
@@ -933,7 +1031,10 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
     case Op::kTexObjectDestroy: {
       const auto q = DecodeReq<Op::kTexObjectDestroy>(payload);
       auto it = q.surface <= 1 ? texobjs_.find({q.object, q.surface != 0}) : texobjs_.end();
-      if (it == texobjs_.end()) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      if (it == texobjs_.end()) {
+        r = CUDA_ERROR_INVALID_VALUE;
+        break;
+      }
       r = b_->TexObjectDestroy(q.object, q.surface != 0);
       if (r != CUDA_SUCCESS) break;
       const uint64_t array_id = it->second.array, mipmap_id = it->second.mipmap;
@@ -992,7 +1093,10 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
         r = q.device >= p_.placements.size() ? CUDA_ERROR_INVALID_DEVICE : CUDA_ERROR_INVALID_VALUE;
         break;
       }
-      if (HandlesFull()) { r = CUDA_ERROR_OUT_OF_MEMORY; break; }
+      if (HandlesFull()) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+        break;
+      }
       uint64_t charged = 0;
       if (!Charge(q.device, q.bytes, kVmmGranularity, "MemCreate", "cuMemCreate", &charged)) {
         r = CUDA_ERROR_OUT_OF_MEMORY;
@@ -1014,7 +1118,10 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
     case Op::kMemRelease: {
       const auto q = DecodeReq<Op::kMemRelease>(payload);
       Obj* o = Find(q.handle, Kind::kMemHandle);
-      if (o == nullptr) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      if (o == nullptr) {
+        r = CUDA_ERROR_INVALID_VALUE;
+        break;
+      }
       const uint64_t pid = o->owner;
       r = b_->MemRelease(o->backend);
       if (r != CUDA_SUCCESS) break;
@@ -1026,7 +1133,10 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
     case Op::kMemMap: {
       const auto q = DecodeReq<Op::kMemMap>(payload);
       Obj* o = Find(q.handle, Kind::kMemHandle);
-      if (o == nullptr) { r = CUDA_ERROR_INVALID_HANDLE; break; }
+      if (o == nullptr) {
+        r = CUDA_ERROR_INVALID_HANDLE;
+        break;
+      }
       auto res = ReservationOf(q.addr, q.bytes);
       const bool aligned = q.bytes != 0 && (q.addr | q.bytes | q.offset) % kVmmGranularity == 0;
       if (!aligned || res == reservations_.end() || q.offset > o->bytes || q.bytes > o->bytes - q.offset) {
@@ -1035,9 +1145,13 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       }
       // Nothing mapped in the range yet.
       auto after = mappings_.lower_bound(q.addr);
-      const bool overlaps = (after != mappings_.end() && after->first < q.addr + q.bytes) ||
-                            (after != mappings_.begin() && std::prev(after)->first + std::prev(after)->second.bytes > q.addr);
-      if (overlaps) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      const bool overlaps =
+          (after != mappings_.end() && after->first < q.addr + q.bytes) ||
+          (after != mappings_.begin() && std::prev(after)->first + std::prev(after)->second.bytes > q.addr);
+      if (overlaps) {
+        r = CUDA_ERROR_INVALID_VALUE;
+        break;
+      }
       const uint64_t pid = o->owner;
       r = b_->MemMap(q.addr, q.bytes, q.offset, o->backend);
       if (r != CUDA_SUCCESS) break;
@@ -1049,7 +1163,10 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
     case Op::kMemUnmap: {
       const auto q = DecodeReq<Op::kMemUnmap>(payload);
       std::map<uint64_t, Mapping>::iterator first, it;
-      if (!WholeMappings(q.addr, q.bytes, &first, &it)) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      if (!WholeMappings(q.addr, q.bytes, &first, &it)) {
+        r = CUDA_ERROR_INVALID_VALUE;
+        break;
+      }
       r = b_->MemUnmap(q.addr, q.bytes);
       if (r != CUDA_SUCCESS) break;
       auto res = ReservationOf(q.addr, q.bytes);
@@ -1065,10 +1182,19 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
     }
     case Op::kMemSetAccess: {
       const auto q = DecodeReq<Op::kMemSetAccess>(payload);
-      if (q.device >= p_.placements.size()) { r = CUDA_ERROR_INVALID_DEVICE; break; }
-      if (q.flags > CU_MEM_ACCESS_FLAGS_PROT_READWRITE) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      if (q.device >= p_.placements.size()) {
+        r = CUDA_ERROR_INVALID_DEVICE;
+        break;
+      }
+      if (q.flags > CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
+        r = CUDA_ERROR_INVALID_VALUE;
+        break;
+      }
       std::map<uint64_t, Mapping>::iterator first, it;
-      if (!WholeMappings(q.addr, q.bytes, &first, &it)) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      if (!WholeMappings(q.addr, q.bytes, &first, &it)) {
+        r = CUDA_ERROR_INVALID_VALUE;
+        break;
+      }
       r = b_->MemSetAccess(q.addr, q.bytes, q.device, q.flags);
       if (r != CUDA_SUCCESS) break;
       const bool on = q.flags != CU_MEM_ACCESS_FLAGS_PROT_NONE;
@@ -1088,8 +1214,14 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       const auto q = DecodeReq<Op::kIpcGetMemHandle>(payload);
       // The start of one of this session's own allocations (cuMemAlloc'ed: not imported, not VMM).
       auto it = allocs_.find(q.dptr);
-      if (it == allocs_.end() || !it->second.counted) { r = CUDA_ERROR_INVALID_VALUE; break; }
-      if (ipc_exports_.count(q.dptr) == 0 && ipc_exports_.size() >= kMaxIpcExports) { r = CUDA_ERROR_OUT_OF_MEMORY; break; }
+      if (it == allocs_.end() || !it->second.counted) {
+        r = CUDA_ERROR_INVALID_VALUE;
+        break;
+      }
+      if (ipc_exports_.count(q.dptr) == 0 && ipc_exports_.size() >= kMaxIpcExports) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+        break;
+      }
       IpcHandle handle{};
       r = b_->IpcExportMemory(q.dptr, it->second.bytes, &handle);
       if (r != CUDA_SUCCESS) break;
@@ -1099,8 +1231,14 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
     }
     case Op::kIpcOpenMemHandle: {
       const auto q = DecodeReq<Op::kIpcOpenMemHandle>(payload);
-      if (cur_ctx_ == 0) { r = CUDA_ERROR_INVALID_CONTEXT; break; }
-      if (ipc_imports_.size() >= kMaxIpcImports) { r = CUDA_ERROR_OUT_OF_MEMORY; break; }
+      if (cur_ctx_ == 0) {
+        r = CUDA_ERROR_INVALID_CONTEXT;
+        break;
+      }
+      if (ipc_imports_.size() >= kMaxIpcImports) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+        break;
+      }
       IpcHandle handle{};
       std::memcpy(&handle, q.handle, sizeof handle);
       uint64_t dptr = 0, bytes = 0;
@@ -1116,7 +1254,10 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
     }
     case Op::kIpcCloseMemHandle: {
       const auto q = DecodeReq<Op::kIpcCloseMemHandle>(payload);
-      if (ipc_imports_.count(q.dptr) == 0) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      if (ipc_imports_.count(q.dptr) == 0) {
+        r = CUDA_ERROR_INVALID_VALUE;
+        break;
+      }
       r = b_->IpcCloseMemory(q.dptr);
       if (r == CUDA_SUCCESS) {
         ipc_imports_.erase(q.dptr);
@@ -1127,8 +1268,14 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
     case Op::kIpcGetEventHandle: {
       const auto q = DecodeReq<Op::kIpcGetEventHandle>(payload);
       Obj* e = Find(q.handle, Kind::kEvent);
-      if (e == nullptr) { r = CUDA_ERROR_INVALID_HANDLE; break; }
-      if (ipc_exports_.size() >= kMaxIpcExports) { r = CUDA_ERROR_OUT_OF_MEMORY; break; }
+      if (e == nullptr) {
+        r = CUDA_ERROR_INVALID_HANDLE;
+        break;
+      }
+      if (ipc_exports_.size() >= kMaxIpcExports) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+        break;
+      }
       IpcHandle handle{};
       r = b_->IpcExportEvent(e->backend, &handle);
       if (r == CUDA_SUCCESS) put(handle);
@@ -1136,8 +1283,14 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
     }
     case Op::kIpcOpenEventHandle: {
       const auto q = DecodeReq<Op::kIpcOpenEventHandle>(payload);
-      if (cur_ctx_ == 0) { r = CUDA_ERROR_INVALID_CONTEXT; break; }
-      if (HandlesFull()) { r = CUDA_ERROR_OUT_OF_MEMORY; break; }
+      if (cur_ctx_ == 0) {
+        r = CUDA_ERROR_INVALID_CONTEXT;
+        break;
+      }
+      if (HandlesFull()) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+        break;
+      }
       IpcHandle handle{};
       std::memcpy(&handle, q.handle, sizeof handle);
       void* ev = nullptr;
@@ -1166,12 +1319,24 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
 
     case Op::kModuleLoad: {
       const auto q = DecodeReq<Op::kModuleLoad>(payload);
-      if (q.image_bytes == 0 || q.image_bytes > fatbin::kMaxDecompressedBytes) { r = CUDA_ERROR_INVALID_IMAGE; break; }
+      if (q.image_bytes == 0 || q.image_bytes > fatbin::kMaxDecompressedBytes) {
+        r = CUDA_ERROR_INVALID_IMAGE;
+        break;
+      }
       const std::vector<uint8_t>* img = Blob(q.hash_lo, q.hash_hi, q.image_bytes);
-      if (img == nullptr) { r = static_cast<CUresult>(kStatusNeedBytes); break; }
+      if (img == nullptr) {
+        r = static_cast<CUresult>(kStatusNeedBytes);
+        break;
+      }
       auto size = fatbin::ImageSize(img->data(), img->size());
-      if (!size.ok() || *size > img->size()) { r = CUDA_ERROR_INVALID_IMAGE; break; }
-      if (HandlesFull()) { r = CUDA_ERROR_OUT_OF_MEMORY; break; }
+      if (!size.ok() || *size > img->size()) {
+        r = CUDA_ERROR_INVALID_IMAGE;
+        break;
+      }
+      if (HandlesFull()) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+        break;
+      }
       void* mod = nullptr;
       r = b_->ModuleLoad(std::span<const uint8_t>(img->data(), img->size()), &mod);
       if (r == CUDA_SUCCESS) {
@@ -1181,8 +1346,8 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
         CacheBlob(hex, *img);
         DropBlob(hex);
       } else {
-        p_.log->info("sess={} op=ModuleLoad image {} refused ({}): {}", p_.session_id,
-                     HashHex(q.hash_lo, q.hash_hi), static_cast<int>(r), b_->ErrorDetail());
+        p_.log->info("sess={} op=ModuleLoad image {} refused ({}): {}", p_.session_id, HashHex(q.hash_lo, q.hash_hi),
+                     static_cast<int>(r), b_->ErrorDetail());
       }
       break;
     }
@@ -1220,7 +1385,10 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
     case Op::kModuleUnload: {
       const auto q = DecodeReq<Op::kModuleUnload>(payload);
       Obj* o = Find(q.handle, Kind::kModule);
-      if (o == nullptr) { r = CUDA_ERROR_INVALID_HANDLE; break; }
+      if (o == nullptr) {
+        r = CUDA_ERROR_INVALID_HANDLE;
+        break;
+      }
       r = b_->ModuleUnload(o->backend);
       if (auto mf = module_functions_.find(q.handle); mf != module_functions_.end()) {
         for (uint64_t fid : mf->second) {
@@ -1240,7 +1408,10 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       std::string name;
       ORION_WANT(Name(payload, len, q, &name), "bad ModuleGetFunction/Global");
       Obj* o = Find(q.module, Kind::kModule);
-      if (o == nullptr) { r = CUDA_ERROR_INVALID_HANDLE; break; }
+      if (o == nullptr) {
+        r = CUDA_ERROR_INVALID_HANDLE;
+        break;
+      }
       if (static_cast<Op>(h.op) == Op::kModuleGetGlobal) {
         uint64_t dptr = 0, bytes = 0;
         r = b_->ModuleGetGlobal(o->backend, name.c_str(), &dptr, &bytes);
@@ -1254,12 +1425,18 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       KernelLayout layout;
       r = b_->ModuleGetFunction(o->backend, name.c_str(), &fn, &layout);
       if (r != CUDA_SUCCESS) break;
-      if (layout.params.size() > kMaxKernelParams) { r = CUDA_ERROR_NOT_SUPPORTED; break; }
+      if (layout.params.size() > kMaxKernelParams) {
+        r = CUDA_ERROR_NOT_SUPPORTED;
+        break;
+      }
       // A function asked for again gets its handle again (one lookup: libraries like cuDNN ask for
       // thousands of kernels, and a scan of every handle per call made start-up quadratic).
       uint64_t id = 0;
       if (auto known = function_ids_.find(fn); known != function_ids_.end()) id = known->second;
-      if (id == 0 && HandlesFull()) { r = CUDA_ERROR_OUT_OF_MEMORY; break; }
+      if (id == 0 && HandlesFull()) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+        break;
+      }
       if (id == 0) {
         id = AddHandle({Kind::kFunction, fn, o->dev, q.module, layout});
         function_ids_[fn] = id;
@@ -1272,15 +1449,27 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
     case Op::kModuleFunctionName: {
       const auto q = DecodeReq<Op::kModuleFunctionName>(payload);
       Obj* o = Find(q.module, Kind::kModule);
-      if (o == nullptr) { r = CUDA_ERROR_INVALID_HANDLE; break; }
+      if (o == nullptr) {
+        r = CUDA_ERROR_INVALID_HANDLE;
+        break;
+      }
       std::vector<std::string> names;
       r = b_->ModuleFunctionNames(o->backend, &names);
       if (r != CUDA_SUCCESS) break;
       ModuleFunctionNameRep rep{static_cast<uint32_t>(std::min<size_t>(names.size(), UINT32_MAX - 1)), 0};
-      if (q.index == kModuleFunctionCountOnly) { put(rep); break; }
-      if (q.index >= rep.count) { r = CUDA_ERROR_INVALID_VALUE; break; }
+      if (q.index == kModuleFunctionCountOnly) {
+        put(rep);
+        break;
+      }
+      if (q.index >= rep.count) {
+        r = CUDA_ERROR_INVALID_VALUE;
+        break;
+      }
       const std::string& n = names[q.index];
-      if (n.empty() || n.size() >= 4 * kNameLen) { r = CUDA_ERROR_NOT_SUPPORTED; break; }  // as ModuleGetFunction
+      if (n.empty() || n.size() >= 4 * kNameLen) {
+        r = CUDA_ERROR_NOT_SUPPORTED;
+        break;
+      }  // as ModuleGetFunction
       rep.name_len = static_cast<uint32_t>(n.size() + 1);
       put(rep);
       reply->insert(reply->end(), n.c_str(), n.c_str() + n.size() + 1);
@@ -1290,7 +1479,10 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
     case Op::kFuncSetAttribute: {
       const auto q = DecodeReq<Op::kFuncGetAttribute>(payload);
       Obj* o = Find(q.function, Kind::kFunction);
-      if (o == nullptr) { r = CUDA_ERROR_INVALID_HANDLE; break; }
+      if (o == nullptr) {
+        r = CUDA_ERROR_INVALID_HANDLE;
+        break;
+      }
       if (static_cast<Op>(h.op) == Op::kFuncSetAttribute) {
         r = b_->FuncSetAttribute(o->backend, q.attribute, q.value);
       } else {
@@ -1312,11 +1504,20 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       ORION_WANT(CheckedAdd(head, q.param_bytes, &want_len) && len == want_len, "bad LaunchKernel");
       Obj* f = Find(q.function, Kind::kFunction);
       void* s = nullptr;
-      if (f == nullptr || !Stream(q.stream, &s)) { r = CUDA_ERROR_INVALID_HANDLE; break; }
-      if (q.param_bytes != f->layout.param_bytes) { r = CUDA_ERROR_INVALID_VALUE; break; }
-      if ((x.flags & ~kLaunchCooperative) != 0) { r = CUDA_ERROR_INVALID_VALUE; break; }
-      r = b_->LaunchKernel(f->backend, q.grid, q.block, q.shared_mem_bytes, s, payload + head, q.param_bytes,
-                           x.cluster, x.flags);
+      if (f == nullptr || !Stream(q.stream, &s)) {
+        r = CUDA_ERROR_INVALID_HANDLE;
+        break;
+      }
+      if (q.param_bytes != f->layout.param_bytes) {
+        r = CUDA_ERROR_INVALID_VALUE;
+        break;
+      }
+      if ((x.flags & ~kLaunchCooperative) != 0) {
+        r = CUDA_ERROR_INVALID_VALUE;
+        break;
+      }
+      r = b_->LaunchKernel(f->backend, q.grid, q.block, q.shared_mem_bytes, s, payload + head, q.param_bytes, x.cluster,
+                           x.flags);
       for (const std::string& note : b_->TakeNotices()) {
         p_.log->warn("sess={} {}", p_.session_id, note);
         if (notices_.size() < kMaxPendingNotices) notices_ += note.substr(0, 1024) + "\n";  // for the client's log
@@ -1326,7 +1527,10 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
     case Op::kOccupancyMaxClusters: {
       const auto q = DecodeReq<Op::kOccupancyMaxClusters>(payload);
       Obj* f = Find(q.function, Kind::kFunction);
-      if (f == nullptr) { r = CUDA_ERROR_INVALID_HANDLE; break; }
+      if (f == nullptr) {
+        r = CUDA_ERROR_INVALID_HANDLE;
+        break;
+      }
       int n = 0;
       r = b_->OccupancyMaxClusters(f->backend, q.grid, q.block, q.shared_mem_bytes, q.cluster, &n);
       put(I32Rep{n, 0});
@@ -1335,17 +1539,24 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
     case Op::kOccupancyAvailableSmem: {
       const auto q = DecodeReq<Op::kOccupancyAvailableSmem>(payload);
       Obj* f = Find(q.function, Kind::kFunction);
-      if (f == nullptr) { r = CUDA_ERROR_INVALID_HANDLE; break; }
+      if (f == nullptr) {
+        r = CUDA_ERROR_INVALID_HANDLE;
+        break;
+      }
       uint64_t bytes = 0;
-      r = q.num_blocks <= 0 || q.block_size <= 0 ? CUDA_ERROR_INVALID_VALUE
-                                                 : b_->OccupancyAvailableSmem(f->backend, q.num_blocks, q.block_size, &bytes);
+      r = q.num_blocks <= 0 || q.block_size <= 0
+              ? CUDA_ERROR_INVALID_VALUE
+              : b_->OccupancyAvailableSmem(f->backend, q.num_blocks, q.block_size, &bytes);
       put(U64Rep{bytes});
       break;
     }
     case Op::kOccupancyMaxBlocks: {
       const auto q = DecodeReq<Op::kOccupancyMaxBlocks>(payload);
       Obj* f = Find(q.function, Kind::kFunction);
-      if (f == nullptr) { r = CUDA_ERROR_INVALID_HANDLE; break; }
+      if (f == nullptr) {
+        r = CUDA_ERROR_INVALID_HANDLE;
+        break;
+      }
       int blocks = 0;
       r = q.block_size == 0 ? CUDA_ERROR_INVALID_VALUE
                             : b_->OccupancyMaxBlocks(f->backend, q.block_size, q.dynamic_smem, q.flags, &blocks);
@@ -1355,8 +1566,14 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
 
     case Op::kStreamCreate: {
       const auto q = DecodeReq<Op::kStreamCreate>(payload);
-      if (cur_ctx_ == 0) { r = CUDA_ERROR_INVALID_CONTEXT; break; }
-      if (HandlesFull()) { r = CUDA_ERROR_OUT_OF_MEMORY; break; }
+      if (cur_ctx_ == 0) {
+        r = CUDA_ERROR_INVALID_CONTEXT;
+        break;
+      }
+      if (HandlesFull()) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+        break;
+      }
       void* s = nullptr;
       r = b_->StreamCreate(q.flags, q.priority, &s);
       if (r == CUDA_SUCCESS) put(HandleRep{AddHandle({Kind::kStream, s, cur_dev_, cur_ctx_, {}})});
@@ -1385,14 +1602,23 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       const auto q = DecodeReq<Op::kStreamWaitEvent>(payload);
       void* s = nullptr;
       Obj* e = Find(q.event, Kind::kEvent);
-      if (e == nullptr || !Stream(q.stream, &s)) { r = CUDA_ERROR_INVALID_HANDLE; break; }
+      if (e == nullptr || !Stream(q.stream, &s)) {
+        r = CUDA_ERROR_INVALID_HANDLE;
+        break;
+      }
       r = b_->StreamWaitEvent(s, e->backend, q.flags);
       break;
     }
     case Op::kEventCreate: {
       const auto q = DecodeReq<Op::kEventCreate>(payload);
-      if (cur_ctx_ == 0) { r = CUDA_ERROR_INVALID_CONTEXT; break; }
-      if (HandlesFull()) { r = CUDA_ERROR_OUT_OF_MEMORY; break; }
+      if (cur_ctx_ == 0) {
+        r = CUDA_ERROR_INVALID_CONTEXT;
+        break;
+      }
+      if (HandlesFull()) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+        break;
+      }
       void* e = nullptr;
       r = b_->EventCreate(q.flags, &e);
       if (r == CUDA_SUCCESS) put(HandleRep{AddHandle({Kind::kEvent, e, cur_dev_, cur_ctx_, {}})});
@@ -1403,7 +1629,10 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
     case Op::kEventQuery: {
       const auto q = DecodeReq<Op::kEventDestroy>(payload);
       Obj* e = Find(q.handle, Kind::kEvent);
-      if (e == nullptr) { r = CUDA_ERROR_INVALID_HANDLE; break; }
+      if (e == nullptr) {
+        r = CUDA_ERROR_INVALID_HANDLE;
+        break;
+      }
       switch (static_cast<Op>(h.op)) {
         case Op::kEventDestroy:
           r = b_->EventDestroy(e->backend);
@@ -1418,7 +1647,10 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       const auto q = DecodeReq<Op::kEventRecord>(payload);
       Obj* e = Find(q.event, Kind::kEvent);
       void* s = nullptr;
-      if (e == nullptr || !Stream(q.stream, &s)) { r = CUDA_ERROR_INVALID_HANDLE; break; }
+      if (e == nullptr || !Stream(q.stream, &s)) {
+        r = CUDA_ERROR_INVALID_HANDLE;
+        break;
+      }
       r = b_->EventRecord(e->backend, s);
       break;
     }
@@ -1426,14 +1658,16 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       const auto q = DecodeReq<Op::kEventElapsedTime>(payload);
       Obj* a = Find(q.start, Kind::kEvent);
       Obj* b = Find(q.end, Kind::kEvent);
-      if (a == nullptr || b == nullptr) { r = CUDA_ERROR_INVALID_HANDLE; break; }
+      if (a == nullptr || b == nullptr) {
+        r = CUDA_ERROR_INVALID_HANDLE;
+        break;
+      }
       F32Rep rep{0, 0};
       r = b_->EventElapsedTime(a->backend, b->backend, &rep.ms);
       put(rep);
       break;
     }
-    default:
-      ORION_WANT(false, "unknown op " + std::to_string(h.op));
+    default: ORION_WANT(false, "unknown op " + std::to_string(h.op));
   }
   *status = static_cast<int32_t>(r);
   return true;
@@ -1466,20 +1700,23 @@ void ClampServedFeatures(DeviceInfo* info) {
 
 CUresult Session::CheckArrayDesc(const ArrayCreateReq& q, const char* op) {
   if (FormatBytes(q.format) == 0 || (q.flags & ~uint32_t{CUDA_ARRAY3D_SURFACE_LDST}) != 0) {
-    p_.log->warn("sess={} op={}: format {:#x} / flags {:#x} not served (layered, cubemap, texture-gather, sparse, "
-                 "planar and block-compressed arrays are not)", p_.session_id, op, q.format, q.flags);
+    p_.log->warn(
+        "sess={} op={}: format {:#x} / flags {:#x} not served (layered, cubemap, texture-gather, sparse, "
+        "planar and block-compressed arrays are not)",
+        p_.session_id, op, q.format, q.flags);
     return CUDA_ERROR_NOT_SUPPORTED;
   }
   const uint32_t dims = q.depth != 0 ? 3 : q.height != 0 ? 2 : 1;
   const bool extents_ok = q.width != 0 && q.reserved == 0 &&
-      (dims == 1 ? q.width <= kMaxArray1D
-       : dims == 2 ? q.width <= kMaxArray2DW && q.height <= kMaxArray2DH
-                   : q.width <= kMaxArray3D && q.height <= kMaxArray3D && q.depth <= kMaxArray3D);
-  return extents_ok && (q.channels == 1 || q.channels == 2 || q.channels == 4) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+                          (dims == 1   ? q.width <= kMaxArray1D
+                           : dims == 2 ? q.width <= kMaxArray2DW && q.height <= kMaxArray2DH
+                                       : q.width <= kMaxArray3D && q.height <= kMaxArray3D && q.depth <= kMaxArray3D);
+  return extents_ok && (q.channels == 1 || q.channels == 2 || q.channels == 4) ? CUDA_SUCCESS
+                                                                               : CUDA_ERROR_INVALID_VALUE;
 }
 
-bool Session::CopySideOk(uint32_t side, uint64_t at, uint64_t pitch, uint64_t x, uint64_t y, uint64_t z,
-                         uint64_t width, uint64_t height, Backend::CopySide* out) {
+bool Session::CopySideOk(uint32_t side, uint64_t at, uint64_t pitch, uint64_t x, uint64_t y, uint64_t z, uint64_t width,
+                         uint64_t height, Backend::CopySide* out) {
   out->kind = side;
   if (side == kSideArray) {
     const ArrayRec* a = LiveArray(at);
@@ -1496,7 +1733,8 @@ bool Session::CopySideOk(uint32_t side, uint64_t at, uint64_t pitch, uint64_t x,
     return true;
   }
   uint64_t span = 0;
-  if ((side != kSideDevice && side != kSideWindow) || x != 0 || y != 0 || z != 0 || !Span2D(height, pitch, width, &span)) {
+  if ((side != kSideDevice && side != kSideWindow) || x != 0 || y != 0 || z != 0 ||
+      !Span2D(height, pitch, width, &span)) {
     return false;
   }
   out->pitch = pitch;
@@ -1744,8 +1982,9 @@ class ShmSessionChannel final : public SessionChannel {
   std::string WaitStats() const override {
     std::string s = "futex waits=" + std::to_string(futex_waits_);
     if (bell_) {
-      s += ", ivshmem-doorbell wake-ups=" + std::to_string(bell_wakes_) + " spurious=" + std::to_string(bell_spurious_) +
-           " throttled=" + std::to_string(throttled_) + " timeouts=" + std::to_string(bell_timeouts_);
+      s += ", ivshmem-doorbell wake-ups=" + std::to_string(bell_wakes_) +
+           " spurious=" + std::to_string(bell_spurious_) + " throttled=" + std::to_string(throttled_) +
+           " timeouts=" + std::to_string(bell_timeouts_);
     }
     return s;
   }
@@ -1765,7 +2004,7 @@ class ShmSessionChannel final : public SessionChannel {
   uint64_t last_lease_ = 0;
   uint64_t lease_changed_ = 0;
   static constexpr uint32_t kStormStreak = 16;  // spurious rings in a row that mean a storm
-  ivshmem::UniqueFd bell_;                       // the VM's ivshmem-doorbell eventfd for this channel
+  ivshmem::UniqueFd bell_;                      // the VM's ivshmem-doorbell eventfd for this channel
   uint64_t bell_wakes_ = 0, bell_spurious_ = 0, bell_timeouts_ = 0, throttled_ = 0, futex_waits_ = 0;
   uint32_t spurious_streak_ = 0;
 };
@@ -1797,9 +2036,9 @@ std::unique_ptr<SessionChannel> MakeShmSessionChannel(uint8_t* region, uint64_t 
 int RunSession(const SessionParams& params, std::unique_ptr<Backend> backend, const FrameHeader& hello_header,
                const HelloReq& hello) {
   std::unique_ptr<SessionChannel> ch =
-      params.socket_fd < 0 ? MakeShmSessionChannel(params.region, params.channel_bytes, params.channel,
-                                                   params.generation, params.request_position, params.lease_timeout_ms,
-                                                   params.doorbell_fd)
+      params.socket_fd < 0
+          ? MakeShmSessionChannel(params.region, params.channel_bytes, params.channel, params.generation,
+                                  params.request_position, params.lease_timeout_ms, params.doorbell_fd)
       : params.transport == kTransportRdma
           ? MakeRdmaSessionChannel(params.socket_fd, params.channel_bytes, params.net_stall_ms, params.session_id,
                                    params.log)

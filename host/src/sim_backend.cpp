@@ -26,9 +26,9 @@
 namespace orion::host {
 namespace {
 
-constexpr uint64_t kSimBase = 0x200000000000ull;   // far from where Linux places user mappings
-constexpr uint64_t kSimAlign = 512;                 // cudaMalloc alignment is at least 256
-constexpr int kSimDriverVersion = CUDA_VERSION;     // the API version this build implements
+constexpr uint64_t kSimBase = 0x200000000000ull;  // far from where Linux places user mappings
+constexpr uint64_t kSimAlign = 512;               // cudaMalloc alignment is at least 256
+constexpr int kSimDriverVersion = CUDA_VERSION;   // the API version this build implements
 
 uint64_t NowNs() {
   timespec ts{};
@@ -104,9 +104,9 @@ void FillSimAttributes(int32_t* a, uint32_t pgpu) {
 
 struct Block {
   uint64_t bytes = 0;
-  uint8_t* host = nullptr;   // backing memory
-  bool owned = true;         // false: an alias (window memory, or a VMM mapping inside a reservation)
-  int ipc_fd = -1;           // exported (cuIpcGetMemHandle): its ticket, which now backs `host`
+  uint8_t* host = nullptr;  // backing memory
+  bool owned = true;        // false: an alias (window memory, or a VMM mapping inside a reservation)
+  int ipc_fd = -1;          // exported (cuIpcGetMemHandle): its ticket, which now backs `host`
   IpcHandle ipc{};
 };
 
@@ -131,7 +131,7 @@ struct SimModule {
   bool ptx_tried = false;
   std::shared_ptr<ptx::Program> program;  // null: no PTX (or it did not parse)
   std::string ptx_error;
-  std::vector<uint64_t> var_addrs;        // device address of each ptx::Vars() entry
+  std::vector<uint64_t> var_addrs;  // device address of each ptx::Vars() entry
 };
 struct SimFunction {
   SimModule* module;
@@ -142,16 +142,16 @@ struct SimFunction {
 // The simulated device's 132 SMs in GPCs (an H100 SXM has 8 GPCs of 16-18 usable SMs); thread-block
 // clusters are scheduled within one GPC.
 constexpr int kSimGpcSms[] = {18, 18, 16, 16, 16, 16, 16, 16};
-constexpr uint64_t kSimSms = 132;  // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
-constexpr uint64_t kSimPortableClusterSize = 8;   // CUDA: larger needs the non-portable attribute
+constexpr uint64_t kSimSms = 132;                // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+constexpr uint64_t kSimPortableClusterSize = 8;  // CUDA: larger needs the non-portable attribute
 constexpr uint64_t kSimMaxClusterSize = 16;
 struct SimEvent {
   uint32_t flags = 0;
-  int ipc_fd = -1;            // exported: its ticket
+  int ipc_fd = -1;  // exported: its ticket
   IpcHandle ipc{};
-  bool recorded = false;      // its record has been reached (completed)
+  bool recorded = false;  // its record has been reached (completed)
   uint64_t ns = 0;
-  uint64_t pending_seq = 0;   // the seq of its latest record still queued (0: none)
+  uint64_t pending_seq = 0;  // the seq of its latest record still queued (0: none)
   void* pending_stream = nullptr;
 };
 
@@ -194,8 +194,8 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
   void DescribeDevice(uint32_t dev, DeviceInfo* out) override {
     const Placement& p = placements_.at(dev);
     std::snprintf(out->name, sizeof out->name, "Orion Simulated GPU");
-    const uint8_t uuid[16] = {'O', 'R', 'I', 'O', 'N', '-', 'S', 'I', 'M', 0, 0, 0,
-                              0,   0,   0,   static_cast<uint8_t>(p.pgpu)};
+    const uint8_t uuid[16] = {'O', 'R', 'I', 'O', 'N', '-', 'S', 'I',
+                              'M', 0,   0,   0,   0,   0,   0,   static_cast<uint8_t>(p.pgpu)};
     std::memcpy(out->uuid, uuid, 16);
     FillSimAttributes(out->attributes, p.pgpu);
     std::snprintf(out->pci_bus_id, sizeof out->pci_bus_id, "0000:%02x:00.0", 0x10 + p.pgpu);
@@ -372,8 +372,8 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
                     uint64_t src_pitch, uint64_t width, uint64_t height, void* stream) override {
     if (CUresult r = FlushFor(stream); r != CUDA_SUCCESS) return r;
     for (uint64_t r = 0; r < height; ++r) {
-      uint8_t* d = dst_host != nullptr ? static_cast<uint8_t*>(dst_host) + r * dst_pitch
-                                       : Host(dst + r * dst_pitch, width);
+      uint8_t* d =
+          dst_host != nullptr ? static_cast<uint8_t*>(dst_host) + r * dst_pitch : Host(dst + r * dst_pitch, width);
       const uint8_t* s = src_host != nullptr ? static_cast<const uint8_t*>(src_host) + r * src_pitch
                                              : Host(src + r * src_pitch, width);
       if (d == nullptr || s == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -449,7 +449,8 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
   }
   CUresult TexObjectCreate(const TexSpec& spec, uint64_t* object) override {
     if (spec.res_type == CU_RESOURCE_TYPE_ARRAY && arrays_.count(spec.array) == 0) return CUDA_ERROR_INVALID_HANDLE;
-    if (spec.res_type == CU_RESOURCE_TYPE_MIPMAPPED_ARRAY && mipmaps_.count(spec.mipmap) == 0) return CUDA_ERROR_INVALID_HANDLE;
+    if (spec.res_type == CU_RESOURCE_TYPE_MIPMAPPED_ARRAY && mipmaps_.count(spec.mipmap) == 0)
+      return CUDA_ERROR_INVALID_HANDLE;
     const uint64_t id = next_object_++;
     (spec.surface ? surfaces_ : textures_)[id] = spec;
     *object = id;
@@ -664,8 +665,7 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     const uint64_t threads = uint64_t{block[0]} * block[1] * block[2];
     if (threads == 0 || threads > 1024 || block[0] > 1024 || block[1] > 1024 || block[2] > 64)
       return CUDA_ERROR_INVALID_VALUE;
-    if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0 || grid[1] > 65535 || grid[2] > 65535 ||
-        grid[0] > 2147483647u)
+    if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0 || grid[1] > 65535 || grid[2] > 65535 || grid[0] > 2147483647u)
       return CUDA_ERROR_INVALID_VALUE;
     if (shared_mem > 232448) return CUDA_ERROR_INVALID_VALUE;
     if (param_bytes != f->kernel->param_bytes) return CUDA_ERROR_INVALID_VALUE;
@@ -692,7 +692,7 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     p.stream = stream;
     if (stream != nullptr && opt_.execute) {
       p.owned.assign(params, params + param_bytes);  // the frame's bytes are gone after this call
-      p.params = p.owned;                           // (a moved vector keeps its buffer)
+      p.params = p.owned;                            // (a moved vector keeps its buffer)
       LogLaunch(p, cluster, "deferred");
       queues_[stream].push_back(std::move(p));
       return CUDA_SUCCESS;
@@ -707,9 +707,9 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
   // Runs one launch (when the module has PTX for its kernel); `exec` gets the launch log outcome.
   struct Pending {
     enum Kind : uint8_t { kLaunch, kRecord, kWait } kind = kLaunch;
-    SimEvent* event = nullptr;     // kRecord / kWait
-    uint64_t wait_seq = 0;         // kWait: the record it waits for
-    void* wait_stream = nullptr;   // kWait: that record's stream
+    SimEvent* event = nullptr;    // kRecord / kWait
+    uint64_t wait_seq = 0;        // kWait: the record it waits for
+    void* wait_stream = nullptr;  // kWait: that record's stream
     uint64_t seq = 0;
     SimFunction* f = nullptr;
     uint32_t grid[3] = {}, block[3] = {}, smem = 0;
@@ -779,17 +779,16 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     const uint64_t csize = uint64_t{cluster[0]} * cluster[1] * cluster[2];
     {
       // One write() per line: lines from concurrent sessions never interleave (O_APPEND).
-      std::string line = "sess=" + std::to_string(opt_.session_id) + " launch " + f->kernel->name +
-                         " grid=" + std::to_string(p.grid[0]) + "," + std::to_string(p.grid[1]) + "," +
-                         std::to_string(p.grid[2]) + " block=" + std::to_string(p.block[0]) + "," +
-                         std::to_string(p.block[1]) + "," + std::to_string(p.block[2]) +
-                         " smem=" + std::to_string(p.smem) +
-                         " stream=" + std::to_string(reinterpret_cast<uintptr_t>(p.stream)) +
-                         (p.cooperative ? " p.cooperative=1" : "") +
-                         (csize > 1 ? " cluster=" + std::to_string(cluster[0]) + "," + std::to_string(cluster[1]) +
-                                          "," + std::to_string(cluster[2])
-                                    : std::string()) +
-                         " params=";
+      std::string line =
+          "sess=" + std::to_string(opt_.session_id) + " launch " + f->kernel->name +
+          " grid=" + std::to_string(p.grid[0]) + "," + std::to_string(p.grid[1]) + "," + std::to_string(p.grid[2]) +
+          " block=" + std::to_string(p.block[0]) + "," + std::to_string(p.block[1]) + "," + std::to_string(p.block[2]) +
+          " smem=" + std::to_string(p.smem) + " stream=" + std::to_string(reinterpret_cast<uintptr_t>(p.stream)) +
+          (p.cooperative ? " p.cooperative=1" : "") +
+          (csize > 1 ? " cluster=" + std::to_string(cluster[0]) + "," + std::to_string(cluster[1]) + "," +
+                           std::to_string(cluster[2])
+                     : std::string()) +
+          " params=";
       static const char* kHex = "0123456789abcdef";
       for (size_t i = 0; i < p.params.size(); ++i) {
         line += kHex[p.params[i] >> 4];
@@ -821,9 +820,7 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
         p.event->recorded = true;
         p.event->ns = NowNs();
         return;
-      case Pending::kWait:
-        (void)FlushUntil(p.wait_stream, p.wait_seq);
-        return;
+      case Pending::kWait: (void)FlushUntil(p.wait_stream, p.wait_seq); return;
       case Pending::kLaunch: {
         std::string exec;
         const CUresult r = Execute(p, &exec);
@@ -872,7 +869,8 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
   void LogOutcome(const Pending& p, const std::string& exec) {
     if (log_fd_ < 0) return;
     const std::string line = "sess=" + std::to_string(opt_.session_id) + " ran " + p.f->kernel->name +
-                             " stream=" + std::to_string(reinterpret_cast<uintptr_t>(p.stream)) + " exec=" + exec + "\n";
+                             " stream=" + std::to_string(reinterpret_cast<uintptr_t>(p.stream)) + " exec=" + exec +
+                             "\n";
     ssize_t w = ::write(log_fd_, line.data(), line.size());
     (void)w;
   }
@@ -1179,7 +1177,7 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
       span += next->second;
       free_addrs_.erase(next);
     }
-    auto it = free_addrs_.lower_bound(addr);    // ... and the one before
+    auto it = free_addrs_.lower_bound(addr);  // ... and the one before
     if (it != free_addrs_.begin() && std::prev(it)->first + std::prev(it)->second == addr) {
       std::prev(it)->second += span;
       return;
@@ -1193,12 +1191,12 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
   uint8_t* window_ = nullptr;
   uint64_t window_bytes_ = 0;
   std::map<uint64_t, Block> blocks_;
-  std::unordered_map<void*, std::unique_ptr<SimArray>> arrays_;       // by handle (the SimArray's address)
-  std::unordered_map<void*, std::unique_ptr<SimMipmap>> mipmaps_;     // by handle
-  std::unordered_map<uint64_t, TexSpec> textures_, surfaces_;         // objects, by value
-  uint64_t next_object_ = 1;                                          // texture and surface object values
-  std::unordered_set<uint64_t> ipc_imports_;  // blocks mapped from another session's ticket
-  std::map<uint64_t, SimReservation> reservations_;                      // by device address
+  std::unordered_map<void*, std::unique_ptr<SimArray>> arrays_;    // by handle (the SimArray's address)
+  std::unordered_map<void*, std::unique_ptr<SimMipmap>> mipmaps_;  // by handle
+  std::unordered_map<uint64_t, TexSpec> textures_, surfaces_;      // objects, by value
+  uint64_t next_object_ = 1;                                       // texture and surface object values
+  std::unordered_set<uint64_t> ipc_imports_;                       // blocks mapped from another session's ticket
+  std::map<uint64_t, SimReservation> reservations_;                // by device address
   std::unordered_map<SimPhysical*, std::unique_ptr<SimPhysical>> physical_;  // cuMemCreate'd
   uint64_t next_addr_ = kSimBase;
   std::map<uint64_t, uint64_t> free_addrs_;  // address -> bytes (2 MiB granules), handed out again
@@ -1209,10 +1207,10 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
   std::vector<std::unique_ptr<SimFunction>> functions_;
   std::unordered_map<SimEvent*, std::unique_ptr<SimEvent>> events_;
   std::string last_error_;
-  CUresult sticky_ = CUDA_SUCCESS;          // a kernel fault: every later call fails with it
+  CUresult sticky_ = CUDA_SUCCESS;  // a kernel fault: every later call fails with it
   std::vector<std::string> notices_;
-  std::unordered_set<std::string> warned_;  // kernels already reported as not executed
-  std::string output_;                      // device printf text not yet taken
+  std::unordered_set<std::string> warned_;       // kernels already reported as not executed
+  std::string output_;                           // device printf text not yet taken
   std::map<void*, std::deque<Pending>> queues_;  // deferred launches per stream (never the default)
   std::map<void*, uint32_t> stream_flags_;       // CU_STREAM_NON_BLOCKING: not ordered with the default stream
   uint64_t seq_ = 0;                             // launch order across streams
@@ -1222,9 +1220,7 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
 
 }  // namespace
 
-std::unique_ptr<Backend> MakeSimBackend(const SimOptions& options) {
-  return std::make_unique<SimBackend>(options);
-}
+std::unique_ptr<Backend> MakeSimBackend(const SimOptions& options) { return std::make_unique<SimBackend>(options); }
 
 std::vector<PhysicalGpu> SimPhysicalGpus(uint32_t count, uint64_t mem_mib) {
   std::vector<PhysicalGpu> gpus;

@@ -95,9 +95,11 @@ Result<std::vector<VmAttachment>> DecodeVmState(const std::string& text, const s
         a.region.find('\0') != std::string::npos) {
       return Bad(source, at + ".region is missing or not an absolute path");
     }
-    if (!UInt(o, "vgpus", 1, kMaxDevices, &v)) return Bad(source, at + ".vgpus is not 1.." + std::to_string(kMaxDevices));
+    if (!UInt(o, "vgpus", 1, kMaxDevices, &v))
+      return Bad(source, at + ".vgpus is not 1.." + std::to_string(kMaxDevices));
     a.vgpus = static_cast<uint32_t>(v);
-    if (!UInt(o, "gmem_mib", 0, uint64_t{1} << 24, &a.gmem_mib)) return Bad(source, at + ".gmem_mib is not a number of MiB");
+    if (!UInt(o, "gmem_mib", 0, uint64_t{1} << 24, &a.gmem_mib))
+      return Bad(source, at + ".gmem_mib is not a number of MiB");
     if (!UInt(o, "processes", 0, kMaxVmProcesses, &v)) {
       return Bad(source, at + ".processes is not 0.." + std::to_string(kMaxVmProcesses));
     }

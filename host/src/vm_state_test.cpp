@@ -112,7 +112,8 @@ TEST(VmState, CorruptFilesAreRefusedWithTheirReason) {
     auto r = DecodeVmState(c.text, "/var/lib/orion/vms.json");
     ASSERT_FALSE(r.ok()) << c.text;
     EXPECT_EQ(r.status().code(), Code::kDataLoss);
-    EXPECT_NE(r.status().message().find("/var/lib/orion/vms.json is corrupt"), std::string::npos) << r.status().message();
+    EXPECT_NE(r.status().message().find("/var/lib/orion/vms.json is corrupt"), std::string::npos)
+        << r.status().message();
     EXPECT_NE(r.status().message().find(c.says), std::string::npos) << c.text << " -> " << r.status().message();
   }
 }

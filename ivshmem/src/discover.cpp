@@ -72,8 +72,10 @@ std::string FindIvshmem(const std::string& sysfs, std::string* why) {
         std::fclose(f);
       }
       if (ReadSmall(dev + "/enable") == "0") {
-        *why = "ivshmem device " + dev + " is not enabled and this user cannot enable it (run "
-               "'echo 1 > " + dev + "/enable' as root, or install the udev rule from install-client)";
+        *why = "ivshmem device " + dev +
+               " is not enabled and this user cannot enable it (run "
+               "'echo 1 > " +
+               dev + "/enable' as root, or install the udev rule from install-client)";
         continue;
       }
     }

@@ -52,8 +52,8 @@ void UniqueFd::reset(int fd) noexcept {
 }
 
 Result<std::unique_ptr<DoorbellServer>> DoorbellServer::Create(const std::string& socket_path,
-                                                                const std::string& region_path, uint32_t vectors,
-                                                                uid_t uid, gid_t gid) {
+                                                               const std::string& region_path, uint32_t vectors,
+                                                               uid_t uid, gid_t gid) {
   if (vectors == 0 || vectors > kMaxDoorbellVectors) {
     return InvalidArgument("doorbell vectors must be 1.." + std::to_string(kMaxDoorbellVectors));
   }

@@ -89,12 +89,13 @@ TEST_F(DoorbellTest, SendsTheIvshmemSetupAndWakesOnAVector) {
   EXPECT_EQ(got[1].fd, -1);
   EXPECT_EQ(got[2].value, -1);  // the memory: the region file itself
   ASSERT_GE(got[2].fd, 0);
-  struct stat a {}, b {};
+  struct stat a {
+  }, b{};
   ASSERT_EQ(fstat(got[2].fd, &a), 0);
   ASSERT_EQ(stat(region_.c_str(), &b), 0);
   EXPECT_EQ(a.st_ino, b.st_ino);
   for (int v = 0; v < 3; ++v) {
-    EXPECT_EQ(got[3 + v].value, kHostPeer);  // oriond's vectors
+    EXPECT_EQ(got[3 + v].value, kHostPeer);   // oriond's vectors
     EXPECT_EQ(got[6 + v].value, kGuestPeer);  // the guest's own
   }
   // Ringing vector 1 (what QEMU does for a Doorbell write of 0 << 16 | 1) wakes vector 1 only.
@@ -121,7 +122,8 @@ TEST_F(DoorbellTest, SendsTheIvshmemSetupAndWakesOnAVector) {
   ASSERT_EQ(write(m.fd, &one, sizeof one), 8);
   EXPECT_TRUE(WaitEventFd((*srv)->vector_fd(0), 1000));
   close(c3);
-  for (const Msg& g : got) if (g.fd >= 0) close(g.fd);
+  for (const Msg& g : got)
+    if (g.fd >= 0) close(g.fd);
   srv->reset();
   EXPECT_NE(access(sock_.c_str(), F_OK), 0);  // removed with the server
 }

@@ -203,7 +203,8 @@ Result<uint64_t> MappedRegion::FileBytes() const {
 }
 
 bool MappedRegion::StillAtPath() const {
-  struct stat mine {}, now {};
+  struct stat mine {
+  }, now{};
   if (fd_ < 0 || ::fstat(fd_, &mine) != 0) return false;
   if (::stat(path_.c_str(), &now) != 0) return false;
   return mine.st_dev == now.st_dev && mine.st_ino == now.st_ino;
@@ -272,8 +273,8 @@ Result<uint64_t> ChannelBytesFor(uint64_t region_bytes, uint32_t processes) {
 Status FormatRegion(uint8_t* base, uint64_t region_bytes, uint64_t channel_bytes, const VmLimits* vm) {
   const uint32_t n = ChannelCountFor(region_bytes, channel_bytes);
   if (n == 0) {
-    return InvalidArgument("region of " + std::to_string(region_bytes >> 20) +
-                           " MiB holds no channel of " + std::to_string(channel_bytes >> 20) + " MiB");
+    return InvalidArgument("region of " + std::to_string(region_bytes >> 20) + " MiB holds no channel of " +
+                           std::to_string(channel_bytes >> 20) + " MiB");
   }
   RegionHeader* h = Header(base);
   // Invalidate first so an attaching client never sees a half-written header as valid.
@@ -287,7 +288,8 @@ Status FormatRegion(uint8_t* base, uint64_t region_bytes, uint64_t channel_bytes
   // getrandom(2), not std::random_device: libstdc++'s uses arc4random, which would make everything
   // linking this (libcuda.so.1 in old guests too) need glibc 2.36.
   uint64_t epoch = 0;
-  if (getrandom(&epoch, sizeof epoch, 0) != static_cast<ssize_t>(sizeof epoch)) epoch = static_cast<uint64_t>(time(nullptr));
+  if (getrandom(&epoch, sizeof epoch, 0) != static_cast<ssize_t>(sizeof epoch))
+    epoch = static_cast<uint64_t>(time(nullptr));
   h->server_epoch = epoch;
   if (vm != nullptr) {
     h->features |= kFeatureVmLimits;
@@ -344,14 +346,13 @@ uint32_t ResetChannel(uint8_t* base, const RegionHeader& trusted, uint32_t index
 Result<const RegionHeader*> ValidateHeader(const uint8_t* base, uint64_t region_bytes) {
   const auto* h = reinterpret_cast<const RegionHeader*>(base);
   // V0: pairs with F0 in FormatRegion.
-  const uint64_t magic =
-      reinterpret_cast<const std::atomic<uint64_t>*>(&h->magic)->load(std::memory_order_acquire);
+  const uint64_t magic = reinterpret_cast<const std::atomic<uint64_t>*>(&h->magic)->load(std::memory_order_acquire);
   if (magic != kRegionMagic) {
     return FailedPrecondition("region is not formatted (is oriond serving it?)");
   }
   if (h->layout_version != kLayoutVersion) {
-    return FailedPrecondition("region layout version " + std::to_string(h->layout_version) +
-                              " is not " + std::to_string(kLayoutVersion));
+    return FailedPrecondition("region layout version " + std::to_string(h->layout_version) + " is not " +
+                              std::to_string(kLayoutVersion));
   }
   if (h->region_bytes != region_bytes || h->channel_count == 0 || h->channel_count > kMaxChannels ||
       h->channel_bytes < kMinChannelBytes ||

@@ -102,7 +102,7 @@ TEST(Region, ServedMappingSurvivesTruncation) {
   volatile uint8_t* p = r->data();
   EXPECT_EQ(p[(4ull << 20) + 1], 0);  // SIGBUS without the guard
   EXPECT_TRUE(r->faulted());
-  p[5ull << 20] = 1;                   // writes land in private zero pages
+  p[5ull << 20] = 1;  // writes land in private zero pages
   unlink(path);
 }
 

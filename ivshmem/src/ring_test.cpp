@@ -152,14 +152,14 @@ TEST(Ring, UnpublishedAndStaleBytesAreNotFrames) {
   uint8_t* d = m.base + kRingCursorBytes;
   std::mt19937 rng(7);
   for (uint32_t i = 0; i < 2048; ++i) d[i] = static_cast<uint8_t>(rng());
-  Publish(d, 0, 1, Hdr(3, 1, 0));       // a record of generation 1 (an ended session)...
-  RingConsumer c(m.base, m.cap, 2);     // ...is not a frame for generation 2
+  Publish(d, 0, 1, Hdr(3, 1, 0));    // a record of generation 1 (an ended session)...
+  RingConsumer c(m.base, m.cap, 2);  // ...is not a frame for generation 2
   std::vector<uint8_t> scratch;
   FrameView f{};
   bool got = true;
   EXPECT_TRUE(c.Pop(&f, &scratch, &got).ok());
   EXPECT_FALSE(got);
-  Publish(d, 2048, 2, Hdr(3, 1, 0));    // the same offset one lap later is not position 0 either
+  Publish(d, 2048, 2, Hdr(3, 1, 0));  // the same offset one lap later is not position 0 either
   EXPECT_TRUE(c.Pop(&f, &scratch, &got).ok());
   EXPECT_FALSE(got);
   EXPECT_NE(Stamp(1, 0), Stamp(2, 0));

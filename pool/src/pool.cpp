@@ -44,8 +44,8 @@ Result<std::vector<Placement>> VgpuPool::Admit(uint32_t count, uint64_t gmem_mib
                                " vGPUs are free");
     }
     Gpu& g = trial[static_cast<size_t>(best)];
-    const auto slot = static_cast<uint32_t>(std::find(g.slot_bytes.begin(), g.slot_bytes.end(), 0u) -
-                                            g.slot_bytes.begin());
+    const auto slot =
+        static_cast<uint32_t>(std::find(g.slot_bytes.begin(), g.slot_bytes.end(), 0u) - g.slot_bytes.begin());
     g.slot_bytes[slot] = bytes;
     g.used_bytes += bytes;
     out.push_back({gpus_[static_cast<size_t>(best)].index, slot, bytes});
@@ -60,7 +60,8 @@ Status VgpuPool::Reserve(const std::vector<Placement>& placements) {
     size_t i = 0;
     while (i < gpus_.size() && gpus_[i].index != p.pgpu) ++i;
     if (i == gpus_.size() || p.vgpu >= trial[i].slot_bytes.size()) {
-      return FailedPrecondition("vGPU " + std::to_string(p.pgpu) + "/" + std::to_string(p.vgpu) + " does not exist here");
+      return FailedPrecondition("vGPU " + std::to_string(p.pgpu) + "/" + std::to_string(p.vgpu) +
+                                " does not exist here");
     }
     Gpu& g = trial[i];
     if (g.slot_bytes[p.vgpu] != 0 || p.quota_bytes == 0) {

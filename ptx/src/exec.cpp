@@ -56,9 +56,12 @@ class RoundScope {
   explicit RoundScope(Rnd r) {
     int mode = -1;
     switch (r) {
-      case Rnd::kRz: case Rnd::kRzi: mode = FE_TOWARDZERO; break;
-      case Rnd::kRm: case Rnd::kRmi: mode = FE_DOWNWARD; break;
-      case Rnd::kRp: case Rnd::kRpi: mode = FE_UPWARD; break;
+      case Rnd::kRz:
+      case Rnd::kRzi: mode = FE_TOWARDZERO; break;
+      case Rnd::kRm:
+      case Rnd::kRmi: mode = FE_DOWNWARD; break;
+      case Rnd::kRp:
+      case Rnd::kRpi: mode = FE_UPWARD; break;
       default: break;
     }
     if (mode >= 0) {
@@ -98,11 +101,11 @@ struct Frame {
 
 struct Warp {
   uint32_t index = 0;
-  uint32_t lanes = 0;       // mask of lanes that exist (the last warp may be partial)
+  uint32_t lanes = 0;  // mask of lanes that exist (the last warp may be partial)
   uint32_t pc[32] = {};
   uint8_t state[32] = {};
-  uint32_t carry = 0;       // CC.CF per lane
-  uint64_t steps = 0;       // instructions issued (for %clock)
+  uint32_t carry = 0;          // CC.CF per lane
+  uint64_t steps = 0;          // instructions issued (for %clock)
   std::vector<uint64_t> regs;  // [reg][lane]
   std::vector<Frame> stack[32];
   uint32_t barrier_dst[32] = {};  // bar.red destination register per lane (kNoReg: none)
@@ -242,16 +245,19 @@ class Block {
       case kSmid: return (ctaid_[0] + ctaid_[1] * cfg_.grid[0]) % 132;
       case kNsmid: return 132;
       case kGridid: return 1;
-      case kClock: case kClock64:
+      case kClock:
+      case kClock64:
         // The SM clock: host time at the device's reported clock rate (1.98 GHz), so clock64()
         // spin loops wait for the time they ask for, as on a GPU.
         return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                          std::chrono::steady_clock::now().time_since_epoch())
-                                         .count()) * 198 / 100 + w.steps;
+                                         .count()) *
+                   198 / 100 +
+               w.steps;
       case kGlobaltimer:
-        return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                         std::chrono::steady_clock::now().time_since_epoch())
-                                         .count());
+        return static_cast<uint64_t>(
+            std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+                .count());
       case kLanemaskEq: return bit;
       case kLanemaskLt: return bit - 1;
       case kLanemaskLe: return (bit - 1) | bit;
@@ -294,8 +300,8 @@ class Block {
     // Parameters live in a constant bank on the GPU: NVVM loads 8-byte fields of `.align 4` byte
     // arrays at 4-aligned offsets there, so only memory-backed spaces require natural alignment.
     if (bytes > 1 && (addr & (bytes - 1)) != 0 && sp != Space::kParam) {
-      SetFault(CUDA_ERROR_MISALIGNED_ADDRESS, "misaligned " + std::to_string(bytes) + "-byte access to 0x" +
-                                                  Hex(addr) + " by " + Where(w, lane, ins));
+      SetFault(CUDA_ERROR_MISALIGNED_ADDRESS,
+               "misaligned " + std::to_string(bytes) + "-byte access to 0x" + Hex(addr) + " by " + Where(w, lane, ins));
       return nullptr;
     }
     const uint32_t t = w.index * 32 + static_cast<uint32_t>(lane);
@@ -320,7 +326,8 @@ class Block {
       case Space::kParam:
         if (addr >= kFuncParamBase) {
           const uint64_t off = addr - kFuncParamBase;
-          if (off <= k_.fparam_bytes && bytes <= k_.fparam_bytes - off) return fparam_.data() + t * k_.fparam_bytes + off;
+          if (off <= k_.fparam_bytes && bytes <= k_.fparam_bytes - off)
+            return fparam_.data() + t * k_.fparam_bytes + off;
         } else if (!write && addr <= cfg_.param_bytes && bytes <= cfg_.param_bytes - addr) {
           return const_cast<uint8_t*>(cfg_.params) + addr;
         }
@@ -358,17 +365,41 @@ class Block {
   static uint64_t Load(const uint8_t* p, int bytes) {
     switch (bytes) {  // fixed sizes: inlined moves instead of a memcpy call per lane
       case 1: return *p;
-      case 2: { uint16_t v; std::memcpy(&v, p, 2); return v; }
-      case 4: { uint32_t v; std::memcpy(&v, p, 4); return v; }
-      case 8: { uint64_t v; std::memcpy(&v, p, 8); return v; }
-      default: { uint64_t v = 0; std::memcpy(&v, p, static_cast<size_t>(std::min(bytes, 8))); return v; }
+      case 2: {
+        uint16_t v;
+        std::memcpy(&v, p, 2);
+        return v;
+      }
+      case 4: {
+        uint32_t v;
+        std::memcpy(&v, p, 4);
+        return v;
+      }
+      case 8: {
+        uint64_t v;
+        std::memcpy(&v, p, 8);
+        return v;
+      }
+      default: {
+        uint64_t v = 0;
+        std::memcpy(&v, p, static_cast<size_t>(std::min(bytes, 8)));
+        return v;
+      }
     }
   }
   static void Store(uint8_t* p, uint64_t v, int bytes) {
     switch (bytes) {
       case 1: *p = static_cast<uint8_t>(v); break;
-      case 2: { const auto x = static_cast<uint16_t>(v); std::memcpy(p, &x, 2); break; }
-      case 4: { const auto x = static_cast<uint32_t>(v); std::memcpy(p, &x, 4); break; }
+      case 2: {
+        const auto x = static_cast<uint16_t>(v);
+        std::memcpy(p, &x, 2);
+        break;
+      }
+      case 4: {
+        const auto x = static_cast<uint32_t>(v);
+        std::memcpy(p, &x, 4);
+        break;
+      }
       default: std::memcpy(p, &v, static_cast<size_t>(std::min(bytes, 8))); break;
     }
   }
@@ -432,8 +463,8 @@ class Block {
           return false;
         }
         if (cfg_.timeout_ms != 0 && std::chrono::steady_clock::now() > deadline_) {
-          SetFault(CUDA_ERROR_LAUNCH_TIMEOUT, "the kernel ran longer than the sim kernel timeout (" +
-                                                  std::to_string(cfg_.timeout_ms) + " ms)");
+          SetFault(CUDA_ERROR_LAUNCH_TIMEOUT,
+                   "the kernel ran longer than the sim kernel timeout (" + std::to_string(cfg_.timeout_ms) + " ms)");
           return false;
         }
       }
@@ -555,7 +586,8 @@ class Block {
           std::memcpy(dst, &v, std::min<uint32_t>(c.bytes, 8));
         } else {
           uint8_t* src = Mem(Space::kParam, c.src, 1, w, l, false, ins);
-          if (src == nullptr || (c.bytes > 0 && Mem(Space::kParam, c.src + c.bytes - 1, 1, w, l, false, ins) == nullptr))
+          if (src == nullptr ||
+              (c.bytes > 0 && Mem(Space::kParam, c.src + c.bytes - 1, 1, w, l, false, ins) == nullptr))
             return false;
           std::memmove(dst, src, c.bytes);
         }
@@ -669,14 +701,20 @@ class Block {
       uint64_t v = 0;
       switch (conv) {
         case '%': out.push_back('%'); break;
-        case 'd': case 'i': {
+        case 'd':
+        case 'i': {
           if (!arg(longs ? 8 : 4, &v)) return false;
           const long long s = longs ? static_cast<long long>(v) : static_cast<long long>(static_cast<int32_t>(v));
-          std::snprintf(buf, sizeof buf, (flags + "lld").c_str(), half ? static_cast<long long>(static_cast<int16_t>(s)) : s);
+          std::snprintf(buf, sizeof buf, (flags + "lld").c_str(),
+                        half ? static_cast<long long>(static_cast<int16_t>(s)) : s);
           out += buf;
           break;
         }
-        case 'u': case 'x': case 'X': case 'o': case 'c': {
+        case 'u':
+        case 'x':
+        case 'X':
+        case 'o':
+        case 'c': {
           if (!arg(longs ? 8 : 4, &v)) return false;
           if (conv == 'c') {
             std::snprintf(buf, sizeof buf, (flags + "c").c_str(), static_cast<int>(v & 0xff));
@@ -687,7 +725,14 @@ class Block {
           out += buf;
           break;
         }
-        case 'f': case 'F': case 'e': case 'E': case 'g': case 'G': case 'a': case 'A':
+        case 'f':
+        case 'F':
+        case 'e':
+        case 'E':
+        case 'g':
+        case 'G':
+        case 'a':
+        case 'A':
           if (!arg(8, &v)) return false;
           std::snprintf(buf, sizeof buf, (flags + conv).c_str(), F64(v));
           out += buf;
@@ -700,14 +745,15 @@ class Block {
         case 's': {
           if (!arg(8, &v)) return false;
           std::string s;
-          if (v == 0) s = "(null)";
-          else if (!DeviceString(w, lane, ins, v, &s)) return false;
+          if (v == 0)
+            s = "(null)";
+          else if (!DeviceString(w, lane, ins, v, &s))
+            return false;
           std::snprintf(buf, sizeof buf, (flags + "s").c_str(), s.c_str());
           out += buf;
           break;
         }
-        default:
-          out += fmt.substr(i, j - i + 1);
+        default: out += fmt.substr(i, j - i + 1);
       }
       i = j;
     }
@@ -769,10 +815,22 @@ class Block {
           int64_t j = 0;
           bool pval = false;
           switch (static_cast<ShflMode>(ins.sub)) {
-            case ShflMode::kUp: j = static_cast<int64_t>(lane) - b; pval = j >= static_cast<int64_t>(max_lane); break;
-            case ShflMode::kDown: j = lane + b; pval = j <= max_lane; break;
-            case ShflMode::kBfly: j = lane ^ b; pval = j <= max_lane; break;
-            case ShflMode::kIdx: j = min_lane | (b & ~segmask); pval = j <= max_lane; break;
+            case ShflMode::kUp:
+              j = static_cast<int64_t>(lane) - b;
+              pval = j >= static_cast<int64_t>(max_lane);
+              break;
+            case ShflMode::kDown:
+              j = lane + b;
+              pval = j <= max_lane;
+              break;
+            case ShflMode::kBfly:
+              j = lane ^ b;
+              pval = j <= max_lane;
+              break;
+            case ShflMode::kIdx:
+              j = min_lane | (b & ~segmask);
+              pval = j <= max_lane;
+              break;
           }
           if (!pval || j < 0 || j > 31) j = l;
           Set(w, ins.o[0], l, src[j] & 0xffffffffu);
@@ -835,8 +893,12 @@ class Block {
           }
           switch (ins.sub) {
             case 0: acc = (acc + v) & 0xffffffffu; break;
-            case 1: acc = sgn ? (static_cast<int32_t>(v) < static_cast<int32_t>(acc) ? v : acc) : std::min(acc, v); break;
-            case 2: acc = sgn ? (static_cast<int32_t>(v) > static_cast<int32_t>(acc) ? v : acc) : std::max(acc, v); break;
+            case 1:
+              acc = sgn ? (static_cast<int32_t>(v) < static_cast<int32_t>(acc) ? v : acc) : std::min(acc, v);
+              break;
+            case 2:
+              acc = sgn ? (static_cast<int32_t>(v) > static_cast<int32_t>(acc) ? v : acc) : std::max(acc, v);
+              break;
             case 3: acc &= v; break;
             case 4: acc |= v; break;
             case 5: acc ^= v; break;
@@ -899,10 +961,14 @@ class Block {
   bool Compare(Cmp cmp, Ty t, uint64_t a, uint64_t b) const {
     if (TyFloat(t)) {
       double x, y;
-      if (t == Ty::kF64) x = F64(a), y = F64(b);
-      else if (t == Ty::kF32) x = F32(a), y = F32(b);
-      else if (t == Ty::kBF16) x = BF2F(a), y = BF2F(b);
-      else x = H2F(a), y = H2F(b);
+      if (t == Ty::kF64)
+        x = F64(a), y = F64(b);
+      else if (t == Ty::kF32)
+        x = F32(a), y = F32(b);
+      else if (t == Ty::kBF16)
+        x = BF2F(a), y = BF2F(b);
+      else
+        x = H2F(a), y = H2F(b);
       const bool un = std::isnan(x) || std::isnan(y);
       switch (cmp) {
         case Cmp::kEq: return !un && x == y;
@@ -939,10 +1005,14 @@ class Block {
     switch (cmp) {
       case Cmp::kEq: return x == y;
       case Cmp::kNe: return x != y;
-      case Cmp::kLt: case Cmp::kLo: return x < y;
-      case Cmp::kLe: case Cmp::kLs: return x <= y;
-      case Cmp::kGt: case Cmp::kHi: return x > y;
-      case Cmp::kGe: case Cmp::kHs: return x >= y;
+      case Cmp::kLt:
+      case Cmp::kLo: return x < y;
+      case Cmp::kLe:
+      case Cmp::kLs: return x <= y;
+      case Cmp::kGt:
+      case Cmp::kHi: return x > y;
+      case Cmp::kGe:
+      case Cmp::kHs: return x >= y;
       default: return false;
     }
   }
@@ -955,7 +1025,8 @@ class Block {
       if (ins.sat) {
         const bool ss = TySigned(st), ds = TySigned(dt);
         const int64_t lo = ds ? -(int64_t{1} << (8 * dn - 1)) : 0;
-        const uint64_t hi = ds ? (uint64_t{1} << (8 * dn - 1)) - 1 : (dn >= 8 ? UINT64_MAX : (uint64_t{1} << (8 * dn)) - 1);
+        const uint64_t hi =
+            ds ? (uint64_t{1} << (8 * dn - 1)) - 1 : (dn >= 8 ? UINT64_MAX : (uint64_t{1} << (8 * dn)) - 1);
         if (ss) {
           const int64_t x = SExt(v, sn);
           if (x < lo) return Trunc(static_cast<uint64_t>(lo), dn);
@@ -983,9 +1054,12 @@ class Block {
       double x = src_float();
       if (std::isnan(x)) return 0;
       switch (ins.rnd) {
-        case Rnd::kRni: case Rnd::kRn: x = std::nearbyint(x); break;  // default rounding is to nearest even
-        case Rnd::kRmi: case Rnd::kRm: x = std::floor(x); break;
-        case Rnd::kRpi: case Rnd::kRp: x = std::ceil(x); break;
+        case Rnd::kRni:
+        case Rnd::kRn: x = std::nearbyint(x); break;  // default rounding is to nearest even
+        case Rnd::kRmi:
+        case Rnd::kRm: x = std::floor(x); break;
+        case Rnd::kRpi:
+        case Rnd::kRp: x = std::ceil(x); break;
         default: x = std::trunc(x); break;
       }
       if (TySigned(dt)) {
@@ -1065,18 +1139,17 @@ class Block {
         const bool sgn = TySigned(t);
         switch (op) {
           case AtomOp::kAdd:
-            if (t == Ty::kF32) return static_cast<uint64_t>(rmw(ptr, [&](T x) {
-              return static_cast<T>(B32(F32(x) + F32(bv)));
-            }));
-            if (t == Ty::kF64) return static_cast<uint64_t>(rmw(ptr, [&](T x) {
-              return static_cast<T>(B64(F64(x) + F64(bv)));
-            }));
-            if (t == Ty::kF16x2 || t == Ty::kBF16x2) return static_cast<uint64_t>(rmw(ptr, [&](T x) {
-              Ins add = ins;
-              add.ftz = add.sat = false;
-              add.rnd = Rnd::kDefault;
-              return static_cast<T>(FEval(add, x, bv, 0, [](auto p1, auto p2, auto) { return p1 + p2; }));
-            }));
+            if (t == Ty::kF32)
+              return static_cast<uint64_t>(rmw(ptr, [&](T x) { return static_cast<T>(B32(F32(x) + F32(bv))); }));
+            if (t == Ty::kF64)
+              return static_cast<uint64_t>(rmw(ptr, [&](T x) { return static_cast<T>(B64(F64(x) + F64(bv))); }));
+            if (t == Ty::kF16x2 || t == Ty::kBF16x2)
+              return static_cast<uint64_t>(rmw(ptr, [&](T x) {
+                Ins add = ins;
+                add.ftz = add.sat = false;
+                add.rnd = Rnd::kDefault;
+                return static_cast<T>(FEval(add, x, bv, 0, [](auto p1, auto p2, auto) { return p1 + p2; }));
+              }));
             return static_cast<uint64_t>(__atomic_fetch_add(ptr, bv, __ATOMIC_SEQ_CST));
           case AtomOp::kAnd: return static_cast<uint64_t>(__atomic_fetch_and(ptr, bv, __ATOMIC_SEQ_CST));
           case AtomOp::kOr: return static_cast<uint64_t>(__atomic_fetch_or(ptr, bv, __ATOMIC_SEQ_CST));
@@ -1090,7 +1163,8 @@ class Block {
           case AtomOp::kInc:
             return static_cast<uint64_t>(rmw(ptr, [&](T x) { return x >= bv ? T{0} : static_cast<T>(x + 1); }));
           case AtomOp::kDec:
-            return static_cast<uint64_t>(rmw(ptr, [&](T x) { return (x == 0 || x > bv) ? bv : static_cast<T>(x - 1); }));
+            return static_cast<uint64_t>(
+                rmw(ptr, [&](T x) { return (x == 0 || x > bv) ? bv : static_cast<T>(x - 1); }));
           case AtomOp::kMin:
           case AtomOp::kMax: {
             const bool mn = op == AtomOp::kMin;
@@ -1129,7 +1203,8 @@ class Block {
         }
       });
     } else {
-      SetFault(CUDA_ERROR_NOT_SUPPORTED, std::string("atom/red of ") + TyName(t) + " is not supported by the sim executor");
+      SetFault(CUDA_ERROR_NOT_SUPPORTED,
+               std::string("atom/red of ") + TyName(t) + " is not supported by the sim executor");
       return false;
     }
     if (want_old) Set(w, ins.o[0], l, old);
@@ -1142,8 +1217,11 @@ class Block {
     const bool fl = TyFloat(t);
     const bool sg = TySigned(t);
     switch (ins.op) {
-      case Op::kNop: case Op::kMembar: case Op::kPrefetch: case Op::kNanosleep: case Op::kBarArrive:
-        return true;
+      case Op::kNop:
+      case Op::kMembar:
+      case Op::kPrefetch:
+      case Op::kNanosleep:
+      case Op::kBarArrive: return true;
       case Op::kMov: {
         const Operand& d = ins.o[0];
         const Operand& a = ins.o[1];
@@ -1183,7 +1261,9 @@ class Block {
       case Op::kCvta:
         Lanes(mask, [&](int l) {
           uint64_t v = Val(w, ins.o[1], l);
-          const uint64_t base = ins.space == Space::kShared ? kSharedWindow : ins.space == Space::kLocal ? kLocalWindow : 0;
+          const uint64_t base = ins.space == Space::kShared  ? kSharedWindow
+                                : ins.space == Space::kLocal ? kLocalWindow
+                                                             : 0;
           v = ins.to ? v - base : v + base;
           Set(w, ins.o[0], l, Trunc(v, n));
         });
@@ -1240,18 +1320,16 @@ class Block {
         for (int l = 0; l < 32; ++l)
           if ((mask >> l) & 1 && !Atomic(w, l, ins, ins.op == Op::kAtom)) return false;
         return true;
-      case Op::kActivemask:
-        Lanes(mask, [&](int l) { Set(w, ins.o[0], l, mask); });
-        return true;
+      case Op::kActivemask: Lanes(mask, [&](int l) { Set(w, ins.o[0], l, mask); }); return true;
       case Op::kSelp:
-        Lanes(mask, [&](int l) {
-          Set(w, ins.o[0], l, Pred(w, ins.o[3], l) ? Val(w, ins.o[1], l) : Val(w, ins.o[2], l));
-        });
+        Lanes(mask,
+              [&](int l) { Set(w, ins.o[0], l, Pred(w, ins.o[3], l) ? Val(w, ins.o[1], l) : Val(w, ins.o[2], l)); });
         return true;
       case Op::kSlct:
         Lanes(mask, [&](int l) {
           const uint64_t c = Val(w, ins.o[3], l);
-          const bool ge = ins.type2 == Ty::kF32 ? !(F32(c) < 0.0f) && !std::isnan(F32(c)) : static_cast<int32_t>(c) >= 0;
+          const bool ge =
+              ins.type2 == Ty::kF32 ? !(F32(c) < 0.0f) && !std::isnan(F32(c)) : static_cast<int32_t>(c) >= 0;
           Set(w, ins.o[0], l, ge ? Val(w, ins.o[1], l) : Val(w, ins.o[2], l));
         });
         return true;
@@ -1294,9 +1372,10 @@ class Block {
             case 2: r = !std::isnan(x); break;
             case 3: r = std::isnan(x); break;
             case 4: r = t == Ty::kF64 ? std::isnormal(x) : std::isnormal(static_cast<float>(x)); break;
-            case 5: r = t == Ty::kF64 ? std::fpclassify(x) == FP_SUBNORMAL
-                                      : std::fpclassify(static_cast<float>(x)) == FP_SUBNORMAL;
-                    break;
+            case 5:
+              r = t == Ty::kF64 ? std::fpclassify(x) == FP_SUBNORMAL
+                                : std::fpclassify(static_cast<float>(x)) == FP_SUBNORMAL;
+              break;
           }
           Set(w, ins.o[0], l, r);
         });
@@ -1318,7 +1397,10 @@ class Block {
       Lanes(mask, [&](int l) {
         const bool a = Pred(w, ins.o[1], l);
         const bool b = ins.nops > 2 ? Pred(w, ins.o[2], l) : false;
-        const bool r = ins.op == Op::kAnd ? (a && b) : ins.op == Op::kOr ? (a || b) : ins.op == Op::kXor ? (a != b) : !a;
+        const bool r = ins.op == Op::kAnd   ? (a && b)
+                       : ins.op == Op::kOr  ? (a || b)
+                       : ins.op == Op::kXor ? (a != b)
+                                            : !a;
         Set(w, ins.o[0], l, r);
       });
       return true;
@@ -1345,9 +1427,14 @@ class Block {
 
   static int FormatBytes(uint32_t f) {
     switch (f) {
-      case CU_AD_FORMAT_UNSIGNED_INT8: case CU_AD_FORMAT_SIGNED_INT8: return 1;
-      case CU_AD_FORMAT_UNSIGNED_INT16: case CU_AD_FORMAT_SIGNED_INT16: case CU_AD_FORMAT_HALF: return 2;
-      case CU_AD_FORMAT_UNSIGNED_INT32: case CU_AD_FORMAT_SIGNED_INT32: case CU_AD_FORMAT_FLOAT: return 4;
+      case CU_AD_FORMAT_UNSIGNED_INT8:
+      case CU_AD_FORMAT_SIGNED_INT8: return 1;
+      case CU_AD_FORMAT_UNSIGNED_INT16:
+      case CU_AD_FORMAT_SIGNED_INT16:
+      case CU_AD_FORMAT_HALF: return 2;
+      case CU_AD_FORMAT_UNSIGNED_INT32:
+      case CU_AD_FORMAT_SIGNED_INT32:
+      case CU_AD_FORMAT_FLOAT: return 4;
       default: return 0;
     }
   }
@@ -1387,7 +1474,8 @@ class Block {
     const std::string kind = surface ? "surface" : "texture";
     ImageView v;
     if (!(surface ? mem_.FindSurface(handle, &v) : mem_.FindTexture(handle, &v))) {
-      SetFault(CUDA_ERROR_ILLEGAL_ADDRESS, "unknown " + kind + " object 0x" + Hex(handle) + " used by " + Where(w, lane, ins));
+      SetFault(CUDA_ERROR_ILLEGAL_ADDRESS,
+               "unknown " + kind + " object 0x" + Hex(handle) + " used by " + Where(w, lane, ins));
       return false;
     }
     if (const std::string bad = ViewProblem(v, surface); !bad.empty()) {
@@ -1432,7 +1520,8 @@ class Block {
       case CU_AD_FORMAT_UNSIGNED_INT8: return fl ? static_cast<uint32_t>(B32(*e / 255.0f)) : *e;
       case CU_AD_FORMAT_SIGNED_INT8: {
         const int32_t x = static_cast<int8_t>(*e);
-        return fl ? static_cast<uint32_t>(B32(std::max(static_cast<float>(x) / 127.0f, -1.0f))) : static_cast<uint32_t>(x);
+        return fl ? static_cast<uint32_t>(B32(std::max(static_cast<float>(x) / 127.0f, -1.0f)))
+                  : static_cast<uint32_t>(x);
       }
       case CU_AD_FORMAT_UNSIGNED_INT16: {
         const auto x = static_cast<uint32_t>(Load(e, 2));
@@ -1440,7 +1529,8 @@ class Block {
       }
       case CU_AD_FORMAT_SIGNED_INT16: {
         const int32_t x = static_cast<int16_t>(Load(e, 2));
-        return fl ? static_cast<uint32_t>(B32(std::max(static_cast<float>(x) / 32767.0f, -1.0f))) : static_cast<uint32_t>(x);
+        return fl ? static_cast<uint32_t>(B32(std::max(static_cast<float>(x) / 32767.0f, -1.0f)))
+                  : static_cast<uint32_t>(x);
       }
       case CU_AD_FORMAT_HALF: return static_cast<uint32_t>(B32(H2F(Load(e, 2))));
       default: return static_cast<uint32_t>(Load(e, 4));  // 32-bit integers and FLOAT: the bits as stored
@@ -1458,7 +1548,8 @@ class Block {
   // coordinates; with unnormalized (and integer) coordinates they act as clamp here.
   static int64_t AddressIndex(int64_t i, uint64_t n, uint32_t mode, bool normalized) {
     const auto nn = static_cast<int64_t>(std::min<uint64_t>(n, uint64_t{1} << 61));
-    if (!normalized && (mode == CU_TR_ADDRESS_MODE_WRAP || mode == CU_TR_ADDRESS_MODE_MIRROR)) mode = CU_TR_ADDRESS_MODE_CLAMP;
+    if (!normalized && (mode == CU_TR_ADDRESS_MODE_WRAP || mode == CU_TR_ADDRESS_MODE_MIRROR))
+      mode = CU_TR_ADDRESS_MODE_CLAMP;
     switch (mode) {
       case CU_TR_ADDRESS_MODE_WRAP: {
         const int64_t r = i % nn;
@@ -1510,7 +1601,8 @@ class Block {
   bool ImageLane(Warp& w, int l, const Ins& ins) {
     switch (ins.op) {
       case Op::kTex: return TexLane(w, l, ins);
-      case Op::kSuld: case Op::kSust: return SurfaceLane(w, l, ins);
+      case Op::kSuld:
+      case Op::kSust: return SurfaceLane(w, l, ins);
       default: {  // txq / suq .width / .height / .depth
         uint64_t h = 0;
         ImageView v;
@@ -1618,9 +1710,9 @@ class Block {
     uint64_t row = 0;
     if (__builtin_mul_overflow(v.width, TexelBytes(v), &row)) row = UINT64_MAX;
     auto coords = [&] {
-      return "(" + std::to_string(x) + " bytes, " + std::to_string(y) + ", " + std::to_string(z) + ") of surface object 0x" +
-             Hex(h) + " (" + std::to_string(v.width) + "x" + std::to_string(v.height) + "x" + std::to_string(v.depth) +
-             " texels of " + std::to_string(TexelBytes(v)) + " bytes)";
+      return "(" + std::to_string(x) + " bytes, " + std::to_string(y) + ", " + std::to_string(z) +
+             ") of surface object 0x" + Hex(h) + " (" + std::to_string(v.width) + "x" + std::to_string(v.height) + "x" +
+             std::to_string(v.depth) + " texels of " + std::to_string(TexelBytes(v)) + " bytes)";
     };
     uint64_t xb = static_cast<uint64_t>(x), yy = static_cast<uint64_t>(y), zz = static_cast<uint64_t>(z);
     const bool inside = x >= 0 && xb <= row && size <= row - xb && y >= 0 && yy < v.height && z >= 0 && zz < v.depth;
@@ -1743,7 +1835,8 @@ class Block {
           }
           if (ins.mul == MulMode::kWide && n == 4) {
             Lanes(mask, [&](int l) {
-              Set(w, ins.o[0], l, sg ? static_cast<uint64_t>(SExt(A(l), 4) * SExt(B(l), 4)) : Trunc(A(l), 4) * Trunc(B(l), 4));
+              Set(w, ins.o[0], l,
+                  sg ? static_cast<uint64_t>(SExt(A(l), 4) * SExt(B(l), 4)) : Trunc(A(l), 4) * Trunc(B(l), 4));
             });
             return true;
           }
@@ -1755,7 +1848,8 @@ class Block {
           }
           if (ins.mul == MulMode::kWide && n == 4) {
             Lanes(mask, [&](int l) {
-              Set(w, ins.o[0], l, (sg ? static_cast<uint64_t>(SExt(A(l), 4) * SExt(B(l), 4)) : Trunc(A(l), 4) * Trunc(B(l), 4)) + C(l));
+              Set(w, ins.o[0], l,
+                  (sg ? static_cast<uint64_t>(SExt(A(l), 4) * SExt(B(l), 4)) : Trunc(A(l), 4) * Trunc(B(l), 4)) + C(l));
             });
             return true;
           }
@@ -1803,7 +1897,10 @@ class Block {
           int rn = n;
           switch (ins.mul) {
             case MulMode::kHi: r = static_cast<uint64_t>(p >> bits); break;
-            case MulMode::kWide: r = static_cast<uint64_t>(p); rn = 2 * n; break;
+            case MulMode::kWide:
+              r = static_cast<uint64_t>(p);
+              rn = 2 * n;
+              break;
             default: r = static_cast<uint64_t>(p); break;
           }
           if (mad) {
@@ -1862,16 +1959,16 @@ class Block {
           put(l, static_cast<uint64_t>(a < 0 ? -static_cast<__int128>(a) : a));
         });
         return true;
-      case Op::kNeg:
-        Lanes(mask, [&](int l) { put(l, ~A(l) + 1); });
-        return true;
+      case Op::kNeg: Lanes(mask, [&](int l) { put(l, ~A(l) + 1); }); return true;
       case Op::kMin:
       case Op::kMax:
         Lanes(mask, [&](int l) {
           const bool mn = ins.op == Op::kMin;
           bool less;
-          if (sg) less = SExt(A(l), n) < SExt(B(l), n);
-          else less = Trunc(A(l), n) < Trunc(B(l), n);
+          if (sg)
+            less = SExt(A(l), n) < SExt(B(l), n);
+          else
+            less = Trunc(A(l), n) < Trunc(B(l), n);
           uint64_t r = (mn == less) ? A(l) : B(l);
           if (ins.relu && sg && SExt(r, n) < 0) r = 0;
           put(l, r);
@@ -1883,7 +1980,8 @@ class Block {
       case Op::kClz:
         Lanes(mask, [&](int l) {
           const uint64_t a = Trunc(A(l), n);
-          Set(w, ins.o[0], l, a == 0 ? bits : static_cast<uint64_t>(std::countl_zero(a) - (64 - static_cast<int>(bits))));
+          Set(w, ins.o[0], l,
+              a == 0 ? bits : static_cast<uint64_t>(std::countl_zero(a) - (64 - static_cast<int>(bits))));
         });
         return true;
       case Op::kBfind:
@@ -1923,7 +2021,8 @@ class Block {
         Lanes(mask, [&](int l) {
           // bfi.b32 f, a, b, c, d: insert a's low d bits into b at c.
           const uint64_t a = A(l), b = Trunc(B(l), n);
-          const uint32_t pos = static_cast<uint32_t>(C(l)) & 0xff, len = static_cast<uint32_t>(Val(w, ins.o[4], l)) & 0xff;
+          const uint32_t pos = static_cast<uint32_t>(C(l)) & 0xff,
+                         len = static_cast<uint32_t>(Val(w, ins.o[4], l)) & 0xff;
           uint64_t r = b;
           for (uint32_t i = 0; i < len && pos + i < bits; ++i) {
             r = (r & ~(uint64_t{1} << (pos + i))) | (((a >> i) & 1) << (pos + i));
@@ -1947,12 +2046,12 @@ class Block {
                 if (sel & 8) v = (v & 0x80) ? 0xff : 0;
                 break;
               }
-              case 1: v = byte(c2 + i); break;                       // f4e
-              case 2: v = byte((c2 - i) & 7); break;                 // b4e
-              case 3: v = byte(c2); break;                           // rc8
-              case 4: v = byte(std::max(i, c2)); break;              // ecl
-              case 5: v = byte(std::min(i, c2)); break;              // ecr
-              case 6: v = byte((c & 1) * 2 + (i & 1)); break;        // rc16
+              case 1: v = byte(c2 + i); break;                 // f4e
+              case 2: v = byte((c2 - i) & 7); break;           // b4e
+              case 3: v = byte(c2); break;                     // rc8
+              case 4: v = byte(std::max(i, c2)); break;        // ecl
+              case 5: v = byte(std::min(i, c2)); break;        // ecr
+              case 6: v = byte((c & 1) * 2 + (i & 1)); break;  // rc16
             }
             r |= v << (8 * i);
           }
@@ -2014,8 +2113,10 @@ class Block {
           } else {
             const int hi = ins.mul == MulMode::kHi ? 2 : 0;
             for (int i = 0; i < 2; ++i) {
-              const int64_t x = as ? static_cast<int16_t>(a >> (16 * i)) : static_cast<int64_t>((a >> (16 * i)) & 0xffff);
-              const int64_t y = bs ? static_cast<int8_t>(b >> (8 * (i + hi))) : static_cast<int64_t>((b >> (8 * (i + hi))) & 0xff);
+              const int64_t x =
+                  as ? static_cast<int16_t>(a >> (16 * i)) : static_cast<int64_t>((a >> (16 * i)) & 0xffff);
+              const int64_t y =
+                  bs ? static_cast<int8_t>(b >> (8 * (i + hi))) : static_cast<int64_t>((b >> (8 * (i + hi))) & 0xff);
               acc += x * y;
             }
           }
@@ -2088,8 +2189,8 @@ LaunchResult Launch(Program& p, std::string_view kernel, const LaunchConfig& cfg
       if (cfg.timeout_ms != 0 && std::chrono::steady_clock::now() > deadline) {
         std::lock_guard<std::mutex> lock(mu);
         if (fault.code == CUDA_SUCCESS || i < fault_block) {
-          fault = Fault{CUDA_ERROR_LAUNCH_TIMEOUT,
-                        "the kernel ran longer than the sim kernel timeout (" + std::to_string(cfg.timeout_ms) + " ms)"};
+          fault = Fault{CUDA_ERROR_LAUNCH_TIMEOUT, "the kernel ran longer than the sim kernel timeout (" +
+                                                       std::to_string(cfg.timeout_ms) + " ms)"};
           fault_block = i;
         }
         stop = true;

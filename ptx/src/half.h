@@ -2,8 +2,8 @@
 // f16 arithmetic is done in float and rounded through these (as a GPU's f16 units round each
 // result). No compiler half type is needed (_Float16 is not available with every compiler).
 // Rounding: the current rounding mode (to nearest even unless a directed .rz/.rm/.rp is in force);
-// subnormals kept; NaN stays NaN (quiet, the top payload bits kept). ptx_test checks them against the compiler's _Float16 where it has one,
-// over every half and a sweep of floats.
+// subnormals kept; NaN stays NaN (quiet, the top payload bits kept). ptx_test checks them against the compiler's
+// _Float16 where it has one, over every half and a sweep of floats.
 #pragma once
 
 #include <bit>
@@ -32,7 +32,7 @@ inline uint16_t FloatToHalf(float f) noexcept {
   const uint32_t sign = (x >> 16) & 0x8000u;
   const uint32_t abs = x & 0x7fffffffu;
   if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((abs >> 13) & 0x3ffu));  // NaN, quiet
-  if (abs == 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u);                            // infinity
+  if (abs == 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u);                          // infinity
   const int mode = std::fegetround();
   const bool up = (mode == FE_UPWARD && sign == 0) || (mode == FE_DOWNWARD && sign != 0);  // away from zero
   // Whether the value, truncated to `r` with `rem` of `half * 2` left over, rounds away from zero.

@@ -20,8 +20,27 @@
 namespace orion::ptx {
 
 enum class Ty : uint8_t {
-  kNone, kB8, kB16, kB32, kB64, kB128, kU8, kU16, kU32, kU64, kS8, kS16, kS32, kS64,
-  kF16, kF16x2, kBF16, kBF16x2, kF32, kF64, kPred
+  kNone,
+  kB8,
+  kB16,
+  kB32,
+  kB64,
+  kB128,
+  kU8,
+  kU16,
+  kU32,
+  kU64,
+  kS8,
+  kS16,
+  kS32,
+  kS64,
+  kF16,
+  kF16x2,
+  kBF16,
+  kBF16x2,
+  kF32,
+  kF64,
+  kPred
 };
 int TyBytes(Ty t);
 bool TyFloat(Ty t);
@@ -34,28 +53,119 @@ enum class Space : uint8_t { kGeneric, kGlobal, kShared, kLocal, kParam, kConst 
 enum class Op : uint16_t {
   kNop,
   // integer / bit
-  kAdd, kSub, kMul, kMad, kMul24, kMad24, kSad, kDiv, kRem, kAbs, kNeg, kMin, kMax, kPopc, kClz,
-  kBfind, kBrev, kBfe, kBfi, kPrmt, kAnd, kOr, kXor, kNot, kCnot, kShl, kShr, kShf, kLop3,
-  kAddc, kSubc, kMadc, kDp4a, kDp2a,
+  kAdd,
+  kSub,
+  kMul,
+  kMad,
+  kMul24,
+  kMad24,
+  kSad,
+  kDiv,
+  kRem,
+  kAbs,
+  kNeg,
+  kMin,
+  kMax,
+  kPopc,
+  kClz,
+  kBfind,
+  kBrev,
+  kBfe,
+  kBfi,
+  kPrmt,
+  kAnd,
+  kOr,
+  kXor,
+  kNot,
+  kCnot,
+  kShl,
+  kShr,
+  kShf,
+  kLop3,
+  kAddc,
+  kSubc,
+  kMadc,
+  kDp4a,
+  kDp2a,
   // float-only
-  kFma, kRcp, kSqrt, kRsqrt, kSin, kCos, kLg2, kEx2, kTanh, kCopysign, kTestp,
+  kFma,
+  kRcp,
+  kSqrt,
+  kRsqrt,
+  kSin,
+  kCos,
+  kLg2,
+  kEx2,
+  kTanh,
+  kCopysign,
+  kTestp,
   // comparison / selection
-  kSetp, kSet, kSelp, kSlct,
+  kSetp,
+  kSet,
+  kSelp,
+  kSlct,
   // data movement / conversion
-  kMov, kCvt, kCvta, kLd, kLdu, kSt, kPrefetch, kIsspacep,
-  kAtom, kRed,
+  kMov,
+  kCvt,
+  kCvta,
+  kLd,
+  kLdu,
+  kSt,
+  kPrefetch,
+  kIsspacep,
+  kAtom,
+  kRed,
   // control
-  kBra, kCall, kRet, kExit, kTrap, kBrkpt, kBar, kBarRed, kBarArrive, kMembar, kNanosleep,
+  kBra,
+  kCall,
+  kRet,
+  kExit,
+  kTrap,
+  kBrkpt,
+  kBar,
+  kBarRed,
+  kBarArrive,
+  kMembar,
+  kNanosleep,
   // warp
-  kShfl, kVote, kActivemask, kMatch, kRedux, kBarWarp,
+  kShfl,
+  kVote,
+  kActivemask,
+  kMatch,
+  kRedux,
+  kBarWarp,
   // builtins (extern functions the executor provides)
-  kVprintf, kAssertFail,
+  kVprintf,
+  kAssertFail,
   // textures and surfaces (unified mode: the object is a 64-bit handle)
-  kTex, kSuld, kSust, kTxq, kSuq,
+  kTex,
+  kSuld,
+  kSust,
+  kTxq,
+  kSuq,
 };
 const char* OpName(Op op);
 
-enum class Cmp : uint8_t { kEq, kNe, kLt, kLe, kGt, kGe, kLo, kLs, kHi, kHs, kEqu, kNeu, kLtu, kLeu, kGtu, kGeu, kNum, kNan };
+enum class Cmp : uint8_t {
+  kEq,
+  kNe,
+  kLt,
+  kLe,
+  kGt,
+  kGe,
+  kLo,
+  kLs,
+  kHi,
+  kHs,
+  kEqu,
+  kNeu,
+  kLtu,
+  kLeu,
+  kGtu,
+  kGeu,
+  kNum,
+  kNan
+};
 enum class BoolOp : uint8_t { kNone, kAnd, kOr, kXor };
 enum class Rnd : uint8_t { kDefault, kRn, kRz, kRm, kRp, kRna, kRni, kRzi, kRmi, kRpi };
 enum class MulMode : uint8_t { kNone, kLo, kHi, kWide };
@@ -71,45 +181,72 @@ inline constexpr uint32_t kNoSym = 0xffffffffu;
 
 // Special registers (%tid.x, ...): Operand::reg holds one of these.
 enum Special : uint32_t {
-  kTidX, kTidY, kTidZ, kNtidX, kNtidY, kNtidZ, kCtaidX, kCtaidY, kCtaidZ, kNctaidX, kNctaidY, kNctaidZ,
-  kLaneid, kWarpid, kNwarpid, kSmid, kNsmid, kGridid, kClock, kClock64, kGlobaltimer,
-  kLanemaskEq, kLanemaskLt, kLanemaskLe, kLanemaskGt, kLanemaskGe, kDynSmem, kTotalSmem,
-  kClusterCtarank, kClusterNctarank, kIsExplicitCluster,
+  kTidX,
+  kTidY,
+  kTidZ,
+  kNtidX,
+  kNtidY,
+  kNtidZ,
+  kCtaidX,
+  kCtaidY,
+  kCtaidZ,
+  kNctaidX,
+  kNctaidY,
+  kNctaidZ,
+  kLaneid,
+  kWarpid,
+  kNwarpid,
+  kSmid,
+  kNsmid,
+  kGridid,
+  kClock,
+  kClock64,
+  kGlobaltimer,
+  kLanemaskEq,
+  kLanemaskLt,
+  kLanemaskLe,
+  kLanemaskGt,
+  kLanemaskGe,
+  kDynSmem,
+  kTotalSmem,
+  kClusterCtarank,
+  kClusterNctarank,
+  kIsExplicitCluster,
   kEnvreg0,  // kEnvreg0 + n, n < 32
 };
 
 struct Operand {
   enum Kind : uint8_t { kNone, kReg, kImm, kSpecial, kSym, kMem, kVec, kLabel, kSink, kFunc, kList };
   Kind kind = kNone;
-  bool neg = false;        // !%p
-  uint8_t n = 0;           // kVec / kList: number of entries
-  uint8_t imm_kind = 0;    // kImm: 0 integer, 1 0f (f32 bits), 2 0d (f64 bits), 3 decimal (f64 bits)
-  uint32_t reg = kNoReg;   // kReg / kMem base register; kSpecial id; kLabel target; kFunc index; kSym symbol
-  uint32_t sym = kNoSym;   // kMem: symbol the address is relative to (kNoSym: none)
-  uint64_t imm = 0;        // kImm bits; kMem offset (two's complement)
+  bool neg = false;       // !%p
+  uint8_t n = 0;          // kVec / kList: number of entries
+  uint8_t imm_kind = 0;   // kImm: 0 integer, 1 0f (f32 bits), 2 0d (f64 bits), 3 decimal (f64 bits)
+  uint32_t reg = kNoReg;  // kReg / kMem base register; kSpecial id; kLabel target; kFunc index; kSym symbol
+  uint32_t sym = kNoSym;  // kMem: symbol the address is relative to (kNoSym: none)
+  uint64_t imm = 0;       // kImm bits; kMem offset (two's complement)
   uint32_t regs[8] = {kNoReg, kNoReg, kNoReg, kNoReg, kNoReg, kNoReg, kNoReg, kNoReg};  // kVec/kList
 };
 
 struct Ins {
   Op op = Op::kNop;
-  Ty type = Ty::kNone;     // the instruction type (.s32, .f32, ...); for cvt the destination
-  Ty type2 = Ty::kNone;    // cvt source type; setp/set/slct compare type
+  Ty type = Ty::kNone;   // the instruction type (.s32, .f32, ...); for cvt the destination
+  Ty type2 = Ty::kNone;  // cvt source type; setp/set/slct compare type
   Space space = Space::kGeneric;
   Cmp cmp = Cmp::kEq;
   BoolOp boolop = BoolOp::kNone;
   Rnd rnd = Rnd::kDefault;
   MulMode mul = MulMode::kNone;
-  uint8_t sub = 0;         // AtomOp / ShflMode / VoteMode / redux op / shf mode / bar.red op
-  uint8_t vec = 1;         // ld/st/mov vector width
-  uint8_t geom = 0;        // tex/suld/sust: dimensions (1, 2, 3)
-  uint8_t oob = 0;         // suld/sust: out-of-range mode (kOobTrap...); txq/suq: the query (0 width, 1 height, 2 depth)
+  uint8_t sub = 0;   // AtomOp / ShflMode / VoteMode / redux op / shf mode / bar.red op
+  uint8_t vec = 1;   // ld/st/mov vector width
+  uint8_t geom = 0;  // tex/suld/sust: dimensions (1, 2, 3)
+  uint8_t oob = 0;   // suld/sust: out-of-range mode (kOobTrap...); txq/suq: the query (0 width, 1 height, 2 depth)
   bool ftz = false, sat = false, approx = false, cc = false, to = false, wrap = false, uni = false, relu = false;
   bool pred_neg = false;
   uint32_t pred = kNoReg;  // guard predicate register
   uint8_t nops = 0;
   Operand o[6];
-  uint32_t line = 0;       // PTX source line
-  uint32_t aux = 0;        // kCall: index into Kernel::calls
+  uint32_t line = 0;  // PTX source line
+  uint32_t aux = 0;   // kCall: index into Kernel::calls
 };
 
 struct Sym {
@@ -117,9 +254,9 @@ struct Sym {
   Space space = Space::kGlobal;
   uint64_t size = 0;
   uint32_t align = 1;
-  int32_t func = -1;       // declaring function, -1 for module scope
+  int32_t func = -1;           // declaring function, -1 for module scope
   bool extern_shared = false;  // `.extern .shared x[]`: the dynamic shared memory
-  int32_t var = -1;        // index into Program::vars for module .global/.const
+  int32_t var = -1;            // index into Program::vars for module .global/.const
   std::vector<uint8_t> init;
 };
 
@@ -128,12 +265,12 @@ struct Func {
   bool entry = false;
   bool defined = false;
   uint32_t line = 0;
-  std::vector<uint32_t> params;   // symbols of the formal parameters, in order
-  std::vector<uint32_t> rets;     // symbols of the return parameters
+  std::vector<uint32_t> params;  // symbols of the formal parameters, in order
+  std::vector<uint32_t> rets;    // symbols of the return parameters
   std::vector<Ins> code;
   uint32_t nregs = 0;
-  std::vector<uint32_t> syms;     // symbols declared inside (shared, local, param)
-  uint64_t max_threads = 0;       // .maxntid / .reqntid product (0: none declared)
+  std::vector<uint32_t> syms;  // symbols declared inside (shared, local, param)
+  uint64_t max_threads = 0;    // .maxntid / .reqntid product (0: none declared)
 };
 
 // One call site in a lowered kernel: bytes copied into the callee's formals, and back.

@@ -182,7 +182,8 @@ std::string DropLoc(const std::string& text) {
     if (e == std::string::npos) e = text.size();
     const std::string_view line(text.data() + i, e - i);
     const size_t f = line.find_first_not_of(" \t");
-    if (f == std::string_view::npos || line.compare(f, 4, ".loc") != 0 || (f + 4 < line.size() && IdChar(line[f + 4]))) {
+    if (f == std::string_view::npos || line.compare(f, 4, ".loc") != 0 ||
+        (f + 4 < line.size() && IdChar(line[f + 4]))) {
       out.append(line);
       if (e < text.size()) out += '\n';
     }
@@ -217,7 +218,8 @@ Result<std::string> LinkText(const std::vector<std::string_view>& modules) {
   std::vector<std::vector<Item>> items(modules.size());
   for (size_t m = 0; m < modules.size(); ++m) {
     if (!Split(modules[m], &items[m])) {
-      return InvalidArgument("PTX input " + std::to_string(m + 1) + " has unbalanced braces or an unterminated comment");
+      return InvalidArgument("PTX input " + std::to_string(m + 1) +
+                             " has unbalanced braces or an unterminated comment");
     }
     bool has_version = false;
     for (Item& it : items[m]) {
@@ -248,7 +250,10 @@ Result<std::string> LinkText(const std::vector<std::string_view>& modules) {
     seen.insert(mine.begin(), mine.end());
   }
   // Definitions with linkage: the one kept per name.
-  struct Def { size_t m, i; bool weak; };
+  struct Def {
+    size_t m, i;
+    bool weak;
+  };
   std::map<std::string, Def> defs;
   for (size_t m = 0; m < items.size(); ++m) {
     for (size_t i = 0; i < items[m].size(); ++i) {
@@ -261,8 +266,8 @@ Result<std::string> LinkText(const std::vector<std::string_view>& modules) {
       if (pos->second.weak && !it.is_weak) {
         pos->second = Def{m, i, false};  // a strong definition beats a weak one
       } else if (!pos->second.weak && !it.is_weak) {
-        return InvalidArgument("multiple definition of '" + it.name + "' (PTX inputs " + std::to_string(pos->second.m + 1) +
-                               " and " + std::to_string(m + 1) + ")");
+        return InvalidArgument("multiple definition of '" + it.name + "' (PTX inputs " +
+                               std::to_string(pos->second.m + 1) + " and " + std::to_string(m + 1) + ")");
       }
     }
   }
@@ -275,8 +280,9 @@ Result<std::string> LinkText(const std::vector<std::string_view>& modules) {
         unresolved_funcs.insert(it.name);
         continue;
       }
-      return NotFound("undefined reference to '" + it.name + "'" +
-                      (it.name.rfind("cuda", 0) == 0 ? " (the CUDA device runtime, libcudadevrt, is not linked by Orion)" : ""));
+      return NotFound(
+          "undefined reference to '" + it.name + "'" +
+          (it.name.rfind("cuda", 0) == 0 ? " (the CUDA device runtime, libcudadevrt, is not linked by Orion)" : ""));
     }
   }
   // The header.
@@ -295,7 +301,8 @@ Result<std::string> LinkText(const std::vector<std::string_view>& modules) {
       }
     }
   }
-  std::string out = "// Linked by Orion (guest cuLinkComplete) from " + std::to_string(modules.size()) + " PTX modules\n";
+  std::string out =
+      "// Linked by Orion (guest cuLinkComplete) from " + std::to_string(modules.size()) + " PTX modules\n";
   out += version + "\n" + target + "\n.address_size 64\n\n";
   // Variables: kept definitions, module-local ones, dynamic shared memory declarations (once).
   std::set<std::string> emitted_shared;
@@ -318,7 +325,8 @@ Result<std::string> LinkText(const std::vector<std::string_view>& modules) {
   std::set<std::string> declared;
   for (const auto& mod : items) {
     for (const Item& it : mod) {
-      if (it.kind == Item::kFunc && it.is_extern && unresolved_funcs.count(it.name) != 0 && declared.insert(it.name).second) {
+      if (it.kind == Item::kFunc && it.is_extern && unresolved_funcs.count(it.name) != 0 &&
+          declared.insert(it.name).second) {
         out += it.text + "\n";
       }
     }
@@ -328,7 +336,8 @@ Result<std::string> LinkText(const std::vector<std::string_view>& modules) {
     const Item& it = items[d.m][d.i];
     if (it.kind != Item::kFunc) continue;
     std::string head = it.text.substr(0, it.text.find('{'));
-    while (!head.empty() && (head.back() == ' ' || head.back() == '\n' || head.back() == '\t' || head.back() == '\r')) head.pop_back();
+    while (!head.empty() && (head.back() == ' ' || head.back() == '\n' || head.back() == '\t' || head.back() == '\r'))
+      head.pop_back();
     out += head + ";\n";
   }
   out += "\n";

@@ -24,7 +24,7 @@ std::string Slurp(const char* path) {
 
 // Runs kernel `name(int* a, int n)` of `text` over `in`; returns a.
 std::vector<int32_t> RunKernel(const std::string& text, const char* name, const std::vector<int32_t>& in,
-                         LaunchResult* res = nullptr) {
+                               LaunchResult* res = nullptr) {
   auto prog = Parse(text);
   EXPECT_TRUE(prog.ok()) << prog.status().message();
   if (!prog.ok()) return {};
@@ -83,15 +83,18 @@ TEST(PtxLink, NvccSeparateCompilationLinksAndRuns) {
 #endif
 
 TEST(PtxLink, WeakYieldsToVisibleAndTwoVisibleAreAnError) {
-  const std::string user = std::string(kHeader) +
+  const std::string user =
+      std::string(kHeader) +
       ".extern .func (.param .b32 r) f(.param .b32 x);\n"
       ".visible .entry k(.param .u64 p, .param .u32 n)\n{\n.reg .b32 %r<4>;\n.reg .b64 %rd<4>;\n"
       "ld.param.u64 %rd1, [p];\ncvta.to.global.u64 %rd1, %rd1;\nmov.u32 %r1, %tid.x;\nmul.wide.u32 %rd2, %r1, 4;\n"
       "add.s64 %rd3, %rd1, %rd2;\n{\n.param .b32 a0;\n.param .b32 r0;\nst.param.b32 [a0], %r1;\n"
       "call.uni (r0), f, (a0);\nld.param.b32 %r2, [r0];\n}\nst.global.u32 [%rd3], %r2;\nret;\n}\n";
   auto def = [](const char* linkage, int add) {
-    return std::string(kHeader) + linkage + " .func (.param .b32 r) f(.param .b32 x)\n{\n.reg .b32 %r<3>;\n"
-           "ld.param.b32 %r1, [x];\nadd.s32 %r2, %r1, " + std::to_string(add) + ";\nst.param.b32 [r], %r2;\nret;\n}\n";
+    return std::string(kHeader) + linkage +
+           " .func (.param .b32 r) f(.param .b32 x)\n{\n.reg .b32 %r<3>;\n"
+           "ld.param.b32 %r1, [x];\nadd.s32 %r2, %r1, " +
+           std::to_string(add) + ";\nst.param.b32 [r], %r2;\nret;\n}\n";
   };
   const std::string weak = def(".weak", 100), strong = def(".visible", 1000), strong2 = def(".visible", 5);
   auto linked = LinkText({user, weak, strong});
@@ -126,8 +129,8 @@ TEST(PtxLink, ModuleLocalNamesDoNotCollide) {
 
 TEST(PtxLink, DriverFunctionsStayExternAndDebugInfoIsDropped) {
   const std::string m = std::string(kHeader) + ".file 1 \"/tmp/a.cu\"\n" +
-      ".extern .func (.param .b32 r) vprintf(.param .b64 f, .param .b64 a);\n"
-      ".visible .entry k(.param .u64 p, .param .u32 n)\n{\n.loc 1 3 1\nret;\n}\n";
+                        ".extern .func (.param .b32 r) vprintf(.param .b64 f, .param .b64 a);\n"
+                        ".visible .entry k(.param .u64 p, .param .u32 n)\n{\n.loc 1 3 1\nret;\n}\n";
   auto linked = LinkText({m, m.substr(0, m.find(".visible"))});
   ASSERT_TRUE(linked.ok()) << linked.status().message();
   EXPECT_NE(linked->find(".extern .func (.param .b32 r) vprintf"), std::string::npos);
@@ -139,7 +142,8 @@ TEST(PtxLink, DriverFunctionsStayExternAndDebugInfoIsDropped) {
 TEST(PtxLink, BadInputsAreRefused) {
   EXPECT_EQ(LinkText({}).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(LinkText({"not ptx at all"}).status().code(), Code::kInvalidArgument);
-  EXPECT_EQ(LinkText({std::string(kHeader) + ".visible .entry k()\n{\nret;\n"}).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(LinkText({std::string(kHeader) + ".visible .entry k()\n{\nret;\n"}).status().code(),
+            Code::kInvalidArgument);
   EXPECT_EQ(LinkText({std::string(kHeader) + "/* unterminated"}).status().code(), Code::kInvalidArgument);
   const std::string ok = std::string(kHeader) + ".visible .entry k()\n{\nret;\n}\n";
   std::vector<std::string_view> many(kMaxLinkModules, ok);
@@ -147,7 +151,8 @@ TEST(PtxLink, BadInputsAreRefused) {
   auto undefined = LinkText({std::string(kHeader) + ".extern .global .align 4 .u32 nowhere;\n" + ok});
   ASSERT_FALSE(undefined.ok());
   EXPECT_NE(undefined.status().message().find("undefined reference to 'nowhere'"), std::string::npos);
-  auto devrt = LinkText({std::string(kHeader) + ".extern .func (.param .b64 r) cudaGetParameterBufferV2(.param .b64 a);\n" + ok});
+  auto devrt = LinkText(
+      {std::string(kHeader) + ".extern .func (.param .b64 r) cudaGetParameterBufferV2(.param .b64 a);\n" + ok});
   ASSERT_FALSE(devrt.ok());
   EXPECT_NE(devrt.status().message().find("libcudadevrt"), std::string::npos);
 }

@@ -19,10 +19,24 @@ namespace orion::ptx {
 
 int TyBytes(Ty t) {
   switch (t) {
-    case Ty::kB8: case Ty::kU8: case Ty::kS8: return 1;
-    case Ty::kB16: case Ty::kU16: case Ty::kS16: case Ty::kF16: case Ty::kBF16: return 2;
-    case Ty::kB32: case Ty::kU32: case Ty::kS32: case Ty::kF32: case Ty::kF16x2: case Ty::kBF16x2: return 4;
-    case Ty::kB64: case Ty::kU64: case Ty::kS64: case Ty::kF64: return 8;
+    case Ty::kB8:
+    case Ty::kU8:
+    case Ty::kS8: return 1;
+    case Ty::kB16:
+    case Ty::kU16:
+    case Ty::kS16:
+    case Ty::kF16:
+    case Ty::kBF16: return 2;
+    case Ty::kB32:
+    case Ty::kU32:
+    case Ty::kS32:
+    case Ty::kF32:
+    case Ty::kF16x2:
+    case Ty::kBF16x2: return 4;
+    case Ty::kB64:
+    case Ty::kU64:
+    case Ty::kS64:
+    case Ty::kF64: return 8;
     case Ty::kB128: return 16;
     case Ty::kPred: return 1;
     case Ty::kNone: return 0;
@@ -34,22 +48,25 @@ bool TyFloat(Ty t) {
 }
 bool TySigned(Ty t) { return t == Ty::kS8 || t == Ty::kS16 || t == Ty::kS32 || t == Ty::kS64; }
 const char* TyName(Ty t) {
-  static const char* const kNames[] = {"none", "b8",  "b16",  "b32",    "b64",  "b128", "u8",
-                                       "u16",  "u32", "u64",  "s8",     "s16",  "s32",  "s64",
-                                       "f16",  "f16x2", "bf16", "bf16x2", "f32", "f64", "pred"};
+  static const char* const kNames[] = {"none", "b8",    "b16",  "b32",    "b64", "b128", "u8",
+                                       "u16",  "u32",   "u64",  "s8",     "s16", "s32",  "s64",
+                                       "f16",  "f16x2", "bf16", "bf16x2", "f32", "f64",  "pred"};
   return kNames[static_cast<int>(t)];
 }
 
 const char* OpName(Op op) {
   static const char* const kNames[] = {
-      "nop",  "add",   "sub",  "mul",   "mad",  "mul24", "mad24", "sad",   "div",     "rem",   "abs",
-      "neg",  "min",   "max",  "popc",  "clz",  "bfind", "brev",  "bfe",   "bfi",     "prmt",  "and",
-      "or",   "xor",   "not",  "cnot",  "shl",  "shr",   "shf",   "lop3",  "addc",    "subc",  "madc",
-      "dp4a", "dp2a",  "fma",  "rcp",   "sqrt", "rsqrt", "sin",   "cos",   "lg2",     "ex2",   "tanh",
-      "copysign", "testp", "setp", "set", "selp", "slct", "mov",  "cvt",   "cvta",    "ld",    "ldu",
-      "st",   "prefetch", "isspacep", "atom", "red", "bra", "call", "ret", "exit",   "trap",  "brkpt",
-      "bar",  "bar.red", "bar.arrive", "membar", "nanosleep", "shfl", "vote", "activemask", "match", "redux",
-      "bar.warp.sync", "vprintf", "__assertfail", "tex", "suld", "sust", "txq", "suq"};
+      "nop",      "add",        "sub",   "mul",     "mad",           "mul24",   "mad24",        "sad",
+      "div",      "rem",        "abs",   "neg",     "min",           "max",     "popc",         "clz",
+      "bfind",    "brev",       "bfe",   "bfi",     "prmt",          "and",     "or",           "xor",
+      "not",      "cnot",       "shl",   "shr",     "shf",           "lop3",    "addc",         "subc",
+      "madc",     "dp4a",       "dp2a",  "fma",     "rcp",           "sqrt",    "rsqrt",        "sin",
+      "cos",      "lg2",        "ex2",   "tanh",    "copysign",      "testp",   "setp",         "set",
+      "selp",     "slct",       "mov",   "cvt",     "cvta",          "ld",      "ldu",          "st",
+      "prefetch", "isspacep",   "atom",  "red",     "bra",           "call",    "ret",          "exit",
+      "trap",     "brkpt",      "bar",   "bar.red", "bar.arrive",    "membar",  "nanosleep",    "shfl",
+      "vote",     "activemask", "match", "redux",   "bar.warp.sync", "vprintf", "__assertfail", "tex",
+      "suld",     "sust",       "txq",   "suq"};
   return kNames[static_cast<int>(op)];
 }
 
@@ -63,7 +80,9 @@ struct Tok {
   uint32_t line = 0;
 };
 
-bool IdentStart(char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '_' || c == '$' || c == '%' || c == '.'; }
+bool IdentStart(char c) {
+  return std::isalpha(static_cast<unsigned char>(c)) || c == '_' || c == '$' || c == '%' || c == '.';
+}
 bool IdentChar(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '$' || c == '.'; }
 
 class Lexer {
@@ -88,9 +107,9 @@ class Lexer {
       ++i_;
       while (i_ < s_.size() && (std::isalnum(static_cast<unsigned char>(s_[i_])) || s_[i_] == '.' ||
                                 ((s_[i_] == '+' || s_[i_] == '-') && (s_[i_ - 1] == 'e' || s_[i_ - 1] == 'E') &&
-                                 !(s_[b] == '0' && b + 1 < s_.size() && (s_[b + 1] == 'x' || s_[b + 1] == 'X' ||
-                                                                          s_[b + 1] == 'f' || s_[b + 1] == 'F' ||
-                                                                          s_[b + 1] == 'd' || s_[b + 1] == 'D')))))
+                                 !(s_[b] == '0' && b + 1 < s_.size() &&
+                                   (s_[b + 1] == 'x' || s_[b + 1] == 'X' || s_[b + 1] == 'f' || s_[b + 1] == 'F' ||
+                                    s_[b + 1] == 'd' || s_[b + 1] == 'D')))))
         ++i_;
       t.kind = Tok::kNum;
     } else if (IdentStart(c)) {
@@ -143,17 +162,17 @@ class Lexer {
 
 std::optional<Ty> TypeOf(std::string_view m) {
   static const std::pair<const char*, Ty> kTypes[] = {
-      {"b8", Ty::kB8},     {"b16", Ty::kB16},   {"b32", Ty::kB32},       {"b64", Ty::kB64},   {"b128", Ty::kB128},
-      {"u8", Ty::kU8},     {"u16", Ty::kU16},   {"u32", Ty::kU32},       {"u64", Ty::kU64},   {"s8", Ty::kS8},
-      {"s16", Ty::kS16},   {"s32", Ty::kS32},   {"s64", Ty::kS64},       {"f16", Ty::kF16},   {"f16x2", Ty::kF16x2},
-      {"bf16", Ty::kBF16}, {"bf16x2", Ty::kBF16x2}, {"f32", Ty::kF32},   {"f64", Ty::kF64},   {"pred", Ty::kPred}};
+      {"b8", Ty::kB8},     {"b16", Ty::kB16},       {"b32", Ty::kB32}, {"b64", Ty::kB64}, {"b128", Ty::kB128},
+      {"u8", Ty::kU8},     {"u16", Ty::kU16},       {"u32", Ty::kU32}, {"u64", Ty::kU64}, {"s8", Ty::kS8},
+      {"s16", Ty::kS16},   {"s32", Ty::kS32},       {"s64", Ty::kS64}, {"f16", Ty::kF16}, {"f16x2", Ty::kF16x2},
+      {"bf16", Ty::kBF16}, {"bf16x2", Ty::kBF16x2}, {"f32", Ty::kF32}, {"f64", Ty::kF64}, {"pred", Ty::kPred}};
   for (const auto& [n, t] : kTypes)
     if (m == n) return t;
   return std::nullopt;
 }
 
 std::optional<Cmp> CmpOf(std::string_view m) {
-  static const char* const kNames[] = {"eq", "ne", "lt", "le", "gt", "ge", "lo", "ls", "hi",
+  static const char* const kNames[] = {"eq", "ne",  "lt",  "le",  "gt",  "ge",  "lo",  "ls",  "hi",
                                        "hs", "equ", "neu", "ltu", "leu", "gtu", "geu", "num", "nan"};
   for (size_t i = 0; i < std::size(kNames); ++i)
     if (m == kNames[i]) return static_cast<Cmp>(i);
@@ -168,16 +187,37 @@ std::optional<Rnd> RndOf(std::string_view m) {
 }
 
 std::optional<uint32_t> SpecialOf(std::string_view n) {
-  static const std::pair<const char*, uint32_t> kRegs[] = {
-      {"%tid.x", kTidX},       {"%tid.y", kTidY},       {"%tid.z", kTidZ},         {"%ntid.x", kNtidX},
-      {"%ntid.y", kNtidY},     {"%ntid.z", kNtidZ},     {"%ctaid.x", kCtaidX},     {"%ctaid.y", kCtaidY},
-      {"%ctaid.z", kCtaidZ},   {"%nctaid.x", kNctaidX}, {"%nctaid.y", kNctaidY},   {"%nctaid.z", kNctaidZ},
-      {"%laneid", kLaneid},    {"%warpid", kWarpid},    {"%nwarpid", kNwarpid},    {"%smid", kSmid},
-      {"%nsmid", kNsmid},      {"%gridid", kGridid},    {"%clock", kClock},        {"%clock64", kClock64},
-      {"%globaltimer", kGlobaltimer}, {"%lanemask_eq", kLanemaskEq}, {"%lanemask_lt", kLanemaskLt},
-      {"%lanemask_le", kLanemaskLe},  {"%lanemask_gt", kLanemaskGt}, {"%lanemask_ge", kLanemaskGe},
-      {"%dynamic_smem_size", kDynSmem}, {"%total_smem_size", kTotalSmem}, {"%cluster_ctarank", kClusterCtarank},
-      {"%cluster_nctarank", kClusterNctarank}, {"%is_explicit_cluster", kIsExplicitCluster}};
+  static const std::pair<const char*, uint32_t> kRegs[] = {{"%tid.x", kTidX},
+                                                           {"%tid.y", kTidY},
+                                                           {"%tid.z", kTidZ},
+                                                           {"%ntid.x", kNtidX},
+                                                           {"%ntid.y", kNtidY},
+                                                           {"%ntid.z", kNtidZ},
+                                                           {"%ctaid.x", kCtaidX},
+                                                           {"%ctaid.y", kCtaidY},
+                                                           {"%ctaid.z", kCtaidZ},
+                                                           {"%nctaid.x", kNctaidX},
+                                                           {"%nctaid.y", kNctaidY},
+                                                           {"%nctaid.z", kNctaidZ},
+                                                           {"%laneid", kLaneid},
+                                                           {"%warpid", kWarpid},
+                                                           {"%nwarpid", kNwarpid},
+                                                           {"%smid", kSmid},
+                                                           {"%nsmid", kNsmid},
+                                                           {"%gridid", kGridid},
+                                                           {"%clock", kClock},
+                                                           {"%clock64", kClock64},
+                                                           {"%globaltimer", kGlobaltimer},
+                                                           {"%lanemask_eq", kLanemaskEq},
+                                                           {"%lanemask_lt", kLanemaskLt},
+                                                           {"%lanemask_le", kLanemaskLe},
+                                                           {"%lanemask_gt", kLanemaskGt},
+                                                           {"%lanemask_ge", kLanemaskGe},
+                                                           {"%dynamic_smem_size", kDynSmem},
+                                                           {"%total_smem_size", kTotalSmem},
+                                                           {"%cluster_ctarank", kClusterCtarank},
+                                                           {"%cluster_nctarank", kClusterNctarank},
+                                                           {"%is_explicit_cluster", kIsExplicitCluster}};
   for (const auto& [name, id] : kRegs)
     if (n == name) return id;
   if (n.starts_with("%envreg")) {
@@ -265,10 +305,14 @@ class Parser {
     uint64_t v = 0;
     for (char c : s) {
       int d;
-      if (c >= '0' && c <= '9') d = c - '0';
-      else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
-      else if (c >= 'A' && c <= 'F') d = c - 'A' + 10;
-      else return std::nullopt;
+      if (c >= '0' && c <= '9')
+        d = c - '0';
+      else if (c >= 'a' && c <= 'f')
+        d = c - 'a' + 10;
+      else if (c >= 'A' && c <= 'F')
+        d = c - 'A' + 10;
+      else
+        return std::nullopt;
       if (d >= base) return std::nullopt;
       v = v * static_cast<uint64_t>(base) + static_cast<uint64_t>(d);
     }
@@ -341,8 +385,14 @@ class Parser {
     bool is_weak = false;
     for (;;) {
       if (Accept(".visible") || Accept(".common")) continue;
-      if (Accept(".weak")) { is_weak = true; continue; }
-      if (Accept(".extern")) { is_extern = true; continue; }
+      if (Accept(".weak")) {
+        is_weak = true;
+        continue;
+      }
+      if (Accept(".extern")) {
+        is_extern = true;
+        continue;
+      }
       break;
     }
     (void)is_weak;
@@ -364,12 +414,18 @@ class Parser {
   };
   Result<Decl> Declarator() {
     Decl d;
-    if (Accept(".global")) d.space = Space::kGlobal;
-    else if (Accept(".const")) d.space = Space::kConst;
-    else if (Accept(".shared")) d.space = Space::kShared;
-    else if (Accept(".local")) d.space = Space::kLocal;
-    else if (Accept(".param")) d.space = Space::kParam;
-    else return Error("expected a state space");
+    if (Accept(".global"))
+      d.space = Space::kGlobal;
+    else if (Accept(".const"))
+      d.space = Space::kConst;
+    else if (Accept(".shared"))
+      d.space = Space::kShared;
+    else if (Accept(".local"))
+      d.space = Space::kLocal;
+    else if (Accept(".param"))
+      d.space = Space::kParam;
+    else
+      return Error("expected a state space");
     for (;;) {
       if (Accept(".align")) {
         auto a = Integer();
@@ -660,9 +716,12 @@ class Parser {
   Status RegDecl() {
     Advance();  // .reg
     uint32_t vec = 1;
-    if (Accept(".v2")) vec = 2;
-    else if (Accept(".v4")) vec = 4;
-    if (t_.kind != Tok::kIdent || t_.text[0] != '.' || !TypeOf(t_.text.substr(1))) return Error("expected a register type");
+    if (Accept(".v2"))
+      vec = 2;
+    else if (Accept(".v4"))
+      vec = 4;
+    if (t_.kind != Tok::kIdent || t_.text[0] != '.' || !TypeOf(t_.text.substr(1)))
+      return Error("expected a register type");
     Advance();
     if (vec != 1) return Error("vector registers are not supported");
     Func& f = p_->funcs[func_];
@@ -858,8 +917,10 @@ class Parser {
       }
       const std::string& callee = p_->funcs[fn->reg].name;
       if (!p_->funcs[fn->reg].defined) {
-        if (callee == "vprintf") ins.op = Op::kVprintf;
-        else if (callee == "__assertfail") ins.op = Op::kAssertFail;
+        if (callee == "vprintf")
+          ins.op = Op::kVprintf;
+        else if (callee == "__assertfail")
+          ins.op = Op::kAssertFail;
       }
     }
     f.code.push_back(ins);
@@ -912,10 +973,11 @@ class Parser {
     }
     const Operand& data = ins.o[ins.op == Op::kSust ? 2 : 0];
     const int want = ins.op == Op::kTex ? 4 : query ? 1 : ins.vec;
-    const bool ok = data.kind == Operand::kVec ? (data.n >= 1 && data.n <= want && (ins.op == Op::kTex || data.n == want))
-                                               : (want == 1 || ins.op == Op::kTex) &&
-                                                     (data.kind == Operand::kReg || data.kind == Operand::kSink ||
-                                                      (ins.op == Op::kSust && data.kind == Operand::kImm));
+    const bool ok =
+        data.kind == Operand::kVec
+            ? (data.n >= 1 && data.n <= want && (ins.op == Op::kTex || data.n == want))
+            : (want == 1 || ins.op == Op::kTex) && (data.kind == Operand::kReg || data.kind == Operand::kSink ||
+                                                    (ins.op == Op::kSust && data.kind == Operand::kImm));
     if (!ok)
       return InvalidArgument("PTX line " + std::to_string(ins.line) + ": " + opcode + " has " +
                              (data.kind == Operand::kVec ? std::to_string(data.n) : std::string("one")) +
@@ -973,17 +1035,29 @@ class Parser {
   // multisample geometries, formatted surface access (suld.p / sust.p), sured, f16 results.
   static bool DecodeImage(const std::vector<std::string_view>& parts, Ins* ins, std::string* why) {
     const std::string_view base = parts[0];
-    if (base == "tld4") { *why = "texture gather"; return false; }
-    if (base == "sured") { *why = "surface reduction"; return false; }
-    ins->op = base == "tex" ? Op::kTex : base == "suld" ? Op::kSuld : base == "sust" ? Op::kSust
-            : base == "txq" ? Op::kTxq : Op::kSuq;
+    if (base == "tld4") {
+      *why = "texture gather";
+      return false;
+    }
+    if (base == "sured") {
+      *why = "surface reduction";
+      return false;
+    }
+    ins->op = base == "tex"    ? Op::kTex
+              : base == "suld" ? Op::kSuld
+              : base == "sust" ? Op::kSust
+              : base == "txq"  ? Op::kTxq
+                               : Op::kSuq;
     const bool surface = ins->op == Op::kSuld || ins->op == Op::kSust;
     const bool query = ins->op == Op::kTxq || ins->op == Op::kSuq;
     bool seen_b = false, seen_query = false;
     int types = 0;
     for (size_t i = 1; i < parts.size(); ++i) {
       const std::string_view m = parts[i];
-      if (!query && (m == "1d" || m == "2d" || m == "3d")) { ins->geom = static_cast<uint8_t>(m[0] - '0'); continue; }
+      if (!query && (m == "1d" || m == "2d" || m == "3d")) {
+        ins->geom = static_cast<uint8_t>(m[0] - '0');
+        continue;
+      }
       if (m == "a1d" || m == "a2d" || m == "cube" || m == "acube" || m == "2dms" || m == "a2dms") {
         *why = "." + std::string(m) + " geometry (layered, cube and multisample textures are not supported)";
         return false;
@@ -992,13 +1066,34 @@ class Parser {
         *why = "mipmapped fetch tex." + std::string(m);
         return false;
       }
-      if (!query && m == "v2") { ins->vec = 2; continue; }
-      if (!query && m == "v4") { ins->vec = 4; continue; }
-      if (surface && m == "b") { seen_b = true; continue; }
-      if (surface && m == "p") { *why = "formatted surface access (." + std::string(parts[0]) + ".p)"; return false; }
-      if (surface && m == "trap") { ins->oob = kOobTrap; continue; }
-      if (surface && m == "clamp") { ins->oob = kOobClamp; continue; }
-      if (surface && m == "zero") { ins->oob = kOobZero; continue; }
+      if (!query && m == "v2") {
+        ins->vec = 2;
+        continue;
+      }
+      if (!query && m == "v4") {
+        ins->vec = 4;
+        continue;
+      }
+      if (surface && m == "b") {
+        seen_b = true;
+        continue;
+      }
+      if (surface && m == "p") {
+        *why = "formatted surface access (." + std::string(parts[0]) + ".p)";
+        return false;
+      }
+      if (surface && m == "trap") {
+        ins->oob = kOobTrap;
+        continue;
+      }
+      if (surface && m == "clamp") {
+        ins->oob = kOobClamp;
+        continue;
+      }
+      if (surface && m == "zero") {
+        ins->oob = kOobZero;
+        continue;
+      }
       if (surface && (m == "ca" || m == "cg" || m == "cs" || m == "cv" || m == "wb" || m == "wt")) continue;
       if (query && !seen_query && (m == "width" || m == "height" || m == "depth")) {
         ins->oob = m == "width" ? 0 : m == "height" ? 1 : 2;
@@ -1006,8 +1101,10 @@ class Parser {
         continue;
       }
       if (auto t = TypeOf(m)) {
-        if (types == 0) ins->type = *t;
-        else ins->type2 = *t;
+        if (types == 0)
+          ins->type = *t;
+        else
+          ins->type2 = *t;
         ++types;
         continue;
       }
@@ -1015,16 +1112,25 @@ class Parser {
       return false;
     }
     if (ins->op == Op::kTex) {
-      if (ins->geom == 0 || types != 2 || ins->vec != 4) { *why = "expected tex.{1d,2d,3d}.v4.dtype.ctype"; return false; }
+      if (ins->geom == 0 || types != 2 || ins->vec != 4) {
+        *why = "expected tex.{1d,2d,3d}.v4.dtype.ctype";
+        return false;
+      }
       if (ins->type != Ty::kF32 && ins->type != Ty::kS32 && ins->type != Ty::kU32) {
         *why = std::string(".") + TyName(ins->type) + " results";
         return false;
       }
-      if (ins->type2 != Ty::kF32 && ins->type2 != Ty::kS32) { *why = "coordinates must be .f32 or .s32"; return false; }
+      if (ins->type2 != Ty::kF32 && ins->type2 != Ty::kS32) {
+        *why = "coordinates must be .f32 or .s32";
+        return false;
+      }
       return true;
     }
     if (surface) {
-      if (!seen_b || ins->geom == 0 || types != 1) { *why = "expected " + std::string(base) + ".b.{1d,2d,3d}{.v2,.v4}.b{8,16,32,64}.mode"; return false; }
+      if (!seen_b || ins->geom == 0 || types != 1) {
+        *why = "expected " + std::string(base) + ".b.{1d,2d,3d}{.v2,.v4}.b{8,16,32,64}.mode";
+        return false;
+      }
       if (ins->type != Ty::kB8 && ins->type != Ty::kB16 && ins->type != Ty::kB32 && ins->type != Ty::kB64) {
         *why = std::string(".") + TyName(ins->type) + " data";
         return false;
@@ -1073,26 +1179,85 @@ class Parser {
         base == "suq")
       return DecodeImage(parts, ins, why);
     static const std::pair<const char*, Op> kOps[] = {
-        {"add", Op::kAdd},     {"sub", Op::kSub},       {"mul", Op::kMul},     {"mad", Op::kMad},
-        {"mul24", Op::kMul24}, {"mad24", Op::kMad24},   {"sad", Op::kSad},     {"div", Op::kDiv},
-        {"rem", Op::kRem},     {"abs", Op::kAbs},       {"neg", Op::kNeg},     {"min", Op::kMin},
-        {"max", Op::kMax},     {"popc", Op::kPopc},     {"clz", Op::kClz},     {"bfind", Op::kBfind},
-        {"brev", Op::kBrev},   {"bfe", Op::kBfe},       {"bfi", Op::kBfi},     {"prmt", Op::kPrmt},
-        {"and", Op::kAnd},     {"or", Op::kOr},         {"xor", Op::kXor},     {"not", Op::kNot},
-        {"cnot", Op::kCnot},   {"shl", Op::kShl},       {"shr", Op::kShr},     {"shf", Op::kShf},
-        {"lop3", Op::kLop3},   {"addc", Op::kAddc},     {"subc", Op::kSubc},   {"madc", Op::kMadc},
-        {"dp4a", Op::kDp4a},   {"dp2a", Op::kDp2a},     {"fma", Op::kFma},     {"rcp", Op::kRcp},
-        {"sqrt", Op::kSqrt},   {"rsqrt", Op::kRsqrt},   {"sin", Op::kSin},     {"cos", Op::kCos},
-        {"lg2", Op::kLg2},     {"ex2", Op::kEx2},       {"tanh", Op::kTanh},   {"copysign", Op::kCopysign},
-        {"testp", Op::kTestp}, {"setp", Op::kSetp},     {"set", Op::kSet},     {"selp", Op::kSelp},
-        {"slct", Op::kSlct},   {"mov", Op::kMov},       {"cvt", Op::kCvt},     {"cvta", Op::kCvta},
-        {"ld", Op::kLd},       {"ldu", Op::kLdu},       {"st", Op::kSt},       {"prefetch", Op::kPrefetch},
-        {"prefetchu", Op::kPrefetch}, {"isspacep", Op::kIsspacep}, {"atom", Op::kAtom}, {"red", Op::kRed},
-        {"bra", Op::kBra},     {"call", Op::kCall},     {"ret", Op::kRet},     {"exit", Op::kExit},
-        {"trap", Op::kTrap},   {"brkpt", Op::kBrkpt},   {"bar", Op::kBar},     {"barrier", Op::kBar},
-        {"membar", Op::kMembar}, {"fence", Op::kMembar}, {"nanosleep", Op::kNanosleep}, {"shfl", Op::kShfl},
-        {"vote", Op::kVote},   {"activemask", Op::kActivemask}, {"match", Op::kMatch}, {"redux", Op::kRedux},
-        {"discard", Op::kPrefetch}, {"applypriority", Op::kPrefetch}, {"createpolicy", Op::kNop},
+        {"add", Op::kAdd},
+        {"sub", Op::kSub},
+        {"mul", Op::kMul},
+        {"mad", Op::kMad},
+        {"mul24", Op::kMul24},
+        {"mad24", Op::kMad24},
+        {"sad", Op::kSad},
+        {"div", Op::kDiv},
+        {"rem", Op::kRem},
+        {"abs", Op::kAbs},
+        {"neg", Op::kNeg},
+        {"min", Op::kMin},
+        {"max", Op::kMax},
+        {"popc", Op::kPopc},
+        {"clz", Op::kClz},
+        {"bfind", Op::kBfind},
+        {"brev", Op::kBrev},
+        {"bfe", Op::kBfe},
+        {"bfi", Op::kBfi},
+        {"prmt", Op::kPrmt},
+        {"and", Op::kAnd},
+        {"or", Op::kOr},
+        {"xor", Op::kXor},
+        {"not", Op::kNot},
+        {"cnot", Op::kCnot},
+        {"shl", Op::kShl},
+        {"shr", Op::kShr},
+        {"shf", Op::kShf},
+        {"lop3", Op::kLop3},
+        {"addc", Op::kAddc},
+        {"subc", Op::kSubc},
+        {"madc", Op::kMadc},
+        {"dp4a", Op::kDp4a},
+        {"dp2a", Op::kDp2a},
+        {"fma", Op::kFma},
+        {"rcp", Op::kRcp},
+        {"sqrt", Op::kSqrt},
+        {"rsqrt", Op::kRsqrt},
+        {"sin", Op::kSin},
+        {"cos", Op::kCos},
+        {"lg2", Op::kLg2},
+        {"ex2", Op::kEx2},
+        {"tanh", Op::kTanh},
+        {"copysign", Op::kCopysign},
+        {"testp", Op::kTestp},
+        {"setp", Op::kSetp},
+        {"set", Op::kSet},
+        {"selp", Op::kSelp},
+        {"slct", Op::kSlct},
+        {"mov", Op::kMov},
+        {"cvt", Op::kCvt},
+        {"cvta", Op::kCvta},
+        {"ld", Op::kLd},
+        {"ldu", Op::kLdu},
+        {"st", Op::kSt},
+        {"prefetch", Op::kPrefetch},
+        {"prefetchu", Op::kPrefetch},
+        {"isspacep", Op::kIsspacep},
+        {"atom", Op::kAtom},
+        {"red", Op::kRed},
+        {"bra", Op::kBra},
+        {"call", Op::kCall},
+        {"ret", Op::kRet},
+        {"exit", Op::kExit},
+        {"trap", Op::kTrap},
+        {"brkpt", Op::kBrkpt},
+        {"bar", Op::kBar},
+        {"barrier", Op::kBar},
+        {"membar", Op::kMembar},
+        {"fence", Op::kMembar},
+        {"nanosleep", Op::kNanosleep},
+        {"shfl", Op::kShfl},
+        {"vote", Op::kVote},
+        {"activemask", Op::kActivemask},
+        {"match", Op::kMatch},
+        {"redux", Op::kRedux},
+        {"discard", Op::kPrefetch},
+        {"applypriority", Op::kPrefetch},
+        {"createpolicy", Op::kNop},
         // Programmatic dependent launch (sm_90): grids run one after another here, so waiting for
         // the previous grid and releasing the next are already satisfied.
         {"griddepcontrol", Op::kMembar}};
@@ -1117,105 +1282,252 @@ class Parser {
     for (size_t i = 1; i < parts.size(); ++i) {
       const std::string_view m = parts[i];
       if (auto t = TypeOf(m)) {
-        if (first_type) ins->type = *t;
-        else ins->type2 = *t;
+        if (first_type)
+          ins->type = *t;
+        else
+          ins->type2 = *t;
         first_type = false;
         continue;
       }
-      if (auto r = RndOf(m)) { ins->rnd = *r; continue; }
-      if (m == "global") { ins->space = Space::kGlobal; continue; }
+      if (auto r = RndOf(m)) {
+        ins->rnd = *r;
+        continue;
+      }
+      if (m == "global") {
+        ins->space = Space::kGlobal;
+        continue;
+      }
       if (m == "shared" || m.starts_with("shared::")) {
-        if (m == "shared::cluster") { *why = "distributed shared memory"; return false; }
+        if (m == "shared::cluster") {
+          *why = "distributed shared memory";
+          return false;
+        }
         ins->space = Space::kShared;
         continue;
       }
-      if (m == "local") { ins->space = Space::kLocal; continue; }
-      if (m == "param" || m.starts_with("param::")) { ins->space = Space::kParam; continue; }
-      if (m == "const") { ins->space = Space::kConst; continue; }
-      if (m == "ftz") { ins->ftz = true; continue; }
-      if (m == "sat" || m == "satfinite") { ins->sat = true; continue; }
-      if (m == "approx") { ins->approx = true; continue; }
-      if (m == "full") { continue; }
-      if (m == "relu") { ins->relu = true; continue; }
-      if (m == "cc") { ins->cc = true; continue; }
-      if (m == "to") { ins->to = true; continue; }
-      if (m == "uni") { ins->uni = true; continue; }
-      if (m == "wrap") { ins->wrap = true; continue; }
-      if (m == "clamp") { ins->wrap = false; continue; }
-      if (m == "v2") { ins->vec = 2; continue; }
-      if (m == "v4") { ins->vec = 4; continue; }
-      if (m == "v8") { ins->vec = 8; continue; }
+      if (m == "local") {
+        ins->space = Space::kLocal;
+        continue;
+      }
+      if (m == "param" || m.starts_with("param::")) {
+        ins->space = Space::kParam;
+        continue;
+      }
+      if (m == "const") {
+        ins->space = Space::kConst;
+        continue;
+      }
+      if (m == "ftz") {
+        ins->ftz = true;
+        continue;
+      }
+      if (m == "sat" || m == "satfinite") {
+        ins->sat = true;
+        continue;
+      }
+      if (m == "approx") {
+        ins->approx = true;
+        continue;
+      }
+      if (m == "full") {
+        continue;
+      }
+      if (m == "relu") {
+        ins->relu = true;
+        continue;
+      }
+      if (m == "cc") {
+        ins->cc = true;
+        continue;
+      }
+      if (m == "to") {
+        ins->to = true;
+        continue;
+      }
+      if (m == "uni") {
+        ins->uni = true;
+        continue;
+      }
+      if (m == "wrap") {
+        ins->wrap = true;
+        continue;
+      }
+      if (m == "clamp") {
+        ins->wrap = false;
+        continue;
+      }
+      if (m == "v2") {
+        ins->vec = 2;
+        continue;
+      }
+      if (m == "v4") {
+        ins->vec = 4;
+        continue;
+      }
+      if (m == "v8") {
+        ins->vec = 8;
+        continue;
+      }
       if (m == "sync" || m == "aligned" || m == "volatile" || m == "relaxed" || m == "acquire" || m == "release" ||
           m == "acq_rel" || m == "sc" || m == "weak" || m == "cta" || m == "gpu" || m == "sys" || m == "cluster" ||
           m == "gl" || m == "ca" || m == "cg" || m == "cs" || m == "lu" || m == "cv" || m == "wb" || m == "wt" ||
           m == "nc" || m == "noftz" || m == "mmio" || m == "L1" || m == "L2" || m.starts_with("L1::") ||
-          m.starts_with("L2::") || m == "uni" || m == "proxy" || m == "async" || m == "b8x16" ||
-          m == "NaN" || m == "xorsign" || m == "abs")
+          m.starts_with("L2::") || m == "uni" || m == "proxy" || m == "async" || m == "b8x16" || m == "NaN" ||
+          m == "xorsign" || m == "abs")
         continue;
       if (ins->op == Op::kBar || ins->op == Op::kBarRed) {
-        if (m == "red") { ins->op = Op::kBarRed; continue; }
-        if (m == "arrive") { ins->op = Op::kBarArrive; continue; }
-        if (m == "warp") { ins->op = Op::kBarWarp; continue; }
-        if (m == "popc") { ins->sub = 0; continue; }
-        if (m == "and") { ins->sub = 1; continue; }
-        if (m == "or") { ins->sub = 2; continue; }
+        if (m == "red") {
+          ins->op = Op::kBarRed;
+          continue;
+        }
+        if (m == "arrive") {
+          ins->op = Op::kBarArrive;
+          continue;
+        }
+        if (m == "warp") {
+          ins->op = Op::kBarWarp;
+          continue;
+        }
+        if (m == "popc") {
+          ins->sub = 0;
+          continue;
+        }
+        if (m == "and") {
+          ins->sub = 1;
+          continue;
+        }
+        if (m == "or") {
+          ins->sub = 2;
+          continue;
+        }
       }
       if (ins->op == Op::kSetp || ins->op == Op::kSet) {
         if (!seen_cmp) {
-          if (auto c = CmpOf(m)) { ins->cmp = *c; seen_cmp = true; continue; }
+          if (auto c = CmpOf(m)) {
+            ins->cmp = *c;
+            seen_cmp = true;
+            continue;
+          }
         }
-        if (m == "and") { ins->boolop = BoolOp::kAnd; continue; }
-        if (m == "or") { ins->boolop = BoolOp::kOr; continue; }
-        if (m == "xor") { ins->boolop = BoolOp::kXor; continue; }
+        if (m == "and") {
+          ins->boolop = BoolOp::kAnd;
+          continue;
+        }
+        if (m == "or") {
+          ins->boolop = BoolOp::kOr;
+          continue;
+        }
+        if (m == "xor") {
+          ins->boolop = BoolOp::kXor;
+          continue;
+        }
       }
       if (ins->op == Op::kSlct) continue;  // slct.dtype.s32/f32 handled by types
-      if (ins->op == Op::kMul || ins->op == Op::kMad || ins->op == Op::kMul24 || ins->op == Op::kMad24 || ins->op == Op::kMadc) {
-        if (m == "lo") { ins->mul = MulMode::kLo; continue; }
-        if (m == "hi") { ins->mul = MulMode::kHi; continue; }
-        if (m == "wide") { ins->mul = MulMode::kWide; continue; }
+      if (ins->op == Op::kMul || ins->op == Op::kMad || ins->op == Op::kMul24 || ins->op == Op::kMad24 ||
+          ins->op == Op::kMadc) {
+        if (m == "lo") {
+          ins->mul = MulMode::kLo;
+          continue;
+        }
+        if (m == "hi") {
+          ins->mul = MulMode::kHi;
+          continue;
+        }
+        if (m == "wide") {
+          ins->mul = MulMode::kWide;
+          continue;
+        }
       }
       if (ins->op == Op::kAtom || ins->op == Op::kRed) {
         static const char* const kA[] = {"add", "inc", "dec", "min", "max", "and", "or", "xor", "exch", "cas"};
         bool hit = false;
         for (size_t k = 0; k < std::size(kA); ++k) {
-          if (m == kA[k]) { ins->sub = static_cast<uint8_t>(k); hit = true; }
+          if (m == kA[k]) {
+            ins->sub = static_cast<uint8_t>(k);
+            hit = true;
+          }
         }
         if (hit) continue;
       }
       if (ins->op == Op::kShfl) {
-        if (m == "up") { ins->sub = 0; continue; }
-        if (m == "down") { ins->sub = 1; continue; }
-        if (m == "bfly") { ins->sub = 2; continue; }
-        if (m == "idx") { ins->sub = 3; continue; }
+        if (m == "up") {
+          ins->sub = 0;
+          continue;
+        }
+        if (m == "down") {
+          ins->sub = 1;
+          continue;
+        }
+        if (m == "bfly") {
+          ins->sub = 2;
+          continue;
+        }
+        if (m == "idx") {
+          ins->sub = 3;
+          continue;
+        }
       }
       if (ins->op == Op::kVote) {
-        if (m == "all") { ins->sub = 0; continue; }
-        if (m == "any") { ins->sub = 1; continue; }
-        if (m == "uni") { ins->sub = 2; continue; }
-        if (m == "ballot") { ins->sub = 3; continue; }
+        if (m == "all") {
+          ins->sub = 0;
+          continue;
+        }
+        if (m == "any") {
+          ins->sub = 1;
+          continue;
+        }
+        if (m == "uni") {
+          ins->sub = 2;
+          continue;
+        }
+        if (m == "ballot") {
+          ins->sub = 3;
+          continue;
+        }
       }
       if (ins->op == Op::kMatch) {
-        if (m == "any") { ins->sub = 0; continue; }
-        if (m == "all") { ins->sub = 1; continue; }
+        if (m == "any") {
+          ins->sub = 0;
+          continue;
+        }
+        if (m == "all") {
+          ins->sub = 1;
+          continue;
+        }
       }
       if (ins->op == Op::kRedux) {
         static const char* const kR[] = {"add", "min", "max", "and", "or", "xor"};
         bool hit = false;
         for (size_t k = 0; k < std::size(kR); ++k) {
-          if (m == kR[k]) { ins->sub = static_cast<uint8_t>(k); hit = true; }
+          if (m == kR[k]) {
+            ins->sub = static_cast<uint8_t>(k);
+            hit = true;
+          }
         }
         if (hit) continue;
       }
-      if (ins->op == Op::kBfind && m == "shiftamt") { ins->sub = 1; continue; }
+      if (ins->op == Op::kBfind && m == "shiftamt") {
+        ins->sub = 1;
+        continue;
+      }
       if (ins->op == Op::kShf) {
-        if (m == "l") { ins->sub = 0; continue; }
-        if (m == "r") { ins->sub = 1; continue; }
+        if (m == "l") {
+          ins->sub = 0;
+          continue;
+        }
+        if (m == "r") {
+          ins->sub = 1;
+          continue;
+        }
       }
       if (ins->op == Op::kPrmt) {
         static const char* const kP[] = {"", "f4e", "b4e", "rc8", "ecl", "ecr", "rc16"};
         bool hit = false;
         for (size_t k = 1; k < std::size(kP); ++k) {
-          if (m == kP[k]) { ins->sub = static_cast<uint8_t>(k); hit = true; }
+          if (m == kP[k]) {
+            ins->sub = static_cast<uint8_t>(k);
+            hit = true;
+          }
         }
         if (hit) continue;
       }
@@ -1223,12 +1535,16 @@ class Parser {
         static const char* const kT[] = {"finite", "infinite", "number", "notanumber", "normal", "subnormal"};
         bool hit = false;
         for (size_t k = 0; k < std::size(kT); ++k) {
-          if (m == kT[k]) { ins->sub = static_cast<uint8_t>(k); hit = true; }
+          if (m == kT[k]) {
+            ins->sub = static_cast<uint8_t>(k);
+            hit = true;
+          }
         }
         if (hit) continue;
       }
       if (ins->op == Op::kMembar || ins->op == Op::kPrefetch || ins->op == Op::kIsspacep) continue;
-      if (ins->op == Op::kCvta && (m == "global" || m == "shared" || m == "local" || m == "const" || m == "param")) continue;
+      if (ins->op == Op::kCvta && (m == "global" || m == "shared" || m == "local" || m == "const" || m == "param"))
+        continue;
       *why = "modifier ." + std::string(m);
       return false;
     }
@@ -1303,7 +1619,8 @@ Result<std::shared_ptr<const Kernel>> Lower(const Program& p, uint32_t kfunc) {
           return false;
         }
         if (state[g] == 1) {
-          error = "PTX line " + std::to_string(ins.line) + ": recursive call to " + p.funcs[g].name + " (not supported)";
+          error =
+              "PTX line " + std::to_string(ins.line) + ": recursive call to " + p.funcs[g].name + " (not supported)";
           return false;
         }
         if (state[g] == 0) {
@@ -1394,17 +1711,17 @@ Result<std::shared_ptr<const Kernel>> Lower(const Program& p, uint32_t kfunc) {
       case Operand::kVec:
         for (int i = 0; i < o.n; ++i) o.regs[i] = rebase(o.regs[i]);
         break;
-      case Operand::kMem:
-        o.reg = rebase(o.reg);
-        [[fallthrough]];
+      case Operand::kMem: o.reg = rebase(o.reg); [[fallthrough]];
       case Operand::kSym: {
         const uint32_t sidx = o.kind == Operand::kMem ? o.sym : o.reg;
         if (sidx == kNoSym) break;
         const Sym& s = p.syms[sidx];
         if (s.var >= 0) {
           // Module .global/.const: the address is known at launch (var_addrs).
-          if (o.kind == Operand::kMem) o.sym = static_cast<uint32_t>(s.var);
-          else o.reg = static_cast<uint32_t>(s.var) | 0x80000000u;
+          if (o.kind == Operand::kMem)
+            o.sym = static_cast<uint32_t>(s.var);
+          else
+            o.reg = static_cast<uint32_t>(s.var) | 0x80000000u;
           break;
         }
         auto it = offset.find(sidx);
@@ -1467,11 +1784,14 @@ Result<std::shared_ptr<const Kernel>> Lower(const Program& p, uint32_t kfunc) {
             c.bytes = static_cast<uint32_t>(i < formals.size() ? p.syms[formals[i]].size : 8);
             if (to_callee) {
               c.dst = formal;
-              if (is_sym) c.src = actual;
-              else c.src_reg = e + reg_base[f];
+              if (is_sym)
+                c.src = actual;
+              else
+                c.src_reg = e + reg_base[f];
             } else {
               c.src = formal;
-              if (!is_sym) return InvalidArgument("PTX line " + std::to_string(ins.line) + ": return value into a register");
+              if (!is_sym)
+                return InvalidArgument("PTX line " + std::to_string(ins.line) + ": return value into a register");
               c.dst = actual;
             }
             if (!cf.defined) {  // builtin: args are read in place
@@ -1505,8 +1825,7 @@ Result<std::shared_ptr<const Kernel>> Lower(const Program& p, uint32_t kfunc) {
 Result<std::shared_ptr<const Kernel>> Program::GetKernel(std::string_view name) {
   std::lock_guard<std::mutex> lock(mu_);
   if (auto it = kernels_.find(name); it != kernels_.end()) return it->second;
-  if (auto it = kernel_errors_.find(name); it != kernel_errors_.end())
-    return Status(Code::kUnimplemented, it->second);
+  if (auto it = kernel_errors_.find(name); it != kernel_errors_.end()) return Status(Code::kUnimplemented, it->second);
   auto f = func_index.find(std::string(name));
   if (f == func_index.end() || !funcs[f->second].entry || !funcs[f->second].defined)
     return NotFound("no kernel " + std::string(name) + " in the PTX");

@@ -108,17 +108,35 @@ std::vector<uint64_t> Iota(uint64_t mul = 1, int64_t add = 0) {
   return v;
 }
 
-uint64_t FBits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
-float BitsF(uint64_t b) { uint32_t u = static_cast<uint32_t>(b); float f; std::memcpy(&f, &u, 4); return f; }
-uint64_t DBits(double d) { uint64_t u; std::memcpy(&u, &d, 8); return u; }
-double BitsD(uint64_t b) { double d; std::memcpy(&d, &b, 8); return d; }
+uint64_t FBits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+float BitsF(uint64_t b) {
+  uint32_t u = static_cast<uint32_t>(b);
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+uint64_t DBits(double d) {
+  uint64_t u;
+  std::memcpy(&u, &d, 8);
+  return u;
+}
+double BitsD(uint64_t b) {
+  double d;
+  std::memcpy(&d, &b, 8);
+  return d;
+}
 
 TEST(PtxInt, AddSubMulMadShift) {
   auto in = Iota(3, -40);
   auto out = Lanes32(R"(ld.global.u32 %r2, [%rd5];
     mul.lo.s32 %r3, %r2, -7; add.s32 %r3, %r3, %r1; sub.s32 %r3, %r3, 5; mad.lo.s32 %r3, %r3, %r2, 11;
     shl.b32 %r4, %r3, 3; shr.s32 %r5, %r4, 2; shr.u32 %r6, %r4, 28; xor.b32 %r5, %r5, %r6;
-    cvt.s64.s32 %rd6, %r5; st.global.u64 [%rd4], %rd6;)", in);
+    cvt.s64.s32 %rd6, %r5; st.global.u64 [%rd4], %rd6;)",
+                     in);
   for (int i = 0; i < 32; ++i) {
     const int32_t x = static_cast<int32_t>(in[i]);
     int32_t r = x * -7 + i - 5;
@@ -135,7 +153,8 @@ TEST(PtxInt, WideHiDivRemMinMax) {
     mul.wide.s32 %rd6, %r2, %r2; mul.hi.u32 %r4, %r2, 0x9e3779b9; div.s32 %r5, %r2, %r3; rem.u32 %r6, %r2, %r3;
     min.s32 %r7, %r2, %r1; max.u32 %r8, %r2, 100; add.s32 %r4, %r4, %r5; add.s32 %r4, %r4, %r6;
     add.s32 %r4, %r4, %r7; add.s32 %r4, %r4, %r8; cvt.u64.u32 %rd7, %r4; add.s64 %rd6, %rd6, %rd7;
-    st.global.u64 [%rd4], %rd6;)", in);
+    st.global.u64 [%rd4], %rd6;)",
+                     in);
   for (int i = 0; i < 32; ++i) {
     const uint32_t u = static_cast<uint32_t>(in[i]);
     const int32_t s = static_cast<int32_t>(u);
@@ -149,7 +168,6 @@ TEST(PtxInt, WideHiDivRemMinMax) {
   }
 }
 
-
 TEST(PtxInt, BitOpsValues) {
   auto in = Iota(0x01234567, 0x89);
   auto out = Lanes32(R"(ld.global.u32 %r2, [%rd5];
@@ -159,7 +177,8 @@ TEST(PtxInt, BitOpsValues) {
     add.s32 %r3, %r3, %r4; xor.b32 %r3, %r3, %r5; add.s32 %r3, %r3, %r6; xor.b32 %r3, %r3, %r7;
     add.s32 %r3, %r3, %r8; xor.b32 %r3, %r3, %r9; add.s32 %r3, %r3, %r10; xor.b32 %r3, %r3, %r11;
     add.s32 %r3, %r3, %r12; xor.b32 %r3, %r3, %r13;
-    cvt.u64.u32 %rd6, %r3; st.global.u64 [%rd4], %rd6;)", in);
+    cvt.u64.u32 %rd6, %r3; st.global.u64 [%rd4], %rd6;)",
+                     in);
   for (uint32_t i = 0; i < 32; ++i) {
     const uint32_t a = static_cast<uint32_t>(in[i]);
     uint32_t brev = 0;
@@ -203,7 +222,8 @@ TEST(PtxInt, CarryChain) {
   auto out = Lanes32(R"(ld.global.u64 %rd6, [%rd5]; mov.b64 {%r2, %r3}, %rd6;
     add.cc.u32 %r4, %r2, %r2; addc.u32 %r5, %r3, %r3; mov.b64 %rd7, {%r4, %r5};
     sub.cc.u32 %r6, %r4, 0xffffffff; subc.u32 %r7, %r5, 0; mov.b64 %rd8, {%r6, %r7};
-    xor.b64 %rd7, %rd7, %rd8; st.global.u64 [%rd4], %rd7;)", in);
+    xor.b64 %rd7, %rd7, %rd8; st.global.u64 [%rd4], %rd7;)",
+                     in);
   for (int i = 0; i < 32; ++i) {
     const uint64_t s = in[i] + in[i];
     EXPECT_EQ(out[i], s ^ (s - 0xffffffffull)) << i;
@@ -217,7 +237,8 @@ TEST(PtxFloat, ArithmeticAndMath) {
     fma.rn.f32 %f3, %f1, %f2, 0fBF000000; div.rn.f32 %f4, %f3, %f2; sqrt.rn.f32 %f5, %f2; abs.f32 %f5, %f5;
     max.f32 %f6, %f4, %f5; min.f32 %f7, %f4, %f5; sub.f32 %f8, %f6, %f7; neg.f32 %f8, %f8;
     cvt.rzi.s32.f32 %r2, %f3; cvt.rn.f32.s32 %f9, %r2; add.f32 %f8, %f8, %f9;
-    mov.b32 %r3, %f8; cvt.u64.u32 %rd6, %r3; st.global.u64 [%rd4], %rd6;)", in);
+    mov.b32 %r3, %f8; cvt.u64.u32 %rd6, %r3; st.global.u64 [%rd4], %rd6;)",
+                     in);
   for (int i = 0; i < 32; ++i) {
     const float x = BitsF(in[i]);
     float f2 = x * 3.14159274101257324f;
@@ -228,8 +249,10 @@ TEST(PtxFloat, ArithmeticAndMath) {
     float f8 = -(std::fmax(f4, f5) - std::fmin(f4, f5));
     f8 = f8 + static_cast<float>(static_cast<int32_t>(std::trunc(f3)));
     const float got = BitsF(out[i]);
-    if (std::isnan(f8)) EXPECT_TRUE(std::isnan(got)) << i;
-    else EXPECT_EQ(got, f8) << i;
+    if (std::isnan(f8))
+      EXPECT_TRUE(std::isnan(got)) << i;
+    else
+      EXPECT_EQ(got, f8) << i;
   }
 }
 
@@ -240,7 +263,8 @@ TEST(PtxFloat, DoubleAndConversions) {
     fma.rn.f64 %fd3, %fd2, %fd1, %fd1; sqrt.rn.f64 %fd4, %fd3; abs.f64 %fd5, %fd2; add.f64 %fd5, %fd5, %fd4;
     cvt.rn.f32.f64 %f1, %fd5; cvt.f64.f32 %fd6, %f1; sub.f64 %fd7, %fd5, %fd6;
     cvt.rni.s64.f64 %rd6, %fd2; cvt.rn.f64.s64 %fd8, %rd6; add.f64 %fd7, %fd7, %fd8;
-    st.global.f64 [%rd4], %fd7;)", in);
+    st.global.f64 [%rd4], %fd7;)",
+                     in);
   for (int i = 0; i < 32; ++i) {
     const double x = BitsD(in[i]);
     const double f2 = x * 3.141592653589793;
@@ -250,8 +274,10 @@ TEST(PtxFloat, DoubleAndConversions) {
     const double f6 = static_cast<double>(static_cast<float>(f5));
     const double e = (f5 - f6) + static_cast<double>(static_cast<int64_t>(std::nearbyint(f2)));
     const double got = BitsD(out[i]);
-    if (std::isnan(e)) EXPECT_TRUE(std::isnan(got)) << i;
-    else EXPECT_EQ(got, e) << i;
+    if (std::isnan(e))
+      EXPECT_TRUE(std::isnan(got)) << i;
+    else
+      EXPECT_EQ(got, e) << i;
   }
 }
 
@@ -266,7 +292,9 @@ float RoundHalf(float x) { return HalfToFloat(FloatToHalf(x)); }
 
 #ifdef ORION_HAVE_FLOAT16
 TEST(PtxFloat, HalfConversionsMatchTheCompilersHalfType) {
-  auto same = [](float a, float b) { return std::isnan(a) ? std::isnan(b) : std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b); };
+  auto same = [](float a, float b) {
+    return std::isnan(a) ? std::isnan(b) : std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b);
+  };
   // Every half to float.
   for (uint32_t h = 0; h < 0x10000; ++h) {
     const float want = static_cast<float>(std::bit_cast<_Float16>(static_cast<uint16_t>(h)));
@@ -319,7 +347,8 @@ TEST(PtxFloat, HalfPrecision) {
   auto out = Lanes32(R"(ld.global.f32 %f1, [%rd5]; cvt.rn.f16.f32 %rs1, %f1; add.f16 %rs2, %rs1, %rs1;
     mul.f16 %rs3, %rs2, %rs1; fma.rn.f16 %rs4, %rs3, %rs1, %rs2; mov.b32 %r2, {%rs4, %rs1};
     add.f16x2 %r3, %r2, %r2; mov.b32 {%rs5, %rs6}, %r3; cvt.f32.f16 %f2, %rs5; cvt.f32.f16 %f3, %rs6;
-    add.f32 %f4, %f2, %f3; mov.b32 %r4, %f4; cvt.u64.u32 %rd6, %r4; st.global.u64 [%rd4], %rd6;)", in);
+    add.f32 %f4, %f2, %f3; mov.b32 %r4, %f4; cvt.u64.u32 %rd6, %r4; st.global.u64 [%rd4], %rd6;)",
+                     in);
   for (int i = 0; i < 32; ++i) {
     const float a = RoundHalf(BitsF(in[i]));
     const float b = RoundHalf(a + a);
@@ -340,7 +369,8 @@ TEST(PtxControl, DivergenceAndReconvergence) {
   EVEN: mul.lo.s32 %r3, %r1, 100;
   JOIN: activemask.b32 %r5; vote.sync.ballot.b32 %r6, %p1, 0xffffffff;
     cvt.u64.u32 %rd6, %r3; cvt.u64.u32 %rd7, %r5; shl.b64 %rd7, %rd7, 32; or.b64 %rd6, %rd6, %rd7;
-    cvt.u64.u32 %rd8, %r6; xor.b64 %rd6, %rd6, %rd8; st.global.u64 [%rd4], %rd6;)", Iota());
+    cvt.u64.u32 %rd8, %r6; xor.b64 %rd6, %rd6, %rd8; st.global.u64 [%rd4], %rd6;)",
+                     Iota());
   for (uint64_t i = 0; i < 32; ++i) {
     const uint64_t v = (i % 2 == 0) ? i * 100 : i * (i + 1) / 2;
     EXPECT_EQ(out[i], (v | (uint64_t{0xffffffff} << 32)) ^ 0x55555555u) << i;
@@ -354,7 +384,8 @@ TEST(PtxWarp, Shuffles) {
     selp.u32 %r7, 1000, 0, %p1;
     add.s32 %r3, %r3, %r4; mul.lo.s32 %r3, %r3, 1000; add.s32 %r3, %r3, %r5; mul.lo.s32 %r3, %r3, 7;
     add.s32 %r3, %r3, %r6; add.s32 %r3, %r3, %r7;
-    cvt.u64.u32 %rd6, %r3; st.global.u64 [%rd4], %rd6;)", Iota());
+    cvt.u64.u32 %rd6, %r3; st.global.u64 [%rd4], %rd6;)",
+                     Iota());
   for (uint32_t i = 0; i < 32; ++i) {
     const uint32_t down = i + 5 <= 31 ? (i + 5) * 3 : i * 3;
     const uint32_t up = i >= 3 ? (i - 3) * 3 : i * 3;
@@ -386,10 +417,11 @@ TEST(PtxMemory, OutOfBoundsIsAnErrorNotACrash) {
 
 TEST(PtxMemory, ParamLoadsNeedOnlyTheParamAlignment) {
   // A u64 at offset 4 of an `.align 4` byte-array parameter (as NVVM emits for cuBLAS's structs).
-  const std::string text = ".version 8.0\n.target sm_75\n.address_size 64\n"
-                           ".visible .entry k(.param .align 4 .b8 k_s[12], .param .u64 k_out)\n{\n"
-                           ".reg .b64 %rd<4>;\nld.param.u64 %rd1, [k_s+4];\nld.param.u64 %rd2, [k_out];\n"
-                           "cvta.to.global.u64 %rd2, %rd2;\nst.global.u64 [%rd2], %rd1;\nret;\n}\n";
+  const std::string text =
+      ".version 8.0\n.target sm_75\n.address_size 64\n"
+      ".visible .entry k(.param .align 4 .b8 k_s[12], .param .u64 k_out)\n{\n"
+      ".reg .b64 %rd<4>;\nld.param.u64 %rd1, [k_s+4];\nld.param.u64 %rd2, [k_out];\n"
+      "cvta.to.global.u64 %rd2, %rd2;\nst.global.u64 [%rd2], %rd1;\nret;\n}\n";
   TestMemory mem;
   Runner run = MustParse(text);
   const uint64_t out = mem.Alloc(8);
@@ -407,10 +439,11 @@ TEST(PtxMemory, ParamLoadsNeedOnlyTheParamAlignment) {
 
 TEST(PtxMemory, PtrAlignIsThePointeesNotTheParameters) {
   // `.ptr .align 1` must not pack the next parameter at offset 9 (cuBLAS's reduce kernels).
-  const std::string text = ".version 8.0\n.target sm_75\n.address_size 64\n"
-                           ".visible .entry k(.param .u64 .ptr .align 1 k_out, .param .f32 k_v, .param .u64 k_w)\n{\n"
-                           ".reg .b64 %rd<4>;\n.reg .f32 %f<2>;\nld.param.u64 %rd1, [k_out];\nld.param.f32 %f1, [k_v];\n"
-                           "ld.param.u64 %rd2, [k_w];\nst.global.f32 [%rd1], %f1;\nst.global.u64 [%rd1+8], %rd2;\nret;\n}\n";
+  const std::string text =
+      ".version 8.0\n.target sm_75\n.address_size 64\n"
+      ".visible .entry k(.param .u64 .ptr .align 1 k_out, .param .f32 k_v, .param .u64 k_w)\n{\n"
+      ".reg .b64 %rd<4>;\n.reg .f32 %f<2>;\nld.param.u64 %rd1, [k_out];\nld.param.f32 %f1, [k_v];\n"
+      "ld.param.u64 %rd2, [k_w];\nst.global.f32 [%rd1], %f1;\nst.global.u64 [%rd1+8], %rd2;\nret;\n}\n";
   TestMemory mem;
   Runner run = MustParse(text);
   const uint64_t out = mem.Alloc(16);
@@ -423,8 +456,9 @@ TEST(PtxMemory, PtrAlignIsThePointeesNotTheParameters) {
 }
 
 TEST(PtxErrors, BlockLargerThanMaxntidIsRefused) {
-  const std::string text = ".version 8.0\n.target sm_75\n.address_size 64\n"
-                           ".visible .entry k() .maxntid 128, 1, 1\n{\nret;\n}\n";
+  const std::string text =
+      ".version 8.0\n.target sm_75\n.address_size 64\n"
+      ".visible .entry k() .maxntid 128, 1, 1\n{\nret;\n}\n";
   TestMemory mem;
   Runner run = MustParse(text);
   Params p;
@@ -475,20 +509,21 @@ ImageView View(std::vector<T>& data, uint32_t format, uint32_t ch, uint32_t dims
 }
 
 TEST(PtxImage, QueriesAndAHandleReadFromTheParam) {
-  const std::string text = ".version 8.0\n.target sm_75\n.address_size 64\n"
-                           ".visible .entry q(.param .u64 q_tex, .param .u64 q_surf, .param .u64 q_out)\n{\n"
-                           ".reg .b16 %rs<4>;\n.reg .b32 %r<16>;\n.reg .b64 %rd<8>;\n"
-                           "ld.param.u64 %rd1, [q_tex];\nld.param.u64 %rd2, [q_surf];\nld.param.u64 %rd3, [q_out];\n"
-                           "cvta.to.global.u64 %rd3, %rd3;\n"
-                           "txq.width.b32 %r1, [%rd1];\ntxq.height.b32 %r2, [%rd1];\ntxq.depth.b32 %r3, [%rd1];\n"
-                           "suq.width.b32 %r4, [%rd2];\nsuq.height.b32 %r5, [%rd2];\nsuq.depth.b32 %r6, [%rd2];\n"
-                           "mov.u32 %r7, 1;\n"
-                           "tex.1d.v4.s32.s32 {%r8, %r9, %r10, %r11}, [q_tex, {%r7}];\n"
-                           "mov.u32 %r12, 2;\nsuld.b.1d.v2.b16.trap {%rs1, %rs2}, [q_surf, {%r12}];\n"
-                           "cvt.u32.u16 %r13, %rs1;\ncvt.u32.u16 %r14, %rs2;\n"
-                           "st.global.v4.u32 [%rd3], {%r1, %r2, %r3, %r4};\nst.global.v2.u32 [%rd3+16], {%r5, %r6};\n"
-                           "st.global.v4.u32 [%rd3+32], {%r8, %r9, %r10, %r11};\n"
-                           "st.global.v2.u32 [%rd3+48], {%r13, %r14};\nret;\n}\n";
+  const std::string text =
+      ".version 8.0\n.target sm_75\n.address_size 64\n"
+      ".visible .entry q(.param .u64 q_tex, .param .u64 q_surf, .param .u64 q_out)\n{\n"
+      ".reg .b16 %rs<4>;\n.reg .b32 %r<16>;\n.reg .b64 %rd<8>;\n"
+      "ld.param.u64 %rd1, [q_tex];\nld.param.u64 %rd2, [q_surf];\nld.param.u64 %rd3, [q_out];\n"
+      "cvta.to.global.u64 %rd3, %rd3;\n"
+      "txq.width.b32 %r1, [%rd1];\ntxq.height.b32 %r2, [%rd1];\ntxq.depth.b32 %r3, [%rd1];\n"
+      "suq.width.b32 %r4, [%rd2];\nsuq.height.b32 %r5, [%rd2];\nsuq.depth.b32 %r6, [%rd2];\n"
+      "mov.u32 %r7, 1;\n"
+      "tex.1d.v4.s32.s32 {%r8, %r9, %r10, %r11}, [q_tex, {%r7}];\n"
+      "mov.u32 %r12, 2;\nsuld.b.1d.v2.b16.trap {%rs1, %rs2}, [q_surf, {%r12}];\n"
+      "cvt.u32.u16 %r13, %rs1;\ncvt.u32.u16 %r14, %rs2;\n"
+      "st.global.v4.u32 [%rd3], {%r1, %r2, %r3, %r4};\nst.global.v2.u32 [%rd3+16], {%r5, %r6};\n"
+      "st.global.v4.u32 [%rd3+32], {%r8, %r9, %r10, %r11};\n"
+      "st.global.v2.u32 [%rd3+48], {%r13, %r14};\nret;\n}\n";
   TestMemory mem;
   Runner run = MustParse(text);
   // A 2-channel signed 16-bit 1D texture read as integers: texel 1 = (-5, 300), no z/w channels.
@@ -735,8 +770,10 @@ class NvccImage : public Nvcc {
     Params p;
     p.Add(tex).Add(dout).Add(dxy).Add(n);
     auto r = run_.Go(mem_, "_Z6tex_2dyPfPK6float2i", {1, 1, 1}, {static_cast<uint32_t>(n), 1, 1}, p);
-    if (res != nullptr) *res = r;
-    else EXPECT_EQ(r.code, CUDA_SUCCESS) << r.message;
+    if (res != nullptr)
+      *res = r;
+    else
+      EXPECT_EQ(r.code, CUDA_SUCCESS) << r.message;
     return mem_.Download<float>(dout, xy.size());
   }
   // tex2D<float4>
@@ -811,7 +848,7 @@ TEST_F(NvccImage, Tex2DAddressModesWithNormalizedCoordinates) {
   const int w = 4, h = 2;
   std::vector<float> img(w * h);
   for (int i = 0; i < w * h; ++i) img[i] = static_cast<float>(i * i) + 0.5f;
-  const std::vector<std::pair<float, float>> at = {{0.3f, 0.3f},  {1.3f, 0.3f},   {-0.1f, 0.3f}, {2.6f, 0.8f},
+  const std::vector<std::pair<float, float>> at = {{0.3f, 0.3f},  {1.3f, 0.3f},  {-0.1f, 0.3f}, {2.6f, 0.8f},
                                                    {-1.4f, 1.7f}, {1.1f, -0.2f}, {1.6f, 0.6f},  {-0.6f, -1.3f}};
   const uint32_t modes[] = {CU_TR_ADDRESS_MODE_WRAP, CU_TR_ADDRESS_MODE_CLAMP, CU_TR_ADDRESS_MODE_MIRROR,
                             CU_TR_ADDRESS_MODE_BORDER};
@@ -920,7 +957,8 @@ TEST_F(NvccImage, Tex3DPointAndTrilinear) {
     xyz.push_back(0.0f);
   }
   auto T = [&](int x, int y, int z) {
-    return vol[static_cast<size_t>((std::clamp(z, 0, d - 1) * h + std::clamp(y, 0, h - 1)) * w + std::clamp(x, 0, w - 1))];
+    return vol[static_cast<size_t>((std::clamp(z, 0, d - 1) * h + std::clamp(y, 0, h - 1)) * w +
+                                   std::clamp(x, 0, w - 1))];
   };
   for (uint64_t tex : {point, linear}) {
     const uint64_t dxyz = mem_.Upload(xyz), dout = mem_.Alloc(24 * 4);
@@ -936,7 +974,8 @@ TEST_F(NvccImage, Tex3DPointAndTrilinear) {
         want = T(static_cast<int>(std::floor(x)), static_cast<int>(std::floor(y)), static_cast<int>(std::floor(z)));
       } else {
         const float xb = x - 0.5f, yb = y - 0.5f, zb = z - 0.5f;
-        const int i = static_cast<int>(std::floor(xb)), j = static_cast<int>(std::floor(yb)), l = static_cast<int>(std::floor(zb));
+        const int i = static_cast<int>(std::floor(xb)), j = static_cast<int>(std::floor(yb)),
+                  l = static_cast<int>(std::floor(zb));
         const float a = xb - std::floor(xb), b = yb - std::floor(yb), c = zb - std::floor(zb);
         want = 0;
         for (int dz = 0; dz < 2; ++dz)
@@ -990,8 +1029,8 @@ TEST_F(NvccImage, SurfaceClampAndZeroModes) {
     int clamp, zero;
     bool stored;
   };
-  const Case cases[] = {{2, 0, 3, 3, true}, {10, 1, 8, 0, false}, {-3, 5, 5, 0, false}, {1, -1, 2, 0, false},
-                        {3, 1, 8, 8, true}};
+  const Case cases[] = {
+      {2, 0, 3, 3, true}, {10, 1, 8, 0, false}, {-3, 5, 5, 0, false}, {1, -1, 2, 0, false}, {3, 1, 8, 8, true}};
   for (const Case& c : cases) {
     std::vector<int32_t> before = img;
     const uint64_t dout = mem_.Alloc(8);

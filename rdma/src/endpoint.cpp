@@ -55,7 +55,8 @@ void Load() {
   void* h = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_LOCAL);
   if (h == nullptr) {
     const char* e = dlerror();
-    g_why = std::string("libibverbs.so.1 cannot be loaded (rdma-core is not installed?)") + (e ? std::string(": ") + e : "");
+    g_why = std::string("libibverbs.so.1 cannot be loaded (rdma-core is not installed?)") +
+            (e ? std::string(": ") + e : "");
     return;
   }
   bool ok = true;
@@ -244,7 +245,7 @@ struct Endpoint::Impl {
   uint8_t* window = nullptr;
   uint64_t window_bytes = 0;
   uint64_t* done_word = nullptr;
-  uint8_t* bufs = nullptr;       // kSendSlots send buffers, then recv_slots receive buffers
+  uint8_t* bufs = nullptr;  // kSendSlots send buffers, then recv_slots receive buffers
   size_t bufs_bytes = 0;
   uint32_t recv_slots = 0;
   uint32_t psn = 0;
@@ -267,7 +268,8 @@ struct Endpoint::Impl {
     wr.sg_list = &sge;
     wr.num_sge = 1;
     ibv_recv_wr* bad = nullptr;
-    if (int rc = ibv_post_recv(qp, &wr, &bad); rc != 0) return Unavailable(std::string("ibv_post_recv: ") + std::strerror(rc));
+    if (int rc = ibv_post_recv(qp, &wr, &bad); rc != 0)
+      return Unavailable(std::string("ibv_post_recv: ") + std::strerror(rc));
     return Status::Ok();
   }
 
@@ -308,7 +310,8 @@ Result<std::unique_ptr<Endpoint>> Endpoint::Create(const Port& port, uint8_t* wi
     const int e = errno;
     std::string hint;
     rlimit rl{};
-    if ((e == ENOMEM || e == EPERM || e == EAGAIN) && getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+    if ((e == ENOMEM || e == EPERM || e == EAGAIN) && getrlimit(RLIMIT_MEMLOCK, &rl) == 0 &&
+        rl.rlim_cur != RLIM_INFINITY) {
       const uint64_t need = window_bytes + static_cast<uint64_t>(kSendSlots + recv_slots) * kSlotBytes;
       hint = " (`ulimit -l` is " + std::to_string(rl.rlim_cur / 1024) + " KiB, and RDMA registers about " +
              std::to_string((need >> 20) + 1) + " MiB here: raise it, e.g. to unlimited)";
@@ -347,9 +350,8 @@ Result<std::unique_ptr<Endpoint>> Endpoint::Create(const Port& port, uint8_t* wi
       nullptr) {
     return fail("ibv_reg_mr (window)");
   }
-  if (done_word != nullptr &&
-      (m->done_mr = v->reg_mr(m->pd, done_word, sizeof *done_word, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)) ==
-          nullptr) {
+  if (done_word != nullptr && (m->done_mr = v->reg_mr(m->pd, done_word, sizeof *done_word,
+                                                      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)) == nullptr) {
     return fail("ibv_reg_mr (done word)");
   }
   ibv_qp_init_attr qa{};
@@ -425,14 +427,14 @@ Status Endpoint::Connect(const RdmaConnectInfo& peer) {
   if (rc != 0) return Unavailable(std::string("ibv_modify_qp (RTR): ") + std::strerror(rc));
   a = ibv_qp_attr{};
   a.qp_state = IBV_QPS_RTS;
-  a.timeout = 17;      // 4.096 us * 2^17 = 0.5 s per try: emulated RoCE under load is slow
+  a.timeout = 17;  // 4.096 us * 2^17 = 0.5 s per try: emulated RoCE under load is slow
   a.retry_cnt = 7;
-  a.rnr_retry = 7;     // a receiver briefly out of buffers is waited for (flow control)
+  a.rnr_retry = 7;  // a receiver briefly out of buffers is waited for (flow control)
   a.sq_psn = m.psn;
   a.max_rd_atomic = 1;
-  rc = m.v->modify_qp(m.qp, &a,
-                      IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-                          IBV_QP_MAX_QP_RD_ATOMIC);
+  rc = m.v->modify_qp(
+      m.qp, &a,
+      IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
   if (rc != 0) return Unavailable(std::string("ibv_modify_qp (RTS): ") + std::strerror(rc));
   m.connected = true;
   return Status::Ok();
@@ -460,7 +462,8 @@ Status Endpoint::PostWindowWrite(uint64_t offset, uint64_t bytes) {
   wr.wr.rdma.remote_addr = m.peer.window_addr + offset;
   wr.wr.rdma.rkey = m.peer.window_rkey;
   ibv_send_wr* bad = nullptr;
-  if (int rc = ibv_post_send(m.qp, &wr, &bad); rc != 0) return Unavailable(std::string("ibv_post_send: ") + std::strerror(rc));
+  if (int rc = ibv_post_send(m.qp, &wr, &bad); rc != 0)
+    return Unavailable(std::string("ibv_post_send: ") + std::strerror(rc));
   ++m.outstanding;
   return Status::Ok();
 }
@@ -479,7 +482,8 @@ Status Endpoint::PostDoneWrite(uint64_t seq) {
   wr.wr.rdma.remote_addr = m.peer.done_addr;
   wr.wr.rdma.rkey = m.peer.done_rkey;
   ibv_send_wr* bad = nullptr;
-  if (int rc = ibv_post_send(m.qp, &wr, &bad); rc != 0) return Unavailable(std::string("ibv_post_send: ") + std::strerror(rc));
+  if (int rc = ibv_post_send(m.qp, &wr, &bad); rc != 0)
+    return Unavailable(std::string("ibv_post_send: ") + std::strerror(rc));
   ++m.outstanding;
   return Status::Ok();
 }
@@ -495,7 +499,8 @@ Status Endpoint::PostSend(uint32_t len) {
   wr.opcode = IBV_WR_SEND;
   wr.send_flags = IBV_SEND_SIGNALED;
   ibv_send_wr* bad = nullptr;
-  if (int rc = ibv_post_send(m.qp, &wr, &bad); rc != 0) return Unavailable(std::string("ibv_post_send: ") + std::strerror(rc));
+  if (int rc = ibv_post_send(m.qp, &wr, &bad); rc != 0)
+    return Unavailable(std::string("ibv_post_send: ") + std::strerror(rc));
   ++m.outstanding;
   m.send_busy[m.send_cur] = true;
   m.send_cur = (m.send_cur + 1) % kSendSlots;
@@ -536,8 +541,9 @@ Status Endpoint::PollRecv(const uint8_t** data, uint32_t* len) {
   const ibv_wc wc = m.recv_ready.front();
   m.recv_ready.pop_front();
   if (wc.status != IBV_WC_SUCCESS) {
-    return Unavailable(wc.status == IBV_WC_LOC_LEN_ERR ? "the peer sent a message larger than a receive buffer"
-                                                       : "RDMA receive failed: " + std::to_string(static_cast<int>(wc.status)));
+    return Unavailable(wc.status == IBV_WC_LOC_LEN_ERR
+                           ? "the peer sent a message larger than a receive buffer"
+                           : "RDMA receive failed: " + std::to_string(static_cast<int>(wc.status)));
   }
   if (wc.wr_id >= m.recv_slots || wc.byte_len > kSlotBytes) return Internal("impossible receive completion");
   m.last_slot = static_cast<int>(wc.wr_id);

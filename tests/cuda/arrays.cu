@@ -37,13 +37,13 @@ __global__ void surf_square(cudaSurfaceObject_t s, int w, int h) {
   }
 }
 
-#define CK(e)                                                                                          \
-  do {                                                                                                 \
-    cudaError_t _e = (e);                                                                              \
-    if (_e != cudaSuccess) {                                                                           \
-      printf("CUDA_ERROR %s %d %s:%d %s\n", cudaGetErrorName(_e), (int)_e, __FILE__, __LINE__, #e);   \
-      exit(2);                                                                                         \
-    }                                                                                                  \
+#define CK(e)                                                                                       \
+  do {                                                                                              \
+    cudaError_t _e = (e);                                                                           \
+    if (_e != cudaSuccess) {                                                                        \
+      printf("CUDA_ERROR %s %d %s:%d %s\n", cudaGetErrorName(_e), (int)_e, __FILE__, __LINE__, #e); \
+      exit(2);                                                                                      \
+    }                                                                                               \
   } while (0)
 
 static cudaTextureObject_t MakeTex(cudaArray_t a, cudaTextureFilterMode filter, cudaTextureAddressMode mode,
@@ -239,7 +239,8 @@ int main() {
   cudaChannelFormatDesc f4 = cudaCreateChannelDesc<float4>();
   CK(cudaMallocArray(&big, &f4, 4096, 256));  // 16 MiB
   CK(cudaMemGetInfo(&free1, &total));
-  ot::check("array_counts_in_quota", free0 - free1 >= (size_t)4096 * 256 * 16, ot::fmt("free %zu -> %zu", free0, free1));
+  ot::check("array_counts_in_quota", free0 - free1 >= (size_t)4096 * 256 * 16,
+            ot::fmt("free %zu -> %zu", free0, free1));
   CK(cudaFreeArray(big));
   size_t free2 = 0;
   CK(cudaMemGetInfo(&free2, &total));

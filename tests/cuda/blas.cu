@@ -22,8 +22,14 @@ static bool wanted(const std::string& name) { return g_filter == nullptr || name
 static double to_double(float v) { return v; }
 static double to_double(double v) { return v; }
 static double to_double(__half v) { return __half2float(v); }
-template <class T> static T from_double(double v) { return static_cast<T>(v); }
-template <> __half from_double<__half>(double v) { return __float2half(static_cast<float>(v)); }
+template <class T>
+static T from_double(double v) {
+  return static_cast<T>(v);
+}
+template <>
+__half from_double<__half>(double v) {
+  return __float2half(static_cast<float>(v));
+}
 
 static cublasStatus_t gemm(cublasHandle_t h, int n, const float* a, const float* b, float* c) {
   const float one = 1.f, zero = 0.f;
@@ -64,7 +70,8 @@ static void gemm_case(cublasHandle_t h, const char* type, int n) {
   for (int i = 0; i < n; i += step) {
     for (int j = 0; j < n; j += step) {
       double want = 0;
-      for (int k = 0; k < n; ++k) want += to_double(a[static_cast<size_t>(k) * n + i]) * to_double(b[static_cast<size_t>(j) * n + k]);
+      for (int k = 0; k < n; ++k)
+        want += to_double(a[static_cast<size_t>(k) * n + i]) * to_double(b[static_cast<size_t>(j) * n + k]);
       if (std::abs(to_double(c[static_cast<size_t>(j) * n + i]) - want) > 1e-3 * (1 + std::abs(want))) ++bad;
     }
   }
@@ -88,8 +95,8 @@ static void strided_batched(cublasHandle_t h) {
   float* dc = static_cast<float*>(ot::upload(c.data(), total * 4));
   const float one = 1.f, zero = 0.f;
   ot::mark(++g_mark, "sgemm_strided_batched");
-  cublasStatus_t st = cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, da, n, nn, db, n, nn,
-                                                &zero, dc, n, nn, batch);
+  cublasStatus_t st = cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, da, n, nn, db, n, nn, &zero,
+                                                dc, n, nn, batch);
   check("sgemm_strided_batched", st == CUBLAS_STATUS_SUCCESS, fmt("status %d", static_cast<int>(st)));
   check("sgemm_strided_batched_sync", cudaDeviceSynchronize() == cudaSuccess);
   ot::check_device_bytes("sgemm_strided_batched_a_intact", da, a.data(), total * 4);

@@ -11,11 +11,10 @@
 using ot::check;
 using ot::fmt;
 
-#define LT_OK(name, expr)                                                                    \
-  do {                                                                                       \
-    cublasStatus_t s_ = (expr);                                                              \
-    if (!check(name, s_ == CUBLAS_STATUS_SUCCESS, fmt("status %d", static_cast<int>(s_)))) \
-      return ot::finish();                                                                   \
+#define LT_OK(name, expr)                                                                                       \
+  do {                                                                                                          \
+    cublasStatus_t s_ = (expr);                                                                                 \
+    if (!check(name, s_ == CUBLAS_STATUS_SUCCESS, fmt("status %d", static_cast<int>(s_)))) return ot::finish(); \
   } while (0)
 
 int main() {
@@ -41,16 +40,16 @@ int main() {
   LT_OK("lt_layout_d", cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, m, n, m));
   cublasLtMatmulPreference_t pref = nullptr;
   LT_OK("lt_pref", cublasLtMatmulPreferenceCreate(&pref));
-  LT_OK("lt_pref_ws", cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                           &ws_bytes, sizeof ws_bytes));
+  LT_OK("lt_pref_ws", cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                                           sizeof ws_bytes));
   cublasLtMatmulHeuristicResult_t heur[4] = {};
   int found = 0;
   LT_OK("lt_heuristic", cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, ld, ld, pref, 4, heur, &found));
   if (!check("lt_heuristic_found", found > 0, fmt("%d algorithms", found))) return ot::finish();
   const float alpha = 1.f, beta = 0.f;
   ot::mark(1, "lt_matmul");
-  LT_OK("lt_matmul", cublasLtMatmul(lt, op, &alpha, da, la, db, lb, &beta, dd, ld, dd, ld, &heur[0].algo, ws,
-                                    ws_bytes, nullptr));
+  LT_OK("lt_matmul",
+        cublasLtMatmul(lt, op, &alpha, da, la, db, lb, &beta, dd, ld, dd, ld, &heur[0].algo, ws, ws_bytes, nullptr));
   check("lt_sync", cudaDeviceSynchronize() == cudaSuccess);
   ot::check_device_bytes("lt_a_intact", da, a.data(), a.size() * 4);
   ot::check_device_bytes("lt_b_intact", db, b.data(), b.size() * 4);

@@ -51,7 +51,6 @@ __global__ void scan(int* d) {  // inclusive, one block of 512
   d[i] = t[i];
 }
 
-
 struct Particle {
   double x, y;
   int id;
@@ -71,7 +70,9 @@ __global__ void halves(const __half* a, __half* b, float* f, int n) {
   }
 }
 
-__global__ void hello(int x) { printf("DEVPRINTF block %d thread %d x=%d pi=%.3f\n", blockIdx.x, threadIdx.x, x, 3.14159); }
+__global__ void hello(int x) {
+  printf("DEVPRINTF block %d thread %d x=%d pi=%.3f\n", blockIdx.x, threadIdx.x, x, 3.14159);
+}
 
 // Phase 1 writes one value per thread; after grid.sync() every thread reads a value written by a
 // thread of another block. Without a real grid-wide barrier the reads see zeros.

@@ -57,9 +57,11 @@ int main() {
   check("max_threads_per_block_1024", p.maxThreadsPerBlock == 1024, fmt("%d", p.maxThreadsPerBlock));
   check("sm_count_positive", p.multiProcessorCount > 0, fmt("%d", p.multiProcessorCount));
   bool uuid_zero = true;
-  for (char c : p.uuid.bytes) if (c) uuid_zero = false;
+  for (char c : p.uuid.bytes)
+    if (c) uuid_zero = false;
   check("uuid_nonzero", !uuid_zero, "all-zero uuid");
-  check("meminfo_total_eq_props", tot == p.totalGlobalMem, fmt("memGetInfo total=%zu totalGlobalMem=%zu", tot, p.totalGlobalMem));
+  check("meminfo_total_eq_props", tot == p.totalGlobalMem,
+        fmt("memGetInfo total=%zu totalGlobalMem=%zu", tot, p.totalGlobalMem));
   check("meminfo_free_le_total", fr <= tot, fmt("free=%zu total=%zu", fr, tot));
 
   if (const char* q = getenv("ORION_GMEM")) {
@@ -68,7 +70,11 @@ int main() {
           fmt("totalGlobalMem=%zu ORION_GMEM=%llu MiB (%llu bytes)", p.totalGlobalMem, mib, mib << 20));
   }
 
-  struct A { const char* name; cudaDeviceAttr attr; long long prop; } attrs[] = {
+  struct A {
+    const char* name;
+    cudaDeviceAttr attr;
+    long long prop;
+  } attrs[] = {
       {"MaxThreadsPerBlock", cudaDevAttrMaxThreadsPerBlock, p.maxThreadsPerBlock},
       {"MaxBlockDimX", cudaDevAttrMaxBlockDimX, p.maxThreadsDim[0]},
       {"MaxBlockDimY", cudaDevAttrMaxBlockDimY, p.maxThreadsDim[1]},
@@ -78,7 +84,8 @@ int main() {
       {"MaxGridDimZ", cudaDevAttrMaxGridDimZ, p.maxGridSize[2]},
       {"MaxSharedMemoryPerBlock", cudaDevAttrMaxSharedMemoryPerBlock, (long long)p.sharedMemPerBlock},
       {"MaxSharedMemoryPerBlockOptin", cudaDevAttrMaxSharedMemoryPerBlockOptin, (long long)p.sharedMemPerBlockOptin},
-      {"MaxSharedMemoryPerMultiprocessor", cudaDevAttrMaxSharedMemoryPerMultiprocessor, (long long)p.sharedMemPerMultiprocessor},
+      {"MaxSharedMemoryPerMultiprocessor", cudaDevAttrMaxSharedMemoryPerMultiprocessor,
+       (long long)p.sharedMemPerMultiprocessor},
       {"TotalConstantMemory", cudaDevAttrTotalConstantMemory, (long long)p.totalConstMem},
       {"WarpSize", cudaDevAttrWarpSize, p.warpSize},
       {"MaxRegistersPerBlock", cudaDevAttrMaxRegistersPerBlock, p.regsPerBlock},
@@ -114,7 +121,8 @@ int main() {
   cudaDeviceProp q;
   ot::expect_error("props_invalid_device", cudaGetDeviceProperties(&q, count), cudaErrorInvalidDevice);
   int v = 0;
-  ot::expect_error("attr_invalid_device", cudaDeviceGetAttribute(&v, cudaDevAttrWarpSize, count), cudaErrorInvalidDevice);
+  ot::expect_error("attr_invalid_device", cudaDeviceGetAttribute(&v, cudaDevAttrWarpSize, count),
+                   cudaErrorInvalidDevice);
   ot::expect_error("set_invalid_device", cudaSetDevice(count), cudaErrorInvalidDevice);
   CUDA_OK(cudaSetDevice(0));
   CUDA_OK(cudaDeviceSynchronize());

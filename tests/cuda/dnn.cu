@@ -8,11 +8,11 @@
 using ot::check;
 using ot::fmt;
 
-#define DNN_OK(name, expr)                                                                                  \
-  do {                                                                                                      \
-    cudnnStatus_t s_ = (expr);                                                                              \
+#define DNN_OK(name, expr)                                                                                       \
+  do {                                                                                                           \
+    cudnnStatus_t s_ = (expr);                                                                                   \
     if (!check(name, s_ == CUDNN_STATUS_SUCCESS, fmt("%s (%d)", cudnnGetErrorString(s_), static_cast<int>(s_)))) \
-      return ot::finish();                                                                                  \
+      return ot::finish();                                                                                       \
   } while (0)
 
 int main() {

@@ -25,18 +25,18 @@ static const char* err_name(CUresult r) {
   return s;
 }
 
-#define CU_OK(expr)                                                                                \
-  do {                                                                                             \
-    CUresult r_ = (expr);                                                                          \
-    if (r_ != CUDA_SUCCESS) {                                                                      \
-      printf("CUDA_ERROR %s %d %s:%d %s\n", err_name(r_), (int)r_, __FILE__, __LINE__, #expr);     \
-      fflush(stdout);                                                                              \
-      exit(2);                                                                                     \
-    }                                                                                              \
+#define CU_OK(expr)                                                                            \
+  do {                                                                                         \
+    CUresult r_ = (expr);                                                                      \
+    if (r_ != CUDA_SUCCESS) {                                                                  \
+      printf("CUDA_ERROR %s %d %s:%d %s\n", err_name(r_), (int)r_, __FILE__, __LINE__, #expr); \
+      fflush(stdout);                                                                          \
+      exit(2);                                                                                 \
+    }                                                                                          \
   } while (0)
 
-static void print_launch(const char* name, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
-                         unsigned bz, const ot::ParamBuf& pb) {
+static void print_launch(const char* name, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                         const ot::ParamBuf& pb) {
   printf("LAUNCH %s grid=%u,%u,%u block=%u,%u,%u params=%s\n", name, gx, gy, gz, bx, by, bz, pb.hex().c_str());
 }
 
@@ -46,13 +46,14 @@ static void check_param_info(const char* label, CUfunction f, const ot::ParamBuf
     size_t off = ~(size_t)0, sz = ~(size_t)0;
     CUresult r = cuFuncGetParamInfo(f, i, &off, &sz);
     if (r != CUDA_SUCCESS || off != pb.offsets[i] || sz != pb.sizes[i])
-      bad = fmt("param %zu: %s offset=%zu size=%zu want offset=%zu size=%zu", i, err_name(r), off, sz,
-                pb.offsets[i], pb.sizes[i]);
+      bad = fmt("param %zu: %s offset=%zu size=%zu want offset=%zu size=%zu", i, err_name(r), off, sz, pb.offsets[i],
+                pb.sizes[i]);
   }
   if (bad.empty()) {
     size_t off = 0, sz = 0;
     CUresult r = cuFuncGetParamInfo(f, pb.offsets.size(), &off, &sz);
-    if (r != CUDA_ERROR_INVALID_VALUE) bad = fmt("one past the last param -> %s, want CUDA_ERROR_INVALID_VALUE", err_name(r));
+    if (r != CUDA_ERROR_INVALID_VALUE)
+      bad = fmt("one past the last param -> %s, want CUDA_ERROR_INVALID_VALUE", err_name(r));
   }
   check(fmt("paraminfo_%s", label), bad.empty(), bad);
 }
@@ -86,7 +87,8 @@ int main() {
   check("device_name", name[0] != 0, "empty");
   check("total_mem", total > 0, "0");
   if (const char* q = getenv("ORION_GMEM"))
-    check("quota_total_mem", total == (size_t)strtoull(q, nullptr, 10) << 20, fmt("total=%zu ORION_GMEM=%s MiB", total, q));
+    check("quota_total_mem", total == (size_t)strtoull(q, nullptr, 10) << 20,
+          fmt("total=%zu ORION_GMEM=%s MiB", total, q));
 
   // ---- A created context: make current, use, destroy ------------------------------------------
   {
@@ -112,7 +114,8 @@ int main() {
   CU_OK(cuCtxGetCurrent(&cur));
   CUdevice cdev = -1;
   CU_OK(cuCtxGetDevice(&cdev));
-  check("primary_ctx_current", cur == ctx && cdev == dev, fmt("current=%p ctx=%p device=%d", (void*)cur, (void*)ctx, (int)cdev));
+  check("primary_ctx_current", cur == ctx && cdev == dev,
+        fmt("current=%p ctx=%p device=%d", (void*)cur, (void*)ctx, (int)cdev));
 
   size_t fr = 0, tot = 0;
   CU_OK(cuMemGetInfo(&fr, &tot));
@@ -215,7 +218,8 @@ int main() {
   {
     std::vector<uint8_t> buf = pa.bytes;
     size_t size = buf.size();
-    void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, buf.data(), CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END};
+    void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, buf.data(), CU_LAUNCH_PARAM_BUFFER_SIZE, &size,
+                     CU_LAUNCH_PARAM_END};
     CU_OK(cuLaunchKernel(faxpy, 2, 2, 1, 16, 8, 1, 16, st, nullptr, extra));
   }
   print_launch("drv_axpy", 2, 2, 1, 16, 8, 1, pa);
@@ -230,7 +234,8 @@ int main() {
   {
     std::vector<uint8_t> buf = pf3.bytes;
     size_t size = buf.size();
-    void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, buf.data(), CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END};
+    void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, buf.data(), CU_LAUNCH_PARAM_BUFFER_SIZE, &size,
+                     CU_LAUNCH_PARAM_END};
     CU_OK(cuLaunchKernel(ffill, 1, 1, 1, 64, 1, 1, 0, nullptr, nullptr, extra));
   }
   print_launch("drv_fill", 1, 1, 1, 64, 1, 1, pf3);

@@ -2,7 +2,7 @@
 // embedded into driver_api as a byte array (bin2c), then loaded with cuModuleLoadData.
 // Kernels are extern "C", so their names are plain (drv_fill, drv_axpy).
 
-__device__ int drv_global[16];                 // written by the host with cuModuleGetGlobal + cuMemcpyHtoD
+__device__ int drv_global[16];                  // written by the host with cuModuleGetGlobal + cuMemcpyHtoD
 __device__ int drv_init[4] = {11, 22, 33, 44};  // initialised from the module image
 
 // out[i] = val + i, for i < n

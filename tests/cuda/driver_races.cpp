@@ -46,13 +46,22 @@ int InitRace() {
   for (int t = 0; t < kThreads; ++t) {
     pool.emplace_back([t, &errors, &ctxs] {
       CUresult r = cuInit(0);
-      if (r != CUDA_SUCCESS) { errors[t] = ot::fmt("cuInit %s", Name(r)); return; }
+      if (r != CUDA_SUCCESS) {
+        errors[t] = ot::fmt("cuInit %s", Name(r));
+        return;
+      }
       unsigned flags = 0;
       int active = 0;
       r = cuDevicePrimaryCtxGetState(0, &flags, &active);
-      if (r != CUDA_SUCCESS) { errors[t] = ot::fmt("cuDevicePrimaryCtxGetState %s", Name(r)); return; }
+      if (r != CUDA_SUCCESS) {
+        errors[t] = ot::fmt("cuDevicePrimaryCtxGetState %s", Name(r));
+        return;
+      }
       r = cuDevicePrimaryCtxRetain(&ctxs[t], 0);
-      if (r != CUDA_SUCCESS || ctxs[t] == nullptr) { errors[t] = ot::fmt("cuDevicePrimaryCtxRetain %s", Name(r)); return; }
+      if (r != CUDA_SUCCESS || ctxs[t] == nullptr) {
+        errors[t] = ot::fmt("cuDevicePrimaryCtxRetain %s", Name(r));
+        return;
+      }
     });
   }
   for (auto& th : pool) th.join();
@@ -76,13 +85,19 @@ int FreeRace() {
   std::vector<std::thread> pool;
   for (int t = 0; t < kThreads; ++t) {
     pool.emplace_back([t, ctx, &errors] {
-      if (cuCtxSetCurrent(ctx) != CUDA_SUCCESS) { errors[t] = "cuCtxSetCurrent"; return; }
+      if (cuCtxSetCurrent(ctx) != CUDA_SUCCESS) {
+        errors[t] = "cuCtxSetCurrent";
+        return;
+      }
       ot::Rng rng(77 + t);
       for (int i = 0; i < kIters && errors[t].empty(); ++i) {
         const size_t bytes = 1 + rng.next() % (3 << 20);
         CUdeviceptr p = 0;
         CUresult r = cuMemAlloc(&p, bytes);
-        if (r != CUDA_SUCCESS) { errors[t] = ot::fmt("iteration %d: cuMemAlloc %s", i, Name(r)); break; }
+        if (r != CUDA_SUCCESS) {
+          errors[t] = ot::fmt("iteration %d: cuMemAlloc %s", i, Name(r));
+          break;
+        }
         CUdeviceptr base = 0;
         size_t size = 0;
         r = cuMemGetAddressRange(&base, &size, p);
@@ -92,9 +107,15 @@ int FreeRace() {
           break;
         }
         r = cuMemsetD8(p, static_cast<unsigned char>(t), bytes);
-        if (r != CUDA_SUCCESS) { errors[t] = ot::fmt("iteration %d: cuMemsetD8 %s", i, Name(r)); break; }
+        if (r != CUDA_SUCCESS) {
+          errors[t] = ot::fmt("iteration %d: cuMemsetD8 %s", i, Name(r));
+          break;
+        }
         r = cuMemFree(p);
-        if (r != CUDA_SUCCESS) { errors[t] = ot::fmt("iteration %d: cuMemFree(0x%llx) %s", i, (unsigned long long)p, Name(r)); break; }
+        if (r != CUDA_SUCCESS) {
+          errors[t] = ot::fmt("iteration %d: cuMemFree(0x%llx) %s", i, (unsigned long long)p, Name(r));
+          break;
+        }
       }
     });
   }
@@ -118,8 +139,7 @@ int FlagsRace() {
         const unsigned want = (t & 1) ? CU_CTX_SCHED_SPIN : CU_CTX_SCHED_YIELD;
         if (cuCtxSetFlags(want) != CUDA_SUCCESS) ++bad;
         unsigned got = 0;
-        if (cuCtxGetFlags(&got) != CUDA_SUCCESS ||
-            (got != CU_CTX_SCHED_SPIN && got != CU_CTX_SCHED_YIELD)) ++bad;
+        if (cuCtxGetFlags(&got) != CUDA_SUCCESS || (got != CU_CTX_SCHED_SPIN && got != CU_CTX_SCHED_YIELD)) ++bad;
       }
     });
   }
@@ -145,7 +165,8 @@ int Mixed() {
       if (CUresult r = cuCtxSetCurrent(ctx); r != CUDA_SUCCESS) return fail(-1, "cuCtxSetCurrent", r);
       CUstream stream = nullptr;
       CUevent done = nullptr;
-      if (CUresult r = cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING); r != CUDA_SUCCESS) return fail(-1, "cuStreamCreate", r);
+      if (CUresult r = cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING); r != CUDA_SUCCESS)
+        return fail(-1, "cuStreamCreate", r);
       if (CUresult r = cuEventCreate(&done, CU_EVENT_DEFAULT); r != CUDA_SUCCESS) return fail(-1, "cuEventCreate", r);
       ot::Rng rng(1000 + t);
       const size_t kMax = 1 << 20;
@@ -155,7 +176,10 @@ int Mixed() {
       for (int i = 0; i < kIters && errors[t].empty(); ++i) {
         const size_t bytes = 1 + rng.next() % kMax;
         CUdeviceptr d = 0;
-        if (CUresult r = cuMemAlloc(&d, bytes); r != CUDA_SUCCESS) { fail(i, "cuMemAlloc", r); break; }
+        if (CUresult r = cuMemAlloc(&d, bytes); r != CUDA_SUCCESS) {
+          fail(i, "cuMemAlloc", r);
+          break;
+        }
         rng.fill(want.data(), bytes);
         CUresult r = CUDA_SUCCESS;
         if (i % 2 == 0) {
@@ -164,7 +188,11 @@ int Mixed() {
           std::memcpy(pinned, want.data(), bytes);  // asynchronous, from pinned memory
           r = cuMemcpyHtoDAsync(d, pinned, bytes, stream);
         }
-        if (r != CUDA_SUCCESS) { fail(i, "cuMemcpyHtoD", r); cuMemFree(d); break; }
+        if (r != CUDA_SUCCESS) {
+          fail(i, "cuMemcpyHtoD", r);
+          cuMemFree(d);
+          break;
+        }
         // A stretch in the middle set to the thread's byte, on the thread's stream.
         const size_t from = bytes / 4, len = bytes / 2;
         if ((r = cuMemsetD8Async(d + from, static_cast<unsigned char>(0xA0 + t), len, stream)) != CUDA_SUCCESS) {
@@ -184,7 +212,8 @@ int Mixed() {
           if (std::memcmp(got.data(), want.data(), bytes) != 0) {
             size_t k = 0;
             while (got[k] == want[k]) ++k;
-            errors[t] = ot::fmt("iteration %d: byte %zu of %zu read back 0x%02x, wrote 0x%02x", i, k, bytes, got[k], want[k]);
+            errors[t] =
+                ot::fmt("iteration %d: byte %zu of %zu read back 0x%02x, wrote 0x%02x", i, k, bytes, got[k], want[k]);
           }
         }
         if ((r = cuMemFree(d)) != CUDA_SUCCESS) fail(i, "cuMemFree", r);

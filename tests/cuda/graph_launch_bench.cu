@@ -7,19 +7,23 @@
 __global__ void nothing() {}
 int main() {
   const int nodes = 500, launches = 40;
-  cudaStream_t s; cudaStreamCreate(&s);
-  cudaGraph_t g; cudaGraphExec_t ge;
+  cudaStream_t s;
+  cudaStreamCreate(&s);
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
   cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
   for (int i = 0; i < nodes; ++i) nothing<<<1, 1, 0, s>>>();
   cudaStreamEndCapture(s, &g);
   cudaGraphInstantiate(&ge, g, 0);
-  cudaGraphLaunch(ge, s); cudaStreamSynchronize(s);
+  cudaGraphLaunch(ge, s);
+  cudaStreamSynchronize(s);
   auto t0 = std::chrono::steady_clock::now();
   for (int l = 0; l < launches; ++l) cudaGraphLaunch(ge, s);
   auto t1 = std::chrono::steady_clock::now();
   cudaStreamSynchronize(s);
   auto t2 = std::chrono::steady_clock::now();
-  for (int l = 0; l < launches; ++l) for (int i = 0; i < nodes; ++i) nothing<<<1, 1, 0, s>>>();
+  for (int l = 0; l < launches; ++l)
+    for (int i = 0; i < nodes; ++i) nothing<<<1, 1, 0, s>>>();
   auto t3 = std::chrono::steady_clock::now();
   cudaStreamSynchronize(s);
   auto t4 = std::chrono::steady_clock::now();

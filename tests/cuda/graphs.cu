@@ -146,8 +146,8 @@ int main() {
   add<<<4, 256, 0, s>>>(x, N, 1);
   ot::check("sync_in_capture_refused", cudaStreamSynchronize(s) == cudaErrorStreamCaptureUnsupported);
   cudaGraph_t bad = nullptr;
-  ot::check("invalidated_capture_ends_with_error", cudaStreamEndCapture(s, &bad) == cudaErrorStreamCaptureInvalidated &&
-                                                       bad == nullptr);
+  ot::check("invalidated_capture_ends_with_error",
+            cudaStreamEndCapture(s, &bad) == cudaErrorStreamCaptureInvalidated && bad == nullptr);
   cudaGetLastError();
   int host[4] = {1, 2, 3, 4};
   CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
@@ -155,8 +155,7 @@ int main() {
             cudaMemcpyAsync(x, host, sizeof host, cudaMemcpyHostToDevice, s) == cudaErrorStreamCaptureUnsupported);
   ot::check("host_copy_capture_invalidated", cudaStreamEndCapture(s, &bad) == cudaErrorStreamCaptureInvalidated);
   cudaGetLastError();
-  ot::check("legacy_stream_cannot_capture",
-            cudaStreamBeginCapture(0, cudaStreamCaptureModeGlobal) != cudaSuccess);
+  ot::check("legacy_stream_cannot_capture", cudaStreamBeginCapture(0, cudaStreamCaptureModeGlobal) != cudaSuccess);
   cudaGetLastError();
   // Nothing of the refused captures ran; the process goes on.
   CUDA_OK(cudaStreamSynchronize(s));
@@ -177,8 +176,8 @@ int main() {
   ot::check("child_graph_not_destroyable", cudaGraphDestroy(inner) != cudaSuccess);
   cudaGetLastError();
   CUDA_OK(cudaGraphDestroy(e));
-  ot::check("destroyed_graph_nodes_refused",
-            cudaGraphNodeGetType(kn, &t) != cudaSuccess && cudaGraphGetNodes(inner, nullptr, &inner_nodes) != cudaSuccess);
+  ot::check("destroyed_graph_nodes_refused", cudaGraphNodeGetType(kn, &t) != cudaSuccess &&
+                                                 cudaGraphGetNodes(inner, nullptr, &inner_nodes) != cudaSuccess);
   cudaGetLastError();
   CUDA_OK(cudaGraphDestroy(child));
 

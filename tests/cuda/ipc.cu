@@ -73,8 +73,8 @@ int main(int argc, char** argv) {
     cudaIpcMemHandle_t forged = mh;
     forged.reserved[32] ^= 1;
     int* bad = nullptr;
-    ot::check("forged_handle_refused", cudaIpcOpenMemHandle((void**)&bad, forged, cudaIpcMemLazyEnablePeerAccess) ==
-                                           cudaErrorInvalidValue);
+    ot::check("forged_handle_refused",
+              cudaIpcOpenMemHandle((void**)&bad, forged, cudaIpcMemLazyEnablePeerAccess) == cudaErrorInvalidValue);
     cudaGetLastError();
     cudaIpcMemHandle_t zero{};
     ot::check("zero_handle_refused",

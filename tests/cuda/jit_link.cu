@@ -13,15 +13,15 @@
 
 #include "orion_test.h"
 
-#define CU(e)                                                                                       \
-  do {                                                                                              \
-    CUresult _r = (e);                                                                              \
-    if (_r != CUDA_SUCCESS) {                                                                       \
-      const char* _n = nullptr;                                                                     \
-      cuGetErrorName(_r, &_n);                                                                      \
-      printf("CUDA_ERROR %s %d %s:%d %s\n", _n ? _n : "?", (int)_r, __FILE__, __LINE__, #e);       \
-      exit(2);                                                                                      \
-    }                                                                                               \
+#define CU(e)                                                                                \
+  do {                                                                                       \
+    CUresult _r = (e);                                                                       \
+    if (_r != CUDA_SUCCESS) {                                                                \
+      const char* _n = nullptr;                                                              \
+      cuGetErrorName(_r, &_n);                                                               \
+      printf("CUDA_ERROR %s %d %s:%d %s\n", _n ? _n : "?", (int)_r, __FILE__, __LINE__, #e); \
+      exit(2);                                                                               \
+    }                                                                                        \
   } while (0)
 
 int main(int argc, char** argv) {
@@ -76,7 +76,8 @@ int main(int argc, char** argv) {
   CU(cuModuleGetGlobal(&bias, &bias_size, mod, "bias"));
   int bias_value = 0;
   CU(cuMemcpyDtoH(&bias_value, bias, sizeof bias_value));
-  ot::check("linked_global_from_second_module", bias_size == 4 && bias_value == 7, ot::fmt("%zu %d", bias_size, bias_value));
+  ot::check("linked_global_from_second_module", bias_size == 4 && bias_value == 7,
+            ot::fmt("%zu %d", bias_size, bias_value));
 
   // A module alone with an undefined reference: cuLinkComplete fails and says which.
   // (The driver wrote the log sizes it used back into vals: give the buffer sizes again.)
@@ -87,7 +88,8 @@ int main(int argc, char** argv) {
   CU(cuLinkCreate(4, opts, vals, &lone));
   CU(cuLinkAddFile(lone, CU_JIT_INPUT_PTX, argv[1], 0, nullptr, nullptr));
   CUresult r = cuLinkComplete(lone, &image, &image_size);
-  ot::check("undefined_reference_fails", r == CUDA_ERROR_NOT_FOUND && std::string(error).find("_Z5scalei") != std::string::npos,
+  ot::check("undefined_reference_fails",
+            r == CUDA_ERROR_NOT_FOUND && std::string(error).find("_Z5scalei") != std::string::npos,
             ot::fmt("result %d error '%s'", (int)r, error));
   // SASS inputs are refused, loudly; a destroyed state is not a handle any more.
   const unsigned char elf[] = {0x7f, 'E', 'L', 'F', 2, 1, 1, 0};

@@ -93,11 +93,11 @@ static const char* kStructName = "_Z8k_struct6ParamsPiy";
 static const char* kMixedName = "_Z7k_mixedcsixfdhPy6float4btd";
 
 static void print_launch(const char* name, dim3 g, dim3 b, const ot::ParamBuf& pb) {
-  printf("LAUNCH %s grid=%u,%u,%u block=%u,%u,%u params=%s\n", name, g.x, g.y, g.z, b.x, b.y, b.z,
-         pb.hex().c_str());
+  printf("LAUNCH %s grid=%u,%u,%u block=%u,%u,%u params=%s\n", name, g.x, g.y, g.z, b.x, b.y, b.z, pb.hex().c_str());
 }
 
-template <class T> static unsigned long long bits(T v) {
+template <class T>
+static unsigned long long bits(T v) {
   unsigned long long r = 0;
   memcpy(&r, &v, sizeof v);
   return r;
@@ -122,15 +122,16 @@ static void check_param_info(const char* label, const void* kernel, const ot::Pa
     size_t off = ~(size_t)0, sz = ~(size_t)0;
     CUresult r = ((GetParamInfo)fp)((CUfunction)f, i, &off, &sz);
     if (r != CUDA_SUCCESS || off != pb.offsets[i] || sz != pb.sizes[i]) {
-      bad = fmt("param %zu: result=%d offset=%zu size=%zu want offset=%zu size=%zu", i, (int)r, off, sz,
-                pb.offsets[i], pb.sizes[i]);
+      bad = fmt("param %zu: result=%d offset=%zu size=%zu want offset=%zu size=%zu", i, (int)r, off, sz, pb.offsets[i],
+                pb.sizes[i]);
       break;
     }
   }
   if (bad.empty()) {
     size_t off = 0, sz = 0;
     CUresult r = ((GetParamInfo)fp)((CUfunction)f, pb.offsets.size(), &off, &sz);
-    if (r != CUDA_ERROR_INVALID_VALUE) bad = fmt("index %zu (one past the last) -> %d, want 1", pb.offsets.size(), (int)r);
+    if (r != CUDA_ERROR_INVALID_VALUE)
+      bad = fmt("index %zu (one past the last) -> %d, want 1", pb.offsets.size(), (int)r);
   }
   check(fmt("paraminfo_%s", label), bad.empty(), bad);
 }
@@ -177,10 +178,10 @@ int main() {
   pb2.add(out2);
   pb2.add(tag);
   print_launch(kStructName, g2, b2, pb2);
-  check("layout_k_struct",
-        pb2.bytes.size() == 40 && pb2.offsets[1] == 24 && pb2.offsets[2] == 32 && pb2.bytes[4] == 0 &&
-            pb2.bytes[21] == 0,
-        fmt("size=%zu", pb2.bytes.size()));
+  check(
+      "layout_k_struct",
+      pb2.bytes.size() == 40 && pb2.offsets[1] == 24 && pb2.offsets[2] == 32 && pb2.bytes[4] == 0 && pb2.bytes[21] == 0,
+      fmt("size=%zu", pb2.bytes.size()));
 
   // ---- 3. k_mixed<<<(2,3,4), (8,4,2), 64, 0>>> -------------------------------------------------
   unsigned long long* out3 = nullptr;
@@ -307,9 +308,20 @@ int main() {
   {
     unsigned long long h[16];
     CUDA_OK(cudaMemcpy(h, out3, sizeof h, cudaMemcpyDeviceToHost));
-    unsigned long long want[14] = {
-        (unsigned char)m0, (unsigned short)m1, (unsigned int)m2, (unsigned long long)m3, bits(m4), bits(m5), m6,
-        bits(m8.x) | (bits(m8.y) << 32), bits(m8.z) | (bits(m8.w) << 32), 1, m10, bits(m11), 20304, 80402};
+    unsigned long long want[14] = {(unsigned char)m0,
+                                   (unsigned short)m1,
+                                   (unsigned int)m2,
+                                   (unsigned long long)m3,
+                                   bits(m4),
+                                   bits(m5),
+                                   m6,
+                                   bits(m8.x) | (bits(m8.y) << 32),
+                                   bits(m8.z) | (bits(m8.w) << 32),
+                                   1,
+                                   m10,
+                                   bits(m11),
+                                   20304,
+                                   80402};
     std::string bad;
     for (int i = 0; i < 14 && bad.empty(); ++i)
       if (h[i] != want[i]) bad = fmt("out[%d]=0x%llx want 0x%llx", i, h[i], want[i]);

@@ -21,9 +21,9 @@ int main(int argc, char** argv) {
   const bool expect_refused = argc > 1 && std::string(argv[1]) == "expect-refused";
   const int n = 5000;  // 20000 bytes: spans several pages
   char* raw = static_cast<char*>(std::malloc(n * sizeof(int) + 8192));
-  int* buf = reinterpret_cast<int*>(raw + 100);  // not page aligned
-  char* before = raw + 96;                        // bytes of "another object" on the first page
-  char* after = reinterpret_cast<char*>(buf + n); // ... and on the last
+  int* buf = reinterpret_cast<int*>(raw + 100);    // not page aligned
+  char* before = raw + 96;                         // bytes of "another object" on the first page
+  char* after = reinterpret_cast<char*>(buf + n);  // ... and on the last
   std::memset(before, 0x5a, 4);
   std::memset(after, 0x6b, 16);
   for (int i = 0; i < n; ++i) buf[i] = i;

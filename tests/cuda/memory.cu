@@ -34,8 +34,7 @@ static void roundtrips(ot::Rng& rng) {
     CUDA_OK(cudaMalloc(&d, n));
     CUDA_OK(cudaMemcpy(d, src.data(), n, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(dst.data(), d, n, cudaMemcpyDeviceToHost));
-    check(fmt("roundtrip_%zu", n), memcmp(src.data(), dst.data(), n) == 0,
-          ot::diff_details(dst.data(), src.data(), n));
+    check(fmt("roundtrip_%zu", n), memcmp(src.data(), dst.data(), n) == 0, ot::diff_details(dst.data(), src.data(), n));
     if (n >= 4096) {  // a partial read from an odd offset inside the allocation
       size_t off = n / 3 + 1, len = n / 2 - 3;
       std::vector<unsigned char> part(len, 0);
@@ -54,10 +53,13 @@ static void memsets(ot::Rng& rng) {
   unsigned char* d = nullptr;
   CUDA_OK(cudaMalloc(&d, n));
   CUDA_OK(cudaMemcpy(d, mirror.data(), n, cudaMemcpyHostToDevice));
-  struct Op { size_t off, len; int val; } ops[] = {
-      {0, 1, 0xAB},       {1, 7, 0x00},        {13, 4093, 0x5C}, {4097, 65535, 0xFF},
-      {n - 1, 1, 0x11},   {333, 0, 0x22},      {100001, 300001, 0x7E}, {65536, 3, 0x01},
-      {n - 77, 77, 0x1FE /* only the low byte (0xFE) counts */},
+  struct Op {
+    size_t off, len;
+    int val;
+  } ops[] = {
+      {0, 1, 0xAB},           {1, 7, 0x00},     {13, 4093, 0x5C},
+      {4097, 65535, 0xFF},    {n - 1, 1, 0x11}, {333, 0, 0x22},
+      {100001, 300001, 0x7E}, {65536, 3, 0x01}, {n - 77, 77, 0x1FE /* only the low byte (0xFE) counts */},
   };
   for (const Op& o : ops) {
     CUDA_OK(cudaMemset(d + o.off, o.val, o.len));
@@ -141,8 +143,7 @@ static void memcpy2d(ot::Rng& rng) {
         ot::diff_details(lin2.data(), want2.data(), lin2.size()));
 
   // A destination pitch smaller than the width is invalid.
-  ot::expect_failure("memcpy2d_bad_pitch",
-                     cudaMemcpy2D(d2, 16, src.data(), spitch, 64, 2, cudaMemcpyHostToDevice));
+  ot::expect_failure("memcpy2d_bad_pitch", cudaMemcpy2D(d2, 16, src.data(), spitch, 64, 2, cudaMemcpyHostToDevice));
   CUDA_OK(cudaFree(d2));
   CUDA_OK(cudaFree(d));
 }
@@ -175,8 +176,8 @@ static void async_copies(ot::Rng& rng) {
   memset(&a, 0, sizeof a);
   CUDA_OK(cudaPointerGetAttributes(&a, hs));
   check("ptrattr_pinned", a.type == cudaMemoryTypeHost && a.hostPointer == hs,
-        fmt("type=%d hostPointer=%p want type=%d hostPointer=%p", (int)a.type, a.hostPointer,
-            (int)cudaMemoryTypeHost, (void*)hs));
+        fmt("type=%d hostPointer=%p want type=%d hostPointer=%p", (int)a.type, a.hostPointer, (int)cudaMemoryTypeHost,
+            (void*)hs));
 
   CUDA_OK(cudaStreamDestroy(s));
   CUDA_OK(cudaFree(d));
@@ -218,23 +219,27 @@ static void mapped_and_registered(ot::Rng& rng) {
 
   // The mapped device address used as a device-side source (copy engine reads host memory).
   if (mapped) {
-  rng.fill(want.data(), n);
-  memcpy(h, want.data(), n);
-  CUDA_OK(cudaMemcpy(d, dp, n, cudaMemcpyDeviceToDevice));
-  CUDA_OK(cudaMemcpy(got.data(), d, n, cudaMemcpyDeviceToHost));
-  check("hostalloc_mapped_devptr_d2d", memcmp(got.data(), want.data(), n) == 0,
-        ot::diff_details(got.data(), want.data(), n));
+    rng.fill(want.data(), n);
+    memcpy(h, want.data(), n);
+    CUDA_OK(cudaMemcpy(d, dp, n, cudaMemcpyDeviceToDevice));
+    CUDA_OK(cudaMemcpy(got.data(), d, n, cudaMemcpyDeviceToHost));
+    check("hostalloc_mapped_devptr_d2d", memcmp(got.data(), want.data(), n) == 0,
+          ot::diff_details(got.data(), want.data(), n));
 
-  // A kernel writing through the mapped device pointer (results only on a real GPU).
-  memset(h, 0, n);
-  k_write_mapped<<<64, 256>>>((unsigned char*)dp, n);
-  CUDA_OK(cudaGetLastError());
-  CUDA_OK(cudaDeviceSynchronize());
-  {
-    size_t bad = n;
-    for (size_t i = 0; i < n; ++i) if (h[i] != (unsigned char)(i * 7 + 3)) { bad = i; break; }
-    ot::check_kernel("mapped_kernel_write", bad == n, fmt("first wrong byte at %zu", bad));
-  }
+    // A kernel writing through the mapped device pointer (results only on a real GPU).
+    memset(h, 0, n);
+    k_write_mapped<<<64, 256>>>((unsigned char*)dp, n);
+    CUDA_OK(cudaGetLastError());
+    CUDA_OK(cudaDeviceSynchronize());
+    {
+      size_t bad = n;
+      for (size_t i = 0; i < n; ++i)
+        if (h[i] != (unsigned char)(i * 7 + 3)) {
+          bad = i;
+          break;
+        }
+      ot::check_kernel("mapped_kernel_write", bad == n, fmt("first wrong byte at %zu", bad));
+    }
   }  // mapped
   CUDA_OK(cudaFree(d));
   CUDA_OK(cudaFreeHost(h));
@@ -246,7 +251,8 @@ static void mapped_and_registered(ot::Rng& rng) {
   CUDA_OK(cudaHostRegister(buf, m, cudaHostRegisterDefault));
   memset(&a, 0, sizeof a);
   CUDA_OK(cudaPointerGetAttributes(&a, buf));
-  check("ptrattr_registered", a.type == cudaMemoryTypeHost, fmt("type=%d want %d", (int)a.type, (int)cudaMemoryTypeHost));
+  check("ptrattr_registered", a.type == cudaMemoryTypeHost,
+        fmt("type=%d want %d", (int)a.type, (int)cudaMemoryTypeHost));
   rng.fill(buf, m);
   unsigned char* d3 = nullptr;
   CUDA_OK(cudaMalloc((void**)&d3, m));
@@ -279,8 +285,8 @@ static void attributes_and_info(const cudaDeviceProp& prop) {
   memset(&a, 0, sizeof a);
   CUDA_OK(cudaPointerGetAttributes(&a, d));
   check("ptrattr_device", a.type == cudaMemoryTypeDevice && a.device == 0 && a.devicePointer == d,
-        fmt("type=%d device=%d devicePointer=%p want type=%d device=0 devicePointer=%p", (int)a.type,
-            a.device, a.devicePointer, (int)cudaMemoryTypeDevice, (void*)d));
+        fmt("type=%d device=%d devicePointer=%p want type=%d device=0 devicePointer=%p", (int)a.type, a.device,
+            a.devicePointer, (int)cudaMemoryTypeDevice, (void*)d));
   memset(&a, 0, sizeof a);
   CUDA_OK(cudaPointerGetAttributes(&a, d + 12345));
   check("ptrattr_device_interior", a.type == cudaMemoryTypeDevice && a.devicePointer == d + 12345,
@@ -304,7 +310,8 @@ static void invalid_cases() {
   ot::expect_error("invalid_d2h_freed", cudaMemcpy(h.data(), d, 16, cudaMemcpyDeviceToHost), cudaErrorInvalidValue);
 
   CUDA_OK(cudaMalloc((void**)&d, 4096));
-  ot::expect_error("invalid_h2d_past_end", cudaMemcpy(d, h.data(), 8192, cudaMemcpyHostToDevice), cudaErrorInvalidValue);
+  ot::expect_error("invalid_h2d_past_end", cudaMemcpy(d, h.data(), 8192, cudaMemcpyHostToDevice),
+                   cudaErrorInvalidValue);
   ot::expect_error("invalid_h2d_tail_past_end", cudaMemcpy(d + 4000, h.data(), 200, cudaMemcpyHostToDevice),
                    cudaErrorInvalidValue);
   ot::expect_error("invalid_d2h_past_end", cudaMemcpy(h.data(), d + 1, 4096, cudaMemcpyDeviceToHost),

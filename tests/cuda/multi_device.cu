@@ -18,8 +18,7 @@ int main() {
     cudaDeviceProp p0, p1;
     CUDA_OK(cudaGetDeviceProperties(&p0, 0));
     CUDA_OK(cudaGetDeviceProperties(&p1, 1));
-    ot::check("vgpu_uuids_differ", memcmp(&p0.uuid, &p1.uuid, sizeof p0.uuid) != 0,
-              ot::hex(&p0.uuid, sizeof p0.uuid));
+    ot::check("vgpu_uuids_differ", memcmp(&p0.uuid, &p1.uuid, sizeof p0.uuid) != 0, ot::hex(&p0.uuid, sizeof p0.uuid));
   }
   ot::Rng rng(77);
   for (int d = 0; d < n; ++d) {
@@ -53,7 +52,8 @@ int main() {
     CUDA_OK(cudaMemcpyAsync(via.data(), ap, bytes, cudaMemcpyDeviceToHost, s));
     CUDA_OK(cudaFreeAsync(ap, s));
     CUDA_OK(cudaStreamSynchronize(s));
-    ot::check(ot::fmt("device%d_malloc_async_roundtrip", d), via == src, ot::diff_details(via.data(), src.data(), bytes));
+    ot::check(ot::fmt("device%d_malloc_async_roundtrip", d), via == src,
+              ot::diff_details(via.data(), src.data(), bytes));
     ot::check(ot::fmt("device%d_freed_async_pointer_rejected", d),
               cudaMemcpy(via.data(), ap, 16, cudaMemcpyDeviceToHost) != cudaSuccess);
     cudaGetLastError();

@@ -20,9 +20,18 @@
 
 namespace ot {
 
-inline int& fail_count() { static int n = 0; return n; }
-inline int& check_count() { static int n = 0; return n; }
-inline bool& is_sim() { static bool s = false; return s; }
+inline int& fail_count() {
+  static int n = 0;
+  return n;
+}
+inline int& check_count() {
+  static int n = 0;
+  return n;
+}
+inline bool& is_sim() {
+  static bool s = false;
+  return s;
+}
 
 // Line-buffered stdout, so a harness sees every line even if the process is killed.
 inline void init_output() { setvbuf(stdout, nullptr, _IOLBF, 0); }
@@ -44,7 +53,8 @@ inline bool check(const std::string& name, bool ok, const std::string& details =
   } else {
     ++fail_count();
     std::string d = details.empty() ? std::string("-") : details;
-    for (char& c : d) if (c == '\n' || c == '\r') c = ' ';
+    for (char& c : d)
+      if (c == '\n' || c == '\r') c = ' ';
     printf("CHECK %s FAIL %s\n", name.c_str(), d.c_str());
   }
   return ok;
@@ -63,7 +73,10 @@ inline bool check_kernel(const std::string& name, bool ok, const std::string& de
 // A check on values computed by a library kernel shipped as SASS only (cuBLAS, cuDNN): the sim
 // backend validates and logs such launches but cannot execute them, so it is skipped there.
 inline bool check_sass_kernel(const std::string& name, bool ok, const std::string& details = std::string()) {
-  if (is_sim()) { skip_sim(name); return true; }
+  if (is_sim()) {
+    skip_sim(name);
+    return true;
+  }
   return check(name, ok, details);
 }
 
@@ -78,7 +91,10 @@ inline std::string hex(const void* p, size_t n) {
   const uint8_t* b = static_cast<const uint8_t*>(p);
   std::string s;
   s.reserve(n * 2);
-  for (size_t i = 0; i < n; ++i) { s += digits[b[i] >> 4]; s += digits[b[i] & 15]; }
+  for (size_t i = 0; i < n; ++i) {
+    s += digits[b[i] >> 4];
+    s += digits[b[i] & 15];
+  }
   return s;
 }
 
@@ -87,15 +103,16 @@ inline long long first_diff(const void* a, const void* b, size_t n) {
   if (memcmp(a, b, n) == 0) return -1;
   const uint8_t* x = static_cast<const uint8_t*>(a);
   const uint8_t* y = static_cast<const uint8_t*>(b);
-  for (size_t i = 0; i < n; ++i) if (x[i] != y[i]) return (long long)i;
+  for (size_t i = 0; i < n; ++i)
+    if (x[i] != y[i]) return (long long)i;
   return -1;
 }
 
 inline std::string diff_details(const void* got, const void* want, size_t n) {
   long long i = first_diff(got, want, n);
   if (i < 0) return std::string();
-  return fmt("first mismatch at byte %lld of %zu: got 0x%02x want 0x%02x", i, n,
-             static_cast<const uint8_t*>(got)[i], static_cast<const uint8_t*>(want)[i]);
+  return fmt("first mismatch at byte %lld of %zu: got 0x%02x want 0x%02x", i, n, static_cast<const uint8_t*>(got)[i],
+             static_cast<const uint8_t*>(want)[i]);
 }
 
 // Deterministic pseudo-random bytes (xorshift64*).
@@ -103,14 +120,22 @@ struct Rng {
   uint64_t s;
   explicit Rng(uint64_t seed) : s(seed ? seed : 0x9E3779B97F4A7C15ull) {}
   uint64_t next() {
-    s ^= s >> 12; s ^= s << 25; s ^= s >> 27;
+    s ^= s >> 12;
+    s ^= s << 25;
+    s ^= s >> 27;
     return s * 0x2545F4914F6CDD1Dull;
   }
   void fill(void* p, size_t n) {
     uint8_t* b = static_cast<uint8_t*>(p);
     size_t i = 0;
-    for (; i + 8 <= n; i += 8) { uint64_t v = next(); memcpy(b + i, &v, 8); }
-    if (i < n) { uint64_t v = next(); memcpy(b + i, &v, n - i); }
+    for (; i + 8 <= n; i += 8) {
+      uint64_t v = next();
+      memcpy(b + i, &v, 8);
+    }
+    if (i < n) {
+      uint64_t v = next();
+      memcpy(b + i, &v, n - i);
+    }
   }
 };
 
@@ -120,7 +145,8 @@ struct Rng {
 struct ParamBuf {
   std::vector<uint8_t> bytes;
   std::vector<size_t> offsets, sizes;
-  template <class T> void add(const T& v) {
+  template <class T>
+  void add(const T& v) {
     size_t a = alignof(T);
     size_t off = (bytes.size() + a - 1) / a * a;
     bytes.resize(off, 0);
@@ -139,15 +165,14 @@ inline bool name_is_sim(const char* name) { return strstr(name, "Orion Simulated
 #if defined(CUDART_VERSION)
 // ---- CUDA runtime helpers ------------------------------------------------------------------
 
-#define CUDA_OK(expr)                                                                       \
-  do {                                                                                      \
-    cudaError_t e_ = (expr);                                                                \
-    if (e_ != cudaSuccess) {                                                                \
-      printf("CUDA_ERROR %s %d %s:%d %s\n", cudaGetErrorName(e_), (int)e_, __FILE__,        \
-             __LINE__, #expr);                                                              \
-      fflush(stdout);                                                                       \
-      exit(2);                                                                              \
-    }                                                                                       \
+#define CUDA_OK(expr)                                                                                  \
+  do {                                                                                                 \
+    cudaError_t e_ = (expr);                                                                           \
+    if (e_ != cudaSuccess) {                                                                           \
+      printf("CUDA_ERROR %s %d %s:%d %s\n", cudaGetErrorName(e_), (int)e_, __FILE__, __LINE__, #expr); \
+      fflush(stdout);                                                                                  \
+      exit(2);                                                                                         \
+    }                                                                                                  \
   } while (0)
 
 namespace ot {
@@ -156,8 +181,7 @@ namespace ot {
 inline bool expect_error(const std::string& name, cudaError_t got, cudaError_t want) {
   cudaGetLastError();
   return check(name, got == want,
-               fmt("got %s (%d) want %s (%d)", cudaGetErrorName(got), (int)got,
-                   cudaGetErrorName(want), (int)want));
+               fmt("got %s (%d) want %s (%d)", cudaGetErrorName(got), (int)got, cudaGetErrorName(want), (int)want));
 }
 
 // Checks that a call failed (any error), then clears the runtime's last error.

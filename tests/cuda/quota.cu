@@ -38,13 +38,15 @@ int main() {
   check("quota_failure_is_oom", last == cudaErrorMemoryAllocation,
         fmt("last cudaMalloc -> %s (%d) after %llu MiB", cudaGetErrorName(last), (int)last, got));
   check("quota_upper_bound", got <= gmem, fmt("allocated %llu MiB > ORION_GMEM %llu MiB", got, gmem));
-  check("quota_lower_bound", got + 64 >= gmem, fmt("allocated %llu MiB < ORION_GMEM-64 = %lld MiB", got, (long long)gmem - 64));
+  check("quota_lower_bound", got + 64 >= gmem,
+        fmt("allocated %llu MiB < ORION_GMEM-64 = %lld MiB", got, (long long)gmem - 64));
 
   // Chunks are distinct and do not overlap.
   std::vector<char*> sorted = chunks;
   std::sort(sorted.begin(), sorted.end());
   bool overlap = false;
-  for (size_t i = 1; i < sorted.size(); ++i) if (sorted[i] < sorted[i - 1] + MiB) overlap = true;
+  for (size_t i = 1; i < sorted.size(); ++i)
+    if (sorted[i] < sorted[i - 1] + MiB) overlap = true;
   check("quota_chunks_disjoint", !overlap, "two 1 MiB allocations overlap");
 
   // Memory at quota still works: write and read the first and last chunk.
@@ -78,8 +80,7 @@ int main() {
   cudaGetLastError();
   if (got >= 2) {
     e = cudaMalloc((void**)&p, (size_t)(got / 2) * MiB);
-    check("quota_half_after_free", e == cudaSuccess,
-          fmt("cudaMalloc(%llu MiB) -> %s", got / 2, cudaGetErrorName(e)));
+    check("quota_half_after_free", e == cudaSuccess, fmt("cudaMalloc(%llu MiB) -> %s", got / 2, cudaGetErrorName(e)));
     if (e == cudaSuccess) CUDA_OK(cudaFree(p));
     cudaGetLastError();
   }

@@ -11,11 +11,10 @@
 using ot::check;
 using ot::fmt;
 
-#define SOLVER_OK(name, expr)                                                                      \
-  do {                                                                                             \
-    cusolverStatus_t s_ = (expr);                                                                  \
-    if (!check(name, s_ == CUSOLVER_STATUS_SUCCESS, fmt("status %d", static_cast<int>(s_)))) \
-      return ot::finish();                                                                         \
+#define SOLVER_OK(name, expr)                                                                                     \
+  do {                                                                                                            \
+    cusolverStatus_t s_ = (expr);                                                                                 \
+    if (!check(name, s_ == CUSOLVER_STATUS_SUCCESS, fmt("status %d", static_cast<int>(s_)))) return ot::finish(); \
   } while (0)
 
 int main() {
@@ -24,7 +23,8 @@ int main() {
   // A diagonally dominant matrix (column-major) and b = A * ones, so x = ones.
   std::vector<float> a(n * n), b(n, 0.f), x(n, 0.f);
   for (int j = 0; j < n; ++j) {
-    for (int i = 0; i < n; ++i) a[j * n + i] = i == j ? static_cast<float>(n) : static_cast<float>((i + 2 * j) % 3) - 1.f;
+    for (int i = 0; i < n; ++i)
+      a[j * n + i] = i == j ? static_cast<float>(n) : static_cast<float>((i + 2 * j) % 3) - 1.f;
   }
   for (int i = 0; i < n; ++i) {
     for (int j = 0; j < n; ++j) b[i] += a[j * n + i];

@@ -11,11 +11,10 @@
 using ot::check;
 using ot::fmt;
 
-#define SP_OK(name, expr)                                                                        \
-  do {                                                                                           \
-    cusparseStatus_t s_ = (expr);                                                                \
-    if (!check(name, s_ == CUSPARSE_STATUS_SUCCESS, fmt("status %d", static_cast<int>(s_)))) \
-      return ot::finish();                                                                       \
+#define SP_OK(name, expr)                                                                                         \
+  do {                                                                                                            \
+    cusparseStatus_t s_ = (expr);                                                                                 \
+    if (!check(name, s_ == CUSPARSE_STATUS_SUCCESS, fmt("status %d", static_cast<int>(s_)))) return ot::finish(); \
   } while (0)
 
 int main() {

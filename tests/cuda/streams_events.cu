@@ -121,7 +121,11 @@ static void kernel_chain(cudaStream_t s1, cudaStream_t s2) {
   CUDA_OK(cudaMemcpyAsync(h, c, n * sizeof(int), cudaMemcpyDeviceToHost, s1));
   CUDA_OK(cudaStreamSynchronize(s1));
   int bad = -1;
-  for (int i = 0; i < n; ++i) if (h[i] != (5 * 3 + i) * 2 + i) { bad = i; break; }
+  for (int i = 0; i < n; ++i)
+    if (h[i] != (5 * 3 + i) * 2 + i) {
+      bad = i;
+      break;
+    }
   ot::check_kernel("chain_kernels", bad < 0,
                    bad < 0 ? "" : fmt("c[%d]=%d want %d", bad, h[bad], (5 * 3 + bad) * 2 + bad));
   CUDA_OK(cudaEventDestroy(e1));

@@ -22,7 +22,9 @@ static const size_t MiB = 1 << 20;
 static void pattern(uint64_t seed, size_t off, uint64_t* w, size_t words) {
   for (size_t i = 0; i < words; ++i) {
     uint64_t x = (off / 8 + i) ^ (seed << 32) ^ 0x9E3779B97F4A7C15ull;
-    x ^= x >> 29; x *= 0xBF58476D1CE4E5B9ull; x ^= x >> 32;
+    x ^= x >> 29;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 32;
     w[i] = x;
   }
 }

@@ -19,7 +19,10 @@ int main() {
   ot::detect_device();
   const int n = (1 << 20) + 3;
   std::vector<float> a(n), b(n), c(n, -1.0f), back(n);
-  for (int i = 0; i < n; ++i) { a[i] = (float)i * 0.5f; b[i] = (float)(n - i); }
+  for (int i = 0; i < n; ++i) {
+    a[i] = (float)i * 0.5f;
+    b[i] = (float)(n - i);
+  }
   float *da, *db, *dc;
   CUDA_OK(cudaMalloc((void**)&da, n * sizeof(float)));
   CUDA_OK(cudaMalloc((void**)&db, n * sizeof(float)));

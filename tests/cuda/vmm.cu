@@ -10,15 +10,15 @@
 
 #include "orion_test.h"
 
-#define CU_OK(expr)                                                                        \
-  do {                                                                                     \
-    CUresult _r = (expr);                                                                  \
-    if (_r != CUDA_SUCCESS) {                                                              \
-      const char* _n = nullptr;                                                            \
-      cuGetErrorName(_r, &_n);                                                             \
+#define CU_OK(expr)                                                                             \
+  do {                                                                                          \
+    CUresult _r = (expr);                                                                       \
+    if (_r != CUDA_SUCCESS) {                                                                   \
+      const char* _n = nullptr;                                                                 \
+      cuGetErrorName(_r, &_n);                                                                  \
       printf("CUDA_ERROR %s %d %s:%d %s\n", _n ? _n : "?", (int)_r, __FILE__, __LINE__, #expr); \
-      exit(2);                                                                             \
-    }                                                                                      \
+      exit(2);                                                                                  \
+    }                                                                                           \
   } while (0)
 
 __global__ void fill_index(unsigned* p, size_t n, unsigned salt) {
@@ -138,8 +138,8 @@ int main() {
   ot::check("free_reservation_with_mappings_refused", cuMemAddressFree(base, reserve) == CUDA_ERROR_INVALID_VALUE);
   ot::check("unmap_partial_refused", cuMemUnmap(base + gran, gran) == CUDA_ERROR_INVALID_VALUE);
   int fd = -1;
-  ot::check("export_not_supported",
-            cuMemExportToShareableHandle(&fd, h1, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) == CUDA_ERROR_NOT_SUPPORTED);
+  ot::check("export_not_supported", cuMemExportToShareableHandle(&fd, h1, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                                                 0) == CUDA_ERROR_NOT_SUPPORTED);
   CUresult big = cuMemCreate(&h3, ((size_t)atoll(getenv("ORION_GMEM") ? getenv("ORION_GMEM") : "512") << 20), &prop, 0);
   ot::check("create_past_quota_refused", big == CUDA_ERROR_OUT_OF_MEMORY, ot::fmt("%d", (int)big));
 
@@ -170,7 +170,8 @@ int main() {
   CUDA_OK(cudaStreamSynchronize(s));
   CUDA_OK(cudaMemPoolGetAttribute(def, cudaMemPoolAttrUsedMemCurrent, &used));
   CUDA_OK(cudaMemPoolGetAttribute(def, cudaMemPoolAttrUsedMemHigh, &high));
-  ot::check("pool_counts_free", used == 0 && high == (3u << 20), ot::fmt("%llu %llu", (unsigned long long)used, (unsigned long long)high));
+  ot::check("pool_counts_free", used == 0 && high == (3u << 20),
+            ot::fmt("%llu %llu", (unsigned long long)used, (unsigned long long)high));
   cuuint64_t threshold = ~0ull;
   CUDA_OK(cudaMemPoolSetAttribute(def, cudaMemPoolAttrReleaseThreshold, &threshold));
   CUDA_OK(cudaMemPoolTrimTo(def, 0));

@@ -8,13 +8,17 @@ struct S {  // sizeof 24, alignof 8: a@0, b@8, c@16
   double b;
   char c[5];
 };
-struct __align__(16) A16 { float x, y, z, w; };  // sizeof 16, alignof 16
-struct Huge { char x[20000]; };                   // > 4 KiB of params: EIATTR_KPARAM_INFO_V2 (0x45)
+struct __align__(16) A16 {
+  float x, y, z, w;
+};  // sizeof 16, alignof 16
+struct Huge {
+  char x[20000];
+};  // > 4 KiB of params: EIATTR_KPARAM_INFO_V2 (0x45)
 
-__device__ int dvar[10];          // 40 bytes, .nv.global
-__constant__ float cvar[7];       // 28 bytes, .nv.constant3
-__device__ double dinit = 3.0;    // 8 bytes, initialised: .nv.global.init
-__managed__ int mvar;             // 4 bytes
+__device__ int dvar[10];        // 40 bytes, .nv.global
+__constant__ float cvar[7];     // 28 bytes, .nv.constant3
+__device__ double dinit = 3.0;  // 8 bytes, initialised: .nv.global.init
+__managed__ int mvar;           // 4 bytes
 
 extern "C" __global__ void k_ptr(float* p) { p[0] = cvar[1] + static_cast<float>(dinit); }
 __global__ void k_int(int x) { dvar[0] = x; }
@@ -27,7 +31,10 @@ __global__ void k_many(char a, short b, int c, long long d, double e, char f, fl
 __global__ void k_align(char a, A16 v, char b, double2 d, float* p) { p[0] = a + v.x + b + static_cast<float>(d.y); }
 __global__ void k_huge(char a, Huge h, int c, float* p) { p[0] = a + h.x[19999] + c; }
 __global__ void k_empty() {}
-template <typename T> __global__ void k_tmpl(T* p, T v) { p[0] = v; }
+template <typename T>
+__global__ void k_tmpl(T* p, T v) {
+  p[0] = v;
+}
 template __global__ void k_tmpl<int>(int*, int);
 template __global__ void k_tmpl<double>(double*, double);
 __device__ __noinline__ int helper(int x) { return x * 3; }  // not a kernel

@@ -18,36 +18,64 @@ __global__ void reduce(const int* in, int* out, int n) {
   }
 }
 __global__ void pr(int x, double d) { printf("hello %d %f from %d\n", x, d, threadIdx.x); }
-struct S { int a; double b; char c[3]; };
+struct S {
+  int a;
+  double b;
+  char c[3];
+};
 __global__ void st(S s, double* o) { o[threadIdx.x] = s.a + s.b + s.c[1] + sqrt((double)threadIdx.x); }
-__global__ void hf(const __half* a, __half* b, int n) { int i = threadIdx.x; if (i < n) b[i] = __hadd(a[i], __float2half(1.5f)) * a[i]; }
+__global__ void hf(const __half* a, __half* b, int n) {
+  int i = threadIdx.x;
+  if (i < n) b[i] = __hadd(a[i], __float2half(1.5f)) * a[i];
+}
 __global__ void asrt(int x) { assert(x != threadIdx.x); }
 __global__ void coop(int* d, int n) {
   cg::grid_group g = cg::this_grid();
   d[g.thread_rank()] = 1;
   g.sync();
-  if (g.thread_rank() == 0) { int s = 0; for (int i = 0; i < n; i++) s += d[i]; d[0] = s; }
+  if (g.thread_rank() == 0) {
+    int s = 0;
+    for (int i = 0; i < n; i++) s += d[i];
+    d[0] = s;
+  }
 }
 __global__ void scan(int* d) {
   __shared__ int t[256];
-  int i = threadIdx.x; t[i] = d[i]; __syncthreads();
-  for (int o = 1; o < 256; o <<= 1) { int v = i >= o ? t[i - o] : 0; __syncthreads(); t[i] += v; __syncthreads(); }
+  int i = threadIdx.x;
+  t[i] = d[i];
+  __syncthreads();
+  for (int o = 1; o < 256; o <<= 1) {
+    int v = i >= o ? t[i - o] : 0;
+    __syncthreads();
+    t[i] += v;
+    __syncthreads();
+  }
   d[i] = t[i];
 }
-__global__ void math(float* f) { int i = threadIdx.x; f[i] = sinf(f[i]) + expf(f[i]) + __fdividef(1.f, f[i]+1) + rsqrtf(f[i]+2) + tanhf(f[i]); }
+__global__ void math(float* f) {
+  int i = threadIdx.x;
+  f[i] = sinf(f[i]) + expf(f[i]) + __fdividef(1.f, f[i] + 1) + rsqrtf(f[i] + 2) + tanhf(f[i]);
+}
 // Texture and surface objects (tex / suld / sust in unified mode).
-__global__ void tex_fetch(cudaTextureObject_t t, float* o, int n) { int i = threadIdx.x; if (i < n) o[i] = tex1Dfetch<float>(t, i - 2); }
+__global__ void tex_fetch(cudaTextureObject_t t, float* o, int n) {
+  int i = threadIdx.x;
+  if (i < n) o[i] = tex1Dfetch<float>(t, i - 2);
+}
 __global__ void tex_2d(cudaTextureObject_t t, float* o, const float2* xy, int n) {
-  int i = threadIdx.x; if (i < n) o[i] = tex2D<float>(t, xy[i].x, xy[i].y);
+  int i = threadIdx.x;
+  if (i < n) o[i] = tex2D<float>(t, xy[i].x, xy[i].y);
 }
 __global__ void tex_2d4(cudaTextureObject_t t, float4* o, const float2* xy, int n) {
-  int i = threadIdx.x; if (i < n) o[i] = tex2D<float4>(t, xy[i].x, xy[i].y);
+  int i = threadIdx.x;
+  if (i < n) o[i] = tex2D<float4>(t, xy[i].x, xy[i].y);
 }
 __global__ void tex_2du8(cudaTextureObject_t t, uchar4* o, const float2* xy, int n) {
-  int i = threadIdx.x; if (i < n) o[i] = tex2D<uchar4>(t, xy[i].x, xy[i].y);
+  int i = threadIdx.x;
+  if (i < n) o[i] = tex2D<uchar4>(t, xy[i].x, xy[i].y);
 }
 __global__ void tex_3d(cudaTextureObject_t t, float* o, const float4* xyz, int n) {
-  int i = threadIdx.x; if (i < n) o[i] = tex3D<float>(t, xyz[i].x, xyz[i].y, xyz[i].z);
+  int i = threadIdx.x;
+  if (i < n) o[i] = tex3D<float>(t, xyz[i].x, xyz[i].y, xyz[i].z);
 }
 __global__ void surf_scale(cudaSurfaceObject_t s) {
   int x = threadIdx.x, y = blockIdx.x;

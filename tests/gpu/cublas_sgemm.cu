@@ -10,10 +10,10 @@
 
 #include "e2e.h"
 
-#define CK_BLAS(call)                                                                        \
-  do {                                                                                       \
-    cublasStatus_t st_ = (call);                                                             \
-    if (st_ != CUBLAS_STATUS_SUCCESS)                                                        \
+#define CK_BLAS(call)                                                                              \
+  do {                                                                                             \
+    cublasStatus_t st_ = (call);                                                                   \
+    if (st_ != CUBLAS_STATUS_SUCCESS)                                                              \
       e2e::fail("%s:%d %s -> cublas status %d", __FILE__, __LINE__, #call, static_cast<int>(st_)); \
   } while (0)
 
@@ -40,13 +40,17 @@ int main() {
   printf("INFO cuBLAS version %d\n", ver);
   const float alpha = 1.0f, beta = 0.0f;
   const int reps = 10;
-  const double ms = e2e::timed("cublas_sgemm", [&] {
-    for (int r = 0; r < reps; ++r) CK_BLAS(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, dA, n, dB, n, &beta, dC, n));
-    E2E_CK(cudaDeviceSynchronize());
-  }, [&] {
-    E2E_CK(cudaMemset(dC, 0xff, bytes));
-    E2E_CK(cudaDeviceSynchronize());
-  });
+  const double ms = e2e::timed(
+      "cublas_sgemm",
+      [&] {
+        for (int r = 0; r < reps; ++r)
+          CK_BLAS(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, dA, n, dB, n, &beta, dC, n));
+        E2E_CK(cudaDeviceSynchronize());
+      },
+      [&] {
+        E2E_CK(cudaMemset(dC, 0xff, bytes));
+        E2E_CK(cudaDeviceSynchronize());
+      });
   printf("INFO %.1f GFLOP/s\n", 2.0 * n * n * n * reps / (ms * 1e6));
   E2E_CK(cudaMemcpy(C.data(), dC, bytes, cudaMemcpyDeviceToHost));
   int bad = 0;

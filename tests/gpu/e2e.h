@@ -23,7 +23,10 @@
 
 namespace e2e {
 
-inline const char*& program() { static const char* p = "?"; return p; }
+inline const char*& program() {
+  static const char* p = "?";
+  return p;
+}
 
 // The path of the libcuda mapped into this process (Orion's or the real driver's), or "none".
 inline std::string loaded_libcuda() {
@@ -68,12 +71,12 @@ inline int pass() {
   return 0;
 }
 
-#define E2E_CK(call)                                                                                   \
-  do {                                                                                                 \
-    cudaError_t e2e_err_ = (call);                                                                     \
-    if (e2e_err_ != cudaSuccess)                                                                       \
-      ::e2e::fail("%s:%d %s -> %s (%d: %s)", __FILE__, __LINE__, #call, cudaGetErrorName(e2e_err_),    \
-                  static_cast<int>(e2e_err_), cudaGetErrorString(e2e_err_));                           \
+#define E2E_CK(call)                                                                                \
+  do {                                                                                              \
+    cudaError_t e2e_err_ = (call);                                                                  \
+    if (e2e_err_ != cudaSuccess)                                                                    \
+      ::e2e::fail("%s:%d %s -> %s (%d: %s)", __FILE__, __LINE__, #call, cudaGetErrorName(e2e_err_), \
+                  static_cast<int>(e2e_err_), cudaGetErrorString(e2e_err_));                        \
   } while (0)
 
 // Checks a kernel launch (configuration errors) right after <<<>>>.

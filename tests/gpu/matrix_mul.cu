@@ -11,8 +11,7 @@
 
 constexpr int kTile = 32;
 
-__global__ void sgemm_tiled(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
-                            int n) {
+__global__ void sgemm_tiled(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, int n) {
   __shared__ float as[kTile][kTile];
   __shared__ float bs[kTile][kTile + 1];
   const int row = blockIdx.y * kTile + threadIdx.y, col = blockIdx.x * kTile + threadIdx.x;
@@ -56,7 +55,8 @@ int main() {
       double ref = 0;
       for (int k = 0; k < n; ++k) ref += double(A[size_t(i) * n + k]) * B[size_t(k) * n + j];
       const double got = C[size_t(i) * n + j], rel = std::fabs(got - ref) / std::fmax(std::fabs(ref), 1e-30);
-      if (!(rel <= 1e-3) && bad++ == 0) printf("INFO %s: first bad entry C[%d][%d] = %g, reference %g\n", what, i, j, got, ref);
+      if (!(rel <= 1e-3) && bad++ == 0)
+        printf("INFO %s: first bad entry C[%d][%d] = %g, reference %g\n", what, i, j, got, ref);
       if (rel > worst || rel != rel) worst = rel;
     }
     if (bad != 0) e2e::fail("%s: %d of %d sampled entries off by more than 1e-3 (worst %g)", what, bad, samples, worst);
@@ -65,22 +65,28 @@ int main() {
   E2E_CK(cudaMemcpy(dA, A.data(), bytes, cudaMemcpyHostToDevice));
   E2E_CK(cudaMemcpy(dB, B.data(), bytes, cudaMemcpyHostToDevice));
   const int reps = 10;
-  const double ms = e2e::timed("matrix_mul", [&] {
-    for (int r = 0; r < reps; ++r) sgemm_tiled<<<grid, block>>>(dA, dB, dC, n);
-    E2E_CK_LAUNCH();
-    E2E_CK(cudaDeviceSynchronize());
-  }, poison);
+  const double ms = e2e::timed(
+      "matrix_mul",
+      [&] {
+        for (int r = 0; r < reps; ++r) sgemm_tiled<<<grid, block>>>(dA, dB, dC, n);
+        E2E_CK_LAUNCH();
+        E2E_CK(cudaDeviceSynchronize());
+      },
+      poison);
   printf("INFO %.1f GFLOP/s (tiled kernel)\n", 2.0 * n * n * n * reps / (ms * 1e6));
   E2E_CK(cudaMemcpy(C.data(), dC, bytes, cudaMemcpyDeviceToHost));
   check("kernels");
-  e2e::timed("matrix_mul_e2e", [&] {
-    E2E_CK(cudaMemcpy(dA, A.data(), bytes, cudaMemcpyHostToDevice));
-    E2E_CK(cudaMemcpy(dB, B.data(), bytes, cudaMemcpyHostToDevice));
-    sgemm_tiled<<<grid, block>>>(dA, dB, dC, n);
-    E2E_CK_LAUNCH();
-    E2E_CK(cudaMemcpy(C.data(), dC, bytes, cudaMemcpyDeviceToHost));
-    E2E_CK(cudaDeviceSynchronize());
-  }, poison);
+  e2e::timed(
+      "matrix_mul_e2e",
+      [&] {
+        E2E_CK(cudaMemcpy(dA, A.data(), bytes, cudaMemcpyHostToDevice));
+        E2E_CK(cudaMemcpy(dB, B.data(), bytes, cudaMemcpyHostToDevice));
+        sgemm_tiled<<<grid, block>>>(dA, dB, dC, n);
+        E2E_CK_LAUNCH();
+        E2E_CK(cudaMemcpy(C.data(), dC, bytes, cudaMemcpyDeviceToHost));
+        E2E_CK(cudaDeviceSynchronize());
+      },
+      poison);
   check("e2e");
   E2E_CK(cudaFree(dA));
   E2E_CK(cudaFree(dB));

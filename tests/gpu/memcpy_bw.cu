@@ -20,21 +20,28 @@ int main() {
   for (size_t i = 0; i < words; ++i) psrc[i] = hsrc[i] = static_cast<uint32_t>(i * 2654435761u) ^ 0xa5a5a5a5u;
   memset(pdst.get(), 0, bytes);  // touch every page before timing
   memset(hdst, 0, bytes);
-  struct Kind { const char* name; uint32_t* src; uint32_t* dst; } kinds[] = {
-      {"pageable", psrc.get(), pdst.get()}, {"pinned", hsrc, hdst}};
+  struct Kind {
+    const char* name;
+    uint32_t* src;
+    uint32_t* dst;
+  } kinds[] = {{"pageable", psrc.get(), pdst.get()}, {"pinned", hsrc, hdst}};
   for (const Kind& k : kinds) {
     char name[64];
     snprintf(name, sizeof name, "memcpy_h2d_%s", k.name);
     double ms = e2e::measure([&] {
-      for (int r = 0; r < reps; ++r) E2E_CK(cudaMemcpy(dbuf, k.src, bytes, cudaMemcpyHostToDevice));
-      E2E_CK(cudaDeviceSynchronize());
-    }) / reps;
+                  for (int r = 0; r < reps; ++r) E2E_CK(cudaMemcpy(dbuf, k.src, bytes, cudaMemcpyHostToDevice));
+                  E2E_CK(cudaDeviceSynchronize());
+                }) /
+                reps;
     printf("TIME %s %.3f\nBW %s %.2f\n", name, ms, name, bytes / (ms * 1e6));
     snprintf(name, sizeof name, "memcpy_d2h_%s", k.name);
-    ms = e2e::measure([&] {
-      for (int r = 0; r < reps; ++r) E2E_CK(cudaMemcpy(k.dst, dbuf, bytes, cudaMemcpyDeviceToHost));
-      E2E_CK(cudaDeviceSynchronize());
-    }, [&] { memset(k.dst, 0, bytes); }) / reps;
+    ms = e2e::measure(
+             [&] {
+               for (int r = 0; r < reps; ++r) E2E_CK(cudaMemcpy(k.dst, dbuf, bytes, cudaMemcpyDeviceToHost));
+               E2E_CK(cudaDeviceSynchronize());
+             },
+             [&] { memset(k.dst, 0, bytes); }) /
+         reps;
     printf("TIME %s %.3f\nBW %s %.2f\n", name, ms, name, bytes / (ms * 1e6));
     if (memcmp(k.src, k.dst, bytes) != 0) {
       size_t i = 0;

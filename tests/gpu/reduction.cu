@@ -21,8 +21,7 @@ __device__ long long block_sum(long long v) {
 
 __global__ void pass1(const int* __restrict__ in, size_t n, long long* __restrict__ partial) {
   long long v = 0;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    v += in[i];
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) v += in[i];
   v = block_sum(v);
   if (threadIdx.x == 0) partial[blockIdx.x] = v;
 }
@@ -52,19 +51,22 @@ int main() {
   E2E_CK(cudaMalloc(&dout, sizeof(long long)));
   E2E_CK(cudaMemcpy(din, h.data(), n * sizeof(int), cudaMemcpyHostToDevice));
   long long got = 0;
-  const double ms = e2e::timed("reduction", [&] {
-    pass1<<<blocks, kThreads>>>(din, n, dpartial);
-    E2E_CK_LAUNCH();
-    pass2<<<1, kThreads>>>(dpartial, blocks, dout);
-    E2E_CK_LAUNCH();
-    E2E_CK(cudaMemcpy(&got, dout, sizeof got, cudaMemcpyDeviceToHost));
-    E2E_CK(cudaDeviceSynchronize());
-  }, [&] {
-    E2E_CK(cudaMemset(dout, 0, sizeof(long long)));
-    E2E_CK(cudaMemset(dpartial, 0, blocks * sizeof(long long)));
-    E2E_CK(cudaDeviceSynchronize());
-    got = 0x5a5a5a5a5a5a5a5all;
-  });
+  const double ms = e2e::timed(
+      "reduction",
+      [&] {
+        pass1<<<blocks, kThreads>>>(din, n, dpartial);
+        E2E_CK_LAUNCH();
+        pass2<<<1, kThreads>>>(dpartial, blocks, dout);
+        E2E_CK_LAUNCH();
+        E2E_CK(cudaMemcpy(&got, dout, sizeof got, cudaMemcpyDeviceToHost));
+        E2E_CK(cudaDeviceSynchronize());
+      },
+      [&] {
+        E2E_CK(cudaMemset(dout, 0, sizeof(long long)));
+        E2E_CK(cudaMemset(dpartial, 0, blocks * sizeof(long long)));
+        E2E_CK(cudaDeviceSynchronize());
+        got = 0x5a5a5a5a5a5a5a5all;
+      });
   printf("INFO %d blocks x %d threads, %.1f GB/s read\n", blocks, kThreads, n * sizeof(int) / (ms * 1e6));
   E2E_CK(cudaFree(din));
   E2E_CK(cudaFree(dpartial));

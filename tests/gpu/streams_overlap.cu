@@ -57,45 +57,51 @@ int main() {
     for (size_t i = 0; i < n; ++i)
       if (hout[i] != table[i % kDistinct] && bad++ == 0) first = i;
     if (bad != 0)
-      e2e::fail("%s: %zu of %zu wrong, first at %zu: %g for input %g (expected %g)", what, bad, n, first,
-                hout[first], hin[first], table[first % kDistinct]);
+      e2e::fail("%s: %zu of %zu wrong, first at %zu: %g for input %g (expected %g)", what, bad, n, first, hout[first],
+                hin[first], table[first % kDistinct]);
   };
   float ev_ms = 0;
 
-  const double serial = e2e::timed("streams_overlap_serial", [&] {
-    E2E_CK(cudaEventRecord(e0, s[0]));
-    E2E_CK(cudaMemcpyAsync(din, hin, bytes, cudaMemcpyHostToDevice, s[0]));
-    work<<<blocks, threads, 0, s[0]>>>(din, dout, n);
-    E2E_CK_LAUNCH();
-    E2E_CK(cudaMemcpyAsync(hout, dout, bytes, cudaMemcpyDeviceToHost, s[0]));
-    E2E_CK(cudaEventRecord(e1, s[0]));
-    E2E_CK(cudaDeviceSynchronize());
-  }, poison);
+  const double serial = e2e::timed(
+      "streams_overlap_serial",
+      [&] {
+        E2E_CK(cudaEventRecord(e0, s[0]));
+        E2E_CK(cudaMemcpyAsync(din, hin, bytes, cudaMemcpyHostToDevice, s[0]));
+        work<<<blocks, threads, 0, s[0]>>>(din, dout, n);
+        E2E_CK_LAUNCH();
+        E2E_CK(cudaMemcpyAsync(hout, dout, bytes, cudaMemcpyDeviceToHost, s[0]));
+        E2E_CK(cudaEventRecord(e1, s[0]));
+        E2E_CK(cudaDeviceSynchronize());
+      },
+      poison);
   E2E_CK(cudaEventElapsedTime(&ev_ms, e0, e1));
   printf("INFO events serial %.3f ms\n", ev_ms);
   check("serial");
 
-  const double streamed = e2e::timed("streams_overlap_streamed", [&] {
-    E2E_CK(cudaEventRecord(e0, s[0]));
-    for (int k = 1; k < kStreams; ++k) E2E_CK(cudaStreamWaitEvent(s[k], e0, 0));
-    for (int k = 0; k < kStreams; ++k) {
-      const size_t off = k * chunk, cnt = (k == kStreams - 1) ? n - off : chunk;
-      E2E_CK(cudaMemcpyAsync(din + off, hin + off, cnt * sizeof(float), cudaMemcpyHostToDevice, s[k]));
-      work<<<blocks / kStreams, threads, 0, s[k]>>>(din + off, dout + off, cnt);
-      E2E_CK_LAUNCH();
-      E2E_CK(cudaMemcpyAsync(hout + off, dout + off, cnt * sizeof(float), cudaMemcpyDeviceToHost, s[k]));
-    }
-    // e1 in s[0] after every stream's work: join the other streams into s[0] first.
-    for (int k = 1; k < kStreams; ++k) {
-      cudaEvent_t j;
-      E2E_CK(cudaEventCreateWithFlags(&j, cudaEventDisableTiming));
-      E2E_CK(cudaEventRecord(j, s[k]));
-      E2E_CK(cudaStreamWaitEvent(s[0], j, 0));
-      E2E_CK(cudaEventDestroy(j));
-    }
-    E2E_CK(cudaEventRecord(e1, s[0]));
-    E2E_CK(cudaDeviceSynchronize());
-  }, poison);
+  const double streamed = e2e::timed(
+      "streams_overlap_streamed",
+      [&] {
+        E2E_CK(cudaEventRecord(e0, s[0]));
+        for (int k = 1; k < kStreams; ++k) E2E_CK(cudaStreamWaitEvent(s[k], e0, 0));
+        for (int k = 0; k < kStreams; ++k) {
+          const size_t off = k * chunk, cnt = (k == kStreams - 1) ? n - off : chunk;
+          E2E_CK(cudaMemcpyAsync(din + off, hin + off, cnt * sizeof(float), cudaMemcpyHostToDevice, s[k]));
+          work<<<blocks / kStreams, threads, 0, s[k]>>>(din + off, dout + off, cnt);
+          E2E_CK_LAUNCH();
+          E2E_CK(cudaMemcpyAsync(hout + off, dout + off, cnt * sizeof(float), cudaMemcpyDeviceToHost, s[k]));
+        }
+        // e1 in s[0] after every stream's work: join the other streams into s[0] first.
+        for (int k = 1; k < kStreams; ++k) {
+          cudaEvent_t j;
+          E2E_CK(cudaEventCreateWithFlags(&j, cudaEventDisableTiming));
+          E2E_CK(cudaEventRecord(j, s[k]));
+          E2E_CK(cudaStreamWaitEvent(s[0], j, 0));
+          E2E_CK(cudaEventDestroy(j));
+        }
+        E2E_CK(cudaEventRecord(e1, s[0]));
+        E2E_CK(cudaDeviceSynchronize());
+      },
+      poison);
   E2E_CK(cudaEventElapsedTime(&ev_ms, e0, e1));
   printf("INFO events streamed %.3f ms; chrono speedup %.2fx\n", ev_ms, serial / streamed);
   check("streamed");

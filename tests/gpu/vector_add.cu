@@ -25,18 +25,21 @@ int main() {
   E2E_CK(cudaMalloc(&db, bytes));
   E2E_CK(cudaMalloc(&dc, bytes));
   const int threads = 256, blocks = static_cast<int>((n + threads - 1) / threads);
-  e2e::timed("vector_add", [&] {
-    E2E_CK(cudaMemcpy(da, a.data(), bytes, cudaMemcpyHostToDevice));
-    E2E_CK(cudaMemcpy(db, b.data(), bytes, cudaMemcpyHostToDevice));
-    vadd<<<blocks, threads>>>(da, db, dc, n);
-    E2E_CK_LAUNCH();
-    E2E_CK(cudaMemcpy(c.data(), dc, bytes, cudaMemcpyDeviceToHost));
-    E2E_CK(cudaDeviceSynchronize());
-  }, [&] {
-    E2E_CK(cudaMemset(dc, 0xff, bytes));  // NaN everywhere: a run that computed nothing fails the check
-    E2E_CK(cudaDeviceSynchronize());
-    memset(c.data(), 0xff, bytes);
-  });
+  e2e::timed(
+      "vector_add",
+      [&] {
+        E2E_CK(cudaMemcpy(da, a.data(), bytes, cudaMemcpyHostToDevice));
+        E2E_CK(cudaMemcpy(db, b.data(), bytes, cudaMemcpyHostToDevice));
+        vadd<<<blocks, threads>>>(da, db, dc, n);
+        E2E_CK_LAUNCH();
+        E2E_CK(cudaMemcpy(c.data(), dc, bytes, cudaMemcpyDeviceToHost));
+        E2E_CK(cudaDeviceSynchronize());
+      },
+      [&] {
+        E2E_CK(cudaMemset(dc, 0xff, bytes));  // NaN everywhere: a run that computed nothing fails the check
+        E2E_CK(cudaDeviceSynchronize());
+        memset(c.data(), 0xff, bytes);
+      });
   size_t bad = 0, first = n;
   for (size_t i = 0; i < n; ++i) {
     if (c[i] != a[i] + b[i]) {  // one IEEE addition: bit-exact on host and device
@@ -47,8 +50,7 @@ int main() {
   E2E_CK(cudaFree(db));
   E2E_CK(cudaFree(dc));
   if (bad != 0)
-    e2e::fail("%zu of %zu elements wrong, first at %zu: %g + %g gave %g", bad, n, first, a[first], b[first],
-              c[first]);
+    e2e::fail("%zu of %zu elements wrong, first at %zu: %g + %g gave %g", bad, n, first, a[first], b[first], c[first]);
   printf("INFO checked %zu elements\n", n);
   return e2e::pass();
 }

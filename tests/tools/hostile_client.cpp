@@ -63,8 +63,8 @@ bool Claim(MappedRegion& r, Chan* c) {
       const uint32_t gen = c->desc->generation;
       c->req = RingProducer(c->base + c->layout.request_ring_offset,
                             static_cast<uint32_t>(c->layout.request_ring_bytes), gen);
-      c->rep = RingConsumer(c->base + c->layout.reply_ring_offset,
-                            static_cast<uint32_t>(c->layout.reply_ring_bytes), gen);
+      c->rep =
+          RingConsumer(c->base + c->layout.reply_ring_offset, static_cast<uint32_t>(c->layout.reply_ring_bytes), gen);
       c->desc->client_lease.store(1);
       return true;
     }
@@ -143,8 +143,9 @@ int main(int argc, char** argv) {
       char vendor[16] = {}, device[16] = {};
       FILE* v = std::fopen((std::string(dev) + "/vendor").c_str(), "r");
       FILE* d = std::fopen((std::string(dev) + "/device").c_str(), "r");
-      if (v != nullptr && d != nullptr && std::fgets(vendor, sizeof vendor, v) && std::fgets(device, sizeof device, d) &&
-          std::strncmp(vendor, "0x1af4", 6) == 0 && std::strncmp(device, "0x1110", 6) == 0) {
+      if (v != nullptr && d != nullptr && std::fgets(vendor, sizeof vendor, v) &&
+          std::fgets(device, sizeof device, d) && std::strncmp(vendor, "0x1af4", 6) == 0 &&
+          std::strncmp(device, "0x1110", 6) == 0) {
         path = std::string(dev) + "/resource2";
         if (FILE* e = std::fopen((std::string(dev) + "/enable").c_str(), "w")) {
           std::fputs("1", e);
@@ -268,7 +269,8 @@ int main(int argc, char** argv) {
     std::vector<uint8_t> got;
     MemcpyReq back{0, buf, 32, 0};
     const int st = Send(&c, Op::kMemcpyDtoH, &back, sizeof back, true, &deferred, &got);
-    Report("batch_error_deferred", st == 0 && deferred == CUDA_ERROR_INVALID_VALUE, "deferred " + std::to_string(deferred));
+    Report("batch_error_deferred", st == 0 && deferred == CUDA_ERROR_INVALID_VALUE,
+           "deferred " + std::to_string(deferred));
     const uint8_t* w = c.base + c.layout.window_offset;
     Report("batch_entries_after_error_ran", w[0] == 0x22 && w[15] == 0x22 && w[16] == 0x11 && w[31] == 0x11,
            "window bytes not as the batch wrote them");
@@ -306,7 +308,8 @@ int main(int argc, char** argv) {
   gbuf[sizeof gq + 1] = 0;
   Expect("bogus_module", Send(&c, Op::kModuleGetFunction, gbuf, sizeof gbuf, true), CUDA_ERROR_INVALID_HANDLE);
   HandleReq bogus_stream{0x77777};
-  Expect("bogus_stream", Send(&c, Op::kStreamSynchronize, &bogus_stream, sizeof bogus_stream, true), CUDA_ERROR_INVALID_HANDLE);
+  Expect("bogus_stream", Send(&c, Op::kStreamSynchronize, &bogus_stream, sizeof bogus_stream, true),
+         CUDA_ERROR_INVALID_HANDLE);
   // CUDA arrays and texture objects: extents, formats, handles and boxes are all checked.
   ArrayCreateReq huge_arr{uint64_t{1} << 40, 1, 1, CU_AD_FORMAT_FLOAT, 4, 0, 0};
   Expect("array_absurd_extent", Send(&c, Op::kArrayCreate, &huge_arr, sizeof huge_arr, true), CUDA_ERROR_INVALID_VALUE);
@@ -356,11 +359,13 @@ int main(int argc, char** argv) {
   const uint64_t mip = Handle(&c, Op::kMipmappedArrayCreate, &mq_ok, sizeof mq_ok);
   Report("mipmap", mip != 0);
   MipmapLevelReq mlq{mip, 5, 0};
-  Expect("mipmap_level_past_end", Send(&c, Op::kMipmappedArrayGetLevel, &mlq, sizeof mlq, true), CUDA_ERROR_INVALID_VALUE);
+  Expect("mipmap_level_past_end", Send(&c, Op::kMipmappedArrayGetLevel, &mlq, sizeof mlq, true),
+         CUDA_ERROR_INVALID_VALUE);
   mlq.level = 4;
   const uint64_t level = Handle(&c, Op::kMipmappedArrayGetLevel, &mlq, sizeof mlq);
   HandleReq lvq{level};
-  Expect("mipmap_level_not_destroyable", Send(&c, Op::kArrayDestroy, &lvq, sizeof lvq, true), CUDA_ERROR_INVALID_HANDLE);
+  Expect("mipmap_level_not_destroyable", Send(&c, Op::kArrayDestroy, &lvq, sizeof lvq, true),
+         CUDA_ERROR_INVALID_HANDLE);
   HandleReq mdq{mip};
   Report("mipmap_destroy", Send(&c, Op::kMipmappedArrayDestroy, &mdq, sizeof mdq, true) == 0);
   ArrayCopyReq lbox{};
@@ -370,7 +375,8 @@ int main(int argc, char** argv) {
   lbox.dst_side = kSideArray;
   lbox.width_bytes = 4;
   lbox.height = 1;
-  Expect("destroyed_mipmap_level_refused", Send(&c, Op::kMemcpyArray, &lbox, sizeof lbox, true), CUDA_ERROR_INVALID_VALUE);
+  Expect("destroyed_mipmap_level_refused", Send(&c, Op::kMemcpyArray, &lbox, sizeof lbox, true),
+         CUDA_ERROR_INVALID_VALUE);
   HandleReq aq2{arr};
   Report("array_destroy", Send(&c, Op::kArrayDestroy, &aq2, sizeof aq2, true) == 0);
   Expect("array_destroy_twice", Send(&c, Op::kArrayDestroy, &aq2, sizeof aq2, true), CUDA_ERROR_INVALID_HANDLE);

@@ -109,8 +109,8 @@ int main(int argc, char** argv) {
   std::memcpy(&w, welcome.data(), sizeof w);
   Report("welcome_chose_rdma", w.transport == kTransportRdma, "transport " + std::to_string(w.transport));
   const uint64_t window_bytes = ivshmem::ChannelLayout::Compute(w.channel_bytes).window_bytes;
-  auto* window = static_cast<uint8_t*>(
-      mmap(nullptr, window_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  auto* window =
+      static_cast<uint8_t*>(mmap(nullptr, window_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
   sockaddr_storage ss{};
   socklen_t sl = sizeof ss;
   getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &sl);

@@ -86,10 +86,16 @@ Result<HttpReply> HttpRequest(const Endpoint& ep, const std::string& method, con
   const char* stage = "resolve";
   stream.expires_after(std::chrono::milliseconds(timeout_ms));
   auto on_connect = [&](beast::error_code ec2) {
-    if (ec2) { failed = ec2; return; }
+    if (ec2) {
+      failed = ec2;
+      return;
+    }
     stage = "write";
     http::async_write(stream, req, [&](beast::error_code ec3, size_t) {
-      if (ec3) { failed = ec3; return; }
+      if (ec3) {
+        failed = ec3;
+        return;
+      }
       stage = "read";
       http::async_read(stream, buffer, res, [&](beast::error_code ec4, size_t) {
         if (ec4) failed = ec4;
@@ -105,7 +111,10 @@ Result<HttpReply> HttpRequest(const Endpoint& ep, const std::string& method, con
     stream.async_connect(tcp::endpoint(ip, ep.port), on_connect);
   } else {
     resolver.async_resolve(ep.host, std::to_string(ep.port), [&](beast::error_code ec, tcp::resolver::results_type r) {
-      if (ec) { failed = ec; return; }
+      if (ec) {
+        failed = ec;
+        return;
+      }
       stage = "connect";
       stream.async_connect(r, [&](beast::error_code ec2, const tcp::endpoint&) { on_connect(ec2); });
     });
@@ -124,7 +133,8 @@ Result<nlohmann::json> ControllerClient::Call(const std::string& method, const s
                                               const nlohmann::json& body) const {
   // replace: a string that is not valid UTF-8 (a host or program name is bytes) is sent with U+FFFD
   // in place of the bad bytes instead of throwing out of dump().
-  const std::string text = body.is_null() ? std::string() : body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  const std::string text =
+      body.is_null() ? std::string() : body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   const size_t start = current_.load();
   Result<nlohmann::json> last = Unavailable("no controller configured");
   for (size_t k = 0; k < eps_.size(); ++k) {
@@ -140,8 +150,8 @@ Result<nlohmann::json> ControllerClient::Call(const std::string& method, const s
   return last;
 }
 
-Result<nlohmann::json> ControllerClient::CallOne(const Endpoint& ep, const std::string& method, const std::string& target,
-                                                 const std::string& text) const {
+Result<nlohmann::json> ControllerClient::CallOne(const Endpoint& ep, const std::string& method,
+                                                 const std::string& target, const std::string& text) const {
   auto r = HttpRequest(ep, method, target, text, key_, timeout_ms_);
   if (!r.ok()) return r.status();
   nlohmann::json j = nlohmann::json::parse(r->body, nullptr, /*allow_exceptions=*/false);
@@ -156,9 +166,11 @@ Result<nlohmann::json> ControllerClient::CallOne(const Endpoint& ep, const std::
   Code code = Code::kInternal;
   switch (r->status) {
     case 400: code = Code::kInvalidArgument; break;
-    case 401: case 403: code = Code::kPermissionDenied; break;
+    case 401:
+    case 403: code = Code::kPermissionDenied; break;
     case 404: code = Code::kNotFound; break;
-    case 409: case 429: code = Code::kResourceExhausted; break;
+    case 409:
+    case 429: code = Code::kResourceExhausted; break;
     case 503: code = Code::kUnavailable; break;
     default: break;
   }

@@ -22,7 +22,7 @@ namespace orion {
 static_assert(std::endian::native == std::endian::little, "Orion's wire format is little-endian");
 
 inline constexpr uint32_t kFrameMagic = 0x4D52464Fu;  // "OFRM" in memory
-inline constexpr uint16_t kProtocolVersion = 2;  // 2: Hello/Welcome carry the controller allocation
+inline constexpr uint16_t kProtocolVersion = 2;       // 2: Hello/Welcome carry the controller allocation
 inline constexpr uint32_t kMaxPayload = 64 * 1024;    // bulk bytes travel in the data window
 
 enum class Op : uint16_t {
@@ -85,8 +85,8 @@ inline constexpr int32_t kStatusNeedBytes = 1001;  // ModuleLoad: send the image
 // (for streams: the context's default stream). Device pointers are the server's real values.
 // Window offsets are byte offsets into the channel's data window.
 
-#define ORION_WIRE_STRUCT(T, size)                                                          \
-  static_assert(sizeof(T) == (size), #T " size is part of the wire format");               \
+#define ORION_WIRE_STRUCT(T, size)                                                              \
+  static_assert(sizeof(T) == (size), #T " size is part of the wire format");                    \
   static_assert(std::is_trivially_copyable_v<T> && std::has_unique_object_representations_v<T>, \
                 #T " must have no padding")
 
@@ -106,42 +106,45 @@ struct HelloReq {
   uint64_t gmem_mib;          // ORION_GMEM (0: the server's default per vGPU)
   uint32_t pid;               // informational only (PIDs differ across namespaces and VMs)
   uint32_t reserved1;
-  char process_name[64];      // NUL-padded, informational
-  char key[32];               // network transports: the shared client key (ORION_KEY), NUL-padded
-  char allocation_id[40];     // the controller's allocation the client holds ("" = oriond admits it)
-  char hostname[64];          // informational: the client's host name (orion-smi lists by it)
+  char process_name[64];   // NUL-padded, informational
+  char key[32];            // network transports: the shared client key (ORION_KEY), NUL-padded
+  char allocation_id[40];  // the controller's allocation the client holds ("" = oriond admits it)
+  char hostname[64];       // informational: the client's host name (orion-smi lists by it)
 };
 ORION_WIRE_STRUCT(HelloReq, 224);
 
 struct DeviceInfo {
-  char name[kNameLen];            // NUL-terminated
+  char name[kNameLen];  // NUL-terminated
   uint8_t uuid[16];
-  uint64_t total_mem;             // bytes: the vGPU's quota
+  uint64_t total_mem;                        // bytes: the vGPU's quota
   int32_t attributes[kMaxDeviceAttributes];  // indexed by CUdevice_attribute; 0 where unknown
-  uint32_t pgpu;                  // physical GPU index on the server
-  uint32_t vgpu;                  // vGPU index on that GPU
-  char pci_bus_id[16];            // "0000:3b:00.0"
-  uint32_t luid_low;              // unused on Linux, 0
+  uint32_t pgpu;                             // physical GPU index on the server
+  uint32_t vgpu;                             // vGPU index on that GPU
+  char pci_bus_id[16];                       // "0000:3b:00.0"
+  uint32_t luid_low;                         // unused on Linux, 0
   uint32_t reserved;
 };
 ORION_WIRE_STRUCT(DeviceInfo, 256 + 16 + 8 + 4 * kMaxDeviceAttributes + 8 + 16 + 8);
 
 struct WelcomeRep {
   uint32_t session_id;
-  uint32_t device_count;          // <= kMaxDevices; followed by device_count DeviceInfo
-  int32_t driver_version;         // the server driver's cuDriverGetVersion
-  uint32_t backend;               // 0 sim, 1 cuda
-  uint64_t channel_bytes;         // network transports: the channel size both ends lay out (0 on shm)
-  uint16_t transport;             // the kTransport* oriond chose
+  uint32_t device_count;   // <= kMaxDevices; followed by device_count DeviceInfo
+  int32_t driver_version;  // the server driver's cuDriverGetVersion
+  uint32_t backend;        // 0 sim, 1 cuda
+  uint64_t channel_bytes;  // network transports: the channel size both ends lay out (0 on shm)
+  uint16_t transport;      // the kTransport* oriond chose
   uint16_t reserved0;
   uint32_t reserved1;
-  char server_name[48];           // "oriond (sim)"
-  char allocation_id[40];         // the controller's allocation serving this session ("" standalone)
+  char server_name[48];    // "oriond (sim)"
+  char allocation_id[40];  // the controller's allocation serving this session ("" standalone)
 };
 ORION_WIRE_STRUCT(WelcomeRep, 120);
 
 // WindowData (network transports): followed by `bytes` bytes for window[offset, offset + bytes).
-struct WindowDataHdr { uint64_t offset; uint64_t bytes; };
+struct WindowDataHdr {
+  uint64_t offset;
+  uint64_t bytes;
+};
 ORION_WIRE_STRUCT(WindowDataHdr, 16);
 
 // RdmaConnect (network, after a Welcome whose transport is kTransportRdma): the client sends its
@@ -150,17 +153,17 @@ ORION_WIRE_STRUCT(WindowDataHdr, 16);
 // registered window copy at the same offset (docs/spec/frames.md, "RDMA"). Everything in it is
 // untrusted by the side that receives it.
 struct RdmaConnectInfo {
-  uint8_t gid[16];          // the port GID (RoCE: the IPv4-mapped address of the TCP connection's end)
-  uint32_t qpn;             // RC queue pair number
-  uint32_t psn;             // first packet sequence number (24 bits)
-  uint64_t window_addr;     // the registered window copy (remote address for RDMA WRITE)
-  uint64_t window_bytes;    // must equal the channel layout's window size on both ends
+  uint8_t gid[16];        // the port GID (RoCE: the IPv4-mapped address of the TCP connection's end)
+  uint32_t qpn;           // RC queue pair number
+  uint32_t psn;           // first packet sequence number (24 bits)
+  uint64_t window_addr;   // the registered window copy (remote address for RDMA WRITE)
+  uint64_t window_bytes;  // must equal the channel layout's window size on both ends
   uint32_t window_rkey;
-  uint32_t done_rkey;       // client: the word oriond writes the last executed seq into; 0 from oriond
+  uint32_t done_rkey;  // client: the word oriond writes the last executed seq into; 0 from oriond
   uint64_t done_addr;
-  uint32_t recv_slots;      // receive buffers kept posted
-  uint32_t slot_bytes;      // bytes per receive buffer: the largest SEND the peer may post
-  uint32_t mtu;             // path MTU in bytes (256..4096)
+  uint32_t recv_slots;  // receive buffers kept posted
+  uint32_t slot_bytes;  // bytes per receive buffer: the largest SEND the peer may post
+  uint32_t mtu;         // path MTU in bytes (256..4096)
   uint32_t reserved;
 };
 ORION_WIRE_STRUCT(RdmaConnectInfo, 72);
@@ -172,9 +175,9 @@ ORION_WIRE_STRUCT(RdmaConnectInfo, 72);
 // CUDA_ERROR_INVALID_VALUE; nothing of it executes.
 inline constexpr uint64_t kMax2DHeight = uint64_t{1} << 24;  // rows of a 2D copy or memset
 // Per-session limits on what a client can make a worker hold (issue #11, "bounded everything"):
-inline constexpr size_t kMaxSessionHandles = size_t{1} << 18;    // contexts, modules, functions, streams, events
+inline constexpr size_t kMaxSessionHandles = size_t{1} << 18;        // contexts, modules, functions, streams, events
 inline constexpr uint64_t kMaxHeldImageBytes = uint64_t{512} << 20;  // uploaded module images not yet loaded
-inline constexpr uint64_t kMax2DPitch = uint64_t{1} << 40;   // bytes between rows, and bytes per row
+inline constexpr uint64_t kMax2DPitch = uint64_t{1} << 40;           // bytes between rows, and bytes per row
 // What one device allocation costs against a vGPU's quota at least: its size rounded up to this.
 // The CUDA programming guide promises allocations aligned to at least 256 bytes; GPUs since sm_50
 // report textureAlignment 512 and space small cudaMalloc's 512 bytes apart (large allocations come
@@ -210,7 +213,10 @@ bool Span2D(uint64_t height, uint64_t pitch, uint64_t row_bytes, uint64_t* span)
 // The data-window ranges a request frame reads (the client sends their bytes after the frame on
 // network transports) and writes (oriond sends them back as WindowData before the reply). A pure
 // function of the frame, used by both ends; ranges are not yet checked against the window.
-struct WindowRange { uint64_t offset; uint64_t bytes; };
+struct WindowRange {
+  uint64_t offset;
+  uint64_t bytes;
+};
 struct WindowRanges {
   WindowRange reads[1];
   WindowRange writes[1];
@@ -220,56 +226,113 @@ struct WindowRanges {
 // False when the payload is too short for the op (a malformed frame).
 bool FrameWindowRanges(uint16_t op, const uint8_t* payload, uint32_t payload_len, WindowRanges* out) noexcept;
 
-struct CtxCreateReq { uint32_t device; uint32_t flags; };
+struct CtxCreateReq {
+  uint32_t device;
+  uint32_t flags;
+};
 ORION_WIRE_STRUCT(CtxCreateReq, 8);
-struct HandleRep { uint64_t handle; };               // CtxCreate, PrimaryCtxRetain, StreamCreate, ...
+struct HandleRep {
+  uint64_t handle;
+};  // CtxCreate, PrimaryCtxRetain, StreamCreate, ...
 ORION_WIRE_STRUCT(HandleRep, 8);
-struct HandleReq { uint64_t handle; };               // CtxDestroy, CtxSetCurrent, StreamSynchronize, ...
+struct HandleReq {
+  uint64_t handle;
+};  // CtxDestroy, CtxSetCurrent, StreamSynchronize, ...
 ORION_WIRE_STRUCT(HandleReq, 8);
-struct DeviceReq { uint32_t device; uint32_t flags; };  // PrimaryCtxRetain/Release/Reset
+struct DeviceReq {
+  uint32_t device;
+  uint32_t flags;
+};  // PrimaryCtxRetain/Release/Reset
 ORION_WIRE_STRUCT(DeviceReq, 8);
-struct LimitReq { uint32_t limit; uint32_t reserved; uint64_t value; };
+struct LimitReq {
+  uint32_t limit;
+  uint32_t reserved;
+  uint64_t value;
+};
 ORION_WIRE_STRUCT(LimitReq, 16);
-struct U64Rep { uint64_t value; };
+struct U64Rep {
+  uint64_t value;
+};
 ORION_WIRE_STRUCT(U64Rep, 8);
 
-struct MemAllocReq { uint64_t bytes; };
+struct MemAllocReq {
+  uint64_t bytes;
+};
 ORION_WIRE_STRUCT(MemAllocReq, 8);
-struct MemFreeReq { uint64_t dptr; };
+struct MemFreeReq {
+  uint64_t dptr;
+};
 ORION_WIRE_STRUCT(MemFreeReq, 8);
-struct MemGetInfoRep { uint64_t free; uint64_t total; };
+struct MemGetInfoRep {
+  uint64_t free;
+  uint64_t total;
+};
 ORION_WIRE_STRUCT(MemGetInfoRep, 16);
 // DeviceMemoryInfo (request: DeviceReq with flags 0): the session's account on one vGPU, in bytes.
 // quota = ORION_GMEM (what the client sees as total); allocated = the session's live allocations
 // charged to the quota; context_overhead = what the session's context is charged from its start
 // (cuda backend: the driver's per-context reserve; 0 on sim). allocated + context_overhead <= quota.
-struct DeviceMemoryRep { uint64_t quota; uint64_t allocated; uint64_t context_overhead; };
+struct DeviceMemoryRep {
+  uint64_t quota;
+  uint64_t allocated;
+  uint64_t context_overhead;
+};
 ORION_WIRE_STRUCT(DeviceMemoryRep, 24);
 
 // Virtual memory management (cuMemAddressReserve/Free, cuMemCreate/Release, cuMemMap/Unmap,
 // cuMemSetAccess; CUDA driver API reference, "Virtual Memory Management"). Addresses and sizes are
 // in bytes and multiples of kVmmGranularity; `handle` is a physical allocation's session handle.
-struct MemReserveReq { uint64_t bytes; uint64_t alignment; uint64_t fixed_addr; };  // -> U64Rep address
+struct MemReserveReq {
+  uint64_t bytes;
+  uint64_t alignment;
+  uint64_t fixed_addr;
+};  // -> U64Rep address
 ORION_WIRE_STRUCT(MemReserveReq, 24);
-struct MemRangeReq { uint64_t addr; uint64_t bytes; };  // MemAddressFree, MemUnmap
+struct MemRangeReq {
+  uint64_t addr;
+  uint64_t bytes;
+};  // MemAddressFree, MemUnmap
 ORION_WIRE_STRUCT(MemRangeReq, 16);
-struct MemCreateReq { uint64_t bytes; uint32_t device; uint32_t flags; };  // -> HandleRep
+struct MemCreateReq {
+  uint64_t bytes;
+  uint32_t device;
+  uint32_t flags;
+};  // -> HandleRep
 ORION_WIRE_STRUCT(MemCreateReq, 16);
-struct MemMapReq { uint64_t addr; uint64_t bytes; uint64_t offset; uint64_t handle; };
+struct MemMapReq {
+  uint64_t addr;
+  uint64_t bytes;
+  uint64_t offset;
+  uint64_t handle;
+};
 ORION_WIRE_STRUCT(MemMapReq, 32);
 // `flags`: CUmemAccess_flags for `device` (an index into the session's devices).
-struct MemSetAccessReq { uint64_t addr; uint64_t bytes; uint32_t device; uint32_t flags; };
+struct MemSetAccessReq {
+  uint64_t addr;
+  uint64_t bytes;
+  uint32_t device;
+  uint32_t flags;
+};
 ORION_WIRE_STRUCT(MemSetAccessReq, 24);
 
 // CUDA IPC between sessions of one oriond (host/include/orion/host/ipc_ticket.h): a handle is 64
 // opaque bytes (CU_IPC_HANDLE_SIZE). IpcGetMemHandle{MemFreeReq dptr} and IpcGetEventHandle
 // {HandleReq event} answer IpcHandleRep; IpcOpenMemHandle answers IpcOpenRep, IpcOpenEventHandle
 // HandleRep; IpcCloseMemHandle takes MemFreeReq.
-struct IpcHandleRep { uint8_t handle[64]; };
+struct IpcHandleRep {
+  uint8_t handle[64];
+};
 ORION_WIRE_STRUCT(IpcHandleRep, 64);
-struct IpcOpenReq { uint8_t handle[64]; uint32_t flags; uint32_t reserved; };
+struct IpcOpenReq {
+  uint8_t handle[64];
+  uint32_t flags;
+  uint32_t reserved;
+};
 ORION_WIRE_STRUCT(IpcOpenReq, 72);
-struct IpcOpenRep { uint64_t dptr; uint64_t bytes; };
+struct IpcOpenRep {
+  uint64_t dptr;
+  uint64_t bytes;
+};
 ORION_WIRE_STRUCT(IpcOpenRep, 16);
 // Per-session bounds: exported allocations and events (each holds a ticket fd in the worker) and
 // imported ones.
@@ -279,8 +342,8 @@ inline constexpr size_t kMaxIpcImports = 4096;
 // MemcpyHtoD: window[window_offset, +bytes) -> device dst. MemcpyDtoH(Async): device src ->
 // window[window_offset, +bytes). MemcpyDtoD: src -> dst. `stream` 0 = default stream.
 struct MemcpyReq {
-  uint64_t dst;            // device pointer, or window offset (DtoH)
-  uint64_t src;            // device pointer, or window offset (HtoD)
+  uint64_t dst;  // device pointer, or window offset (DtoH)
+  uint64_t src;  // device pointer, or window offset (HtoD)
   uint64_t bytes;
   uint64_t stream;
 };
@@ -290,14 +353,14 @@ ORION_WIRE_STRUCT(MemcpyReq, 32);
 inline constexpr uint32_t kSideDevice = 0;
 inline constexpr uint32_t kSideWindow = 1;
 struct Memcpy2DReq {
-  uint64_t src;             // device pointer or window offset, already advanced to the first byte
+  uint64_t src;  // device pointer or window offset, already advanced to the first byte
   uint64_t src_pitch;
   uint64_t dst;
   uint64_t dst_pitch;
   uint64_t width_bytes;
   uint64_t height;
   uint64_t stream;
-  uint32_t src_side;        // kSide*
+  uint32_t src_side;  // kSide*
   uint32_t dst_side;
 };
 ORION_WIRE_STRUCT(Memcpy2DReq, 64);
@@ -306,16 +369,19 @@ ORION_WIRE_STRUCT(Memcpy2DReq, 64);
 // `pitch` bytes apart (height 1 and pitch 0 for a plain memset).
 struct MemsetReq {
   uint64_t dst;
-  uint64_t width;           // elements per row
-  uint64_t height;          // rows
-  uint64_t pitch;           // bytes between rows (height > 1)
+  uint64_t width;   // elements per row
+  uint64_t height;  // rows
+  uint64_t pitch;   // bytes between rows (height > 1)
   uint64_t stream;
   uint32_t value;
   uint32_t elem_size;
 };
 ORION_WIRE_STRUCT(MemsetReq, 48);
 
-struct WindowRangeReq { uint64_t window_offset; uint64_t bytes; };
+struct WindowRangeReq {
+  uint64_t window_offset;
+  uint64_t bytes;
+};
 ORION_WIRE_STRUCT(WindowRangeReq, 16);
 
 // ModuleLoad: the image with this content hash (XXH3-128 of `image_bytes` bytes). If the server has
@@ -326,34 +392,48 @@ struct ModuleLoadReq {
   uint64_t image_bytes;
 };
 ORION_WIRE_STRUCT(ModuleLoadReq, 24);
-struct ModuleLoadRep { uint64_t module; uint32_t kernel_count; uint32_t global_count; };
+struct ModuleLoadRep {
+  uint64_t module;
+  uint32_t kernel_count;
+  uint32_t global_count;
+};
 ORION_WIRE_STRUCT(ModuleLoadRep, 16);
 
 struct BlobPutReq {
   uint64_t hash_lo;
   uint64_t hash_hi;
-  uint64_t image_bytes;     // total size of the image
-  uint64_t offset;          // where this chunk goes in the image
-  uint64_t window_offset;   // where the chunk is in the window
-  uint64_t bytes;           // chunk length
+  uint64_t image_bytes;    // total size of the image
+  uint64_t offset;         // where this chunk goes in the image
+  uint64_t window_offset;  // where the chunk is in the window
+  uint64_t bytes;          // chunk length
 };
 ORION_WIRE_STRUCT(BlobPutReq, 48);
 
 // ModuleGetFunction / ModuleGetGlobal: followed by the NUL-terminated name (at most kNameLen*4).
-struct ModuleSymbolReq { uint64_t module; uint32_t name_len; uint32_t reserved; };
+struct ModuleSymbolReq {
+  uint64_t module;
+  uint32_t name_len;
+  uint32_t reserved;
+};
 ORION_WIRE_STRUCT(ModuleSymbolReq, 16);
 
 inline constexpr uint32_t kMaxKernelParams = 1024;  // CUDA: 32764 bytes of params, 4-byte minimum
-struct ParamInfo { uint32_t offset; uint32_t size; };
+struct ParamInfo {
+  uint32_t offset;
+  uint32_t size;
+};
 ORION_WIRE_STRUCT(ParamInfo, 8);
 // Followed by param_count ParamInfo, in ordinal order.
 struct FunctionRep {
   uint64_t function;
   uint32_t param_count;
-  uint32_t param_bytes;     // the parameter buffer's size
+  uint32_t param_bytes;  // the parameter buffer's size
 };
 ORION_WIRE_STRUCT(FunctionRep, 16);
-struct GlobalRep { uint64_t dptr; uint64_t bytes; };
+struct GlobalRep {
+  uint64_t dptr;
+  uint64_t bytes;
+};
 ORION_WIRE_STRUCT(GlobalRep, 16);
 
 // ModuleFunctionName: how many functions (kernels) the module has and, when index < count, the
@@ -361,14 +441,28 @@ ORION_WIRE_STRUCT(GlobalRep, 16);
 // Functions). Index kModuleFunctionCountOnly asks for the count alone. The reply is a
 // ModuleFunctionNameRep followed by name_len bytes: the NUL-terminated name (name_len 0 for no name).
 inline constexpr uint32_t kModuleFunctionCountOnly = 0xFFFFFFFFu;
-struct ModuleFunctionNameReq { uint64_t module; uint32_t index; uint32_t reserved; };
+struct ModuleFunctionNameReq {
+  uint64_t module;
+  uint32_t index;
+  uint32_t reserved;
+};
 ORION_WIRE_STRUCT(ModuleFunctionNameReq, 16);
-struct ModuleFunctionNameRep { uint32_t count; uint32_t name_len; };
+struct ModuleFunctionNameRep {
+  uint32_t count;
+  uint32_t name_len;
+};
 ORION_WIRE_STRUCT(ModuleFunctionNameRep, 8);
 
-struct FuncAttributeReq { uint64_t function; int32_t attribute; int32_t value; };
+struct FuncAttributeReq {
+  uint64_t function;
+  int32_t attribute;
+  int32_t value;
+};
 ORION_WIRE_STRUCT(FuncAttributeReq, 16);
-struct I32Rep { int32_t value; uint32_t reserved; };
+struct I32Rep {
+  int32_t value;
+  uint32_t reserved;
+};
 ORION_WIRE_STRUCT(I32Rep, 8);
 
 // LaunchKernel: followed by param_bytes bytes: the kernel's parameter buffer, each parameter at
@@ -383,7 +477,12 @@ struct LaunchReq {
 };
 ORION_WIRE_STRUCT(LaunchReq, 48);
 
-struct OccupancyReq { uint64_t function; uint32_t block_size; uint32_t flags; uint64_t dynamic_smem; };
+struct OccupancyReq {
+  uint64_t function;
+  uint32_t block_size;
+  uint32_t flags;
+  uint64_t dynamic_smem;
+};
 ORION_WIRE_STRUCT(OccupancyReq, 24);
 
 // LaunchKernelEx: a LaunchReq with the cluster dimensions (CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION),
@@ -409,20 +508,44 @@ struct OccupancyClustersReq {
 ORION_WIRE_STRUCT(OccupancyClustersReq, 48);
 
 // OccupancyAvailableSmem (cuOccupancyAvailableDynamicSMemPerBlock) -> U64Rep.
-struct OccupancySmemReq { uint64_t function; int32_t num_blocks; int32_t block_size; };
+struct OccupancySmemReq {
+  uint64_t function;
+  int32_t num_blocks;
+  int32_t block_size;
+};
 ORION_WIRE_STRUCT(OccupancySmemReq, 16);
 
-struct StreamCreateReq { uint32_t flags; int32_t priority; };
+struct StreamCreateReq {
+  uint32_t flags;
+  int32_t priority;
+};
 ORION_WIRE_STRUCT(StreamCreateReq, 8);
-struct StreamWaitEventReq { uint64_t stream; uint64_t event; uint32_t flags; uint32_t reserved; };
+struct StreamWaitEventReq {
+  uint64_t stream;
+  uint64_t event;
+  uint32_t flags;
+  uint32_t reserved;
+};
 ORION_WIRE_STRUCT(StreamWaitEventReq, 24);
-struct EventCreateReq { uint32_t flags; uint32_t reserved; };
+struct EventCreateReq {
+  uint32_t flags;
+  uint32_t reserved;
+};
 ORION_WIRE_STRUCT(EventCreateReq, 8);
-struct EventRecordReq { uint64_t event; uint64_t stream; };
+struct EventRecordReq {
+  uint64_t event;
+  uint64_t stream;
+};
 ORION_WIRE_STRUCT(EventRecordReq, 16);
-struct EventElapsedReq { uint64_t start; uint64_t end; };
+struct EventElapsedReq {
+  uint64_t start;
+  uint64_t end;
+};
 ORION_WIRE_STRUCT(EventElapsedReq, 16);
-struct F32Rep { float ms; uint32_t reserved; };
+struct F32Rep {
+  float ms;
+  uint32_t reserved;
+};
 static_assert(sizeof(F32Rep) == 8);
 
 // CUDA arrays (cuArrayCreate, cuArray3DCreate; CUDA_ARRAY3D_DESCRIPTOR): ArrayCreate -> HandleRep,
@@ -443,9 +566,14 @@ ORION_WIRE_STRUCT(ArrayCreateReq, 40);
 // (planar, block-compressed, packed UNORM/SNORM/SRGB formats).
 inline constexpr uint64_t ArrayFormatBytes(uint32_t format) noexcept {
   switch (format) {
-    case 0x01: case 0x08: return 1;
-    case 0x02: case 0x09: case 0x10: return 2;
-    case 0x03: case 0x0a: case 0x20: return 4;
+    case 0x01:
+    case 0x08: return 1;
+    case 0x02:
+    case 0x09:
+    case 0x10: return 2;
+    case 0x03:
+    case 0x0a:
+    case 0x20: return 4;
     default: return 0;
   }
 }
@@ -479,13 +607,13 @@ struct TexObjectReq {
   uint64_t width;
   uint64_t height;
   uint64_t pitch;
-  uint32_t res_type;        // CUresourcetype
-  uint32_t format;          // linear / pitch2D: CUarray_format
-  uint32_t channels;        // linear / pitch2D: 1, 2 or 4
-  uint32_t surface;         // 1: a surface object (cuSurfObjectCreate), array resources only
+  uint32_t res_type;         // CUresourcetype
+  uint32_t format;           // linear / pitch2D: CUarray_format
+  uint32_t channels;         // linear / pitch2D: 1, 2 or 4
+  uint32_t surface;          // 1: a surface object (cuSurfObjectCreate), array resources only
   uint32_t address_mode[3];  // CUaddress_mode
-  uint32_t filter_mode;     // CUfilter_mode
-  uint32_t flags;           // CU_TRSF_READ_AS_INTEGER | CU_TRSF_NORMALIZED_COORDINATES (others refused)
+  uint32_t filter_mode;      // CUfilter_mode
+  uint32_t flags;            // CU_TRSF_READ_AS_INTEGER | CU_TRSF_NORMALIZED_COORDINATES (others refused)
   uint32_t reserved;
   uint32_t border_color[4];  // the floats' bits (CUDA_TEXTURE_DESC::borderColor)
   // Mipmapped arrays (res_type CU_RESOURCE_TYPE_MIPMAPPED_ARRAY, res = the mipmapped array's handle).
@@ -506,9 +634,17 @@ struct MipmapCreateReq {
   uint32_t reserved;
 };
 ORION_WIRE_STRUCT(MipmapCreateReq, 48);
-struct MipmapLevelReq { uint64_t mipmap; uint32_t level; uint32_t reserved; };
+struct MipmapLevelReq {
+  uint64_t mipmap;
+  uint32_t level;
+  uint32_t reserved;
+};
 ORION_WIRE_STRUCT(MipmapLevelReq, 16);
-struct ObjectReq { uint64_t object; uint32_t surface; uint32_t reserved; };
+struct ObjectReq {
+  uint64_t object;
+  uint32_t surface;
+  uint32_t reserved;
+};
 ORION_WIRE_STRUCT(ObjectReq, 16);
 
 // Batch (a graph launch in one frame): entries, each a BatchEntry and then `len` bytes of the
@@ -531,10 +667,8 @@ inline constexpr bool OpBatchable(uint16_t op) noexcept {
     case Op::kMemcpy2D:
     case Op::kMemset:
     case Op::kEventRecord:
-    case Op::kStreamWaitEvent:
-      return true;
-    default:
-      return false;
+    case Op::kStreamWaitEvent: return true;
+    default: return false;
   }
 }
 
@@ -549,10 +683,10 @@ enum class OpShape : uint8_t { kEmpty, kFixed, kHead, kOwn };  // ops.def, "shap
 // The request struct of `op` (ops.def), void for ops without one.
 template <Op op>
 struct OpRequest;
-#define ORION_OP(name, number, reply, req, shape) \
-  template <>                                      \
-  struct OpRequest<Op::k##name> {                  \
-    using type = req;                              \
+#define ORION_OP(name, number, reply, req, shape)     \
+  template <>                                         \
+  struct OpRequest<Op::k##name> {                     \
+    using type = req;                                 \
     static constexpr OpShape kShape = OpShape::shape; \
   };
 #include "orion/common/ops.def"

@@ -19,15 +19,15 @@ namespace orion {
 
 enum class Code : uint8_t {
   kOk = 0,
-  kInvalidArgument,    // malformed input (config, frame, CLI)
-  kNotFound,           // a file, handle or name does not exist
+  kInvalidArgument,  // malformed input (config, frame, CLI)
+  kNotFound,         // a file, handle or name does not exist
   kAlreadyExists,
   kPermissionDenied,
-  kResourceExhausted,  // quota, ring space, vGPUs
-  kFailedPrecondition, // wrong state (region not formatted, channel not claimed)
-  kOutOfRange,         // an offset or length outside its buffer
-  kUnavailable,        // peer gone (stale lease, dead daemon)
-  kDataLoss,           // protocol violation by the peer: tear the session down
+  kResourceExhausted,   // quota, ring space, vGPUs
+  kFailedPrecondition,  // wrong state (region not formatted, channel not claimed)
+  kOutOfRange,          // an offset or length outside its buffer
+  kUnavailable,         // peer gone (stale lease, dead daemon)
+  kDataLoss,            // protocol violation by the peer: tear the session down
   kInternal,
   kUnimplemented,
 };
@@ -64,8 +64,8 @@ inline Status FailedPrecondition(std::string m) { return {Code::kFailedPrecondit
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}            // NOLINT: implicit by design
-  Result(Status status) : v_(std::move(status)) {}     // NOLINT: must not be OK
+  Result(T value) : v_(std::move(value)) {}         // NOLINT: implicit by design
+  Result(Status status) : v_(std::move(status)) {}  // NOLINT: must not be OK
   bool ok() const noexcept { return std::holds_alternative<T>(v_); }
   const Status& status() const {
     static const Status kOkStatus;

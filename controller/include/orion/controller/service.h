@@ -42,7 +42,7 @@ namespace orion::controller {
 using Json = nlohmann::json;
 
 struct ServiceOptions {
-  std::string database;                   // "sqlite:<file>" or a file (created if absent), or "etcd://h:p,h:p,..."
+  std::string database;  // "sqlite:<file>" or a file (created if absent), or "etcd://h:p,h:p,..."
   pool::PlacementPolicy policy = pool::PlacementPolicy::kPack;
   uint64_t lease_ttl_ms = 15000;          // an allocation nobody renews is released after this
   uint64_t server_timeout_ms = 10000;     // a server silent this long is down: its vGPUs are withheld
@@ -154,7 +154,7 @@ class Service {
     uint64_t gmem_mib = 0;
     std::string client_host, client_process;
     uint32_t client_pid = 0;
-    std::string owner;  // Caller::owner of the request that made it
+    std::string owner;              // Caller::owner of the request that made it
     std::string state = "pending";  // pending (not yet confirmed by oriond) | active | releasing | held (a job's)
     // A job's allocation (POST "job": e.g. "slurm/1234.0@node1", made by the Slurm plugin): state
     // "held" from the start, any number of sessions (one after another or at once) confirm it, a
@@ -192,7 +192,7 @@ class Service {
   // Stores a new allocation or assignment (placed by Place, reserved in pools_). Retries placement
   // from a fresh read when another controller took a guarded key first.
   Result<Json> PlaceAndStore(const Json& body, const std::string& server, const std::string& kind, const Caller& caller,
-                     const std::string& vm);
+                             const std::string& vm);
   Status ReleaseLocked(const std::string& id);
   Status ReleaseManyLocked(const std::vector<std::string>& ids);
   // kPermissionDenied unless `c` may renew or release `a` (see Ownership above).
@@ -227,7 +227,7 @@ class Service {
   std::map<std::string, pool::VgpuPool> pools_;  // per server: slots taken by allocs_ (kept in step)
   std::map<std::string, int64_t> versions_;      // etcd: path -> mod_revision at the last read
   uint64_t allocations_made_ = 0, refusals_ = 0, expired_ = 0, replays_ = 0;
-  uint64_t conflicts_ = 0, store_errors_ = 0;    // lost races (retried), failed store reads/writes
+  uint64_t conflicts_ = 0, store_errors_ = 0;  // lost races (retried), failed store reads/writes
   bool store_ok_ = true;
   std::string store_error_;
   uint64_t last_sweep_ms_ = 0;

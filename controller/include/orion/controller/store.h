@@ -46,16 +46,16 @@
 namespace orion::controller {
 
 struct StoreState {
-  std::vector<nlohmann::json> servers;        // server documents
-  std::vector<nlohmann::json> allocations;    // allocation documents ("lease": etcd lease id, as a number)
-  std::map<std::string, int64_t> versions;    // path -> mod_revision (etcd; empty for SQLite)
-  std::set<std::string> alive, present;       // etcd: servers whose alive / present lease holds
+  std::vector<nlohmann::json> servers;      // server documents
+  std::vector<nlohmann::json> allocations;  // allocation documents ("lease": etcd lease id, as a number)
+  std::map<std::string, int64_t> versions;  // path -> mod_revision (etcd; empty for SQLite)
+  std::set<std::string> alive, present;     // etcd: servers whose alive / present lease holds
 };
 
 struct StoreChange {
   std::vector<nlohmann::json> put_servers;
   std::vector<std::pair<nlohmann::json, int64_t>> put_allocations;  // (document, lease; 0 = none)
-  std::vector<nlohmann::json> erase_allocations;  // documents: id, server, placements, lease
+  std::vector<nlohmann::json> erase_allocations;                    // documents: id, server, placements, lease
   // Server liveness keys (etcd): (server id, lease) for the alive and present keys.
   std::vector<std::pair<std::string, int64_t>> put_alive, put_present;
   std::vector<std::pair<std::string, int64_t>> guards;  // (path, expected version; 0 = absent)

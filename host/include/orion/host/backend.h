@@ -29,8 +29,8 @@
 namespace orion::host {
 
 // The pool's types (orion/pool/pool.h), as the backends and the daemon name them.
-using pool::Placement;
 using pool::PhysicalGpu;
+using pool::Placement;
 
 struct KernelLayout {
   std::vector<ParamInfo> params;  // in ordinal order
@@ -122,8 +122,8 @@ class Backend {
     uint64_t x = 0, y = 0, z = 0;
   };
   struct TexSpec {
-    uint32_t res_type = 0;  // CU_RESOURCE_TYPE_ARRAY, LINEAR, PITCH2D
-    void* array = nullptr;  // ARRAY
+    uint32_t res_type = 0;                                // CU_RESOURCE_TYPE_ARRAY, LINEAR, PITCH2D
+    void* array = nullptr;                                // ARRAY
     uint64_t dptr = 0, width = 0, height = 0, pitch = 0;  // LINEAR (width in texels), PITCH2D
     uint32_t format = 0, channels = 1;                    // LINEAR, PITCH2D
     void* mipmap = nullptr;                               // MIPMAPPED_ARRAY
@@ -166,9 +166,9 @@ class Backend {
   // `params` is the parameter buffer (param_bytes long, laid out per the function's layout);
   // `cluster` the thread-block cluster dimensions ({1,1,1}: no cluster); `flags` kLaunchCooperative
   // (frame.h) for a cooperative launch.
-  virtual CUresult LaunchKernel(void* function, const uint32_t grid[3], const uint32_t block[3],
-                                uint32_t shared_mem, void* stream, const uint8_t* params, uint32_t param_bytes,
-                                const uint32_t cluster[3], uint32_t flags) = 0;
+  virtual CUresult LaunchKernel(void* function, const uint32_t grid[3], const uint32_t block[3], uint32_t shared_mem,
+                                void* stream, const uint8_t* params, uint32_t param_bytes, const uint32_t cluster[3],
+                                uint32_t flags) = 0;
   virtual CUresult OccupancyMaxBlocks(void* function, uint32_t block_size, uint64_t dynamic_smem, uint32_t flags,
                                       int* blocks) = 0;
   virtual CUresult OccupancyMaxClusters(void* function, const uint32_t grid[3], const uint32_t block[3],
@@ -193,7 +193,7 @@ class Backend {
 // validated, appended to `launch_log` (if not empty), and executed on the CPU by the PTX executor
 // (orion/ptx) when the module carries PTX for the kernel and `execute` is on.
 struct SimOptions {
-  std::string launch_log;      // file, appended; "" = none
+  std::string launch_log;  // file, appended; "" = none
   uint32_t session_id = 0;
   bool execute = true;                  // --sim-execute ptx (true) | none (validate and log only)
   uint64_t kernel_timeout_ms = 600000;  // --sim-kernel-timeout: a longer launch ends with LAUNCH_TIMEOUT

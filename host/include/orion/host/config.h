@@ -22,14 +22,14 @@ struct ServerConfig {
   bool enable_shm = true;
   bool enable_rdma = false;
   bool enable_kvm = false;
-  bool kvm_doorbell = false;        // orion-vm enable gives VMs an ivshmem-doorbell (else ivshmem-plain)
-  uint32_t vgpu_count = 4;          // vGPUs per physical GPU, 1..100
-  uint32_t max_clients = 64;        // -n
+  bool kvm_doorbell = false;  // orion-vm enable gives VMs an ivshmem-doorbell (else ivshmem-plain)
+  uint32_t vgpu_count = 4;    // vGPUs per physical GPU, 1..100
+  uint32_t max_clients = 64;  // -n
   // [server-log]
   bool log_with_time = true;
   bool log_to_screen = false;
   bool log_to_file = true;
-  std::string log_level = "INFO";   // ERROR, WARNING, INFO, DEBUG
+  std::string log_level = "INFO";  // ERROR, WARNING, INFO, DEBUG
   std::string file_log_level = "INFO";
   // [server-shm]
   std::string shm_path_base = "/dev/shm/";
@@ -37,14 +37,14 @@ struct ServerConfig {
   std::string shm_user_name = "libvirt-qemu";
   uint64_t shm_buffer_size_mib = 64;  // per channel
   // [controller]
-  std::string controller_addr;      // "" = standalone; $ORION_CONTROLLER beats it
-  std::string controller_key;       // [controller] controller_key: the controller's server key
+  std::string controller_addr;              // "" = standalone; $ORION_CONTROLLER beats it
+  std::string controller_key;               // [controller] controller_key: the controller's server key
   uint64_t controller_heartbeat_ms = 2000;  // [controller] heartbeat_ms
   // Not in Orion's file: flags only (or [orion] section).
   BackendKind backend = BackendKind::kAuto;
   std::string log_dir = "/var/log/orion";
   std::string cache_dir = "/var/cache/orion/modules";
-  uint64_t cache_max_mib = 2048;  // --cache-max-mib: the module cache's size bound
+  uint64_t cache_max_mib = 2048;       // --cache-max-mib: the module cache's size bound
   std::vector<std::string> shm_paths;  // --shm; empty: every <shm_path_base>/orionsock*
   std::string sim_launch_log;
   bool sim_execute = true;                  // --sim-execute ptx|none
@@ -61,7 +61,8 @@ struct ServerConfig {
   // start so a restart changes nothing a running VM sees. "" = not kept (attachments die with oriond).
   std::string state_file = "/var/lib/orion/vms.json";
   uint64_t net_stall_ms = 30000;  // [orion] net_stall_ms: a network client silent mid-frame this long is dropped
-  std::string client_key;  // [orion] client_key: network clients must present it (ORION_KEY); "" = open  // root-only admin socket (libvirt hook, orion-vm)
+  std::string client_key;  // [orion] client_key: network clients must present it (ORION_KEY); "" = open  // root-only
+                           // admin socket (libvirt hook, orion-vm)
 };
 
 // Parses an INI text (Orion's server.conf syntax: `key = value`, `;` or `#` comments, quoted

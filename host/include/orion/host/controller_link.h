@@ -113,8 +113,8 @@ class ControllerLink {
     std::mutex mu;
     std::condition_variable cv;
     bool stop = false;
-    std::set<std::string> ids;          // served now
-    std::vector<std::string> revoked;   // the controller said they are gone
+    std::set<std::string> ids;         // served now
+    std::vector<std::string> revoked;  // the controller said they are gone
     controller::ControllerClient client;
   };
   std::shared_ptr<WatchState> watch_;

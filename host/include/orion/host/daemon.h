@@ -53,7 +53,7 @@ class Daemon {
     uint64_t lease = 0;
     uint64_t lease_changed_ms = 0;
     uint64_t claimed_ms = 0;
-    uint32_t generation = 1;  // our record; FormatRegion starts every channel at 1
+    uint32_t generation = 1;    // our record; FormatRegion starts every channel at 1
     std::string allocation_id;  // the controller's (controller mode)
     int stat_slot = -1;
     ClientInfo client;
@@ -67,16 +67,16 @@ class Daemon {
     // own reserved vGPUs, never the shared pool.
     std::string vm;
     std::vector<Placement> reserved;
-    uint32_t vgpus_asked = 0;      // the attach request, kept in the state file
+    uint32_t vgpus_asked = 0;  // the attach request, kept in the state file
     uint64_t gmem_asked_mib = 0;
-    uint32_t processes = 0;        // channels asked for (0: shm_buffer_size decides)
+    uint32_t processes = 0;  // channels asked for (0: shm_buffer_size decides)
     // The VM's ivshmem-doorbell (attached with a doorbell socket): oriond is its ivshmem server,
     // and the worker of channel i sleeps on vector i's eventfd. Not restored across an oriond
     // restart (QEMU cannot reconnect to an ivshmem server): those sessions nap until the VM restarts.
     std::unique_ptr<ivshmem::DoorbellServer> bell;
-    uint64_t epoch = 0;     // the server_epoch FormatRegion wrote (a copy: the header is hostile)
-    bool severed = false;   // a tenant broke the region: no longer served (RegionIntact)
-    bool has_limits = false;           // formatted with VM limits (a VM's region): `limits`
+    uint64_t epoch = 0;       // the server_epoch FormatRegion wrote (a copy: the header is hostile)
+    bool severed = false;     // a tenant broke the region: no longer served (RegionIntact)
+    bool has_limits = false;  // formatted with VM limits (a VM's region): `limits`
     ivshmem::VmLimits limits{};
     bool repair_refused_logged = false;  // RepairSevered said once why it cannot serve it again
   };
@@ -113,8 +113,7 @@ class Daemon {
   std::string Detach(const std::string& vm);
   // Formats and maps a region: `processes` > 0 splits it into that many channels, else channels
   // of shm_buffer_size; `vm` publishes a VM's limits in its header.
-  Status AddRegion(const std::string& path, Region* out, uint32_t processes = 0,
-                   const ivshmem::VmLimits* vm = nullptr);
+  Status AddRegion(const std::string& path, Region* out, uint32_t processes = 0, const ivshmem::VmLimits* vm = nullptr);
   // Ends the sessions of regions_[i], gives its vGPUs back (and the controller assignment) and
   // stops serving it.
   void DropRegion(size_t i, const std::string& why);

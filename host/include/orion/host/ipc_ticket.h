@@ -23,12 +23,12 @@ namespace orion::host {
 
 // The bytes of a CUipcMemHandle / CUipcEventHandle (CU_IPC_HANDLE_SIZE = 64).
 struct IpcHandle {
-  char magic[8];           // "ORIONIPC"
-  uint32_t kind;           // kIpcMemory, kIpcEvent
-  int32_t pid;             // the exporting worker
-  int32_t fd;              // the ticket's fd in that worker
+  char magic[8];  // "ORIONIPC"
+  uint32_t kind;  // kIpcMemory, kIpcEvent
+  int32_t pid;    // the exporting worker
+  int32_t fd;     // the ticket's fd in that worker
   uint32_t reserved;
-  uint64_t bytes;          // memory: the allocation's size
+  uint64_t bytes;  // memory: the allocation's size
   uint8_t secret[16];
   uint8_t pad[16];
 };

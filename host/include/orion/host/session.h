@@ -43,7 +43,10 @@ class SessionChannel {
   // Once spinning is over: waits up to `timeout_ms` for the next request when the channel can block
   // on it (a socket; a shared-memory client that rings: futex or the VM's ivshmem doorbell) and
   // returns true; false when the caller should nap instead (a client that cannot ring).
-  virtual bool WaitIdle(int timeout_ms) { (void)timeout_ms; return false; }
+  virtual bool WaitIdle(int timeout_ms) {
+    (void)timeout_ms;
+    return false;
+  }
   // How many times the worker polls for the next request before it yields and then waits. Shared
   // memory and RDMA spin (a request is a store into the ring, no wake-up). TCP does not: each
   // request arrives as a socket wake-up anyway, and a worker spinning on recv after its reply holds
@@ -51,7 +54,7 @@ class SessionChannel {
   virtual uint32_t SpinPolls() const { return 2000; }
   // How the session waited, for its last log line ("" when there is nothing to say).
   virtual std::string WaitStats() const { return ""; }
-  virtual void Serving() = 0;               // the session is served (shm: state ACTIVE)
+  virtual void Serving() = 0;                // the session is served (shm: state ACTIVE)
   virtual void Closing(int32_t reason) = 0;  // the session ends on a violation
 };
 
@@ -72,22 +75,22 @@ std::unique_ptr<SessionChannel> MakeRdmaSessionChannel(int fd, uint64_t channel_
 
 struct SessionParams {
   uint32_t session_id = 0;
-  int socket_fd = -1;                // a network session: its connection (else a region channel)
+  int socket_fd = -1;                  // a network session: its connection (else a region channel)
   uint16_t transport = kTransportShm;  // with socket_fd: kTransportTcp or kTransportRdma
-  uint8_t* region = nullptr;         // mapped region
-  uint64_t channel_bytes = 0;        // trusted (from our own FormatRegion)
+  uint8_t* region = nullptr;           // mapped region
+  uint64_t channel_bytes = 0;          // trusted (from our own FormatRegion)
   uint32_t channel = 0;
-  uint32_t generation = 0;           // the channel's generation (oriond's own record)
-  uint64_t request_position = 0;     // where the request stream continues after the Hello
-  int doorbell_fd = -1;              // a VM region with the doorbell: this channel's eventfd
+  uint32_t generation = 0;        // the channel's generation (oriond's own record)
+  uint64_t request_position = 0;  // where the request stream continues after the Hello
+  int doorbell_fd = -1;           // a VM region with the doorbell: this channel's eventfd
   std::vector<Placement> placements;
-  std::string cache_dir;             // content-addressed module cache ("" = memory only)
+  std::string cache_dir;                         // content-addressed module cache ("" = memory only)
   uint64_t cache_max_bytes = uint64_t{2} << 30;  // the cache's size bound: oldest entries go first
   uint64_t lease_timeout_ms = 3000;
-  uint64_t net_stall_ms = 30000;     // network sessions: drop a client silent mid-frame this long
+  uint64_t net_stall_ms = 30000;  // network sessions: drop a client silent mid-frame this long
   std::shared_ptr<spdlog::logger> log;
-  std::string allocation_id;                       // the controller's allocation ("" standalone)
-  std::atomic<uint64_t>* used_out = nullptr;       // kMaxDevices counters in memory shared with oriond
+  std::string allocation_id;                  // the controller's allocation ("" standalone)
+  std::atomic<uint64_t>* used_out = nullptr;  // kMaxDevices counters in memory shared with oriond
 };
 
 // Exit codes of a session worker.

@@ -30,11 +30,11 @@ inline constexpr size_t kMaxVmStateBytes = 4u << 20;  // far above any real reco
 inline constexpr uint32_t kMaxVmProcesses = 30;       // = ivshmem::kMaxChannels
 
 struct VmAttachment {
-  std::string vm;        // the libvirt domain name ([A-Za-z0-9._-], 1..200)
-  std::string region;    // absolute path of its region file
-  uint32_t vgpus = 0;    // what the hook asked for
-  uint64_t gmem_mib = 0; // MiB per vGPU asked for (0: the server's default size)
-  uint32_t processes = 0;  // channels asked for (0: the server's shm_buffer_size decides)
+  std::string vm;                     // the libvirt domain name ([A-Za-z0-9._-], 1..200)
+  std::string region;                 // absolute path of its region file
+  uint32_t vgpus = 0;                 // what the hook asked for
+  uint64_t gmem_mib = 0;              // MiB per vGPU asked for (0: the server's default size)
+  uint32_t processes = 0;             // channels asked for (0: the server's shm_buffer_size decides)
   std::vector<Placement> placements;  // what oriond reserved
 };
 

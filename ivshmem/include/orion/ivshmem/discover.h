@@ -16,8 +16,8 @@
 namespace orion::ivshmem {
 
 struct RegionLocation {
-  std::string path;    // file to map: /dev/shm/orionsockN or .../resource2
-  std::string source;  // "ORION_SHM", "shm_path_base" or "ivshmem <pci address>"
+  std::string path;      // file to map: /dev/shm/orionsockN or .../resource2
+  std::string source;    // "ORION_SHM", "shm_path_base" or "ivshmem <pci address>"
   std::string doorbell;  // ivshmem: the device's BAR0 registers (.../resource0); else ""
 };
 

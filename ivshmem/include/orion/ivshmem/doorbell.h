@@ -30,9 +30,9 @@
 namespace orion::ivshmem {
 
 inline constexpr int64_t kIvshmemProtocolVersion = 0;  // ivshmem-spec.rst, "Client-Server Protocol"
-inline constexpr uint32_t kHostPeer = 0;    // oriond's peer id: the guest rings kHostPeer << 16 | vector
-inline constexpr uint32_t kGuestPeer = 1;   // the VM's id: its IVPosition reads 1 (0 means "no doorbell")
-inline constexpr uint32_t kMaxDoorbellVectors = 30;  // one per channel (kMaxChannels)
+inline constexpr uint32_t kHostPeer = 0;               // oriond's peer id: the guest rings kHostPeer << 16 | vector
+inline constexpr uint32_t kGuestPeer = 1;              // the VM's id: its IVPosition reads 1 (0 means "no doorbell")
+inline constexpr uint32_t kMaxDoorbellVectors = 30;    // one per channel (kMaxChannels)
 
 // An owned file descriptor (closed on destruction).
 class UniqueFd {
@@ -68,9 +68,8 @@ class DoorbellServer {
   // (never signalled: they complete the protocol). `region_path` is opened once more (its own open
   // file description, so the flock oriond holds on its mapping never travels to QEMU): that is the
   // memory QEMU maps as BAR2. Errors: kInvalidArgument, kAlreadyExists, kPermissionDenied, kInternal.
-  static Result<std::unique_ptr<DoorbellServer>> Create(const std::string& socket_path,
-                                                        const std::string& region_path, uint32_t vectors, uid_t uid,
-                                                        gid_t gid);
+  static Result<std::unique_ptr<DoorbellServer>> Create(const std::string& socket_path, const std::string& region_path,
+                                                        uint32_t vectors, uid_t uid, gid_t gid);
   ~DoorbellServer();  // closes everything and removes the socket file
   DoorbellServer(const DoorbellServer&) = delete;
   DoorbellServer& operator=(const DoorbellServer&) = delete;
@@ -80,9 +79,7 @@ class DoorbellServer {
   bool connected() const noexcept { return static_cast<bool>(peer_); }
   uint32_t vectors() const noexcept { return static_cast<uint32_t>(host_.size()); }
   // The eventfd (EFD_NONBLOCK) signalled when the guest rings `vector`; -1 when out of range.
-  int vector_fd(uint32_t vector) const noexcept {
-    return vector < host_.size() ? host_[vector].get() : -1;
-  }
+  int vector_fd(uint32_t vector) const noexcept { return vector < host_.size() ? host_[vector].get() : -1; }
   const std::string& socket_path() const noexcept { return path_; }
 
   // listen_fd() is readable: accepts one connection. With no peer, it becomes the peer and gets

@@ -24,8 +24,8 @@ namespace orion::ivshmem {
 
 inline constexpr uint64_t kRegionMagic = 0x314D48534E4F524FULL;  // "ORIONSHM1" (LE bytes "ORIONSHM1"[0..7])
 inline constexpr uint32_t kLayoutVersion = 1;
-inline constexpr uint32_t kCacheLine = 128;        // cursor separation (two 64 B lines: adjacent-line prefetch)
-inline constexpr uint32_t kHeaderBytes = 4096;     // header + channel table live in the first page
+inline constexpr uint32_t kCacheLine = 128;     // cursor separation (two 64 B lines: adjacent-line prefetch)
+inline constexpr uint32_t kHeaderBytes = 4096;  // header + channel table live in the first page
 inline constexpr uint32_t kMaxChannels = 30;
 inline constexpr uint64_t kMinChannelBytes = 4ull << 20;
 
@@ -38,66 +38,66 @@ inline constexpr uint32_t kFeatureDoorbell = 1u << 1;  // doorbell_peer / doorbe
 
 // Channel states (ChannelDesc::state).
 enum ChannelState : uint32_t {
-  kChannelFree = 0,     // nobody; a client may CAS it to kChannelClaimed
-  kChannelClaimed = 1,  // a client owns it and has sent (or is sending) Hello
-  kChannelActive = 2,   // a server worker serves it
-  kChannelDead = 3,     // the server ended the session (error, violation, refusal); the client
-                        // stops using it and oriond frees it when the client's lease goes stale
-                        // or the client writes kChannelDetached
-  kChannelDetached = 4, // the client is done with it; oriond resets it to kChannelFree
+  kChannelFree = 0,      // nobody; a client may CAS it to kChannelClaimed
+  kChannelClaimed = 1,   // a client owns it and has sent (or is sending) Hello
+  kChannelActive = 2,    // a server worker serves it
+  kChannelDead = 3,      // the server ended the session (error, violation, refusal); the client
+                         // stops using it and oriond frees it when the client's lease goes stale
+                         // or the client writes kChannelDetached
+  kChannelDetached = 4,  // the client is done with it; oriond resets it to kChannelFree
 };
 
 // ChannelDesc::client_rings: how a client wakes a sleeping worker.
 enum ClientRings : uint32_t {
-  kRingsNone = 0,      // it cannot (an older guest runtime in a VM): the worker naps
-  kRingsFutex = 1,     // a shared futex on `doorbell` (the client shares oriond's kernel)
-  kRingsIvshmem = 2,   // the ivshmem-doorbell register in BAR0: QEMU signals the eventfd of vector
-                       // <channel index> of peer RegionHeader::doorbell_peer (oriond)
+  kRingsNone = 0,     // it cannot (an older guest runtime in a VM): the worker naps
+  kRingsFutex = 1,    // a shared futex on `doorbell` (the client shares oriond's kernel)
+  kRingsIvshmem = 2,  // the ivshmem-doorbell register in BAR0: QEMU signals the eventfd of vector
+                      // <channel index> of peer RegionHeader::doorbell_peer (oriond)
 };
 
-struct ChannelDesc {                 // 128 bytes, in the channel table
-  std::atomic<uint32_t> state;       // ChannelState
-  uint32_t session_id;               // written by oriond for diagnostics
-  std::atomic<uint64_t> client_lease;    // bumped by the client every kLeasePeriodMs
-  std::atomic<uint64_t> server_done_seq; // oriond: seq of the last executed frame (staging release)
-  std::atomic<int32_t> close_reason;     // oriond: a CUresult-space reason when it sets kChannelDead
-  uint32_t generation;                   // oriond: bumped at each reset; tags ring stamps (ring.h)
-  uint8_t reserved0[32];                 // the doorbell below lives on the second cache line: the
-                                         // first is written per frame (server_done_seq) and the
-                                         // client reads the doorbell flag per frame
+struct ChannelDesc {                      // 128 bytes, in the channel table
+  std::atomic<uint32_t> state;            // ChannelState
+  uint32_t session_id;                    // written by oriond for diagnostics
+  std::atomic<uint64_t> client_lease;     // bumped by the client every kLeasePeriodMs
+  std::atomic<uint64_t> server_done_seq;  // oriond: seq of the last executed frame (staging release)
+  std::atomic<int32_t> close_reason;      // oriond: a CUresult-space reason when it sets kChannelDead
+  uint32_t generation;                    // oriond: bumped at each reset; tags ring stamps (ring.h)
+  uint8_t reserved0[32];                  // the doorbell below lives on the second cache line: the
+                                          // first is written per frame (server_done_seq) and the
+                                          // client reads the doorbell flag per frame
   // Doorbell: the worker sets `server_sleeping` before it sleeps; a client that publishes a frame
   // while it is set bumps `doorbell` and wakes the worker the way `client_rings` says.
   std::atomic<uint32_t> server_sleeping;
   std::atomic<uint32_t> doorbell;
-  std::atomic<uint32_t> client_rings;    // client: a ClientRings value (how its wake-ups reach the
-                                         // worker); hostile input: a wrong value only slows its
-                                         // own session
+  std::atomic<uint32_t> client_rings;  // client: a ClientRings value (how its wake-ups reach the
+                                       // worker); hostile input: a wrong value only slows its
+                                       // own session
   uint8_t reserved[52];
 };
 static_assert(sizeof(ChannelDesc) == 128);
 
 struct RegionHeader {
-  uint64_t magic;                    // kRegionMagic, written last by FormatRegion
-  uint32_t layout_version;           // kLayoutVersion
-  uint32_t header_bytes;             // kHeaderBytes
+  uint64_t magic;           // kRegionMagic, written last by FormatRegion
+  uint32_t layout_version;  // kLayoutVersion
+  uint32_t header_bytes;    // kHeaderBytes
   uint64_t region_bytes;
   uint32_t channel_count;
   uint32_t reserved0;
-  uint64_t channel_bytes;            // each channel's size; channel i starts at
-                                     // kHeaderBytes + i * channel_bytes
+  uint64_t channel_bytes;                  // each channel's size; channel i starts at
+                                           // kHeaderBytes + i * channel_bytes
   std::atomic<uint64_t> server_heartbeat;  // oriond bumps it every 100 ms
-  uint64_t server_epoch;             // random per FormatRegion: a client notices a restart
-  uint32_t features;                 // kFeature* bits: which of the fields below are set
+  uint64_t server_epoch;                   // random per FormatRegion: a client notices a restart
+  uint32_t features;                       // kFeature* bits: which of the fields below are set
   // A VM's region (kFeatureVmLimits): what the VM was given, so a guest process needs no
   // ORION_VGPU / ORION_GMEM. oriond enforces its own copy; these are informative for the guest.
-  uint32_t vm_vgpus;                 // vGPUs of the VM
-  uint64_t vm_gmem_bytes;            // quota of each of them
+  uint32_t vm_vgpus;       // vGPUs of the VM
+  uint64_t vm_gmem_bytes;  // quota of each of them
   // kFeatureDoorbell: the VM's ivshmem-doorbell reaches oriond as peer `doorbell_peer`; channel i
   // rings vector i when i < doorbell_vectors (informative: oriond only listens, it trusts nothing).
   uint32_t doorbell_peer;
   uint32_t doorbell_vectors;
   uint8_t reserved[48];
-  ChannelDesc channels[kMaxChannels];      // at offset 128
+  ChannelDesc channels[kMaxChannels];  // at offset 128
 };
 static_assert(offsetof(RegionHeader, features) == 56);
 static_assert(offsetof(RegionHeader, vm_vgpus) == 60);
@@ -112,11 +112,11 @@ inline constexpr uint32_t kLeasePeriodMs = 100;
 // Where things are inside one channel: computed from the channel size alone, by both sides; never
 // read from shared memory.
 struct ChannelLayout {
-  uint64_t request_ring_offset, request_ring_bytes;   // cursors at the offset, bytes after 2 lines
+  uint64_t request_ring_offset, request_ring_bytes;  // cursors at the offset, bytes after 2 lines
   uint64_t reply_ring_offset, reply_ring_bytes;
-  uint64_t window_offset, window_bytes;               // data window
-  uint64_t staging_bytes;                             // window[0, staging_bytes): bulk staging
-                                                      // window[staging_bytes, window_bytes): pinned heap
+  uint64_t window_offset, window_bytes;  // data window
+  uint64_t staging_bytes;                // window[0, staging_bytes): bulk staging
+                                         // window[staging_bytes, window_bytes): pinned heap
   static ChannelLayout Compute(uint64_t channel_bytes);
 };
 
@@ -184,7 +184,7 @@ class MappedRegion {
 // What a VM's region publishes about the VM (RegionHeader::vm_*).
 struct VmLimits {
   uint32_t vgpus = 0;
-  uint64_t gmem_bytes = 0;  // per vGPU
+  uint64_t gmem_bytes = 0;        // per vGPU
   uint32_t doorbell_vectors = 0;  // > 0: oriond serves the VM's ivshmem-doorbell (kFeatureDoorbell)
 };
 

@@ -82,15 +82,15 @@ class RingProducer {
   uint8_t* data_ = nullptr;
   uint32_t capacity_ = 0;
   uint32_t generation_ = 0;
-  uint64_t pos_ = 0;          // our position (we are its only writer)
-  uint32_t tail_cache_ = 0;   // last consumer cursor seen
-  uint64_t pending_at_ = 0;   // position of the reserved record
+  uint64_t pos_ = 0;         // our position (we are its only writer)
+  uint32_t tail_cache_ = 0;  // last consumer cursor seen
+  uint64_t pending_at_ = 0;  // position of the reserved record
   bool corrupt_ = false;
 };
 
 struct FrameView {
-  FrameHeader header;          // validated copy
-  const uint8_t* payload;      // points into the caller's scratch buffer
+  FrameHeader header;      // validated copy
+  const uint8_t* payload;  // points into the caller's scratch buffer
 };
 
 class RingConsumer {
@@ -127,7 +127,10 @@ class Backoff {
   explicit Backoff(uint32_t spin = 4000, uint32_t yields = 200, uint32_t max_sleep_us = 1000) noexcept
       : spin_(spin), yields_(yields), max_sleep_us_(max_sleep_us) {}
   void Pause() noexcept;
-  void Reset() noexcept { n_ = 0; sleep_us_ = 1; }
+  void Reset() noexcept {
+    n_ = 0;
+    sleep_us_ = 1;
+  }
   void set_max_sleep_us(uint32_t us) noexcept { max_sleep_us_ = us; }
   bool sleeping() const noexcept { return n_ >= spin_ + yields_; }
 

@@ -89,16 +89,16 @@ inline constexpr uint64_t kWindowBytes = 0x0000010000000000ull;
 struct ImageView {
   uint8_t* data = nullptr;
   uint64_t bytes = 0;
-  uint32_t format = 0;            // CUarray_format: CU_AD_FORMAT_{UNSIGNED,SIGNED}_INT{8,16,32}, HALF, FLOAT
-  uint32_t channels = 1;          // 1, 2 or 4
-  uint32_t dims = 1;              // 1, 2 or 3
+  uint32_t format = 0;    // CUarray_format: CU_AD_FORMAT_{UNSIGNED,SIGNED}_INT{8,16,32}, HALF, FLOAT
+  uint32_t channels = 1;  // 1, 2 or 4
+  uint32_t dims = 1;      // 1, 2 or 3
   uint64_t width = 0, height = 1, depth = 1;  // texels
   uint64_t row_pitch = 0, slice_pitch = 0;    // bytes
   // Sampling (textures only; surfaces ignore these).
-  uint32_t address_mode[3] = {};  // CUaddress_mode: WRAP, CLAMP, MIRROR, BORDER
-  uint32_t filter_mode = 0;       // CUfilter_mode: POINT, LINEAR
-  bool normalized_coords = false; // CU_TRSF_NORMALIZED_COORDINATES
-  bool read_as_integer = false;   // CU_TRSF_READ_AS_INTEGER: 8/16-bit integers are not made [0,1] floats
+  uint32_t address_mode[3] = {};   // CUaddress_mode: WRAP, CLAMP, MIRROR, BORDER
+  uint32_t filter_mode = 0;        // CUfilter_mode: POINT, LINEAR
+  bool normalized_coords = false;  // CU_TRSF_NORMALIZED_COORDINATES
+  bool read_as_integer = false;    // CU_TRSF_READ_AS_INTEGER: 8/16-bit integers are not made [0,1] floats
   float border_color[4] = {};
 };
 
@@ -106,8 +106,8 @@ struct ImageView {
 class GlobalMemory {
  public:
   struct Span {
-    uint64_t base = 0;     // device address of the allocation
-    uint64_t bytes = 0;    // its size
+    uint64_t base = 0;        // device address of the allocation
+    uint64_t bytes = 0;       // its size
     uint8_t* host = nullptr;  // where its bytes live in this process
   };
   virtual ~GlobalMemory() = default;
@@ -120,8 +120,16 @@ class GlobalMemory {
   // worker thread of a launch and keeps the view for the rest of that launch: `data` must stay
   // valid (and the object's memory allocated) until Launch returns. Called from the launch's worker
   // threads, possibly concurrently.
-  virtual bool FindTexture(uint64_t handle, ImageView* out) { (void)handle; (void)out; return false; }
-  virtual bool FindSurface(uint64_t handle, ImageView* out) { (void)handle; (void)out; return false; }
+  virtual bool FindTexture(uint64_t handle, ImageView* out) {
+    (void)handle;
+    (void)out;
+    return false;
+  }
+  virtual bool FindSurface(uint64_t handle, ImageView* out) {
+    (void)handle;
+    (void)out;
+    return false;
+  }
 };
 
 // A module-scope variable (.global / .const) the launch needs in device memory.
@@ -144,12 +152,12 @@ struct LaunchConfig {
   uint32_t grid[3] = {1, 1, 1};
   uint32_t block[3] = {1, 1, 1};
   uint32_t dynamic_smem = 0;
-  const uint8_t* params = nullptr;   // the kernel's parameter buffer (laid out per the PTX ABI)
+  const uint8_t* params = nullptr;  // the kernel's parameter buffer (laid out per the PTX ABI)
   uint32_t param_bytes = 0;
   // Device address of each entry of Vars(program), same order (allocated by the caller).
   const uint64_t* var_addrs = nullptr;
-  uint64_t timeout_ms = 0;           // 0: none
-  uint32_t workers = 1;              // host threads running blocks in parallel
+  uint64_t timeout_ms = 0;  // 0: none
+  uint32_t workers = 1;     // host threads running blocks in parallel
   // Cooperative launch: every block runs at once on its own host thread, and %envreg1:%envreg2 hold
   // `grid_workspace` (>= 8 zeroed device bytes), where cooperative groups' grid.sync() counts
   // arrivals. Without it, %envreg* read 0 and grid.sync() traps, as on a GPU.

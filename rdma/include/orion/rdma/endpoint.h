@@ -36,11 +36,11 @@ inline constexpr uint32_t kSendSlots = 8;
 
 // A usable RDMA port: the device whose GID table holds the address a TCP connection uses.
 struct Port {
-  std::string device;   // "rxe0"
+  std::string device;  // "rxe0"
   uint8_t port = 1;
   int gid_index = -1;
   uint8_t gid[16] = {};
-  uint32_t mtu = 1024;  // the port's active MTU in bytes; the path MTU is the smaller of both ends'
+  uint32_t mtu = 1024;           // the port's active MTU in bytes; the path MTU is the smaller of both ends'
   std::string Describe() const;  // "rxe0 port 1 gid 1 (::ffff:10.9.0.1) mtu 4096"
 };
 

@@ -39,7 +39,7 @@ inline constexpr size_t kMaxControllers = 16;
 Result<std::vector<Endpoint>> ParseEndpoints(const std::string& list, uint16_t default_port = kDefaultPort);
 
 struct HttpReply {
-  int status = 0;    // HTTP status
+  int status = 0;  // HTTP status
   std::string body;
 };
 
@@ -55,7 +55,8 @@ class ControllerClient {
   // `eps` must not be empty. Thread-safe (the current controller is an atomic index).
   ControllerClient(std::vector<Endpoint> eps, std::string key, int timeout_ms = 3000)
       : eps_(std::move(eps)), key_(std::move(key)), timeout_ms_(timeout_ms) {}
-  ControllerClient(const ControllerClient& o) : eps_(o.eps_), key_(o.key_), timeout_ms_(o.timeout_ms_), current_(o.current_.load()) {}
+  ControllerClient(const ControllerClient& o)
+      : eps_(o.eps_), key_(o.key_), timeout_ms_(o.timeout_ms_), current_(o.current_.load()) {}
 
   // Sends `body` (null: none) and parses the JSON reply. A non-2xx reply becomes an error whose
   // message is the controller's "message" (codes: 400 kInvalidArgument, 401/403 kPermissionDenied,
