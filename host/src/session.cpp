@@ -1,5 +1,7 @@
 #include "orion/host/session.h"
 
+#include "module_images.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -32,12 +34,6 @@ uint64_t NowMs() {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return static_cast<uint64_t>(ts.tv_sec) * 1000ull + static_cast<uint64_t>(ts.tv_nsec) / 1000000ull;
-}
-
-std::string HashHex(uint64_t lo, uint64_t hi) {
-  char b[40];
-  std::snprintf(b, sizeof b, "%016" PRIx64 "%016" PRIx64, hi, lo);
-  return b;
 }
 
 enum class Kind : uint8_t { kCtx, kModule, kFunction, kStream, kEvent, kMemHandle };
@@ -230,10 +226,6 @@ class Session {
     return off <= layout_.window_bytes && bytes <= layout_.window_bytes - off;
   }
   uint32_t CurrentDev() const { return cur_dev_; }
-  const std::vector<uint8_t>* Blob(uint64_t lo, uint64_t hi, uint64_t bytes);
-  void HoldBlob(const std::string& hex, std::vector<uint8_t> data);
-  void DropBlob(const std::string& hex);
-  void CacheBlob(const std::string& hex, const std::vector<uint8_t>& data);
   bool HandlesFull() const {
     return handles_.size() + arrays_.size() + texobjs_.size() + mipmaps_.size() >= kMaxSessionHandles;
   }
@@ -306,11 +298,9 @@ class Session {
   uint32_t cur_dev_ = 0;
   int32_t deferred_ = 0;
   bool violation_ = false;
-  // Module images by content hash: complete ones, and the one being uploaded.
-  std::map<std::string, std::vector<uint8_t>> blobs_;  // images awaiting ModuleLoad (HoldBlob)
-  std::deque<std::string> held_order_;                 // oldest first
-  uint64_t held_bytes_ = 0;
-  std::set<std::string> cached_;  // images known to be in the disk cache
+  // Module images by content hash: complete ones (memory and the host's disk cache), and the one
+  // being uploaded.
+  ModuleImages images_{p_.cache_dir, p_.cache_max_bytes};
   std::string upload_hex_;
   std::vector<uint8_t> upload_;
   std::string output_;   // device printf text not yet taken by the client (at most kMaxPendingOutput)
@@ -342,73 +332,6 @@ bool Session::Reply(const FrameHeader& req, int32_t status, const void* payload,
     p_.log->info("sess={} cannot answer the client: {}", p_.session_id, s.message());
   }
   return false;
-}
-
-const std::vector<uint8_t>* Session::Blob(uint64_t lo, uint64_t hi, uint64_t bytes) {
-  const std::string hex = HashHex(lo, hi);
-  auto it = blobs_.find(hex);
-  if (it != blobs_.end()) return it->second.size() == bytes ? &it->second : nullptr;
-  if (p_.cache_dir.empty() || bytes > kMaxHeldImageBytes) return nullptr;
-  std::ifstream f(p_.cache_dir + "/" + hex, std::ios::binary);
-  if (!f) return nullptr;
-  std::vector<uint8_t> data((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  const XXH128_hash_t h = XXH3_128bits(data.data(), data.size());
-  if (data.size() != bytes || h.low64 != lo || h.high64 != hi) return nullptr;  // corrupt cache entry
-  cached_.insert(hex);
-  HoldBlob(hex, std::move(data));
-  return &blobs_[hex];
-}
-
-// Uploaded (or cache-read) images wait in memory for their ModuleLoad, at most kMaxHeldImageBytes
-// of them: the oldest go first (a client whose image was dropped is asked for its bytes again).
-void Session::HoldBlob(const std::string& hex, std::vector<uint8_t> data) {
-  while (!held_order_.empty() && held_bytes_ + data.size() > kMaxHeldImageBytes) DropBlob(held_order_.front());
-  held_bytes_ += data.size();
-  held_order_.push_back(hex);
-  blobs_[hex] = std::move(data);
-}
-
-void Session::DropBlob(const std::string& hex) {
-  auto it = blobs_.find(hex);
-  if (it != blobs_.end()) {
-    held_bytes_ -= it->second.size();
-    blobs_.erase(it);
-  }
-  held_order_.erase(std::remove(held_order_.begin(), held_order_.end(), hex), held_order_.end());
-}
-
-// Writes an image that loaded (so it parsed) to the host's cache, then keeps the cache under
-// cache_max_bytes by removing the oldest entries (by modification time). Sessions run in parallel
-// processes: their evictions may overlap, which only removes a file twice.
-void Session::CacheBlob(const std::string& hex, const std::vector<uint8_t>& data) {
-  if (p_.cache_dir.empty() || cached_.count(hex) != 0) return;
-  const std::string tmp = p_.cache_dir + "/." + hex + "." + std::to_string(getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);  // tenants' code: oriond's only
-  if (fd < 0) return;
-  bool ok = ::write(fd, data.data(), data.size()) == static_cast<ssize_t>(data.size());
-  ::close(fd);
-  if (!ok || ::rename(tmp.c_str(), (p_.cache_dir + "/" + hex).c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    return;
-  }
-  cached_.insert(hex);
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  std::vector<std::pair<fs::file_time_type, fs::path>> entries;
-  uint64_t total = 0;
-  for (const auto& e : fs::directory_iterator(p_.cache_dir, ec)) {
-    if (!e.is_regular_file(ec) || e.path().filename().string().starts_with(".")) continue;
-    total += e.file_size(ec);
-    entries.emplace_back(e.last_write_time(ec), e.path());
-  }
-  if (total <= p_.cache_max_bytes) return;
-  std::sort(entries.begin(), entries.end());
-  for (const auto& [when, path] : entries) {
-    if (total <= p_.cache_max_bytes) break;
-    if (path.filename() == hex) continue;  // the image just written stays
-    const uint64_t size = fs::file_size(path, ec);
-    if (fs::remove(path, ec)) total -= size;
-  }
 }
 
 // The NUL-terminated name after a ModuleSymbolReq.
@@ -1323,7 +1246,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
         r = CUDA_ERROR_INVALID_IMAGE;
         break;
       }
-      const std::vector<uint8_t>* img = Blob(q.hash_lo, q.hash_hi, q.image_bytes);
+      const std::vector<uint8_t>* img = images_.Find(q.hash_lo, q.hash_hi, q.image_bytes);
       if (img == nullptr) {
         r = static_cast<CUresult>(kStatusNeedBytes);
         break;
@@ -1342,12 +1265,12 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       if (r == CUDA_SUCCESS) {
         put(ModuleLoadRep{AddHandle({Kind::kModule, mod, cur_dev_, cur_ctx_, {}}), 0, 0});
         // It parsed: into the host's cache, and out of this worker's memory (the backend has it).
-        const std::string hex = HashHex(q.hash_lo, q.hash_hi);
-        CacheBlob(hex, *img);
-        DropBlob(hex);
+        const std::string hex = ModuleImages::Hex(q.hash_lo, q.hash_hi);
+        images_.Cache(hex, *img);
+        images_.Drop(hex);
       } else {
-        p_.log->info("sess={} op=ModuleLoad image {} refused ({}): {}", p_.session_id, HashHex(q.hash_lo, q.hash_hi),
-                     static_cast<int>(r), b_->ErrorDetail());
+        p_.log->info("sess={} op=ModuleLoad image {} refused ({}): {}", p_.session_id,
+                     ModuleImages::Hex(q.hash_lo, q.hash_hi), static_cast<int>(r), b_->ErrorDetail());
       }
       break;
     }
@@ -1358,7 +1281,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
         r = CUDA_ERROR_INVALID_VALUE;
         break;
       }
-      const std::string hex = HashHex(q.hash_lo, q.hash_hi);
+      const std::string hex = ModuleImages::Hex(q.hash_lo, q.hash_hi);
       if (q.offset == 0) {
         upload_hex_ = hex;
         upload_.assign(q.image_bytes, 0);
@@ -1375,7 +1298,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
         if (got.low64 != q.hash_lo || got.high64 != q.hash_hi) {
           r = CUDA_ERROR_INVALID_IMAGE;  // the bytes do not match the claimed hash
         } else {
-          HoldBlob(hex, std::move(upload_));
+          images_.Hold(hex, std::move(upload_));
         }
         upload_.clear();
         upload_hex_.clear();
@@ -1887,151 +1810,7 @@ int Session::Run(const FrameHeader& hello_header, const HelloReq& hello) {
   }
 }
 
-// ---- Shared-memory channel ----------------------------------------------------------------------
-
-class ShmSessionChannel final : public SessionChannel {
- public:
-  ShmSessionChannel(uint8_t* region, uint64_t channel_bytes, uint32_t channel, uint32_t generation,
-                    uint64_t request_position, uint64_t lease_timeout_ms, int doorbell_fd)
-      : layout_(ChannelLayout::Compute(channel_bytes)), lease_timeout_ms_(lease_timeout_ms), bell_(doorbell_fd) {
-    uint8_t* chan = ivshmem::ChannelBase(region, channel_bytes, channel);
-    desc_ = &ivshmem::Header(region)->channels[channel];
-    requests_ = ivshmem::RingConsumer(chan + layout_.request_ring_offset,
-                                      static_cast<uint32_t>(layout_.request_ring_bytes), generation, request_position);
-    replies_ = ivshmem::RingProducer(chan + layout_.reply_ring_offset, static_cast<uint32_t>(layout_.reply_ring_bytes),
-                                     generation);
-    window_ = chan + layout_.window_offset;
-    last_lease_ = desc_->client_lease.load(std::memory_order_relaxed);
-    lease_changed_ = NowMs();
-  }
-  uint8_t* window() override { return window_; }
-  const ChannelLayout& layout() const override { return layout_; }
-  Status Pop(ivshmem::FrameView* f, std::vector<uint8_t>* scratch, bool* got) override {
-    return requests_.Pop(f, scratch, got);
-  }
-  Status Done(const FrameHeader& req, const uint8_t*) override {
-    // D0: releases the frame's staging bytes; pairs with S0 in Client::ReclaimLocked.
-    desc_->server_done_seq.store(req.seq, std::memory_order_release);
-    return Status::Ok();
-  }
-  Status Reply(const FrameHeader& h, const void* payload, uint32_t) override {
-    if (replies_.Push(h, payload)) return Status::Ok();  // the common case: no clock, no backoff
-    ivshmem::Backoff backoff(1000, 100, 1000);
-    const uint64_t start = NowMs();
-    while (!replies_.Push(h, payload)) {
-      if (replies_.corrupt()) return DataLoss("the reply ring's consumer cursor is impossible");
-      // The client is not draining its replies; give up when its lease has expired.
-      if (NowMs() - start > lease_timeout_ms_ * 4) return Unavailable("the client does not read its replies");
-      backoff.Pause();
-    }
-    return Status::Ok();
-  }
-  Status Idle(uint64_t now) override {
-    const uint64_t lease = desc_->client_lease.load(std::memory_order_relaxed);
-    if (lease != last_lease_) {
-      last_lease_ = lease;
-      lease_changed_ = now;
-    } else if (now - lease_changed_ > lease_timeout_ms_) {
-      return Unavailable("client lease expired (" + std::to_string(lease_timeout_ms_) + " ms without renewal)");
-    }
-    return Status::Ok();
-  }
-  // Sleeps until the client rings, the way it says it can (client_rings: a futex on this kernel, or
-  // the VM's ivshmem doorbell when oriond serves one for this channel); else the caller naps.
-  bool WaitIdle(int timeout_ms) override {
-    const uint32_t rings = desc_->client_rings.load(std::memory_order_relaxed);
-    const bool bell = rings == ivshmem::kRingsIvshmem && bell_;
-    if (!bell && rings != ivshmem::kRingsFutex) return false;
-    if (bell && spurious_streak_ >= kStormStreak) {
-      // Rings with nothing behind them, again and again: a storm from a hostile or broken guest.
-      // Each costs this worker a wake-up; throttled to about a thousand a second.
-      timespec ts{0, 1000000};
-      nanosleep(&ts, nullptr);
-      ++throttled_;
-    }
-    // B0: announce sleep with a full barrier, then look once more, so a frame published before the
-    // client saw the flag is not slept through. Pairs with B1/B1s in the client's RingDoorbell.
-    desc_->server_sleeping.exchange(1, std::memory_order_seq_cst);
-    if (bell) {
-      bool rung = false;
-      if (!requests_.HasData()) {
-        rung = ivshmem::WaitEventFd(bell_.get(), timeout_ms);
-      } else {
-        (void)ivshmem::DrainEventFd(bell_.get());  // a ring for what is already here
-      }
-      desc_->server_sleeping.store(0, std::memory_order_relaxed);
-      if (!rung) {
-        ++bell_timeouts_;
-      } else if (requests_.HasData()) {
-        ++bell_wakes_;
-        spurious_streak_ = 0;
-      } else {
-        ++bell_spurious_;
-        ++spurious_streak_;
-      }
-      return true;
-    }
-    const uint32_t word = desc_->doorbell.load(std::memory_order_acquire);
-    if (!requests_.HasData()) {
-      ivshmem::FutexWait(&desc_->doorbell, word, static_cast<uint32_t>(timeout_ms) * 1000u);
-      ++futex_waits_;
-    }
-    desc_->server_sleeping.store(0, std::memory_order_relaxed);
-    return true;
-  }
-  std::string WaitStats() const override {
-    std::string s = "futex waits=" + std::to_string(futex_waits_);
-    if (bell_) {
-      s += ", ivshmem-doorbell wake-ups=" + std::to_string(bell_wakes_) +
-           " spurious=" + std::to_string(bell_spurious_) + " throttled=" + std::to_string(throttled_) +
-           " timeouts=" + std::to_string(bell_timeouts_);
-    }
-    return s;
-  }
-  void Serving() override {
-    // W0: the session is served; pairs with the client's and the daemon's acquire loads.
-    desc_->state.store(ivshmem::kChannelActive, std::memory_order_release);
-  }
-  void Closing(int32_t reason) override { desc_->close_reason.store(reason, std::memory_order_relaxed); }
-
- private:
-  ChannelLayout layout_;
-  uint64_t lease_timeout_ms_;
-  ivshmem::ChannelDesc* desc_ = nullptr;
-  ivshmem::RingConsumer requests_;
-  ivshmem::RingProducer replies_;
-  uint8_t* window_ = nullptr;
-  uint64_t last_lease_ = 0;
-  uint64_t lease_changed_ = 0;
-  static constexpr uint32_t kStormStreak = 16;  // spurious rings in a row that mean a storm
-  ivshmem::UniqueFd bell_;                      // the VM's ivshmem-doorbell eventfd for this channel
-  uint64_t bell_wakes_ = 0, bell_spurious_ = 0, bell_timeouts_ = 0, throttled_ = 0, futex_waits_ = 0;
-  uint32_t spurious_streak_ = 0;
-};
-
 }  // namespace
-
-bool PushReply(uint8_t* region, uint64_t channel_bytes, uint32_t channel, uint32_t generation,
-               const FrameHeader& request, int32_t status, const void* payload, uint32_t payload_len) {
-  const ChannelLayout l = ChannelLayout::Compute(channel_bytes);
-  uint8_t* chan = ivshmem::ChannelBase(region, channel_bytes, channel);
-  ivshmem::RingProducer rp(chan + l.reply_ring_offset, static_cast<uint32_t>(l.reply_ring_bytes), generation);
-  FrameHeader h{};
-  h.magic = kFrameMagic;
-  h.version = kProtocolVersion;
-  h.op = request.op;
-  h.seq = request.seq;
-  h.payload_len = payload_len;
-  h.status = status;
-  return rp.Push(h, payload);
-}
-
-std::unique_ptr<SessionChannel> MakeShmSessionChannel(uint8_t* region, uint64_t channel_bytes, uint32_t channel,
-                                                      uint32_t generation, uint64_t request_position,
-                                                      uint64_t lease_timeout_ms, int doorbell_fd) {
-  return std::make_unique<ShmSessionChannel>(region, channel_bytes, channel, generation, request_position,
-                                             lease_timeout_ms, doorbell_fd);
-}
 
 int RunSession(const SessionParams& params, std::unique_ptr<Backend> backend, const FrameHeader& hello_header,
                const HelloReq& hello) {

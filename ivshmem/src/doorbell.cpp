@@ -41,16 +41,6 @@ bool SendMsg(int sock, int64_t value, int fd) noexcept {
 
 }  // namespace
 
-UniqueFd& UniqueFd::operator=(UniqueFd&& o) noexcept {
-  if (this != &o) reset(o.release());
-  return *this;
-}
-
-void UniqueFd::reset(int fd) noexcept {
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = fd;
-}
-
 Result<std::unique_ptr<DoorbellServer>> DoorbellServer::Create(const std::string& socket_path,
                                                                const std::string& region_path, uint32_t vectors,
                                                                uid_t uid, gid_t gid) {

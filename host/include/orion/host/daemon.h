@@ -173,11 +173,11 @@ class Daemon {
   std::atomic<bool> stop_{false};
   uint32_t next_session_ = 1;
   uint32_t serving_ = 0;
-  int control_fd_ = -1;
+  UniqueFd control_fd_;
 
   // Network clients (TCP): the listener, connections still in their handshake, and sessions.
   struct Pending {
-    int fd = -1;
+    UniqueFd fd;  // empty once handed to a worker or closed
     std::string peer;
     std::string source;  // the peer's address without the port (per-source limit)
     std::vector<uint8_t> in;
@@ -195,7 +195,7 @@ class Daemon {
   Status OpenListener();
   void AcceptClients(uint64_t now_ms);
   void Handshake(Pending& p);
-  int listen_fd_ = -1;
+  UniqueFd listen_fd_;
   std::vector<Pending> pending_;
   std::vector<NetSession> net_sessions_;
 };

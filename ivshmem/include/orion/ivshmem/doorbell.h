@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "orion/common/status.h"
+#include "orion/common/unique_fd.h"
 
 namespace orion::ivshmem {
 
@@ -34,28 +35,7 @@ inline constexpr uint32_t kHostPeer = 0;               // oriond's peer id: the 
 inline constexpr uint32_t kGuestPeer = 1;              // the VM's id: its IVPosition reads 1 (0 means "no doorbell")
 inline constexpr uint32_t kMaxDoorbellVectors = 30;    // one per channel (kMaxChannels)
 
-// An owned file descriptor (closed on destruction).
-class UniqueFd {
- public:
-  UniqueFd() = default;
-  explicit UniqueFd(int fd) noexcept : fd_(fd) {}
-  UniqueFd(UniqueFd&& o) noexcept : fd_(o.release()) {}
-  UniqueFd& operator=(UniqueFd&& o) noexcept;
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-  ~UniqueFd() { reset(); }
-  int get() const noexcept { return fd_; }
-  int release() noexcept {
-    const int fd = fd_;
-    fd_ = -1;
-    return fd;
-  }
-  void reset(int fd = -1) noexcept;
-  explicit operator bool() const noexcept { return fd_ >= 0; }
-
- private:
-  int fd_ = -1;
-};
+using orion::UniqueFd;  // orion/common/unique_fd.h
 
 // oriond's side for one VM region. One peer (the VM's QEMU) at a time; a second connection while
 // one is up is closed at once. The eventfds live as long as the server, so a QEMU that reconnects

@@ -1,0 +1,33 @@
+// Helpers that oriond's source files share (daemon.cpp defines them): not a public interface.
+// oriond's Daemon is split by concern over daemon.cpp (start-up, workers, the main loop),
+// daemon_admission.cpp, daemon_shm.cpp, daemon_net.cpp and daemon_vms.cpp.
+#pragma once
+
+#include <cuda.h>
+#include <spdlog/common.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "orion/common/status.h"
+#include "orion/ivshmem/region.h"
+#include "orion/pool/pool.h"
+
+namespace orion::host::daemon_detail {
+
+// Makes a peer-supplied, fixed-size name printable in place: NUL-terminated within `size`, every
+// byte outside 0x20..0x7e replaced by '?'.
+void SanitizeName(char* name, size_t size);
+uint64_t NowMs();                                       // CLOCK_MONOTONIC, milliseconds
+spdlog::level::level_enum Level(const std::string& s);  // ORION_LOG_LEVEL's words
+std::string TimeStamp();                                // "20261124-171000", local time
+// The CUresult a refused client gets for a Status code of admission.
+CUresult RefusalCode(Code c);
+// "0/1:4096MiB,0/2:4096MiB": placements for log lines and replies.
+std::string PlacementText(const std::vector<pool::Placement>& placements);
+// The limits a VM's region publishes: vGPU count and the smallest quota among them.
+ivshmem::VmLimits LimitsOf(const std::vector<pool::Placement>& placements);
+
+}  // namespace orion::host::daemon_detail

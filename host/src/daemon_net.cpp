@@ -1,0 +1,298 @@
+// oriond: network clients: the TCP listener, bounded pending connections, and the Hello
+// handshake (key, transport choice: RDMA or TCP) that admits them.
+#include "orion/host/daemon.h"
+
+#include "daemon_internal.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/mman.h>
+#include <sys/un.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/rotating_file_sink.h>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+
+#include "orion/host/session.h"
+#include "orion/host/vm_state.h"
+#include "orion/ivshmem/ring.h"
+#include "orion/rdma/endpoint.h"
+
+namespace orion::host {
+
+using namespace daemon_detail;  // NOLINT(google-build-using-namespace): the daemon's own helpers
+
+Status Daemon::OpenListener() {
+  if (config_.listen_port == 0) return Status::Ok();  // network clients disabled
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICHOST;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(config_.bind_addr.c_str(), std::to_string(config_.listen_port).c_str(), &hints, &res) != 0) {
+    return InvalidArgument("bind_addr '" + config_.bind_addr + "' is not an IP address");
+  }
+  UniqueFd fd(socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  const int one = 1;
+  setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  const bool ok = fd && bind(fd.get(), res->ai_addr, res->ai_addrlen) == 0 && listen(fd.get(), 64) == 0;
+  freeaddrinfo(res);
+  if (!ok) {
+    const std::string err = std::strerror(errno);
+    return Unavailable("cannot listen on " + config_.bind_addr + ":" + std::to_string(config_.listen_port) + ": " +
+                       err + " (-b/-p, or -p 0 for no network clients)");
+  }
+  listen_fd_ = std::move(fd);
+  if (config_.enable_rdma) {
+    if (auto devices = rdma::ListDevices(); devices.ok()) {
+      log_->info("RDMA enabled: device(s) {}; clients that offer RDMA on an address of one of them run in RDMA mode",
+                 *devices);
+    } else {
+      log_->warn("enable_rdma is on, but {}: network clients get TCP", devices.status().message());
+    }
+  }
+  if (config_.client_key.empty()) {
+    log_->warn(
+        "TCP clients on {}:{} are not authenticated: anyone who reaches the port gets vGPUs "
+        "(set client_key in [orion] of server.conf; clients pass ORION_KEY)",
+        config_.bind_addr, config_.listen_port);
+  }
+  return Status::Ok();
+}
+
+void Daemon::AcceptClients(uint64_t now_ms) {
+  if (!listen_fd_) return;
+  for (;;) {
+    sockaddr_storage ss{};
+    socklen_t len = sizeof ss;
+    const int c = accept4(listen_fd_.get(), reinterpret_cast<sockaddr*>(&ss), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (c < 0) break;
+    char host[NI_MAXHOST] = "?", port[NI_MAXSERV] = "?";
+    getnameinfo(reinterpret_cast<sockaddr*>(&ss), len, host, sizeof host, port, sizeof port,
+                NI_NUMERICHOST | NI_NUMERICSERV);
+    // Connections that have not said Hello yet are capped (kMaxPending in all, kMaxPendingPerSource
+    // per address), so silent ones cannot use up oriond's descriptors. A new connection is never
+    // turned away for it: the oldest silent one (of its source when that source is at its limit)
+    // makes room, so a flood of silent connections cannot lock out clients that say Hello at once.
+    constexpr size_t kMaxPending = 64, kMaxPendingPerSource = 16;
+    size_t same = 0, oldest_same = pending_.size();
+    for (size_t i = 0; i < pending_.size(); ++i) {
+      if (pending_[i].source != host) continue;
+      if (same++ == 0) oldest_same = i;
+    }
+    const size_t evict = same >= kMaxPendingPerSource     ? oldest_same
+                         : pending_.size() >= kMaxPending ? 0
+                                                          : pending_.size();
+    if (evict < pending_.size()) {
+      if (++evicted_ % 64 == 1) {
+        log_->warn("client {}: closed before its Hello to make room for new connections ({} so far; {} pending)",
+                   pending_[evict].peer, evicted_, pending_.size());
+      }
+      pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(evict));
+    }
+    const int one = 1, idle = 10, intvl = 2, cnt = 3;  // a dead client is noticed in ~16 s
+    setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    setsockopt(c, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+    setsockopt(c, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    setsockopt(c, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+    setsockopt(c, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+    pending_.push_back({UniqueFd(c), std::string(host) + ":" + port, host, {}, now_ms});
+    // Its Hello is usually there already: deal with it before more connections can push it out.
+    Handshake(pending_.back());
+    if (!pending_.back().fd) pending_.pop_back();
+  }
+  for (size_t i = 0; i < pending_.size();) {
+    Pending& p = pending_[i];
+    Handshake(p);
+    if (!p.fd) {
+      pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+    } else if (now_ms - p.since_ms > 5000) {
+      log_->warn("client {}: no Hello within 5 s; connection closed", p.peer);
+      pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
+}
+
+// Reads a network client's Hello; admits it (forking its worker) or refuses it. Empties p.fd when
+// the connection is dealt with.
+void Daemon::Handshake(Pending& p) {
+  uint8_t buf[4096];
+  for (;;) {
+    const ssize_t n = ::recv(p.fd.get(), buf, sizeof buf, MSG_DONTWAIT);
+    if (n > 0) {
+      p.in.insert(p.in.end(), buf, buf + n);
+      if (p.in.size() > 64 * 1024) break;
+      continue;
+    }
+    if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+      p.fd.reset();
+      return;
+    }
+    break;
+  }
+  if (p.in.size() < sizeof(FrameHeader)) return;
+  FrameHeader h;
+  std::memcpy(&h, p.in.data(), sizeof h);
+  if (h.magic != kFrameMagic || h.version != kProtocolVersion || h.op != static_cast<uint16_t>(Op::kHello) ||
+      h.payload_len != sizeof(HelloReq)) {
+    log_->error("client {}: the first frame is not a Hello of protocol {}; connection closed", p.peer,
+                kProtocolVersion);
+    p.fd.reset();
+    return;
+  }
+  if (p.in.size() < sizeof h + sizeof(HelloReq)) return;
+  HelloReq hello;
+  std::memcpy(&hello, p.in.data() + sizeof h, sizeof hello);
+  SanitizeName(hello.process_name, sizeof hello.process_name);
+  auto send_reply = [&](int32_t status, const std::string& msg) {
+    FrameHeader r{};
+    r.magic = kFrameMagic;
+    r.version = kProtocolVersion;
+    r.op = h.op;
+    r.seq = h.seq;
+    r.status = status;
+    r.payload_len = static_cast<uint32_t>(msg.size());
+    std::string out(reinterpret_cast<const char*>(&r), sizeof r);
+    out += msg;
+    ssize_t w = ::send(p.fd.get(), out.data(), out.size(), MSG_NOSIGNAL);
+    (void)w;
+  };
+  auto refuse = [&](CUresult code, const std::string& why) {
+    log_->warn("client {}: refused '{}' (pid {}): {}", p.peer, hello.process_name, hello.pid, why);
+    send_reply(code, why);
+    p.fd.reset();
+  };
+  if (hello.protocol_version != kProtocolVersion) {
+    refuse(CUDA_ERROR_NOT_SUPPORTED,
+           "protocol version " + std::to_string(hello.protocol_version) + " is not supported");
+    return;
+  }
+  // The shared client key, compared in constant time.
+  if (!config_.client_key.empty()) {
+    char want[sizeof hello.key] = {};
+    std::memcpy(want, config_.client_key.data(), std::min(config_.client_key.size(), sizeof want - 1));
+    hello.key[sizeof hello.key - 1] = '\0';
+    uint8_t diff = 0;
+    for (size_t i = 0; i < sizeof want; ++i) diff |= static_cast<uint8_t>(want[i] ^ hello.key[i]);
+    if (diff != 0) {
+      refuse(CUDA_ERROR_NOT_PERMITTED, "authentication failed: wrong or missing ORION_KEY");
+      return;
+    }
+  }
+  // Transport: RDMA when the client offers it, enable_rdma is on and an RDMA device here owns the
+  // address the client reached us on (the queue pair is made in the worker); else TCP.
+  uint16_t transport = kTransportTcp;
+  if (hello.transports & kTransportRdma) {
+    std::string why;
+    if (!config_.enable_rdma) {
+      why = "enable_rdma is off";
+    } else {
+      sockaddr_storage ss{};
+      socklen_t len = sizeof ss;
+      if (getsockname(p.fd.get(), reinterpret_cast<sockaddr*>(&ss), &len) != 0) {
+        why = std::string("getsockname: ") + std::strerror(errno);
+      } else if (auto port = rdma::FindPort(reinterpret_cast<sockaddr*>(&ss)); !port.ok()) {
+        why = port.status().message();
+      } else {
+        transport = kTransportRdma;
+        log_->info("client {}: Client supports RDMA mode, then server runs in RDMA mode. ({})", p.peer,
+                   port->Describe());
+      }
+    }
+    if (transport != kTransportRdma) {
+      log_->info("client {}: Client supports RDMA mode, but {}; falls back to TCP mode.", p.peer, why);
+    }
+  }
+  if (transport == kTransportTcp) {
+    if ((hello.transports & kTransportTcp) == 0) {
+      refuse(CUDA_ERROR_NOT_SUPPORTED, "the client offers no transport this oriond can use (TCP)");
+      return;
+    }
+    log_->info("client {}: Client supports TCP mode, then server also falls back to TCP mode.", p.peer);
+  }
+  if (Status st = CheckRequest(&hello); !st.ok()) {
+    refuse(RefusalCode(st.code()), st.message());
+    return;
+  }
+  const uint32_t session = next_session_++;
+  auto admitted = Acquire(hello, session, p.peer.substr(0, p.peer.rfind(':')));
+  if (!admitted.ok()) {
+    refuse(RefusalCode(admitted.status().code()), admitted.status().message());
+    return;
+  }
+  auto* placements = &admitted->placements;
+  const int slot = TakeStatSlot();
+  log_->info("Creating session {} for '{}' (pid {}) from {} over {}", session, hello.process_name, hello.pid, p.peer,
+             transport == kTransportRdma ? "RDMA" : "TCP");
+  auto slog = SessionLogger(session);
+  const int fd = p.fd.release();  // the worker's from now on; closed here after the fork
+  const pid_t pid = fork();
+  if (pid < 0) {
+    Finish(*placements, admitted->allocation_id, slot, "fork_failed");
+    log_->error("cannot fork a worker: {}", std::strerror(errno));
+    ::close(fd);
+    return;
+  }
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGINT, SIG_DFL);
+    listen_fd_.reset();  // the worker's copies
+    control_fd_.reset();
+    InWorker(-1);
+    const int flags = fcntl(fd, F_GETFL);
+    fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+    auto backend = MakeBackend(session);
+    if (!backend.ok()) {
+      slog->error("sess={} cannot load the CUDA driver: {}", session, backend.status().message());
+      send_reply(CUDA_ERROR_NO_DEVICE, "oriond: " + backend.status().message());
+      _exit(kExitBackendFailed);
+    }
+    SessionParams sp = BaseParams(session, *placements, slog);
+    sp.socket_fd = fd;
+    sp.allocation_id = admitted->allocation_id;
+    sp.used_out = StatSlot(slot);
+    sp.transport = transport;
+    sp.channel_bytes = config_.shm_buffer_size_mib << 20;
+    const int code = RunSession(sp, std::move(*backend), h, hello);
+    slog->flush();
+    _exit(code);
+  }
+  ::close(fd);
+  if (link_ && !admitted->allocation_id.empty()) {
+    // A job's allocation is shared by its sessions: no one session's memory figures stand for it.
+    link_->Track(admitted->allocation_id, admitted->job ? nullptr : StatSlot(slot),
+                 static_cast<uint32_t>(placements->size()));
+  }
+  std::string client_host(hello.hostname, strnlen(hello.hostname, sizeof hello.hostname));
+  net_sessions_.push_back({pid,
+                           session,
+                           std::move(*placements),
+                           admitted->allocation_id,
+                           slot,
+                           {hello.pid, hello.process_name, client_host.empty() ? p.source : client_host,
+                            transport == kTransportRdma ? "rdma" : "tcp"}});
+  ++serving_;
+}
+
+}  // namespace orion::host

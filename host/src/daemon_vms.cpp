@@ -1,0 +1,393 @@
+// oriond: VM attachments (restored from the state file at start, saved on every change) and the
+// control socket (attach, detach, sessions) that orion-vm, orion-check and orion-smi use.
+#include "orion/host/daemon.h"
+
+#include "daemon_internal.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/mman.h>
+#include <sys/un.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/rotating_file_sink.h>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+
+#include "orion/host/session.h"
+#include "orion/host/vm_state.h"
+#include "orion/ivshmem/ring.h"
+#include "orion/rdma/endpoint.h"
+
+namespace orion::host {
+
+using namespace daemon_detail;  // NOLINT(google-build-using-namespace): the daemon's own helpers
+
+Status Daemon::RestoreVms(std::vector<std::string>* gone) {
+  if (config_.state_file.empty()) return Status::Ok();
+  auto vms = LoadVmState(config_.state_file);
+  if (!vms.ok()) return vms.status();
+  if (vms->empty()) return Status::Ok();
+  if (!config_.enable_kvm) {
+    log_->warn(
+        "{} lists {} attached VM(s), but this oriond does not serve VMs (enable_kvm is off): their regions "
+        "are not served",
+        config_.state_file, vms->size());
+    return Status::Ok();
+  }
+  bool changed = false;
+  for (const VmAttachment& a : *vms) {
+    struct stat st {};
+    if (::stat(a.region.c_str(), &st) != 0) {
+      log_->info("VM {}: its region {} is gone (the VM stopped while oriond was down); its vGPUs are free again", a.vm,
+                 a.region);
+      gone->push_back(a.vm);
+      changed = true;
+      continue;
+    }
+    if (Status s = pool_->Reserve(a.placements); !s.ok()) {
+      log_->error("VM {}: cannot restore its vGPUs {} ({}); {} is not served until the VM is started again", a.vm,
+                  PlacementText(a.placements), s.message(), a.region);
+      changed = true;
+      continue;
+    }
+    Region r;
+    const ivshmem::VmLimits limits = LimitsOf(a.placements);
+    if (Status s = AddRegion(a.region, &r, a.processes, &limits); !s.ok()) {
+      pool_->Release(a.placements);
+      if (s.code() == Code::kAlreadyExists) return s;  // another oriond serves it: refuse to start
+      log_->error("VM {}: cannot serve its region again: {}", a.vm, s.message());
+      changed = true;
+      continue;
+    }
+    r.vm = a.vm;
+    r.reserved = a.placements;
+    r.vgpus_asked = a.vgpus;
+    r.gmem_asked_mib = a.gmem_mib;
+    log_->info("VM {}: restored {} with vGPUs {} (from {})", a.vm, a.region, PlacementText(a.placements),
+               config_.state_file);
+    regions_.push_back(std::move(r));
+  }
+  if (changed) (void)SaveVms();
+  return Status::Ok();
+}
+
+Status Daemon::SaveVms() {
+  if (config_.state_file.empty()) return Status::Ok();
+  std::vector<VmAttachment> vms;
+  for (const Region& r : regions_) {
+    if (r.vm.empty()) continue;
+    vms.push_back({r.vm, r.map->path(), r.vgpus_asked, r.gmem_asked_mib, r.processes, r.reserved});
+  }
+  Status s = SaveVmState(config_.state_file, vms);
+  if (!s.ok()) log_->error("cannot record the attached VMs: {}", s.message());
+  return s;
+}
+
+void Daemon::DropRegion(size_t i, const std::string& why) {
+  Region& r = regions_[i];
+  for (Channel& c : r.channels) {
+    if (c.state != Channel::kServing) continue;
+    kill(c.pid, SIGTERM);
+    int status = 0;
+    for (int k = 0; k < 200 && waitpid(c.pid, &status, WNOHANG) == 0; ++k) usleep(10000);
+    if (waitpid(c.pid, &status, WNOHANG) == 0) {
+      kill(c.pid, SIGKILL);
+      waitpid(c.pid, &status, 0);
+    }
+    if (c.stat_slot >= 0) stat_used_[static_cast<size_t>(c.stat_slot)] = false;
+    log_->info("Session {} exits (VM {} {}).", c.session, r.vm, why);
+    --serving_;
+  }
+  pool_->Release(r.reserved);
+  if (link_) link_->Unassign(r.vm);
+  log_->info("VM {}: detached {} ({})", r.vm, r.map->path(), why);
+  regions_.erase(regions_.begin() + static_cast<std::ptrdiff_t>(i));
+}
+
+void Daemon::DropGoneVms() {
+  bool changed = false;
+  for (size_t i = 0; i < regions_.size();) {
+    if (!regions_[i].vm.empty() && !regions_[i].map->StillAtPath()) {
+      DropRegion(i, "its region file was removed: the VM stopped");
+      changed = true;
+    } else {
+      ++i;
+    }
+  }
+  if (changed) (void)SaveVms();
+}
+
+Status Daemon::OpenControlSocket() {
+  if (config_.control_socket.empty()) return Status::Ok();
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(config_.control_socket).parent_path(), ec);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (config_.control_socket.size() >= sizeof addr.sun_path) {
+    return InvalidArgument("control socket path is too long: " + config_.control_socket);
+  }
+  std::strncpy(addr.sun_path, config_.control_socket.c_str(), sizeof addr.sun_path - 1);
+  // One owner: a socket someone still answers on belongs to a running oriond; only a stale one
+  // (nobody listening: ECONNREFUSED) is replaced.
+  if (const int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0); probe >= 0) {
+    const bool answered = connect(probe, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+    ::close(probe);
+    if (answered) {
+      return Status(Code::kAlreadyExists, "control socket " + config_.control_socket +
+                                              " is in use: another oriond is running (or use --control-socket)");
+    }
+  }
+  UniqueFd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!fd) return Internal(std::string("control socket: ") + std::strerror(errno));
+  ::unlink(config_.control_socket.c_str());
+  const mode_t old = umask(0077);  // root-only: it hands out vGPUs to VMs
+  const int rc = bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  umask(old);
+  if (rc != 0 || listen(fd.get(), 16) != 0) {
+    const std::string err = std::strerror(errno);
+    return Status(Code::kPermissionDenied,
+                  "cannot listen on " + config_.control_socket + ": " + err + " (use --control-socket)");
+  }
+  control_fd_ = std::move(fd);
+  return Status::Ok();
+}
+
+// One request per connection: a line in, a line out ("ok ..." or "error ...").
+void Daemon::ServeControl() {
+  if (!control_fd_) return;
+  for (;;) {
+    const int c = accept4(control_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+    if (c < 0) return;
+    std::string line;
+    char buf[512];
+    pollfd pfd{c, POLLIN, 0};
+    while (line.find('\n') == std::string::npos && line.size() < 4096 && poll(&pfd, 1, 1000) > 0) {
+      const ssize_t n = ::read(c, buf, sizeof buf);
+      if (n <= 0) break;
+      line.append(buf, static_cast<size_t>(n));
+    }
+    if (auto nl = line.find('\n'); nl != std::string::npos) line.resize(nl);
+    std::string reply = Control(line) + "\n";
+    // All of it (a `sessions` listing can be long), each write bounded by the socket's send timeout.
+    timeval tv{1, 0};
+    setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    for (size_t off = 0; off < reply.size();) {
+      const ssize_t w = ::write(c, reply.data() + off, reply.size() - off);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) break;
+      off += static_cast<size_t>(w);
+    }
+    ::close(c);
+  }
+}
+
+std::string Daemon::Control(const std::string& line) {
+  std::istringstream in(line);
+  std::string cmd;
+  in >> cmd;
+  if (cmd == "attach") {
+    std::string vm, path;
+    uint32_t vgpus = 0, processes = 0;
+    uint64_t gmem = 0;
+    if (!(in >> vm >> path >> vgpus >> gmem)) {
+      return "error usage: attach VM REGION VGPUS GMEM_MIB [PROCESSES [SOCKET VECTORS]]";
+    }
+    if (!(in >> processes)) processes = 0;  // an older hook: shm_buffer_size decides
+    std::string bell;
+    uint32_t vectors = 0;
+    if (in >> bell && !(in >> vectors))
+      return "error usage: attach VM REGION VGPUS GMEM_MIB PROCESSES [SOCKET VECTORS]";
+    return Attach(vm, path, vgpus, gmem, processes, bell, vectors);
+  }
+  if (cmd == "detach") {
+    std::string vm;
+    if (!(in >> vm)) return "error usage: detach VM";
+    return Detach(vm);
+  }
+  if (cmd == "status") {
+    std::string out = "ok backend=" + std::string(backend_ == BackendKind::kCuda ? "cuda" : "sim") +
+                      " vgpus_total=" + std::to_string(pool_->total_vgpus()) +
+                      " vgpus_free=" + std::to_string(pool_->free_vgpus()) + " sessions=" + std::to_string(serving_) +
+                      " controller=" +
+                      (link_ ? ControllerAddrForServer(config_.controller_addr) +
+                                   (link_->registered() ? "(registered)" : "(unreachable)")
+                             : std::string("none"));
+    for (const Region& r : regions_) {
+      if (r.vm.empty()) continue;
+      out += " vm=" + r.vm + ":" + std::to_string(r.reserved.size());
+    }
+    return out;
+  }
+  if (cmd == "sessions") return "ok " + SessionsJson();
+  return "error unknown command '" + cmd + "' (attach, detach, status, sessions)";
+}
+
+std::string Daemon::SessionsJson() const {
+  nlohmann::json out = nlohmann::json::array();
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  const std::string server = std::string(host) + " (oriond, " + (backend_ == BackendKind::kCuda ? "cuda" : "sim") + ")";
+  auto add = [&](uint32_t session, const std::vector<Placement>& placements, const std::string& allocation_id, int slot,
+                 const ClientInfo& c) {
+    nlohmann::json places = nlohmann::json::array();
+    const std::atomic<uint64_t>* used = StatSlot(slot);
+    for (size_t d = 0; d < placements.size(); ++d) {
+      const Placement& p = placements[d];
+      places.push_back(
+          {{"server", server},
+           {"pgpu", p.pgpu},
+           {"vgpu", p.vgpu},
+           {"gmem_mib", p.quota_bytes >> 20},
+           {"used_mib", used != nullptr && d < kMaxDevices ? used[d].load(std::memory_order_relaxed) >> 20 : 0},
+           {"gpu_name", p.pgpu < gpu_names_.size() ? gpu_names_[p.pgpu] : std::string()}});
+    }
+    // Client-supplied names are bytes: JSON needs UTF-8, so bad bytes become U+FFFD at dump time.
+    out.push_back({{"session", session},
+                   {"transport", c.transport},
+                   {"server", server},
+                   {"allocation_id", allocation_id},
+                   {"client", {{"pid", c.pid}, {"process", c.process}, {"host", c.host}}},
+                   {"placements", std::move(places)}});
+  };
+  for (const Region& r : regions_) {
+    for (const Channel& c : r.channels) {
+      if (c.state == Channel::kServing) add(c.session, c.placements, c.allocation_id, c.stat_slot, c.client);
+    }
+  }
+  for (const NetSession& n : net_sessions_) add(n.session, n.placements, n.allocation_id, n.stat_slot, n.client);
+  return out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+Result<std::unique_ptr<ivshmem::DoorbellServer>> Daemon::MakeDoorbell(const std::string& path,
+                                                                      const std::string& socket,
+                                                                      uint32_t vectors) const {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return NotFound("region " + path + ": " + std::strerror(errno));
+  return ivshmem::DoorbellServer::Create(socket, path, vectors, st.st_uid, st.st_gid);
+}
+
+std::string Daemon::Attach(const std::string& vm, const std::string& path, uint32_t vgpus, uint64_t gmem_mib,
+                           uint32_t processes, const std::string& bell_socket, uint32_t vectors) {
+  if (!config_.enable_kvm) return "error oriond does not serve VMs: set enable_kvm = \"true\" or pass -k";
+  if (!ValidVmName(vm)) return "error VM name '" + vm + "' must be 1..200 of [A-Za-z0-9._-]";
+  if (path.empty() || path[0] != '/') return "error the region must be an absolute path";
+  if (!bell_socket.empty() && (bell_socket[0] != '/' || vectors == 0 || vectors > ivshmem::kMaxDoorbellVectors)) {
+    return "error the doorbell socket must be an absolute path and VECTORS 1.." +
+           std::to_string(ivshmem::kMaxDoorbellVectors);
+  }
+  if (vgpus == 0 || vgpus > kMaxDevices) return "error VGPUS must be 1.." + std::to_string(kMaxDevices);
+  if (processes > kMaxVmProcesses) return "error PROCESSES must be 0.." + std::to_string(kMaxVmProcesses);
+  // What a stopped VM left behind (its file removed or replaced, e.g. while oriond was down) is
+  // dropped first: never "already served" for a file that is gone.
+  DropGoneVms();
+  for (size_t i = 0; i < regions_.size();) {
+    const Region& r = regions_[i];
+    if (r.vm.empty() && r.map->path() == path && !r.map->StillAtPath()) {
+      log_->info("{}: its file was removed or replaced; no longer served as a host region", path);
+      regions_.erase(regions_.begin() + static_cast<std::ptrdiff_t>(i));  // no VM, no reserved vGPUs
+      continue;
+    }
+    ++i;
+  }
+  for (Region& r : regions_) {
+    if (r.vm == vm && r.map->path() == path && !bell_socket.empty() &&
+        (!r.bell || r.bell->socket_path() != bell_socket)) {
+      // Attached before (restored after an oriond restart, or its release never ran) and started
+      // again with a doorbell: QEMU will connect to this socket.
+      const uint32_t n = std::min(vectors, r.channel_count);
+      auto bell = MakeDoorbell(path, bell_socket, n);
+      if (!bell.ok()) return "error VM " + vm + ": " + bell.status().message();
+      r.bell = std::move(*bell);
+      ivshmem::PublishDoorbell(r.map->data(), ivshmem::kHostPeer, n);
+      log_->info("VM {}: serves its ivshmem-doorbell on {} ({} vectors)", vm, bell_socket, n);
+      return "ok already attached";
+    }
+    if (r.vm == vm && r.map->path() == path) return "ok already attached";
+    if (r.map->path() == path) return "error " + path + " is already served";
+    if (r.vm == vm) return "error VM " + vm + " is already attached to " + r.map->path();
+  }
+  Result<std::vector<Placement>> placements = std::vector<Placement>{};
+  if (link_) {
+    // Controller mode: the VM's standing assignment (kept by the controller while the VM exists).
+    auto g = link_->Assign(vm, vgpus, gmem_mib);
+    if (!g.ok()) {
+      placements = g.status();
+    } else if (Status st = pool_->Reserve(g->placements); !st.ok()) {
+      link_->Unassign(vm);
+      placements = st;
+    } else {
+      placements = std::move(g->placements);
+    }
+  } else {
+    placements = pool_->Admit(vgpus, gmem_mib);
+  }
+  if (!placements.ok()) {
+    log_->warn("VM {}: cannot reserve {} vGPU(s) of {} MiB: {}", vm, vgpus, gmem_mib, placements.status().message());
+    return "error not enough vGPUs for VM " + vm + ": " + placements.status().message();
+  }
+  Region r;
+  ivshmem::VmLimits limits = LimitsOf(*placements);
+  if (!bell_socket.empty()) {
+    // One vector per channel, as many as QEMU was given (<msi vectors>): the channel count is known
+    // once the region is split, so the server is made for `vectors` and trimmed below if fewer.
+    auto bell = MakeDoorbell(path, bell_socket, vectors);
+    if (!bell.ok()) {
+      pool_->Release(*placements);
+      if (link_) link_->Unassign(vm);
+      return "error VM " + vm + ": " + bell.status().message();
+    }
+    r.bell = std::move(*bell);
+    limits.doorbell_vectors = vectors;
+  }
+  if (Status s = AddRegion(path, &r, processes, &limits); !s.ok()) {
+    pool_->Release(*placements);
+    if (link_) link_->Unassign(vm);
+    return "error " + s.message();
+  }
+  if (r.bell && r.channel_count < vectors) ivshmem::PublishDoorbell(r.map->data(), ivshmem::kHostPeer, r.channel_count);
+  r.vm = vm;
+  r.reserved = std::move(*placements);
+  r.vgpus_asked = vgpus;
+  r.gmem_asked_mib = gmem_mib;
+  const std::string where = PlacementText(r.reserved);
+  const uint32_t channels = r.channel_count;
+  regions_.push_back(std::move(r));
+  // Durable before the VM starts: a restart of oriond restores exactly this.
+  if (Status s = SaveVms(); !s.ok()) {
+    DropRegion(regions_.size() - 1, "its attachment could not be recorded");
+    return "error cannot record the attachment (" + s.message() + "); set state_file in [orion] of server.conf";
+  }
+  log_->info("VM {}: attached {} with vGPUs {} ({} channels: {} CUDA processes at once){}", vm, path, where, channels,
+             channels, bell_socket.empty() ? std::string() : ", its ivshmem-doorbell on " + bell_socket);
+  return "ok " + where;
+}
+
+std::string Daemon::Detach(const std::string& vm) {
+  for (size_t i = 0; i < regions_.size(); ++i) {
+    if (regions_[i].vm != vm) continue;
+    DropRegion(i, "stopped");
+    (void)SaveVms();
+    return "ok";
+  }
+  return "ok not attached";
+}
+
+}  // namespace orion::host
