@@ -10,15 +10,10 @@
 #include <cstring>
 
 #include "channel.h"
+#include "orion/common/clock.h"
 
 namespace orion::guest {
 namespace {
-
-uint64_t NowMs() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000ull + static_cast<uint64_t>(ts.tv_nsec) / 1000000ull;
-}
 
 bool SendAll(int fd, const void* p, size_t len) {
   const auto* b = static_cast<const uint8_t*>(p);
@@ -109,7 +104,7 @@ bool RdmaFrameChannel::SocketAlive() noexcept {
 }
 
 bool RdmaFrameChannel::Room(uint32_t wrs) noexcept {
-  const uint64_t start = NowMs();
+  const uint64_t start = MonotonicMs();
   for (uint32_t spins = 0;; ++spins) {
     if (!ep_->PollSend().ok()) {
       Fail();
@@ -118,7 +113,7 @@ bool RdmaFrameChannel::Room(uint32_t wrs) noexcept {
     if (ep_->CanPost(wrs)) return true;
     if ((spins & 0x3ff) == 0x3ff) {
       if (!SocketAlive()) return false;
-      if (NowMs() - start > kStallMs) {
+      if (MonotonicMs() - start > kStallMs) {
         Fail();
         return false;
       }
@@ -231,8 +226,8 @@ Status RdmaFrameChannel::Pop(ivshmem::FrameView* f, std::vector<uint8_t>* scratc
 
 void RdmaFrameChannel::Close() noexcept {
   // What was posted must be acknowledged before the process (and its queue pair) goes away.
-  const uint64_t start = NowMs();
-  while (desc_.state.load() == ivshmem::kChannelActive && ep_->Outstanding() > 0 && NowMs() - start < 2000) {
+  const uint64_t start = MonotonicMs();
+  while (desc_.state.load() == ivshmem::kChannelActive && ep_->Outstanding() > 0 && MonotonicMs() - start < 2000) {
     if (!ep_->PollSend().ok()) break;
     sched_yield();
   }

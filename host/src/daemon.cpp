@@ -31,6 +31,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "orion/common/clock.h"
 #include "orion/host/session.h"
 #include "orion/host/vm_state.h"
 #include "orion/ivshmem/ring.h"
@@ -46,12 +47,6 @@ void SanitizeName(char* name, size_t size) {
   for (size_t i = 0; i < size && name[i] != '\0'; ++i) {
     if (name[i] < 0x20 || name[i] > 0x7e) name[i] = '?';
   }
-}
-
-uint64_t NowMs() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000ull + static_cast<uint64_t>(ts.tv_nsec) / 1000000ull;
 }
 
 spdlog::level::level_enum Level(const std::string& s) {
@@ -441,7 +436,7 @@ void Daemon::PollOnce(int timeout_ms) {
 int Daemon::Run() {
   uint64_t last_beat = 0, last_vm_check = 0;
   while (!stop_.load()) {
-    const uint64_t now = NowMs();
+    const uint64_t now = MonotonicMs();
     if (now - last_vm_check >= 1000) {
       DropGoneVms();
       RepairSevered();

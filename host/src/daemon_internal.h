@@ -20,7 +20,6 @@ namespace orion::host::daemon_detail {
 // Makes a peer-supplied, fixed-size name printable in place: NUL-terminated within `size`, every
 // byte outside 0x20..0x7e replaced by '?'.
 void SanitizeName(char* name, size_t size);
-uint64_t NowMs();                                       // CLOCK_MONOTONIC, milliseconds
 spdlog::level::level_enum Level(const std::string& s);  // ORION_LOG_LEVEL's words
 std::string TimeStamp();                                // "20261124-171000", local time
 // The CUresult a refused client gets for a Status code of admission.

@@ -10,16 +10,11 @@
 #include <cerrno>
 #include <cstring>
 
+#include "orion/common/clock.h"
 #include "orion/host/session.h"
 
 namespace orion::host {
 namespace {
-
-uint64_t NowMs() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000ull + static_cast<uint64_t>(ts.tv_nsec) / 1000000ull;
-}
 
 class TcpSessionChannel final : public SessionChannel {
  public:
@@ -43,8 +38,8 @@ class TcpSessionChannel final : public SessionChannel {
     const size_t have = in_.size() - at_;
     if (have != partial_bytes_) {
       partial_bytes_ = have;
-      partial_since_ = NowMs();
-    } else if (have != 0 && NowMs() - partial_since_ > static_cast<uint64_t>(stall_ms_)) {
+      partial_since_ = MonotonicMs();
+    } else if (have != 0 && MonotonicMs() - partial_since_ > static_cast<uint64_t>(stall_ms_)) {
       return DataLoss("client stopped in the middle of a frame for " + std::to_string(stall_ms_) + " ms");
     }
     if (have < sizeof(FrameHeader)) return Status::Ok();
@@ -79,7 +74,7 @@ class TcpSessionChannel final : public SessionChannel {
     }
     Compact();
     partial_bytes_ = in_.size() - at_;
-    partial_since_ = NowMs();
+    partial_since_ = MonotonicMs();
     f->header = h;
     f->payload = scratch->data();
     *got = true;

@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "orion/common/clock.h"
 #include "orion/host/session.h"
 #include "orion/rdma/endpoint.h"
 
@@ -20,12 +21,6 @@ namespace orion::host {
 namespace {
 
 constexpr uint32_t kRecvSlots = 32;
-
-uint64_t NowMs() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000ull + static_cast<uint64_t>(ts.tv_nsec) / 1000000ull;
-}
 
 class RdmaSessionChannel final : public SessionChannel {
  public:
@@ -205,13 +200,13 @@ class RdmaSessionChannel final : public SessionChannel {
   // Room for `wrs` work requests and a free send buffer; waits for completions, but not for a
   // client that stopped taking them (closed socket, or net_stall_ms).
   Status Room(uint32_t wrs) {
-    const uint64_t start = NowMs();
+    const uint64_t start = MonotonicMs();
     for (uint32_t spins = 0;; ++spins) {
       if (Status s = ep_->PollSend(); !s.ok()) return s;
       if (ep_->CanPost(wrs)) return Status::Ok();
       if ((spins & 0x3ff) == 0x3ff) {
         if (Status s = SocketCheck(); !s.ok()) return s;
-        if (NowMs() - start > stall_ms_) return Unavailable("client stopped taking replies");
+        if (MonotonicMs() - start > stall_ms_) return Unavailable("client stopped taking replies");
         usleep(100);
       }
     }

@@ -20,6 +20,7 @@
 #include <map>
 #include <unordered_map>
 
+#include "orion/common/clock.h"
 #include "orion/common/text.h"
 #include "orion/fatbin/fatbin.h"
 #include "orion/ivshmem/doorbell.h"
@@ -29,12 +30,6 @@ namespace orion::host {
 namespace {
 
 using ivshmem::ChannelLayout;
-
-uint64_t NowMs() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000ull + static_cast<uint64_t>(ts.tv_nsec) / 1000000ull;
-}
 
 enum class Kind : uint8_t { kCtx, kModule, kFunction, kStream, kEvent, kMemHandle };
 
@@ -1743,7 +1738,7 @@ int Session::Run(const FrameHeader& hello_header, const HelloReq& hello) {
   ivshmem::Backoff backoff(ch_->SpinPolls(), 100, 2000);
   const int idle_wait_ms = static_cast<int>(std::clamp<uint64_t>(p_.lease_timeout_ms / 4, 20, 250));
   uint64_t frames = 0;
-  uint64_t last_frame_ms = NowMs();
+  uint64_t last_frame_ms = MonotonicMs();
   uint32_t quiet_waits = 0;  // sleeps since the last frame
   auto violation = [&](const std::string& what) {
     log.error("sess={} protocol violation: {}; ending the session", p_.session_id, what);
@@ -1762,7 +1757,7 @@ int Session::Run(const FrameHeader& hello_header, const HelloReq& hello) {
     }
     if (!got) {
       if (backoff.sleeping() || (++frames & 0xFFF) == 0) {
-        const uint64_t now = NowMs();
+        const uint64_t now = MonotonicMs();
         backoff.set_max_sleep_us(now - last_frame_ms > 1000 ? 5000 : 2000);
         if (Status s = ch_->Idle(now); !s.ok()) {
           log.info("sess={} {}", p_.session_id, s.message());
@@ -1779,7 +1774,7 @@ int Session::Run(const FrameHeader& hello_header, const HelloReq& hello) {
       }
       continue;
     }
-    if (backoff.sleeping() || (frames++ & 0xFF) == 0) last_frame_ms = NowMs();  // after idle, or now and then
+    if (backoff.sleeping() || (frames++ & 0xFF) == 0) last_frame_ms = MonotonicMs();  // after idle, or now and then
     backoff.Reset();
     quiet_waits = 0;
     const FrameHeader& h = f.header;

@@ -8,6 +8,7 @@
 
 #include <cstring>
 
+#include "orion/common/clock.h"
 #include "orion/host/session.h"
 #include "orion/ivshmem/doorbell.h"
 #include "orion/ivshmem/ring.h"
@@ -16,12 +17,6 @@ namespace orion::host {
 namespace {
 
 using ivshmem::ChannelLayout;
-
-uint64_t NowMs() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000ull + static_cast<uint64_t>(ts.tv_nsec) / 1000000ull;
-}
 
 class ShmSessionChannel final : public SessionChannel {
  public:
@@ -36,7 +31,7 @@ class ShmSessionChannel final : public SessionChannel {
                                      generation);
     window_ = chan + layout_.window_offset;
     last_lease_ = desc_->client_lease.load(std::memory_order_relaxed);
-    lease_changed_ = NowMs();
+    lease_changed_ = MonotonicMs();
   }
   uint8_t* window() override { return window_; }
   const ChannelLayout& layout() const override { return layout_; }
@@ -51,11 +46,11 @@ class ShmSessionChannel final : public SessionChannel {
   Status Reply(const FrameHeader& h, const void* payload, uint32_t) override {
     if (replies_.Push(h, payload)) return Status::Ok();  // the common case: no clock, no backoff
     ivshmem::Backoff backoff(1000, 100, 1000);
-    const uint64_t start = NowMs();
+    const uint64_t start = MonotonicMs();
     while (!replies_.Push(h, payload)) {
       if (replies_.corrupt()) return DataLoss("the reply ring's consumer cursor is impossible");
       // The client is not draining its replies; give up when its lease has expired.
-      if (NowMs() - start > lease_timeout_ms_ * 4) return Unavailable("the client does not read its replies");
+      if (MonotonicMs() - start > lease_timeout_ms_ * 4) return Unavailable("the client does not read its replies");
       backoff.Pause();
     }
     return Status::Ok();
