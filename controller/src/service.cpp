@@ -1069,9 +1069,14 @@ Result<Json> Service::WatchRevoked(const std::string& server, const std::vector<
     int* n;
     ~Leave() { --*n; }
   } leave{&watchers_};
-  for (;;) {
+  for (bool first = true;; first = false) {
     const uint64_t seen = deletions_;
-    if (Status st = Sync(); !st.ok()) return st;
+    // The store is read when the watch starts, then once per batch of deletions however many
+    // watches wake for it: the first to wake reads, the others see what it read.
+    if (first || seen != deletions_read_) {
+      if (Status st = Sync(); !st.ok()) return st;
+      deletions_read_ = seen;
+    }
     Json revoked = Json::array();
     for (const auto& id : ids) {
       auto it = allocs_.find(id);

@@ -213,6 +213,7 @@ class Service {
   mutable std::mutex mu_;
   // Bumped (under mu_) whenever allocations may have gone: WatchRevoked's waiters look again.
   uint64_t deletions_ = 0;
+  uint64_t deletions_read_ = 0;  // deletions_ when a watch last read the store (WatchRevoked)
   std::condition_variable deleted_;
   int watchers_ = 0;
   // etcd: the thread that follows deletions made by others (Store::WatchDeletions).
