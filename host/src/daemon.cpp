@@ -192,6 +192,14 @@ Status Daemon::StartServing() {
   // The VMs attached before a restart come first: their regions keep their VM's vGPUs, quota and
   // channels, and are never taken for ordinary host regions below.
   std::vector<std::string> gone_vms;
+  if (!config_.state_file.empty()) {
+    keeper_ = std::make_unique<DoorbellKeeper>(config_.state_file + ".doorbells");
+    if (!keeper_->usable()) {
+      log_->warn("{}.doorbells is too long a path for a UNIX socket: VM doorbells do not survive a restart",
+                 config_.state_file);
+      keeper_.reset();
+    }
+  }
   if (Status st = RestoreVms(&gone_vms); !st.ok()) return st;
 
   // Regions.
@@ -399,6 +407,7 @@ void Daemon::InWorker(int keep) {
   for (Region& r : regions_) {
     if (r.bell) r.bell->CloseInChild(keep);
   }
+  if (keeper_) keeper_->CloseInChild();
 }
 
 void Daemon::PollOnce(int timeout_ms) {

@@ -69,7 +69,30 @@ Status Daemon::RestoreVms(std::vector<std::string>* gone) {
       continue;
     }
     Region r;
-    const ivshmem::VmLimits limits = LimitsOf(a.placements);
+    ivshmem::VmLimits limits = LimitsOf(a.placements);
+    std::string bell_note;
+    if (!a.doorbell_socket.empty()) {
+      // The running QEMU still signals the eventfds it got at the VM's start: serve the doorbell
+      // again only with those (kept by the keeper). New ones would never be rung, and the guest,
+      // told there is a doorbell, would wait on it instead of being polled.
+      Result<std::vector<UniqueFd>> kept = std::vector<UniqueFd>{};
+      if (keeper_) kept = keeper_->Get(a.vm);
+      if (!kept.ok() || kept->size() != a.doorbell_vectors) {
+        bell_note = "; its doorbell's eventfds were not kept (" +
+                    (kept.ok() ? std::to_string(kept->size()) + " of " + std::to_string(a.doorbell_vectors)
+                               : kept.status().message()) +
+                    "): its processes are polled until the VM starts again";
+      } else if (auto bell = MakeDoorbell(a.region, a.doorbell_socket, a.doorbell_vectors, std::move(*kept));
+                 !bell.ok()) {
+        bell_note = "; its doorbell cannot be served again (" + bell.status().message() +
+                    "): its processes are polled until the VM starts again";
+      } else {
+        r.bell = std::move(*bell);
+        limits.doorbell_vectors = a.doorbell_vectors;
+        bell_note = ", its ivshmem-doorbell on " + a.doorbell_socket + " with the eventfds QEMU rings (" +
+                    std::to_string(a.doorbell_vectors) + " vectors, kept by the doorbell keeper)";
+      }
+    }
     if (Status s = AddRegion(a.region, &r, a.processes, &limits); !s.ok()) {
       pool_->Release(a.placements);
       if (s.code() == Code::kAlreadyExists) return s;  // another oriond serves it: refuse to start
@@ -77,13 +100,21 @@ Status Daemon::RestoreVms(std::vector<std::string>* gone) {
       changed = true;
       continue;
     }
+    if (r.bell && r.channel_count < a.doorbell_vectors) {
+      ivshmem::PublishDoorbell(r.map->data(), ivshmem::kHostPeer, r.channel_count);
+    }
     r.vm = a.vm;
     r.reserved = a.placements;
     r.vgpus_asked = a.vgpus;
     r.gmem_asked_mib = a.gmem_mib;
-    log_->info("VM {}: restored {} with vGPUs {} (from {})", a.vm, a.region, PlacementText(a.placements),
-               config_.state_file);
+    log_->info("VM {}: restored {} with vGPUs {} (from {}){}", a.vm, a.region, PlacementText(a.placements),
+               config_.state_file, bell_note);
+    changed |= !a.doorbell_socket.empty() && !r.bell;  // the record no longer names a doorbell
     regions_.push_back(std::move(r));
+  }
+  // What the keeper holds for VMs not restored (gone while oriond was down) is let go.
+  if (keeper_) {
+    if (Status s = keeper_->Prune(); !s.ok()) log_->warn("doorbell keeper: {}", s.message());
   }
   if (changed) (void)SaveVms();
   return Status::Ok();
@@ -94,7 +125,8 @@ Status Daemon::SaveVms() {
   std::vector<VmAttachment> vms;
   for (const Region& r : regions_) {
     if (r.vm.empty()) continue;
-    vms.push_back({r.vm, r.map->path(), r.vgpus_asked, r.gmem_asked_mib, r.processes, r.reserved});
+    vms.push_back({r.vm, r.map->path(), r.vgpus_asked, r.gmem_asked_mib, r.processes, r.reserved,
+                   r.bell ? r.bell->socket_path() : std::string(), r.bell ? r.bell->vectors() : 0});
   }
   Status s = SaveVmState(config_.state_file, vms);
   if (!s.ok()) log_->error("cannot record the attached VMs: {}", s.message());
@@ -118,6 +150,9 @@ void Daemon::DropRegion(size_t i, const std::string& why) {
   }
   pool_->Release(r.reserved);
   if (link_) link_->Unassign(r.vm);
+  if (r.bell && keeper_) {
+    if (Status s = keeper_->Drop(r.vm); !s.ok()) log_->warn("doorbell keeper: {}", s.message());
+  }
   log_->info("VM {}: detached {} ({})", r.vm, r.map->path(), why);
   regions_.erase(regions_.begin() + static_cast<std::ptrdiff_t>(i));
 }
@@ -277,11 +312,22 @@ std::string Daemon::SessionsJson() const {
 }
 
 Result<std::unique_ptr<ivshmem::DoorbellServer>> Daemon::MakeDoorbell(const std::string& path,
-                                                                      const std::string& socket,
-                                                                      uint32_t vectors) const {
+                                                                      const std::string& socket, uint32_t vectors,
+                                                                      std::vector<UniqueFd> kept) const {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return NotFound("region " + path + ": " + std::strerror(errno));
-  return ivshmem::DoorbellServer::Create(socket, path, vectors, st.st_uid, st.st_gid);
+  return ivshmem::DoorbellServer::Create(socket, path, vectors, st.st_uid, st.st_gid, std::move(kept));
+}
+
+void Daemon::KeepDoorbell(const Region& r) {
+  if (!r.bell) return;
+  if (!keeper_) {
+    log_->warn("VM {}: no state_file, so its doorbell does not survive an oriond restart", r.vm);
+    return;
+  }
+  if (Status s = keeper_->Put(r.vm, r.bell->host_vector_fds()); !s.ok()) {
+    log_->warn("VM {}: its doorbell will not survive an oriond restart: {}", r.vm, s.message());
+  }
 }
 
 std::string Daemon::Attach(const std::string& vm, const std::string& path, uint32_t vgpus, uint64_t gmem_mib,
@@ -318,6 +364,8 @@ std::string Daemon::Attach(const std::string& vm, const std::string& path, uint3
       r.bell = std::move(*bell);
       ivshmem::PublishDoorbell(r.map->data(), ivshmem::kHostPeer, n);
       log_->info("VM {}: serves its ivshmem-doorbell on {} ({} vectors)", vm, bell_socket, n);
+      KeepDoorbell(r);
+      (void)SaveVms();
       return "ok already attached";
     }
     if (r.vm == vm && r.map->path() == path) return "ok already attached";
@@ -375,6 +423,7 @@ std::string Daemon::Attach(const std::string& vm, const std::string& path, uint3
     DropRegion(regions_.size() - 1, "its attachment could not be recorded");
     return "error cannot record the attachment (" + s.message() + "); set state_file in [orion] of server.conf";
   }
+  KeepDoorbell(regions_.back());
   log_->info("VM {}: attached {} with vGPUs {} ({} channels: {} CUDA processes at once){}", vm, path, where, channels,
              channels, bell_socket.empty() ? std::string() : ", its ivshmem-doorbell on " + bell_socket);
   return "ok " + where;

@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
+#include <string>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -12,6 +14,7 @@
 
 #include "orion/host/config.h"
 #include "orion/host/daemon.h"
+#include "orion/host/doorbell_keeper.h"
 
 namespace {
 orion::host::Daemon* g_daemon = nullptr;
@@ -21,6 +24,10 @@ void OnSignal(int) {
 }  // namespace
 
 static int Main(int argc, char** argv) {
+  // The doorbell keeper (orion/host/doorbell_keeper.h): oriond starts its own binary this way.
+  if (argc == 4 && std::string(argv[1]) == "--doorbell-keeper") {
+    return orion::host::RunDoorbellKeeper(std::atoi(argv[2]), argv[3]);
+  }
   CLI::App app{"oriond: the Orion vGPU server"};
   app.set_version_flag("--version", "oriond " ORION_VERSION_STRING " (build " ORION_BUILD_STRING ")");
   std::string config_path = "/etc/orion/server.conf";

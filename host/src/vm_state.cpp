@@ -66,6 +66,9 @@ std::string EncodeVmState(const std::vector<VmAttachment>& vms) {
                     {"gmem_mib", a.gmem_mib},
                     {"processes", a.processes},
                     {"placements", placements}});
+    if (!a.doorbell_socket.empty()) {
+      list.back()["doorbell"] = {{"socket", a.doorbell_socket}, {"vectors", a.doorbell_vectors}};
+    }
   }
   return Json{{"version", kVmStateVersion}, {"vms", list}}.dump(2) + "\n";
 }
@@ -117,6 +120,17 @@ Result<std::vector<VmAttachment>> DecodeVmState(const std::string& text, const s
         return Bad(source, pat + " needs pgpu, vgpu (0..4095) and quota_bytes (1..2^44)");
       }
       a.placements.push_back({static_cast<uint32_t>(pgpu), static_cast<uint32_t>(vgpu), quota});
+    }
+    if (const auto bell = o.find("doorbell"); bell != o.end()) {
+      // Optional: the VM's ivshmem-doorbell socket (oriond is its ivshmem server).
+      uint64_t vectors = 0;
+      if (!bell->is_object() || !Str(*bell, "socket", &a.doorbell_socket) || a.doorbell_socket.empty() ||
+          a.doorbell_socket[0] != '/' || a.doorbell_socket.size() > 107 ||
+          a.doorbell_socket.find('\0') != std::string::npos || !UInt(*bell, "vectors", 1, kMaxVmProcesses, &vectors)) {
+        return Bad(source, at + ".doorbell needs socket (an absolute path of at most 107 bytes) and vectors (1.." +
+                               std::to_string(kMaxVmProcesses) + ")");
+      }
+      a.doorbell_vectors = static_cast<uint32_t>(vectors);
     }
     if (!names.insert(a.vm).second) return Bad(source, "VM " + a.vm + " is listed twice");
     if (!regions.insert(a.region).second) return Bad(source, "region " + a.region + " is listed twice");

@@ -11,8 +11,15 @@ namespace orion::host {
 namespace {
 
 std::vector<VmAttachment> Two() {
-  return {{"web1", "/dev/shm/orionsock-web1", 2, 3000, 4, {{0, 0, 3000ull << 20}, {0, 1, 3000ull << 20}}},
-          {"db.2", "/dev/shm/orionsock-db.2", 1, 0, 0, {{1, 3, 4096ull << 20}}}};
+  return {{"web1",
+           "/dev/shm/orionsock-web1",
+           2,
+           3000,
+           4,
+           {{0, 0, 3000ull << 20}, {0, 1, 3000ull << 20}},
+           "/dev/shm/orionsock-web1.sock",
+           4},
+          {"db.2", "/dev/shm/orionsock-db.2", 1, 0, 0, {{1, 3, 4096ull << 20}}, "", 0}};
 }
 
 std::string TempDir() {
@@ -28,6 +35,9 @@ TEST(VmState, RoundTrip) {
   EXPECT_EQ(EncodeVmState(*back), EncodeVmState(vms));  // equal records encode alike
   EXPECT_EQ((*back)[0].placements[1].vgpu, 1u);
   EXPECT_EQ((*back)[1].placements[0].quota_bytes, 4096ull << 20);
+  EXPECT_EQ((*back)[0].doorbell_socket, "/dev/shm/orionsock-web1.sock");
+  EXPECT_EQ((*back)[0].doorbell_vectors, 4u);
+  EXPECT_TRUE((*back)[1].doorbell_socket.empty());
   auto empty = DecodeVmState(EncodeVmState({}), "t");
   ASSERT_TRUE(empty.ok());
   EXPECT_TRUE(empty->empty());
@@ -107,6 +117,14 @@ TEST(VmState, CorruptFilesAreRefusedWithTheirReason) {
        "{\"vm\": \"a\", \"region\": \"/s\", \"vgpus\": 1, \"gmem_mib\": 0, "
        "\"processes\": 0, \"placements\": [{\"pgpu\": 0, \"vgpu\": 1, \"quota_bytes\": 1}]}]}",
        "VM a is listed twice"},
+      {"{\"version\": 1, \"vms\": [{\"vm\": \"a\", \"region\": \"/r\", \"vgpus\": 1, \"gmem_mib\": 0, "
+       "\"processes\": 0, \"placements\": [{\"pgpu\": 0, \"vgpu\": 0, \"quota_bytes\": 1}], "
+       "\"doorbell\": {\"socket\": \"/r.sock\", \"vectors\": 31}}]}",
+       "vms[0].doorbell"},
+      {"{\"version\": 1, \"vms\": [{\"vm\": \"a\", \"region\": \"/r\", \"vgpus\": 1, \"gmem_mib\": 0, "
+       "\"processes\": 0, \"placements\": [{\"pgpu\": 0, \"vgpu\": 0, \"quota_bytes\": 1}], "
+       "\"doorbell\": {\"socket\": \"r.sock\", \"vectors\": 2}}]}",
+       "vms[0].doorbell"},
   };
   for (const Case& c : cases) {
     auto r = DecodeVmState(c.text, "/var/lib/orion/vms.json");

@@ -43,9 +43,13 @@ bool SendMsg(int sock, int64_t value, int fd) noexcept {
 
 Result<std::unique_ptr<DoorbellServer>> DoorbellServer::Create(const std::string& socket_path,
                                                                const std::string& region_path, uint32_t vectors,
-                                                               uid_t uid, gid_t gid) {
+                                                               uid_t uid, gid_t gid, std::vector<UniqueFd> kept) {
   if (vectors == 0 || vectors > kMaxDoorbellVectors) {
     return InvalidArgument("doorbell vectors must be 1.." + std::to_string(kMaxDoorbellVectors));
+  }
+  if (!kept.empty() && kept.size() != vectors) {
+    return InvalidArgument("kept doorbell eventfds: " + std::to_string(kept.size()) + " for " +
+                           std::to_string(vectors) + " vectors");
   }
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
@@ -95,7 +99,17 @@ Result<std::unique_ptr<DoorbellServer>> DoorbellServer::Create(const std::string
     ::unlink(socket_path.c_str());
     return e;
   }
-  for (uint32_t i = 0; i < 2 * vectors; ++i) {
+  s->host_ = std::move(kept);
+  for (UniqueFd& e : s->host_) {
+    // Adopted: non-blocking like our own (a worker drains without waiting).
+    const int fl = ::fcntl(e.get(), F_GETFL);
+    if (fl < 0 || ::fcntl(e.get(), F_SETFL, fl | O_NONBLOCK) != 0) {
+      const Status err = Internal(Err("kept eventfd"));
+      ::unlink(socket_path.c_str());
+      return err;
+    }
+  }
+  for (uint32_t i = s->host_.empty() ? 0 : vectors; i < 2 * vectors; ++i) {
     UniqueFd e(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
     if (!e) {
       const Status err = Internal(Err("eventfd"));

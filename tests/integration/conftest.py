@@ -20,6 +20,31 @@ PREFIX = Path(os.environ.get("ORION_PREFIX", ROOT / "build" / "install"))
 TEST_BIN = Path(os.environ.get("ORION_TEST_BIN", ROOT / "build" / "tests" / "cuda"))
 
 
+def doorbell_keepers(under):
+    """pids of oriond's doorbell keepers (`oriond --doorbell-keeper FD SOCKET`) whose socket path
+    starts with `under`. A keeper outlives its oriond on purpose (it holds VM doorbells across
+    restarts), so tests end the ones they caused."""
+    found = []
+    for d in Path("/proc").iterdir():
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if len(argv) >= 4 and argv[1] == b"--doorbell-keeper" and argv[3].startswith(str(under).encode()):
+            found.append(int(d.name))
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def end_doorbell_keepers(tmp_path_factory):
+    yield
+    for pid in doorbell_keepers(tmp_path_factory.getbasetemp()):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 class Oriond:
     """One oriond process serving one region in its own temporary directory."""
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import vm
-from conftest import PREFIX, ROOT, TEST_BIN, Oriond, assert_passed
+from conftest import PREFIX, ROOT, TEST_BIN, Oriond, assert_passed, doorbell_keepers
 from test_sim import assert_launches_logged
 
 PROGRAMS = ["device_props", "kernel_params", "driver_api", "memory", "threads", "two_clients", "vadd_shared",
@@ -74,14 +74,27 @@ class VmHost:
             assert time.time() < deadline, "oriond did not start"
             time.sleep(0.05)
 
-    def stop(self):
+    def stop(self, final=True):
+        """Stops oriond; `final` also ends its doorbell keeper (which outlives oriond on purpose)."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             self.proc.wait(timeout=20)
+        if final:
+            for pid in self.keepers():
+                os.kill(pid, signal.SIGKILL)
 
     def restart(self):
-        self.stop()
+        self.stop(final=False)
         self.start()
+
+    def crash(self):
+        """oriond dies at once (SIGKILL): no shutdown path runs."""
+        self.proc.kill()
+        self.proc.wait(timeout=20)
+
+    def keepers(self):
+        """pids of the doorbell keepers serving this host's state file."""
+        return doorbell_keepers(f"{self.state}.doorbells")
 
     def log(self):
         p = self.logs / "server.log"
@@ -404,6 +417,14 @@ def worker_cpu(parent_pid, seconds=5.0):
     return cpu1 - cpu0, sw1 - sw0
 
 
+def running(pid):
+    """Whether process `pid` exists and has not ended (a zombie has)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def session_waits(server_log):
     """[(doorbell wake-ups or None, naps)] of each session, in session order, from its last line."""
     found = {int(m.group(1)): (int(m.group(2)) if m.group(2) else None, int(m.group(3))) for m in re.finditer(
@@ -458,6 +479,60 @@ def test_a_guest_rings_oriond_through_the_ivshmem_doorbell(tmp_path, kernel, ini
         # The VM stops: the hook's release detaches it and oriond removes the socket.
         assert h.hook("vm1", "release", doorbell=True).returncode == 0
         assert not h.bell("vm1").exists()
+    finally:
+        h.stop()
+
+
+def test_a_guest_keeps_its_doorbell_across_an_oriond_crash(tmp_path, kernel, initrd):
+    # QEMU never connects to its ivshmem server again, and keeps ringing the eventfds it got when
+    # the VM started. oriond leaves them with its doorbell keeper; the oriond started after a crash
+    # (SIGKILL) takes them back, so the guest's processes still wake their workers, never naps.
+    h = VmHost(tmp_path)
+    try:
+        r = h.hook("vm1", "prepare", vgpus=2, gmem=3000, processes=4, shm_mib=64, doorbell=True)
+        assert r.returncode == 0, r.stderr
+        assert len(h.keepers()) == 1, "the attach started no doorbell keeper"
+        result = {}
+
+        def guest():
+            result["console"] = vm.boot(kernel, initrd, ["device_props", "sleep:12", "device_props",
+                                                         "orion_bench:idle:4"],
+                                        doorbell=h.bell("vm1"), vectors=4, gmem=None, vgpu=None,
+                                        log=tmp_path / "console.log")
+
+        t = threading.Thread(target=guest)
+        t.start()
+        deadline = time.time() + 240
+        while "exits (client exited)" not in h.log():
+            assert t.is_alive() and time.time() < deadline, result.get("console", "")[-3000:]
+            time.sleep(0.2)
+        h.crash()  # while the guest sleeps
+        h.start()
+        t.join()
+        console = result["console"]
+        runs = re.findall(r"=== BEGIN device_props\r?\n(.*?)=== END device_props rc=(\d+)", console, re.S)
+        assert len(runs) == 2, console[-4000:]
+        for text, rc in runs:
+            assert rc == "0" and "PROP deviceCount=2" in text, text
+        out = vm.outputs(console)
+        assert out["orion_bench"][0] == 0, out["orion_bench"][1]
+        assert re.search(r"VM vm1: restored .*, its ivshmem-doorbell on .* with the eventfds QEMU rings "
+                         r"\(4 vectors, kept by the doorbell keeper\)", h.log()), h.log()
+        after = h.log().rsplit("Orion Server listens", 1)[1]
+        waits = session_waits(after)
+        # device_props and the idle bench (its probe and the idle client) after the restart: every
+        # worker slept on the doorbell and was woken by the guest's rings.
+        assert len(waits) >= 2, waits
+        assert all(bell is not None and naps == 0 for bell, naps in waits), waits
+        assert waits[-1][0] >= 1, waits
+        # The VM stops: detached, the keeper lets its eventfds go and ends once oriond does.
+        assert h.hook("vm1", "release", doorbell=True).returncode == 0
+        keepers = h.keepers()
+        h.stop(final=False)
+        deadline = time.time() + 10
+        while any(running(pid) for pid in keepers) and time.time() < deadline:
+            time.sleep(0.1)
+        assert not any(running(pid) for pid in keepers), "the keeper outlived its last VM"
     finally:
         h.stop()
 

@@ -18,6 +18,7 @@
 #include "orion/host/backend.h"
 #include "orion/host/config.h"
 #include "orion/host/controller_link.h"
+#include "orion/host/doorbell_keeper.h"
 #include "orion/pool/pool.h"
 #include "orion/host/session.h"
 #include "orion/ivshmem/doorbell.h"
@@ -71,8 +72,9 @@ class Daemon {
     uint64_t gmem_asked_mib = 0;
     uint32_t processes = 0;  // channels asked for (0: shm_buffer_size decides)
     // The VM's ivshmem-doorbell (attached with a doorbell socket): oriond is its ivshmem server,
-    // and the worker of channel i sleeps on vector i's eventfd. Not restored across an oriond
-    // restart (QEMU cannot reconnect to an ivshmem server): those sessions nap until the VM restarts.
+    // and the worker of channel i sleeps on vector i's eventfd. QEMU cannot reconnect to an
+    // ivshmem server, so its eventfds are left with the doorbell keeper (keeper_) and a restarted
+    // oriond adopts them; without the keeper's copy the VM's sessions nap until it restarts.
     std::unique_ptr<ivshmem::DoorbellServer> bell;
     uint64_t epoch = 0;       // the server_epoch FormatRegion wrote (a copy: the header is hostile)
     bool severed = false;     // a tenant broke the region: no longer served (RegionIntact)
@@ -102,8 +104,10 @@ class Daemon {
   std::string Attach(const std::string& vm, const std::string& path, uint32_t vgpus, uint64_t gmem_mib,
                      uint32_t processes, const std::string& bell_socket = "", uint32_t vectors = 0);
   // The doorbell server of a VM region at `path`, owned like the region file (QEMU's user).
+  // `kept`: the eventfds to adopt (see DoorbellServer::Create).
   Result<std::unique_ptr<ivshmem::DoorbellServer>> MakeDoorbell(const std::string& path, const std::string& socket,
-                                                                uint32_t vectors) const;
+                                                                uint32_t vectors,
+                                                                std::vector<UniqueFd> kept = {}) const;
   // Waits up to `timeout_ms` for a doorbell socket, a network or a control connection, then serves
   // the doorbell sockets that are ready (accepts QEMU, drops a peer that misbehaves).
   void PollOnce(int timeout_ms);
@@ -158,6 +162,11 @@ class Daemon {
   void EndRevoked();
 
   std::unique_ptr<ControllerLink> link_;
+  // Holds the VMs' doorbell eventfds across oriond restarts (state_file + ".doorbells"); null
+  // without a state file (nothing is restored then).
+  std::unique_ptr<DoorbellKeeper> keeper_;
+  // Leaves the doorbell of regions_ entry `r` with the keeper (a warning if it cannot).
+  void KeepDoorbell(const Region& r);
   // Bytes in use per session and device, written by workers: kStatSlots x kMaxDevices counters in
   // an anonymous shared mapping made before any fork.
   static constexpr int kStatSlots = 1024;

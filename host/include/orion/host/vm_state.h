@@ -13,7 +13,8 @@
 //
 // Format (version 1):
 //   {"version": 1, "vms": [{"vm": "web1", "region": "/dev/shm/orionsock-web1", "vgpus": 2,
-//     "gmem_mib": 3000, "processes": 4, "placements": [{"pgpu": 0, "vgpu": 1, "quota_bytes": 3145728000}]}]}
+//     "gmem_mib": 3000, "processes": 4, "placements": [{"pgpu": 0, "vgpu": 1, "quota_bytes": 3145728000}],
+//     "doorbell": {"socket": "/dev/shm/orionsock-web1.sock", "vectors": 4}}]}     (doorbell: optional)
 #pragma once
 
 #include <cstdint>
@@ -36,6 +37,11 @@ struct VmAttachment {
   uint64_t gmem_mib = 0;              // MiB per vGPU asked for (0: the server's default size)
   uint32_t processes = 0;             // channels asked for (0: the server's shm_buffer_size decides)
   std::vector<Placement> placements;  // what oriond reserved
+  // The VM's ivshmem-doorbell, when oriond is its ivshmem server ("" and 0 otherwise): the socket
+  // QEMU connected to and the vectors it was given (1..kMaxVmProcesses). A restarted oriond takes
+  // the eventfds back from the doorbell keeper (host/src/doorbell_keeper.h).
+  std::string doorbell_socket;
+  uint32_t doorbell_vectors = 0;
 };
 
 // Text <-> record. DecodeVmState checks everything it returns: version, names, paths, counts,

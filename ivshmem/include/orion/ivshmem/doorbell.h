@@ -47,9 +47,12 @@ class DoorbellServer {
   // `vectors` (1..kMaxDoorbellVectors) eventfds for oriond and as many for the guest's own vectors
   // (never signalled: they complete the protocol). `region_path` is opened once more (its own open
   // file description, so the flock oriond holds on its mapping never travels to QEMU): that is the
-  // memory QEMU maps as BAR2. Errors: kInvalidArgument, kAlreadyExists, kPermissionDenied, kInternal.
+  // memory QEMU maps as BAR2. `kept` (empty, or `vectors` eventfds): oriond's vectors to adopt
+  // instead of new ones, those a running QEMU already signals (kept across an oriond restart).
+  // Errors: kInvalidArgument, kAlreadyExists, kPermissionDenied, kInternal.
   static Result<std::unique_ptr<DoorbellServer>> Create(const std::string& socket_path, const std::string& region_path,
-                                                        uint32_t vectors, uid_t uid, gid_t gid);
+                                                        uint32_t vectors, uid_t uid, gid_t gid,
+                                                        std::vector<UniqueFd> kept = {});
   ~DoorbellServer();  // closes everything and removes the socket file
   DoorbellServer(const DoorbellServer&) = delete;
   DoorbellServer& operator=(const DoorbellServer&) = delete;
@@ -60,6 +63,12 @@ class DoorbellServer {
   uint32_t vectors() const noexcept { return static_cast<uint32_t>(host_.size()); }
   // The eventfd (EFD_NONBLOCK) signalled when the guest rings `vector`; -1 when out of range.
   int vector_fd(uint32_t vector) const noexcept { return vector < host_.size() ? host_[vector].get() : -1; }
+  // Every vector_fd, in order (still owned here): what oriond leaves with the doorbell keeper.
+  std::vector<int> host_vector_fds() const {
+    std::vector<int> fds;
+    for (const UniqueFd& e : host_) fds.push_back(e.get());
+    return fds;
+  }
   const std::string& socket_path() const noexcept { return path_; }
 
   // listen_fd() is readable: accepts one connection. With no peer, it becomes the peer and gets
