@@ -158,6 +158,12 @@ bool TcpFrameChannel::Send(const uint8_t* p, uint64_t len) noexcept {
   // Like a message from oriond, a send must finish within the stall limit plus 1 s per MiB.
   const uint64_t start = MonoNs();
   const uint64_t limit_ns = stall_ms_ == 0 ? 0 : stall_ms_ * 1000000ull + len * 1000000000ull / kMinBytesPerSecond;
+  // The common case first, one system call: the socket has room. The loop below polls only when it
+  // has not (and drains replies meanwhile, so two full buffers never wait on each other).
+  if (const ssize_t n = ::send(fd_, p, len, MSG_NOSIGNAL | MSG_DONTWAIT); n > 0) {
+    p += n;
+    len -= static_cast<uint64_t>(n);
+  }
   while (len > 0) {
     if (limit_ns != 0 && MonoNs() - start > limit_ns) {
       Fail("oriond at " + address_ + " stopped reading: " + std::to_string(len) + " bytes unsent after " +

@@ -132,6 +132,7 @@ class Backoff {
     sleep_us_ = 1;
   }
   void set_max_sleep_us(uint32_t us) noexcept { max_sleep_us_ = us; }
+  void set_spin(uint32_t spin) noexcept { spin_ = spin; }
   bool sleeping() const noexcept { return n_ >= spin_ + yields_; }
 
  private:
