@@ -143,13 +143,13 @@ class Roots:
         self.procs = []
         self.path = {}
 
-    def setup(self, base: Path):
+    def setup(self, base: Path, names=("server", "client")):
         tmp = self.tmp
         self.shm = tmp / "shm"
         self.shm.mkdir()
         self.archives = base.parent / "archives"
         (self.archives / "partial").mkdir(parents=True, exist_ok=True)
-        for name in ("server", "client"):
+        for name in names:
             d = tmp / name
             for sub in ("upper", "work", "root"):
                 (d / sub).mkdir(parents=True)

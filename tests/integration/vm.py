@@ -86,16 +86,17 @@ def build_initramfs(out: Path, prefix: Path, programs, extra=None, setup="", tea
 
 
 def boot(kernel, initrd, run, region=None, region_mib=64, gmem=512, timeout=300, log=None, smp=1, mem_mib=512,
-         vgpu=1, doorbell=None, vectors=4):
+         vgpu=1, doorbell=None, vectors=4, append=None):
     """Boots the guest; returns the serial console text. `gmem` None: no ORION_GMEM in the guest;
     `vgpu` None: no ORION_VGPU (the VM's own limits apply). `doorbell`: the server socket of an
     ivshmem-doorbell device (oriond's; the memory comes from it) instead of an ivshmem-plain device
-    on `region`."""
+    on `region`. `append`: the whole kernel command line instead (another image than ours; `run`
+    and the limits are then unused)."""
     limits = (f" orion.gmem={gmem}" if gmem is not None else "") + (f" orion.vgpu={vgpu}" if vgpu is not None
                                                                      else " orion.vgpu=vm")
     cmd = ["qemu-system-x86_64", "-accel", "tcg", "-m", str(mem_mib), "-smp", str(smp), "-nographic", "-no-reboot",
            "-nodefaults", "-serial", "stdio", "-kernel", str(kernel), "-initrd", str(initrd),
-           "-append", f"console=ttyS0 panic=-1 quiet orion.run={','.join(run)}{limits}"]
+           "-append", append or f"console=ttyS0 panic=-1 quiet orion.run={','.join(run)}{limits}"]
     if doorbell is not None:
         cmd += ["-chardev", f"socket,path={doorbell},id=bell",
                 "-device", f"ivshmem-doorbell,chardev=bell,vectors={vectors}"]
