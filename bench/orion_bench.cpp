@@ -5,7 +5,8 @@
 //   orion_bench baseline-ring MiB          bare two-process SPSC ring, best of 256 KiB/1 MiB/4 MiB chunks, GB/s
 //   orion_bench null-call N                cuCtxSynchronize round trips through Orion, p50/p99 ns
 //   orion_bench idle-call N [IDLE_MS]      the first cuCtxSynchronize after IDLE_MS (2000) idle, p50/p99 ns
-//   orion_bench baseline-idle-wake KIND N [IDLE_MS]
+//   orion_bench baseline-idle-wake KIND N [IDLE_MS]   KIND: futex, eventfd, tcp (one wake-up), tcp-rtt (a 32 B
+//                                                     round trip: request, wake-up, echo, as a synchronous call)
 //                                          bare two-process wake-up after IDLE_MS (2000) idle: the
 //                                          server blocks (KIND futex, eventfd or tcp), the client
 //                                          signals it and spins for the answer, p50/p99 ns
@@ -251,9 +252,15 @@ void BaselineIdleWake(const std::string& kind, int n, long idle_ms) {
   auto* l = new (Shared(sizeof(Lines))) Lines();
   const int efd = eventfd(0, 0);
   int s = -1, c = -1;
-  if (kind == "tcp") c = TcpPair(&s);
+  const bool rtt = kind == "tcp-rtt";  // a whole synchronous round trip: 32 B echoed back
+  if (kind == "tcp" || rtt) c = TcpPair(&s);
   if (fork() == 0) {
     for (uint32_t i = 1; i <= static_cast<uint32_t>(n); ++i) {
+      if (rtt) {
+        uint8_t b[32];
+        if (!ReadFull(s, b, sizeof b, true) || write(s, b, sizeof b) != static_cast<ssize_t>(sizeof b)) _exit(4);
+        continue;
+      }
       if (kind == "futex") {
         while (l->ping.load(std::memory_order_acquire) != i) {
           syscall(SYS_futex, reinterpret_cast<uint32_t*>(&l->ping), FUTEX_WAIT, i - 1, nullptr, nullptr, 0);
@@ -278,6 +285,24 @@ void BaselineIdleWake(const std::string& kind, int n, long idle_ms) {
     timespec ts{idle_ms / 1000, (idle_ms % 1000) * 1000000L};
     nanosleep(&ts, nullptr);
     const uint64_t t = Ns();
+    if (rtt) {
+      // As the runtime waits for a reply after waking its worker: poll the socket, yielding the CPU.
+      uint8_t b[32] = {};
+      if (write(c, b, sizeof b) != static_cast<ssize_t>(sizeof b)) std::exit(4);
+      size_t got = 0;
+      while (got < sizeof b) {
+        const ssize_t r = recv(c, b + got, sizeof b - got, MSG_DONTWAIT);
+        if (r > 0) {
+          got += static_cast<size_t>(r);
+        } else if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+          std::exit(4);
+        } else {
+          sched_yield();
+        }
+      }
+      lat.push_back(Ns() - t);
+      continue;
+    }
     l->ping.store(i, std::memory_order_release);
     if (kind == "futex") {
       syscall(SYS_futex, reinterpret_cast<uint32_t*>(&l->ping), FUTEX_WAKE, 1, nullptr, nullptr, 0);
