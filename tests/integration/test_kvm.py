@@ -360,29 +360,35 @@ def test_hostile_guest_only_loses_its_own_session(tmp_path, kernel, initrd):
         d.stop()
 
 
+def boot_across(event, kernel, initrd, programs, h, **boot):
+    """Boots a guest running `programs` (no ORION_VGPU / ORION_GMEM: the VM's own limits) and calls
+    `event` (an oriond restart) once its first program has ended, while it sleeps; returns the
+    console."""
+    result = {}
+
+    def guest():
+        result["console"] = vm.boot(kernel, initrd, programs, gmem=None, vgpu=None, **boot)
+
+    t = threading.Thread(target=guest)
+    t.start()
+    deadline = time.time() + 240
+    while "exits (client exited)" not in h.log():
+        assert t.is_alive() and time.time() < deadline, result.get("console", "")[-3000:]
+        time.sleep(0.2)
+    event()
+    t.join()
+    return result["console"]
+
+
 def test_a_guest_keeps_its_limits_across_an_oriond_restart(tmp_path, kernel, initrd):
     # A real guest (QEMU TCG, the region as its ivshmem BAR2) with no ORION_VGPU / ORION_GMEM: one
     # program before oriond restarts, one after; both see exactly the VM's 2 vGPUs of 3000 MiB.
     h = VmHost(tmp_path)
     try:
         assert h.hook("vm1", "prepare", vgpus=2, gmem=3000, processes=4, shm_mib=64).returncode == 0
-        result = {}
-
-        def guest():
-            result["console"] = vm.boot(kernel, initrd, ["device_props", "sleep:12", "device_props",
-                                                         "orion-check:runtime:client"],
-                                        region=h.region("vm1"), region_mib=64, gmem=None, vgpu=None,
-                                        log=tmp_path / "console.log")
-
-        t = threading.Thread(target=guest)
-        t.start()
-        deadline = time.time() + 240
-        while "exits (client exited)" not in h.log():
-            assert t.is_alive() and time.time() < deadline, result.get("console", "")[-3000:]
-            time.sleep(0.2)
-        h.restart()  # while the guest sleeps
-        t.join()
-        console = result["console"]
+        console = boot_across(h.restart, kernel, initrd,
+                              ["device_props", "sleep:12", "device_props", "orion-check:runtime:client"],
+                              h, region=h.region("vm1"), region_mib=64, log=tmp_path / "console.log")
         runs = re.findall(r"=== BEGIN device_props\r?\n(.*?)=== END device_props rc=(\d+)", console, re.S)
         assert len(runs) == 2, console[-4000:]
         for text, rc in runs:
@@ -492,24 +498,14 @@ def test_a_guest_keeps_its_doorbell_across_an_oriond_crash(tmp_path, kernel, ini
         r = h.hook("vm1", "prepare", vgpus=2, gmem=3000, processes=4, shm_mib=64, doorbell=True)
         assert r.returncode == 0, r.stderr
         assert len(h.keepers()) == 1, "the attach started no doorbell keeper"
-        result = {}
 
-        def guest():
-            result["console"] = vm.boot(kernel, initrd, ["device_props", "sleep:12", "device_props",
-                                                         "orion_bench:idle:4"],
-                                        doorbell=h.bell("vm1"), vectors=4, gmem=None, vgpu=None,
-                                        log=tmp_path / "console.log")
+        def crash_and_start():
+            h.crash()
+            h.start()
 
-        t = threading.Thread(target=guest)
-        t.start()
-        deadline = time.time() + 240
-        while "exits (client exited)" not in h.log():
-            assert t.is_alive() and time.time() < deadline, result.get("console", "")[-3000:]
-            time.sleep(0.2)
-        h.crash()  # while the guest sleeps
-        h.start()
-        t.join()
-        console = result["console"]
+        console = boot_across(crash_and_start, kernel, initrd,
+                              ["device_props", "sleep:12", "device_props", "orion_bench:idle:4"], h,
+                              doorbell=h.bell("vm1"), vectors=4, log=tmp_path / "console.log")
         runs = re.findall(r"=== BEGIN device_props\r?\n(.*?)=== END device_props rc=(\d+)", console, re.S)
         assert len(runs) == 2, console[-4000:]
         for text, rc in runs:
