@@ -192,17 +192,26 @@ std::string DropLoc(const std::string& text) {
   return out;
 }
 
+// The leading decimal digits of `s` as a number, at most 4 of them (PTX versions and sm_ numbers
+// are small; a module's text is hostile input, and atoi overflows): "12abc" -> 12, "x" -> 0.
+int LeadingNumber(std::string_view s) {
+  int v = 0;
+  for (size_t i = 0; i < s.size() && i < 4 && s[i] >= '0' && s[i] <= '9'; ++i) v = v * 10 + (s[i] - '0');
+  return v;
+}
+
 int VersionTimes10(const std::string& header) {
   const std::vector<std::string> w = HeadWords(header);
   if (w.size() < 2) return 0;
   const size_t dot = w[1].find('.');
-  if (dot == std::string::npos) return std::atoi(w[1].c_str()) * 10;
-  return std::atoi(w[1].substr(0, dot).c_str()) * 10 + std::atoi(w[1].substr(dot + 1, 1).c_str());
+  const int major = LeadingNumber(w[1]) * 10;
+  if (dot == std::string::npos) return major;
+  return major + LeadingNumber(std::string_view(w[1]).substr(dot + 1, 1));
 }
 
 int SmOf(const std::string& header) {
   const size_t p = header.find("sm_");
-  return p == std::string::npos ? 0 : std::atoi(header.c_str() + p + 3);
+  return p == std::string::npos ? 0 : LeadingNumber(std::string_view(header).substr(p + 3));
 }
 
 const std::set<std::string>& DriverProvided() {

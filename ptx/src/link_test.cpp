@@ -155,6 +155,11 @@ TEST(PtxLink, BadInputsAreRefused) {
       {std::string(kHeader) + ".extern .func (.param .b64 r) cudaGetParameterBufferV2(.param .b64 a);\n" + ok});
   ASSERT_FALSE(devrt.ok());
   EXPECT_NE(devrt.status().message().find("libcudadevrt"), std::string::npos);
+  // Numbers past int in .version and .target (a fuzzer's find: atoi overflowed) link as small ones.
+  const std::string huge = ".version 936424714.9\n.target sm_99999999999\n.address_size 64\n";
+  auto big = LinkText({huge + ".visible .entry k2()\n{\nret;\n}\n", ok});
+  ASSERT_TRUE(big.ok()) << big.status().message();
+  EXPECT_NE(big->find(".target sm_99999999999"), std::string::npos) << *big;  // the higher target wins
 }
 
 }  // namespace
