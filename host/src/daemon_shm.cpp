@@ -118,7 +118,6 @@ void Daemon::RepairSevered() {
     // Release the old mapping (and its lock) first: OpenServed locks the file again.
     const ivshmem::VmLimits limits = r.limits;
     const bool has_limits = r.has_limits;
-    const uint32_t vectors = r.bell ? r.limits.doorbell_vectors : 0;
     r.map.reset();
     Region fresh;
     if (Status s = AddRegion(path, &fresh, r.processes, has_limits ? &limits : nullptr); !s.ok()) {
@@ -137,8 +136,6 @@ void Daemon::RepairSevered() {
     r.epoch = fresh.epoch;
     r.severed = false;
     r.repair_refused_logged = false;
-    if (r.bell && r.channel_count < vectors)
-      ivshmem::PublishDoorbell(r.map->data(), ivshmem::kHostPeer, r.channel_count);
     log_->warn("region {} formatted afresh after a tenant broke it; served again ({} channels)", path, r.channel_count);
   }
 }

@@ -100,9 +100,6 @@ Status Daemon::RestoreVms(std::vector<std::string>* gone) {
       changed = true;
       continue;
     }
-    if (r.bell && r.channel_count < a.doorbell_vectors) {
-      ivshmem::PublishDoorbell(r.map->data(), ivshmem::kHostPeer, r.channel_count);
-    }
     r.vm = a.vm;
     r.reserved = a.placements;
     r.vgpus_asked = a.vgpus;
@@ -395,7 +392,8 @@ std::string Daemon::Attach(const std::string& vm, const std::string& path, uint3
   ivshmem::VmLimits limits = LimitsOf(*placements);
   if (!bell_socket.empty()) {
     // One vector per channel, as many as QEMU was given (<msi vectors>): the channel count is known
-    // once the region is split, so the server is made for `vectors` and trimmed below if fewer.
+    // once the region is split, so the server is made for `vectors`; the region publishes as many as
+    // it has channels (FormatRegion).
     auto bell = MakeDoorbell(path, bell_socket, vectors);
     if (!bell.ok()) {
       pool_->Release(*placements);
@@ -410,7 +408,6 @@ std::string Daemon::Attach(const std::string& vm, const std::string& path, uint3
     if (link_) link_->Unassign(vm);
     return "error " + s.message();
   }
-  if (r.bell && r.channel_count < vectors) ivshmem::PublishDoorbell(r.map->data(), ivshmem::kHostPeer, r.channel_count);
   r.vm = vm;
   r.reserved = std::move(*placements);
   r.vgpus_asked = vgpus;

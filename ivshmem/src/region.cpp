@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 
@@ -298,7 +299,8 @@ Status FormatRegion(uint8_t* base, uint64_t region_bytes, uint64_t channel_bytes
     if (vm->doorbell_vectors > 0) {
       h->features |= kFeatureDoorbell;
       h->doorbell_peer = 0;  // kHostPeer (doorbell.h)
-      h->doorbell_vectors = vm->doorbell_vectors;
+      // One vector per channel: QEMU may have more (<msi vectors>), no channel rings past the last.
+      h->doorbell_vectors = std::min(vm->doorbell_vectors, n);
     }
   }
   for (uint32_t i = 0; i < n; ++i) {

@@ -185,7 +185,8 @@ class MappedRegion {
 struct VmLimits {
   uint32_t vgpus = 0;
   uint64_t gmem_bytes = 0;        // per vGPU
-  uint32_t doorbell_vectors = 0;  // > 0: oriond serves the VM's ivshmem-doorbell (kFeatureDoorbell)
+  uint32_t doorbell_vectors = 0;  // > 0: oriond serves the VM's ivshmem-doorbell (kFeatureDoorbell); published
+                                  // as min(this, channel count)
 };
 
 // Server side: announces the VM doorbell in a formatted region (kFeatureDoorbell): the guest rings
