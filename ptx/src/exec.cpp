@@ -93,6 +93,9 @@ inline uint64_t LaneCount(uint32_t m) {
 // ---- state -----------------------------------------------------------------------------------
 
 enum LaneState : uint8_t { kRun, kExited, kAtBarrier, kAtCollective };
+// A warp's turn ends after this many backward branches (a power of two), so that warps of a block
+// interleave: enough that a loop rarely switches warps, few enough that a spin-wait ends quickly.
+inline constexpr uint32_t kBackBranchesPerTurn = 256;
 
 struct Frame {
   uint32_t ret_pc;
@@ -106,6 +109,7 @@ struct Warp {
   uint8_t state[32] = {};
   uint32_t carry = 0;          // CC.CF per lane
   uint64_t steps = 0;          // instructions issued (for %clock)
+  uint32_t back_branches = 0;  // backward branches taken (a turn ends every kBackBranchesPerTurn)
   std::vector<uint64_t> regs;  // [reg][lane]
   std::vector<Frame> stack[32];
   uint32_t barrier_dst[32] = {};  // bar.red destination register per lane (kNoReg: none)
@@ -144,6 +148,7 @@ class Block {
       wp.lanes = n == 32 ? kFull : ((1u << n) - 1);
       wp.carry = 0;
       wp.steps = 0;
+      wp.back_branches = 0;
       for (int l = 0; l < 32; ++l) {
         wp.pc[l] = 0;
         wp.state[l] = (wp.lanes >> l) & 1 ? kRun : kExited;
@@ -158,10 +163,15 @@ class Block {
         if (RunWarp(w)) progressed = true;
         if (fault_->code != CUDA_SUCCESS) return false;
       }
-      // Everyone waits (or has exited): open the barrier, or finish.
-      bool waiting = false;
+      // Everyone waits (or has exited): open the barrier, or finish. A warp that gave up its turn
+      // (a loop, nanosleep) can still run: it gets another turn first.
+      bool waiting = false, running = false;
       for (Warp& w : warps_)
-        for (int l = 0; l < 32; ++l) waiting = waiting || w.state[l] == kAtBarrier;
+        for (int l = 0; l < 32; ++l) {
+          waiting = waiting || w.state[l] == kAtBarrier;
+          running = running || w.state[l] == kRun;
+        }
+      if (running) continue;
       if (waiting) {
         ReleaseBarrier();
         continue;
@@ -439,6 +449,10 @@ class Block {
         if ((group >> l) & 1) w.state[l] = kRun;
       any = true;
       if (!Step(w, group, minpc, force)) return any;
+      if (yield_) {
+        yield_ = false;
+        return any;
+      }
     }
   }
 
@@ -485,8 +499,16 @@ class Block {
           const uint32_t target = ins.o[0].reg;
           for (int l = 0; l < 32; ++l)
             if ((group >> l) & 1) w.pc[l] = (mask >> l) & 1 ? target : pc + 1;
+          // Forward progress: a warp that keeps looping lets the block's other warps run now and
+          // then, so a warp spinning on memory another warp must write (a software barrier) ends.
+          if (mask != 0 && target <= pc && (++w.back_branches & (kBackBranchesPerTurn - 1)) == 0) yield_ = true;
           return true;
         }
+        case Op::kNanosleep:  // a thread that sleeps gives the other warps their turn
+          for (int l = 0; l < 32; ++l)
+            if ((group >> l) & 1) w.pc[l] = pc + 1;
+          yield_ = true;
+          return true;
         case Op::kExit:
           for (int l = 0; l < 32; ++l)
             if ((mask >> l) & 1) w.state[l] = kExited;
@@ -2142,9 +2164,15 @@ class Block {
   Fault* fault_ = nullptr;
   std::string* printf_ = nullptr;
   uint64_t warp_ins_ = 0, lane_ins_ = 0;
+  bool yield_ = false;  // the running warp gives up its turn (see kBackBranchesPerTurn)
 };
 
 }  // namespace
+
+Status Prepare(Program& p, std::string_view kernel) {
+  auto k = p.GetKernel(kernel);
+  return k.ok() ? Status::Ok() : k.status();
+}
 
 LaunchResult Launch(Program& p, std::string_view kernel, const LaunchConfig& cfg, GlobalMemory& mem) {
   LaunchResult res;

@@ -47,6 +47,7 @@ bool Split(std::string_view t, std::vector<Item>* out) {
                                 t.compare(i, 13, ".address_size") == 0 || t.compare(i, 5, ".file") == 0;
     int depth = 0;
     bool done = false;
+    bool initializer = false;  // `= {...}` of a variable: its item ends at the ';' after the braces
     while (i < t.size() && !done) {
       const char c = t[i];
       if (c == '\0') break;
@@ -67,10 +68,11 @@ bool Split(std::string_view t, std::vector<Item>* out) {
         ++i;
         continue;
       }
+      if (c == '=' && depth == 0) initializer = true;
       if (c == '{') ++depth;
       if (c == '}') {
         if (--depth < 0) return false;
-        if (depth == 0) done = true;
+        if (depth == 0 && !initializer) done = true;  // a function body
       }
       if (c == ';' && depth == 0) done = true;
       ++i;

@@ -127,6 +127,22 @@ TEST(PtxLink, ModuleLocalNamesDoNotCollide) {
   EXPECT_EQ(RunKernel(*linked, "k2", {0})[0], 22);
 }
 
+TEST(PtxLink, BraceInitializedGlobalsKeepTheirSemicolon) {
+  // libdevice's float64 trig tables (linked in by numba) are `.global ... = {...};`: the item must
+  // end at the ';' after the braces, or the linked module does not parse (INVALID_IMAGE).
+  const std::string m = std::string(kHeader) +
+                        ".global .align 4 .b8 tbl[8] = {1, 0, 0, 0, 40, 0, 0, 0};\n"
+                        ".const .align 4 .u32 pair[2] = {3, 4};\n"
+                        ".visible .entry k(.param .u64 p, .param .u32 n)\n{\n.reg .b32 %r<6>;\n.reg .b64 %rd<3>;\n"
+                        "ld.param.u64 %rd1, [p];\ncvta.to.global.u64 %rd1, %rd1;\nld.global.u32 %r1, [tbl+4];\n"
+                        "ld.const.u32 %r2, [pair+4];\nadd.s32 %r3, %r1, %r2;\nst.global.u32 [%rd1], %r3;\nret;\n}\n";
+  auto linked = LinkText({m});
+  ASSERT_TRUE(linked.ok()) << linked.status().message();
+  EXPECT_NE(linked->find("= {1, 0, 0, 0, 40, 0, 0, 0};"), std::string::npos) << *linked;
+  ASSERT_TRUE(Parse(*linked).ok()) << Parse(*linked).status().message() << "\n" << *linked;
+  EXPECT_EQ(RunKernel(*linked, "k", {0})[0], 44);
+}
+
 TEST(PtxLink, DriverFunctionsStayExternAndDebugInfoIsDropped) {
   const std::string m = std::string(kHeader) + ".file 1 \"/tmp/a.cu\"\n" +
                         ".extern .func (.param .b32 r) vprintf(.param .b64 f, .param .b64 a);\n"

@@ -115,7 +115,9 @@ class Lexer {
     } else if (IdentStart(c)) {
       ++i_;
       while (i_ < s_.size()) {
-        if (IdentChar(s_[i_])) {
+        if (c == '.' && s_[i_] == '.') {
+          break;  // a directive ends at the next '.': ".reg.b16" (cuda_fp16's inline asm) is ".reg" ".b16"
+        } else if (IdentChar(s_[i_])) {
           ++i_;
         } else if (s_[i_] == ':' && i_ + 2 < s_.size() && s_[i_ + 1] == ':' && IdentChar(s_[i_ + 2])) {
           i_ += 2;  // .shared::cta, .L2::128B
@@ -826,6 +828,13 @@ class Parser {
     if (auto sp = SpecialOf(n)) {
       o->kind = Operand::kSpecial;
       o->reg = *sp;
+      return Status::Ok();
+    }
+    if (n == "WARP_SZ" && Lookup(n) == nullptr) {
+      // PTX ISA 9.0, "Predefined Identifiers": WARP_SZ is the warp size as a constant (nvcc
+      // emits it for warpSize).
+      o->kind = Operand::kImm;
+      o->imm = 32;
       return Status::Ok();
     }
     if (const Name* nm = Lookup(n)) {
@@ -1836,6 +1845,41 @@ Result<std::shared_ptr<const Kernel>> Program::GetKernel(std::string_view name) 
   }
   kernels_.emplace(std::string(name), *k);
   return *k;
+}
+
+uint32_t PtxIsaVersion(std::string_view text) {
+  Lexer lex(text);
+  for (Tok t = lex.Next(); t.kind != Tok::kEnd; t = lex.Next()) {
+    if (t.kind != Tok::kIdent || t.text != ".version") continue;
+    const Tok v = lex.Next();
+    if (v.kind != Tok::kNum) return 0;
+    const size_t dot = v.text.find('.');
+    if (dot == std::string_view::npos || dot == 0 || dot > 4 || v.text.size() - dot - 1 == 0 ||
+        v.text.size() - dot - 1 > 4)
+      return 0;
+    uint32_t major = 0, minor = 0;
+    for (char c : v.text.substr(0, dot)) {
+      if (c < '0' || c > '9') return 0;
+      major = major * 10 + static_cast<uint32_t>(c - '0');
+    }
+    for (char c : v.text.substr(dot + 1)) {
+      if (c < '0' || c > '9') return 0;
+      minor = minor * 10 + static_cast<uint32_t>(c - '0');
+    }
+    return major * 100 + minor;
+  }
+  return 0;
+}
+
+uint32_t MaxPtxIsaVersion(int driver_version) {
+  const int major = driver_version / 1000, minor = (driver_version % 1000) / 10;
+  if (major >= 13) return static_cast<uint32_t>((major - 4) * 100 + minor);  // 13.0: 9.0, 13.1: 9.1
+  if (major == 12) {
+    // 12.0..12.5: 8.0..8.5; 12.6: 8.5; 12.7: 8.6; 12.8: 8.7; 12.9: 8.8.
+    static const uint32_t kIsa[10] = {800, 801, 802, 803, 804, 805, 805, 806, 807, 808};
+    return kIsa[std::min(minor, 9)];
+  }
+  return 700 + static_cast<uint32_t>(std::max(0, minor));  // CUDA 11.x: PTX 7.x
 }
 
 }  // namespace orion::ptx

@@ -487,6 +487,41 @@ TEST(PtxErrors, TimeoutEndsARunawayKernel) {
   EXPECT_EQ(r.code, CUDA_ERROR_LAUNCH_TIMEOUT) << r.message;
 }
 
+// ---- the front end: forms real compilers emit ----
+
+TEST(PtxFrontEnd, WarpSzIsThePredefinedConstant32) {
+  // nvcc writes `warpSize` as the predefined identifier WARP_SZ (cuda-samples reduction, shfl_scan).
+  auto out = Lanes32("mul.lo.u32 %r3, %r1, WARP_SZ;\nadd.u32 %r3, %r3, WARP_SZ;\ncvt.u64.u32 %rd6, %r3;\n"
+                     "st.global.u64 [%rd4], %rd6;",
+                     Iota());
+  ASSERT_EQ(out.size(), 32u);
+  for (uint64_t i = 0; i < 32; ++i) EXPECT_EQ(out[i], i * 32 + 32) << i;
+}
+
+TEST(PtxFrontEnd, DirectiveGluedToItsTypeIsTwoTokens) {
+  // cuda_fp16.hpp's inline asm writes `{.reg.b16 lo, hi; ...}` with no space after `.reg`.
+  auto out = Lanes32("{\n.reg.b16 lo, hi;\n.reg.b32 t;\nmov.b32 {lo, hi}, %r1;\nadd.u32 t, %r1, 7;\n"
+                     "cvt.u32.u16 %r4, lo;\nadd.u32 %r4, %r4, t;\ncvt.u64.u32 %rd6, %r4;\n}\n"
+                     "st.global.u64 [%rd4], %rd6;",
+                     Iota());
+  ASSERT_EQ(out.size(), 32u);
+  for (uint64_t i = 0; i < 32; ++i) EXPECT_EQ(out[i], i + i + 7) << i;
+}
+
+TEST(PtxFrontEnd, VersionIsReadAndComparedWithTheDriversIsa) {
+  EXPECT_EQ(PtxIsaVersion("//\n.version 8.5\n.target sm_90\n"), 805u);
+  EXPECT_EQ(PtxIsaVersion(".version 9.0\n"), 900u);
+  EXPECT_EQ(PtxIsaVersion(".version 10.12\n"), 1012u);
+  EXPECT_EQ(PtxIsaVersion(".target sm_90\n"), 0u);  // no .version: nothing to compare
+  EXPECT_EQ(PtxIsaVersion(".version 936424714.0\n"), 0u);  // not a version
+  // PTX ISA release notes: CUDA 12.0 brought PTX 8.0, 12.8 8.7, 13.0 9.0, 13.1 9.1.
+  EXPECT_EQ(MaxPtxIsaVersion(12000), 800u);
+  EXPECT_EQ(MaxPtxIsaVersion(12060), 805u);
+  EXPECT_EQ(MaxPtxIsaVersion(12080), 807u);
+  EXPECT_EQ(MaxPtxIsaVersion(13000), 900u);
+  EXPECT_EQ(MaxPtxIsaVersion(13010), 901u);
+}
+
 // ---- textures and surfaces (hand-written PTX) ----
 
 // A view of `data` (elements of T, `ch` per texel) as a texture or surface; rows packed unless
@@ -721,6 +756,43 @@ TEST_F(Nvcc, MathFunctions) {
     EXPECT_NEAR(o[i], want, 1e-4 * std::max(1.0, std::fabs(want))) << i << " x=" << x;
   }
 }
+TEST_F(Nvcc, WarpSizeIsWarpSz) {
+  ASSERT_NE(Fixture().find("WARP_SZ"), std::string::npos);  // the fixture really uses the identifier
+  const uint64_t d = mem_.Alloc(96 * 4);
+  Params p;
+  p.Add(d);
+  auto r = run_.Go(mem_, "_Z14warp_size_lanePi", {1, 1, 1}, {96, 1, 1}, p);
+  ASSERT_EQ(r.code, CUDA_SUCCESS) << r.message;
+  auto o = mem_.Download<int>(d, 96);
+  for (int i = 0; i < 96; ++i) EXPECT_EQ(o[i], i / 32 * 1000 + i % 32) << i;
+}
+
+TEST_F(Nvcc, SpinningWarpLetsTheWarpItWaitsForRun) {
+  // Warp 0 spins on a shared flag that only warp 1 sets (with and without __nanosleep in the loop).
+  // Run warp by warp to completion, warp 0 would spin until the timeout.
+  for (int sleep : {0, 1}) {
+    const uint64_t d = mem_.Alloc(64 * 4);
+    Params p;
+    p.Add(d).Add(sleep);
+    auto r = run_.Go(mem_, "_Z14spin_until_setPii", {1, 1, 1}, {64, 1, 1}, p, 0, nullptr, 1, 20000);
+    ASSERT_EQ(r.code, CUDA_SUCCESS) << "sleep=" << sleep << ": " << r.message;
+    auto o = mem_.Download<int>(d, 64);
+    for (int i = 0; i < 64; ++i) EXPECT_EQ(o[i], i < 32 ? 42 : -1) << i;
+  }
+}
+
+TEST_F(Nvcc, SoftwareBarrierBetweenWarps) {
+  // cuda-samples simpleAWBarrier's pattern: each warp's lane 0 arrives on a global counter and
+  // spins until every warp of the block has arrived.
+  const uint64_t count = mem_.Upload(std::vector<unsigned>{0}), d = mem_.Alloc(256 * 4);
+  Params p;
+  p.Add(count).Add(d);
+  auto r = run_.Go(mem_, "_Z21warp_software_barrierPjS_", {1, 1, 1}, {256, 1, 1}, p, 0, nullptr, 1, 20000);
+  ASSERT_EQ(r.code, CUDA_SUCCESS) << r.message;
+  auto o = mem_.Download<unsigned>(d, 256);
+  for (int i = 0; i < 256; ++i) EXPECT_EQ(o[i], 8u) << i;
+}
+
 TEST_F(Nvcc, DivergentWarpThenBallot) {
   const uint64_t d = mem_.Alloc(64 * 4);
   Params p;

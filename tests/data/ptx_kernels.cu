@@ -92,3 +92,30 @@ __global__ void surf_modes(cudaSurfaceObject_t s, int* o, int x, int y) {
   surf2Dwrite(-1, s, x * 4, y, cudaBoundaryModeZero);
 }
 __global__ void surf_trap(cudaSurfaceObject_t s, int x, int y) { surf2Dwrite(7, s, x * 4, y); }
+
+// warpSize (nvcc writes it as the predefined WARP_SZ) and forward progress between the warps of a
+// block: a warp spinning on memory that another warp writes must let that warp run.
+__global__ void warp_size_lane(int* o) { o[threadIdx.x] = threadIdx.x / warpSize * 1000 + threadIdx.x % warpSize; }
+__global__ void spin_until_set(int* o, int sleep) {
+  __shared__ volatile int flag;
+  if (threadIdx.x == 0) flag = 0;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    while (flag == 0) {
+      if (sleep) __nanosleep(100);
+    }
+    o[threadIdx.x] = flag;
+  } else {
+    if (threadIdx.x == 32) flag = 42;  // the second warp releases the first
+    o[threadIdx.x] = -1;
+  }
+}
+__global__ void warp_software_barrier(unsigned* count, unsigned* o) {
+  if (threadIdx.x % 32 == 0) {
+    atomicAdd(count, 1u);
+    while (atomicAdd(count, 0u) < blockDim.x / 32) {
+    }
+  }
+  __syncwarp();
+  o[threadIdx.x] = atomicAdd(count, 0u);
+}

@@ -144,6 +144,15 @@ class Program;
 // Parses PTX text. Errors name the line. Instructions are checked when a kernel is first lowered.
 Result<std::shared_ptr<Program>> Parse(std::string_view text);
 
+// The module's `.version` as major * 100 + minor (8.5 -> 805), read from the text without parsing
+// it; 0 when there is none or it is malformed (more than 4 digits a part).
+uint32_t PtxIsaVersion(std::string_view text);
+// The newest PTX ISA version a driver of `driver_version` (cuDriverGetVersion's 1000 * major +
+// 10 * minor) JIT-compiles, in the same form. A newer module fails to load with
+// CUDA_ERROR_UNSUPPORTED_PTX_VERSION. Source: PTX ISA 9.0, "PTX ISA Version" release notes
+// (CUDA 12.0 introduced PTX 8.0, ..., 12.8 8.7, 12.9 8.8, 13.0 9.0; 13.x ships 9.x).
+uint32_t MaxPtxIsaVersion(int driver_version);
+
 // Module-scope .global and .const variables, in declaration order.
 const std::vector<ModuleVar>& Vars(const Program& p);
 bool HasKernel(const Program& p, std::string_view name);
@@ -173,6 +182,11 @@ struct LaunchResult {
   uint64_t warp_instructions = 0;    // instructions issued (one per warp step)
   uint64_t thread_instructions = 0;  // lane-instructions executed
 };
+
+// Lowers `kernel` now, as its first launch would, and says whether the executor can run it:
+// kNotFound when the PTX does not define it, another error (naming the instruction or form) when
+// it uses one the executor does not implement. A launch would fail the same way. Thread-safe.
+Status Prepare(Program& p, std::string_view kernel);
 
 // Runs one launch of `kernel` to completion (or to its first fault).
 LaunchResult Launch(Program& p, std::string_view kernel, const LaunchConfig& cfg, GlobalMemory& mem);
