@@ -49,7 +49,7 @@ TEST(FrameLayout, PayloadsArePinned) {
   EXPECT_EQ(offsetof(LaunchReq, block), 28u);
   EXPECT_EQ(offsetof(LaunchReq, shared_mem_bytes), 40u);
   EXPECT_EQ(offsetof(LaunchReq, param_bytes), 44u);
-  EXPECT_EQ(sizeof(FunctionRep), 16u);
+  EXPECT_EQ(sizeof(FunctionRep), 24u);
   EXPECT_EQ(sizeof(ModuleFunctionNameReq), 16u);
   EXPECT_EQ(offsetof(ModuleFunctionNameReq, index), 8u);
   EXPECT_EQ(sizeof(ModuleFunctionNameRep), 8u);

@@ -100,11 +100,18 @@ CUresult GetFunction(GuestModule* m, const char* name, GuestFunction** out) {
   std::memcpy(&fr, rep.data(), sizeof fr);
   if (fr.param_count > kMaxKernelParams || rep_len < sizeof fr + fr.param_count * sizeof(ParamInfo))
     return CUDA_ERROR_UNKNOWN;
+  const auto launch_error = static_cast<CUresult>(fr.launch_error);
+  if ((launch_error != CUDA_SUCCESS && launch_error != CUDA_ERROR_NO_BINARY_FOR_GPU &&
+       launch_error != CUDA_ERROR_NOT_SUPPORTED && launch_error != CUDA_ERROR_UNSUPPORTED_PTX_VERSION) ||
+      static_cast<uint32_t>(fr.launch_refusal) > static_cast<uint32_t>(LaunchRefusal::kPtxUnsupported))
+    return CUDA_ERROR_UNKNOWN;
   auto* f = new GuestFunction();
   f->handle = fr.function;
   f->module = m;
   f->name = name;
   f->param_bytes = fr.param_bytes;
+  f->launch_error = launch_error;
+  f->launch_refusal = fr.launch_refusal;
   f->params.resize(fr.param_count);
   std::memcpy(f->params.data(), rep.data() + sizeof fr, fr.param_count * sizeof(ParamInfo));
   for (const ParamInfo& p : f->params) {
@@ -151,6 +158,25 @@ CUresult Unload(GuestModule* m) {
   return r;
 }
 
+// What the client's log says at the first refused launch of `f`.
+std::string RefusalText(const GuestFunction& f) {
+  const char* why = "";
+  switch (f.launch_refusal) {
+    case LaunchRefusal::kSassOnly: why = "its module has no PTX (SASS only), and the sim backend executes PTX only"; break;
+    case LaunchRefusal::kPtxOtherArch:
+      why = "a GPU would run its module's SASS, and the module's PTX is for another arch (SASS only for this device)";
+      break;
+    case LaunchRefusal::kPtxVersion: why = "its PTX ISA version is newer than the driver supports"; break;
+    case LaunchRefusal::kPtxUnsupported: why = "its PTX uses what the sim backend's executor does not implement"; break;
+    case LaunchRefusal::kNone: why = "oriond cannot execute it"; break;
+  }
+  const char* code = f.launch_error == CUDA_ERROR_NO_BINARY_FOR_GPU      ? "CUDA_ERROR_NO_BINARY_FOR_GPU (209)"
+                     : f.launch_error == CUDA_ERROR_UNSUPPORTED_PTX_VERSION ? "CUDA_ERROR_UNSUPPORTED_PTX_VERSION (222)"
+                                                                            : "CUDA_ERROR_NOT_SUPPORTED (801)";
+  return "kernel " + f.name.substr(0, 512) + " cannot run on this vGPU: " + why + "; its launches fail with " +
+         code + " and compute nothing";
+}
+
 CUresult Launch(CUfunction hf, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                 unsigned smem, CUstream hs, void** params, void** extra, const uint32_t* cluster = nullptr,
                 bool cooperative = false, Op* record_op = nullptr, std::vector<uint8_t>* record = nullptr) {
@@ -175,6 +201,12 @@ CUresult Launch(CUfunction hf, unsigned gx, unsigned gy, unsigned gz, unsigned b
   }
   if (smem > static_cast<unsigned>(a[CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN])) {
     return CUDA_ERROR_INVALID_VALUE;
+  }
+  // A kernel oriond cannot execute (the sim backend and SASS-only code) fails here, synchronously,
+  // as a driver's launch of a kernel with no image for the device does: nothing is sent.
+  if (f->launch_error != CUDA_SUCCESS) {
+    if (!f->refusal_told.exchange(true)) LogWarn(RefusalText(*f));
+    return f->launch_error;
   }
   if (cooperative) {
     if (a[CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH] == 0) return CUDA_ERROR_NOT_SUPPORTED;

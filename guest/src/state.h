@@ -62,6 +62,10 @@ struct GuestFunction {
   std::string name;
   std::vector<ParamInfo> params;
   uint32_t param_bytes = 0;
+  // Not CUDA_SUCCESS: oriond said every launch fails (its backend cannot execute the kernel), and why.
+  CUresult launch_error = CUDA_SUCCESS;
+  LaunchRefusal launch_refusal = LaunchRefusal::kNone;
+  std::atomic<bool> refusal_told{false};  // the refusal was logged (once per function)
 };
 
 // Registry of live objects of one kind, so handles from the application are validated before use.

@@ -153,12 +153,20 @@ Status Daemon::StartServing() {
       log_->warn("No GPU answered ({}).", probe.status().message());
       log_->warn(
           "*** Using the SIM backend: device memory lives in host RAM; kernels run on the CPU from "
-          "their PTX, SASS-only kernels (e.g. cuBLAS's) are validated and logged but NOT run. ***");
+          "their PTX, and a kernel with no PTX it can run (SASS only, e.g. cuBLAS's) fails its launch. ***");
       backend_ = BackendKind::kSim;
     }
   }
   if (config_.backend == BackendKind::kSim) backend_ = BackendKind::kSim;
-  if (backend_ == BackendKind::kSim) gpus = SimPhysicalGpus(config_.sim_gpus, config_.sim_gpu_mem_mib);
+  if (backend_ == BackendKind::kSim) {
+    gpus = SimPhysicalGpus(config_.sim_gpus, config_.sim_gpu_mem_mib);
+    if (!config_.sim_execute)
+      log_->warn("*** --sim-execute none: kernels are validated and logged, NEVER executed. Results are NOT "
+                 "computed: for API-level tests and launch-rate benchmarks only. ***");
+    else if (config_.sim_skip_unexecutable)
+      log_->warn("*** --sim-unexecutable skip: kernels the sim cannot run (SASS only, ...) are accepted and NOT "
+                 "executed. Their results are NOT computed: for API-level tests only. ***");
+  }
   for (const auto& g : gpus) {
     log_->info("Physical GPU {}: {} ({} MiB, {})", g.index, g.name, g.total_mem >> 20, g.uuid);
   }
@@ -297,6 +305,7 @@ Result<std::unique_ptr<Backend>> Daemon::MakeBackend(uint32_t session) const {
   o.launch_log = config_.sim_launch_log;
   o.session_id = session;
   o.execute = config_.sim_execute;
+  o.skip_unexecutable = config_.sim_skip_unexecutable;
   o.kernel_timeout_ms = config_.sim_kernel_timeout_ms;
   o.workers = config_.sim_workers;
   return MakeSimBackend(o);

@@ -65,6 +65,11 @@ static int Main(int argc, char** argv) {
   app.add_option("--sim-execute", sim_execute,
                  "sim: run kernels from their PTX (ptx, default) or only validate and log them (none)")
       ->check(CLI::IsMember({"ptx", "none"}));
+  std::string sim_unexecutable;
+  app.add_option("--sim-unexecutable", sim_unexecutable,
+                 "sim: a kernel the executor cannot run (SASS only, ...) fails its launch (refuse, default) or is "
+                 "accepted and NOT run (skip: API-level testing only, results are not computed)")
+      ->check(CLI::IsMember({"refuse", "skip"}));
   app.add_option("--sim-kernel-timeout", sim_timeout_ms,
                  "sim: end a kernel running longer than this many ms (CUDA_ERROR_LAUNCH_TIMEOUT)")
       ->check(CLI::Range(uint64_t{1}, uint64_t{86400000}));
@@ -104,6 +109,7 @@ static int Main(int argc, char** argv) {
   if (sim_gpus != 0) c.sim_gpus = sim_gpus;
   if (sim_mem != 0) c.sim_gpu_mem_mib = sim_mem;
   if (!sim_execute.empty()) c.sim_execute = sim_execute == "ptx";
+  if (!sim_unexecutable.empty()) c.sim_skip_unexecutable = sim_unexecutable == "skip";
   if (!cuda_driver.empty()) c.cuda_driver = cuda_driver;
   if (sim_timeout_ms != 0) c.sim_kernel_timeout_ms = sim_timeout_ms;
   if (sim_workers != 0) c.sim_workers = sim_workers;

@@ -1360,7 +1360,8 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
         function_ids_[fn] = id;
         module_functions_[q.module].push_back(id);
       }
-      put(FunctionRep{id, static_cast<uint32_t>(layout.params.size()), layout.param_bytes});
+      put(FunctionRep{id, static_cast<uint32_t>(layout.params.size()), layout.param_bytes,
+                      static_cast<int32_t>(layout.launch_error), layout.launch_refusal});
       for (const ParamInfo& pi : layout.params) put(pi);
       break;
     }

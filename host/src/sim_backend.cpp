@@ -1,6 +1,8 @@
 // The sim backend: a GPU-less executor. Device memory is host RAM (lazily committed anonymous
 // mappings) at device-like addresses; modules are parsed from their fatbinary/cubin/PTX so kernel
-// parameter layouts are known; launches are validated and logged, never executed.
+// parameter layouts are known; kernels run on the PTX executor (orion/ptx). A kernel the executor
+// cannot run (no PTX a GPU would JIT, or PTX it does not implement) fails its launch, unless the
+// daemon was started with --sim-unexecutable skip (API-level testing: results are not computed).
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <time.h>
@@ -34,6 +36,16 @@ uint64_t NowNs() {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+// The name of a code a refused launch returns (what cuGetErrorName says).
+std::string ErrorName(CUresult r) {
+  switch (r) {
+    case CUDA_ERROR_NO_BINARY_FOR_GPU: return "CUDA_ERROR_NO_BINARY_FOR_GPU (209)";
+    case CUDA_ERROR_NOT_SUPPORTED: return "CUDA_ERROR_NOT_SUPPORTED (801)";
+    case CUDA_ERROR_UNSUPPORTED_PTX_VERSION: return "CUDA_ERROR_UNSUPPORTED_PTX_VERSION (222)";
+    default: return "CUresult " + std::to_string(static_cast<int>(r));
+  }
 }
 
 // Attributes of the simulated device: an sm_90-class GPU (values as an H100 SXM reports them).
@@ -131,12 +143,19 @@ struct SimModule {
   bool ptx_tried = false;
   std::shared_ptr<ptx::Program> program;  // null: no PTX (or it did not parse)
   std::string ptx_error;
+  CUresult ptx_refusal = CUDA_ERROR_NO_BINARY_FOR_GPU;  // what a launch returns when `program` is null
+  LaunchRefusal refusal_kind = LaunchRefusal::kSassOnly;  // and why
   std::vector<uint64_t> var_addrs;  // device address of each ptx::Vars() entry
 };
 struct SimFunction {
   SimModule* module;
   const fatbin::Kernel* kernel;
   std::map<int, int> attributes;  // set with cuFuncSetAttribute
+  // Whether the executor can run it: decided at its first launch (-1 until then); when it cannot,
+  // the error its launches fail with and why.
+  int runnable = -1;
+  CUresult refusal = CUDA_SUCCESS;
+  std::string why;
 };
 
 // The simulated device's 132 SMs in GPCs (an H100 SXM has 8 GPCs of 16-18 usable SMs); thread-block
@@ -557,6 +576,11 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
       last_error_ = parsed.status().message();
       return CUDA_ERROR_INVALID_IMAGE;
     }
+    // PTX text newer than this driver's PTX ISA is refused at load, as the driver's JIT refuses it.
+    if (auto bare = fatbin::PtxArch(image, 90); parsed->from_ptx && bare.ok() && *bare == 0) {
+      const std::string_view text(reinterpret_cast<const char*>(image.data()), image.size());
+      if (CUresult r = CheckPtxVersion(text); r != CUDA_SUCCESS) return r;
+    }
     auto m = std::make_unique<SimModule>();
     m->info = std::move(*parsed);
     // Keep the image for the executor only if it has PTX a GPU would run, by the driver's rule: a
@@ -570,8 +594,14 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
         m->ptx_error = arch.status().message();
       } else if (m->info.sm_arch == 90 && *arch != 0 && *arch != 90) {
         m->ptx_tried = true;
+        m->refusal_kind = LaunchRefusal::kPtxOtherArch;
         m->ptx_error = "a GPU would run the module's sm_90 SASS, and its PTX is for compute_" + std::to_string(*arch) +
                        " (SASS only for this device)";
+      } else if (*arch > 90) {
+        m->ptx_tried = true;
+        m->refusal_kind = LaunchRefusal::kPtxOtherArch;
+        m->ptx_error = "its only PTX is for compute_" + std::to_string(*arch) +
+                       ", newer than this sm_90 device (a GPU finds no image it can run either)";
       } else {
         m->image.assign(image.begin(), image.end());
       }
@@ -592,10 +622,17 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     auto* m = static_cast<SimModule*>(module);
     const fatbin::Kernel* k = m->info.FindKernel(name);
     if (k == nullptr) return CUDA_ERROR_NOT_FOUND;
-    auto f = std::make_unique<SimFunction>(SimFunction{m, k, {}});
+    auto f = std::make_unique<SimFunction>(SimFunction{m, k, {}, -1, CUDA_SUCCESS, {}});
     layout->params.clear();
     for (const auto& p : k->params) layout->params.push_back({p.offset, p.size});
     layout->param_bytes = k->param_bytes;
+    // Known from the module alone (no image the executor can use): the client refuses the launches
+    // itself, synchronously. Refusals found at the first launch (a kernel the executor cannot
+    // lower) come back from LaunchKernel.
+    if (opt_.execute && !opt_.skip_unexecutable && m->ptx_tried && m->program == nullptr) {
+      layout->launch_error = m->ptx_refusal;
+      layout->launch_refusal = m->refusal_kind;
+    }
     *function = f.get();
     functions_.push_back(std::move(f));
     return CUDA_SUCCESS;
@@ -670,6 +707,12 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     if (shared_mem > 232448) return CUDA_ERROR_INVALID_VALUE;
     if (param_bytes != f->kernel->param_bytes) return CUDA_ERROR_INVALID_VALUE;
     if (sticky_ != CUDA_SUCCESS) return sticky_;
+    if (!opt_.execute && !told_not_executing_) {
+      told_not_executing_ = true;
+      notices_.push_back(
+          "this oriond runs with --sim-execute none: kernels are validated and logged, NEVER executed; "
+          "no result a kernel should write is computed");
+    }
     const bool cooperative = (flags & kLaunchCooperative) != 0;
     if (cooperative) {
       // Every block must be resident at once: the occupancy model's blocks per SM times the SMs.
@@ -684,6 +727,21 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     Pending p;
     p.seq = ++seq_;
     p.f = f;
+    // A kernel the executor cannot run fails here, synchronously, and nothing is queued for it
+    // (unless --sim-unexecutable skip: then it is queued and skipped, and the client is told).
+    if (opt_.execute && !opt_.skip_unexecutable && !Runnable(f)) {
+      if (warned_.insert(f->kernel->name).second)
+        notices_.push_back("kernel " + f->kernel->name + " cannot run on the sim backend: " + f->why +
+                           "; its launches fail with " + ErrorName(f->refusal));
+      std::memcpy(p.grid, grid, sizeof p.grid);
+      std::memcpy(p.block, block, sizeof p.block);
+      p.smem = shared_mem;
+      p.params = std::span<const uint8_t>(params, param_bytes);
+      p.stream = stream;
+      LogLaunch(p, cluster, "refused:" + std::to_string(static_cast<int>(f->refusal)));
+      last_error_ = "kernel " + f->kernel->name + ": " + f->why;
+      return f->refusal;
+    }
     std::memcpy(p.grid, grid, sizeof p.grid);
     std::memcpy(p.block, block, sizeof p.block);
     p.smem = shared_mem;
@@ -727,14 +785,13 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     std::string exec = "off";
     CUresult result = CUDA_SUCCESS;
     if (opt_.execute) {
-      ptx::Program* prog = ProgramOf(f->module);
-      if (prog == nullptr || !ptx::HasKernel(*prog, f->kernel->name)) {
-        exec = "no-ptx";
+      if (!Runnable(f)) {  // --sim-unexecutable skip (otherwise refused at LaunchKernel)
+        exec = "skipped";
         if (warned_.insert(f->kernel->name).second)
-          notices_.push_back("kernel " + f->kernel->name + " was not executed: " +
-                             (prog == nullptr ? f->module->ptx_error : "the module's PTX does not define it") +
-                             " (validated and logged only)");
+          notices_.push_back("kernel " + f->kernel->name + " was NOT executed (--sim-unexecutable skip): " + f->why +
+                             "; what it should have written is not computed");
       } else {
+        ptx::Program* prog = f->module->program.get();
         ptx::LaunchConfig cfg;
         std::memcpy(cfg.grid, p.grid, sizeof cfg.grid);
         std::memcpy(cfg.block, p.block, sizeof cfg.block);
@@ -1079,6 +1136,35 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
   }
   static uint64_t FormatBytes(uint32_t format) { return ArrayFormatBytes(format); }
 
+  // CUDA_ERROR_UNSUPPORTED_PTX_VERSION (with last_error_) when `text` declares a PTX ISA newer than
+  // the driver version this backend reports JIT-compiles.
+  CUresult CheckPtxVersion(std::string_view text) {
+    const uint32_t v = ptx::PtxIsaVersion(text), max = ptx::MaxPtxIsaVersion(kSimDriverVersion);
+    if (v <= max) return CUDA_SUCCESS;
+    last_error_ = "PTX .version " + std::to_string(v / 100) + "." + std::to_string(v % 100) +
+                  " is newer than this driver (" + std::to_string(kSimDriverVersion / 1000) + "." +
+                  std::to_string(kSimDriverVersion % 1000 / 10) + ") supports (PTX ISA " + std::to_string(max / 100) +
+                  "." + std::to_string(max % 100) + ")";
+    return CUDA_ERROR_UNSUPPORTED_PTX_VERSION;
+  }
+
+  // Whether the executor can run `f` (decided once, at its first launch); when not, `f->refusal`
+  // and `f->why` say what its launches fail with and why.
+  bool Runnable(SimFunction* f) {
+    if (f->runnable >= 0) return f->runnable != 0;
+    ptx::Program* prog = ProgramOf(f->module);
+    if (prog == nullptr) {
+      f->refusal = f->module->ptx_refusal;
+      f->why = f->module->ptx_error;
+    } else if (Status s = ptx::Prepare(*prog, f->kernel->name); !s.ok()) {
+      const bool absent = s.code() == Code::kNotFound;
+      f->refusal = absent ? CUDA_ERROR_NO_BINARY_FOR_GPU : CUDA_ERROR_NOT_SUPPORTED;
+      f->why = absent ? "the module's PTX does not define it" : s.message();
+    }
+    f->runnable = f->refusal == CUDA_SUCCESS ? 1 : 0;
+    return f->runnable != 0;
+  }
+
   // The module's PTX program, parsed at its first launch; nullptr (with ptx_error) if none.
   ptx::Program* ProgramOf(SimModule* m) {
     if (m->ptx_tried) return m->program.get();
@@ -1089,8 +1175,16 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
       m->ptx_error = ptx.status().message();
       return nullptr;
     }
+    if (CUresult r = CheckPtxVersion(ptx->text); r != CUDA_SUCCESS) {
+      m->ptx_refusal = r;
+      m->refusal_kind = LaunchRefusal::kPtxVersion;
+      m->ptx_error = last_error_;
+      return nullptr;
+    }
     auto prog = ptx::Parse(ptx->text);
     if (!prog.ok()) {
+      m->ptx_refusal = CUDA_ERROR_NOT_SUPPORTED;  // PTX a GPU would run, in a form the executor does not take
+      m->refusal_kind = LaunchRefusal::kPtxUnsupported;
       m->ptx_error = "its PTX did not parse: " + prog.status().message();
       return nullptr;
     }
@@ -1210,6 +1304,7 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
   CUresult sticky_ = CUDA_SUCCESS;  // a kernel fault: every later call fails with it
   std::vector<std::string> notices_;
   std::unordered_set<std::string> warned_;       // kernels already reported as not executed
+  bool told_not_executing_ = false;              // --sim-execute none was announced to the client
   std::string output_;                           // device printf text not yet taken
   std::map<void*, std::deque<Pending>> queues_;  // deferred launches per stream (never the default)
   std::map<void*, uint32_t> stream_flags_;       // CU_STREAM_NON_BLOCKING: not ordered with the default stream

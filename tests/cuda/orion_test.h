@@ -71,7 +71,8 @@ inline bool check_kernel(const std::string& name, bool ok, const std::string& de
 }
 
 // A check on values computed by a library kernel shipped as SASS only (cuBLAS, cuDNN): the sim
-// backend validates and logs such launches but cannot execute them, so it is skipped there.
+// backend cannot execute them (by default their launches fail; under --sim-unexecutable skip they
+// are accepted and not run), so the value is checked only on a GPU.
 inline bool check_sass_kernel(const std::string& name, bool ok, const std::string& details = std::string()) {
   if (is_sim()) {
     skip_sim(name);

@@ -135,6 +135,18 @@ def oriond(tmp_path):
 
 
 @pytest.fixture
+def oriond_api_level(tmp_path):
+    """An oriond started with --sim-unexecutable skip: kernels the sim cannot execute (SASS only:
+    PyTorch's ATen kernels, cuBLAS/cuDNN GEMMs and convolutions, CuPy's cubins) are accepted and
+    NOT run, so the values they should write are not computed. Only for tests of the API level
+    (status codes, data movement, which kernels are launched); every test using it says so in its
+    name (`..._api_level`) and docstring. The default oriond (`oriond`) refuses such launches."""
+    d = Oriond(tmp_path, extra_args=("--sim-unexecutable", "skip"))
+    yield d
+    d.stop()
+
+
+@pytest.fixture
 def make_oriond(tmp_path):
     made = []
 

@@ -2,13 +2,17 @@
 speaks Orion's TCP framing (docs/spec/frames.md) and misbehaves on purpose, and a fake controller
 that records every raw HTTP request and answers what the test says."""
 import json
+import re
 import socket
 import struct
 import threading
 import time
+from pathlib import Path
 
 MAGIC = 0x4D52464F
-PROTOCOL = 2  # common/include/orion/common/frame.h kProtocolVersion
+# kProtocolVersion, read from the header the runtime and oriond are built from.
+PROTOCOL = int(re.search(r"kProtocolVersion = (\d+);",
+                         (Path(__file__).resolve().parents[2] / "common/include/orion/common/frame.h").read_text()).group(1))
 HDR = struct.Struct("<IHHIIiiII")  # FrameHeader: magic version op seq payload_len status deferred flags reserved
 OP = {"Hello": 1, "CtxCreate": 10, "PrimaryCtxRetain": 14, "CtxSetCurrent": 12, "CtxSynchronize": 13, "MemAlloc": 20, "MemFree": 21,
       "MemcpyHtoD": 23, "MemcpyDtoH": 24, "BlobPut": 41, "WindowData": 90}

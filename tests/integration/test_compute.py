@@ -1,7 +1,8 @@
 """Kernels compute without a GPU: the sim backend executes each kernel's PTX on the CPU (ptx/), so
 results come back through Orion and are checked against the host, over shared memory and TCP.
 Faults (out-of-bounds, assert) end only the faulting session, device printf reaches the client's
-stdout, and --sim-execute none shows nothing is faked when kernels do not run."""
+stdout. A kernel the sim cannot execute fails its launch (issue #20), and --sim-execute none and
+--sim-unexecutable skip show nothing is faked when kernels do not run."""
 import re
 
 from conftest import Oriond, assert_passed, checks
@@ -94,17 +95,61 @@ def test_execute_none_validates_and_logs_only(make_oriond):
     assert c.get("vadd", "").startswith("FAIL"), c
     assert not any(l.startswith("DEVPRINTF") for l in r.stdout.splitlines())
     assert d.launches() and all(l.endswith(" exec=off") for l in d.launches()), d.launches()
+    # oriond says so at start-up, and the client is told once, at its first launch.
+    assert "*** --sim-execute none: kernels are validated and logged, NEVER executed." in d.log()
+    told = re.findall(r"^\[warning\] oriond: this oriond runs with --sim-execute none: .*NEVER executed", r.stderr,
+                      re.M)
+    assert len(told) == 1, r.stderr[-2000:]
 
 
-def test_sass_only_kernels_are_marked_not_executed(oriond):
-    # cuBLAS ships SASS only: its kernels are validated and logged, marked exec=no-ptx, and the
-    # session log says once per kernel that it was not executed.
+def test_unexecutable_kernels_fail_their_launch(oriond):
+    # tests/cuda/unexecutable.cu: its own kernel is sm_90 SASS only, so the launch fails at once
+    # with cudaErrorNoKernelImageForDevice (the client knows from ModuleGetFunction's reply: nothing
+    # reaches oriond); a newer PTX ISA fails the load; an mma kernel's launch fails with NOT_SUPPORTED
+    # (found when oriond lowers it). Nothing is written, the context stays usable.
+    r = oriond.run("unexecutable")
+    assert_passed(r, expect_checks=12)
+    assert checks(r.stdout)["sass_only_launch_refused"] == "ok"
+    # The client's log names each refused kernel once, with the reason and the error.
+    told = re.findall(r"^\[warning\] kernel (\S+) cannot run on this vGPU: its module has no PTX \(SASS only\).*"
+                      r"CUDA_ERROR_NO_BINARY_FOR_GPU \(209\)", r.stderr, re.M)
+    assert told == ["_Z4fillPii"], r.stderr[-2000:]
+    told = re.findall(r"^\[warning\] oriond: kernel (\S+) cannot run on the sim backend: .*'mma\.sync\S*' is not "
+                      r"supported by the sim executor; its launches fail with CUDA_ERROR_NOT_SUPPORTED \(801\)$",
+                      r.stderr, re.M)
+    assert told == ["mma_k"], r.stderr[-2000:]
+    # oriond never saw the SASS-only launches; it logged the mma one as refused, and ran nothing.
+    launches = oriond.launches()
+    assert not [l for l in launches if "_Z4fillPii" in l], launches
+    assert [l.rsplit(" ", 1)[1] for l in launches if " launch mma_k " in l] == ["exec=refused:801"], launches
+    assert "refused (222): PTX .version 9.9 is newer than this driver (13.0) supports (PTX ISA 9.0)" in (
+        oriond.session_logs())
+
+
+def test_cublas_sass_only_gemm_fails_honestly(oriond):
+    # cuBLAS 13.0's GEMM kernels are SASS only: cublasSgemm reports CUBLAS_STATUS_EXECUTION_FAILED
+    # (13) instead of success with nothing computed; the context goes on (sync, destroy).
     r = oriond.run("cublas", timeout=300)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    assert "CHECK sgemm_result skipped-sim (SASS-only kernel" in r.stdout, r.stdout
-    gemm = [l for l in oriond.launches() if re.search(r"gemm|Gemm", l)]
-    assert gemm and all(l.endswith(" exec=no-ptx") for l in gemm), gemm[:3]
-    assert re.search(r"kernel \S*(gemm|Gemm)\S* was not executed: .*SASS only", oriond.session_logs())
-    # ... and the client is told once per kernel, at warning level.
-    told = re.findall(r"^\[warning\] oriond: kernel (\S+) was not executed: ", r.stderr, re.M)
-    assert told and len(told) == len(set(told)), r.stderr[-2000:]
+    c = checks(r.stdout)
+    assert r.returncode == 1 and c["cublas_sgemm"] == "FAIL status 13", r.stdout
+    assert c["cublas_create"] == c["sync"] == c["cublas_destroy"] == "ok", c
+    told = re.findall(r"^\[warning\] kernel (\S+) cannot run on this vGPU: .*CUDA_ERROR_NO_BINARY_FOR_GPU \(209\)",
+                      r.stderr, re.M)
+    assert told and all(re.search("gemm", k, re.I) for k in told), r.stderr[-2000:]
+    assert not [l for l in oriond.launches() if re.search(r"gemm", l, re.I) and " exec=ran" in l]
+
+
+def test_skip_mode_accepts_and_runs_nothing_api_level(oriond_api_level):
+    """--sim-unexecutable skip (API-level testing only): the SASS-only launch is accepted and NOT
+    run (the buffer stays as it was), oriond says so loudly at start-up and the client is told at
+    the kernel's first launch."""
+    d = oriond_api_level
+    r = d.run("unexecutable", "api-level")
+    assert_passed(r, expect_checks=2)
+    assert checks(r.stdout)["api_level_nothing_computed"] == "ok"
+    assert "*** --sim-unexecutable skip: kernels the sim cannot run (SASS only, ...) are accepted and NOT executed." in (
+        d.log())
+    told = re.findall(r"^\[warning\] oriond: kernel (\S+) was NOT executed \(--sim-unexecutable skip\): .*SASS only.*"
+                      r"not computed$", r.stderr, re.M)
+    assert told == ["_Z4fillPii"], r.stderr[-2000:]
+    assert [l.rsplit(" ", 1)[1] for l in d.launches() if " launch _Z4fillPii " in l] == ["exec=skipped"]

@@ -66,12 +66,27 @@ def test_memory_over_tcp_and_mapped_memory_refused(tcp_oriond):
     assert "MAPPED unsupported cudaErrorNotSupported" in r.stdout
 
 
-def test_cublas_over_tcp(tcp_oriond):
-    r = run_tcp(tcp_oriond, "cublas", ORION_GMEM=2048)
-    assert_passed(r, expect_checks=4)
+def test_cublas_over_tcp_api_level(tmp_path):
+    """cuBLAS's calls over TCP at the API level: oriond runs with --sim-unexecutable skip, so its
+    SASS-only GEMM is accepted and NOT run (the result is checked only on a GPU)."""
+    port = free_port()
+    d = Oriond(tmp_path, tcp_port=port, extra_args=("--sim-unexecutable", "skip"))
+    d.port = port
+    try:
+        r = run_tcp(d, "cublas", ORION_GMEM=2048)
+        assert_passed(r, expect_checks=4)
+    finally:
+        d.stop()
 
 
-PROTOCOL = 2  # common/include/orion/common/frame.h kProtocolVersion
+def test_unexecutable_kernels_fail_over_tcp(tcp_oriond):
+    # The default oriond refuses what the sim cannot run, over TCP as over shared memory.
+    r = run_tcp(tcp_oriond, "unexecutable")
+    assert_passed(r, expect_checks=12)
+    assert checks(r.stdout)["sass_only_launch_refused"] == "ok"
+
+
+from fake_peers import PROTOCOL  # noqa: E402  (kProtocolVersion, from frame.h)
 
 
 def hello_frame(transports, vgpus=1, gmem=256, key=b"", allocation=b""):

@@ -22,7 +22,7 @@ namespace orion {
 static_assert(std::endian::native == std::endian::little, "Orion's wire format is little-endian");
 
 inline constexpr uint32_t kFrameMagic = 0x4D52464Fu;  // "OFRM" in memory
-inline constexpr uint16_t kProtocolVersion = 2;       // 2: Hello/Welcome carry the controller allocation
+inline constexpr uint16_t kProtocolVersion = 3;       // 2: Hello/Welcome carry the controller allocation; 3: FunctionRep says which launches fail
 inline constexpr uint32_t kMaxPayload = 64 * 1024;    // bulk bytes travel in the data window
 
 enum class Op : uint16_t {
@@ -424,12 +424,24 @@ struct ParamInfo {
 };
 ORION_WIRE_STRUCT(ParamInfo, 8);
 // Followed by param_count ParamInfo, in ordinal order.
+// Why a function's launches fail before they are sent (FunctionRep::launch_error != 0).
+enum class LaunchRefusal : uint32_t {
+  kNone = 0,
+  kSassOnly = 1,        // the module has no PTX: only SASS, which the sim backend does not execute
+  kPtxOtherArch = 2,    // its PTX is not what a GPU of this arch would run (a GPU runs its SASS)
+  kPtxVersion = 3,      // its PTX ISA is newer than the driver
+  kPtxUnsupported = 4,  // its PTX uses what the sim's executor does not implement
+};
 struct FunctionRep {
   uint64_t function;
   uint32_t param_count;
   uint32_t param_bytes;  // the parameter buffer's size
+  // Not 0: every launch of this function fails at once with this CUresult (the sim backend cannot
+  // execute it: CUDA_ERROR_NO_BINARY_FOR_GPU, _UNSUPPORTED_PTX_VERSION or _NOT_SUPPORTED), why.
+  int32_t launch_error;
+  LaunchRefusal launch_refusal;
 };
-ORION_WIRE_STRUCT(FunctionRep, 16);
+ORION_WIRE_STRUCT(FunctionRep, 24);
 struct GlobalRep {
   uint64_t dptr;
   uint64_t bytes;

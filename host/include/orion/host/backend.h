@@ -35,6 +35,9 @@ using pool::Placement;
 struct KernelLayout {
   std::vector<ParamInfo> params;  // in ordinal order
   uint32_t param_bytes = 0;
+  // Set when the backend already knows every launch will fail (the sim: no image it can execute).
+  CUresult launch_error = CUDA_SUCCESS;
+  LaunchRefusal launch_refusal = LaunchRefusal::kNone;
 };
 
 class Backend {
@@ -196,6 +199,12 @@ struct SimOptions {
   std::string launch_log;  // file, appended; "" = none
   uint32_t session_id = 0;
   bool execute = true;                  // --sim-execute ptx (true) | none (validate and log only)
+  // --sim-unexecutable refuse (false, the default) | skip. A kernel the executor cannot run (no PTX
+  // a GPU would JIT: SASS only, or PTX for another arch; PTX it cannot parse or an instruction it
+  // does not implement) fails its launch with CUDA_ERROR_NO_BINARY_FOR_GPU (no usable image, as a
+  // driver says for a kernel with none for the device) or CUDA_ERROR_NOT_SUPPORTED (usable PTX the
+  // executor does not implement). `skip` accepts the launch and runs nothing: API-level tests only.
+  bool skip_unexecutable = false;
   uint64_t kernel_timeout_ms = 600000;  // --sim-kernel-timeout: a longer launch ends with LAUNCH_TIMEOUT
   uint32_t workers = 0;                 // host threads per launch; 0: the machine's cores
 };

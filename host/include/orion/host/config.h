@@ -48,6 +48,7 @@ struct ServerConfig {
   std::vector<std::string> shm_paths;  // --shm; empty: every <shm_path_base>/orionsock*
   std::string sim_launch_log;
   bool sim_execute = true;                  // --sim-execute ptx|none
+  bool sim_skip_unexecutable = false;       // --sim-unexecutable refuse|skip (see SimOptions)
   uint64_t sim_kernel_timeout_ms = 600000;  // --sim-kernel-timeout (ms)
   uint32_t sim_workers = 0;                 // --sim-workers: threads per launch (0: all cores)
   uint32_t sim_gpus = 1;
