@@ -306,6 +306,7 @@ Result<std::unique_ptr<Backend>> Daemon::MakeBackend(uint32_t session) const {
   o.session_id = session;
   o.execute = config_.sim_execute;
   o.skip_unexecutable = config_.sim_skip_unexecutable;
+  if (config_.sim_driver_version != 0) o.driver_version = config_.sim_driver_version;
   o.kernel_timeout_ms = config_.sim_kernel_timeout_ms;
   o.workers = config_.sim_workers;
   return MakeSimBackend(o);

@@ -70,6 +70,17 @@ static int Main(int argc, char** argv) {
                  "sim: a kernel the executor cannot run (SASS only, ...) fails its launch (refuse, default) or is "
                  "accepted and NOT run (skip: API-level testing only, results are not computed)")
       ->check(CLI::IsMember({"refuse", "skip"}));
+  std::string sim_driver;
+  app.add_option("--sim-driver-version", sim_driver,
+                 "sim: the CUDA driver version it reports, MAJOR.MINOR (12.0 to 13.9; default: this build's), "
+                 "which decides the newest PTX ISA it loads")
+      ->check([](const std::string& v) -> std::string {
+        unsigned major = 0, minor = 0;
+        char tail = 0;
+        if (std::sscanf(v.c_str(), "%u.%u%c", &major, &minor, &tail) != 2 || major < 12 || major > 13 || minor > 9)
+          return "expected MAJOR.MINOR between 12.0 and 13.9";
+        return "";
+      });
   app.add_option("--sim-kernel-timeout", sim_timeout_ms,
                  "sim: end a kernel running longer than this many ms (CUDA_ERROR_LAUNCH_TIMEOUT)")
       ->check(CLI::Range(uint64_t{1}, uint64_t{86400000}));
@@ -110,6 +121,8 @@ static int Main(int argc, char** argv) {
   if (sim_mem != 0) c.sim_gpu_mem_mib = sim_mem;
   if (!sim_execute.empty()) c.sim_execute = sim_execute == "ptx";
   if (!sim_unexecutable.empty()) c.sim_skip_unexecutable = sim_unexecutable == "skip";
+  if (unsigned major = 0, minor = 0; !sim_driver.empty() && std::sscanf(sim_driver.c_str(), "%u.%u", &major, &minor) == 2)
+    c.sim_driver_version = static_cast<int>(major * 1000 + minor * 10);
   if (!cuda_driver.empty()) c.cuda_driver = cuda_driver;
   if (sim_timeout_ms != 0) c.sim_kernel_timeout_ms = sim_timeout_ms;
   if (sim_workers != 0) c.sim_workers = sim_workers;

@@ -30,7 +30,6 @@ namespace {
 
 constexpr uint64_t kSimBase = 0x200000000000ull;  // far from where Linux places user mappings
 constexpr uint64_t kSimAlign = 512;               // cudaMalloc alignment is at least 256
-constexpr int kSimDriverVersion = CUDA_VERSION;   // the API version this build implements
 
 uint64_t NowNs() {
   timespec ts{};
@@ -221,7 +220,7 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     out->pgpu = p.pgpu;
     out->vgpu = p.vgpu;
   }
-  int DriverVersion() override { return kSimDriverVersion; }
+  int DriverVersion() override { return opt_.driver_version; }
   std::string ErrorDetail() const override { return last_error_; }
   uint64_t ContextOverhead(uint32_t) override { return 0; }
   CUresult RegisterWindow(void* base, uint64_t bytes) override {
@@ -1139,11 +1138,12 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
   // CUDA_ERROR_UNSUPPORTED_PTX_VERSION (with last_error_) when `text` declares a PTX ISA newer than
   // the driver version this backend reports JIT-compiles.
   CUresult CheckPtxVersion(std::string_view text) {
-    const uint32_t v = ptx::PtxIsaVersion(text), max = ptx::MaxPtxIsaVersion(kSimDriverVersion);
+    const int driver = opt_.driver_version;
+    const uint32_t v = ptx::PtxIsaVersion(text), max = ptx::MaxPtxIsaVersion(driver);
     if (v <= max) return CUDA_SUCCESS;
     last_error_ = "PTX .version " + std::to_string(v / 100) + "." + std::to_string(v % 100) +
-                  " is newer than this driver (" + std::to_string(kSimDriverVersion / 1000) + "." +
-                  std::to_string(kSimDriverVersion % 1000 / 10) + ") supports (PTX ISA " + std::to_string(max / 100) +
+                  " is newer than this driver (" + std::to_string(driver / 1000) + "." +
+                  std::to_string(driver % 1000 / 10) + ") supports (PTX ISA " + std::to_string(max / 100) +
                   "." + std::to_string(max % 100) + ")";
     return CUDA_ERROR_UNSUPPORTED_PTX_VERSION;
   }

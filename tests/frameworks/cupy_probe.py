@@ -2,17 +2,20 @@
 per step, like torch_probe.py; the first steps (import, a device array) gate the rest.
 
 CuPy compiles its elementwise, reduction and raw kernels at run time with NVRTC. By default it asks
-NVRTC for a cubin of the device's arch (SASS, which the sim backend validates but cannot execute);
-with CUPY_COMPILE_WITH_PTX=1 (a documented CuPy setting) it loads PTX, which the sim backend's PTX
+NVRTC for a cubin of the device's arch (SASS, which the sim backend cannot execute); with
+CUPY_COMPILE_WITH_PTX=1 (a documented CuPy setting) it loads PTX, which the sim backend's PTX
 executor runs. tests/integration/test_frameworks.py runs this probe both ways: in PTX mode the steps
-marked COMPUTED compare the device's results with numpy's, in cubin mode they check status, shapes
-and data movement only (pass --sass). cuBLAS (matmul) and cuFFT kernels are SASS in both modes:
-status and shapes only."""
+marked COMPUTED compare the device's results with numpy's, in cubin mode (pass --sass) against an
+oriond that refuses SASS kernels the steps that launch one fail, and at the API level (pass
+--api-level too: oriond --sim-unexecutable skip) they check status, shapes and data movement only.
+cuBLAS's GEMM (matmul) is SASS in both modes: refused by default (the step passes when cupy.matmul
+raises), status and shape only at the API level."""
 import sys
 
 from probe_steps import FAILED, exit_now, require, step  # noqa: E402 - next to this script
 
 SASS = "--sass" in sys.argv
+API_LEVEL = "--api-level" in sys.argv  # oriond accepts SASS-only kernels and does not run them
 
 
 def main():
@@ -144,8 +147,16 @@ def main():
     step("raw_kernel", raw_kernel)
 
     def matmul():
-        a = cp.ones((64, 32), dtype=cp.float32)
-        b = cp.ones((32, 16), dtype=cp.float32)
+        a = cp.asarray(np.ones((64, 32), dtype=np.float32))
+        b = cp.asarray(np.ones((32, 16), dtype=np.float32))
+        if not API_LEVEL:
+            # cuBLAS's GEMM is SASS only: the default oriond refuses it, and CuPy must say so.
+            try:
+                c = cp.matmul(a, b)
+                cp.cuda.Device().synchronize()
+            except Exception as e:  # CUBLASError, CUDARuntimeError: whichever CuPy raises
+                return f"REFUSED {type(e).__name__}: {str(e).splitlines()[0]}"
+            require(False, f"cupy.matmul returned {cp.asnumpy(c)[:1, :4]} although its kernel cannot run here")
         c = cp.matmul(a, b)
         cp.cuda.Device().synchronize()
         require(c.shape == (64, 16) and c.dtype == cp.float32, f"{c.shape} {c.dtype}")

@@ -205,6 +205,11 @@ struct SimOptions {
   // driver says for a kernel with none for the device) or CUDA_ERROR_NOT_SUPPORTED (usable PTX the
   // executor does not implement). `skip` accepts the launch and runs nothing: API-level tests only.
   bool skip_unexecutable = false;
+  // --sim-driver-version: the driver version the sim reports (cuDriverGetVersion), and so the newest
+  // PTX ISA it accepts (ptx::MaxPtxIsaVersion). Default: the CUDA headers this build implements.
+  // A host whose programs' NVRTC is newer (e.g. 13.2 from pip wheels) needs a driver that new, on
+  // a GPU as here.
+  int driver_version = CUDA_VERSION;
   uint64_t kernel_timeout_ms = 600000;  // --sim-kernel-timeout: a longer launch ends with LAUNCH_TIMEOUT
   uint32_t workers = 0;                 // host threads per launch; 0: the machine's cores
 };

@@ -49,6 +49,7 @@ struct ServerConfig {
   std::string sim_launch_log;
   bool sim_execute = true;                  // --sim-execute ptx|none
   bool sim_skip_unexecutable = false;       // --sim-unexecutable refuse|skip (see SimOptions)
+  int sim_driver_version = 0;               // --sim-driver-version MAJOR.MINOR (0: the build's CUDA_VERSION)
   uint64_t sim_kernel_timeout_ms = 600000;  // --sim-kernel-timeout (ms)
   uint32_t sim_workers = 0;                 // --sim-workers: threads per launch (0: all cores)
   uint32_t sim_gpus = 1;
