@@ -1337,6 +1337,41 @@ class Block {
         }
         return true;
       }
+      case Op::kCpAsync: {
+        // cp.async [dst], [src], cp-size {, src-size | ignore-src}: copied now (parse.cpp says why
+        // that is allowed); bytes past src-size are zero-filled.
+        const uint32_t cp = static_cast<uint32_t>(ins.o[2].imm);
+        const int args = ins.nops - ((ins.sub & kCpAsyncCacheHint) != 0 ? 1 : 0);
+        for (int l = 0; l < 32; ++l) {
+          if (!((mask >> l) & 1)) continue;
+          uint64_t src_size = cp;
+          if (args == 4)
+            src_size = (ins.sub & kCpAsyncIgnoreSrc) != 0 ? (Pred(w, ins.o[3], l) ? 0 : cp)
+                                                          : static_cast<uint32_t>(Val(w, ins.o[3], l));
+          if (src_size > cp) {
+            SetFault(CUDA_ERROR_LAUNCH_FAILED, "cp.async src-size " + std::to_string(src_size) +
+                                                   " larger than its cp-size (" + Where(w, l, ins) + ")");
+            return false;
+          }
+          uint8_t* d = Mem(Space::kShared, Address(w, ins.o[0], l), cp, w, l, true, ins);
+          if (d == nullptr) return false;
+          const uint64_t src = Address(w, ins.o[1], l);
+          uint8_t tmp[16] = {};
+          if ((src_size & (src_size - 1)) == 0 && src_size != 0) {
+            const uint8_t* s = Mem(Space::kGlobal, src, static_cast<uint32_t>(src_size), w, l, false, ins);
+            if (s == nullptr) return false;
+            std::memcpy(tmp, s, src_size);
+          } else {
+            for (uint64_t i = 0; i < src_size; ++i) {
+              const uint8_t* s = Mem(Space::kGlobal, src + i, 1, w, l, false, ins);
+              if (s == nullptr) return false;
+              tmp[i] = *s;
+            }
+          }
+          std::memcpy(d, tmp, cp);
+        }
+        return true;
+      }
       case Op::kAtom:
       case Op::kRed:
         for (int l = 0; l < 32; ++l)

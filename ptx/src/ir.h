@@ -143,6 +143,8 @@ enum class Op : uint16_t {
   kSust,
   kTxq,
   kSuq,
+  // cp.async (non-bulk): global -> shared, done when issued (see exec.cpp)
+  kCpAsync,
 };
 const char* OpName(Op op);
 
@@ -226,6 +228,10 @@ struct Operand {
   uint64_t imm = 0;       // kImm bits; kMem offset (two's complement)
   uint32_t regs[8] = {kNoReg, kNoReg, kNoReg, kNoReg, kNoReg, kNoReg, kNoReg, kNoReg};  // kVec/kList
 };
+
+// Ins::sub for kCpAsync.
+inline constexpr uint8_t kCpAsyncIgnoreSrc = 1;  // the 4th operand is the ignore-src predicate
+inline constexpr uint8_t kCpAsyncCacheHint = 2;  // the last operand is a cache policy (ignored)
 
 struct Ins {
   Op op = Op::kNop;

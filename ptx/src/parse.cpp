@@ -66,7 +66,7 @@ const char* OpName(Op op) {
       "prefetch", "isspacep",   "atom",  "red",     "bra",           "call",    "ret",          "exit",
       "trap",     "brkpt",      "bar",   "bar.red", "bar.arrive",    "membar",  "nanosleep",    "shfl",
       "vote",     "activemask", "match", "redux",   "bar.warp.sync", "vprintf", "__assertfail", "tex",
-      "suld",     "sust",       "txq",   "suq"};
+      "suld",     "sust",       "txq",   "suq",     "cp.async"};
   return kNames[static_cast<int>(op)];
 }
 
@@ -724,6 +724,7 @@ class Parser {
       vec = 4;
     if (t_.kind != Tok::kIdent || t_.text[0] != '.' || !TypeOf(t_.text.substr(1)))
       return Error("expected a register type");
+    const bool pred = *TypeOf(t_.text.substr(1)) == Ty::kPred;
     Advance();
     if (vec != 1) return Error("vector registers are not supported");
     Func& f = p_->funcs[func_];
@@ -735,9 +736,12 @@ class Parser {
         if (!n.ok()) return n.status();
         if (Status s = Expect(">"); !s.ok()) return s;
         if (*n > 1000000) return Error("too many registers");
-        for (uint64_t i = 0; i < *n; ++i)
+        for (uint64_t i = 0; i < *n; ++i) {
+          if (pred) pred_regs_.insert({func_, f.nregs});
           scopes_.back()[std::string(*name) + std::to_string(i)] = Name{Name::kReg, f.nregs++};
+        }
       } else {
+        if (pred) pred_regs_.insert({func_, f.nregs});
         scopes_.back()[std::string(*name)] = Name{Name::kReg, f.nregs++};
       }
     } while (Accept(","));
@@ -914,6 +918,15 @@ class Parser {
       return Status::Ok();
     }
     FixImmediates(&ins);
+    if (ins.op == Op::kCpAsync) {
+      // [dst], [src], cp-size {, src-size | ignore-src} {, cache-policy}
+      const int args = ins.nops - ((ins.sub & kCpAsyncCacheHint) != 0 ? 1 : 0);
+      if (args < 3 || args > 4 || ins.o[0].kind != Operand::kMem || ins.o[1].kind != Operand::kMem ||
+          ins.o[2].kind != Operand::kImm || (ins.o[2].imm != 4 && ins.o[2].imm != 8 && ins.o[2].imm != 16))
+        return Error("cp.async: expected [dst], [src], cp-size (4, 8 or 16){, src-size | ignore-src}");
+      if (args == 4 && ins.o[3].kind == Operand::kReg && pred_regs_.count({func_, ins.o[3].reg}) != 0)
+        ins.sub |= kCpAsyncIgnoreSrc;
+    }
     if (is_call) {
       // call[.uni] [(rets),] func, [(args)]: builtins become their own ops.
       const Operand* fn = nullptr;
@@ -1180,10 +1193,45 @@ class Parser {
     }
   }
 
+  // cp.async (PTX ISA 9.0, "Data Movement and Conversion Instructions: cp.async"): the executor
+  // copies when the instruction issues, which is one order the PTX memory model allows (the data is
+  // only guaranteed in shared memory after the wait), so commit_group / wait_group / wait_all have
+  // nothing left to wait for. Bulk (TMA) and mbarrier-completed forms are refused.
+  static bool DecodeCpAsync(const std::vector<std::string_view>& parts, Ins* ins, std::string* why) {
+    *why = "";
+    if (parts.size() < 3 || parts[1] != "async") return false;
+    if (parts.size() == 3 && (parts[2] == "commit_group" || parts[2] == "wait_group" || parts[2] == "wait_all")) {
+      ins->op = Op::kMembar;  // every copy is complete already
+      return true;
+    }
+    if (parts[2] == "bulk") {
+      *why = "bulk copies (TMA)";
+      return false;
+    }
+    if (parts[2] == "mbarrier") {
+      *why = "completion through an mbarrier";
+      return false;
+    }
+    if (parts.size() < 5 || (parts[2] != "ca" && parts[2] != "cg") ||
+        (parts[3] != "shared" && parts[3] != "shared::cta") || parts[4] != "global")
+      return false;
+    for (size_t i = 5; i < parts.size(); ++i) {
+      if (parts[i] == "L2::cache_hint") {
+        ins->sub |= kCpAsyncCacheHint;
+      } else if (parts[i] != "L2::64B" && parts[i] != "L2::128B" && parts[i] != "L2::256B") {
+        return false;
+      }
+    }
+    ins->op = Op::kCpAsync;
+    ins->space = Space::kShared;
+    return true;
+  }
+
   // Opcode text -> Ins fields. False (with `why`) for what the executor does not implement.
   static bool Decode(const std::string& text, Ins* ins, std::string* why) {
     auto parts = SplitDots(text);
     const std::string_view base = parts[0];
+    if (base == "cp") return DecodeCpAsync(parts, ins, why);
     if (base == "tex" || base == "tld4" || base == "suld" || base == "sust" || base == "sured" || base == "txq" ||
         base == "suq")
       return DecodeImage(parts, ins, why);
@@ -1571,6 +1619,7 @@ class Parser {
   Tok t_;
   std::shared_ptr<Program> p_;
   uint32_t func_ = 0;
+  std::set<std::pair<uint32_t, uint32_t>> pred_regs_;  // (function, register) declared .pred
   std::vector<std::unordered_map<std::string, Name>> scopes_;
   std::unordered_map<std::string, uint32_t> labels_;
   struct Fixup {

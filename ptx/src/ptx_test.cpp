@@ -522,6 +522,50 @@ TEST(PtxFrontEnd, VersionIsReadAndComparedWithTheDriversIsa) {
   EXPECT_EQ(MaxPtxIsaVersion(13010), 901u);
 }
 
+TEST(PtxMemory, CpAsyncCopiesZeroFillsAndIgnoresSource) {
+  // cp.async (sm_80; cuSOLVER's and Ampere-style GEMMs use it): lanes 0-9 copy 16 bytes (.cg, an
+  // L2 prefetch hint), lanes 10-31 copy 4 and zero-fill 12 (.ca, src-size 4), then lanes 20-31
+  // copy again with the ignore-src predicate, true for lane 31 only (16 zero bytes there).
+  const std::string text =
+      ".version 8.0\n.target sm_80\n.address_size 64\n"
+      ".visible .entry k(.param .u64 k_out, .param .u64 k_in)\n{\n"
+      ".reg .pred %p<4>;\n.reg .b32 %r<12>;\n.reg .b64 %rd<8>;\n.shared .align 16 .b8 buf[512];\n"
+      "ld.param.u64 %rd1, [k_out];\ncvta.to.global.u64 %rd1, %rd1;\n"
+      "ld.param.u64 %rd2, [k_in];\ncvta.to.global.u64 %rd2, %rd2;\n"
+      "mov.u32 %r1, %tid.x;\nmul.wide.u32 %rd3, %r1, 16;\nadd.s64 %rd4, %rd2, %rd3;\n"
+      "mov.u32 %r2, buf;\nshl.b32 %r3, %r1, 4;\nadd.u32 %r4, %r2, %r3;\n"
+      "setp.lt.u32 %p1, %r1, 10;\n@%p1 cp.async.cg.shared.global.L2::128B [%r4], [%rd4], 16;\n"
+      "mov.u32 %r9, 4;\n@!%p1 cp.async.ca.shared.global [%r4], [%rd4], 16, %r9;\n"
+      "cp.async.commit_group;\n"
+      "setp.ge.u32 %p2, %r1, 20;\nsetp.eq.u32 %p3, %r1, 31;\n"
+      "@%p2 cp.async.ca.shared::cta.global [%r4], [%rd4], 16, %p3;\n"
+      "cp.async.commit_group;\ncp.async.wait_group 0;\ncp.async.wait_all;\nbar.sync 0;\n"
+      "ld.shared.v4.u32 {%r5, %r6, %r7, %r8}, [%r4];\nadd.s64 %rd5, %rd1, %rd3;\n"
+      "st.global.v4.u32 [%rd5], {%r5, %r6, %r7, %r8};\nret;\n}\n";
+  TestMemory mem;
+  Runner run = MustParse(text);
+  std::vector<uint32_t> in(128);
+  for (uint32_t i = 0; i < 128; ++i) in[i] = 0x1000 + i;
+  const uint64_t din = mem.Upload(in), dout = mem.Alloc(128 * 4);
+  Params p;
+  p.Add(dout).Add(din);
+  auto r = run.Go(mem, "k", {1, 1, 1}, {32, 1, 1}, p);
+  ASSERT_EQ(r.code, CUDA_SUCCESS) << r.message;
+  auto out = mem.Download<uint32_t>(dout, 128);
+  for (uint32_t lane = 0; lane < 32; ++lane) {
+    for (uint32_t w = 0; w < 4; ++w) {
+      const uint32_t got = out[lane * 4 + w], src = in[lane * 4 + w];
+      const uint32_t want = lane == 31 ? 0 : lane < 10 || lane >= 20 ? src : w == 0 ? src : 0;
+      EXPECT_EQ(got, want) << "lane " << lane << " word " << w;
+    }
+  }
+  // Bulk copies (TMA) are refused by name.
+  Runner bulk = MustParse(Wrap("", "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%rd1], [%rd2], 16, [%rd3];"));
+  auto b = bulk.Go(mem, "k", {1, 1, 1}, {1, 1, 1}, Params().Add(uint64_t{0}).Add(uint64_t{0}));
+  EXPECT_EQ(b.code, CUDA_ERROR_NOT_SUPPORTED);
+  EXPECT_NE(b.message.find("cp.async.bulk"), std::string::npos) << b.message;
+}
+
 // ---- textures and surfaces (hand-written PTX) ----
 
 // A view of `data` (elements of T, `ch` per texel) as a texture or surface; rows packed unless

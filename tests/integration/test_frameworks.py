@@ -94,6 +94,25 @@ def test_torch_refuses_what_the_sim_cannot_run(oriond):
     assert not [l for l in oriond.launches() if l.endswith((" exec=ran", " exec=skipped"))], oriond.launches()[-5:]
 
 
+FFT_EXIT_PROBE = """
+import torch
+y = torch.fft.fft(torch.ones(1024, device="cuda", dtype=torch.complex64))
+torch.cuda.synchronize()
+print("FFT", tuple(y.shape), flush=True)
+"""
+
+
+def test_torch_fft_process_exits_cleanly_api_level(oriond_api_level):
+    """After torch.fft, PyTorch's plan cache calls cufftDestroy from an exit handler, which pushes
+    and pops contexts after the main thread's thread_local objects are gone: that corrupted the
+    heap in most runs ("corrupted double-linked list", SIGSEGV) while the context stack was a
+    thread_local vector. API level (--sim-unexecutable skip): the FFT's values are not checked."""
+    pytest.importorskip("torch")
+    for _ in range(3):
+        r = oriond_api_level.run(sys.executable, "-c", FFT_EXIT_PROBE, ORION_GMEM=1024, timeout=300)
+        assert r.returncode == 0 and "FFT (1024,)" in r.stdout, (r.returncode, r.stdout, r.stderr[-2000:])
+
+
 # ---- CuPy (tests/frameworks/cupy_probe.py) -------------------------------------------------------
 # CuPy compiles its elementwise/reduction/raw kernels with NVRTC at run time. With
 # CUPY_COMPILE_WITH_PTX=1 it loads them as compute_90 PTX (cuModuleLoadData of PTX text), which the

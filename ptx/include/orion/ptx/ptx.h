@@ -40,8 +40,11 @@
 // texture fetches (tex.level, tex.grad, tex.base, tld4, .a1d/.a2d/.cube/.acube/.2dms/.a2dms),
 // f16 tex results, formatted surface access (suld.p, sust.p), sured, txq / suq queries other than
 // width / height / depth, .texref / .surfref / .samplerref variables (the pre-CUDA-12 texture
-// references: a module declaring one does not parse), tensor cores (mma, wmma, wgmma), cp.async /
-// TMA, indirect calls, recursion, clusters' distributed shared memory.
+// references: a module declaring one does not parse), tensor cores (mma, wmma, wgmma), bulk copies
+// (cp.async.bulk / TMA) and cp.async completed through an mbarrier, indirect calls, recursion,
+// clusters' distributed shared memory. Plain cp.async (global -> shared, 4/8/16 bytes, src-size
+// zero-fill, ignore-src) copies when it issues, so its commit_group / wait_group / wait_all are
+// already satisfied (an order the PTX memory model allows).
 //
 // Thread-safety: a Program is immutable after Parse except for its lowered-kernel cache, which is
 // guarded; several launches of one Program may run at once from different threads.
