@@ -1,5 +1,7 @@
 #include "state.h"
 
+#include <pthread.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -13,7 +15,18 @@ State& S() noexcept {
 }
 
 namespace {
-thread_local std::vector<GuestCtx*> t_stack;
+// The calling thread's context stack. Not a thread_local std::vector: the main thread's C++
+// thread_local destructors run at exit() *before* the atexit handlers and static destructors, and
+// libraries call the driver from those (cuFFT's cufftDestroy from PyTorch's plan cache pushes and
+// pops contexts), which wrote into the freed vector and corrupted the heap ("corrupted
+// double-linked list" at exit, issue #20). A plain pointer has no destructor; a pthread key frees
+// the vector when a thread other than the main one exits (its destructor does not run at exit()).
+thread_local std::vector<GuestCtx*>* t_stack = nullptr;
+
+void FreeCtxStack(void* p) {
+  t_stack = nullptr;  // a later call on this thread (another key's destructor) starts a new one
+  delete static_cast<std::vector<GuestCtx*>*>(p);
+}
 
 struct Coverage {
   std::atomic<uint64_t> calls[static_cast<size_t>(Sym::kCount)]{};
@@ -30,8 +43,19 @@ const char* const kSymNames[] = {
 };
 }  // namespace
 
-std::vector<GuestCtx*>& CtxStack() noexcept { return t_stack; }
-GuestCtx* CurrentCtx() noexcept { return t_stack.empty() ? nullptr : t_stack.back(); }
+std::vector<GuestCtx*>& CtxStack() noexcept {
+  if (t_stack == nullptr) {
+    static const pthread_key_t key = [] {
+      pthread_key_t k{};
+      (void)pthread_key_create(&k, FreeCtxStack);
+      return k;
+    }();
+    t_stack = new std::vector<GuestCtx*>();  // NOLINT(bugprone-unhandled-exception-at-new)
+    (void)pthread_setspecific(key, t_stack);
+  }
+  return *t_stack;
+}
+GuestCtx* CurrentCtx() noexcept { return t_stack == nullptr || t_stack->empty() ? nullptr : t_stack->back(); }
 void SetCurrentCtx(GuestCtx* c) noexcept { ThreadContextHandle() = c == nullptr ? 0 : c->handle; }
 
 void CoverageHit(Sym s, bool real) noexcept {

@@ -91,6 +91,17 @@ def test_pure_driver_api_program(oriond):
     assert_launches_logged(r.stdout, oriond.launches())
 
 
+def test_driver_calls_from_exit_handlers_keep_the_heap_intact(oriond):
+    # tests/cuda/exit_cleanup.cpp: a static destructor pushes and pops the context 64 times and
+    # frees memory after the main thread's thread_local objects are gone (what cuFFT does from
+    # PyTorch's plan cache at exit). The context stack used to be a thread_local std::vector:
+    # "corrupted double-linked list" / SIGSEGV at exit in most runs.
+    for _ in range(3):
+        r = oriond.run("exit_cleanup")
+        assert r.returncode == 0 and r.stdout.splitlines() == ["MAIN_DONE", "EXIT_HANDLER_OK"], (
+            r.returncode, r.stdout, r.stderr[-2000:])
+
+
 def test_cudart_shared_program(oriond):
     exe = TEST_BIN / "vadd_shared"
     ldd = subprocess.run(["ldd", exe], capture_output=True, text=True).stdout
