@@ -54,6 +54,13 @@ CUresult Record(CUevent ev, CUstream hs, unsigned flags = 0) {
   if (!S().events.Has(e)) return CUDA_ERROR_INVALID_HANDLE;
   if (CUresult r; CaptureEventRecord(e, id, flags, &r)) return r;
   EventRecordReq q{e, id};
+  // An interprocess event orders other processes, which see only what oriond has taken: its record
+  // returns once oriond has it (the sim backend completes the stream's work at such a record), so
+  // a process told "recorded" right after (cuda-samples simpleIPC) finds the work done or pending
+  // behind the event, never not yet issued.
+  uint64_t event_flags = 0;
+  if (S().events.Get(e, &event_flags) && (event_flags & CU_EVENT_INTERPROCESS) != 0)
+    return Client::Get().Call(Op::kEventRecord, &q, sizeof q);
   return Client::Get().Send(Op::kEventRecord, &q, sizeof q);
 }
 
@@ -182,7 +189,7 @@ ORION_EXPORT CUresult CUDAAPI cuEventCreate(CUevent* ph, unsigned int flags) {
   HandleRep rep{};
   CUresult r = Client::Get().Call(Op::kEventCreate, &q, sizeof q, &rep, sizeof rep);
   if (r != CUDA_SUCCESS) return r;
-  S().events.Add(rep.handle);
+  S().events.Add(rep.handle, flags);  // the flags: an interprocess event's record is synchronous
   *ph = reinterpret_cast<CUevent>(rep.handle);
   return CUDA_SUCCESS;
 }

@@ -3,6 +3,11 @@
 // waits for a line on stdin; `ipc consumer <mem hex> <event hex>` opens them, waits on the event,
 // checks the producer's values, adds 7 with its own kernel and closes the memory; the producer
 // then checks it sees the consumer's values. Forged handles are refused. Lines: CHECK ... / DONE.
+//
+// `ipc producer-late` / `ipc consumer-late <mem hex> <event hex>` (cuda-samples simpleIPC's order):
+// the handles are exchanged before any work; the consumer says READY, the producer then launches a
+// slow kernel, records the event and says RECORDED at once (no synchronizing call), and the
+// consumer, on RECORDED, synchronizes with the imported event and must read the kernel's values.
 #include <cstdlib>
 #include <string>
 
@@ -18,6 +23,22 @@ __global__ void add(int* p, int n, int v) {
 }
 
 static const int N = 1 << 16;
+
+// Spins about 100 ms (device clock; the sim's follows host time) before filling 5 * i.
+__global__ void slow_fill(int* p, int n) {
+  if (threadIdx.x == 0) {
+    const long long t0 = clock64();
+    while (clock64() - t0 < 200000000LL) {
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < n; i += blockDim.x) p[i] = 5 * i;
+}
+
+static bool ReadLine(const char* want) {
+  char line[64];
+  return fgets(line, sizeof line, stdin) != nullptr && strncmp(line, want, strlen(want)) == 0;
+}
 
 static std::string Hex(const void* p, size_t n) { return ot::hex(p, n); }
 static bool Unhex(const char* s, void* out, size_t n) {
@@ -63,6 +84,45 @@ int main(int argc, char** argv) {
     CUDA_OK(cudaMemcpy(h.data(), d, N * sizeof(int), cudaMemcpyDeviceToHost));
     ot::check_kernel("producer_sees_consumer_kernel", AllEqual(h, 7), ot::fmt("h[5]=%d", h[5]));
     CUDA_OK(cudaFree(d));
+    return ot::finish();
+  }
+  if (mode == "producer-late") {
+    int* d = nullptr;
+    CUDA_OK(cudaMalloc(&d, N * sizeof(int)));
+    CUDA_OK(cudaMemset(d, 0, N * sizeof(int)));
+    cudaEvent_t ev;
+    CUDA_OK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming | cudaEventInterprocess));
+    cudaIpcMemHandle_t mh;
+    cudaIpcEventHandle_t eh;
+    CUDA_OK(cudaIpcGetMemHandle(&mh, d));
+    CUDA_OK(cudaIpcGetEventHandle(&eh, ev));
+    printf("HANDLES %s %s\n", Hex(&mh, sizeof mh).c_str(), Hex(&eh, sizeof eh).c_str());
+    if (!ReadLine("READY")) return 2;
+    slow_fill<<<1, 256>>>(d, N);
+    CUDA_OK(cudaEventRecord(ev, 0));
+    printf("RECORDED\n");  // no synchronizing call in between: the event orders the consumer
+    if (!ReadLine("CONSUMED")) return 2;
+    CUDA_OK(cudaFree(d));
+    return ot::finish();
+  }
+  if (mode == "consumer-late" && argc > 3) {
+    cudaIpcMemHandle_t mh;
+    cudaIpcEventHandle_t eh;
+    if (!Unhex(argv[2], &mh, sizeof mh) || !Unhex(argv[3], &eh, sizeof eh)) return 2;
+    int* d = nullptr;
+    CUDA_OK(cudaIpcOpenMemHandle((void**)&d, mh, cudaIpcMemLazyEnablePeerAccess));
+    cudaEvent_t ev;
+    CUDA_OK(cudaIpcOpenEventHandle(&ev, eh));
+    printf("READY\n");
+    if (!ReadLine("RECORDED")) return 2;
+    CUDA_OK(cudaEventSynchronize(ev));
+    CUDA_OK(cudaMemcpy(h.data(), d, N * sizeof(int), cudaMemcpyDeviceToHost));
+    int bad = 0;
+    for (int i = 0; i < N; ++i) bad += h[i] != 5 * i;
+    ot::check_kernel("imported_event_waits_for_the_producers_kernel", bad == 0,
+                     ot::fmt("%d of %d values not yet written (h[%d]=%d)", bad, N, N - 1, h[N - 1]));
+    CUDA_OK(cudaIpcCloseMemHandle(d));
+    CUDA_OK(cudaEventDestroy(ev));
     return ot::finish();
   }
   if (mode == "consumer" && argc > 3) {

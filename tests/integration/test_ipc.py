@@ -39,6 +39,35 @@ def test_memory_and_events_shared_between_sessions(oriond):
 
 
 
+def test_imported_event_completes_with_the_exporters_work(oriond):
+    # cuda-samples simpleIPC's order: handles exchanged first, then the producer launches a slow
+    # kernel, records the interprocess event and tells the consumer at once; the consumer's
+    # cudaEventSynchronize on the imported event must wait for that kernel (it read 0s before).
+    env = oriond.env(ORION_GMEM=256)
+    pipes = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    producer = subprocess.Popen([str(TEST_BIN / "ipc"), "producer-late"], **pipes)
+    consumer = None
+    try:
+        line = producer.stdout.readline()
+        assert line.startswith("HANDLES"), line + producer.stderr.read()
+        _, mem, ev = line.split()
+        consumer = subprocess.Popen([str(TEST_BIN / "ipc"), "consumer-late", mem, ev], **pipes)
+        assert consumer.stdout.readline() == "READY\n", consumer.stderr.read()
+        producer.stdin.write("READY\n")
+        producer.stdin.flush()
+        assert producer.stdout.readline() == "RECORDED\n", producer.stderr.read()
+        out, err = consumer.communicate("RECORDED\n", timeout=120)
+        c = subprocess.CompletedProcess(consumer.args, consumer.returncode, out, err)
+        assert_passed(c, expect_checks=1)
+        assert checks(out)["imported_event_waits_for_the_producers_kernel"] == "ok"
+        pout, perr = producer.communicate("CONSUMED\n", timeout=60)
+        assert producer.returncode == 0, pout + perr
+    finally:
+        for p in (producer, consumer):
+            if p is not None and p.poll() is None:
+                p.kill()
+
+
 def test_torch_multiprocessing_shares_cuda_tensors(oriond):
     # torch.multiprocessing: a CUDA tensor put on a queue reaches the child through
     # cudaIpcGetMemHandle/cudaIpcOpenMemHandle (and an interprocess event); the child writes it in
