@@ -162,7 +162,9 @@ CUresult Unload(GuestModule* m) {
 std::string RefusalText(const GuestFunction& f) {
   const char* why = "";
   switch (f.launch_refusal) {
-    case LaunchRefusal::kSassOnly: why = "its module has no PTX (SASS only), and the sim backend executes PTX only"; break;
+    case LaunchRefusal::kSassOnly:
+      why = "its module has no PTX (SASS only), and the sim backend executes PTX only";
+      break;
     case LaunchRefusal::kPtxOtherArch:
       why = "a GPU would run its module's SASS, and the module's PTX is for another arch (SASS only for this device)";
       break;
@@ -170,11 +172,11 @@ std::string RefusalText(const GuestFunction& f) {
     case LaunchRefusal::kPtxUnsupported: why = "its PTX uses what the sim backend's executor does not implement"; break;
     case LaunchRefusal::kNone: why = "oriond cannot execute it"; break;
   }
-  const char* code = f.launch_error == CUDA_ERROR_NO_BINARY_FOR_GPU      ? "CUDA_ERROR_NO_BINARY_FOR_GPU (209)"
+  const char* code = f.launch_error == CUDA_ERROR_NO_BINARY_FOR_GPU         ? "CUDA_ERROR_NO_BINARY_FOR_GPU (209)"
                      : f.launch_error == CUDA_ERROR_UNSUPPORTED_PTX_VERSION ? "CUDA_ERROR_UNSUPPORTED_PTX_VERSION (222)"
                                                                             : "CUDA_ERROR_NOT_SUPPORTED (801)";
-  return "kernel " + f.name.substr(0, 512) + " cannot run on this vGPU: " + why + "; its launches fail with " +
-         code + " and compute nothing";
+  return "kernel " + f.name.substr(0, 512) + " cannot run on this vGPU: " + why + "; its launches fail with " + code +
+         " and compute nothing";
 }
 
 CUresult Launch(CUfunction hf, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,

@@ -161,11 +161,13 @@ Status Daemon::StartServing() {
   if (backend_ == BackendKind::kSim) {
     gpus = SimPhysicalGpus(config_.sim_gpus, config_.sim_gpu_mem_mib);
     if (!config_.sim_execute)
-      log_->warn("*** --sim-execute none: kernels are validated and logged, NEVER executed. Results are NOT "
-                 "computed: for API-level tests and launch-rate benchmarks only. ***");
+      log_->warn(
+          "*** --sim-execute none: kernels are validated and logged, NEVER executed. Results are NOT "
+          "computed: for API-level tests and launch-rate benchmarks only. ***");
     else if (config_.sim_skip_unexecutable)
-      log_->warn("*** --sim-unexecutable skip: kernels the sim cannot run (SASS only, ...) are accepted and NOT "
-                 "executed. Their results are NOT computed: for API-level tests only. ***");
+      log_->warn(
+          "*** --sim-unexecutable skip: kernels the sim cannot run (SASS only, ...) are accepted and NOT "
+          "executed. Their results are NOT computed: for API-level tests only. ***");
   }
   for (const auto& g : gpus) {
     log_->info("Physical GPU {}: {} ({} MiB, {})", g.index, g.name, g.total_mem >> 20, g.uuid);

@@ -121,7 +121,8 @@ static int Main(int argc, char** argv) {
   if (sim_mem != 0) c.sim_gpu_mem_mib = sim_mem;
   if (!sim_execute.empty()) c.sim_execute = sim_execute == "ptx";
   if (!sim_unexecutable.empty()) c.sim_skip_unexecutable = sim_unexecutable == "skip";
-  if (unsigned major = 0, minor = 0; !sim_driver.empty() && std::sscanf(sim_driver.c_str(), "%u.%u", &major, &minor) == 2)
+  if (unsigned major = 0, minor = 0;
+      !sim_driver.empty() && std::sscanf(sim_driver.c_str(), "%u.%u", &major, &minor) == 2)
     c.sim_driver_version = static_cast<int>(major * 1000 + minor * 10);
   if (!cuda_driver.empty()) c.cuda_driver = cuda_driver;
   if (sim_timeout_ms != 0) c.sim_kernel_timeout_ms = sim_timeout_ms;

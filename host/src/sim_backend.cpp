@@ -142,9 +142,9 @@ struct SimModule {
   bool ptx_tried = false;
   std::shared_ptr<ptx::Program> program;  // null: no PTX (or it did not parse)
   std::string ptx_error;
-  CUresult ptx_refusal = CUDA_ERROR_NO_BINARY_FOR_GPU;  // what a launch returns when `program` is null
+  CUresult ptx_refusal = CUDA_ERROR_NO_BINARY_FOR_GPU;    // what a launch returns when `program` is null
   LaunchRefusal refusal_kind = LaunchRefusal::kSassOnly;  // and why
-  std::vector<uint64_t> var_addrs;  // device address of each ptx::Vars() entry
+  std::vector<uint64_t> var_addrs;                        // device address of each ptx::Vars() entry
 };
 struct SimFunction {
   SimModule* module;
@@ -1143,8 +1143,8 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     if (v <= max) return CUDA_SUCCESS;
     last_error_ = "PTX .version " + std::to_string(v / 100) + "." + std::to_string(v % 100) +
                   " is newer than this driver (" + std::to_string(driver / 1000) + "." +
-                  std::to_string(driver % 1000 / 10) + ") supports (PTX ISA " + std::to_string(max / 100) +
-                  "." + std::to_string(max % 100) + ")";
+                  std::to_string(driver % 1000 / 10) + ") supports (PTX ISA " + std::to_string(max / 100) + "." +
+                  std::to_string(max % 100) + ")";
     return CUDA_ERROR_UNSUPPORTED_PTX_VERSION;
   }
 

@@ -491,19 +491,21 @@ TEST(PtxErrors, TimeoutEndsARunawayKernel) {
 
 TEST(PtxFrontEnd, WarpSzIsThePredefinedConstant32) {
   // nvcc writes `warpSize` as the predefined identifier WARP_SZ (cuda-samples reduction, shfl_scan).
-  auto out = Lanes32("mul.lo.u32 %r3, %r1, WARP_SZ;\nadd.u32 %r3, %r3, WARP_SZ;\ncvt.u64.u32 %rd6, %r3;\n"
-                     "st.global.u64 [%rd4], %rd6;",
-                     Iota());
+  auto out = Lanes32(
+      "mul.lo.u32 %r3, %r1, WARP_SZ;\nadd.u32 %r3, %r3, WARP_SZ;\ncvt.u64.u32 %rd6, %r3;\n"
+      "st.global.u64 [%rd4], %rd6;",
+      Iota());
   ASSERT_EQ(out.size(), 32u);
   for (uint64_t i = 0; i < 32; ++i) EXPECT_EQ(out[i], i * 32 + 32) << i;
 }
 
 TEST(PtxFrontEnd, DirectiveGluedToItsTypeIsTwoTokens) {
   // cuda_fp16.hpp's inline asm writes `{.reg.b16 lo, hi; ...}` with no space after `.reg`.
-  auto out = Lanes32("{\n.reg.b16 lo, hi;\n.reg.b32 t;\nmov.b32 {lo, hi}, %r1;\nadd.u32 t, %r1, 7;\n"
-                     "cvt.u32.u16 %r4, lo;\nadd.u32 %r4, %r4, t;\ncvt.u64.u32 %rd6, %r4;\n}\n"
-                     "st.global.u64 [%rd4], %rd6;",
-                     Iota());
+  auto out = Lanes32(
+      "{\n.reg.b16 lo, hi;\n.reg.b32 t;\nmov.b32 {lo, hi}, %r1;\nadd.u32 t, %r1, 7;\n"
+      "cvt.u32.u16 %r4, lo;\nadd.u32 %r4, %r4, t;\ncvt.u64.u32 %rd6, %r4;\n}\n"
+      "st.global.u64 [%rd4], %rd6;",
+      Iota());
   ASSERT_EQ(out.size(), 32u);
   for (uint64_t i = 0; i < 32; ++i) EXPECT_EQ(out[i], i + i + 7) << i;
 }
@@ -512,7 +514,7 @@ TEST(PtxFrontEnd, VersionIsReadAndComparedWithTheDriversIsa) {
   EXPECT_EQ(PtxIsaVersion("//\n.version 8.5\n.target sm_90\n"), 805u);
   EXPECT_EQ(PtxIsaVersion(".version 9.0\n"), 900u);
   EXPECT_EQ(PtxIsaVersion(".version 10.12\n"), 1012u);
-  EXPECT_EQ(PtxIsaVersion(".target sm_90\n"), 0u);  // no .version: nothing to compare
+  EXPECT_EQ(PtxIsaVersion(".target sm_90\n"), 0u);         // no .version: nothing to compare
   EXPECT_EQ(PtxIsaVersion(".version 936424714.0\n"), 0u);  // not a version
   // PTX ISA release notes: CUDA 12.0 brought PTX 8.0, 12.8 8.7, 13.0 9.0, 13.1 9.1.
   EXPECT_EQ(MaxPtxIsaVersion(12000), 800u);
@@ -560,7 +562,8 @@ TEST(PtxMemory, CpAsyncCopiesZeroFillsAndIgnoresSource) {
     }
   }
   // Bulk copies (TMA) are refused by name.
-  Runner bulk = MustParse(Wrap("", "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%rd1], [%rd2], 16, [%rd3];"));
+  Runner bulk = MustParse(
+      Wrap("", "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%rd1], [%rd2], 16, [%rd3];"));
   auto b = bulk.Go(mem, "k", {1, 1, 1}, {1, 1, 1}, Params().Add(uint64_t{0}).Add(uint64_t{0}));
   EXPECT_EQ(b.code, CUDA_ERROR_NOT_SUPPORTED);
   EXPECT_NE(b.message.find("cp.async.bulk"), std::string::npos) << b.message;

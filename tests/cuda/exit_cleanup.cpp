@@ -33,8 +33,8 @@ struct AtExit {
 int main() {
   CUdevice dev = 0;
   if (cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
-      cuDevicePrimaryCtxRetain(&g_at_exit.ctx, dev) != CUDA_SUCCESS ||
-      cuCtxSetCurrent(g_at_exit.ctx) != CUDA_SUCCESS || cuMemAlloc(&g_at_exit.mem, 4096) != CUDA_SUCCESS) {
+      cuDevicePrimaryCtxRetain(&g_at_exit.ctx, dev) != CUDA_SUCCESS || cuCtxSetCurrent(g_at_exit.ctx) != CUDA_SUCCESS ||
+      cuMemAlloc(&g_at_exit.mem, 4096) != CUDA_SUCCESS) {
     std::printf("SETUP_FAILED\n");
     return 1;
   }

@@ -26,8 +26,7 @@ using ot::fmt;
 
 __global__ void fill(int* p, int v) { p[threadIdx.x] = v; }
 
-static const char* kNewPtx =
-    ".version 9.9\n.target sm_90\n.address_size 64\n.visible .entry k()\n{\nret;\n}\n";
+static const char* kNewPtx = ".version 9.9\n.target sm_90\n.address_size 64\n.visible .entry k()\n{\nret;\n}\n";
 static const char* kMmaPtx =
     ".version 8.0\n.target sm_80\n.address_size 64\n"
     ".visible .entry mma_k(.param .u64 p)\n{\n.reg .b32 %r<12>;\n.reg .f32 %f<8>;\n.reg .b64 %rd<2>;\n"

@@ -22,8 +22,9 @@ namespace orion {
 static_assert(std::endian::native == std::endian::little, "Orion's wire format is little-endian");
 
 inline constexpr uint32_t kFrameMagic = 0x4D52464Fu;  // "OFRM" in memory
-inline constexpr uint16_t kProtocolVersion = 3;       // 2: Hello/Welcome carry the controller allocation; 3: FunctionRep says which launches fail
-inline constexpr uint32_t kMaxPayload = 64 * 1024;    // bulk bytes travel in the data window
+// 2: Hello/Welcome carry the controller allocation; 3: FunctionRep says which launches fail.
+inline constexpr uint16_t kProtocolVersion = 3;
+inline constexpr uint32_t kMaxPayload = 64 * 1024;  // bulk bytes travel in the data window
 
 enum class Op : uint16_t {
 #define ORION_OP(name, number, ...) k##name = number,

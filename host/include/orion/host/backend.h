@@ -198,7 +198,7 @@ class Backend {
 struct SimOptions {
   std::string launch_log;  // file, appended; "" = none
   uint32_t session_id = 0;
-  bool execute = true;                  // --sim-execute ptx (true) | none (validate and log only)
+  bool execute = true;  // --sim-execute ptx (true) | none (validate and log only)
   // --sim-unexecutable refuse (false, the default) | skip. A kernel the executor cannot run (no PTX
   // a GPU would JIT: SASS only, or PTX for another arch; PTX it cannot parse or an instruction it
   // does not implement) fails its launch with CUDA_ERROR_NO_BINARY_FOR_GPU (no usable image, as a
