@@ -1,5 +1,8 @@
 // Exported driver API: streams and events. Handles are the server's ids, validated locally.
 #include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <string>
 
 #include "export.h"
 #include "state.h"
@@ -140,6 +143,59 @@ ORION_EXPORT CUresult CUDAAPI cuStreamGetPriority(CUstream hs, int* priority) {
   uint64_t v = 0;
   *priority = id != 0 && S().streams.Get(id, &v) ? static_cast<int>(static_cast<uint32_t>(v)) : 0;
   return CUDA_SUCCESS;
+}
+
+// cuStreamGetAttribute / cuStreamSetAttribute. The priority is the stream's own (cuStreamGetPriority:
+// fixed at creation here, so setting it is refused); the access policy window and the
+// synchronization policy go to oriond, which sets them on the GPU's stream (the sim keeps them).
+// The memory synchronization domain attributes are not served.
+static CUresult StreamAttr(CUstream hs, CUstreamAttrID attr, CUstreamAttrValue* value, bool set) {
+  if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  uint64_t id = 0;
+  if (!StreamId(hs, &id)) return CUDA_ERROR_INVALID_HANDLE;
+  if (attr == CU_STREAM_ATTRIBUTE_PRIORITY) {
+    if (set) return CUDA_ERROR_NOT_SUPPORTED;
+    uint64_t v = 0;
+    *value = CUstreamAttrValue{};
+    value->priority = id != 0 && S().streams.Get(id, &v) ? static_cast<int>(static_cast<uint32_t>(v)) : 0;
+    return CUDA_SUCCESS;
+  }
+  if (attr != CU_STREAM_ATTRIBUTE_ACCESS_POLICY_WINDOW && attr != CU_STREAM_ATTRIBUTE_SYNCHRONIZATION_POLICY) {
+    static std::atomic<bool> told{false};
+    if (!told.exchange(true))
+      LogWarn("cuStreamGetAttribute/cuStreamSetAttribute of attribute " + std::to_string(static_cast<int>(attr)) +
+              " is not supported by Orion; returning CUDA_ERROR_NOT_SUPPORTED");
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  static_assert(sizeof(CUstreamAttrValue) == sizeof(StreamAttrReq::value));
+  StreamAttrReq q{id, static_cast<uint32_t>(attr), set ? 1u : 0u, {}};
+  if (set) std::memcpy(q.value, value, sizeof q.value);
+  StreamAttrRep rep{};
+  uint32_t rep_len = 0;
+  CUresult r = Client::Get().Call(Op::kStreamAttribute, &q, sizeof q, &rep, sizeof rep, &rep_len);
+  if (r != CUDA_SUCCESS) return r;
+  if (rep_len != sizeof rep) return CUDA_ERROR_UNKNOWN;
+  if (!set) std::memcpy(value, rep.value, sizeof rep.value);
+  return CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuStreamGetAttribute(CUstream hs, CUstreamAttrID attr, CUstreamAttrValue* value) {
+  ORION_API(cuStreamGetAttribute);
+  return StreamAttr(hs, attr, value, false);
+}
+ORION_EXPORT CUresult CUDAAPI cuStreamGetAttribute_ptsz(CUstream hs, CUstreamAttrID attr, CUstreamAttrValue* value) {
+  ORION_API(cuStreamGetAttribute_ptsz);
+  return StreamAttr(hs, attr, value, false);
+}
+ORION_EXPORT CUresult CUDAAPI cuStreamSetAttribute(CUstream hs, CUstreamAttrID attr, const CUstreamAttrValue* value) {
+  ORION_API(cuStreamSetAttribute);
+  return StreamAttr(hs, attr, const_cast<CUstreamAttrValue*>(value), true);
+}
+ORION_EXPORT CUresult CUDAAPI cuStreamSetAttribute_ptsz(CUstream hs, CUstreamAttrID attr,
+                                                      const CUstreamAttrValue* value) {
+  ORION_API(cuStreamSetAttribute_ptsz);
+  return StreamAttr(hs, attr, const_cast<CUstreamAttrValue*>(value), true);
 }
 
 // A stream's context and green context. Green contexts (SM partitions of a context) are not

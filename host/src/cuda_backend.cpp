@@ -178,6 +178,9 @@ struct Api {
   // Optional: peer access between a session's GPUs (guests see every pair of vGPUs as peers).
   decltype(&::cuDeviceCanAccessPeer) deviceCanAccessPeer = nullptr;
   decltype(&::cuCtxEnablePeerAccess) ctxEnablePeerAccess = nullptr;
+  // Optional (driver >= 11.0): stream attributes (the access policy window, the sync policy).
+  decltype(&::cuStreamGetAttribute) streamGetAttribute = nullptr;
+  decltype(&::cuStreamSetAttribute) streamSetAttribute = nullptr;
 };
 
 template <typename F>
@@ -219,6 +222,8 @@ Status LoadApi(void* lib, const std::string& path, Api* api) {
   (void)Sym(lib, "cuKernelGetName", &api->kernelGetName);
   (void)Sym(lib, "cuDeviceCanAccessPeer", &api->deviceCanAccessPeer);
   (void)Sym(lib, "cuCtxEnablePeerAccess", &api->ctxEnablePeerAccess);
+  (void)Sym(lib, "cuStreamGetAttribute", &api->streamGetAttribute);
+  (void)Sym(lib, "cuStreamSetAttribute", &api->streamSetAttribute);
   return Status::Ok();
 }
 
@@ -1102,6 +1107,19 @@ class CudaBackend final : public Backend {
     return r;
   }
   CUresult StreamDestroy(void* stream) override { return api_.streamDestroy(Stream(stream)); }
+  CUresult StreamAttribute(void* stream, uint32_t attr, bool set, uint8_t value[64]) override {
+    if (api_.streamGetAttribute == nullptr || api_.streamSetAttribute == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+    CUstreamAttrValue v{};
+    static_assert(sizeof v == 64, "CUstreamAttrValue is the 64-byte CUlaunchAttributeValue");
+    const auto id = static_cast<CUstreamAttrID>(attr);
+    if (set) {
+      std::memcpy(&v, value, sizeof v);
+      if (CUresult r = api_.streamSetAttribute(Stream(stream), id, &v); r != CUDA_SUCCESS) return r;
+    }
+    const CUresult r = api_.streamGetAttribute(Stream(stream), id, &v);
+    if (r == CUDA_SUCCESS) std::memcpy(value, &v, sizeof v);
+    return r;
+  }
   CUresult StreamSynchronize(void* stream) override { return Synced(api_.streamSynchronize(Stream(stream))); }
   CUresult StreamQuery(void* stream) override { return api_.streamQuery(Stream(stream)); }
   CUresult StreamWaitEvent(void* stream, void* event, uint32_t flags) override {

@@ -123,6 +123,27 @@ ArrayRec ArrayGeometry(uint32_t format, uint32_t channels, uint32_t flags, uint6
 bool IntegerFormat32(uint32_t format) {
   return format == CU_AD_FORMAT_UNSIGNED_INT32 || format == CU_AD_FORMAT_SIGNED_INT32;
 }
+// The stream attributes StreamAttribute serves, and whether a value to set is one (CUDA driver
+// API, CUstreamAttrValue: CUaccessPolicyWindow's hitRatio in [0, 1] and CUaccessProperty values;
+// CUsynchronizationPolicy 1..4). The window's address range is a cache hint, never accessed.
+bool StreamAttrValid(uint32_t attr, bool set, const uint8_t value[64]) {
+  if (attr == CU_STREAM_ATTRIBUTE_ACCESS_POLICY_WINDOW) {
+    if (!set) return true;
+    CUaccessPolicyWindow w{};
+    std::memcpy(&w, value, sizeof w);
+    const auto prop_ok = [](CUaccessProperty p) {
+      return p == CU_ACCESS_PROPERTY_NORMAL || p == CU_ACCESS_PROPERTY_STREAMING || p == CU_ACCESS_PROPERTY_PERSISTING;
+    };
+    return w.hitRatio >= 0.0f && w.hitRatio <= 1.0f && prop_ok(w.hitProp) && prop_ok(w.missProp);
+  }
+  if (attr == CU_STREAM_ATTRIBUTE_SYNCHRONIZATION_POLICY) {
+    if (!set) return true;
+    uint32_t policy = 0;
+    std::memcpy(&policy, value, sizeof policy);
+    return policy >= CU_SYNC_POLICY_AUTO && policy <= CU_SYNC_POLICY_BLOCKING_SYNC;
+  }
+  return false;
+}
 // Extents a GPU of compute capability 7.5+ accepts (CUDA C++ Programming Guide, "Features and
 // Technical Specifications": maximum 1D / 2D / 3D CUDA array and texture sizes).
 constexpr uint64_t kMaxArray1D = uint64_t{1} << 17, kMaxArray2DW = uint64_t{1} << 17, kMaxArray2DH = uint64_t{1} << 16;
@@ -1515,6 +1536,23 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
         case Op::kStreamSynchronize: r = b_->StreamSynchronize(s); break;
         default: r = b_->StreamQuery(s); break;
       }
+      break;
+    }
+    case Op::kStreamAttribute: {
+      const auto q = DecodeReq<Op::kStreamAttribute>(payload);
+      void* s = nullptr;
+      if (!Stream(q.stream, &s)) {
+        r = CUDA_ERROR_INVALID_HANDLE;
+        break;
+      }
+      StreamAttrRep rep{};
+      std::memcpy(rep.value, q.value, sizeof rep.value);
+      if (q.set > 1 || !StreamAttrValid(q.attr, q.set != 0, rep.value)) {
+        r = CUDA_ERROR_INVALID_VALUE;
+        break;
+      }
+      r = b_->StreamAttribute(s, q.attr, q.set != 0, rep.value);
+      if (r == CUDA_SUCCESS) put(rep);
       break;
     }
     case Op::kStreamWaitEvent: {

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -36,6 +37,8 @@ uint64_t NowNs() {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
 }
+
+constexpr int kSimMaxAccessPolicyWindow = 134213632;  // bytes, as an H100 SXM reports
 
 // The name of a code a refused launch returns (what cuGetErrorName says).
 std::string ErrorName(CUresult r) {
@@ -108,7 +111,7 @@ void FillSimAttributes(int32_t* a, uint32_t pgpu) {
   set(CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR, 32);
   set(CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK, 1024);
   set(CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE, 32505856);
-  set(CU_DEVICE_ATTRIBUTE_MAX_ACCESS_POLICY_WINDOW_SIZE, 134213632);
+  set(CU_DEVICE_ATTRIBUTE_MAX_ACCESS_POLICY_WINDOW_SIZE, kSimMaxAccessPolicyWindow);
   set(CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 0);
   set(CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED, 1);
 }
@@ -978,7 +981,32 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     // work is not lost).
     const CUresult r = Flush(stream);
     stream_flags_.erase(stream);
+    stream_attrs_.erase(stream);
     return r;
+  }
+  // Stream attributes are kept and returned; the sim has no L2 for an access policy window to
+  // shape, and its streams' work runs in the order Flush gives whatever the sync policy.
+  CUresult StreamAttribute(void* stream, uint32_t attr, bool set, uint8_t value[64]) override {
+    auto& attrs = stream_attrs_[stream];
+    auto it = attrs.find(attr);
+    if (set) {
+      if (attr == CU_STREAM_ATTRIBUTE_ACCESS_POLICY_WINDOW) {
+        CUaccessPolicyWindow w{};
+        std::memcpy(&w, value, sizeof w);
+        if (w.num_bytes > static_cast<size_t>(kSimMaxAccessPolicyWindow)) return CUDA_ERROR_INVALID_VALUE;
+      }
+      std::array<uint8_t, 64>& v = attrs[attr];
+      std::memcpy(v.data(), value, v.size());
+      return CUDA_SUCCESS;
+    }
+    std::memset(value, 0, 64);
+    if (it != attrs.end()) {
+      std::memcpy(value, it->second.data(), 64);
+    } else if (attr == CU_STREAM_ATTRIBUTE_SYNCHRONIZATION_POLICY) {
+      const uint32_t automatic = CU_SYNC_POLICY_AUTO;  // the driver's default
+      std::memcpy(value, &automatic, sizeof automatic);
+    }
+    return CUDA_SUCCESS;
   }
   // Everything ran in order already: launches execute when they arrive (see LaunchKernel).
   CUresult StreamSynchronize(void* stream) override { return Synced(FlushFor(stream)); }
@@ -1304,6 +1332,7 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
   CUresult sticky_ = CUDA_SUCCESS;  // a kernel fault: every later call fails with it
   std::vector<std::string> notices_;
   std::unordered_set<std::string> warned_;       // kernels already reported as not executed
+  std::map<void*, std::map<uint32_t, std::array<uint8_t, 64>>> stream_attrs_;  // set with cuStreamSetAttribute
   bool told_not_executing_ = false;              // --sim-execute none was announced to the client
   std::string output_;                           // device printf text not yet taken
   std::map<void*, std::deque<Pending>> queues_;  // deferred launches per stream (never the default)

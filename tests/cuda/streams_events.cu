@@ -209,6 +209,67 @@ static void misc_events() {
   CUDA_OK(cudaFree(d));
 }
 
+// cudaStreamSetAttribute / cudaStreamGetAttribute: an L2 access policy window and the
+// synchronization policy round-trip, the priority is the stream's, bad values are refused.
+static void stream_attributes() {
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  void* d = nullptr;
+  CUDA_OK(cudaMalloc(&d, 1 << 20));
+  cudaStreamAttrValue v{};
+  CUDA_OK(cudaStreamGetAttribute(s, cudaStreamAttributeSynchronizationPolicy, &v));
+  check("attr_sync_policy_default_auto", v.syncPolicy == cudaSyncPolicyAuto, fmt("got %d", (int)v.syncPolicy));
+  v = cudaStreamAttrValue{};
+  v.accessPolicyWindow.base_ptr = d;
+  v.accessPolicyWindow.num_bytes = 1 << 20;
+  v.accessPolicyWindow.hitRatio = 0.6f;
+  v.accessPolicyWindow.hitProp = cudaAccessPropertyPersisting;
+  v.accessPolicyWindow.missProp = cudaAccessPropertyStreaming;
+  cudaError_t e = cudaStreamSetAttribute(s, cudaStreamAttributeAccessPolicyWindow, &v);
+  check("attr_window_set", e == cudaSuccess, cudaGetErrorName(e));
+  cudaStreamAttrValue got{};
+  CUDA_OK(cudaStreamGetAttribute(s, cudaStreamAttributeAccessPolicyWindow, &got));
+  check("attr_window_round_trip",
+        got.accessPolicyWindow.base_ptr == d && got.accessPolicyWindow.num_bytes == (1 << 20) &&
+            got.accessPolicyWindow.hitRatio == 0.6f && got.accessPolicyWindow.hitProp == cudaAccessPropertyPersisting &&
+            got.accessPolicyWindow.missProp == cudaAccessPropertyStreaming,
+        fmt("ptr %p bytes %zu ratio %f", got.accessPolicyWindow.base_ptr, got.accessPolicyWindow.num_bytes,
+            got.accessPolicyWindow.hitRatio));
+  v = cudaStreamAttrValue{};
+  v.syncPolicy = cudaSyncPolicyYield;
+  CUDA_OK(cudaStreamSetAttribute(s, cudaStreamAttributeSynchronizationPolicy, &v));
+  got = cudaStreamAttrValue{};
+  CUDA_OK(cudaStreamGetAttribute(s, cudaStreamAttributeSynchronizationPolicy, &got));
+  check("attr_sync_policy_round_trip", got.syncPolicy == cudaSyncPolicyYield, fmt("got %d", (int)got.syncPolicy));
+  // Refused values: a hit ratio above 1, a window larger than the device's maximum.
+  int max_window = 0;
+  CUDA_OK(cudaDeviceGetAttribute(&max_window, cudaDevAttrMaxAccessPolicyWindowSize, 0));
+  v = cudaStreamAttrValue{};
+  v.accessPolicyWindow.base_ptr = d;
+  v.accessPolicyWindow.num_bytes = 1 << 20;
+  v.accessPolicyWindow.hitRatio = 1.5f;
+  check("attr_bad_hit_ratio_refused",
+        cudaStreamSetAttribute(s, cudaStreamAttributeAccessPolicyWindow, &v) == cudaErrorInvalidValue);
+  cudaGetLastError();
+  v.accessPolicyWindow.hitRatio = 0.5f;
+  v.accessPolicyWindow.num_bytes = static_cast<size_t>(max_window) + 1;
+  check("attr_window_over_max_refused",
+        max_window > 0 && cudaStreamSetAttribute(s, cudaStreamAttributeAccessPolicyWindow, &v) == cudaErrorInvalidValue,
+        fmt("max %d", max_window));
+  cudaGetLastError();
+  // The priority attribute is the stream's priority.
+  int lo = 0, hi = 0;
+  CUDA_OK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+  cudaStream_t sp;
+  CUDA_OK(cudaStreamCreateWithPriority(&sp, cudaStreamNonBlocking, hi));
+  got = cudaStreamAttrValue{};
+  CUDA_OK(cudaStreamGetAttribute(sp, cudaStreamAttributePriority, &got));
+  check("attr_priority_is_the_streams", got.priority == hi, fmt("got %d want %d", got.priority, hi));
+  CUDA_OK(cudaStreamDestroy(sp));
+  CUDA_OK(cudaStreamDestroy(s));
+  CUDA_OK(cudaFree(d));
+}
+
 int main() {
   ot::detect_device();
   cudaStream_t s1, s2;
@@ -218,6 +279,7 @@ int main() {
   kernel_chain(s1, s2);
   many_streams();
   misc_events();
+  stream_attributes();
   CUDA_OK(cudaStreamDestroy(s1));
   CUDA_OK(cudaStreamDestroy(s2));
   cudaError_t e = cudaDeviceSynchronize();

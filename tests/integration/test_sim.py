@@ -62,7 +62,12 @@ def test_memory_round_trips_memsets_2d_pinned(oriond):
 
 
 def test_streams_and_events(oriond):
-    assert_passed(oriond.run("streams_events"), expect_checks=20)
+    r = oriond.run("streams_events")
+    assert_passed(r, expect_checks=28)
+    c = checks(r.stdout)
+    for k in ("attr_window_round_trip", "attr_sync_policy_round_trip", "attr_bad_hit_ratio_refused",
+              "attr_window_over_max_refused", "attr_priority_is_the_streams"):
+        assert c[k] == "ok", (k, c[k])
 
 
 def test_kernel_parameters_reach_the_server_byte_for_byte(oriond):

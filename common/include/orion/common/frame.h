@@ -540,6 +540,21 @@ struct StreamWaitEventReq {
   uint32_t reserved;
 };
 ORION_WIRE_STRUCT(StreamWaitEventReq, 24);
+// StreamAttribute: cuStreamGetAttribute (set 0) or cuStreamSetAttribute (set 1) of one
+// CUstreamAttrID: CU_STREAM_ATTRIBUTE_ACCESS_POLICY_WINDOW or _SYNCHRONIZATION_POLICY (the others
+// are refused). `value` is the CUstreamAttrValue (a CUlaunchAttributeValue, 64 bytes): what to set,
+// or ignored for a get. The reply (StreamAttrRep) is the attribute's value after the call.
+struct StreamAttrReq {
+  uint64_t stream;
+  uint32_t attr;
+  uint32_t set;
+  uint8_t value[64];
+};
+ORION_WIRE_STRUCT(StreamAttrReq, 80);
+struct StreamAttrRep {
+  uint8_t value[64];
+};
+ORION_WIRE_STRUCT(StreamAttrRep, 64);
 struct EventCreateReq {
   uint32_t flags;
   uint32_t reserved;

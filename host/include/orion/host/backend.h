@@ -180,6 +180,11 @@ class Backend {
 
   // Streams and events; a null stream is the current context's default stream.
   virtual CUresult StreamCreate(uint32_t flags, int priority, void** stream) = 0;
+  // cuStreamGetAttribute / cuStreamSetAttribute of CU_STREAM_ATTRIBUTE_ACCESS_POLICY_WINDOW or
+  // _SYNCHRONIZATION_POLICY (the session checked the id and the value): `value` (64 bytes, a
+  // CUstreamAttrValue) is set from, or filled with, the attribute. `stream` may be null (the
+  // default stream).
+  virtual CUresult StreamAttribute(void* stream, uint32_t attr, bool set, uint8_t value[64]) = 0;
   virtual CUresult StreamDestroy(void* stream) = 0;
   virtual CUresult StreamSynchronize(void* stream) = 0;
   virtual CUresult StreamQuery(void* stream) = 0;
