@@ -193,7 +193,7 @@ ORION_EXPORT CUresult CUDAAPI cuStreamSetAttribute(CUstream hs, CUstreamAttrID a
   return StreamAttr(hs, attr, const_cast<CUstreamAttrValue*>(value), true);
 }
 ORION_EXPORT CUresult CUDAAPI cuStreamSetAttribute_ptsz(CUstream hs, CUstreamAttrID attr,
-                                                      const CUstreamAttrValue* value) {
+                                                        const CUstreamAttrValue* value) {
   ORION_API(cuStreamSetAttribute_ptsz);
   return StreamAttr(hs, attr, const_cast<CUstreamAttrValue*>(value), true);
 }

@@ -1331,8 +1331,9 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
   std::string last_error_;
   CUresult sticky_ = CUDA_SUCCESS;  // a kernel fault: every later call fails with it
   std::vector<std::string> notices_;
+  // Stream attributes set with cuStreamSetAttribute, by stream and CUstreamAttrID.
+  std::map<void*, std::map<uint32_t, std::array<uint8_t, 64>>> stream_attrs_;
   std::unordered_set<std::string> warned_;       // kernels already reported as not executed
-  std::map<void*, std::map<uint32_t, std::array<uint8_t, 64>>> stream_attrs_;  // set with cuStreamSetAttribute
   bool told_not_executing_ = false;              // --sim-execute none was announced to the client
   std::string output_;                           // device printf text not yet taken
   std::map<void*, std::deque<Pending>> queues_;  // deferred launches per stream (never the default)
