@@ -208,6 +208,7 @@ CUresult Launch(CUfunction hf, unsigned gx, unsigned gy, unsigned gz, unsigned b
   // as a driver's launch of a kernel with no image for the device does: nothing is sent.
   if (f->launch_error != CUDA_SUCCESS) {
     if (!f->refusal_told.exchange(true)) LogWarn(RefusalText(*f));
+    if (record == nullptr) CaptureFailed(stream, "a launch of kernel " + f->name.substr(0, 512));
     return f->launch_error;
   }
   if (cooperative) {

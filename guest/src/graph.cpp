@@ -297,6 +297,15 @@ bool CaptureFrame(uint64_t stream, Op op, const void* payload, uint32_t len, uin
   });
 }
 
+void CaptureFailed(uint64_t stream, const std::string& what) noexcept {
+  if (!CaptureActive()) return;
+  std::lock_guard l(G().mu);
+  auto c = CaptureOf(stream);
+  if (c == nullptr) return;
+  if (!c->invalidated) LogWarn(what + " failed in stream capture; the capture is invalidated");
+  c->invalidated = true;
+}
+
 bool CaptureRefuse(uint64_t stream, const char* what, CUresult* result) noexcept {
   HostFuncGate(stream);
   if (!CaptureActive()) return false;

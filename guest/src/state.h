@@ -217,6 +217,9 @@ bool CaptureActive() noexcept;
 // the stream is not capturing (the caller sends the frame).
 bool CaptureFrame(uint64_t stream, Op op, const void* payload, uint32_t len, uint32_t stream_offset,
                   CUresult* result) noexcept;
+// When `stream` is being captured, an operation on it failed (`what`, for the log): the capture is
+// invalidated, so the graph it would end in never lacks that work silently.
+void CaptureFailed(uint64_t stream, const std::string& what) noexcept;
 // When `stream` is being captured, work `what` that Orion cannot put in a graph (a copy to or
 // from host memory, a stream-ordered allocation): the capture is invalidated, as CUDA does with
 // operations not permitted in capture; *result = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED.

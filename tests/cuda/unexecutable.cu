@@ -71,6 +71,19 @@ int main(int argc, char** argv) {
   fill<<<2, 32>>>(d, 8);
   const cudaError_t again = cudaGetLastError();
   check("every_launch_refused", again == cudaErrorNoKernelImageForDevice, cudaGetErrorName(again));
+  // In a stream capture the refused launch invalidates the capture: no graph lacks it silently.
+  cudaStream_t cs;
+  CUDA_OK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+  CUDA_OK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal));
+  fill<<<1, 32, 0, cs>>>(d, 9);
+  const cudaError_t in_capture = cudaGetLastError();
+  cudaGraph_t g = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(cs, &g);
+  check("refused_launch_invalidates_capture",
+        in_capture == cudaErrorNoKernelImageForDevice && ended == cudaErrorStreamCaptureInvalidated && g == nullptr,
+        fmt("launch %s, end capture %s", cudaGetErrorName(in_capture), cudaGetErrorName(ended)));
+  cudaGetLastError();
+  CUDA_OK(cudaStreamDestroy(cs));
 
   // Driver API: a PTX ISA newer than this driver's is refused at load.
   CUmodule m = nullptr;

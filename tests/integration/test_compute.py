@@ -108,8 +108,9 @@ def test_unexecutable_kernels_fail_their_launch(oriond):
     # reaches oriond); a newer PTX ISA fails the load; an mma kernel's launch fails with NOT_SUPPORTED
     # (found when oriond lowers it). Nothing is written, the context stays usable.
     r = oriond.run("unexecutable")
-    assert_passed(r, expect_checks=12)
+    assert_passed(r, expect_checks=13)
     assert checks(r.stdout)["sass_only_launch_refused"] == "ok"
+    assert checks(r.stdout)["refused_launch_invalidates_capture"] == "ok"
     # The client's log names each refused kernel once, with the reason and the error.
     told = re.findall(r"^\[warning\] kernel (\S+) cannot run on this vGPU: its module has no PTX \(SASS only\).*"
                       r"CUDA_ERROR_NO_BINARY_FOR_GPU \(209\)", r.stderr, re.M)

@@ -82,7 +82,7 @@ def test_cublas_over_tcp_api_level(tmp_path):
 def test_unexecutable_kernels_fail_over_tcp(tcp_oriond):
     # The default oriond refuses what the sim cannot run, over TCP as over shared memory.
     r = run_tcp(tcp_oriond, "unexecutable")
-    assert_passed(r, expect_checks=12)
+    assert_passed(r, expect_checks=13)
     assert checks(r.stdout)["sass_only_launch_refused"] == "ok"
 
 
