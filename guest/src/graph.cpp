@@ -926,6 +926,84 @@ ORION_EXPORT CUresult CUDAAPI cuGraphAddEventWaitNode(CUgraphNode* out, CUgraph 
   return AddToGraph(hg, deps, n, std::move(node), out);
 }
 
+// cuGraphAddNode (CUDA 12.2) and cuGraphAddNode_v2 (12.3, with edge data): one entry point for
+// every node type, served by the type's own cuGraphAdd*Node. Edges must be plain full-completion
+// dependencies (all-zero CUgraphEdgeData); the node types Orion does not build here (memory
+// allocation and free, external semaphores, batch memory operations, conditional) are refused.
+static CUresult AddNodeOfParams(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps, const CUgraphEdgeData* edges,
+                                size_t n, CUgraphNodeParams* p) {
+  if (out == nullptr || p == nullptr || (deps == nullptr && n != 0)) return CUDA_ERROR_INVALID_VALUE;
+  if (p->reserved0[0] != 0 || p->reserved0[1] != 0 || p->reserved0[2] != 0 || p->reserved2 != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (edges != nullptr) {
+    for (size_t i = 0; i < n; ++i) {
+      if (edges[i].from_port != 0 || edges[i].to_port != 0 || edges[i].type != CU_GRAPH_DEPENDENCY_TYPE_DEFAULT) {
+        LogWarn("cuGraphAddNode: edges other than full-completion dependencies are not supported by Orion");
+        return CUDA_ERROR_NOT_SUPPORTED;
+      }
+    }
+  }
+  switch (p->type) {
+    case CU_GRAPH_NODE_TYPE_EMPTY: return cuGraphAddEmptyNode(out, hg, deps, n);
+    case CU_GRAPH_NODE_TYPE_KERNEL: {
+      const CUDA_KERNEL_NODE_PARAMS_v3& k = p->kernel;
+      CUDA_KERNEL_NODE_PARAMS v2{};
+      v2.func = k.func;
+      v2.gridDimX = k.gridDimX;
+      v2.gridDimY = k.gridDimY;
+      v2.gridDimZ = k.gridDimZ;
+      v2.blockDimX = k.blockDimX;
+      v2.blockDimY = k.blockDimY;
+      v2.blockDimZ = k.blockDimZ;
+      v2.sharedMemBytes = k.sharedMemBytes;
+      v2.kernelParams = k.kernelParams;
+      v2.extra = k.extra;
+      v2.kern = k.kern;
+      v2.ctx = k.ctx;
+      return cuGraphAddKernelNode_v2(out, hg, deps, n, &v2);
+    }
+    case CU_GRAPH_NODE_TYPE_MEMSET: {
+      const CUDA_MEMSET_NODE_PARAMS_v2& m = p->memset;
+      const CUDA_MEMSET_NODE_PARAMS v1{m.dst, m.pitch, m.value, m.elementSize, m.width, m.height};
+      return cuGraphAddMemsetNode(out, hg, deps, n, &v1, m.ctx);
+    }
+    case CU_GRAPH_NODE_TYPE_MEMCPY:
+      if (p->memcpy.flags != 0 || p->memcpy.reserved != 0) return CUDA_ERROR_INVALID_VALUE;
+      return cuGraphAddMemcpyNode(out, hg, deps, n, &p->memcpy.copyParams, p->memcpy.copyCtx);
+    case CU_GRAPH_NODE_TYPE_HOST: {
+      const CUDA_HOST_NODE_PARAMS v1{p->host.fn, p->host.userData};
+      return cuGraphAddHostNode(out, hg, deps, n, &v1);
+    }
+    case CU_GRAPH_NODE_TYPE_GRAPH:
+      if (p->graph.ownership != CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE) {
+        LogWarn("cuGraphAddNode: moving a child graph into its parent is not supported by Orion (clone it)");
+        return CUDA_ERROR_NOT_SUPPORTED;
+      }
+      return cuGraphAddChildGraphNode(out, hg, deps, n, p->graph.graph);
+    case CU_GRAPH_NODE_TYPE_EVENT_RECORD: return cuGraphAddEventRecordNode(out, hg, deps, n, p->eventRecord.event);
+    case CU_GRAPH_NODE_TYPE_WAIT_EVENT: return cuGraphAddEventWaitNode(out, hg, deps, n, p->eventWait.event);
+    default: {
+      static std::atomic<bool> told{false};
+      if (!told.exchange(true))
+        LogWarn("cuGraphAddNode of node type " + std::to_string(static_cast<int>(p->type)) +
+                " is not supported by Orion; returning CUDA_ERROR_NOT_SUPPORTED");
+      return CUDA_ERROR_NOT_SUPPORTED;
+    }
+  }
+}
+
+ORION_EXPORT CUresult CUDAAPI cuGraphAddNode(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps, size_t n,
+                                             CUgraphNodeParams* p) {
+  ORION_API(cuGraphAddNode);
+  return AddNodeOfParams(out, hg, deps, nullptr, n, p);
+}
+
+ORION_EXPORT CUresult CUDAAPI cuGraphAddNode_v2(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps,
+                                                const CUgraphEdgeData* edges, size_t n, CUgraphNodeParams* p) {
+  ORION_API(cuGraphAddNode_v2);
+  return AddNodeOfParams(out, hg, deps, edges, n, p);
+}
+
 ORION_EXPORT CUresult CUDAAPI cuGraphAddChildGraphNode(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps, size_t n,
                                                        CUgraph child) {
   ORION_API(cuGraphAddChildGraphNode);

@@ -213,5 +213,48 @@ int main() {
   cudaGetLastError();
   CUDA_OK(cudaGraphExecDestroy(he));
   CUDA_OK(cudaGraphDestroy(hg));
+
+  {
+    // cudaGraphAddNode (the driver's cuGraphAddNode_v2): a memset node, then a kernel node after it.
+    int* y = nullptr;
+    CUDA_OK(cudaMalloc(&y, N * sizeof(int)));
+    cudaGraph_t ng = nullptr;
+    CUDA_OK(cudaGraphCreate(&ng, 0));
+    cudaGraphNodeParams mp{};
+    mp.type = cudaGraphNodeTypeMemset;
+    mp.memset.dst = y;
+    mp.memset.value = 4;
+    mp.memset.elementSize = 4;
+    mp.memset.width = N;
+    mp.memset.height = 1;
+    cudaGraphNode_t mn = nullptr, kn = nullptr, an = nullptr;
+    CUDA_OK(cudaGraphAddNode(&mn, ng, nullptr, nullptr, 0, &mp));
+    int n_y = N, v_y = 3;
+    void* args_y[] = {&y, &n_y, &v_y};
+    cudaGraphNodeParams kp{};
+    kp.type = cudaGraphNodeTypeKernel;
+    kp.kernel.func = reinterpret_cast<void*>(add);
+    kp.kernel.gridDim = dim3((N + 255) / 256);
+    kp.kernel.blockDim = dim3(256);
+    kp.kernel.kernelParams = args_y;
+    CUDA_OK(cudaGraphAddNode(&kn, ng, &mn, nullptr, 1, &kp));
+    cudaGraphExec_t ne = nullptr;
+    CUDA_OK(cudaGraphInstantiate(&ne, ng, 0));
+    CUDA_OK(cudaGraphLaunch(ne, s));
+    CUDA_OK(cudaStreamSynchronize(s));
+    ot::check_kernel("add_node_memset_then_kernel", All(Get(y), 7, &why), why);
+    // A node type Orion does not build here (a memory allocation node) is refused.
+    cudaGraphNodeParams ap{};
+    ap.type = cudaGraphNodeTypeMemAlloc;
+    ap.alloc.poolProps.allocType = cudaMemAllocationTypePinned;
+    ap.alloc.poolProps.location.type = cudaMemLocationTypeDevice;
+    ap.alloc.bytesize = 1 << 20;
+    ot::check("add_node_mem_alloc_refused",
+              cudaGraphAddNode(&an, ng, nullptr, nullptr, 0, &ap) == cudaErrorNotSupported);
+    cudaGetLastError();
+    CUDA_OK(cudaGraphExecDestroy(ne));
+    CUDA_OK(cudaGraphDestroy(ng));
+    CUDA_OK(cudaFree(y));
+  }
   return ot::finish();
 }
