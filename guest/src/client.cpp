@@ -129,6 +129,36 @@ CUresult RequestedVgpuCount(uint32_t* n) noexcept {
   return CUDA_SUCCESS;
 }
 
+// CUDA_VISIBLE_DEVICES as NVIDIA's driver reads it (CUDA C++ Programming Guide, "CUDA Environment
+// Variables"): comma-separated device indices (or UUIDs), enumerated in that order; the list ends at
+// the first entry that is not a valid index of the `count` devices. Returns k when the visible
+// devices are exactly 0..k-1 in order (k may be 0: no device), -1 for any other list (UUIDs,
+// another order, a gap), which Orion does not apply.
+static int64_t VisiblePrefix(const char* list, uint64_t count) {
+  std::vector<uint64_t> visible;
+  std::string_view rest(list);
+  while (true) {
+    const size_t comma = rest.find(',');
+    std::string_view tok = rest.substr(0, comma);
+    while (!tok.empty() && tok.front() == ' ') tok.remove_prefix(1);
+    while (!tok.empty() && tok.back() == ' ') tok.remove_suffix(1);
+    if (tok.starts_with("GPU-") || tok.starts_with("MIG-")) return -1;
+    uint64_t index = 0;
+    bool digits = !tok.empty() && tok.size() <= 6;
+    for (char c : tok) {
+      digits = digits && c >= '0' && c <= '9';
+      if (digits) index = index * 10 + static_cast<uint64_t>(c - '0');
+    }
+    if (!digits || index >= count || std::find(visible.begin(), visible.end(), index) != visible.end()) break;
+    visible.push_back(index);
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  for (size_t i = 0; i < visible.size(); ++i)
+    if (visible[i] != i) return -1;
+  return static_cast<int64_t>(visible.size());
+}
+
 CUresult Client::Connect() noexcept {
   if (connected_.load(std::memory_order_acquire)) return CUDA_SUCCESS;
   std::lock_guard<std::mutex> lock(mu_);
@@ -154,6 +184,26 @@ CUresult Client::ConnectLocked() {
   if (bad || vgpus == 0 || vgpus > kMaxDevices) {
     LogError("ORION_VGPU must be 1.." + std::to_string(kMaxDevices) + " and ORION_GMEM a number of MiB");
     return CUDA_ERROR_INVALID_VALUE;
+  }
+  // A process whose CUDA_VISIBLE_DEVICES hides every device ("", "-1") sees none, as with NVIDIA's
+  // driver: cuInit fails with CUDA_ERROR_NO_DEVICE and no vGPU is taken (a CPU-only PyTorch script
+  // need not hold one). A list of the first k devices asks for k vGPUs; other lists are not applied.
+  if (const char* visible_env = std::getenv("CUDA_VISIBLE_DEVICES"); visible_env != nullptr) {
+    const std::string shown = LogSafe(std::string(visible_env).substr(0, 128));
+    const int64_t k = VisiblePrefix(visible_env, vgpus_set ? vgpus : kMaxDevices);
+    if (k == 0) {
+      LogInfo("CUDA_VISIBLE_DEVICES=" + shown + " hides every device: no vGPU is taken");
+      return CUDA_ERROR_NO_DEVICE;
+    }
+    if (k > 0 && vgpus_set && static_cast<uint64_t>(k) < vgpus) {
+      LogInfo("CUDA_VISIBLE_DEVICES=" + shown + ": asking for " + std::to_string(k) +
+              " of ORION_VGPU=" + std::to_string(vgpus) + " vGPUs");
+      vgpus = static_cast<uint64_t>(k);
+    } else if (k < 0) {
+      LogWarn("CUDA_VISIBLE_DEVICES=" + shown +
+              " is not applied by Orion (only an empty list or the first N devices are): the process sees its "
+              "vGPUs; choose them with ORION_VGPU");
+    }
   }
   handshake_ms_ = EnvU64("ORION_HANDSHAKE_TIMEOUT_MS", handshake_ms_, &bad);
   reply_ms_ = EnvU64("ORION_REPLY_TIMEOUT_MS", reply_ms_, &bad);

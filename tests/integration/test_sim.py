@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -105,6 +106,39 @@ def test_driver_calls_from_exit_handlers_keep_the_heap_intact(oriond):
         r = oriond.run("exit_cleanup")
         assert r.returncode == 0 and r.stdout.splitlines() == ["MAIN_DONE", "EXIT_HANDLER_OK"], (
             r.returncode, r.stdout, r.stderr[-2000:])
+
+
+CVD_PROBE = r"""
+import ctypes
+cuda = ctypes.CDLL("libcuda.so.1")
+r = cuda.cuInit(0)
+n = ctypes.c_int(-1)
+if r == 0:
+    cuda.cuDeviceGetCount(ctypes.byref(n))
+print("INIT", r, "COUNT", n.value, flush=True)
+"""
+
+
+def test_cuda_visible_devices(oriond):
+    # NVIDIA's variable, as its driver reads it: a list that hides every device makes cuInit fail
+    # with CUDA_ERROR_NO_DEVICE (100) and takes no vGPU (a CPU-only PyTorch script need not hold
+    # one); the first k devices ask for k vGPUs; any other list is not applied, and says so.
+    def run(value, vgpus):
+        r = subprocess.run([sys.executable, "-c", CVD_PROBE], capture_output=True, text=True, timeout=60,
+                           env=oriond.env(ORION_VGPU=vgpus, ORION_GMEM=256, CUDA_VISIBLE_DEVICES=value))
+        m = re.search(r"^INIT (\d+) COUNT (-?\d+)$", r.stdout, re.M)
+        assert m, r.stdout + r.stderr
+        return int(m.group(1)), int(m.group(2)), r.stderr
+
+    sessions = oriond.log().count("Creating session")
+    assert run("", 1)[:2] == (100, -1)
+    assert run("-1", 2)[:2] == (100, -1)
+    assert run("3", 2)[:2] == (100, -1)  # an index past the devices ends the list at once
+    assert oriond.log().count("Creating session") == sessions, "a process that sees no device took a vGPU"
+    assert run("0", 2)[:2] == (0, 1)
+    assert run("0,1", 2)[:2] == (0, 2)
+    init, count, err = run("1,0", 2)
+    assert (init, count) == (0, 2) and "CUDA_VISIBLE_DEVICES=1,0 is not applied by Orion" in err, err
 
 
 def test_cudart_shared_program(oriond):
