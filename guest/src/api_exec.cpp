@@ -101,8 +101,7 @@ CUresult GetFunction(GuestModule* m, const char* name, GuestFunction** out) {
   if (fr.param_count > kMaxKernelParams || rep_len < sizeof fr + fr.param_count * sizeof(ParamInfo))
     return CUDA_ERROR_UNKNOWN;
   const auto launch_error = static_cast<CUresult>(fr.launch_error);
-  if ((launch_error != CUDA_SUCCESS && launch_error != CUDA_ERROR_NO_BINARY_FOR_GPU &&
-       launch_error != CUDA_ERROR_NOT_SUPPORTED && launch_error != CUDA_ERROR_UNSUPPORTED_PTX_VERSION) ||
+  if ((launch_error != CUDA_SUCCESS && LaunchErrorName(fr.launch_error) == nullptr) ||
       static_cast<uint32_t>(fr.launch_refusal) > static_cast<uint32_t>(LaunchRefusal::kPtxUnsupported))
     return CUDA_ERROR_UNKNOWN;
   auto* f = new GuestFunction();
@@ -172,11 +171,8 @@ std::string RefusalText(const GuestFunction& f) {
     case LaunchRefusal::kPtxUnsupported: why = "its PTX uses what the sim backend's executor does not implement"; break;
     case LaunchRefusal::kNone: why = "oriond cannot execute it"; break;
   }
-  const char* code = f.launch_error == CUDA_ERROR_NO_BINARY_FOR_GPU         ? "CUDA_ERROR_NO_BINARY_FOR_GPU (209)"
-                     : f.launch_error == CUDA_ERROR_UNSUPPORTED_PTX_VERSION ? "CUDA_ERROR_UNSUPPORTED_PTX_VERSION (222)"
-                                                                            : "CUDA_ERROR_NOT_SUPPORTED (801)";
-  return "kernel " + f.name.substr(0, 512) + " cannot run on this vGPU: " + why + "; its launches fail with " + code +
-         " and compute nothing";
+  return "kernel " + f.name.substr(0, 512) + " cannot run on this vGPU: " + why + "; its launches fail with " +
+         LaunchErrorName(f.launch_error) + " and compute nothing";
 }
 
 CUresult Launch(CUfunction hf, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,

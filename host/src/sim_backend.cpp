@@ -40,16 +40,6 @@ uint64_t NowNs() {
 
 constexpr int kSimMaxAccessPolicyWindow = 134213632;  // bytes, as an H100 SXM reports
 
-// The name of a code a refused launch returns (what cuGetErrorName says).
-std::string ErrorName(CUresult r) {
-  switch (r) {
-    case CUDA_ERROR_NO_BINARY_FOR_GPU: return "CUDA_ERROR_NO_BINARY_FOR_GPU (209)";
-    case CUDA_ERROR_NOT_SUPPORTED: return "CUDA_ERROR_NOT_SUPPORTED (801)";
-    case CUDA_ERROR_UNSUPPORTED_PTX_VERSION: return "CUDA_ERROR_UNSUPPORTED_PTX_VERSION (222)";
-    default: return "CUresult " + std::to_string(static_cast<int>(r));
-  }
-}
-
 // Attributes of the simulated device: an sm_90-class GPU (values as an H100 SXM reports them).
 void FillSimAttributes(int32_t* a, uint32_t pgpu) {
   auto set = [&](CUdevice_attribute k, int v) {
@@ -578,8 +568,10 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
       last_error_ = parsed.status().message();
       return CUDA_ERROR_INVALID_IMAGE;
     }
+    // The arch of the PTX a GPU would JIT (0: the image is PTX text), from the entry headers alone.
+    const auto arch = fatbin::PtxArch(image, 90);
     // PTX text newer than this driver's PTX ISA is refused at load, as the driver's JIT refuses it.
-    if (auto bare = fatbin::PtxArch(image, 90); parsed->from_ptx && bare.ok() && *bare == 0) {
+    if (parsed->from_ptx && arch.ok() && *arch == 0) {
       const std::string_view text(reinterpret_cast<const char*>(image.data()), image.size());
       if (CUresult r = CheckPtxVersion(text); r != CUDA_SUCCESS) return r;
     }
@@ -590,7 +582,6 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     // sm_90 device) and JIT-compiles the PTX otherwise. PTX of another arch can differ from that
     // SASS (libraries tune block sizes per arch). Most library modules are SASS only: no copy.
     if (opt_.execute) {
-      auto arch = fatbin::PtxArch(image, 90);
       if (!arch.ok()) {
         m->ptx_tried = true;
         m->ptx_error = arch.status().message();
@@ -729,27 +720,22 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     Pending p;
     p.seq = ++seq_;
     p.f = f;
-    // A kernel the executor cannot run fails here, synchronously, and nothing is queued for it
-    // (unless --sim-unexecutable skip: then it is queued and skipped, and the client is told).
-    if (opt_.execute && !opt_.skip_unexecutable && !Runnable(f)) {
-      if (warned_.insert(f->kernel->name).second)
-        notices_.push_back("kernel " + f->kernel->name + " cannot run on the sim backend: " + f->why +
-                           "; its launches fail with " + ErrorName(f->refusal));
-      std::memcpy(p.grid, grid, sizeof p.grid);
-      std::memcpy(p.block, block, sizeof p.block);
-      p.smem = shared_mem;
-      p.params = std::span<const uint8_t>(params, param_bytes);
-      p.stream = stream;
-      LogLaunch(p, cluster, "refused:" + std::to_string(static_cast<int>(f->refusal)));
-      last_error_ = "kernel " + f->kernel->name + ": " + f->why;
-      return f->refusal;
-    }
     std::memcpy(p.grid, grid, sizeof p.grid);
     std::memcpy(p.block, block, sizeof p.block);
     p.smem = shared_mem;
     p.params = std::span<const uint8_t>(params, param_bytes);
     p.cooperative = cooperative;
     p.stream = stream;
+    // A kernel the executor cannot run fails here, synchronously, and nothing is queued for it
+    // (unless --sim-unexecutable skip: then it is queued and skipped, and the client is told).
+    if (opt_.execute && !opt_.skip_unexecutable && !Runnable(f)) {
+      if (warned_.insert(f->kernel->name).second)
+        notices_.push_back("kernel " + f->kernel->name + " cannot run on the sim backend: " + f->why +
+                           "; its launches fail with " + LaunchErrorName(f->refusal));
+      LogLaunch(p, cluster, "refused:" + std::to_string(static_cast<int>(f->refusal)));
+      last_error_ = "kernel " + f->kernel->name + ": " + f->why;
+      return f->refusal;
+    }
     if (stream != nullptr && opt_.execute) {
       p.owned.assign(params, params + param_bytes);  // the frame's bytes are gone after this call
       p.params = p.owned;                            // (a moved vector keeps its buffer)

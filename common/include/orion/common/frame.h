@@ -443,6 +443,16 @@ struct FunctionRep {
   LaunchRefusal launch_refusal;
 };
 ORION_WIRE_STRUCT(FunctionRep, 24);
+// The name of a CUresult FunctionRep::launch_error (or a refused LaunchKernel) may carry, for logs;
+// nullptr for any other value (a malformed reply).
+inline const char* LaunchErrorName(int32_t r) noexcept {
+  switch (r) {
+    case 209: return "CUDA_ERROR_NO_BINARY_FOR_GPU (209)";  // CUresult values (cuda.h)
+    case 801: return "CUDA_ERROR_NOT_SUPPORTED (801)";
+    case 222: return "CUDA_ERROR_UNSUPPORTED_PTX_VERSION (222)";
+    default: return nullptr;
+  }
+}
 struct GlobalRep {
   uint64_t dptr;
   uint64_t bytes;
