@@ -23,7 +23,8 @@ TEST(FrameLayout, HeaderIsPinned) {
 }
 
 TEST(FrameLayout, PayloadsArePinned) {
-  EXPECT_EQ(sizeof(HelloReq), 224u);
+  EXPECT_EQ(sizeof(HelloReq), 264u);
+  EXPECT_EQ(offsetof(HelloReq, share), 224u);
   EXPECT_EQ(offsetof(HelloReq, allocation_id), 120u);
   EXPECT_EQ(offsetof(HelloReq, hostname), 160u);
   EXPECT_EQ(offsetof(HelloReq, key), 88u);
@@ -32,7 +33,8 @@ TEST(FrameLayout, PayloadsArePinned) {
   EXPECT_EQ(sizeof(DeviceInfo), 952u);
   EXPECT_EQ(offsetof(DeviceInfo, total_mem), 272u);
   EXPECT_EQ(offsetof(DeviceInfo, attributes), 280u);
-  EXPECT_EQ(sizeof(WelcomeRep), 120u);
+  EXPECT_EQ(sizeof(WelcomeRep), 160u);
+  EXPECT_EQ(offsetof(WelcomeRep, share), 120u);
   EXPECT_EQ(offsetof(WelcomeRep, allocation_id), 80u);
   EXPECT_EQ(sizeof(MemcpyReq), 32u);
   EXPECT_EQ(sizeof(DeviceMemoryRep), 24u);

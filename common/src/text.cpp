@@ -1,5 +1,7 @@
 #include "orion/common/text.h"
 
+#include <algorithm>
+#include <cstdlib>
 #include <sys/random.h>
 
 #include <cerrno>
@@ -126,6 +128,17 @@ std::string RandomUuid() {
     s += kHex[b[i] & 15];
   }
   return s;
+}
+
+void EnsureShareToken() noexcept {
+  const char* have = std::getenv("ORION_SHARE");
+  if (have != nullptr && *have != '\0') return;
+  try {
+    std::string t = RandomUuid();
+    t.erase(std::remove(t.begin(), t.end(), '-'), t.end());
+    setenv("ORION_SHARE", t.c_str(), 1);
+  } catch (const std::exception&) {  // no random source: no share, each process its own vGPUs
+  }
 }
 
 }  // namespace orion

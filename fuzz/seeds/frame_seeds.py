@@ -198,7 +198,7 @@ def hostile():
     out.append(s.out)
     s = Seed()
     s.call("Nop")
-    s.rec(1, b"\0" * 224, REPLY)
+    s.rec(1, b"\0" * 264, REPLY)
     out.append(s.out)
     return out
 

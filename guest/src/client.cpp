@@ -431,6 +431,23 @@ CUresult Client::HandshakeLocked(uint64_t vgpus, uint64_t gmem, const std::strin
     hello_job_ = true;
   }
   gethostname(hello.hostname, sizeof hello.hostname - 1);
+  // ORION_SHARE: the vGPU share of this process tree. The first process of the tree to use Orion
+  // names it (EnsureShareToken: in its C environment, which the processes it starts inherit); the
+  // first session with the name takes vGPUs for the share, the others run on the same ones.
+  // "off": this process takes vGPUs of its own and hands none on.
+  EnsureShareToken();
+  const char* share = std::getenv("ORION_SHARE");
+  const bool share_off = share != nullptr && std::strcmp(share, "off") == 0;
+  if (share != nullptr && *share != '\0' && !share_off) {
+    if (!ValidShareToken(share, kShareTokenLen + 1)) {
+      LogError("ORION_SHARE '" + LogSafe(std::string(share).substr(0, 64)) +
+               "' is not a share token (32 lowercase hex digits, from the process that started this one) nor off");
+      broken_ = CUDA_ERROR_INVALID_VALUE;
+      GiveBackLocked();
+      return broken_;
+    }
+    std::snprintf(hello.share, sizeof hello.share, "%s", share);
+  }
   FrameHeader h = MakeHeader(Op::kHello, sizeof hello, true);
   if (CUresult r = PushLocked(h, &hello, sizeof hello, nullptr, 0); r != CUDA_SUCCESS) return r;
   std::vector<uint8_t> rep(sizeof(WelcomeRep) + kMaxDevices * sizeof(DeviceInfo) + 1024);
@@ -505,6 +522,14 @@ CUresult Client::HandshakeLocked(uint64_t vgpus, uint64_t gmem, const std::strin
   }
   if (network_) LogInfo("Orion transport: " + transport_text);
   LogInfo("Using Orion resource " + allocation_text_);
+  welcome_.share[sizeof welcome_.share - 1] = '\0';
+  if (!ValidShareToken(welcome_.share, sizeof welcome_.share)) {
+    return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, "oriond's Welcome names a malformed vGPU share");
+  }
+  if (welcome_.share[0] != '\0') {
+    LogInfo(std::string("vGPUs shared with the processes this one starts (ORION_SHARE ") +
+            std::string(welcome_.share, 8) + "...)");
+  }
   return CUDA_SUCCESS;
 }
 

@@ -27,6 +27,7 @@
 #include <string>
 
 #include "log.h"
+#include "orion/common/text.h"
 #include "nvml_abi.h"
 #include "nvml_bridge.h"
 #include "nvml_coverage.h"
@@ -222,6 +223,10 @@ nvmlReturn_t Init(unsigned flags) {
   Nvml& n = N();
   std::lock_guard<std::mutex> l(n.mu);
   if (LoadBridge() == nullptr) return NVML_ERROR_DRIVER_NOT_LOADED;
+  // A process that counts its devices with NVML and then starts its workers (PyTorch's
+  // device_count(), then torch.multiprocessing.spawn) opens no session: its workers still meet
+  // on one vGPU share, named here.
+  EnsureShareToken();
   ++n.refs;
   return NVML_SUCCESS;
 }

@@ -182,12 +182,14 @@ Status Daemon::StartServing() {
     for (uint32_t v = 0; v < config_.vgpu_count; ++v) log_->info("Registered v-GPU {} on p-GPU {}.", v, g.index);
   }
 
-  // Per-session memory counters, shared with the workers (forked later).
-  void* stats = mmap(nullptr, sizeof(std::atomic<uint64_t>) * kStatSlots * kMaxDevices, PROT_READ | PROT_WRITE,
+  // Per-session memory counters, then the holds' meters, shared with the workers (forked later).
+  void* stats = mmap(nullptr, sizeof(std::atomic<uint64_t>) * kStatSlots * kMaxDevices * 2, PROT_READ | PROT_WRITE,
                      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (stats == MAP_FAILED) return Internal(std::string("cannot map session counters: ") + std::strerror(errno));
   stats_ = static_cast<std::atomic<uint64_t>*>(stats);
   stat_used_.assign(kStatSlots, false);
+  meters_ = stats_ + static_cast<size_t>(kStatSlots) * kMaxDevices;
+  meter_used_.assign(kStatSlots, false);
 
   // Module cache.
   if (!config_.cache_dir.empty()) {
@@ -371,8 +373,8 @@ void Daemon::Reap() {
       if (it->pid != pid) continue;
       --serving_;
       const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-      Finish(it->placements, it->allocation_id, it->stat_slot,
-             code == kExitGoodbye ? "client_exited" : "session_ended");
+      Finish(it->placements, it->allocation_id, it->stat_slot, code == kExitGoodbye ? "client_exited" : "session_ended",
+             it->hold);
       log_->info("Session {} exits ({}).", it->session,
                  code == kExitGoodbye      ? "client exited"
                  : code == kExitViolation  ? "protocol violation"
@@ -388,11 +390,22 @@ void Daemon::Reap() {
         --serving_;
         const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
         if (r.vm.empty()) {
-          Finish(c.placements, c.allocation_id, c.stat_slot, code == kExitGoodbye ? "client_exited" : "session_ended");
-        } else if (c.stat_slot >= 0) {
-          stat_used_[static_cast<size_t>(c.stat_slot)] = false;  // a VM's vGPUs stay reserved for it
+          Finish(c.placements, c.allocation_id, c.stat_slot, code == kExitGoodbye ? "client_exited" : "session_ended",
+                 c.hold);
+        } else {
+          // A VM's vGPUs stay reserved for it; the session's memory leaves the VM's meter, which
+          // goes with the VM's last session.
+          Unmeter(r.meter, c.stat_slot);
+          if (c.stat_slot >= 0) stat_used_[static_cast<size_t>(c.stat_slot)] = false;
+          const bool others = std::any_of(r.channels.begin(), r.channels.end(),
+                                          [&](const Channel& o) { return &o != &c && o.state == Channel::kServing; });
+          if (!others && r.meter >= 0) {
+            meter_used_[static_cast<size_t>(r.meter)] = false;
+            r.meter = -1;
+          }
         }
         c.allocation_id.clear();
+        c.hold.clear();
         c.stat_slot = -1;
         const char* why = r.severed                    ? "its region was truncated or overwritten"
                           : code == kExitGoodbye       ? "client exited"

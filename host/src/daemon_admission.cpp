@@ -1,6 +1,6 @@
 // oriond: admission, one path for every transport (shared memory, TCP, RDMA): the request's checks,
-// the vGPUs (standalone pool, or the controller's grant; a job's allocation shared by its
-// sessions), the end of a session, and revocations.
+// the vGPUs (standalone pool, or the controller's grant; a job's allocation or a process tree's
+// share, each a hold shared by its sessions), the end of a session, and revocations.
 #include "orion/host/daemon.h"
 
 #include "daemon_internal.h"
@@ -32,6 +32,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "orion/common/text.h"
 #include "orion/host/session.h"
 #include "orion/host/vm_state.h"
 #include "orion/ivshmem/ring.h"
@@ -49,6 +50,10 @@ Status Daemon::CheckRequest(HelloReq* hello) const {
   if (hello->vgpu_count == 0 || hello->vgpu_count > kMaxDevices) {
     return InvalidArgument("ORION_VGPU=" + std::to_string(hello->vgpu_count) + " must be 1.." +
                            std::to_string(kMaxDevices));
+  }
+  if (!ValidShareToken(hello->share, sizeof hello->share)) {
+    return InvalidArgument("ORION_SHARE must be " + std::to_string(kShareTokenLen) +
+                           " lowercase hex digits (the value oriond gave the process that started this one)");
   }
   SanitizeName(hello->hostname, sizeof hello->hostname);
   SanitizeName(hello->allocation_id, sizeof hello->allocation_id);
@@ -70,9 +75,46 @@ std::atomic<uint64_t>* Daemon::StatSlot(int slot) const {
   return slot < 0 ? nullptr : stats_ + static_cast<size_t>(slot) * kMaxDevices;
 }
 
+int Daemon::TakeMeter() {
+  for (int i = 0; i < kStatSlots; ++i) {
+    if (!meter_used_[static_cast<size_t>(i)]) {
+      meter_used_[static_cast<size_t>(i)] = true;
+      for (uint32_t d = 0; d < kMaxDevices; ++d) meters_[static_cast<size_t>(i) * kMaxDevices + d].store(0);
+      return i;
+    }
+  }
+  return -1;
+}
+
+void Daemon::Unmeter(int meter, int stat_slot) {
+  std::atomic<uint64_t>* m = Meter(meter);
+  std::atomic<uint64_t>* used = StatSlot(stat_slot);
+  for (uint32_t d = 0; m != nullptr && used != nullptr && d < kMaxDevices; ++d) {
+    const uint64_t mine = used[d].load();
+    uint64_t cur = m[d].load();
+    while (!m[d].compare_exchange_weak(cur, cur > mine ? cur - mine : 0)) {
+    }
+  }
+}
+
+std::atomic<uint64_t>* Daemon::HoldMeter(const std::string& hold) const {
+  auto it = holds_.find(hold);
+  return it == holds_.end() ? nullptr : Meter(it->second.meter);
+}
+
+std::vector<uint64_t> Daemon::HoldQuota(const std::string& hold) const {
+  std::vector<uint64_t> q;
+  if (auto it = holds_.find(hold); it != holds_.end()) {
+    for (const Placement& p : it->second.placements) q.push_back(p.quota_bytes);
+  }
+  return q;
+}
+
 Result<Daemon::Admission> Daemon::Acquire(const HelloReq& hello, uint32_t session, const std::string& peer) {
   Admission a;
   const std::string want(hello.allocation_id, strnlen(hello.allocation_id, sizeof hello.allocation_id));
+  const std::string token(hello.share, strnlen(hello.share, sizeof hello.share));
+  if (want.empty() && !token.empty() && holds_.count("share/" + token) != 0) return JoinShare(hello, token, {});
   if (!link_) {
     if (!want.empty()) {
       return InvalidArgument("the client holds controller allocation " + want +
@@ -81,7 +123,7 @@ Result<Daemon::Admission> Daemon::Acquire(const HelloReq& hello, uint32_t sessio
     auto p = pool_->Admit(hello.vgpu_count, hello.gmem_mib);
     if (!p.ok()) return p.status();
     a.placements = std::move(*p);
-    return a;
+    return JoinShare(hello, token, std::move(a));
   }
   if (!link_->registered()) {
     return Unavailable("oriond is not registered with its Orion Controller (yet); try again");
@@ -99,6 +141,58 @@ Result<Daemon::Admission> Daemon::Acquire(const HelloReq& hello, uint32_t sessio
   a.placements = std::move(g->placements);
   a.allocation_id = std::move(g->allocation_id);
   log_->info("Using Orion resource {} for session {}", a.allocation_id, session);
+  // A client-held allocation (confirmed) is that process's own; one asked for here starts a share.
+  return want.empty() ? JoinShare(hello, token, std::move(a)) : Result<Admission>(std::move(a));
+}
+
+Daemon::Admission Daemon::OnHold(const std::string& key, uint32_t count, uint64_t gmem_mib) {
+  Hold& hold = holds_.at(key);
+  ++hold.sessions;
+  Admission a;
+  // The hold's first vGPUs, as many as the process asks (a VM's rule); each with the hold's quota
+  // or the smaller one asked.
+  a.placements.assign(hold.placements.begin(), hold.placements.begin() + (count == 0 ? 1 : count));
+  if (gmem_mib != 0) {
+    for (auto& p : a.placements) p.quota_bytes = std::min(p.quota_bytes, gmem_mib << 20);
+  }
+  a.allocation_id = hold.allocation_id;
+  a.hold = key;
+  return a;
+}
+
+// A process tree's share (ORION_SHARE, a token the tree's first process chose at random). The first
+// session that names it is admitted on `own` vGPUs and starts the share with them; later sessions
+// with the token (the processes it or its parent started) run on the same vGPUs instead of taking
+// their own. An empty `own` means the share exists: join it. No token: `own`, no share.
+Result<Daemon::Admission> Daemon::JoinShare(const HelloReq& hello, const std::string& token, Admission own) {
+  std::string t = token;
+  if (own.placements.empty()) {
+    const std::string key = "share/" + t;
+    Hold& hold = holds_.at(key);
+    const std::string has = "the vGPU share of the process that started this one has " +
+                            std::to_string(hold.placements.size()) + " vGPU(s) of " +
+                            std::to_string(hold.placements[0].quota_bytes >> 20) + " MiB";
+    if (hello.vgpu_count > hold.placements.size()) {
+      return ResourceExhausted("ORION_VGPU=" + std::to_string(hello.vgpu_count) + " is more than " + has +
+                               " (ORION_SHARE=off takes vGPUs of its own)");
+    }
+    if (hello.gmem_mib != 0 && (hello.gmem_mib << 20) > hold.placements[0].quota_bytes) {
+      return InvalidArgument("ORION_GMEM=" + std::to_string(hello.gmem_mib) + " MiB is more than " + has);
+    }
+    Admission a = OnHold(key, hello.vgpu_count, hello.gmem_mib);
+    a.share = t;
+    log_->info("Joining vGPU share {} ({} session(s) on it)", t.substr(0, 8), hold.sessions);
+    return a;
+  }
+  if (t.empty()) return own;  // ORION_SHARE=off (or a client of its own): its own vGPUs
+  const std::string key = "share/" + t;
+  Hold& hold = holds_[key];
+  hold.placements = std::move(own.placements);
+  hold.allocation_id = std::move(own.allocation_id);
+  hold.meter = TakeMeter();
+  Admission a = OnHold(key, hello.vgpu_count, hello.gmem_mib);
+  a.share = t;
+  log_->info("Starting vGPU share {} on vGPUs {}", t.substr(0, 8), PlacementText(hold.placements));
   return a;
 }
 
@@ -111,41 +205,42 @@ Result<Daemon::Admission> Daemon::AcquireForJob(const HelloReq& hello, uint32_t 
   if (hello.gmem_mib != 0 && (hello.gmem_mib << 20) > g.placements[0].quota_bytes) {
     return InvalidArgument("ORION_GMEM=" + std::to_string(hello.gmem_mib) + " MiB is more than " + has);
   }
-  JobHold& hold = jobs_[g.allocation_id];
-  if (hold.sessions == 0) {
+  const std::string key = "job/" + g.allocation_id;
+  if (holds_.count(key) == 0) {
     if (Status st = pool_->Reserve(g.placements); !st.ok()) {
-      jobs_.erase(g.allocation_id);
       return FailedPrecondition("the controller's placement conflicts with this server's sessions: " + st.message());
     }
+    Hold& hold = holds_[key];
     hold.placements = g.placements;
+    hold.allocation_id = g.allocation_id;
+    hold.meter = TakeMeter();
   }
-  ++hold.sessions;
-  Admission a;
-  // The job's first vGPUs, as many as the process asks (a VM's rule); each with the job's quota
-  // or the smaller one asked.
-  a.placements.assign(hold.placements.begin(),
-                      hold.placements.begin() + (hello.vgpu_count == 0 ? 1 : hello.vgpu_count));
-  if (hello.gmem_mib != 0) {
-    for (auto& p : a.placements) p.quota_bytes = hello.gmem_mib << 20;
-  }
-  a.allocation_id = std::move(g.allocation_id);
+  Admission a = OnHold(key, hello.vgpu_count, hello.gmem_mib);
   a.job = true;
-  log_->info("Using Orion resource {} (a job's: {} session(s) on it) for session {}", a.allocation_id, hold.sessions,
-             session);
+  log_->info("Using Orion resource {} (a job's: {} session(s) on it) for session {}", a.allocation_id,
+             holds_.at(key).sessions, session);
   return a;
 }
 
 void Daemon::Finish(const std::vector<Placement>& placements, const std::string& allocation_id, int stat_slot,
-                    const std::string& why) {
-  if (auto job = jobs_.find(allocation_id); job != jobs_.end()) {
-    // A job's session: the job keeps its vGPUs at the controller (its holder releases them); this
-    // server holds them while any of its sessions runs.
-    if (--job->second.sessions == 0) {
-      pool_->Release(job->second.placements);
-      if (link_) link_->Untrack(allocation_id);
-      jobs_.erase(job);
-    }
+                    const std::string& why, const std::string& hold) {
+  if (auto h = holds_.find(hold); !hold.empty() && h != holds_.end()) {
+    Unmeter(h->second.meter, stat_slot);
     if (stat_slot >= 0) stat_used_[static_cast<size_t>(stat_slot)] = false;
+    // The hold's vGPUs go back with its last session. A job keeps them at the controller (its
+    // holder releases them); a share's controller allocation is released here.
+    if (--h->second.sessions != 0) return;
+    const bool job = hold.starts_with("job/");
+    pool_->Release(h->second.placements);
+    if (link_ && !h->second.allocation_id.empty()) {
+      if (job) {
+        link_->Untrack(h->second.allocation_id);
+      } else {
+        link_->Release(h->second.allocation_id, why);
+      }
+    }
+    if (h->second.meter >= 0) meter_used_[static_cast<size_t>(h->second.meter)] = false;
+    holds_.erase(h);
     return;
   }
   pool_->Release(placements);

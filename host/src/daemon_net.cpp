@@ -248,7 +248,7 @@ void Daemon::Handshake(Pending& p) {
   const int fd = p.fd.release();  // the worker's from now on; closed here after the fork
   const pid_t pid = fork();
   if (pid < 0) {
-    Finish(*placements, admitted->allocation_id, slot, "fork_failed");
+    Finish(*placements, admitted->allocation_id, slot, "fork_failed", admitted->hold);
     log_->error("cannot fork a worker: {}", std::strerror(errno));
     ::close(fd);
     return;
@@ -272,6 +272,9 @@ void Daemon::Handshake(Pending& p) {
     sp.socket_fd = fd;
     sp.allocation_id = admitted->allocation_id;
     sp.used_out = StatSlot(slot);
+    sp.share = admitted->share;
+    sp.hold_used = HoldMeter(admitted->hold);
+    sp.hold_quota = HoldQuota(admitted->hold);
     sp.transport = transport;
     sp.channel_bytes = config_.shm_buffer_size_mib << 20;
     const int code = RunSession(sp, std::move(*backend), h, hello);
@@ -280,8 +283,8 @@ void Daemon::Handshake(Pending& p) {
   }
   ::close(fd);
   if (link_ && !admitted->allocation_id.empty()) {
-    // A job's allocation is shared by its sessions: no one session's memory figures stand for it.
-    link_->Track(admitted->allocation_id, admitted->job ? nullptr : StatSlot(slot),
+    // A hold's allocation is shared by its sessions: no one session's memory figures stand for it.
+    link_->Track(admitted->allocation_id, !admitted->hold.empty() ? nullptr : StatSlot(slot),
                  static_cast<uint32_t>(placements->size()));
   }
   std::string client_host(hello.hostname, strnlen(hello.hostname, sizeof hello.hostname));
@@ -291,7 +294,8 @@ void Daemon::Handshake(Pending& p) {
                            admitted->allocation_id,
                            slot,
                            {hello.pid, hello.process_name, client_host.empty() ? p.source : client_host,
-                            transport == kTransportRdma ? "rdma" : "tcp"}});
+                            transport == kTransportRdma ? "rdma" : "tcp"},
+                           admitted->hold});
   ++serving_;
 }
 

@@ -187,7 +187,7 @@ void Daemon::Admit(Region& r, uint32_t index) {
   }
   const uint32_t session = next_session_++;
   Result<std::vector<Placement>> placements = std::vector<Placement>{};
-  std::string allocation_id;
+  std::string allocation_id, hold, share;
   if (!r.vm.empty()) {
     // A VM's session runs on the VM's own reserved vGPUs only.
     const ivshmem::VmLimits vm = LimitsOf(r.reserved);
@@ -198,6 +198,8 @@ void Daemon::Admit(Region& r, uint32_t index) {
     } else if (hello.gmem_mib != 0 && hello.gmem_mib > (vm.gmem_bytes >> 20)) {
       placements = InvalidArgument("ORION_GMEM=" + std::to_string(hello.gmem_mib) + " MiB is more than " + has);
     } else {
+      // The VM's processes share each vGPU's quota, as processes on a GPU share its memory.
+      if (r.meter < 0) r.meter = TakeMeter();
       std::vector<Placement> mine(r.reserved.begin(), r.reserved.begin() + hello.vgpu_count);
       if (hello.gmem_mib != 0) {
         for (auto& p : mine) p.quota_bytes = hello.gmem_mib << 20;
@@ -209,6 +211,8 @@ void Daemon::Admit(Region& r, uint32_t index) {
     if (admitted.ok()) {
       placements = std::move(admitted->placements);
       allocation_id = std::move(admitted->allocation_id);
+      hold = std::move(admitted->hold);
+      share = std::move(admitted->share);
     } else {
       placements = admitted.status();
     }
@@ -230,7 +234,7 @@ void Daemon::Admit(Region& r, uint32_t index) {
   const pid_t pid = fork();
   if (pid < 0) {
     if (r.vm.empty()) {
-      Finish(*placements, allocation_id, slot, "fork_failed");
+      Finish(*placements, allocation_id, slot, "fork_failed", hold);
     } else if (slot >= 0) {
       stat_used_[static_cast<size_t>(slot)] = false;
     }
@@ -261,6 +265,13 @@ void Daemon::Admit(Region& r, uint32_t index) {
     sp.doorbell_fd = bell_fd;
     sp.allocation_id = allocation_id;
     sp.used_out = StatSlot(slot);
+    sp.share = share;
+    sp.hold_used = r.vm.empty() ? HoldMeter(hold) : Meter(r.meter);
+    if (r.vm.empty()) {
+      sp.hold_quota = HoldQuota(hold);
+    } else {
+      for (const Placement& p : r.reserved) sp.hold_quota.push_back(p.quota_bytes);
+    }
     const int code = RunSession(sp, std::move(*backend), f.header, hello);
     slog->flush();
     _exit(code);
@@ -271,13 +282,14 @@ void Daemon::Admit(Region& r, uint32_t index) {
   c.session = session;
   c.placements = std::move(*placements);
   c.allocation_id = allocation_id;
+  c.hold = hold;
   c.stat_slot = slot;
   c.client = {hello.pid, hello.process_name,
               std::string(hello.hostname, strnlen(hello.hostname, sizeof hello.hostname)),
               r.vm.empty() ? "shm" : "vm " + r.vm};
   if (link_ && !allocation_id.empty()) {
-    link_->Track(allocation_id, jobs_.count(allocation_id) != 0 ? nullptr : StatSlot(slot),
-                 static_cast<uint32_t>(c.placements.size()));
+    // A hold's allocation is shared by its sessions: no one session's memory figures stand for it.
+    link_->Track(allocation_id, !hold.empty() ? nullptr : StatSlot(slot), static_cast<uint32_t>(c.placements.size()));
   }
   ++serving_;
 }

@@ -145,6 +145,8 @@ void Daemon::DropRegion(size_t i, const std::string& why) {
     log_->info("Session {} exits (VM {} {}).", c.session, r.vm, why);
     --serving_;
   }
+  if (r.meter >= 0) meter_used_[static_cast<size_t>(r.meter)] = false;
+  r.meter = -1;
   pool_->Release(r.reserved);
   if (link_) link_->Unassign(r.vm);
   if (r.bell && keeper_) {

@@ -304,11 +304,27 @@ class Session {
   uint64_t next_physical_ = 1;
   std::vector<uint64_t> used_;      // bytes allocated per device (quota)
   std::vector<uint64_t> overhead_;  // context bytes per device (quota)
-  // Tells oriond (and through it the controller) what this session holds on device `d`.
+  std::vector<uint64_t> metered_;   // what this session has on its hold's meter per device
+  // Tells oriond (and through it the controller) what this session holds on device `d`, and moves
+  // the hold's meter by what changed (a charge already put its bytes there: see Charge).
   void PublishUsed(uint32_t d) {
-    if (p_.used_out != nullptr && d < kMaxDevices && d < used_.size() && d < overhead_.size()) {
-      p_.used_out[d].store(used_[d] + overhead_[d], std::memory_order_relaxed);
+    if (d >= kMaxDevices || d >= used_.size() || d >= overhead_.size()) return;
+    const uint64_t now = used_[d] + overhead_[d];
+    if (p_.hold_used != nullptr && d < metered_.size()) {
+      p_.hold_used[d].fetch_add(now - metered_[d], std::memory_order_relaxed);  // modulo 2^64: a decrease too
+      metered_[d] = now;
     }
+    if (p_.used_out != nullptr) p_.used_out[d].store(now, std::memory_order_relaxed);
+  }
+  // What is left of device `d`'s quota for this session: its own, and its hold's for all sessions.
+  uint64_t QuotaLeft(uint32_t d) const {
+    const uint64_t quota = p_.placements[d].quota_bytes, taken = used_[d] + overhead_[d];
+    uint64_t left = quota > taken ? quota - taken : 0;
+    if (p_.hold_used != nullptr && d < p_.hold_quota.size()) {
+      const uint64_t all = p_.hold_used[d].load(std::memory_order_relaxed);
+      left = std::min(left, p_.hold_quota[d] > all ? p_.hold_quota[d] - all : 0);
+    }
+    return left;
   }
   uint64_t cur_ctx_ = 0;
   uint32_t cur_dev_ = 0;
@@ -595,10 +611,10 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       uint64_t free = 0, total = 0;
       r = b_->MemGetInfo(&free, &total);
       const uint64_t quota = p_.placements[cur_dev_].quota_bytes;
-      const uint64_t taken = used_[cur_dev_] + overhead_[cur_dev_];
-      // The vGPU's view: total = quota; free = what is left of it (never more than the GPU has).
-      MemGetInfoRep rep{std::min(free, quota > taken ? quota - taken : 0), quota};
-      if (std::string(b_->name()) == "sim") rep.free = quota > taken ? quota - taken : 0;
+      // The vGPU's view: total = quota; free = what is left of it, for this process and the others
+      // on its hold (never more than the GPU has).
+      MemGetInfoRep rep{std::min(free, QuotaLeft(cur_dev_)), quota};
+      if (std::string(b_->name()) == "sim") rep.free = QuotaLeft(cur_dev_);
       put(rep);
       break;
     }
@@ -1711,6 +1727,24 @@ bool Session::Charge(uint32_t dev, uint64_t bytes, uint64_t granule, const char*
   bool fits = CheckedAdd(bytes, granule - 1, &c);
   c &= ~(granule - 1);
   fits = fits && CheckedAdd(used_[dev] + overhead_[dev], c, &after) && after <= pl.quota_bytes;
+  // On a hold, the vGPU's quota is for all its sessions together: reserve `c` on its meter.
+  bool hold_full = false;
+  if (fits && p_.hold_used != nullptr && dev < p_.hold_quota.size()) {
+    std::atomic<uint64_t>& meter = p_.hold_used[dev];
+    uint64_t all = meter.load(std::memory_order_relaxed);
+    do {
+      hold_full = all > p_.hold_quota[dev] || c > p_.hold_quota[dev] - all;
+    } while (!hold_full && !meter.compare_exchange_weak(all, all + c, std::memory_order_relaxed));
+    if (hold_full) {
+      p_.log->warn(
+          "sess={} op={} {}(): memory {} MB exceeds what is left ({} MB) of <vgpu {}, pgpu {}> quota ({} MB), "
+          "which the processes sharing it use together",
+          p_.session_id, op, call, c / (1 << 20) + (c % (1 << 20) != 0 ? 1 : 0),
+          (all < p_.hold_quota[dev] ? p_.hold_quota[dev] - all : 0) >> 20, pl.vgpu, pl.pgpu, p_.hold_quota[dev] >> 20);
+      return false;
+    }
+    metered_[dev] += c;  // on the meter already: PublishUsed adds nothing for it
+  }
   if (!fits) {
     // In MiB, rounded up; a request too large to add up is shown as itself.
     const uint64_t want = after != 0 ? after : bytes;
@@ -1744,8 +1778,10 @@ int Session::Run(const FrameHeader& hello_header, const HelloReq& hello) {
   w.channel_bytes = p_.transport == kTransportShm ? 0 : p_.channel_bytes;
   std::snprintf(w.server_name, sizeof w.server_name, "oriond (%s)", b_->name());
   std::snprintf(w.allocation_id, sizeof w.allocation_id, "%s", p_.allocation_id.c_str());
+  std::snprintf(w.share, sizeof w.share, "%s", p_.share.c_str());
   std::memcpy(welcome.data(), &w, sizeof w);
   overhead_.assign(p_.placements.size(), 0);
+  metered_.assign(p_.placements.size(), 0);
   for (uint32_t d = 0; d < p_.placements.size(); ++d) {
     DeviceInfo info{};
     b_->DescribeDevice(d, &info);

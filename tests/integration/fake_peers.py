@@ -27,7 +27,7 @@ def header(op, seq, length, status=0, deferred=0, flags=0, version=PROTOCOL, mag
 
 
 def welcome():
-    rep = struct.pack("<IIiIQHHI48s40s", 7, 1, 13000, 0, CHANNEL_BYTES, 2, 0, 0, b"fake oriond", b"")
+    rep = struct.pack("<IIiIQHHI48s40s40s", 7, 1, 13000, 0, CHANNEL_BYTES, 2, 0, 0, b"fake oriond", b"", b"")
     dev = struct.pack("<256s16sQ160iII16sII", b"Fake GPU", bytes(16), 1 << 30, *([0] * 160), 0, 0, b"0000:00:00.0", 0, 0)
     return rep + dev
 

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, launch_outcomes
+from conftest import ROOT, Oriond, launch_outcomes
 
 torch_spec = pytest.importorskip("torch", reason="PyTorch not installed: scripts/venv --frameworks")
 
@@ -392,6 +392,39 @@ def test_torch_ddp_gloo_two_processes_api_level(oriond_api_level):
     assert ranks["0"]["before"] != ranks["1"]["before"] and ranks["0"]["after"] == ranks["1"]["after"], ranks
     # Two sessions, one per process.
     assert len(set(re.findall(r"Creating session (\d+)", oriond.log()))) >= 2, oriond.log()[-2000:]
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_torch_spawned_ranks_share_the_parents_vgpus(tmp_path, ranks):
+    """The Orion guide's DDP recipe (imagenet/main.py --multiprocessing-distributed --dist-backend
+    gloo, ORION_VGPU=N): the parent counts the devices, which takes its N vGPUs, then spawns N ranks,
+    each on its own device. The pool has exactly N vGPUs: the ranks run on the parent's (its
+    ORION_SHARE), so none is refused and no rank waits in set-up forever
+    (tests/frameworks/spawn_ranks_probe.py). Default mode: only copies and gloo's host sums run."""
+    pytest.importorskip("torch")
+    import socket
+    oriond = Oriond(tmp_path, conf_text=f"[server]\n    vgpu_count = {ranks}\n[server-shm]\n    shm_buffer_size = 16\n",
+                    extra_args=("--sim-gpus", "1", "--sim-gpu-mem", str(1024 * ranks)))
+    try:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        r = oriond.run(sys.executable, ROOT / "tests" / "frameworks" / "spawn_ranks_probe.py", port, ORION_VGPU=ranks,
+                       ORION_GMEM=0, timeout=600)
+        out = r.stdout + r.stderr
+        assert r.returncode == 0, out[-4000:]
+        assert re.findall(r"^PARENT count=(\d+)$", r.stdout, re.M) == [str(ranks)], out[-4000:]
+        seen = {int(m.group(1)): (int(m.group(2)), m.group(3)) for m in
+                re.finditer(r"^RANK (\d+) device=(\d+) sum=(\w+)$", r.stdout, re.M)}
+        assert seen == {k: (k, "True") for k in range(ranks)}, out[-4000:]
+        # One admission into the pool: the parent counted with NVML and opened no session, so the
+        # first rank started the share the parent named and every other rank joined it.
+        started = re.findall(r"Starting vGPU share ([0-9a-f]{8}) ", oriond.log())
+        joined = re.findall(r"Joining vGPU share ([0-9a-f]{8}) ", oriond.log())
+        assert len(started) == 1 and joined == started * (ranks - 1), oriond.log()[-3000:]
+        assert "no free vGPU" not in out
+    finally:
+        oriond.stop()
 
 
 COMPILE_PROBE = """

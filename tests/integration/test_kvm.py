@@ -15,6 +15,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -263,6 +264,35 @@ def test_several_processes_in_one_vm(vm_host):
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_a_vms_processes_share_its_vgpus_memory(vm_host, tmp_path):
+    """The processes of a VM run on the VM's vGPUs, and each vGPU's quota holds for all of them
+    together, as a GPU's memory does: with 400 of a 600 MiB vGPU taken by one process, another
+    cannot take 400 more (each alone would fit), it can take 150, and the 400 come back when the
+    first process ends."""
+    from test_share import PROBE
+    h = vm_host
+    assert h.hook("vm1", "prepare", vgpus=1, gmem=600).returncode == 0
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE.replace("__file__", repr(str(script))))
+    first = subprocess.Popen([sys.executable, str(script), "init", "ctx", "0", "alloc", "400", "pause"],
+                             env=h.env("vm1"), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout.readline().split()[-1] == "count=1"
+        assert first.stdout.readline().split()[-1] == "0"  # ctx
+        assert first.stdout.readline().split()[-1] == "0"  # 400 MiB
+        assert first.stdout.readline().split()[-1] == "READY"
+        r = subprocess.run([sys.executable, str(script), "init", "ctx", "0", "alloc", "400", "alloc", "150"],
+                           env=h.env("vm1"), capture_output=True, text=True, timeout=120)
+        allocs = re.findall(r"^parent STEP alloc (\d+)$", r.stdout, re.M)
+        assert allocs == ["2", "0"], r.stdout + r.stderr  # CUDA_ERROR_OUT_OF_MEMORY, then success
+    finally:
+        first.stdin.close()
+        first.wait(timeout=60)
+    r = subprocess.run([sys.executable, str(script), "init", "ctx", "0", "alloc", "400"], env=h.env("vm1"),
+                       capture_output=True, text=True, timeout=120)
+    assert re.findall(r"^parent STEP alloc (\d+)$", r.stdout, re.M) == ["0"], r.stdout + r.stderr
 
 
 def test_a_region_nobody_serves_is_not_in_use(vm_host):

@@ -89,9 +89,9 @@ def test_unexecutable_kernels_fail_over_tcp(tcp_oriond):
 from fake_peers import PROTOCOL  # noqa: E402  (kProtocolVersion, from frame.h)
 
 
-def hello_frame(transports, vgpus=1, gmem=256, key=b"", allocation=b""):
-    hello = struct.pack("<HHIQII64s32s40s64s", PROTOCOL, transports, vgpus, gmem, os.getpid(), 0, b"raw-client", key,
-                        allocation, b"raw-host")
+def hello_frame(transports, vgpus=1, gmem=256, key=b"", allocation=b"", share=b""):
+    hello = struct.pack("<HHIQII64s32s40s64s40s", PROTOCOL, transports, vgpus, gmem, os.getpid(), 0, b"raw-client", key,
+                        allocation, b"raw-host", share)
     header = struct.pack("<IHHIIiiII", 0x4D52464F, PROTOCOL, 1, 1, len(hello), 0, 0, 1, 0)
     return header + hello
 
@@ -106,6 +106,27 @@ def test_client_offering_rdma_is_told_and_falls_back_to_tcp(tcp_oriond):
         transport = struct.unpack_from("<H", welcome, 24)[0]
         assert transport == 2  # TCP
     assert "Client supports RDMA mode, but enable_rdma is off; falls back to TCP mode." in tcp_oriond.log()
+
+
+def test_a_hello_naming_a_malformed_share_is_refused(tcp_oriond):
+    """A share token is 32 lowercase hex digits or nothing: anything else (a hostile client's, as
+    the real runtime checks ORION_SHARE first) is refused with CUDA_ERROR_INVALID_VALUE and the
+    reason, before any vGPU is taken; a well-formed one starts a share and the Welcome names it."""
+    for bad in (b"ABCDEF" * 5 + b"00", b"0" * 31, b"0" * 33, b"../" + b"0" * 29):
+        with socket.create_connection(("127.0.0.1", tcp_oriond.port), timeout=10) as s:
+            s.sendall(hello_frame(transports=2, share=bad))
+            header = s.recv(32, socket.MSG_WAITALL)
+            status, plen = struct.unpack_from("<i", header, 16)[0], struct.unpack_from("<I", header, 12)[0]
+            reason = s.recv(plen, socket.MSG_WAITALL).decode(errors="replace")
+            assert status == 1 and "ORION_SHARE must be 32 lowercase hex digits" in reason, (bad, status, reason)
+    token = b"0123456789abcdef" * 2
+    with socket.create_connection(("127.0.0.1", tcp_oriond.port), timeout=10) as s:
+        s.sendall(hello_frame(transports=2, share=token))
+        header = s.recv(32, socket.MSG_WAITALL)
+        status, plen = struct.unpack_from("<i", header, 16)[0], struct.unpack_from("<I", header, 12)[0]
+        welcome = s.recv(plen, socket.MSG_WAITALL)
+        assert status == 0 and welcome[120:160].rstrip(b"\0") == token
+    assert "Starting vGPU share 01234567 on vGPUs" in tcp_oriond.log()
 
 
 def test_enable_rdma_on_a_host_without_rdma_falls_back_to_tcp(tmp_path):

@@ -22,8 +22,9 @@ namespace orion {
 static_assert(std::endian::native == std::endian::little, "Orion's wire format is little-endian");
 
 inline constexpr uint32_t kFrameMagic = 0x4D52464Fu;  // "OFRM" in memory
-// 2: Hello/Welcome carry the controller allocation; 3: FunctionRep says which launches fail.
-inline constexpr uint16_t kProtocolVersion = 3;
+// 2: Hello/Welcome carry the controller allocation; 3: FunctionRep says which launches fail;
+// 4: Hello/Welcome carry the process tree's vGPU share (ORION_SHARE).
+inline constexpr uint16_t kProtocolVersion = 4;
 inline constexpr uint32_t kMaxPayload = 64 * 1024;  // bulk bytes travel in the data window
 
 enum class Op : uint16_t {
@@ -111,8 +112,27 @@ struct HelloReq {
   char key[32];            // network transports: the shared client key (ORION_KEY), NUL-padded
   char allocation_id[40];  // the controller's allocation the client holds ("" = oriond admits it)
   char hostname[64];       // informational: the client's host name (orion-smi lists by it)
+  // The vGPU share this process joins (ORION_SHARE, inherited from the process that first took the
+  // vGPUs): kShareTokenLen lowercase hex digits, NUL-padded; "" = take vGPUs of its own.
+  char share[40];
 };
-ORION_WIRE_STRUCT(HelloReq, 224);
+ORION_WIRE_STRUCT(HelloReq, 264);
+
+// A share token: a random UUID's 32 lowercase hex digits (122 random bits). Whoever knows it joins
+// the share.
+inline constexpr size_t kShareTokenLen = 32;
+
+// Whether `s` (NUL-terminated within `cap` bytes) is "" or a well-formed share token.
+inline bool ValidShareToken(const char* s, size_t cap) {
+  const size_t n = strnlen(s, cap);
+  if (n == 0) return true;
+  if (n != kShareTokenLen) return false;
+  for (size_t i = 0; i < n; ++i) {
+    const char c = s[i];
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
 
 struct DeviceInfo {
   char name[kNameLen];  // NUL-terminated
@@ -138,8 +158,11 @@ struct WelcomeRep {
   uint32_t reserved1;
   char server_name[48];    // "oriond (sim)"
   char allocation_id[40];  // the controller's allocation serving this session ("" standalone)
+  // The share this session's vGPUs belong to ("" when they are not shared by a process tree: a VM's,
+  // a job's or a client-held allocation). The client hands it to the processes it starts.
+  char share[40];
 };
-ORION_WIRE_STRUCT(WelcomeRep, 120);
+ORION_WIRE_STRUCT(WelcomeRep, 160);
 
 // WindowData (network transports): followed by `bytes` bytes for window[offset, offset + bytes).
 struct WindowDataHdr {

@@ -38,4 +38,11 @@ bool IsUuid(std::string_view s) noexcept;
 // Throws std::system_error when the kernel's random source cannot be read.
 std::string RandomUuid();
 
+// ORION_SHARE, the vGPU share of a process tree (README "A process tree shares its vGPUs"): when it
+// is unset or empty, sets it to a new token (a random UUID's 32 hex digits) in this process's C
+// environment, so that this process's session and those of the processes it starts meet on one
+// share; "off" and a value already there are left alone. Call it before other threads read the
+// environment (it is setenv(3)); an unreadable random source leaves ORION_SHARE unset.
+void EnsureShareToken() noexcept;
+
 }  // namespace orion

@@ -56,6 +56,7 @@ class Daemon {
     uint64_t claimed_ms = 0;
     uint32_t generation = 1;    // our record; FormatRegion starts every channel at 1
     std::string allocation_id;  // the controller's (controller mode)
+    std::string hold;           // its hold (holds_), "" when none
     int stat_slot = -1;
     ClientInfo client;
   };
@@ -68,6 +69,7 @@ class Daemon {
     // own reserved vGPUs, never the shared pool.
     std::string vm;
     std::vector<Placement> reserved;
+    int meter = -1;            // a VM's: its sessions' memory per vGPU (meters_), while any session runs
     uint32_t vgpus_asked = 0;  // the attach request, kept in the state file
     uint64_t gmem_asked_mib = 0;
     uint32_t processes = 0;  // channels asked for (0: shm_buffer_size decides)
@@ -142,23 +144,44 @@ class Daemon {
   struct Admission {
     std::vector<Placement> placements;
     std::string allocation_id;
-    bool job = false;  // a job's allocation: shared by the job's sessions (jobs_)
+    bool job = false;   // a job's allocation: shared by the job's sessions
+    std::string hold;   // the key in holds_ of the hold this session is on ("" = its own vGPUs)
+    std::string share;  // a process tree's share token (the Welcome hands it to the client)
   };
-  // The jobs' allocations this oriond serves sessions of: their vGPUs are reserved in pool_ once,
-  // from the first session to the end of the last.
-  struct JobHold {
+  // vGPUs that several sessions run on at once, reserved in pool_ once, from the first session to
+  // the end of the last: a job's allocation ("job/<allocation id>") or a process tree's share
+  // ("share/<token>": the first process's vGPUs, joined by the processes it starts, ORION_SHARE).
+  // The sessions of a hold share each vGPU's memory quota through its meter.
+  struct Hold {
     std::vector<Placement> placements;
     uint32_t sessions = 0;
+    std::string allocation_id;  // a share's controller allocation (AllocateHere), released at its end
+    int meter = -1;             // its kMaxDevices counters in meters_ (-1: none free, quota per session)
   };
-  std::map<std::string, JobHold> jobs_;
+  std::map<std::string, Hold> holds_;
   Status CheckRequest(HelloReq* hello) const;
   Result<Admission> Acquire(const HelloReq& hello, uint32_t session, const std::string& peer);
   Result<Admission> AcquireForJob(const HelloReq& hello, uint32_t session, ControllerGrant g);
-  // A session ended: its vGPUs go back (and its allocation to the controller).
+  // Joins the share named in `hello` (or starts it with this session's vGPUs, `own`).
+  Result<Admission> JoinShare(const HelloReq& hello, const std::string& token, Admission own);
+  // Takes one more session on hold `key` (it exists): the hold's first `count` vGPUs, each with the
+  // hold's quota or the smaller `gmem_mib`.
+  Admission OnHold(const std::string& key, uint32_t count, uint64_t gmem_mib);
+  // A session ended: its vGPUs go back (and its allocation to the controller), or, on a hold, its
+  // memory leaves the hold's meter and the hold ends with its last session.
   void Finish(const std::vector<Placement>& placements, const std::string& allocation_id, int stat_slot,
-              const std::string& why);
+              const std::string& why, const std::string& hold = "");
   int TakeStatSlot();
+  int TakeMeter();  // a free meter, zeroed; -1 when none is
+  // Takes what the ended session in `stat_slot` last published off `meter` (its worker has exited).
+  void Unmeter(int meter, int stat_slot);
+  std::atomic<uint64_t>* Meter(int meter) const {
+    return meter < 0 ? nullptr : meters_ + static_cast<size_t>(meter) * kMaxDevices;
+  }
   std::atomic<uint64_t>* StatSlot(int slot) const;
+  // The hold's meter (kMaxDevices counters) or null; and its quotas for SessionParams.
+  std::atomic<uint64_t>* HoldMeter(const std::string& hold) const;
+  std::vector<uint64_t> HoldQuota(const std::string& hold) const;
   void EndRevoked();
 
   std::unique_ptr<ControllerLink> link_;
@@ -172,6 +195,10 @@ class Daemon {
   static constexpr int kStatSlots = 1024;
   std::atomic<uint64_t>* stats_ = nullptr;
   std::vector<bool> stat_used_;
+  // Bytes in use per hold and vGPU, by all the hold's sessions: kStatSlots x kMaxDevices counters
+  // in the same mapping, after stats_; workers charge them (compare-and-swap against the quota).
+  std::atomic<uint64_t>* meters_ = nullptr;
+  std::vector<bool> meter_used_;
 
   ServerConfig config_;
   BackendKind backend_ = BackendKind::kSim;
@@ -200,6 +227,7 @@ class Daemon {
     std::string allocation_id;
     int stat_slot = -1;
     ClientInfo client;
+    std::string hold;
   };
   Status OpenListener();
   void AcceptClients(uint64_t now_ms);

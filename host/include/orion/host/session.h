@@ -91,6 +91,12 @@ struct SessionParams {
   std::shared_ptr<spdlog::logger> log;
   std::string allocation_id;                  // the controller's allocation ("" standalone)
   std::atomic<uint64_t>* used_out = nullptr;  // kMaxDevices counters in memory shared with oriond
+  // A session on a hold (a job's allocation, a process tree's share): the hold's meter, kMaxDevices
+  // counters in memory shared with oriond and the hold's other workers, and each vGPU's quota for
+  // all of them together; null/empty when the session's quota is its own.
+  std::atomic<uint64_t>* hold_used = nullptr;
+  std::vector<uint64_t> hold_quota;
+  std::string share;  // the share token the Welcome hands the client ("" when none)
 };
 
 // Exit codes of a session worker.
