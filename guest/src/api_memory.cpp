@@ -21,7 +21,17 @@ CUresult HtoD(CUdeviceptr dst, const void* src, size_t n, CUstream hs, bool asyn
   if (!StreamId(hs, &stream)) return CUDA_ERROR_INVALID_HANDLE;
   if (n == 0) return CUDA_SUCCESS;
   if (src == nullptr || !DeviceOk(dst, n)) return CUDA_ERROR_INVALID_VALUE;
-  if (CUresult r; CaptureRefuse(stream, "a copy from host memory", &r)) return r;
+  HostFuncGate(stream);  // the work after a host function waits for it to return
+  if (CaptureActive()) {
+    CUDA_MEMCPY3D c{};
+    c.srcMemoryType = CU_MEMORYTYPE_HOST;
+    c.srcHost = src;
+    c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+    c.dstDevice = dst;
+    c.WidthInBytes = n;
+    c.Height = c.Depth = 1;
+    if (CUresult r; CaptureHostCopy(stream, c, &r)) return r;
+  }
   return Client::Get().CopyHtoD(dst, src, n, stream, !async);
 }
 
@@ -31,7 +41,17 @@ CUresult DtoH(void* dst, CUdeviceptr src, size_t n, CUstream hs, bool async) {
   if (!StreamId(hs, &stream)) return CUDA_ERROR_INVALID_HANDLE;
   if (n == 0) return CUDA_SUCCESS;
   if (dst == nullptr || !DeviceOk(src, n)) return CUDA_ERROR_INVALID_VALUE;
-  if (CUresult r; CaptureRefuse(stream, "a copy to host memory", &r)) return r;
+  HostFuncGate(stream);  // the work after a host function waits for it to return
+  if (CaptureActive()) {
+    CUDA_MEMCPY3D c{};
+    c.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+    c.srcDevice = src;
+    c.dstMemoryType = CU_MEMORYTYPE_HOST;
+    c.dstHost = dst;
+    c.WidthInBytes = n;
+    c.Height = c.Depth = 1;
+    if (CUresult r; CaptureHostCopy(stream, c, &r)) return r;
+  }
   return Client::Get().CopyDtoH(dst, src, n, stream, async);
 }
 
@@ -85,6 +105,7 @@ CUresult Copy2D(const CUDA_MEMCPY2D* c, CUstream hs, bool async) {
   if (k.dstMemoryType == CU_MEMORYTYPE_DEVICE &&
       !dev_ok(k.dstDevice, k.dstXInBytes, k.dstY, k.dstPitch, k.WidthInBytes, k.Height))
     return CUDA_ERROR_INVALID_VALUE;
+  HostFuncGate(stream);  // the work after a host function waits for it to return
   if (CaptureActive()) {
     CUresult r = CUDA_SUCCESS;
     if (k.srcMemoryType == CU_MEMORYTYPE_DEVICE && k.dstMemoryType == CU_MEMORYTYPE_DEVICE) {
@@ -98,8 +119,24 @@ CUresult Copy2D(const CUDA_MEMCPY2D* c, CUstream hs, bool async) {
                     kSideDevice,
                     kSideDevice};
       if (CaptureFrame(stream, Op::kMemcpy2D, &q, sizeof q, offsetof(Memcpy2DReq, stream), &r)) return r;
-    } else if (CaptureRefuse(stream, "a 2D copy to or from host memory", &r)) {
-      return r;
+    } else {
+      CUDA_MEMCPY3D c3{};
+      c3.srcXInBytes = k.srcXInBytes;
+      c3.srcY = k.srcY;
+      c3.srcMemoryType = k.srcMemoryType;
+      c3.srcHost = k.srcHost;
+      c3.srcDevice = k.srcDevice;
+      c3.srcPitch = k.srcPitch;
+      c3.dstXInBytes = k.dstXInBytes;
+      c3.dstY = k.dstY;
+      c3.dstMemoryType = k.dstMemoryType;
+      c3.dstHost = k.dstHost;
+      c3.dstDevice = k.dstDevice;
+      c3.dstPitch = k.dstPitch;
+      c3.WidthInBytes = k.WidthInBytes;
+      c3.Height = k.Height;
+      c3.Depth = 1;
+      if (CaptureHostCopy(stream, c3, &r)) return r;
     }
   }
   return Client::Get().Copy2D(k, stream, async);
@@ -248,6 +285,10 @@ CUresult FillPointerAttribute(void* data, CUpointer_attribute attr, CUdeviceptr 
 }
 
 }  // namespace
+
+namespace orion::guest {
+CUresult Memcpy3D(const CUDA_MEMCPY3D* copy, CUstream hs, bool async) noexcept { return Copy3D(copy, hs, async); }
+}  // namespace orion::guest
 
 extern "C" {
 

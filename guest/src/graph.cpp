@@ -8,10 +8,14 @@
 // included) into its frames in a topological order (nodes can only depend on nodes added before
 // them, so insertion order is one); cuGraphLaunch sends them on the launch stream, where oriond
 // validates each frame like any other (no new trust), and stream order gives every dependency.
-// What does not fit a graph here fails loudly: copies to or from host memory and stream-ordered
-// allocations in capture (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, capture invalidated), and
+// What does not fit a graph here fails loudly: stream-ordered allocations in capture
+// (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, capture invalidated), copies with an array side, and
 // memory-allocation nodes (their entry points stay NOT_SUPPORTED stubs). Host nodes (explicit, or
-// cuLaunchHostFunc captured) are queued at launch as cuLaunchHostFunc does (hostfunc.cpp).
+// cuLaunchHostFunc captured) are queued at launch as cuLaunchHostFunc does (hostfunc.cpp). A copy
+// to or from host memory (pageable or pinned, captured or explicit) is a memcpy node that runs
+// as such a host function: once the work before it on the launch stream is done, it copies
+// through the data window on an internal stream of its context and waits for the copy, and the
+// work after it waits for it (so it reads and writes host memory in stream order, at each launch).
 // Independent branches run one after another on the launch stream (correct, but without the
 // overlap a GPU could give them).
 #include <algorithm>
@@ -33,6 +37,13 @@ namespace {
 
 struct GuestGraph;
 
+// A memcpy node with a host side: the copy, the context it runs in (checked when it runs).
+struct HostCopy {
+  CUDA_MEMCPY3D copy{};
+  GuestCtx* ctx = nullptr;
+};
+void RunHostCopy(void* data);
+
 struct GraphNode {
   CUgraphNodeType type = CU_GRAPH_NODE_TYPE_EMPTY;
   Op op = Op::kNop;  // the frame (not for EMPTY / GRAPH nodes)
@@ -45,6 +56,8 @@ struct GraphNode {
   CUDA_MEMSET_NODE_PARAMS memset{};  // MEMSET nodes
   uint64_t event = 0;                // EVENT_RECORD / WAIT_EVENT nodes
   CUDA_HOST_NODE_PARAMS host{};      // HOST nodes: the function runs in this process (hostfunc.cpp)
+  // MEMCPY nodes with a host side: `host` is {RunHostCopy, copy.get()}, shared with the frames.
+  std::shared_ptr<const HostCopy> copy;
 };
 
 struct GuestGraph {
@@ -58,7 +71,8 @@ struct Frame {
   Op op;
   std::vector<uint8_t> payload;
   uint32_t stream_offset;
-  CUDA_HOST_NODE_PARAMS host{};  // a HOST node: no frame; the function is queued in stream order
+  CUDA_HOST_NODE_PARAMS host{};          // a HOST node: no frame; the function is queued in stream order
+  std::shared_ptr<const HostCopy> copy;  // a host copy's (host.userData points into it)
 };
 // What a launch sends, built from the frames once (and again after they change): Batch payloads
 // with the offsets of their stream ids, and the host nodes and unbatchable frames between them.
@@ -68,6 +82,7 @@ struct Segment {
   std::vector<uint32_t> stream_offsets;  // where stream ids go in `payload`
   Op op = Op::kBatch;                    // kSingle: the frame's op
   CUDA_HOST_NODE_PARAMS host{};          // kHost
+  std::shared_ptr<const HostCopy> copy;  // kHost of a host copy: keeps host.userData alive
 };
 struct GuestExec {
   std::vector<Frame> frames;
@@ -164,6 +179,65 @@ std::unique_ptr<GraphNode> FrameNode(CUgraphNodeType type, Op op, const Req& q, 
   return node;
 }
 
+// Makes `node` a memcpy node that runs `copy` as a host function (the header says how).
+void SetHostCopy(GraphNode* node, std::shared_ptr<const HostCopy> copy) {
+  node->type = CU_GRAPH_NODE_TYPE_MEMCPY;
+  node->host.fn = RunHostCopy;
+  node->host.userData = const_cast<HostCopy*>(copy.get());
+  node->copy = std::move(copy);
+}
+
+// The internal stream each context's host copies run on (non-blocking: it waits for no other
+// stream), made at the first one; keyed by the context's id (never reused).
+CUresult CopyStream(const GuestCtx* ctx, CUstream* out) {
+  static std::mutex mu;
+  static auto* streams = new std::map<uint64_t, CUstream>;  // never destroyed: used at exit too
+  std::lock_guard l(mu);
+  if (auto it = streams->find(ctx->id);
+      it != streams->end() && S().streams.Has(reinterpret_cast<uint64_t>(it->second))) {
+    *out = it->second;
+    return CUDA_SUCCESS;
+  }
+  StreamCreateReq q{CU_STREAM_NON_BLOCKING, 0};
+  HandleRep rep{};
+  if (CUresult r = Client::Get().Call(Op::kStreamCreate, &q, sizeof q, &rep, sizeof rep); r != CUDA_SUCCESS) return r;
+  S().streams.Add(rep.handle, uint64_t{CU_STREAM_NON_BLOCKING} << 32);
+  (*streams)[ctx->id] = *out = reinterpret_cast<CUstream>(rep.handle);
+  return CUDA_SUCCESS;
+}
+
+// A host copy node's work, on the host-function thread once the work before it is done: the copy
+// on its context's copy stream, waited for. A failure (its context destroyed, a pointer freed) is
+// logged and marks the context's stream work failed, as an asynchronous error would.
+void RunHostCopy(void* data) {
+  const auto* job = static_cast<const HostCopy*>(data);
+  if (!S().contexts.Has(reinterpret_cast<CUcontext>(job->ctx))) {
+    LogError("a graph's copy to or from host memory did not run: its context was destroyed");
+    return;
+  }
+  std::vector<GuestCtx*>& stack = CtxStack();
+  stack.push_back(job->ctx);
+  SetCurrentCtx(job->ctx);
+  CUstream s = nullptr;
+  CUresult r = CopyStream(job->ctx, &s);
+  if (r == CUDA_SUCCESS) r = Memcpy3D(&job->copy, s, true);
+  if (r == CUDA_SUCCESS) {
+    HandleReq q{reinterpret_cast<uint64_t>(s)};
+    r = Client::Get().Call(Op::kStreamSynchronize, &q, sizeof q);
+  }
+  stack.pop_back();
+  SetCurrentCtx(CurrentCtx());
+  if (r != CUDA_SUCCESS) {
+    LogError("a graph's copy to or from host memory failed: CUDA error " + std::to_string(static_cast<int>(r)));
+  }
+}
+
+// A launch's host copy: `data` is a std::shared_ptr<const HostCopy> made for it (then freed).
+void RunHeldHostCopy(void* data) {
+  std::unique_ptr<std::shared_ptr<const HostCopy>> held(static_cast<std::shared_ptr<const HostCopy>*>(data));
+  RunHostCopy(const_cast<HostCopy*>(held->get()));
+}
+
 std::unique_ptr<GuestGraph> Clone(const GuestGraph& g, std::map<const GraphNode*, GraphNode*>* map) {
   auto out = std::make_unique<GuestGraph>();
   for (auto& n : g.nodes) {
@@ -177,6 +251,7 @@ std::unique_ptr<GuestGraph> Clone(const GuestGraph& g, std::map<const GraphNode*
     c->memset = n->memset;
     c->event = n->event;
     c->host = n->host;
+    c->copy = n->copy;
     for (GraphNode* d : n->deps) c->deps.push_back((*map)[d]);
     if (n->child) c->child = Clone(*n->child, map);
     (*map)[n.get()] = c.get();
@@ -192,7 +267,7 @@ void Flatten(const GuestGraph& g, GuestExec* e, bool top) {
       Flatten(*n->child, e, false);
     } else if (n->type != CU_GRAPH_NODE_TYPE_EMPTY) {
       e->index[n.get()] = e->frames.size();
-      e->frames.push_back(Frame{n->op, n->payload, n->stream_offset, n->host});
+      e->frames.push_back(Frame{n->op, n->payload, n->stream_offset, n->host, n->copy});
     }
   }
 }
@@ -323,6 +398,16 @@ bool CaptureHostFunc(uint64_t stream, CUhostFn fn, void* data, CUresult* result)
     node->host.fn = fn;
     node->host.userData = data;
   });
+}
+
+bool CaptureHostCopy(uint64_t stream, const CUDA_MEMCPY3D& copy, CUresult* result) noexcept {
+  std::shared_ptr<HostCopy> c;
+  try {
+    c = std::make_shared<HostCopy>(HostCopy{copy, CurrentCtx()});
+  } catch (const std::bad_alloc&) {
+    return CaptureRefuse(stream, "a copy to or from host memory (no memory for its node)", result);
+  }
+  return CaptureNode(stream, result, [&](GraphNode* node) { SetHostCopy(node, std::move(c)); });
 }
 
 bool CaptureEventRecord(uint64_t event, uint64_t stream, unsigned flags, CUresult* result) noexcept {
@@ -515,6 +600,7 @@ void BuildPlan(GuestExec* e) {
       Segment h;
       h.kind = Segment::kHost;
       h.host = f.host;
+      h.copy = f.copy;
       e->plan.push_back(std::move(h));
       continue;
     }
@@ -561,7 +647,9 @@ CUresult LaunchGraph(CUgraphExec he, CUstream hs) {
     for (Frame& f : frames) {
       CUresult r = CUDA_SUCCESS;
       bool took = false;
-      if (f.host.fn != nullptr) {
+      if (f.copy != nullptr) {
+        took = CaptureNode(sid, &r, [&](GraphNode* node) { SetHostCopy(node, f.copy); });
+      } else if (f.host.fn != nullptr) {
         took = CaptureHostFunc(sid, f.host.fn, f.host.userData, &r);
       } else {
         std::memcpy(f.payload.data() + f.stream_offset, &sid, sizeof sid);
@@ -584,6 +672,16 @@ CUresult LaunchGraph(CUgraphExec he, CUstream hs) {
     plan = e->plan;
   }
   for (Segment& seg : plan) {
+    if (seg.kind == Segment::kHost && seg.copy != nullptr) {
+      // The copy outlives this launch's plan (the exec may be destroyed before it runs).
+      auto* held = new (std::nothrow) std::shared_ptr<const HostCopy>(seg.copy);
+      if (held == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+      if (CUresult r = LaunchHostFunc(hs, RunHeldHostCopy, held); r != CUDA_SUCCESS) {
+        delete held;
+        return r;
+      }
+      continue;
+    }
     if (seg.kind == Segment::kHost) {
       if (CUresult r = LaunchHostFunc(hs, seg.host.fn, seg.host.userData); r != CUDA_SUCCESS) return r;
       continue;
@@ -818,8 +916,8 @@ ORION_EXPORT CUresult CUDAAPI cuGraphAddMemsetNode(CUgraphNode* out, CUgraph hg,
   return AddToGraph(hg, deps, n, std::move(node), out);
 }
 
-// Device-to-device copies only (1D or 2D, depth 1): a host side would be read or written at each
-// launch, which needs the data window at that moment (not served in graphs yet).
+// Device-to-device copies of 1 or 2 dimensions are frames; a copy with a host side (or of 3
+// dimensions) runs as a host copy at each launch; array sides are refused.
 ORION_EXPORT CUresult CUDAAPI cuGraphAddMemcpyNode(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps, size_t n,
                                                    const CUDA_MEMCPY3D* p, CUcontext ctx) {
   ORION_API(cuGraphAddMemcpyNode);
@@ -829,10 +927,46 @@ ORION_EXPORT CUresult CUDAAPI cuGraphAddMemcpyNode(CUgraphNode* out, CUgraph hg,
   auto dev_side = [](CUmemorytype t, CUdeviceptr d) {
     return t == CU_MEMORYTYPE_DEVICE || (t == CU_MEMORYTYPE_UNIFIED && S().mirror.Find(d, 1, nullptr));
   };
-  if (!dev_side(p->srcMemoryType, p->srcDevice) || !dev_side(p->dstMemoryType, p->dstDevice) || p->Depth > 1 ||
-      p->srcZ != 0 || p->dstZ != 0 || p->srcLOD != 0 || p->dstLOD != 0) {
-    LogWarn("cuGraphAddMemcpyNode: only device-to-device copies of 1 or 2 dimensions are served by Orion in graphs");
+  if (p->srcMemoryType == CU_MEMORYTYPE_ARRAY || p->dstMemoryType == CU_MEMORYTYPE_ARRAY) {
+    LogWarn("cuGraphAddMemcpyNode: copies to or from CUDA arrays are not served by Orion in graphs");
     return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  if (p->reserved0 != nullptr || p->reserved1 != nullptr || p->srcLOD != 0 || p->dstLOD != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (!dev_side(p->srcMemoryType, p->srcDevice) || !dev_side(p->dstMemoryType, p->dstDevice) || p->Depth > 1 ||
+      p->srcZ != 0 || p->dstZ != 0) {
+    // A host side (or a 3D copy): checked now as cuMemcpy3D checks it, run at each launch as a
+    // host copy (the header says how).
+    if (p->WidthInBytes == 0 || p->Height == 0 || p->Depth == 0) return CUDA_ERROR_INVALID_VALUE;
+    auto host_ok = [](CUmemorytype t, const void* h, CUdeviceptr d) {
+      return t == CU_MEMORYTYPE_HOST ? h != nullptr : t == CU_MEMORYTYPE_UNIFIED ? d != 0 : t == CU_MEMORYTYPE_DEVICE;
+    };
+    if (!host_ok(p->srcMemoryType, p->srcHost, p->srcDevice) || !host_ok(p->dstMemoryType, p->dstHost, p->dstDevice))
+      return CUDA_ERROR_INVALID_VALUE;
+    auto dev_span_ok = [](CUmemorytype t, CUdeviceptr base, size_t x, size_t y, size_t z, size_t pitch, size_t height,
+                          size_t w, size_t h, size_t depth) {
+      if (!(t == CU_MEMORYTYPE_DEVICE || (t == CU_MEMORYTYPE_UNIFIED && S().mirror.Find(base, 1, nullptr))))
+        return true;  // a host side: read or written when the node runs
+      uint64_t slice = 0, off = 0, first = 0, span = 0;
+      return CheckedMul(height, pitch, &slice) && CheckedMul(z, slice, &off) && CheckedAdd(off, y * pitch + x, &off) &&
+             CheckedAdd(base, off, &first) && CheckedMul(depth - 1, slice, &span) &&
+             CheckedAdd(span, (h - 1) * pitch + w, &span) && S().mirror.Find(first, span, nullptr);
+    };
+    if (!dev_span_ok(p->srcMemoryType, p->srcDevice, p->srcXInBytes, p->srcY, p->srcZ, p->srcPitch,
+                     p->Depth > 1 ? p->srcHeight : 0, p->WidthInBytes, p->Height, p->Depth) ||
+        !dev_span_ok(p->dstMemoryType, p->dstDevice, p->dstXInBytes, p->dstY, p->dstZ, p->dstPitch,
+                     p->Depth > 1 ? p->dstHeight : 0, p->WidthInBytes, p->Height, p->Depth))
+      return CUDA_ERROR_INVALID_VALUE;
+    std::shared_ptr<HostCopy> c;
+    std::unique_ptr<GraphNode> node;
+    try {
+      c = std::make_shared<HostCopy>(HostCopy{*p, CurrentCtx()});
+      node = std::make_unique<GraphNode>();
+    } catch (const std::bad_alloc&) {
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    SetHostCopy(node.get(), std::move(c));
+    return AddToGraph(hg, deps, n, std::move(node), out);
   }
   if (p->WidthInBytes == 0 || p->Height == 0) return CUDA_ERROR_INVALID_VALUE;
   auto first = [](CUdeviceptr base, size_t x, size_t y, size_t pitch, uint64_t* at) {
@@ -1081,7 +1215,7 @@ ORION_EXPORT CUresult CUDAAPI cuGraphExecKernelNodeSetParams_v2(CUgraphExec he, 
   if (it == e->index.end() ||
       (e->frames[it->second].op != Op::kLaunchKernel && e->frames[it->second].op != Op::kLaunchKernelEx))
     return CUDA_ERROR_INVALID_VALUE;
-  e->frames[it->second] = Frame{op, std::move(frame), static_cast<uint32_t>(offsetof(LaunchReq, stream))};
+  e->frames[it->second] = Frame{op, std::move(frame), static_cast<uint32_t>(offsetof(LaunchReq, stream)), {}, nullptr};
   e->dirty = true;
   return CUDA_SUCCESS;
 }

@@ -226,6 +226,11 @@ void CaptureFailed(uint64_t stream, const std::string& what) noexcept;
 bool CaptureRefuse(uint64_t stream, const char* what, CUresult* result) noexcept;
 // cuLaunchHostFunc on a capturing stream: a host node of the capture (true, *result set).
 bool CaptureHostFunc(uint64_t stream, CUhostFn fn, void* data, CUresult* result) noexcept;
+// A copy to or from host memory (pageable or pinned; 1D, 2D or 3D, no array side) on a capturing
+// stream: a memcpy node of the capture (true, *result set), run at each launch in stream order.
+bool CaptureHostCopy(uint64_t stream, const CUDA_MEMCPY3D& copy, CUresult* result) noexcept;
+// cuMemcpy3D(Async) on the current context (api_memory.cpp): what a graph's host copy runs.
+CUresult Memcpy3D(const CUDA_MEMCPY3D* copy, CUstream hs, bool async) noexcept;
 // Event record on a capturing stream (a dependency inside the capture, no frame), and a wait on
 // an event recorded in a capture (the waiting stream joins that capture).
 bool CaptureEventRecord(uint64_t event, uint64_t stream, unsigned flags, CUresult* result) noexcept;
