@@ -15,12 +15,55 @@ namespace {
 
 bool DeviceOk(uint64_t p, uint64_t bytes) { return S().mirror.Find(p, bytes, nullptr); }
 
+// Maps pinned host memory at `p` (cuMemHostAlloc/cuMemAllocHost, or a DEVICEMAP registration) into
+// the device's address space: what cuMemHostGetDevicePointer returns. Shared-memory transports only.
+CUresult MapHost(void* p, CUdeviceptr* out) {
+  void* base = nullptr;
+  uint64_t bytes = 0;
+  if (void* alias = Client::Get().WindowAlias(p, &base, &bytes); alias != nullptr) {
+    p = alias;  // registered with CU_MEMHOSTREGISTER_DEVICEMAP: its pages live in the window
+  } else if (!Client::Get().PinnedRange(p, &base, &bytes)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  WindowRangeReq q{static_cast<uint64_t>(Client::Get().WindowOffset(base, bytes)), bytes};
+  U64Rep rep{};
+  CUresult r = Client::Get().Call(Op::kHostGetDevicePointer, &q, sizeof q, &rep, sizeof rep);
+  if (r != CUDA_SUCCESS) return r;
+  DeviceRange existing{};
+  if (!S().mirror.Find(rep.value, bytes, &existing)) {
+    S().mirror.Add({rep.value, bytes, RangeKind::kMappedHost, CurrentCtx(), base});
+  }
+  *out = rep.value + static_cast<uint64_t>(static_cast<uint8_t*>(p) - static_cast<uint8_t*>(base));
+  return CUDA_SUCCESS;
+}
+
+// Unified addressing: a pinned host address given where a device address is expected (XLA
+// memsets and reads back its cuMemHostAlloc buffers with cuMemsetD32Async and cuMemcpyDtoHAsync)
+// stands for its device mapping, so the work stays in stream order; `*p` becomes that address when
+// the `bytes` from it are pinned memory of this process. False otherwise, and on network
+// transports (no shared memory). A kernel given the host address cannot use it (README).
+bool PinnedAsDevice(CUdeviceptr* p, uint64_t bytes) {
+  if (Client::Get().network()) return false;
+  void* base = nullptr;
+  uint64_t range = 0;
+  void* host = reinterpret_cast<void*>(*p);
+  if (Client::Get().WindowAlias(host, &base, &range) == nullptr && !Client::Get().PinnedRange(host, &base, &range))
+    return false;
+  CUdeviceptr d = 0;
+  if (MapHost(host, &d) != CUDA_SUCCESS || !DeviceOk(d, bytes)) return false;
+  *p = d;
+  return true;
+}
+// A device range, or pinned host memory standing for one (PinnedAsDevice): true with `*p` a device
+// address.
+bool DeviceOrPinned(CUdeviceptr* p, uint64_t bytes) { return DeviceOk(*p, bytes) || PinnedAsDevice(p, bytes); }
+
 CUresult HtoD(CUdeviceptr dst, const void* src, size_t n, CUstream hs, bool async) {
   if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
   uint64_t stream = 0;
   if (!StreamId(hs, &stream)) return CUDA_ERROR_INVALID_HANDLE;
   if (n == 0) return CUDA_SUCCESS;
-  if (src == nullptr || !DeviceOk(dst, n)) return CUDA_ERROR_INVALID_VALUE;
+  if (src == nullptr || !DeviceOrPinned(&dst, n)) return CUDA_ERROR_INVALID_VALUE;
   HostFuncGate(stream);  // the work after a host function waits for it to return
   if (CaptureActive()) {
     CUDA_MEMCPY3D c{};
@@ -40,7 +83,7 @@ CUresult DtoH(void* dst, CUdeviceptr src, size_t n, CUstream hs, bool async) {
   uint64_t stream = 0;
   if (!StreamId(hs, &stream)) return CUDA_ERROR_INVALID_HANDLE;
   if (n == 0) return CUDA_SUCCESS;
-  if (dst == nullptr || !DeviceOk(src, n)) return CUDA_ERROR_INVALID_VALUE;
+  if (dst == nullptr || !DeviceOrPinned(&src, n)) return CUDA_ERROR_INVALID_VALUE;
   HostFuncGate(stream);  // the work after a host function waits for it to return
   if (CaptureActive()) {
     CUDA_MEMCPY3D c{};
@@ -60,7 +103,7 @@ CUresult DtoD(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream hs) {
   uint64_t stream = 0;
   if (!StreamId(hs, &stream)) return CUDA_ERROR_INVALID_HANDLE;
   if (n == 0) return CUDA_SUCCESS;
-  if (!DeviceOk(dst, n) || !DeviceOk(src, n)) return CUDA_ERROR_INVALID_VALUE;
+  if (!DeviceOrPinned(&dst, n) || !DeviceOrPinned(&src, n)) return CUDA_ERROR_INVALID_VALUE;
   MemcpyReq q{dst, src, n, stream};
   if (CUresult r; CaptureFrame(stream, Op::kMemcpyDtoD, &q, sizeof q, offsetof(MemcpyReq, stream), &r)) return r;
   return Client::Get().Send(Op::kMemcpyDtoD, &q, sizeof q);
@@ -192,8 +235,10 @@ CUresult Copy3D(const CUDA_MEMCPY3D* c, CUstream hs, bool async) {
   return CUDA_SUCCESS;
 }
 
-CUresult Memset(CUdeviceptr dst, uint32_t value, uint32_t elem, size_t width, size_t height, size_t pitch,
-                CUstream hs) {
+// `sync`: cuMemsetD* (not *Async), which is fully synchronous when its target is pinned host memory
+// (CUDA driver API, "API synchronization behavior").
+CUresult Memset(CUdeviceptr dst, uint32_t value, uint32_t elem, size_t width, size_t height, size_t pitch, CUstream hs,
+                bool sync = false) {
   if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
   uint64_t stream = 0;
   if (!StreamId(hs, &stream)) return CUDA_ERROR_INVALID_HANDLE;
@@ -201,10 +246,13 @@ CUresult Memset(CUdeviceptr dst, uint32_t value, uint32_t elem, size_t width, si
   if (dst % elem != 0) return CUDA_ERROR_INVALID_VALUE;
   if (height > 1 && pitch < width * elem) return CUDA_ERROR_INVALID_VALUE;
   const uint64_t span = (height - 1) * (height > 1 ? pitch : 0) + width * elem;
-  if (!DeviceOk(dst, span)) return CUDA_ERROR_INVALID_VALUE;
+  const bool pinned = !DeviceOk(dst, span);
+  if (!DeviceOrPinned(&dst, span)) return CUDA_ERROR_INVALID_VALUE;
   MemsetReq q{dst, width, height, height > 1 ? pitch : 0, stream, value, elem};
   if (CUresult r; CaptureFrame(stream, Op::kMemset, &q, sizeof q, offsetof(MemsetReq, stream), &r)) return r;
-  return Client::Get().Send(Op::kMemset, &q, sizeof q);
+  if (CUresult r = Client::Get().Send(Op::kMemset, &q, sizeof q); r != CUDA_SUCCESS || !(sync && pinned)) return r;
+  HandleReq wait{stream};
+  return Client::Get().Call(Op::kStreamSynchronize, &wait, sizeof wait);
 }
 
 CUresult AllocHost(void** pp, size_t bytes, unsigned flags) {
@@ -397,24 +445,13 @@ ORION_EXPORT CUresult CUDAAPI cuMemHostGetDevicePointer_v2(CUdeviceptr* pdptr, v
   }
   void* base = nullptr;
   uint64_t bytes = 0;
-  if (void* alias = Client::Get().WindowAlias(p, &base, &bytes); alias != nullptr) {
-    p = alias;  // registered with CU_MEMHOSTREGISTER_DEVICEMAP: its pages live in the window
-  } else if (!Client::Get().PinnedRange(p, &base, &bytes)) {
+  if (Client::Get().WindowAlias(p, &base, &bytes) == nullptr && !Client::Get().PinnedRange(p, &base, &bytes)) {
     LogWarn(
         "cuMemHostGetDevicePointer: only memory from cuMemHostAlloc/cuMemAllocHost, or registered with "
         "CU_MEMHOSTREGISTER_DEVICEMAP, can be mapped");
     return CUDA_ERROR_NOT_SUPPORTED;
   }
-  WindowRangeReq q{static_cast<uint64_t>(Client::Get().WindowOffset(base, bytes)), bytes};
-  U64Rep rep{};
-  CUresult r = Client::Get().Call(Op::kHostGetDevicePointer, &q, sizeof q, &rep, sizeof rep);
-  if (r != CUDA_SUCCESS) return r;
-  DeviceRange existing{};
-  if (!S().mirror.Find(rep.value, bytes, &existing)) {
-    S().mirror.Add({rep.value, bytes, RangeKind::kMappedHost, CurrentCtx(), base});
-  }
-  *pdptr = rep.value + static_cast<uint64_t>(static_cast<uint8_t*>(p) - static_cast<uint8_t*>(base));
-  return CUDA_SUCCESS;
+  return MapHost(p, pdptr);
 }
 
 ORION_EXPORT CUresult CUDAAPI cuMemHostGetFlags(unsigned int* pFlags, void* p) {
@@ -616,7 +653,7 @@ ORION_EXPORT CUresult CUDAAPI cuMemcpy3DAsync_v2_ptsz(const CUDA_MEMCPY3D* p, CU
 #define ORION_MEMSET(name, elem, vtype)                                  \
   ORION_EXPORT CUresult CUDAAPI name(CUdeviceptr d, vtype v, size_t n) { \
     ORION_API(name);                                                     \
-    return Memset(d, v, elem, n, 1, 0, nullptr);                         \
+    return Memset(d, v, elem, n, 1, 0, nullptr, true);                   \
   }
 #define ORION_MEMSET_ASYNC(name, elem, vtype)                                        \
   ORION_EXPORT CUresult CUDAAPI name(CUdeviceptr d, vtype v, size_t n, CUstream s) { \
@@ -626,7 +663,7 @@ ORION_EXPORT CUresult CUDAAPI cuMemcpy3DAsync_v2_ptsz(const CUDA_MEMCPY3D* p, CU
 #define ORION_MEMSET2D(name, elem, vtype)                                                        \
   ORION_EXPORT CUresult CUDAAPI name(CUdeviceptr d, size_t pitch, vtype v, size_t w, size_t h) { \
     ORION_API(name);                                                                             \
-    return Memset(d, v, elem, w, h, pitch, nullptr);                                             \
+    return Memset(d, v, elem, w, h, pitch, nullptr, true);                                       \
   }
 #define ORION_MEMSET2D_ASYNC(name, elem, vtype)                                                              \
   ORION_EXPORT CUresult CUDAAPI name(CUdeviceptr d, size_t pitch, vtype v, size_t w, size_t h, CUstream s) { \
