@@ -728,3 +728,46 @@ ORION_EXPORT CUresult CUDAAPI cuPointerGetAttributes(unsigned int numAttributes,
 }
 
 }  // extern "C"
+
+extern "C" {
+
+// cuTensorMapEncodeTiled: encoded by oriond (the real driver on the cuda backend, which is where
+// the map is used; Orion's own layout on sim, whose executor refuses TMA), after it checked the
+// parameters against the driver's requirements and the global address against the session's
+// device memory.
+ORION_EXPORT CUresult CUDAAPI cuTensorMapEncodeTiled(CUtensorMap* tensorMap, CUtensorMapDataType tensorDataType,
+                                                     cuuint32_t tensorRank, void* globalAddress,
+                                                     const cuuint64_t* globalDim, const cuuint64_t* globalStrides,
+                                                     const cuuint32_t* boxDim, const cuuint32_t* elementStrides,
+                                                     CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle,
+                                                     CUtensorMapL2promotion l2Promotion,
+                                                     CUtensorMapFloatOOBfill oobFill) {
+  ORION_API(cuTensorMapEncodeTiled);
+  if (tensorMap == nullptr || reinterpret_cast<uintptr_t>(tensorMap) % 64 != 0 || tensorRank == 0 || tensorRank > 5 ||
+      globalDim == nullptr || boxDim == nullptr || elementStrides == nullptr ||
+      (tensorRank > 1 && globalStrides == nullptr))
+    return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  TensorMapEncodeReq q{};
+  q.data_type = static_cast<uint32_t>(tensorDataType);
+  q.rank = tensorRank;
+  q.global_address = reinterpret_cast<uint64_t>(globalAddress);
+  for (cuuint32_t i = 0; i < tensorRank; ++i) {
+    q.global_dim[i] = globalDim[i];
+    q.box_dim[i] = boxDim[i];
+    q.element_strides[i] = elementStrides[i];
+    if (i + 1 < tensorRank) q.global_strides[i] = globalStrides[i];
+  }
+  q.interleave = static_cast<uint32_t>(interleave);
+  q.swizzle = static_cast<uint32_t>(swizzle);
+  q.l2_promotion = static_cast<uint32_t>(l2Promotion);
+  q.oob_fill = static_cast<uint32_t>(oobFill);
+  TensorMapRep rep{};
+  if (CUresult r = Client::Get().Call(Op::kTensorMapEncodeTiled, &q, sizeof q, &rep, sizeof rep); r != CUDA_SUCCESS)
+    return r;
+  static_assert(sizeof(CUtensorMap) == sizeof rep, "CUtensorMap is 16 words");
+  std::memcpy(tensorMap, &rep, sizeof rep);
+  return CUDA_SUCCESS;
+}
+
+}  // extern "C"

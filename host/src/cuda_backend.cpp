@@ -180,6 +180,7 @@ struct Api {
   decltype(&::cuCtxEnablePeerAccess) ctxEnablePeerAccess = nullptr;
   // Optional (driver >= 11.0): stream attributes (the access policy window, the sync policy).
   decltype(&::cuStreamGetAttribute) streamGetAttribute = nullptr;
+  decltype(&::cuTensorMapEncodeTiled) tensorMapEncodeTiled = nullptr;
   decltype(&::cuStreamSetAttribute) streamSetAttribute = nullptr;
 };
 
@@ -223,6 +224,7 @@ Status LoadApi(void* lib, const std::string& path, Api* api) {
   (void)Sym(lib, "cuDeviceCanAccessPeer", &api->deviceCanAccessPeer);
   (void)Sym(lib, "cuCtxEnablePeerAccess", &api->ctxEnablePeerAccess);
   (void)Sym(lib, "cuStreamGetAttribute", &api->streamGetAttribute);
+  (void)Sym(lib, "cuTensorMapEncodeTiled", &api->tensorMapEncodeTiled);  // CUDA 12.0
   (void)Sym(lib, "cuStreamSetAttribute", &api->streamSetAttribute);
   return Status::Ok();
 }
@@ -1118,6 +1120,18 @@ class CudaBackend final : public Backend {
     }
     const CUresult r = api_.streamGetAttribute(Stream(stream), id, &v);
     if (r == CUDA_SUCCESS) std::memcpy(value, &v, sizeof v);
+    return r;
+  }
+  CUresult TensorMapEncodeTiled(const TensorMapEncodeReq& q, uint64_t out[16]) override {
+    if (api_.tensorMapEncodeTiled == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+    alignas(64) CUtensorMap map{};
+    static_assert(sizeof map == 16 * sizeof(uint64_t), "CUtensorMap is 16 words");
+    const CUresult r = api_.tensorMapEncodeTiled(
+        &map, static_cast<CUtensorMapDataType>(q.data_type), q.rank, reinterpret_cast<void*>(q.global_address),
+        q.global_dim, q.global_strides, q.box_dim, q.element_strides, static_cast<CUtensorMapInterleave>(q.interleave),
+        static_cast<CUtensorMapSwizzle>(q.swizzle), static_cast<CUtensorMapL2promotion>(q.l2_promotion),
+        static_cast<CUtensorMapFloatOOBfill>(q.oob_fill));
+    if (r == CUDA_SUCCESS) std::memcpy(out, &map, sizeof map);
     return r;
   }
   CUresult StreamSynchronize(void* stream) override { return Synced(api_.streamSynchronize(Stream(stream))); }

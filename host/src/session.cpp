@@ -123,6 +123,58 @@ ArrayRec ArrayGeometry(uint32_t format, uint32_t channels, uint32_t flags, uint6
 bool IntegerFormat32(uint32_t format) {
   return format == CU_AD_FORMAT_UNSIGNED_INT32 || format == CU_AD_FORMAT_SIGNED_INT32;
 }
+// cuTensorMapEncodeTiled's requirements on its parameters (CUDA driver API reference, "Tensor Map
+// Object Management"), checked before any driver sees them: false with what is wrong.
+bool TensorMapValid(const TensorMapEncodeReq& q, const char** why) {
+  static constexpr uint32_t kElemBytes[] = {1, 2, 4, 4, 8, 8, 2, 4, 8, 2, 4, 4, 4, 1, 1, 1};  // by data type; packed: 1
+  static_assert(sizeof kElemBytes / sizeof kElemBytes[0] == CU_TENSOR_MAP_DATA_TYPE_16U6_ALIGN16B + 1);
+  const bool packed16 =
+      q.data_type == CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN16B || q.data_type == CU_TENSOR_MAP_DATA_TYPE_16U6_ALIGN16B;
+  const bool packed = packed16 || q.data_type == CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN8B;
+  *why = "a data type, interleave, swizzle, L2 promotion or OOB fill that does not exist";
+  if (q.data_type > CU_TENSOR_MAP_DATA_TYPE_16U6_ALIGN16B || q.interleave > CU_TENSOR_MAP_INTERLEAVE_32B ||
+      q.swizzle > CU_TENSOR_MAP_SWIZZLE_128B_ATOM_64B || q.l2_promotion > CU_TENSOR_MAP_L2_PROMOTION_L2_256B ||
+      q.oob_fill > CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA)
+    return false;
+  *why = "rank must be 1..5 (3..5 interleaved)";
+  if (q.rank == 0 || q.rank > 5 || (q.interleave != CU_TENSOR_MAP_INTERLEAVE_NONE && q.rank < 3)) return false;
+  const uint64_t align = q.interleave == CU_TENSOR_MAP_INTERLEAVE_32B || packed16 ? 32 : 16;
+  *why = "the global address must be 16-byte aligned (32 for 32B interleave and 16-byte-aligned packed types)";
+  if (q.global_address % align != 0) return false;
+  for (uint32_t i = 0; i < 5; ++i) {
+    const bool used = i < q.rank;
+    *why = "each global dimension must be 1..2^32 (0 past the rank)";
+    if (used ? q.global_dim[i] == 0 || q.global_dim[i] > (uint64_t{1} << 32) : q.global_dim[i] != 0) return false;
+    *why = "each box dimension must be 1..256 and each element stride 1..8 (0 past the rank)";
+    if (used ? q.box_dim[i] == 0 || q.box_dim[i] > 256 || q.element_strides[i] == 0 || q.element_strides[i] > 8
+             : q.box_dim[i] != 0 || q.element_strides[i] != 0)
+      return false;
+  }
+  for (uint32_t i = 0; i < 4; ++i) {
+    *why = "each global stride must be a multiple of 16 (32 when 32B-aligned) below 2^40 (0 past rank - 1)";
+    if (i + 1 < q.rank
+            ? q.global_strides[i] % align != 0 || q.global_strides[i] >= (uint64_t{1} << 40) || q.global_strides[i] == 0
+            : q.global_strides[i] != 0)
+      return false;
+  }
+  const uint64_t inner = uint64_t{q.box_dim[0]} * kElemBytes[q.data_type];
+  *why = "the box's inner dimension must be a multiple of 16 bytes without interleave";
+  if (q.interleave == CU_TENSOR_MAP_INTERLEAVE_NONE && !packed && inner % 16 != 0) return false;
+  *why = "the box's inner dimension must fit the swizzle span";
+  const uint64_t span = q.swizzle == CU_TENSOR_MAP_SWIZZLE_NONE  ? ~uint64_t{0}
+                        : q.swizzle == CU_TENSOR_MAP_SWIZZLE_32B ? 32
+                        : q.swizzle == CU_TENSOR_MAP_SWIZZLE_64B ? 64
+                                                                 : 128;
+  if (q.interleave == CU_TENSOR_MAP_INTERLEAVE_NONE && !packed && inner > span) return false;
+  *why = "32B interleave needs the 32B swizzle";
+  if (q.interleave == CU_TENSOR_MAP_INTERLEAVE_32B && q.swizzle != CU_TENSOR_MAP_SWIZZLE_32B) return false;
+  *why = "NaN OOB fill needs a floating-point, unpacked data type";
+  const bool fp = q.data_type >= CU_TENSOR_MAP_DATA_TYPE_FLOAT16 && q.data_type <= CU_TENSOR_MAP_DATA_TYPE_TFLOAT32_FTZ;
+  if (q.oob_fill != CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE && !fp) return false;
+  *why = "";
+  return true;
+}
+
 // The stream attributes StreamAttribute serves, and whether a value to set is one (CUDA driver
 // API, CUstreamAttrValue: CUaccessPolicyWindow's hitRatio in [0, 1] and CUaccessProperty values;
 // CUsynchronizationPolicy 1..4). The window's address range is a cache hint, never accessed.
@@ -1568,6 +1620,20 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
         break;
       }
       r = b_->StreamAttribute(s, q.attr, q.set != 0, rep.value);
+      if (r == CUDA_SUCCESS) put(rep);
+      break;
+    }
+    case Op::kTensorMapEncodeTiled: {
+      const auto q = DecodeReq<Op::kTensorMapEncodeTiled>(payload);
+      const char* bad = "";
+      if (!TensorMapValid(q, &bad) || !DeviceRange(q.global_address, 1)) {
+        p_.log->warn("sess={} cuTensorMapEncodeTiled refused: {}", p_.session_id,
+                     *bad != '\0' ? bad : "the global address is not this session's device memory");
+        r = CUDA_ERROR_INVALID_VALUE;
+        break;
+      }
+      TensorMapRep rep{};
+      r = b_->TensorMapEncodeTiled(q, rep.opaque);
       if (r == CUDA_SUCCESS) put(rep);
       break;
     }

@@ -38,7 +38,8 @@ uint64_t NowNs() {
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
 }
 
-constexpr int kSimMaxAccessPolicyWindow = 134213632;  // bytes, as an H100 SXM reports
+constexpr int kSimMaxAccessPolicyWindow = 134213632;          // bytes, as an H100 SXM reports
+constexpr uint64_t kSimTensorMapTag = 0x314d544e4f49524full;  // "ORIONTM1": a tensor map the sim encoded
 
 // Attributes of the simulated device: an sm_90-class GPU (values as an H100 SXM reports them).
 void FillSimAttributes(int32_t* a, uint32_t pgpu) {
@@ -969,6 +970,22 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     stream_flags_.erase(stream);
     stream_attrs_.erase(stream);
     return r;
+  }
+  // A tensor map in Orion's own layout (the executor runs no TMA, so nothing reads it but a
+  // program's own cuTensorMap* calls): a tag word, then the parameters as given.
+  CUresult TensorMapEncodeTiled(const TensorMapEncodeReq& q, uint64_t out[16]) override {
+    std::memset(out, 0, 16 * sizeof(uint64_t));
+    out[0] = kSimTensorMapTag;
+    out[1] = q.global_address;
+    out[2] = uint64_t{q.data_type} | uint64_t{q.rank} << 8 | uint64_t{q.interleave} << 16 | uint64_t{q.swizzle} << 24 |
+             uint64_t{q.l2_promotion} << 32 | uint64_t{q.oob_fill} << 40;
+    for (uint32_t i = 0; i < 5; ++i) out[3 + i] = q.global_dim[i];
+    for (uint32_t i = 0; i < 4; ++i) out[8 + i] = q.global_strides[i];
+    for (uint32_t i = 0; i < 5; ++i) {
+      out[12 + i / 2] |= uint64_t{q.box_dim[i] & 0x1ff} << (32 * (i % 2));
+      out[15] |= uint64_t{q.element_strides[i] & 0xf} << (4 * i);
+    }
+    return CUDA_SUCCESS;
   }
   // Stream attributes are kept and returned; the sim has no L2 for an access policy window to
   // shape, and its streams' work runs in the order Flush gives whatever the sync policy.

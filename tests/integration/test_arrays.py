@@ -24,3 +24,18 @@ def test_arrays_textures_and_surfaces(oriond):
     # What Orion does not serve is refused, and says so.
     assert "a layered, cubemap, texture-gather, sparse or deferred-mapping CUDA array is not supported by Orion" in r.stderr
 
+
+
+def test_tensor_maps_are_encoded_and_checked(oriond):
+    """cuTensorMapEncodeTiled (tests/cuda/tensor_map.cu): a 2D float tile map of device memory is
+    encoded by oriond; each violated requirement of the driver's is refused with
+    CUDA_ERROR_INVALID_VALUE, and oriond's session log names why."""
+    r = oriond.run("tensor_map", ORION_GMEM=256)
+    assert_passed(r, expect_checks=9)
+    assert "cuTensorMapEncodeTiled is not supported" not in r.stderr
+    log = oriond.session_logs()
+    # (rank 0 and 6 are refused by the client before any frame.)
+    for why in ("the global address must be 16-byte aligned", "each global stride must be",
+                "each box dimension must be 1..256", "the box's inner dimension must fit the swizzle span",
+                "NaN OOB fill needs a floating-point", "the global address is not this session's device memory"):
+        assert f"cuTensorMapEncodeTiled refused: {why}" in log, why

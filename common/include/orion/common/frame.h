@@ -588,6 +588,29 @@ struct StreamAttrRep {
   uint8_t value[64];
 };
 ORION_WIRE_STRUCT(StreamAttrRep, 64);
+// TensorMapEncodeTiled: cuTensorMapEncodeTiled's parameters (CUDA driver API reference,
+// "Tensor Map Object Management"), checked by oriond against its requirements; array entries past
+// `rank` (globalStrides: past rank - 1) are 0. `global_address` must lie in the session's device
+// memory. The reply (TensorMapRep) is the 128-byte CUtensorMap: the real driver's on the cuda
+// backend; on sim, Orion's own layout (the executor runs no TMA: a kernel using it is refused).
+struct TensorMapEncodeReq {
+  uint32_t data_type;  // CUtensorMapDataType
+  uint32_t rank;       // 1..5
+  uint64_t global_address;
+  uint64_t global_dim[5];
+  uint64_t global_strides[4];  // bytes
+  uint32_t box_dim[5];
+  uint32_t element_strides[5];
+  uint32_t interleave;    // CUtensorMapInterleave
+  uint32_t swizzle;       // CUtensorMapSwizzle
+  uint32_t l2_promotion;  // CUtensorMapL2promotion
+  uint32_t oob_fill;      // CUtensorMapFloatOOBfill
+};
+ORION_WIRE_STRUCT(TensorMapEncodeReq, 144);
+struct TensorMapRep {
+  uint64_t opaque[16];  // CU_TENSOR_MAP_NUM_QWORDS
+};
+ORION_WIRE_STRUCT(TensorMapRep, 128);
 struct EventCreateReq {
   uint32_t flags;
   uint32_t reserved;

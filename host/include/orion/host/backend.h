@@ -185,6 +185,9 @@ class Backend {
   // CUstreamAttrValue) is set from, or filled with, the attribute. `stream` may be null (the
   // default stream).
   virtual CUresult StreamAttribute(void* stream, uint32_t attr, bool set, uint8_t value[64]) = 0;
+  // cuTensorMapEncodeTiled of `q` (checked by the session: its requirements hold and its global
+  // address is the session's device memory) into `out` (a CUtensorMap, 16 words).
+  virtual CUresult TensorMapEncodeTiled(const TensorMapEncodeReq& q, uint64_t out[16]) = 0;
   virtual CUresult StreamDestroy(void* stream) = 0;
   virtual CUresult StreamSynchronize(void* stream) = 0;
   virtual CUresult StreamQuery(void* stream) = 0;

@@ -1,0 +1,58 @@
+// cuTensorMapEncodeTiled (what XLA's autotuner and cuBLAS's sm_90 kernels ask of the driver): a
+// 2D float tile map of a device buffer is encoded by oriond, and the driver's requirements are
+// enforced, each case refused with CUDA_ERROR_INVALID_VALUE as the driver refuses it: rank 0 and 6,
+// a global address not 16-byte aligned, a stride not a multiple of 16, a box dimension of 257, an
+// inner box that does not fit its swizzle, NaN fill for an integer type, and a global address that
+// is not device memory of the process. Lines: CHECK ... / DONE.
+#include <cuda.h>
+
+#include <cstring>
+#include <vector>
+
+#include "orion_test.h"
+
+int main() {
+  ot::init_output();
+  CUDA_OK(cudaSetDevice(0));
+  float* d = nullptr;
+  const int rows = 64, cols = 128;
+  CUDA_OK(cudaMalloc(&d, rows * cols * sizeof(float)));
+  alignas(64) CUtensorMap map;
+  cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  cuuint64_t strides[1] = {cols * sizeof(float)};
+  cuuint32_t box[2] = {32, 16};
+  cuuint32_t estr[2] = {1, 1};
+  auto encode = [&](CUtensorMapDataType t, cuuint32_t rank, void* addr, const cuuint64_t* s, const cuuint32_t* b,
+                    CUtensorMapSwizzle sw, CUtensorMapFloatOOBfill fill) {
+    std::memset(&map, 0, sizeof map);
+    return cuTensorMapEncodeTiled(&map, t, rank, addr, dims, s, b, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, sw,
+                                  CU_TENSOR_MAP_L2_PROMOTION_L2_128B, fill);
+  };
+  const auto f32 = CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+  const auto none = CU_TENSOR_MAP_SWIZZLE_NONE;
+  const auto nofill = CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE;
+  CUresult r = encode(f32, 2, d, strides, box, CU_TENSOR_MAP_SWIZZLE_128B, nofill);
+  bool written = false;
+  for (auto w : map.opaque) written |= w != 0;
+  ot::check("encode_2d_float_tile", r == CUDA_SUCCESS && written, ot::fmt("%d", static_cast<int>(r)));
+  auto refused = [&](const char* name, CUresult got) {
+    ot::check(name, got == CUDA_ERROR_INVALID_VALUE, ot::fmt("%d", static_cast<int>(got)));
+  };
+  refused("rank_0_refused", encode(f32, 0, d, strides, box, none, nofill));
+  refused("rank_6_refused", encode(f32, 6, d, strides, box, none, nofill));
+  refused("unaligned_address_refused", encode(f32, 2, reinterpret_cast<char*>(d) + 4, strides, box, none, nofill));
+  cuuint64_t bad_stride[1] = {cols * sizeof(float) + 4};
+  refused("stride_not_multiple_of_16_refused", encode(f32, 2, d, bad_stride, box, none, nofill));
+  cuuint32_t big_box[2] = {32, 257};
+  refused("box_257_refused", encode(f32, 2, d, strides, big_box, none, nofill));
+  cuuint32_t wide_box[2] = {64, 16};  // 256 bytes: more than the 128B swizzle span
+  refused("inner_box_wider_than_swizzle_refused",
+          encode(f32, 2, d, strides, wide_box, CU_TENSOR_MAP_SWIZZLE_128B, nofill));
+  refused("nan_fill_for_integers_refused", encode(CU_TENSOR_MAP_DATA_TYPE_INT32, 2, d, strides, box, none,
+                                                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA));
+  std::vector<float> host(rows * cols + 16);
+  void* host_aligned = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(host.data()) + 15) & ~uintptr_t{15});
+  refused("host_address_refused", encode(f32, 2, host_aligned, strides, box, none, nofill));
+  CUDA_OK(cudaFree(d));
+  return ot::finish();
+}
