@@ -1124,7 +1124,7 @@ class CudaBackend final : public Backend {
   }
   CUresult TensorMapEncodeTiled(const TensorMapEncodeReq& q, uint64_t out[16]) override {
     if (api_.tensorMapEncodeTiled == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
-    alignas(64) CUtensorMap map{};
+    CUtensorMap map{};  // aligned as its type says (64 bytes, or 128 in newer headers)
     static_assert(sizeof map == 16 * sizeof(uint64_t), "CUtensorMap is 16 words");
     const CUresult r = api_.tensorMapEncodeTiled(
         &map, static_cast<CUtensorMapDataType>(q.data_type), q.rank, reinterpret_cast<void*>(q.global_address),

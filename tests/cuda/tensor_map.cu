@@ -17,7 +17,7 @@ int main() {
   float* d = nullptr;
   const int rows = 64, cols = 128;
   CUDA_OK(cudaMalloc(&d, rows * cols * sizeof(float)));
-  alignas(64) CUtensorMap map;
+  CUtensorMap map;  // its type is aligned as the driver needs (64 bytes at least)
   cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
   cuuint64_t strides[1] = {cols * sizeof(float)};
   cuuint32_t box[2] = {32, 16};
