@@ -431,6 +431,22 @@ CUresult Client::HandshakeLocked(uint64_t vgpus, uint64_t gmem, const std::strin
     hello_job_ = true;
   }
   gethostname(hello.hostname, sizeof hello.hostname - 1);
+  // Compute share (README "Compute share"): ORION_RATIO percent of each vGPU's physical GPU,
+  // ORION_RATIO_POLICY share (a minimum, the default) or cap (a ceiling).
+  {
+    bool bad = false;
+    const uint64_t ratio = EnvU64("ORION_RATIO", 0, &bad);
+    const char* policy = std::getenv("ORION_RATIO_POLICY");
+    const std::string pol = policy != nullptr ? policy : "";
+    if (bad || ratio > 100 || (pol != "" && pol != "share" && pol != "cap") || (pol == "cap" && ratio == 0)) {
+      LogError("ORION_RATIO must be a percentage 1..100 and ORION_RATIO_POLICY share or cap (cap needs ORION_RATIO)");
+      broken_ = CUDA_ERROR_INVALID_VALUE;
+      GiveBackLocked();
+      return broken_;
+    }
+    hello.ratio = static_cast<uint8_t>(ratio);
+    hello.policy = pol == "cap" ? 1 : 0;
+  }
   // ORION_SHARE: the vGPU share of this process tree. The first process of the tree to use Orion
   // names it (EnsureShareToken: in its C environment, which the processes it starts inherit); the
   // first session with the name takes vGPUs for the share, the others run on the same ones.

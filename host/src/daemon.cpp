@@ -27,6 +27,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <new>
 #include <cstring>
 #include <filesystem>
 #include <sstream>
@@ -190,6 +191,12 @@ Status Daemon::StartServing() {
   stat_used_.assign(kStatSlots, false);
   meters_ = stats_ + static_cast<size_t>(kStatSlots) * kMaxDevices;
   meter_used_.assign(kStatSlots, false);
+  // The physical GPUs' compute-share schedulers (compute_share.h), shared with the workers.
+  void* compute =
+      mmap(nullptr, sizeof(ComputeGpu) * kComputeGpus, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (compute == MAP_FAILED) return Internal(std::string("cannot map the compute schedulers: ") + std::strerror(errno));
+  compute_ = static_cast<ComputeGpu*>(compute);
+  for (uint32_t g = 0; g < kComputeGpus; ++g) new (&compute_[g]) ComputeGpu();
 
   // Module cache.
   if (!config_.cache_dir.empty()) {
@@ -373,6 +380,8 @@ void Daemon::Reap() {
       if (it->pid != pid) continue;
       --serving_;
       const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      ReleaseDevices(pid, it->placements);
+      FreeCompute(&it->compute);
       Finish(it->placements, it->allocation_id, it->stat_slot, code == kExitGoodbye ? "client_exited" : "session_ended",
              it->hold);
       log_->info("Session {} exits ({}).", it->session,
@@ -389,6 +398,8 @@ void Daemon::Reap() {
         if (c.state != Channel::kServing || c.pid != pid) continue;
         --serving_;
         const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+        ReleaseDevices(pid, c.placements);
+        FreeCompute(&c.compute);
         if (r.vm.empty()) {
           Finish(c.placements, c.allocation_id, c.stat_slot, code == kExitGoodbye ? "client_exited" : "session_ended",
                  c.hold);

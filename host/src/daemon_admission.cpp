@@ -51,6 +51,11 @@ Status Daemon::CheckRequest(HelloReq* hello) const {
     return InvalidArgument("ORION_VGPU=" + std::to_string(hello->vgpu_count) + " must be 1.." +
                            std::to_string(kMaxDevices));
   }
+  if (hello->ratio > 100 || hello->policy > kPolicyCap || (hello->policy == kPolicyCap && hello->ratio == 0)) {
+    return InvalidArgument(
+        "ORION_RATIO must be 1..100 (or unset: best effort) and ORION_RATIO_POLICY share or cap "
+        "(cap needs a ratio)");
+  }
   if (!ValidShareToken(hello->share, sizeof hello->share)) {
     return InvalidArgument("ORION_SHARE must be " + std::to_string(kShareTokenLen) +
                            " lowercase hex digits (the value oriond gave the process that started this one)");
@@ -165,9 +170,8 @@ Daemon::Admission Daemon::OnHold(const std::string& key, uint32_t count, uint64_
 // with the token (the processes it or its parent started) run on the same vGPUs instead of taking
 // their own. An empty `own` means the share exists: join it. No token: `own`, no share.
 Result<Daemon::Admission> Daemon::JoinShare(const HelloReq& hello, const std::string& token, Admission own) {
-  std::string t = token;
   if (own.placements.empty()) {
-    const std::string key = "share/" + t;
+    const std::string key = "share/" + token;
     Hold& hold = holds_.at(key);
     const std::string has = "the vGPU share of the process that started this one has " +
                             std::to_string(hold.placements.size()) + " vGPU(s) of " +
@@ -180,19 +184,19 @@ Result<Daemon::Admission> Daemon::JoinShare(const HelloReq& hello, const std::st
       return InvalidArgument("ORION_GMEM=" + std::to_string(hello.gmem_mib) + " MiB is more than " + has);
     }
     Admission a = OnHold(key, hello.vgpu_count, hello.gmem_mib);
-    a.share = t;
-    log_->info("Joining vGPU share {} ({} session(s) on it)", t.substr(0, 8), hold.sessions);
+    a.share = token;
+    log_->info("Joining vGPU share {} ({} session(s) on it)", token.substr(0, 8), hold.sessions);
     return a;
   }
-  if (t.empty()) return own;  // ORION_SHARE=off (or a client of its own): its own vGPUs
-  const std::string key = "share/" + t;
+  if (token.empty()) return own;  // ORION_SHARE=off (or a client of its own): its own vGPUs
+  const std::string key = "share/" + token;
   Hold& hold = holds_[key];
   hold.placements = std::move(own.placements);
   hold.allocation_id = std::move(own.allocation_id);
   hold.meter = TakeMeter();
   Admission a = OnHold(key, hello.vgpu_count, hello.gmem_mib);
-  a.share = t;
-  log_->info("Starting vGPU share {} on vGPUs {}", t.substr(0, 8), PlacementText(hold.placements));
+  a.share = token;
+  log_->info("Starting vGPU share {} on vGPUs {}", token.substr(0, 8), PlacementText(hold.placements));
   return a;
 }
 
@@ -240,12 +244,70 @@ void Daemon::Finish(const std::vector<Placement>& placements, const std::string&
       }
     }
     if (h->second.meter >= 0) meter_used_[static_cast<size_t>(h->second.meter)] = false;
+    FreeCompute(&h->second.compute);
     holds_.erase(h);
     return;
   }
   pool_->Release(placements);
   if (link_ && !allocation_id.empty()) link_->Release(allocation_id, why);
   if (stat_slot >= 0) stat_used_[static_cast<size_t>(stat_slot)] = false;
+}
+
+Status Daemon::TakeCompute(const HelloReq& hello, uint32_t session, const std::vector<Placement>& placements,
+                           std::map<uint32_t, int>* slots) {
+  if (compute_ == nullptr) return Status::Ok();
+  std::map<uint32_t, int> taken;
+  for (const Placement& p : placements) {
+    if (p.pgpu >= kComputeGpus || taken.count(p.pgpu) != 0) continue;
+    const uint32_t sum = ComputeRatioSum(compute_[p.pgpu]);
+    if (hello.ratio != 0 && sum + hello.ratio > 100) {
+      return ResourceExhausted("ORION_RATIO=" + std::to_string(hello.ratio) + " does not fit p-GPU " +
+                               std::to_string(p.pgpu) + ": " + std::to_string(100 - std::min(sum, 100u)) +
+                               "% of its compute is left (its tenants' ratios add up to " + std::to_string(sum) + ")");
+    }
+    taken[p.pgpu] = -1;
+  }
+  for (auto& [pgpu, slot] : taken) {
+    slot = TakeComputeSlot(&compute_[pgpu], hello.ratio, hello.policy, session);
+    if (slot < 0) {
+      FreeCompute(&taken);
+      return ResourceExhausted("p-GPU " + std::to_string(pgpu) + " schedules its maximum of " +
+                               std::to_string(kComputeSlots) + " tenants");
+    }
+  }
+  *slots = std::move(taken);
+  return Status::Ok();
+}
+
+void Daemon::FreeCompute(std::map<uint32_t, int>* slots) {
+  for (const auto& [pgpu, slot] : *slots) {
+    if (compute_ != nullptr && pgpu < kComputeGpus && slot >= 0) FreeComputeSlot(&compute_[pgpu], slot);
+  }
+  slots->clear();
+}
+
+Status Daemon::ComputeFor(const HelloReq& hello, uint32_t session, const std::vector<Placement>& placements,
+                          const std::string& hold, std::map<uint32_t, int>* own) {
+  if (hold.empty()) return TakeCompute(hello, session, placements, own);
+  Hold& h = holds_.at(hold);
+  if (!h.compute.empty()) return Status::Ok();  // one tenant: the hold's first session set its share
+  return TakeCompute(hello, session, h.placements, &h.compute);
+}
+
+void Daemon::FillCompute(const std::vector<Placement>& placements, const std::map<uint32_t, int>& slots,
+                         SessionParams* sp) const {
+  for (const Placement& p : placements) {
+    auto it = slots.find(p.pgpu);
+    const bool on = compute_ != nullptr && it != slots.end() && it->second >= 0;
+    sp->compute_gpu.push_back(on ? &compute_[p.pgpu] : nullptr);
+    sp->compute_slot.push_back(on ? it->second : -1);
+  }
+}
+
+void Daemon::ReleaseDevices(pid_t pid, const std::vector<Placement>& placements) {
+  for (const Placement& p : placements) {
+    if (compute_ != nullptr && p.pgpu < kComputeGpus) ReleaseDeadHolder(&compute_[p.pgpu], pid);
+  }
 }
 
 // Sessions whose allocation the controller no longer holds are ended.

@@ -241,6 +241,12 @@ void Daemon::Handshake(Pending& p) {
     return;
   }
   auto* placements = &admitted->placements;
+  std::map<uint32_t, int> compute;
+  if (Status st = ComputeFor(hello, session, *placements, admitted->hold, &compute); !st.ok()) {
+    Finish(*placements, admitted->allocation_id, -1, "compute_refused", admitted->hold);
+    refuse(RefusalCode(st.code()), st.message());
+    return;
+  }
   const int slot = TakeStatSlot();
   log_->info("Creating session {} for '{}' (pid {}) from {} over {}", session, hello.process_name, hello.pid, p.peer,
              transport == kTransportRdma ? "RDMA" : "TCP");
@@ -248,6 +254,7 @@ void Daemon::Handshake(Pending& p) {
   const int fd = p.fd.release();  // the worker's from now on; closed here after the fork
   const pid_t pid = fork();
   if (pid < 0) {
+    FreeCompute(&compute);
     Finish(*placements, admitted->allocation_id, slot, "fork_failed", admitted->hold);
     log_->error("cannot fork a worker: {}", std::strerror(errno));
     ::close(fd);
@@ -273,6 +280,7 @@ void Daemon::Handshake(Pending& p) {
     sp.allocation_id = admitted->allocation_id;
     sp.used_out = StatSlot(slot);
     sp.share = admitted->share;
+    FillCompute(*placements, admitted->hold.empty() ? compute : holds_.at(admitted->hold).compute, &sp);
     sp.hold_used = HoldMeter(admitted->hold);
     sp.hold_quota = HoldQuota(admitted->hold);
     sp.transport = transport;
@@ -295,7 +303,8 @@ void Daemon::Handshake(Pending& p) {
                            slot,
                            {hello.pid, hello.process_name, client_host.empty() ? p.source : client_host,
                             transport == kTransportRdma ? "rdma" : "tcp"},
-                           admitted->hold});
+                           admitted->hold,
+                           std::move(compute)});
   ++serving_;
 }
 

@@ -221,6 +221,12 @@ void Daemon::Admit(Region& r, uint32_t index) {
     refuse(RefusalCode(placements.status().code()), placements.status().message());
     return;
   }
+  std::map<uint32_t, int> compute;
+  if (Status st = ComputeFor(hello, session, *placements, hold, &compute); !st.ok()) {
+    if (r.vm.empty()) Finish(*placements, allocation_id, -1, "compute_refused", hold);
+    refuse(RefusalCode(st.code()), st.message());
+    return;
+  }
   const int slot = TakeStatSlot();
   std::string where_placed;
   for (const auto& p : *placements) {
@@ -233,6 +239,7 @@ void Daemon::Admit(Region& r, uint32_t index) {
   auto slog = SessionLogger(session);
   const pid_t pid = fork();
   if (pid < 0) {
+    FreeCompute(&compute);
     if (r.vm.empty()) {
       Finish(*placements, allocation_id, slot, "fork_failed", hold);
     } else if (slot >= 0) {
@@ -266,6 +273,7 @@ void Daemon::Admit(Region& r, uint32_t index) {
     sp.allocation_id = allocation_id;
     sp.used_out = StatSlot(slot);
     sp.share = share;
+    FillCompute(*placements, hold.empty() ? compute : holds_.at(hold).compute, &sp);
     sp.hold_used = r.vm.empty() ? HoldMeter(hold) : Meter(r.meter);
     if (r.vm.empty()) {
       sp.hold_quota = HoldQuota(hold);
@@ -283,6 +291,7 @@ void Daemon::Admit(Region& r, uint32_t index) {
   c.placements = std::move(*placements);
   c.allocation_id = allocation_id;
   c.hold = hold;
+  c.compute = std::move(compute);
   c.stat_slot = slot;
   c.client = {hello.pid, hello.process_name,
               std::string(hello.hostname, strnlen(hello.hostname, sizeof hello.hostname)),

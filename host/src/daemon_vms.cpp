@@ -142,6 +142,8 @@ void Daemon::DropRegion(size_t i, const std::string& why) {
       waitpid(c.pid, &status, 0);
     }
     if (c.stat_slot >= 0) stat_used_[static_cast<size_t>(c.stat_slot)] = false;
+    ReleaseDevices(c.pid, c.placements);
+    FreeCompute(&c.compute);
     log_->info("Session {} exits (VM {} {}).", c.session, r.vm, why);
     --serving_;
   }

@@ -213,6 +213,12 @@ class Session {
   void LogWaits() const {
     const std::string w = ch_->WaitStats();
     p_.log->info("sess={} idle waits: {}{}naps={}", p_.session_id, w, w.empty() ? "" : ", ", naps_);
+    for (size_t d = 0; d < gates_.size(); ++d) {
+      if (gates_[d] == nullptr) continue;
+      p_.log->info("sess={} compute: vGPU {}: its tenant used {:.3f} s of device time and waited {:.3f} s for it",
+                   p_.session_id, d, static_cast<double>(gates_[d]->busy_ns()) / 1e9,
+                   static_cast<double>(gates_[d]->throttled_ns()) / 1e9);
+    }
   }
 
  private:
@@ -354,9 +360,10 @@ class Session {
   std::map<uint64_t, Mapping> mappings_;                 // VMM mappings, by start
   std::unordered_map<uint64_t, Physical> physicals_;     // by id; handles_ holds the unreleased ones
   uint64_t next_physical_ = 1;
-  std::vector<uint64_t> used_;      // bytes allocated per device (quota)
-  std::vector<uint64_t> overhead_;  // context bytes per device (quota)
-  std::vector<uint64_t> metered_;   // what this session has on its hold's meter per device
+  std::vector<uint64_t> used_;                       // bytes allocated per device (quota)
+  std::vector<uint64_t> overhead_;                   // context bytes per device (quota)
+  std::vector<std::unique_ptr<ComputeGate>> gates_;  // per device: its compute share (null: none)
+  std::vector<uint64_t> metered_;                    // what this session has on its hold's meter per device
   // Tells oriond (and through it the controller) what this session holds on device `d`, and moves
   // the hold's meter by what changed (a charge already put its bytes there: see Charge).
   void PublishUsed(uint32_t d) {
@@ -1524,6 +1531,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
         r = CUDA_ERROR_INVALID_VALUE;
         break;
       }
+      b_->UseComputeGate(cur_dev_ < gates_.size() ? gates_[cur_dev_].get() : nullptr);
       r = b_->LaunchKernel(f->backend, q.grid, q.block, q.shared_mem_bytes, s, payload + head, q.param_bytes, x.cluster,
                            x.flags);
       for (const std::string& note : b_->TakeNotices()) {
@@ -1834,6 +1842,23 @@ int Session::Run(const FrameHeader& hello_header, const HelloReq& hello) {
     return kExitBackendFailed;
   }
   b_->RegisterWindow(window_ + layout_.staging_bytes, layout_.window_bytes - layout_.staging_bytes);
+  for (size_t d = 0; d < p_.placements.size() && d < p_.compute_gpu.size() && d < p_.compute_slot.size(); ++d) {
+    if (p_.compute_gpu[d] == nullptr || p_.compute_slot[d] < 0) {
+      gates_.emplace_back();
+      continue;
+    }
+    gates_.push_back(std::make_unique<ComputeGate>(p_.compute_gpu[d], p_.compute_slot[d]));
+    const ComputeGate& g = *gates_.back();
+    const std::string share = g.ratio() == 0 ? std::string("best effort")
+                                             : std::to_string(g.ratio()) + "% (" + ComputePolicyName(g.policy()) + ")";
+    if (b_->GatesCompute()) {
+      log.info("sess={} compute: vGPU {} on p-GPU {} gets {} of its compute", p_.session_id, d, p_.placements[d].pgpu,
+               share);
+    } else {
+      log.warn("sess={} compute: vGPU {} asked for {} of p-GPU {}; the {} backend does not enforce compute shares yet",
+               p_.session_id, d, share, p_.placements[d].pgpu, b_->name());
+    }
+  }
   std::vector<uint8_t> welcome(sizeof(WelcomeRep) + p_.placements.size() * sizeof(DeviceInfo));
   WelcomeRep w{};
   w.session_id = p_.session_id;

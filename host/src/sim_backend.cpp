@@ -684,6 +684,8 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     auto it = f->attributes.find(CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED);
     return it != f->attributes.end() && it->second != 0 ? kSimMaxClusterSize : kSimPortableClusterSize;
   }
+  void UseComputeGate(ComputeGate* gate) override { gate_ = gate; }
+  bool GatesCompute() const override { return true; }
   CUresult LaunchKernel(void* function, const uint32_t grid[3], const uint32_t block[3], uint32_t shared_mem,
                         void* stream, const uint8_t* params, uint32_t param_bytes, const uint32_t cluster[3],
                         uint32_t flags) override {
@@ -727,6 +729,7 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     p.params = std::span<const uint8_t>(params, param_bytes);
     p.cooperative = cooperative;
     p.stream = stream;
+    p.gate = gate_;
     // A kernel the executor cannot run fails here, synchronously, and nothing is queued for it
     // (unless --sim-unexecutable skip: then it is queued and skipped, and the client is told).
     if (opt_.execute && !opt_.skip_unexecutable && !Runnable(f)) {
@@ -764,6 +767,7 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     std::vector<uint8_t> owned;
     bool cooperative = false;
     void* stream = nullptr;
+    ComputeGate* gate = nullptr;  // the launching vGPU's compute share (null: none)
   };
   CUresult Execute(const Pending& p, std::string* exec_out) {
     SimFunction* f = p.f;
@@ -798,7 +802,10 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
           cfg.cooperative = true;
           cfg.grid_workspace = workspace;
         }
+        // The kernel runs when its vGPU's compute share lets it, and holds the device meanwhile.
+        if (p.gate != nullptr) p.gate->Enter();
         const ptx::LaunchResult r = ptx::Launch(*prog, f->kernel->name, cfg, *this);
+        if (p.gate != nullptr) p.gate->Leave();
         if (workspace != 0) (void)MemFree(workspace);
         executed_lane_instructions_ += r.thread_instructions;
         if (r.code == CUDA_SUCCESS) {
@@ -1332,6 +1339,7 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
   std::vector<std::unique_ptr<SimFunction>> functions_;
   std::unordered_map<SimEvent*, std::unique_ptr<SimEvent>> events_;
   std::string last_error_;
+  ComputeGate* gate_ = nullptr;     // UseComputeGate: the compute share of the next launches
   CUresult sticky_ = CUDA_SUCCESS;  // a kernel fault: every later call fails with it
   std::vector<std::string> notices_;
   // Stream attributes set with cuStreamSetAttribute, by stream and CUstreamAttrID.

@@ -23,7 +23,8 @@ static_assert(std::endian::native == std::endian::little, "Orion's wire format i
 
 inline constexpr uint32_t kFrameMagic = 0x4D52464Fu;  // "OFRM" in memory
 // 2: Hello/Welcome carry the controller allocation; 3: FunctionRep says which launches fail;
-// 4: Hello/Welcome carry the process tree's vGPU share (ORION_SHARE).
+// 4: Hello/Welcome carry the process tree's vGPU share (ORION_SHARE); Hello the compute ratio
+// and policy (ORION_RATIO, ORION_RATIO_POLICY).
 inline constexpr uint16_t kProtocolVersion = 4;
 inline constexpr uint32_t kMaxPayload = 64 * 1024;  // bulk bytes travel in the data window
 
@@ -107,7 +108,9 @@ struct HelloReq {
   uint32_t vgpu_count;        // ORION_VGPU
   uint64_t gmem_mib;          // ORION_GMEM (0: the server's default per vGPU)
   uint32_t pid;               // informational only (PIDs differ across namespaces and VMs)
-  uint32_t reserved1;
+  uint8_t ratio;              // ORION_RATIO: percent of a GPU's compute per vGPU, 1..100; 0: best effort
+  uint8_t policy;             // ORION_RATIO_POLICY: 0 share (a minimum), 1 cap (a ceiling)
+  uint16_t reserved1;
   char process_name[64];   // NUL-padded, informational
   char key[32];            // network transports: the shared client key (ORION_KEY), NUL-padded
   char allocation_id[40];  // the controller's allocation the client holds ("" = oriond admits it)

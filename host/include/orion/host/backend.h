@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "orion/common/frame.h"
+#include "orion/host/compute_share.h"
 #include "orion/common/status.h"
 #include "orion/host/ipc_ticket.h"
 #include "orion/pool/pool.h"
@@ -169,6 +170,10 @@ class Backend {
   // `params` is the parameter buffer (param_bytes long, laid out per the function's layout);
   // `cluster` the thread-block cluster dimensions ({1,1,1}: no cluster); `flags` kLaunchCooperative
   // (frame.h) for a cooperative launch.
+  // The compute-share gate the next launches run under (the launching context's vGPU's; null:
+  // none). A backend that cannot gate its kernels ignores it (the session log says so).
+  virtual void UseComputeGate(ComputeGate* gate) { (void)gate; }
+  virtual bool GatesCompute() const { return false; }
   virtual CUresult LaunchKernel(void* function, const uint32_t grid[3], const uint32_t block[3], uint32_t shared_mem,
                                 void* stream, const uint8_t* params, uint32_t param_bytes, const uint32_t cluster[3],
                                 uint32_t flags) = 0;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "orion/host/backend.h"
+#include "orion/host/compute_share.h"
 #include "orion/host/config.h"
 #include "orion/host/controller_link.h"
 #include "orion/host/doorbell_keeper.h"
@@ -54,9 +55,10 @@ class Daemon {
     uint64_t lease = 0;
     uint64_t lease_changed_ms = 0;
     uint64_t claimed_ms = 0;
-    uint32_t generation = 1;    // our record; FormatRegion starts every channel at 1
-    std::string allocation_id;  // the controller's (controller mode)
-    std::string hold;           // its hold (holds_), "" when none
+    uint32_t generation = 1;          // our record; FormatRegion starts every channel at 1
+    std::string allocation_id;        // the controller's (controller mode)
+    std::string hold;                 // its hold (holds_), "" when none
+    std::map<uint32_t, int> compute;  // its own compute-share slots per physical GPU (not a hold's)
     int stat_slot = -1;
     ClientInfo client;
   };
@@ -155,8 +157,9 @@ class Daemon {
   struct Hold {
     std::vector<Placement> placements;
     uint32_t sessions = 0;
-    std::string allocation_id;  // a share's controller allocation (AllocateHere), released at its end
-    int meter = -1;             // its kMaxDevices counters in meters_ (-1: none free, quota per session)
+    std::string allocation_id;        // a share's controller allocation (AllocateHere), released at its end
+    int meter = -1;                   // its kMaxDevices counters in meters_ (-1: none free, quota per session)
+    std::map<uint32_t, int> compute;  // its compute-share slot per physical GPU (one tenant)
   };
   std::map<std::string, Hold> holds_;
   Status CheckRequest(HelloReq* hello) const;
@@ -183,6 +186,20 @@ class Daemon {
   std::atomic<uint64_t>* HoldMeter(const std::string& hold) const;
   std::vector<uint64_t> HoldQuota(const std::string& hold) const;
   void EndRevoked();
+  // Compute share: the schedulers of the physical GPUs (kComputeGpus, in memory shared with the
+  // workers), a new tenant's slots on the GPUs of `placements` (refused, with the reason, when its
+  // ratio does not fit one of them: the ratios on a GPU add up to at most 100), and their end.
+  ComputeGpu* compute_ = nullptr;
+  Status TakeCompute(const HelloReq& hello, uint32_t session, const std::vector<Placement>& placements,
+                     std::map<uint32_t, int>* slots);
+  void FreeCompute(std::map<uint32_t, int>* slots);
+  // The slots a session runs under: its hold's, or its own (taken now into `own`).
+  Status ComputeFor(const HelloReq& hello, uint32_t session, const std::vector<Placement>& placements,
+                    const std::string& hold, std::map<uint32_t, int>* own);
+  void FillCompute(const std::vector<Placement>& placements, const std::map<uint32_t, int>& slots,
+                   SessionParams* sp) const;
+  // A worker exited: if it held a GPU's device (a kernel running when it died), the GPU is freed.
+  void ReleaseDevices(pid_t pid, const std::vector<Placement>& placements);
 
   std::unique_ptr<ControllerLink> link_;
   // Holds the VMs' doorbell eventfds across oriond restarts (state_file + ".doorbells"); null
@@ -228,6 +245,7 @@ class Daemon {
     int stat_slot = -1;
     ClientInfo client;
     std::string hold;
+    std::map<uint32_t, int> compute;
   };
   Status OpenListener();
   void AcceptClients(uint64_t now_ms);

@@ -19,6 +19,7 @@
 
 #include "orion/common/frame.h"
 #include "orion/host/backend.h"
+#include "orion/host/compute_share.h"
 #include "orion/ivshmem/region.h"
 #include "orion/ivshmem/ring.h"
 
@@ -97,6 +98,10 @@ struct SessionParams {
   std::atomic<uint64_t>* hold_used = nullptr;
   std::vector<uint64_t> hold_quota;
   std::string share;  // the share token the Welcome hands the client ("" when none)
+  // Compute share, per device (placement) index: its physical GPU's scheduler (memory shared with
+  // oriond and the GPU's other workers) and this tenant's slot there; empty when not scheduled.
+  std::vector<ComputeGpu*> compute_gpu;
+  std::vector<int> compute_slot;
 };
 
 // Exit codes of a session worker.

@@ -1,0 +1,96 @@
+// Compute share (issue #21, ARCHITECTURE.md §11): a vGPU's share of its physical GPU's compute.
+//
+// One scheduler per physical GPU lives in memory oriond maps shared before it forks any worker, so
+// the GPU's session workers schedule among themselves with no hop through oriond's parent. A tenant
+// (a session, or the sessions of one hold: a process tree's share, a job) has a slot with its ratio
+// (percent of the GPU, 1..100; 0: best effort) and policy:
+//   - share: a guaranteed minimum; the device time tenants leave unused goes to the busy ones in
+//     proportion to their weights (work-conserving);
+//   - cap:   a ceiling, even on an idle GPU.
+// The device runs one tenant's kernel at a time (a GPU time-slices the contexts of different
+// processes the same way). When it is free, the waiting tenant with the least virtual time gets it
+// (weighted fair queuing: virtual time grows by device time × 100 / weight, the weight being the
+// ratio; best-effort tenants share what the guaranteed ratios leave). A tenant that comes back
+// after more than kComputeIdleNs idle starts at the least virtual time of the tenants running, so
+// it cannot claim the past.
+// A tenant between two kernels (its next launch one round trip away) keeps its place for
+// kComputeAnticipateNs. A cap tenant, after each kernel of d ns, waits d × (100 - ratio) / ratio
+// before its next one.
+// A running kernel is never preempted: one long kernel can exceed a share for its own duration.
+//
+// Memory: ComputeGpu is plain data (atomics only) at a fixed place in the shared mapping; a worker
+// killed while it holds the device is cleared by oriond (Release with its pid).
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+namespace orion::host {
+
+inline constexpr uint32_t kComputeSlots = 64;  // tenants per physical GPU
+inline constexpr uint32_t kComputeGpus = 64;   // physical GPUs a daemon schedules
+
+inline constexpr uint64_t kComputeIdleNs = 5000000;  // 5 ms without a kernel: idle
+// A tenant whose kernel ended less than this ago still competes for the device (its next launch is
+// one round trip away): without it, a tenant behind its share would lose the device to whoever
+// waits at each of its kernels' ends, and shares would come out even.
+inline constexpr uint64_t kComputeAnticipateNs = 2000000;
+
+enum ComputePolicy : uint32_t { kPolicyShare = 0, kPolicyCap = 1 };
+
+struct ComputeSlot {
+  std::atomic<uint32_t> used{0};  // 0: free
+  uint32_t ratio = 0;             // 1..100; 0: best effort
+  uint32_t policy = kPolicyShare;
+  uint32_t session = 0;                   // the first session of the tenant (for the logs)
+  std::atomic<uint32_t> waiting{0};       // its workers waiting for the device or running a kernel now
+  std::atomic<uint64_t> idle_since{0};    // when the last of them left the device (monotonic ns)
+  std::atomic<uint64_t> vtime{0};         // virtual time (ns × 100 / weight)
+  std::atomic<uint64_t> busy_ns{0};       // device time its kernels used
+  std::atomic<uint64_t> throttled_ns{0};  // time its workers waited for the device or a cap
+};
+
+struct ComputeGpu {
+  std::atomic<uint32_t> holder{0};  // pid of the worker whose kernel runs; 0: the device is free
+  std::atomic<uint32_t> wake{0};    // futex word, bumped at each release
+  ComputeSlot slots[kComputeSlots];
+};
+
+// Parses a policy name ("share", "cap"); false for any other.
+bool ParseComputePolicy(const std::string& name, uint32_t* policy);
+const char* ComputePolicyName(uint32_t policy);
+
+// oriond's side (its main loop only).
+// The sum of the ratios of the GPU's tenants (share and cap alike: both are promised).
+uint32_t ComputeRatioSum(const ComputeGpu& g);
+// A free slot for a new tenant (its counters zeroed), or -1 when the GPU has kComputeSlots.
+int TakeComputeSlot(ComputeGpu* g, uint32_t ratio, uint32_t policy, uint32_t session);
+// The tenant is gone; if a worker of it (`pid`, exited) held the device, the device is freed.
+void FreeComputeSlot(ComputeGpu* g, int slot);
+void ReleaseDeadHolder(ComputeGpu* g, pid_t pid);
+
+// A worker's side: its tenant's slot on the GPU one of its vGPUs is on.
+class ComputeGate {
+ public:
+  ComputeGate(ComputeGpu* gpu, int slot) : gpu_(gpu), slot_(slot) {}
+  // Waits until this tenant may run a kernel on the device, and takes the device.
+  void Enter();
+  // The kernel (Enter .. now) is over: charges its device time and frees the device; a cap tenant
+  // then waits out the rest of its period.
+  void Leave();
+  uint32_t ratio() const { return gpu_->slots[slot_].ratio; }
+  uint32_t policy() const { return gpu_->slots[slot_].policy; }
+  uint64_t busy_ns() const { return gpu_->slots[slot_].busy_ns.load(); }
+  uint64_t throttled_ns() const { return gpu_->slots[slot_].throttled_ns.load(); }
+
+ private:
+  uint64_t Weight() const;
+  ComputeGpu* gpu_;
+  int slot_;
+  uint64_t entered_ns_ = 0;
+};
+
+}  // namespace orion::host

@@ -1,0 +1,166 @@
+// Compute share: the per-GPU scheduler in shared memory (compute_share.h says how it schedules).
+#include "orion/host/compute_share.h"
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+
+namespace orion::host {
+namespace {
+
+uint64_t NowNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+// Waits (at most 2 ms: a wake-up lost to a dying worker costs no more) while *word == seen.
+void FutexWait(std::atomic<uint32_t>* word, uint32_t seen) {
+  timespec ts{0, 2000000};
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, seen, &ts, nullptr, 0);
+}
+void FutexWakeAll(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+void SleepNs(uint64_t ns) {
+  timespec ts{static_cast<time_t>(ns / 1000000000ull), static_cast<long>(ns % 1000000000ull)};
+  while (nanosleep(&ts, &ts) != 0) {
+  }
+}
+
+}  // namespace
+
+bool ParseComputePolicy(const std::string& name, uint32_t* policy) {
+  if (name == "share") {
+    *policy = kPolicyShare;
+  } else if (name == "cap") {
+    *policy = kPolicyCap;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+const char* ComputePolicyName(uint32_t policy) { return policy == kPolicyCap ? "cap" : "share"; }
+
+uint32_t ComputeRatioSum(const ComputeGpu& g) {
+  uint32_t sum = 0;
+  for (const ComputeSlot& s : g.slots) {
+    if (s.used.load(std::memory_order_acquire) != 0) sum += s.ratio;
+  }
+  return sum;
+}
+
+int TakeComputeSlot(ComputeGpu* g, uint32_t ratio, uint32_t policy, uint32_t session) {
+  for (uint32_t i = 0; i < kComputeSlots; ++i) {
+    ComputeSlot& s = g->slots[i];
+    if (s.used.load(std::memory_order_acquire) != 0) continue;
+    s.ratio = ratio;
+    s.policy = policy;
+    s.session = session;
+    s.waiting.store(0);
+    s.vtime.store(0);
+    s.busy_ns.store(0);
+    s.throttled_ns.store(0);
+    s.idle_since.store(0);
+    s.used.store(1, std::memory_order_release);
+    return static_cast<int>(i);
+  }
+  return -1;
+}
+
+void FreeComputeSlot(ComputeGpu* g, int slot) {
+  if (slot < 0 || slot >= static_cast<int>(kComputeSlots)) return;
+  g->slots[slot].waiting.store(0);
+  g->slots[slot].used.store(0, std::memory_order_release);
+  g->wake.fetch_add(1);
+  FutexWakeAll(&g->wake);
+}
+
+void ReleaseDeadHolder(ComputeGpu* g, pid_t pid) {
+  uint32_t held = static_cast<uint32_t>(pid);
+  if (g->holder.compare_exchange_strong(held, 0)) {
+    g->wake.fetch_add(1);
+    FutexWakeAll(&g->wake);
+  }
+}
+
+// Best-effort tenants share what the guaranteed ratios leave (at least 1 each).
+uint64_t ComputeGate::Weight() const {
+  const ComputeSlot& me = gpu_->slots[slot_];
+  if (me.ratio != 0) return me.ratio;
+  uint32_t guaranteed = 0, best_effort = 0;
+  for (const ComputeSlot& s : gpu_->slots) {
+    if (s.used.load(std::memory_order_relaxed) == 0) continue;
+    if (s.ratio != 0) {
+      guaranteed += s.ratio;
+    } else {
+      ++best_effort;
+    }
+  }
+  const uint32_t left = guaranteed < 100 ? 100 - guaranteed : 0;
+  return std::max<uint64_t>(1, left / std::max<uint32_t>(1, best_effort));
+}
+
+void ComputeGate::Enter() {
+  ComputeSlot& me = gpu_->slots[slot_];
+  const uint64_t start = NowNs();
+  const auto self = static_cast<uint32_t>(getpid());
+  // Back from idle: not behind the tenants that are running (their least virtual time).
+  if (me.waiting.fetch_add(1) == 0 && start - me.idle_since.load(std::memory_order_relaxed) > kComputeIdleNs) {
+    uint64_t floor = UINT64_MAX;
+    for (const ComputeSlot& s : gpu_->slots) {
+      if (&s != &me && s.used.load(std::memory_order_relaxed) != 0 && s.waiting.load(std::memory_order_relaxed) != 0)
+        floor = std::min(floor, s.vtime.load(std::memory_order_relaxed));
+    }
+    if (floor != UINT64_MAX && me.vtime.load() < floor) me.vtime.store(floor);
+  }
+  for (;;) {
+    const uint32_t seen = gpu_->wake.load(std::memory_order_acquire);
+    // Eligible: the device is free and no other waiting tenant has less virtual time (ties: the
+    // lower slot).
+    bool mine = gpu_->holder.load(std::memory_order_acquire) == 0;
+    const uint64_t my_vtime = me.vtime.load(std::memory_order_relaxed);
+    const uint64_t now = NowNs();
+    for (uint32_t i = 0; mine && i < kComputeSlots; ++i) {
+      const ComputeSlot& s = gpu_->slots[i];
+      if (&s == &me || s.used.load(std::memory_order_relaxed) == 0) continue;
+      const uint64_t idle = s.idle_since.load(std::memory_order_relaxed);
+      const bool competes = s.waiting.load(std::memory_order_relaxed) != 0 ||
+                            (idle != 0 && now - idle < kComputeAnticipateNs && s.policy != kPolicyCap);
+      if (!competes) continue;
+      const uint64_t v = s.vtime.load(std::memory_order_relaxed);
+      mine = v > my_vtime || (v == my_vtime && static_cast<int>(i) > slot_);
+    }
+    uint32_t free = 0;
+    if (mine && gpu_->holder.compare_exchange_strong(free, self, std::memory_order_acq_rel)) break;
+    FutexWait(&gpu_->wake, seen);
+  }
+  entered_ns_ = NowNs();
+  me.throttled_ns.fetch_add(entered_ns_ - start, std::memory_order_relaxed);
+}
+
+void ComputeGate::Leave() {
+  ComputeSlot& me = gpu_->slots[slot_];
+  const uint64_t used = NowNs() - entered_ns_;
+  me.busy_ns.fetch_add(used, std::memory_order_relaxed);
+  me.vtime.fetch_add(used * 100 / Weight(), std::memory_order_relaxed);
+  me.idle_since.store(NowNs(), std::memory_order_relaxed);
+  me.waiting.fetch_sub(1, std::memory_order_acq_rel);
+  gpu_->holder.store(0, std::memory_order_release);
+  gpu_->wake.fetch_add(1, std::memory_order_acq_rel);
+  FutexWakeAll(&gpu_->wake);
+  if (me.policy == kPolicyCap && me.ratio != 0 && me.ratio < 100) {
+    // A ceiling: the device time used is ratio% of the time until the next kernel may start.
+    const uint64_t rest = used * (100 - me.ratio) / me.ratio;
+    SleepNs(rest);
+    me.throttled_ns.fetch_add(rest, std::memory_order_relaxed);
+  }
+}
+
+}  // namespace orion::host
