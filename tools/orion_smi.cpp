@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <cstdio>
 #include <exception>
 #include <cstring>
@@ -75,6 +76,34 @@ void PrintTables(const nlohmann::json& list, const std::string& source, const st
     }
   }
   if (procs == 0) std::printf("| %-83s |\n", "No running processes found");
+  std::printf("%s\n", bar.c_str());
+  // Compute share (README "Compute share"): each process's tenant on each physical GPU.
+  std::printf("\n%s\n", bar.c_str());
+  std::printf("| %-83s |\n", "Compute:");
+  std::printf("| %-21s %4s %4s %8s  %-14s %8s %8s %10s |\n", "Server", "pGPU", "vGPU", "PID", "Ratio", "Last 1s",
+              "Last 10s", "Device");
+  std::printf("|%s|\n", std::string(85, '=').c_str());
+  size_t tenants = 0;
+  auto pct = [](const nlohmann::json& v) {
+    return v.is_number() ? std::to_string(std::lround(v.get<double>() * 100)) + "%" : std::string("-");
+  };
+  for (const auto& a : list) {
+    const auto c = a.value("client", nlohmann::json::object());
+    for (const auto& p : a.value("placements", nlohmann::json::array())) {
+      const auto k = p.value("compute", nlohmann::json());
+      if (!k.is_object()) continue;
+      const unsigned ratio = k.value("ratio", 0u);
+      std::string want = ratio == 0 ? std::string("best effort")
+                                    : std::to_string(ratio) + "% " + k.value("policy", std::string("share"));
+      if (!k.value("enforced", false)) want += " (off)";  // the cuda backend does not enforce ratios yet
+      std::printf("| %-21s %4u %4u %8u  %-14s %8s %8s %9.1fs |\n", Fit(p.value("server", ""), 21).c_str(),
+                  p.value("pgpu", 0u), p.value("vgpu", 0u), c.value("pid", 0u), want.c_str(),
+                  pct(k.value("share_1s", nlohmann::json())).c_str(),
+                  pct(k.value("share_10s", nlohmann::json())).c_str(), k.value("device_s", 0.0));
+      ++tenants;
+    }
+  }
+  if (tenants == 0) std::printf("| %-83s |\n", "No process is scheduled");
   std::printf("%s\n", bar.c_str());
 }
 

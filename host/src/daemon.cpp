@@ -485,6 +485,7 @@ int Daemon::Run() {
     if (now - last_vm_check >= 1000) {
       DropGoneVms();
       RepairSevered();
+      SampleCompute(now);
       last_vm_check = now;
     }
     if (now - last_beat >= 100) {

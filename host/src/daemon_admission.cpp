@@ -304,6 +304,47 @@ void Daemon::FillCompute(const std::vector<Placement>& placements, const std::ma
   }
 }
 
+void Daemon::SampleCompute(uint64_t now_ms) {
+  if (compute_ == nullptr) return;
+  for (uint32_t g = 0; g < kComputeGpus; ++g) {
+    for (uint32_t i = 0; i < kComputeSlots; ++i) {
+      const ComputeSlot& s = compute_[g].slots[i];
+      const uint32_t key = g * kComputeSlots + i;
+      if (s.used.load(std::memory_order_acquire) == 0) {
+        compute_history_.erase(key);
+        continue;
+      }
+      ComputeHistory& h = compute_history_[key];
+      if (h.session != s.session) h = ComputeHistory{s.session, {}};
+      h.samples.push_back({now_ms, s.busy_ns.load(std::memory_order_relaxed)});
+      if (h.samples.size() > 11) h.samples.erase(h.samples.begin());
+    }
+  }
+}
+
+nlohmann::json Daemon::ComputeJson(uint32_t pgpu, const std::map<uint32_t, int>& slots) const {
+  auto it = slots.find(pgpu);
+  if (compute_ == nullptr || it == slots.end() || it->second < 0) return nullptr;
+  const ComputeSlot& s = compute_[pgpu].slots[it->second];
+  nlohmann::json j = {{"ratio", s.ratio},
+                      {"policy", ComputePolicyName(s.policy)},
+                      {"enforced", backend_ == BackendKind::kSim},
+                      {"device_s", static_cast<double>(s.busy_ns.load()) / 1e9},
+                      {"wait_s", static_cast<double>(s.throttled_ns.load()) / 1e9}};
+  auto h = compute_history_.find(pgpu * kComputeSlots + static_cast<uint32_t>(it->second));
+  auto share = [&](size_t back) -> nlohmann::json {
+    if (h == compute_history_.end() || h->second.samples.size() <= back) return nullptr;
+    const auto& v = h->second.samples;
+    const ComputeSample& a = v[v.size() - 1 - back];
+    const ComputeSample& b = v.back();
+    if (b.ms <= a.ms) return nullptr;
+    return static_cast<double>(b.busy_ns - a.busy_ns) / (static_cast<double>(b.ms - a.ms) * 1e6);
+  };
+  j["share_1s"] = share(1);
+  j["share_10s"] = share(10);
+  return j;
+}
+
 void Daemon::ReleaseDevices(pid_t pid, const std::vector<Placement>& placements) {
   for (const Placement& p : placements) {
     if (compute_ != nullptr && p.pgpu < kComputeGpus) ReleaseDeadHolder(&compute_[p.pgpu], pid);

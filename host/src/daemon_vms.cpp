@@ -282,7 +282,9 @@ std::string Daemon::SessionsJson() const {
   gethostname(host, sizeof host - 1);
   const std::string server = std::string(host) + " (oriond, " + (backend_ == BackendKind::kCuda ? "cuda" : "sim") + ")";
   auto add = [&](uint32_t session, const std::vector<Placement>& placements, const std::string& allocation_id, int slot,
-                 const ClientInfo& c) {
+                 const ClientInfo& c, const std::string& hold, const std::map<uint32_t, int>& own) {
+    auto h = holds_.find(hold);
+    const std::map<uint32_t, int>& compute = !hold.empty() && h != holds_.end() ? h->second.compute : own;
     nlohmann::json places = nlohmann::json::array();
     const std::atomic<uint64_t>* used = StatSlot(slot);
     for (size_t d = 0; d < placements.size(); ++d) {
@@ -293,7 +295,8 @@ std::string Daemon::SessionsJson() const {
            {"vgpu", p.vgpu},
            {"gmem_mib", p.quota_bytes >> 20},
            {"used_mib", used != nullptr && d < kMaxDevices ? used[d].load(std::memory_order_relaxed) >> 20 : 0},
-           {"gpu_name", p.pgpu < gpu_names_.size() ? gpu_names_[p.pgpu] : std::string()}});
+           {"gpu_name", p.pgpu < gpu_names_.size() ? gpu_names_[p.pgpu] : std::string()},
+           {"compute", ComputeJson(p.pgpu, compute)}});
     }
     // Client-supplied names are bytes: JSON needs UTF-8, so bad bytes become U+FFFD at dump time.
     out.push_back({{"session", session},
@@ -305,10 +308,12 @@ std::string Daemon::SessionsJson() const {
   };
   for (const Region& r : regions_) {
     for (const Channel& c : r.channels) {
-      if (c.state == Channel::kServing) add(c.session, c.placements, c.allocation_id, c.stat_slot, c.client);
+      if (c.state == Channel::kServing)
+        add(c.session, c.placements, c.allocation_id, c.stat_slot, c.client, c.hold, c.compute);
     }
   }
-  for (const NetSession& n : net_sessions_) add(n.session, n.placements, n.allocation_id, n.stat_slot, n.client);
+  for (const NetSession& n : net_sessions_)
+    add(n.session, n.placements, n.allocation_id, n.stat_slot, n.client, n.hold, n.compute);
   return out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 

@@ -124,3 +124,63 @@ def test_a_tenant_killed_mid_kernel_frees_the_device(one_gpu):
     assert procs[1].returncode == 0 and m, out + err
     # It ran on alone: 3 s at ~15-25 ms a kernel is 120-200 kernels; 1 s at half the device ~20-35.
     assert int(m.group(1)) >= 60, out
+
+
+def test_a_vgpu_share_is_one_tenant(one_gpu, tmp_path):
+    """The processes of one vGPU share (ORION_SHARE: a program and the processes it starts) are one
+    tenant: a parent with ORION_RATIO=60 and its child hold 60% of the GPU between them (as two
+    tenants, 120%, the child would be refused). Then a tenant holding 60% leaves 40 for another."""
+    from test_share import results, run_probe
+    (tmp_path / "p").mkdir()
+    r, steps = run_probe(one_gpu, tmp_path / "p", "init", "spawn", "init", "end",
+                         env={"ORION_VGPU": 1, "ORION_RATIO": 60})
+    assert results(steps, "parent", "init") == ["0 count=1"] and results(steps, "child0", "init") == ["0 count=1"], \
+        r.stdout + r.stderr
+    log = one_gpu.session_logs()
+    assert log.count("gets 60% (share) of its compute") == 2, log[-2000:]
+    holder = one_gpu.popen("sleeper", "5", ORION_RATIO=60)
+    try:
+        line = ""
+        while "READY" not in line:
+            line = holder.stdout.readline()
+            assert line, holder.stderr.read()
+        r = one_gpu.run("device_props", ORION_RATIO=50, ORION_SHARE="off")
+        assert r.returncode != 0 and "ORION_RATIO=50 does not fit p-GPU 0: 40% of its compute is left" in r.stderr, \
+            r.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_orion_smi_shows_each_tenants_ratio_and_measured_share(one_gpu):
+    """`orion-smi` (oriond's `sessions`): each process's ratio and policy, and the share of the GPU
+    its tenant got over the last 1 s and 10 s, measured (30/70 tenants saturating: within 10 points
+    over 1 s)."""
+    import json
+    import os
+    from conftest import PREFIX
+    start = int(time.time() * 1000) + 1500
+    procs = [subprocess.Popen([str(TEST_BIN / "spin"), str(start), str(start + 5000), str(ITERS)],
+                              env=one_gpu.env(ORION_GMEM=64, ORION_RATIO=r), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in (30, 70)]
+    try:
+        time.sleep(max(0.0, (start + 3500) / 1000 - time.time()))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")}
+        env["HOME"] = str(one_gpu.tmp)
+        smi = [str(PREFIX / "bin" / "orion-smi"), "--oriond", str(one_gpu.tmp / "oriond.sock")]
+        r = subprocess.run(smi + ["--json"], env=env, capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        got = {}
+        for s in json.loads(r.stdout):
+            k = s["placements"][0]["compute"]
+            got[k["ratio"]] = k
+        assert set(got) == {30, 70} and all(k["policy"] == "share" and k["enforced"] for k in got.values()), r.stdout
+        for ratio, k in got.items():
+            assert abs(k["share_1s"] - ratio / 100) <= 0.10, got
+            assert k["device_s"] > 0 and k["share_10s"] is None  # fewer than 10 s of samples yet
+        table = subprocess.run(smi, env=env, capture_output=True, text=True, timeout=30).stdout
+        rows = re.findall(r"^\| .+?\s+0\s+\d+\s+\d+\s+(\d+)% share\s+(\d+)%\s+-\s+[\d.]+s \|$", table, re.M)
+        assert sorted(int(r[0]) for r in rows) == [30, 70], table
+    finally:
+        for p in procs:
+            p.communicate(timeout=120)

@@ -6,6 +6,7 @@
 //   return d.Run();            // until Stop() (SIGTERM/SIGINT in main)
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <spdlog/logger.h>
 
 #include <atomic>
@@ -200,6 +201,20 @@ class Daemon {
                    SessionParams* sp) const;
   // A worker exited: if it held a GPU's device (a kernel running when it died), the GPU is freed.
   void ReleaseDevices(pid_t pid, const std::vector<Placement>& placements);
+  // Each tenant's device time, sampled every second (the last 11 samples), for the measured shares
+  // `sessions` reports; keyed by gpu * kComputeSlots + slot, restarted when the slot changes tenant.
+  struct ComputeSample {
+    uint64_t ms, busy_ns;
+  };
+  struct ComputeHistory {
+    uint32_t session = 0;
+    std::vector<ComputeSample> samples;
+  };
+  std::map<uint32_t, ComputeHistory> compute_history_;
+  void SampleCompute(uint64_t now_ms);
+  // The tenant's compute on `pgpu` for `sessions`: ratio, policy, device and wait seconds, and the
+  // share of the device it got over the last 1 s and 10 s (null when not scheduled).
+  nlohmann::json ComputeJson(uint32_t pgpu, const std::map<uint32_t, int>& slots) const;
 
   std::unique_ptr<ControllerLink> link_;
   // Holds the VMs' doorbell eventfds across oriond restarts (state_file + ".doorbells"); null
