@@ -58,6 +58,25 @@ bool PinnedAsDevice(CUdeviceptr* p, uint64_t bytes) {
 // address.
 bool DeviceOrPinned(CUdeviceptr* p, uint64_t bytes) { return DeviceOk(*p, bytes) || PinnedAsDevice(p, bytes); }
 
+// A host-to-device (`to_device`) or device-to-host copy of `n` bytes on a capturing stream: a host
+// copy node of the capture (true, *r set); false when the stream is not capturing.
+bool CaptureLinearCopy(uint64_t stream, bool to_device, void* host, CUdeviceptr dev, size_t n, CUresult* r) {
+  if (!CaptureActive()) return false;
+  CUDA_MEMCPY3D c{};
+  c.srcMemoryType = to_device ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
+  c.dstMemoryType = to_device ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
+  if (to_device) {
+    c.srcHost = host;
+    c.dstDevice = dev;
+  } else {
+    c.dstHost = host;
+    c.srcDevice = dev;
+  }
+  c.WidthInBytes = n;
+  c.Height = c.Depth = 1;
+  return CaptureHostCopy(stream, c, r);
+}
+
 CUresult HtoD(CUdeviceptr dst, const void* src, size_t n, CUstream hs, bool async) {
   if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
   uint64_t stream = 0;
@@ -65,16 +84,7 @@ CUresult HtoD(CUdeviceptr dst, const void* src, size_t n, CUstream hs, bool asyn
   if (n == 0) return CUDA_SUCCESS;
   if (src == nullptr || !DeviceOrPinned(&dst, n)) return CUDA_ERROR_INVALID_VALUE;
   HostFuncGate(stream);  // the work after a host function waits for it to return
-  if (CaptureActive()) {
-    CUDA_MEMCPY3D c{};
-    c.srcMemoryType = CU_MEMORYTYPE_HOST;
-    c.srcHost = src;
-    c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
-    c.dstDevice = dst;
-    c.WidthInBytes = n;
-    c.Height = c.Depth = 1;
-    if (CUresult r; CaptureHostCopy(stream, c, &r)) return r;
-  }
+  if (CUresult r; CaptureLinearCopy(stream, true, const_cast<void*>(src), dst, n, &r)) return r;
   return Client::Get().CopyHtoD(dst, src, n, stream, !async);
 }
 
@@ -85,16 +95,7 @@ CUresult DtoH(void* dst, CUdeviceptr src, size_t n, CUstream hs, bool async) {
   if (n == 0) return CUDA_SUCCESS;
   if (dst == nullptr || !DeviceOrPinned(&src, n)) return CUDA_ERROR_INVALID_VALUE;
   HostFuncGate(stream);  // the work after a host function waits for it to return
-  if (CaptureActive()) {
-    CUDA_MEMCPY3D c{};
-    c.srcMemoryType = CU_MEMORYTYPE_DEVICE;
-    c.srcDevice = src;
-    c.dstMemoryType = CU_MEMORYTYPE_HOST;
-    c.dstHost = dst;
-    c.WidthInBytes = n;
-    c.Height = c.Depth = 1;
-    if (CUresult r; CaptureHostCopy(stream, c, &r)) return r;
-  }
+  if (CUresult r; CaptureLinearCopy(stream, false, dst, src, n, &r)) return r;
   return Client::Get().CopyDtoH(dst, src, n, stream, async);
 }
 

@@ -28,13 +28,26 @@ def one_gpu(tmp_path):
     d.stop()
 
 
+def start_spins(oriond, tenants, window_ms):
+    """Starts one spin per tenant (a dict of extra environment), all in one window that opens in
+    1.5 s (every tenant connected and warmed up before it); returns (window start ms, processes)."""
+    start = int(time.time() * 1000) + 1500
+    return start, [subprocess.Popen([str(TEST_BIN / "spin"), str(start), str(start + window_ms), str(ITERS)],
+                                    env=oriond.env(ORION_GMEM=64, **t), stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True) for t in tenants]
+
+
+def wait_ready(proc):
+    """Reads a sleeper's output up to its READY line (its session exists then)."""
+    line = ""
+    while "READY" not in line:
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read()
+
+
 def spin(oriond, tenants, window_ms=5000):
-    """Runs one spin per tenant (a dict of extra environment) in one shared window; returns their
-    kernel counts, in order."""
-    start = int(time.time() * 1000) + 1500  # every tenant connected and warmed up before it
-    procs = [subprocess.Popen([str(TEST_BIN / "spin"), str(start), str(start + window_ms), str(ITERS)],
-                              env=oriond.env(ORION_GMEM=64, **t), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for t in tenants]
+    """Runs the tenants' spins in one shared window; returns their kernel counts, in order."""
+    _, procs = start_spins(oriond, tenants, window_ms)
     counts = []
     for p in procs:
         out, err = p.communicate(timeout=120)
@@ -82,10 +95,7 @@ def test_ratios_on_a_gpu_add_up_to_at_most_100(one_gpu):
     vGPU, with the reason; one that fits is admitted; best effort always is."""
     first = one_gpu.popen("sleeper", "5", ORION_RATIO=70)
     try:
-        line = ""
-        while "READY" not in line:
-            line = first.stdout.readline()
-            assert line, first.stderr.read()
+        wait_ready(first)
         r = one_gpu.run("device_props", ORION_RATIO=40)
         assert r.returncode != 0
         assert "ORION_RATIO=40 does not fit p-GPU 0: 30% of its compute is left (its tenants' ratios add up to 70)" \
@@ -111,10 +121,7 @@ def test_a_tenant_killed_mid_kernel_frees_the_device(one_gpu):
     """A worker whose kernel is running when its client is killed holds the GPU's device; oriond
     frees it when the worker exits, and the other tenant goes on alone (about 1 s shared, then 3 s
     alone: far more kernels than the killed one got)."""
-    start = int(time.time() * 1000) + 1500
-    procs = [subprocess.Popen([str(TEST_BIN / "spin"), str(start), str(start + 4000), str(ITERS)],
-                              env=one_gpu.env(ORION_GMEM=64, ORION_RATIO=50), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    start, procs = start_spins(one_gpu, [{"ORION_RATIO": 50}] * 2, 4000)
     time.sleep(max(0.0, (start + 1000) / 1000 - time.time()))
     procs[0].kill()
     procs[0].wait()
@@ -140,10 +147,7 @@ def test_a_vgpu_share_is_one_tenant(one_gpu, tmp_path):
     assert log.count("gets 60% (share) of its compute") == 2, log[-2000:]
     holder = one_gpu.popen("sleeper", "5", ORION_RATIO=60)
     try:
-        line = ""
-        while "READY" not in line:
-            line = holder.stdout.readline()
-            assert line, holder.stderr.read()
+        wait_ready(holder)
         r = one_gpu.run("device_props", ORION_RATIO=50, ORION_SHARE="off")
         assert r.returncode != 0 and "ORION_RATIO=50 does not fit p-GPU 0: 40% of its compute is left" in r.stderr, \
             r.stderr
@@ -159,10 +163,7 @@ def test_orion_smi_shows_each_tenants_ratio_and_measured_share(one_gpu):
     import json
     import os
     from conftest import PREFIX
-    start = int(time.time() * 1000) + 1500
-    procs = [subprocess.Popen([str(TEST_BIN / "spin"), str(start), str(start + 5000), str(ITERS)],
-                              env=one_gpu.env(ORION_GMEM=64, ORION_RATIO=r), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for r in (30, 70)]
+    start, procs = start_spins(one_gpu, [{"ORION_RATIO": 30}, {"ORION_RATIO": 70}], 5000)
     try:
         time.sleep(max(0.0, (start + 3500) / 1000 - time.time()))
         env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")}
