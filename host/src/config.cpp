@@ -87,6 +87,12 @@ int Handler(void* user, const char* section, const char* name, const char* raw) 
     } else if (key == "max_clients") {
       if (!ParseU64(v, 1, 4096, &n)) return bad("is not a number in 1..4096");
       c.max_clients = static_cast<uint32_t>(n);
+    } else if (key == "default_ratio") {
+      if (!ParseU64(v, 0, 100, &n)) return bad("is not a percentage in 0..100");
+      c.default_ratio = static_cast<uint32_t>(n);
+    } else if (key == "default_ratio_policy") {
+      if (v != "share" && v != "cap") return bad("is not share or cap");
+      c.default_ratio_policy = v == "cap" ? 1 : 0;
     } else {
       return bad("is not a known key");
     }

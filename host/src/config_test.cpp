@@ -41,6 +41,14 @@ TEST(ServerConfig, ParsesOrionsSampleFile) {
   EXPECT_EQ(c->shm_buffer_size_mib, 128u);
   EXPECT_EQ(c->shm_user_name, "libvirt-qemu");
   EXPECT_EQ(c->controller_addr, "127.0.0.1:9123");
+  EXPECT_EQ(c->default_ratio, 0u);  // unset: best effort
+}
+
+TEST(ServerConfig, DefaultComputeRatio) {
+  auto c = ParseServerConfig("[server]\ndefault_ratio = 25\ndefault_ratio_policy = cap\n", "server.conf");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->default_ratio, 25u);
+  EXPECT_EQ(c->default_ratio_policy, 1u);
 }
 
 TEST(ServerConfig, BadValuesNameTheKeyAndValue) {
@@ -54,6 +62,8 @@ TEST(ServerConfig, BadValuesNameTheKeyAndValue) {
       {"[server]\nlisten_port = 70000\n", "listen_port = '70000' is not a port number"},
       {"[server]\nenable_shm = \"maybe\"\n", "enable_shm = 'maybe' is not \"true\" or \"false\""},
       {"[server]\nno_such_key = 1\n", "no_such_key = '1' is not a known key"},
+      {"[server]\ndefault_ratio = 101\n", "default_ratio = '101' is not a percentage in 0..100"},
+      {"[server]\ndefault_ratio_policy = fast\n", "default_ratio_policy = 'fast' is not share or cap"},
       {"[nowhere]\nx = 1\n", "is in an unknown section"},
       {"[server-log]\nlog_level = LOUD\n", "log_level = 'LOUD'"},
       {"[server-shm]\nshm_buffer_size = -5\n", "shm_buffer_size = '-5'"},

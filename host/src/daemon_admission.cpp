@@ -286,8 +286,13 @@ void Daemon::FreeCompute(std::map<uint32_t, int>* slots) {
   slots->clear();
 }
 
-Status Daemon::ComputeFor(const HelloReq& hello, uint32_t session, const std::vector<Placement>& placements,
+Status Daemon::ComputeFor(const HelloReq& asked, uint32_t session, const std::vector<Placement>& placements,
                           const std::string& hold, std::map<uint32_t, int>* own) {
+  HelloReq hello = asked;
+  if (hello.ratio == 0) {  // no ORION_RATIO: server.conf's default_ratio (0: best effort)
+    hello.ratio = static_cast<uint8_t>(config_.default_ratio);
+    hello.policy = static_cast<uint8_t>(config_.default_ratio != 0 ? config_.default_ratio_policy : kPolicyShare);
+  }
   if (hold.empty()) return TakeCompute(hello, session, placements, own);
   Hold& h = holds_.at(hold);
   if (!h.compute.empty()) return Status::Ok();  // one tenant: the hold's first session set its share

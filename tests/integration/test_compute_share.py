@@ -185,3 +185,23 @@ def test_orion_smi_shows_each_tenants_ratio_and_measured_share(one_gpu):
     finally:
         for p in procs:
             p.communicate(timeout=120)
+
+
+def test_server_conf_default_ratio(tmp_path):
+    """[server] default_ratio is the share of a client that sets no ORION_RATIO: with 60, one such
+    client gets 60% (share) and a second does not fit; a client asking 40 does."""
+    d = Oriond(tmp_path, conf_text="[server]\n    vgpu_count = 4\n    default_ratio = 60\n"
+                                   "[server-shm]\n    shm_buffer_size = 16\n", extra_args=("--sim-gpus", "1"))
+    try:
+        first = d.popen("sleeper", "5")
+        try:
+            wait_ready(first)
+            assert "gets 60% (share) of its compute" in d.session_logs()
+            r = d.run("device_props", ORION_SHARE="off")
+            assert r.returncode != 0 and "ORION_RATIO=60 does not fit p-GPU 0" in r.stderr, r.stderr
+            assert d.run("device_props", ORION_RATIO=40, ORION_SHARE="off").returncode == 0
+        finally:
+            first.kill()
+            first.wait()
+    finally:
+        d.stop()

@@ -22,9 +22,11 @@ struct ServerConfig {
   bool enable_shm = true;
   bool enable_rdma = false;
   bool enable_kvm = false;
-  bool kvm_doorbell = false;  // orion-vm enable gives VMs an ivshmem-doorbell (else ivshmem-plain)
-  uint32_t vgpu_count = 4;    // vGPUs per physical GPU, 1..100
-  uint32_t max_clients = 64;  // -n
+  bool kvm_doorbell = false;          // orion-vm enable gives VMs an ivshmem-doorbell (else ivshmem-plain)
+  uint32_t vgpu_count = 4;            // vGPUs per physical GPU, 1..100
+  uint32_t max_clients = 64;          // -n
+  uint32_t default_ratio = 0;         // compute share of a client that sets no ORION_RATIO (0: best effort)
+  uint32_t default_ratio_policy = 0;  // and its policy: 0 share, 1 cap (ComputePolicy)
   // [server-log]
   bool log_with_time = true;
   bool log_to_screen = false;
