@@ -840,3 +840,46 @@ def test_a_revoked_allocation_ends_its_session_at_once_through_the_watch(tmp_pat
         kill(p)
     finally:
         c.stop()
+
+
+def test_a_request_waits_for_vgpus_exited_clients_are_giving_back(tmp_path):
+    """A full pool whose vGPUs are held only by allocations of exited clients ("releasing": their
+    server ends the sessions and releases them within moments) does not refuse a new request at
+    once: the request waits for them (at most 2 s) and is placed when one is released. A CI run once
+    refused 2 of 36 clients in a burst while 4 such releases were in flight. When none is released,
+    the request is refused after that bounded wait, with the reason."""
+    for released in (True, False):
+        d = tmp_path / ("released" if released else "kept")
+        d.mkdir()
+        ctl = Controller(d, keys=True, extra="max_allocations_per_key: 16\n", server_timeout_s=30)
+        try:
+            sid = fake_server(ctl)  # 2 GPUs x 4 vGPUs
+            ids = []
+            for session in range(8):
+                code, a = ctl.call("POST", "/v1/allocations", {"vgpus": 1, "gmem_mib": 100}, key=CLIENT)
+                assert code == 201, a
+                assert ctl.call("POST", f"/v1/allocations/{a['id']}/confirm", {"server": sid, "session": session + 1},
+                                key=SERVER)[0] == 200
+                ids.append(a["id"])
+            for i in ids:  # every client exited: releasing, until its server ends the session
+                code, body = ctl.call("DELETE", f"/v1/allocations/{i}?reason=client_exited", key=CLIENT)
+                assert code == 200 and body["state"] == "releasing", body
+
+            def server_releases_one():
+                time.sleep(0.6)
+                ctl.call("DELETE", f"/v1/allocations/{ids[0]}?reason=session_ended&server={sid}", key=SERVER)
+
+            t = threading.Thread(target=server_releases_one)
+            if released:
+                t.start()
+            t0 = time.time()
+            code, body = ctl.call("POST", "/v1/allocations", {"vgpus": 1, "gmem_mib": 100}, key=CLIENT2)
+            waited = time.time() - t0
+            if released:
+                t.join()
+                assert code == 201 and 0.5 <= waited < 2.0, (code, body, waited)
+            else:
+                assert code == 409 and "no server has 1 free vGPU" in body["message"], (code, body)
+                assert 1.9 <= waited < 4, waited
+        finally:
+            ctl.stop()
