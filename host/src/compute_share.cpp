@@ -68,6 +68,8 @@ int TakeComputeSlot(ComputeGpu* g, uint32_t ratio, uint32_t policy, uint32_t ses
     s.busy_ns.store(0);
     s.throttled_ns.store(0);
     s.idle_since.store(0);
+    s.cap_tokens.store(0);
+    s.cap_refilled.store(0);
     s.used.store(1, std::memory_order_release);
     return static_cast<int>(i);
   }
@@ -107,9 +109,31 @@ uint64_t ComputeGate::Weight() const {
   return std::max<uint64_t>(1, left / std::max<uint32_t>(1, best_effort));
 }
 
+// A cap tenant's bucket, refilled to now: ratio% of the wall time since the last refill, up to
+// kComputeCapBurstNs. Returns the tokens.
+int64_t ComputeGate::Refill() {
+  ComputeSlot& me = gpu_->slots[slot_];
+  const uint64_t now = NowNs();
+  const uint64_t last = me.cap_refilled.exchange(now, std::memory_order_acq_rel);
+  const auto gained = static_cast<int64_t>(last == 0 ? 0 : (now - last) * me.ratio / 100);  // starts empty
+  int64_t t = me.cap_tokens.fetch_add(gained, std::memory_order_acq_rel) + gained;
+  if (t > kComputeCapBurstNs) {
+    me.cap_tokens.fetch_sub(t - kComputeCapBurstNs, std::memory_order_acq_rel);
+    t = kComputeCapBurstNs;
+  }
+  return t;
+}
+
 void ComputeGate::Enter() {
   ComputeSlot& me = gpu_->slots[slot_];
   const uint64_t start = NowNs();
+  if (me.policy == kPolicyCap && me.ratio != 0 && me.ratio < 100) {
+    // Owing device time: rest until the bucket holds kComputeCapResumeNs again.
+    if (int64_t t = Refill(); t < 0) {
+      SleepNs(static_cast<uint64_t>(kComputeCapResumeNs - t) * 100 / me.ratio);
+      (void)Refill();
+    }
+  }
   const auto self = static_cast<uint32_t>(getpid());
   // Back from idle: not behind the tenants that are running (their least virtual time).
   if (me.waiting.fetch_add(1) == 0 && start - me.idle_since.load(std::memory_order_relaxed) > kComputeIdleNs) {
@@ -156,10 +180,8 @@ void ComputeGate::Leave() {
   gpu_->wake.fetch_add(1, std::memory_order_acq_rel);
   FutexWakeAll(&gpu_->wake);
   if (me.policy == kPolicyCap && me.ratio != 0 && me.ratio < 100) {
-    // A ceiling: the device time used is ratio% of the time until the next kernel may start.
-    const uint64_t rest = used * (100 - me.ratio) / me.ratio;
-    SleepNs(rest);
-    me.throttled_ns.fetch_add(rest, std::memory_order_relaxed);
+    (void)Refill();
+    me.cap_tokens.fetch_sub(static_cast<int64_t>(used), std::memory_order_acq_rel);  // a ceiling: spent
   }
 }
 

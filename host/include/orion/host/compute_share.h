@@ -14,8 +14,10 @@
 // after more than kComputeIdleNs idle starts at the least virtual time of the tenants running, so
 // it cannot claim the past.
 // A tenant between two kernels (its next launch one round trip away) keeps its place for
-// kComputeAnticipateNs. A cap tenant, after each kernel of d ns, waits d × (100 - ratio) / ratio
-// before its next one.
+// kComputeAnticipateNs. A cap tenant spends device-time tokens that refill at ratio% of wall time
+// (a token bucket of kComputeCapBurstNs): when it owes time, it waits until it has kComputeCapResumeNs
+// again, so it runs a few kernels back to back and then rests, rather than resting after each one
+// (a device that has rested starts slower: the sim's executor by about a tenth).
 // A running kernel is never preempted: one long kernel can exceed a share for its own duration.
 //
 // Memory: ComputeGpu is plain data (atomics only) at a fixed place in the shared mapping; a worker
@@ -39,6 +41,9 @@ inline constexpr uint64_t kComputeIdleNs = 5000000;  // 5 ms without a kernel: i
 // waits at each of its kernels' ends, and shares would come out even.
 inline constexpr uint64_t kComputeAnticipateNs = 2000000;
 
+inline constexpr int64_t kComputeCapBurstNs = 40000000;   // a cap tenant's bucket: 40 ms of device time
+inline constexpr int64_t kComputeCapResumeNs = 30000000;  // owing, it rests until it has 30 ms again
+
 enum ComputePolicy : uint32_t { kPolicyShare = 0, kPolicyCap = 1 };
 
 struct ComputeSlot {
@@ -51,6 +56,9 @@ struct ComputeSlot {
   std::atomic<uint64_t> vtime{0};         // virtual time (ns × 100 / weight)
   std::atomic<uint64_t> busy_ns{0};       // device time its kernels used
   std::atomic<uint64_t> throttled_ns{0};  // time its workers waited for the device or a cap
+  // cap: device time it may still use (ns; negative: owed), refilled at ratio% of wall time.
+  std::atomic<int64_t> cap_tokens{0};
+  std::atomic<uint64_t> cap_refilled{0};  // when the tokens were last refilled (monotonic ns)
 };
 
 struct ComputeGpu {
@@ -88,6 +96,7 @@ class ComputeGate {
 
  private:
   uint64_t Weight() const;
+  int64_t Refill();
   ComputeGpu* gpu_;
   int slot_;
   uint64_t entered_ns_ = 0;
