@@ -65,16 +65,26 @@ class Etcd:
     def __init__(self, tmp: Path, n=3):
         self.tmp = tmp
         self.names = [f"m{i}" for i in range(n)]
-        self.client = [free_port() for _ in range(n)]
-        self.peer = [free_port() for _ in range(n)]
-        self.procs = [None] * n
-        try:
-            for i in range(n):
-                self.start(i)
-            self.wait_healthy()
-        except BaseException:
-            self.stop()
-            raise
+        # A port free_port() found can be taken by another process before etcd binds it (a CI run
+        # once lost a cluster to "bind: address already in use"): such a start is redone on new
+        # ports, from empty data directories, at most twice more. Any other failure is the test's.
+        for attempt in range(3):
+            self.client = [free_port() for _ in range(n)]
+            self.peer = [free_port() for _ in range(n)]
+            self.procs = [None] * n
+            try:
+                for i in range(n):
+                    self.start(i)
+                self.wait_healthy(starting=True)
+                return
+            except BaseException:
+                self.stop()
+                logs = [tmp / f"etcd-{i}.log" for i in range(n)]
+                if attempt == 2 or not any(p.exists() and "address already in use" in p.read_text() for p in logs):
+                    raise
+                for i in range(n):
+                    shutil.rmtree(tmp / f"etcd-{i}", ignore_errors=True)
+                    logs[i].rename(tmp / f"etcd-{i}.bind-failure-{attempt}.log")
 
     @property
     def url(self):
@@ -102,9 +112,11 @@ class Etcd:
                               env={**os.environ, "ETCDCTL_API": "3"}, capture_output=True, text=True, timeout=30,
                               check=check)
 
-    def wait_healthy(self, timeout=30):
+    def wait_healthy(self, timeout=30, starting=False):
         deadline = time.time() + timeout
         while True:
+            if starting:  # a member that exited while the cluster starts will not come back
+                assert all(p.poll() is None for p in self.procs), (self.tmp / "etcd-0.log").read_text()[-3000:]
             try:
                 if http(f"127.0.0.1:{self.client[0]}", "POST", "/v3/kv/range",
                         {"key": "L29yaW9uL3Bpbmc=", "count_only": True}, timeout=2)[0] == 200:
