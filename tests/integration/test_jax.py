@@ -25,7 +25,8 @@ PROBE = ROOT / "tests" / "frameworks" / "jax_probe.py"
 # mount namespace of the probe's own.
 WITH_NVIDIACTL = """
 set -e
-t=$(mktemp -d /tmp/orion-jax-dev.XXXXXX)
+t="$ORION_JAX_DEV_TMP"  # the test's own directory: nothing is left in /tmp
+mkdir -p "$t"
 mount -t tmpfs none "$t"
 mkdir "$t/u" "$t/w"
 mount -t overlay overlay -o lowerdir=/dev,upperdir="$t/u",workdir="$t/w" /dev
@@ -38,7 +39,7 @@ exec "$@"
 def run_jax(oriond, *, constraints_check=False, nvidiactl=True):
     if not JAX_PYTHON.exists():
         pytest.skip(f"no JAX venv at {JAX_PYTHON} (scripts/venv --jax)")
-    env = oriond.env(ORION_GMEM=2048)
+    env = oriond.env(ORION_GMEM=2048, ORION_JAX_DEV_TMP=oriond.tmp / "jax-dev")
     if not constraints_check:
         env["JAX_SKIP_CUDA_CONSTRAINTS_CHECK"] = "1"
     cmd = [str(JAX_PYTHON), str(PROBE)]
