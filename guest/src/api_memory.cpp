@@ -17,22 +17,28 @@ bool DeviceOk(uint64_t p, uint64_t bytes) { return S().mirror.Find(p, bytes, nul
 
 // Maps pinned host memory at `p` (cuMemHostAlloc/cuMemAllocHost, or a DEVICEMAP registration) into
 // the device's address space: what cuMemHostGetDevicePointer returns. Shared-memory transports only.
+// oriond is asked to map it at the program's own address for it, so that with unified addressing
+// (the sim backend) the host pointer is the device pointer, in kernels too; where it cannot, the
+// device address differs and copies and memsets translate (PinnedAsDevice).
 CUresult MapHost(void* p, CUdeviceptr* out) {
-  void* base = nullptr;
+  void* base = nullptr;  // the window's copy of the range
   uint64_t bytes = 0;
+  void* user_base = nullptr;  // the range as the program sees it
   if (void* alias = Client::Get().WindowAlias(p, &base, &bytes); alias != nullptr) {
-    p = alias;  // registered with CU_MEMHOSTREGISTER_DEVICEMAP: its pages live in the window
-  } else if (!Client::Get().PinnedRange(p, &base, &bytes)) {
+    // registered with CU_MEMHOSTREGISTER_DEVICEMAP: its pages live in the window, mapped at `p`
+    user_base = static_cast<uint8_t*>(p) - (static_cast<uint8_t*>(alias) - static_cast<uint8_t*>(base));
+    p = alias;
+  } else if (Client::Get().PinnedRange(p, &base, &bytes)) {
+    user_base = base;
+  } else {
     return CUDA_ERROR_INVALID_VALUE;
   }
-  WindowRangeReq q{static_cast<uint64_t>(Client::Get().WindowOffset(base, bytes)), bytes};
+  WindowRangeReq q{static_cast<uint64_t>(Client::Get().WindowOffset(base, bytes)), bytes,
+                   reinterpret_cast<uint64_t>(user_base)};
   U64Rep rep{};
   CUresult r = Client::Get().Call(Op::kHostGetDevicePointer, &q, sizeof q, &rep, sizeof rep);
   if (r != CUDA_SUCCESS) return r;
-  DeviceRange existing{};
-  if (!S().mirror.Find(rep.value, bytes, &existing)) {
-    S().mirror.Add({rep.value, bytes, RangeKind::kMappedHost, CurrentCtx(), base});
-  }
+  S().mirror.Add({rep.value, bytes, RangeKind::kMappedHost, CurrentCtx(), user_base});
   *out = rep.value + static_cast<uint64_t>(static_cast<uint8_t*>(p) - static_cast<uint8_t*>(base));
   return CUDA_SUCCESS;
 }
@@ -54,6 +60,13 @@ bool PinnedAsDevice(CUdeviceptr* p, uint64_t bytes) {
   *p = d;
   return true;
 }
+// Whether `p` is host memory (pinned or managed, mapped for the device, or not mapped yet) rather
+// than device memory: a synchronous memset or copy into it must be complete when the call returns.
+bool HostVisible(CUdeviceptr p) {
+  DeviceRange r{};
+  return !S().mirror.Find(p, 1, &r) || r.kind == RangeKind::kMappedHost;
+}
+
 // A device range, or pinned host memory standing for one (PinnedAsDevice): true with `*p` a device
 // address.
 bool DeviceOrPinned(CUdeviceptr* p, uint64_t bytes) { return DeviceOk(*p, bytes) || PinnedAsDevice(p, bytes); }
@@ -85,7 +98,13 @@ CUresult HtoD(CUdeviceptr dst, const void* src, size_t n, CUstream hs, bool asyn
   if (src == nullptr || !DeviceOrPinned(&dst, n)) return CUDA_ERROR_INVALID_VALUE;
   HostFuncGate(stream);  // the work after a host function waits for it to return
   if (CUresult r; CaptureLinearCopy(stream, true, const_cast<void*>(src), dst, n, &r)) return r;
-  return Client::Get().CopyHtoD(dst, src, n, stream, !async);
+  // Into pinned or managed memory, a synchronous copy is host to host: complete on return (CUDA
+  // driver API, "API synchronization behavior").
+  const bool host_to_host = !async && HostVisible(dst);
+  CUresult r = Client::Get().CopyHtoD(dst, src, n, stream, !async);
+  if (r != CUDA_SUCCESS || !host_to_host) return r;
+  HandleReq wait{stream};
+  return Client::Get().Call(Op::kStreamSynchronize, &wait, sizeof wait);
 }
 
 CUresult DtoH(void* dst, CUdeviceptr src, size_t n, CUstream hs, bool async) {
@@ -237,7 +256,7 @@ CUresult Copy3D(const CUDA_MEMCPY3D* c, CUstream hs, bool async) {
 }
 
 // `sync`: cuMemsetD* (not *Async), which is fully synchronous when its target is pinned host memory
-// (CUDA driver API, "API synchronization behavior").
+// or managed memory (CUDA driver API, "API synchronization behavior").
 CUresult Memset(CUdeviceptr dst, uint32_t value, uint32_t elem, size_t width, size_t height, size_t pitch, CUstream hs,
                 bool sync = false) {
   if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
@@ -247,7 +266,7 @@ CUresult Memset(CUdeviceptr dst, uint32_t value, uint32_t elem, size_t width, si
   if (dst % elem != 0) return CUDA_ERROR_INVALID_VALUE;
   if (height > 1 && pitch < width * elem) return CUDA_ERROR_INVALID_VALUE;
   const uint64_t span = (height - 1) * (height > 1 ? pitch : 0) + width * elem;
-  const bool pinned = !DeviceOk(dst, span);
+  const bool pinned = HostVisible(dst);  // pinned or managed memory
   if (!DeviceOrPinned(&dst, span)) return CUDA_ERROR_INVALID_VALUE;
   MemsetReq q{dst, width, height, height > 1 ? pitch : 0, stream, value, elem};
   if (CUresult r; CaptureFrame(stream, Op::kMemset, &q, sizeof q, offsetof(MemsetReq, stream), &r)) return r;
@@ -261,6 +280,12 @@ CUresult AllocHost(void** pp, size_t bytes, unsigned flags) {
   if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
   (void)flags;
   if (void* p = Client::Get().PinnedAlloc(bytes)) {
+    // Mapped for the device at once, as with unified addressing every pinned allocation is
+    // (cuMemHostAlloc doc): a kernel may be given `p` itself.
+    // (A backend that cannot map the window leaves copies working; cuMemHostGetDevicePointer
+    // then says why.)
+    CUdeviceptr d = 0;
+    if (!Client::Get().network()) (void)MapHost(p, &d);
     *pp = p;
     return CUDA_SUCCESS;
   }
@@ -273,6 +298,57 @@ CUresult AllocHost(void** pp, size_t bytes, unsigned flags) {
   s.registered[reinterpret_cast<uintptr_t>(p)] = bytes | kRegisteredOwned;
   *pp = p;
   return CUDA_SUCCESS;
+}
+
+// The managed allocation containing [p, p+bytes): its base (0 if none).
+uint64_t ManagedBase(uint64_t p, uint64_t bytes) {
+  State& s = S();
+  std::lock_guard<std::mutex> l(s.mu);
+  auto it = s.managed.upper_bound(p);
+  if (it == s.managed.begin()) return 0;
+  --it;
+  return p >= it->first && bytes <= it->second && p - it->first <= it->second - bytes ? it->first : 0;
+}
+
+// cuMemPrefetchAsync/cuMemAdvise/cuStreamAttachMemAsync: [p, p+bytes) must be managed memory of
+// this process (CUDA: CUDA_ERROR_INVALID_VALUE otherwise).
+CUresult CheckManagedRange(uint64_t p, uint64_t bytes) {
+  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  return bytes != 0 && ManagedBase(p, bytes) != 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+// A prefetch of managed memory: validated and ordered in its stream; there is nothing to move, as
+// managed memory is the pinned heap, one set of pages the program and the device both address.
+CUresult Prefetch(CUdeviceptr p, size_t bytes, CUmemLocation loc, unsigned flags, CUstream hs) {
+  if (CUresult r = CheckManagedRange(p, bytes); r != CUDA_SUCCESS) return r;
+  uint64_t stream = 0;
+  if (!StreamId(hs, &stream)) return CUDA_ERROR_INVALID_HANDLE;
+  if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  const int devices = static_cast<int>(Client::Get().devices().size());
+  const bool ok = loc.type == CU_MEM_LOCATION_TYPE_HOST || loc.type == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT ||
+                  (loc.type == CU_MEM_LOCATION_TYPE_DEVICE && loc.id >= 0 && loc.id < devices) ||
+                  (loc.type == CU_MEM_LOCATION_TYPE_HOST_NUMA && loc.id >= 0);
+  return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
+CUresult Advise(CUdeviceptr p, size_t bytes, CUmem_advise advice, CUmemLocation loc) {
+  if (CUresult r = CheckManagedRange(p, bytes); r != CUDA_SUCCESS) return r;
+  if (advice < CU_MEM_ADVISE_SET_READ_MOSTLY || advice > CU_MEM_ADVISE_UNSET_ACCESSED_BY)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (advice == CU_MEM_ADVISE_SET_READ_MOSTLY || advice == CU_MEM_ADVISE_UNSET_READ_MOSTLY) return CUDA_SUCCESS;
+  const int devices = static_cast<int>(Client::Get().devices().size());
+  const bool ok = loc.type == CU_MEM_LOCATION_TYPE_HOST || loc.type == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT ||
+                  loc.type == CU_MEM_LOCATION_TYPE_HOST_NUMA ||
+                  (loc.type == CU_MEM_LOCATION_TYPE_DEVICE && loc.id >= 0 && loc.id < devices);
+  return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
+// The pre-CUDA-12.2 forms name a device; CU_DEVICE_CPU (-1) is the host.
+CUmemLocation LegacyLocation(CUdevice dev) {
+  CUmemLocation loc{};
+  loc.type = dev == CU_DEVICE_CPU ? CU_MEM_LOCATION_TYPE_HOST : CU_MEM_LOCATION_TYPE_DEVICE;
+  loc.id = dev == CU_DEVICE_CPU ? 0 : dev;
+  return loc;
 }
 
 CUresult FillPointerAttribute(void* data, CUpointer_attribute attr, CUdeviceptr ptr) {
@@ -291,8 +367,10 @@ CUresult FillPointerAttribute(void* data, CUpointer_attribute attr, CUdeviceptr 
       *static_cast<CUcontext*>(data) = reinterpret_cast<CUcontext>(ctx);
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
-      *static_cast<unsigned*>(data) =
-          dev && r.kind != RangeKind::kMappedHost ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
+      // Managed memory is device memory to CUDA (cudart tells it apart by IS_MANAGED).
+      *static_cast<unsigned*>(data) = dev && (r.kind != RangeKind::kMappedHost || ManagedBase(ptr, 1) != 0)
+                                          ? CU_MEMORYTYPE_DEVICE
+                                          : CU_MEMORYTYPE_HOST;
       return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
       if (!dev) return CUDA_ERROR_INVALID_VALUE;
@@ -308,7 +386,7 @@ CUresult FillPointerAttribute(void* data, CUpointer_attribute attr, CUdeviceptr 
         return CUDA_SUCCESS;
       }
       return CUDA_ERROR_INVALID_VALUE;
-    case CU_POINTER_ATTRIBUTE_IS_MANAGED: *static_cast<int*>(data) = 0; return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED: *static_cast<int*>(data) = ManagedBase(ptr, 1) != 0; return CUDA_SUCCESS;
     case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
       *static_cast<int*>(data) = ctx != nullptr ? ctx->device : (dev ? r.device : 0);
       return CUDA_SUCCESS;
@@ -331,6 +409,62 @@ CUresult FillPointerAttribute(void* data, CUpointer_attribute attr, CUdeviceptr 
     case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: *static_cast<CUmemoryPool*>(data) = nullptr; return CUDA_SUCCESS;
     default: return CUDA_ERROR_INVALID_VALUE;
   }
+}
+
+// cuMemAllocManaged on a transport whose device reaches the pinned heap at the program's own
+// addresses (MANAGED_MEMORY = 1: shared-memory channels on the sim backend): the allocation is
+// pinned memory, one set of pages that the program and the device both address by the same
+// pointer. Zero-copy, so coherent with no migration; its size is bounded by the channel's pinned
+// heap (docs/spec/managed-memory.md has the design for device-resident managed memory).
+CUresult AllocManaged(CUdeviceptr* dptr, size_t bytes, unsigned flags) {
+  if (dptr == nullptr || bytes == 0 || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST))
+    return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  const auto& devices = Client::Get().devices();
+  const GuestCtx* ctx = CurrentCtx();
+  if (Client::Get().network() || ctx->device < 0 || static_cast<size_t>(ctx->device) >= devices.size() ||
+      devices[static_cast<size_t>(ctx->device)].attributes[CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY] == 0) {
+    static std::atomic<bool> warned{false};
+    if (!warned.exchange(true))
+      LogWarn(
+          "cuMemAllocManaged: managed memory needs a shared-memory channel to a server that maps pinned memory "
+          "at the program's addresses (the sim backend); this device reports CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY = 0");
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  void* p = Client::Get().PinnedAlloc(bytes);
+  if (p == nullptr) {
+    LogWarn("cuMemAllocManaged: " + std::to_string(bytes) +
+            " bytes do not fit in the channel's pinned heap, where managed memory lives");
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  CUdeviceptr d = 0;
+  if (CUresult r = MapHost(p, &d); r != CUDA_SUCCESS || d != reinterpret_cast<CUdeviceptr>(p)) {
+    S().mirror.RemoveMappedHost(p);
+    (void)Client::Get().PinnedFree(p);
+    LogWarn("cuMemAllocManaged: the server could not map the memory at the program's address");
+    return r != CUDA_SUCCESS ? r : CUDA_ERROR_NOT_SUPPORTED;
+  }
+  {
+    State& s = S();
+    std::lock_guard<std::mutex> l(s.mu);
+    s.managed[reinterpret_cast<uintptr_t>(p)] = bytes;
+  }
+  *dptr = d;
+  return CUDA_SUCCESS;
+}
+
+// cuMemFree of managed memory: like cuMemFree, it waits for the device's work (which may use it).
+CUresult FreeManaged(CUdeviceptr p) {
+  {
+    State& s = S();
+    std::lock_guard<std::mutex> l(s.mu);
+    if (s.managed.erase(static_cast<uintptr_t>(p)) == 0) return CUDA_ERROR_INVALID_VALUE;
+  }
+  CUresult r = Client::Get().Call(Op::kCtxSynchronize, nullptr, 0);
+  void* host = reinterpret_cast<void*>(p);
+  S().mirror.RemoveMappedHost(host);
+  (void)Client::Get().PinnedFree(host);
+  return r;
 }
 
 }  // namespace
@@ -372,6 +506,7 @@ ORION_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
   ORION_API(cuMemFree_v2);
   if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
   if (dptr == 0) return CUDA_SUCCESS;
+  if (ManagedBase(dptr, 1) == dptr) return FreeManaged(dptr);
   // The local range goes first, in one step with the check: once oriond frees the address, another
   // thread's cuMemAlloc may get it at once, and its new range must not be the one removed here.
   // (Two threads freeing one pointer: one of them gets CUDA_ERROR_INVALID_VALUE.)
@@ -425,6 +560,7 @@ ORION_EXPORT CUresult CUDAAPI cuMemFreeHost(void* p) {
   uint64_t bytes = 0;
   if (Client::Get().PinnedRange(p, &base, &bytes)) {
     if (base != p) return CUDA_ERROR_INVALID_VALUE;
+    S().mirror.RemoveMappedHost(p);
     return Client::Get().PinnedFree(p) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
   }
   State& s = S();
@@ -488,8 +624,12 @@ ORION_EXPORT CUresult CUDAAPI cuMemHostRegister_v2(void* p, size_t bytesize, uns
       if (overlaps()) return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
     }
     if (CUresult r = Client::Get().MapIntoWindow(p, bytesize); r != CUDA_SUCCESS) return r;
-    std::lock_guard<std::mutex> l(s.mu);
-    s.registered[a] = bytesize | kRegisteredInWindow;
+    {
+      std::lock_guard<std::mutex> l(s.mu);
+      s.registered[a] = bytesize | kRegisteredInWindow;
+    }
+    CUdeviceptr d = 0;  // mapped for the device at once, like a pinned allocation (AllocHost)
+    (void)MapHost(p, &d);
     return CUDA_SUCCESS;
   }
   std::lock_guard<std::mutex> l(s.mu);
@@ -510,6 +650,7 @@ ORION_EXPORT CUresult CUDAAPI cuMemHostUnregister(void* p) {
     s.registered.erase(it);
   }
   if (in_window) {
+    S().mirror.RemoveMappedHost(p);
     // Nothing in flight may still use the pages when they leave the window.
     if (CUresult r = NeedCtx(); r == CUDA_SUCCESS) (void)Client::Get().Call(Op::kCtxSynchronize, nullptr, 0);
     (void)Client::Get().UnmapFromWindow(p);
@@ -769,6 +910,55 @@ ORION_EXPORT CUresult CUDAAPI cuTensorMapEncodeTiled(CUtensorMap* tensorMap, CUt
   static_assert(sizeof(CUtensorMap) == sizeof rep, "CUtensorMap is 16 words");
   std::memcpy(tensorMap, &rep, sizeof rep);
   return CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int flags) {
+  ORION_API(cuMemAllocManaged);
+  return AllocManaged(dptr, bytesize, flags);
+}
+ORION_EXPORT CUresult CUDAAPI cuMemPrefetchAsync(CUdeviceptr p, size_t count, CUdevice dev, CUstream s) {
+  ORION_API(cuMemPrefetchAsync);
+  return Prefetch(p, count, LegacyLocation(dev), 0, s);
+}
+ORION_EXPORT CUresult CUDAAPI cuMemPrefetchAsync_ptsz(CUdeviceptr p, size_t count, CUdevice dev, CUstream s) {
+  ORION_API(cuMemPrefetchAsync_ptsz);
+  return Prefetch(p, count, LegacyLocation(dev), 0, s);
+}
+ORION_EXPORT CUresult CUDAAPI cuMemPrefetchAsync_v2(CUdeviceptr p, size_t count, CUmemLocation loc, unsigned int flags,
+                                                    CUstream s) {
+  ORION_API(cuMemPrefetchAsync_v2);
+  return Prefetch(p, count, loc, flags, s);
+}
+ORION_EXPORT CUresult CUDAAPI cuMemPrefetchAsync_v2_ptsz(CUdeviceptr p, size_t count, CUmemLocation loc,
+                                                         unsigned int flags, CUstream s) {
+  ORION_API(cuMemPrefetchAsync_v2_ptsz);
+  return Prefetch(p, count, loc, flags, s);
+}
+ORION_EXPORT CUresult CUDAAPI cuMemAdvise(CUdeviceptr p, size_t count, CUmem_advise advice, CUdevice dev) {
+  ORION_API(cuMemAdvise);
+  return Advise(p, count, advice, LegacyLocation(dev));
+}
+ORION_EXPORT CUresult CUDAAPI cuMemAdvise_v2(CUdeviceptr p, size_t count, CUmem_advise advice, CUmemLocation loc) {
+  ORION_API(cuMemAdvise_v2);
+  return Advise(p, count, advice, loc);
+}
+// Attaching managed memory to a stream only narrows which work may touch it while the device
+// runs; with the pages shared there is nothing to move, so it is checked and ordered, no more.
+ORION_EXPORT CUresult CUDAAPI cuStreamAttachMemAsync(CUstream hs, CUdeviceptr p, size_t length, unsigned int flags) {
+  ORION_API(cuStreamAttachMemAsync);
+  if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST && flags != CU_MEM_ATTACH_SINGLE)
+    return CUDA_ERROR_INVALID_VALUE;
+  const uint64_t base = ManagedBase(p, length == 0 ? 1 : length);
+  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  if (base == 0 || (length == 0 && base != p)) return CUDA_ERROR_INVALID_VALUE;  // 0: the whole allocation
+  uint64_t stream = 0;
+  if (!StreamId(hs, &stream)) return CUDA_ERROR_INVALID_HANDLE;
+  return CUDA_SUCCESS;
+}
+ORION_EXPORT CUresult CUDAAPI cuStreamAttachMemAsync_ptsz(CUstream hs, CUdeviceptr p, size_t length,
+                                                          unsigned int flags) {
+  ORION_API(cuStreamAttachMemAsync_ptsz);
+  return cuStreamAttachMemAsync(hs, p, length, flags);
 }
 
 }  // extern "C"

@@ -90,7 +90,27 @@ __attribute__((destructor)) static void CoverageReport() {
 
 void Mirror::Add(const DeviceRange& r) {
   std::unique_lock l(mu_);
+  if (r.kind == RangeKind::kMappedHost) {
+    auto it = ranges_.upper_bound(r.base);
+    if (it != ranges_.begin()) --it;
+    while (it != ranges_.end() && it->first < r.base + r.bytes) {
+      if (it->first + it->second.bytes > r.base && it->second.kind == RangeKind::kMappedHost)
+        it = ranges_.erase(it);
+      else
+        ++it;
+    }
+  }
   ranges_[r.base] = r;
+}
+
+void Mirror::RemoveMappedHost(const void* host) {
+  std::unique_lock l(mu_);
+  for (auto it = ranges_.begin(); it != ranges_.end();) {
+    if (it->second.kind == RangeKind::kMappedHost && it->second.host == host)
+      it = ranges_.erase(it);
+    else
+      ++it;
+  }
 }
 
 bool Mirror::Remove(uint64_t base, DeviceRange* out) {

@@ -134,6 +134,8 @@ struct DeviceRange {
 // driver, cuMemGetAddressRange and cuPointerGetAttribute(s).
 class Mirror {
  public:
+  // Adds `r`; a kMappedHost range replaces the kMappedHost ranges it overlaps (mappings of pinned
+  // memory since freed, at the same addresses).
   void Add(const DeviceRange& r);
   bool Remove(uint64_t base, DeviceRange* out);
   // Removes the kDevice range that starts exactly at `base` (a cuMemAlloc), atomically with the
@@ -142,6 +144,9 @@ class Mirror {
   // The range containing [p, p+bytes), if any; a kVmm range may run on into the kVmm ranges that
   // adjoin it (the first is returned).
   bool Find(uint64_t p, uint64_t bytes, DeviceRange* out) const;
+  // Drops the kMappedHost ranges of the pinned memory the program sees at `host` (freed or
+  // unregistered).
+  void RemoveMappedHost(const void* host);
   // Drops every range of a context that was destroyed or reset.
   void RemoveContext(const GuestCtx* ctx);
 
@@ -167,6 +172,7 @@ struct State {
   IdSet events;
   Mirror mirror;
   std::map<uintptr_t, uint64_t> registered;  // cuMemHostRegister'ed ranges: size | kRegistered* flags
+  std::map<uintptr_t, uint64_t> managed;     // cuMemAllocManaged ranges (in the pinned heap): size
   std::atomic<unsigned long long> next_ctx_id{1};
 };
 State& S() noexcept;

@@ -880,7 +880,9 @@ class CudaBackend final : public Backend {
     return api_.memSetAccess(addr, bytes, &d, 1);
   }
 
-  CUresult HostGetDevicePointer(void* host, uint64_t /*bytes*/, uint64_t* dptr) override {
+  // The worker's mapping of the window is not at the client's address, so `want` is not honoured
+  // (docs/spec/managed-memory.md: mapping the window at the client's address is the route).
+  CUresult HostGetDevicePointer(void* host, uint64_t /*bytes*/, uint64_t /*want*/, uint64_t* dptr) override {
     EnsureWindow();
     if (!window_registered_) return CUDA_ERROR_NOT_SUPPORTED;
     CUdeviceptr p = 0;

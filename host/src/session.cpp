@@ -68,6 +68,7 @@ struct Alloc {
   bool counted;          // counts against the quota (device allocations; not globals or mapped memory)
   uint64_t charged = 0;  // what it costs against the quota: bytes rounded up to kAllocGranularity
   bool vmm = false;      // an accessible VMM mapping (charged through its physical allocation)
+  bool window = false;   // window (pinned) memory mapped for the device (HostGetDevicePointer)
 };
 
 // A CUDA array of the session. Its handle dies at cuArrayDestroy; the array itself (and its quota
@@ -1323,9 +1324,24 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
         break;
       }
       uint64_t dptr = 0;
-      r = b_->HostGetDevicePointer(window_ + q.window_offset, q.bytes, &dptr);
+      r = b_->HostGetDevicePointer(window_ + q.window_offset, q.bytes, q.host_address, &dptr);
       if (r == CUDA_SUCCESS) {
-        allocs_[dptr] = {q.bytes, cur_dev_, false};
+        // At the client's own address, the range may overlap window mappings of memory the client
+        // has since freed (and the backend merged or dropped them): those records go.
+        if (dptr == q.host_address) {
+          auto it = allocs_.upper_bound(dptr);
+          if (it != allocs_.begin()) --it;
+          while (it != allocs_.end() && it->first < dptr + q.bytes) {
+            if (it->first + it->second.bytes > dptr && it->second.window) {
+              it = allocs_.erase(it);
+            } else {
+              ++it;
+            }
+          }
+        }
+        Alloc a{q.bytes, cur_dev_, false};
+        a.window = true;
+        allocs_[dptr] = a;
         put(U64Rep{dptr});
       }
       break;
@@ -1722,9 +1738,16 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
 
 // The guest sees the features Orion serves, whatever the GPU behind it has: virtual memory
 // management (the MemAddressReserve.. ops) and stream-ordered memory pools (the guest runtime
-// serves them over MemAlloc/MemFree) are there; managed memory and shareable (IPC, fabric)
+// serves them over MemAlloc/MemFree) are there; shareable (IPC, fabric)
 // handles are not. Attribute ids: CUdevice_attribute, <cuda.h>.
-void ClampServedFeatures(DeviceInfo* info) {
+//
+// Host memory: on a network channel there is no memory both ends address, so nothing is mapped
+// (CAN_MAP_HOST_MEMORY = 0). On a shared-memory channel to a backend that maps the pinned heap at the
+// program's own addresses (`same_address`, Backend::SameAddressMapping), a pinned or registered
+// host pointer is its own device pointer (CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM = 1), and
+// managed memory is served from that heap (MANAGED_MEMORY = 1; not CONCURRENT_MANAGED_ACCESS: the
+// pre-Pascal rules stay the contract, docs/spec/managed-memory.md).
+void ClampServedFeatures(DeviceInfo* info, bool network, bool same_address) {
   auto set = [&](int a, int v) {
     if (a > 0 && a < static_cast<int>(kMaxDeviceAttributes)) info->attributes[a] = v;
   };
@@ -1738,7 +1761,10 @@ void ClampServedFeatures(DeviceInfo* info) {
   set(CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED, 0);
   set(CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, 0);
   set(CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED, 0);
-  set(CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, 0);
+  const bool mapped_at_host_address = !network && same_address;
+  if (network) set(CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, 0);
+  set(CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM, mapped_at_host_address ? 1 : 0);
+  set(CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, mapped_at_host_address ? 1 : 0);
   set(CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, 0);
   set(CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS, 0);
   set(CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES, 0);
@@ -1877,7 +1903,7 @@ int Session::Run(const FrameHeader& hello_header, const HelloReq& hello) {
     DeviceInfo info{};
     b_->DescribeDevice(d, &info);
     info.total_mem = p_.placements[d].quota_bytes;
-    ClampServedFeatures(&info);
+    ClampServedFeatures(&info, p_.transport != kTransportShm, b_->SameAddressMapping());
     // Each vGPU has its own UUID, as MIG instances do: the physical GPU's with its last two bytes
     // XORed with vGPU index + 1. vGPU n of a GPU keeps one UUID across sessions and restarts, and
     // no two vGPUs of a process look alike to tools that pick a device by UUID

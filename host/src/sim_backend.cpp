@@ -551,7 +551,12 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     return CUDA_SUCCESS;
   }
 
-  CUresult HostGetDevicePointer(void* host, uint64_t bytes, uint64_t* dptr) override {
+  bool SameAddressMapping() const override { return true; }
+  CUresult HostGetDevicePointer(void* host, uint64_t bytes, uint64_t want, uint64_t* dptr) override {
+    if (want != 0 && MapAtClientAddress(static_cast<uint8_t*>(host), bytes, want)) {
+      *dptr = want;
+      return CUDA_SUCCESS;
+    }
     for (auto& [addr, b] : blocks_) {
       if (!b.owned && b.host == host) {
         *dptr = addr;
@@ -1285,6 +1290,39 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
   // address after its free show up on sim too.
   static uint64_t Granules(uint64_t bytes) { return (bytes + (2ull << 20) - 1) & ~((2ull << 20) - 1); }
   // `alignment`: 0, or a power of two (larger alignments leave the skipped granules free).
+  // Window memory [host, host+bytes) at device address `want`, the client's own address for it
+  // (unified addressing). Only above the addresses the sim hands out (TakeAddress steps over such
+  // blocks), and only over other window blocks: one at the same host-to-device offset is merged in
+  // (the same pages, mapped again), one at another offset is stale (the client maps only pinned
+  // memory it holds, and its address was freed and reused) and is dropped once nothing in flight
+  // can use it. False: the range collides with device memory; the caller picks an address.
+  bool MapAtClientAddress(uint8_t* host, uint64_t bytes, uint64_t want) {
+    if (bytes == 0 || want + bytes < want || want < 4096) return false;
+    if (want < next_addr_ && want + bytes > kSimBase) return false;  // among the sim's own addresses
+    uint64_t lo = want, hi = want + bytes;
+    const auto delta = reinterpret_cast<uintptr_t>(host) - want;
+    std::vector<uint64_t> overlapping;
+    bool stale = false;
+    auto it = blocks_.upper_bound(want);
+    if (it != blocks_.begin()) --it;
+    for (; it != blocks_.end() && it->first < want + bytes; ++it) {
+      const Block& b = it->second;
+      if (it->first + b.bytes <= want) continue;
+      if (b.owned || b.ipc_fd >= 0) return false;
+      if (reinterpret_cast<uintptr_t>(b.host) - it->first == delta) {
+        lo = std::min(lo, it->first);
+        hi = std::max(hi, it->first + b.bytes);
+      } else {
+        stale = true;
+      }
+      overlapping.push_back(it->first);
+    }
+    if (stale) (void)FlushBlocking(true);
+    for (uint64_t a : overlapping) blocks_.erase(a);
+    blocks_[lo] = Block{hi - lo, host - (want - lo), false};
+    return true;
+  }
+
   uint64_t TakeAddress(uint64_t bytes, uint64_t alignment = 0) {
     const uint64_t span = Granules(bytes);
     const uint64_t align = std::max<uint64_t>(alignment, 2ull << 20);
@@ -1297,7 +1335,14 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
       if (start + len > addr + span) free_addrs_[addr + span] = start + len - (addr + span);
       return addr;
     }
-    const uint64_t addr = (next_addr_ + align - 1) & ~(align - 1);
+    uint64_t addr = (next_addr_ + align - 1) & ~(align - 1);
+    // Step over window memory mapped at its client's addresses (MapAtClientAddress).
+    for (auto it = blocks_.lower_bound(next_addr_); it != blocks_.end() && it->first < addr + span;
+         it = blocks_.lower_bound(next_addr_)) {
+      addr = (it->first + it->second.bytes + align - 1) & ~(align - 1);
+      if (it->first > next_addr_) GiveAddress(next_addr_, it->first - next_addr_);
+      next_addr_ = it->first + it->second.bytes;
+    }
     if (addr > next_addr_) GiveAddress(next_addr_, addr - next_addr_);
     next_addr_ = addr + span;
     return addr;

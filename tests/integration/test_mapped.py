@@ -36,3 +36,30 @@ def test_pinned_memory_stands_for_its_device_address(oriond):
 def test_pinned_memory_is_no_device_address_over_tcp(tcp_oriond):
     r = run_tcp(tcp_oriond, "pinned_as_device", "expect-refused", ORION_GMEM=256)
     assert_passed(r, expect_checks=1)
+
+
+def test_managed_memory_and_pinned_pointers_in_kernels(oriond):
+    """Issue #20: unified addressing for pinned memory and managed memory on a shared-memory
+    channel (tests/cuda/managed.cu). oriond's sim maps the channel's pinned heap at the program's
+    own addresses, so a cudaHostAlloc or cudaHostRegister(Mapped) pointer is its own device
+    pointer, in kernels too, and cudaMallocManaged memory (carved from that heap) is read and
+    written by the host and by kernels with one pointer. Each value is computed by the executor and
+    checked element by element."""
+    r = oriond.run("managed", ORION_GMEM=256)
+    assert_passed(r, expect_checks=11)
+    c = checks(r.stdout)
+    for name in ("managed_written_on_host_read_by_kernel", "managed_prefetched_in_stream_order",
+                 "pinned_host_pointer_in_a_kernel", "registered_host_pointer_in_a_kernel",
+                 "pinned_memory_reused_maps_afresh"):
+        assert c[name] == "ok", name
+    assert sum(1 for l in oriond.launches() if l.endswith(" exec=ran") or l.endswith(" exec=deferred")) >= 7
+    assert "protocol violation" not in oriond.session_logs()
+
+
+def test_managed_memory_is_refused_over_tcp(tcp_oriond):
+    """Over TCP nothing is addressed by both ends: the device reports MANAGED_MEMORY,
+    CAN_MAP_HOST_MEMORY and CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM as 0 and cudaMallocManaged
+    fails with cudaErrorNotSupported."""
+    r = run_tcp(tcp_oriond, "managed", "expect-unsupported", ORION_GMEM=256)
+    assert_passed(r, expect_checks=2)
+    assert "cuMemAllocManaged: managed memory needs a shared-memory channel" in r.stderr

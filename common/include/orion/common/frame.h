@@ -24,8 +24,9 @@ static_assert(std::endian::native == std::endian::little, "Orion's wire format i
 inline constexpr uint32_t kFrameMagic = 0x4D52464Fu;  // "OFRM" in memory
 // 2: Hello/Welcome carry the controller allocation; 3: FunctionRep says which launches fail;
 // 4: Hello/Welcome carry the process tree's vGPU share (ORION_SHARE); Hello the compute ratio
-// and policy (ORION_RATIO, ORION_RATIO_POLICY).
-inline constexpr uint16_t kProtocolVersion = 4;
+// and policy (ORION_RATIO, ORION_RATIO_POLICY); 5: HostGetDevicePointer carries the client's
+// address of the bytes (a pinned host pointer is its own device pointer).
+inline constexpr uint16_t kProtocolVersion = 5;
 inline constexpr uint32_t kMaxPayload = 64 * 1024;  // bulk bytes travel in the data window
 
 enum class Op : uint16_t {
@@ -408,8 +409,10 @@ ORION_WIRE_STRUCT(MemsetReq, 48);
 struct WindowRangeReq {
   uint64_t window_offset;
   uint64_t bytes;
+  uint64_t host_address;  // where the client's process sees these bytes (0: unknown); the server
+                          // gives them this device address when it can (unified addressing)
 };
-ORION_WIRE_STRUCT(WindowRangeReq, 16);
+ORION_WIRE_STRUCT(WindowRangeReq, 24);
 
 // ModuleLoad: the image with this content hash (XXH3-128 of `image_bytes` bytes). If the server has
 // no such image, the reply status is kStatusNeedBytes; the client sends BlobPut chunks and retries.

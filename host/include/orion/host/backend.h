@@ -80,8 +80,14 @@ class Backend {
                             uint64_t src_pitch, uint64_t width, uint64_t height, void* stream) = 0;
   virtual CUresult Memset(uint64_t dst, uint32_t value, uint32_t elem_size, uint64_t width, uint64_t height,
                           uint64_t pitch, void* stream) = 0;
-  // Device address of window memory [host, host+bytes) (mapped pinned memory).
-  virtual CUresult HostGetDevicePointer(void* host, uint64_t bytes, uint64_t* dptr) = 0;
+  // Device address of window memory [host, host+bytes) (mapped pinned memory). `want` (0: none) is
+  // the address the client's process sees those bytes at: a backend that can (SameAddressMapping)
+  // gives them that very device address when it collides with nothing, so a pinned host pointer is
+  // its own device pointer (unified addressing, CUDA's cuMemHostAlloc doc); otherwise an address of
+  // its own. The worker checked [host, host+bytes) lies in the session's window.
+  virtual CUresult HostGetDevicePointer(void* host, uint64_t bytes, uint64_t want, uint64_t* dptr) = 0;
+  // Whether HostGetDevicePointer can honour `want` (then managed memory can live in the window).
+  virtual bool SameAddressMapping() const { return false; }
 
   // Virtual memory management (the worker has validated every range: multiples of
   // kVmmGranularity, inside the session's own reservations and physical allocations, and charged
