@@ -363,7 +363,7 @@ std::map<std::string, pool::VgpuPool> Service::Pools(const std::string& only) co
   for (const auto& [id, a] : allocs_) {
     if (!only.empty() && a.server != only) continue;
     auto& v = taken[a.server].emplace_back();
-    for (const Slot& sl : a.slots) v.push_back({sl.pgpu, sl.vgpu, sl.gmem_mib << 20});
+    for (const Slot& sl : a.slots) v.push_back({sl.pgpu, sl.vgpu, sl.gmem_mib << 20, a.ratio});
   }
   for (const auto& [id, s] : servers_) {
     if (!only.empty() && id != only) continue;
@@ -705,11 +705,12 @@ Result<Service::Allocation> Service::Place(const Json& body, const std::string& 
   for (size_t i : idx) {
     // Admit takes the slots in the cached pool only when it succeeds; the caller gives them back
     // (UnreserveLocked) if the allocation is not stored.
-    auto got = pools[i]->Admit(static_cast<uint32_t>(vgpus), gmem, opts_.policy);
+    auto got = pools[i]->Admit(static_cast<uint32_t>(vgpus), gmem, opts_.policy, static_cast<uint32_t>(ratio));
     if (!got.ok()) {
       why += (why.empty() ? "" : "; ") + cands[i]->id + ": " + std::to_string(pools[i]->free_vgpus()) + " of " +
              std::to_string(pools[i]->total_vgpus()) + " vGPUs free, " +
              std::to_string((pools[i]->total_bytes() - pools[i]->used_bytes()) >> 20) + " MiB unallocated";
+      if (ratio != 0) why += ", at most " + std::to_string(pools[i]->most_compute_left()) + "% of a GPU's compute left";
       continue;
     }
     a.id = NewId();
@@ -717,16 +718,18 @@ Result<Service::Allocation> Service::Place(const Json& body, const std::string& 
     a.server = cands[i]->id;
     a.vgpus = static_cast<uint32_t>(vgpus);
     a.gmem_mib = (*got)[0].quota_bytes >> 20;
-    a.ratio = static_cast<uint32_t>(ratio != 0 ? ratio : 100 / std::max<uint32_t>(1, cands[i]->vgpu_count));
+    a.ratio = static_cast<uint32_t>(ratio);  // 0: best effort (compute share: not counted, not promised)
     a.client_pid = static_cast<uint32_t>(pid);
     a.created_ms = WallMs();
     a.lease_expires_ms = kind == "vm" ? 0 : a.created_ms + opts_.lease_ttl_ms;
     for (const auto& p : *got) a.slots.push_back({p.pgpu, p.vgpu, p.quota_bytes >> 20, 0});
     return a;
   }
-  return ResourceExhausted("no server has " + std::to_string(vgpus) + " free vGPU(s) of " +
-                           (gmem == 0 ? std::string("the default size") : std::to_string(gmem) + " MiB") + " now (" +
-                           why + ")");
+  return ResourceExhausted(
+      "no server has " + std::to_string(vgpus) + " free vGPU(s) of " +
+      (gmem == 0 ? std::string("the default size") : std::to_string(gmem) + " MiB") +
+      (ratio != 0 ? " with ORION_RATIO=" + std::to_string(ratio) + "% of a GPU's compute each" : "") + " now (" + why +
+      ")");
 }
 
 Result<Json> Service::PlaceAndStore(const Json& body, const std::string& server, const std::string& kind,
@@ -1032,7 +1035,7 @@ void Service::UnreserveLocked(const Allocation& a) {
   auto p = pools_.find(a.server);
   if (p == pools_.end()) return;
   std::vector<pool::Placement> v;
-  for (const Slot& sl : a.slots) v.push_back({sl.pgpu, sl.vgpu, sl.gmem_mib << 20});
+  for (const Slot& sl : a.slots) v.push_back({sl.pgpu, sl.vgpu, sl.gmem_mib << 20, a.ratio});
   p->second.Release(v);
 }
 

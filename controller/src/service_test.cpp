@@ -103,6 +103,54 @@ TEST_F(ServiceTest, RefusalsSayWhyAndAllocateNothing) {
   EXPECT_EQ(s->Summary()["allocations"], 1);
 }
 
+// Compute share (issue #21): the ratios on a physical GPU add up to at most 100. A request whose
+// ratio does not fit a GPU is placed on another, or refused saying how much compute is left; a
+// release and a restart give the compute back and keep it accounted.
+TEST_F(ServiceTest, ComputeRatiosOnAGpuAddUpToAtMost100) {
+  std::string first;
+  {
+    auto s = Open();
+    ASSERT_TRUE(s->RegisterServer("10.0.0.1:9960", TwoGpuServer("a")).ok());
+    Json r70 = Req(1, 1000);
+    r70["ratio"] = 70;
+    auto a = s->Allocate(r70, "");
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    EXPECT_EQ((*a)["ratio"], 70);
+    first = (*a)["id"];
+    Json r50 = Req(1, 1000);
+    r50["ratio"] = 50;
+    auto b = s->Allocate(r50, "");  // packing prefers the same GPU; its compute does not allow it
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    EXPECT_NE((*b)["placements"][0]["pgpu"], (*a)["placements"][0]["pgpu"]);
+    auto best_effort = s->Allocate(Req(1, 1000), "");  // no ratio: not counted, not promised
+    ASSERT_TRUE(best_effort.ok());
+    EXPECT_EQ((*best_effort)["ratio"], 0);
+    Json r60 = Req(1, 1000);
+    r60["ratio"] = 60;
+    auto c = s->Allocate(r60, "");
+    ASSERT_FALSE(c.ok());
+    EXPECT_EQ(c.status().code(), Code::kResourceExhausted);
+    EXPECT_NE(c.status().message().find("with ORION_RATIO=60% of a GPU's compute each"), std::string::npos)
+        << c.status().message();
+    EXPECT_NE(c.status().message().find("at most 50% of a GPU's compute left"), std::string::npos)
+        << c.status().message();
+    Json r101 = Req(1, 1000);
+    r101["ratio"] = 101;
+    EXPECT_EQ(s->Allocate(r101, "").status().code(), Code::kInvalidArgument);
+  }
+  {
+    auto s = Open();  // restarted: the ratios are accounted from the stored allocations
+    Json r60 = Req(1, 1000);
+    r60["ratio"] = 60;
+    auto c = s->Allocate(r60, "");
+    ASSERT_FALSE(c.ok());
+    EXPECT_NE(c.status().message().find("at most 50% of a GPU's compute left"), std::string::npos)
+        << c.status().message();
+    ASSERT_TRUE(s->Release(first, "done", Caller{}).ok());
+    EXPECT_TRUE(s->Allocate(r60, "").ok());  // the 70 given back
+  }
+}
+
 TEST_F(ServiceTest, ConcurrentRequestsNeverDoubleBook) {
   auto s = Open();
   ASSERT_TRUE(s->RegisterServer("10.0.0.1:9960", TwoGpuServer("a")).ok());

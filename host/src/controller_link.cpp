@@ -200,9 +200,13 @@ Result<ControllerGrant> ControllerLink::Grant(const Result<json>& r, const std::
     if ((*r).at("server").get<std::string>() != opts_.server_id) {
       return FailedPrecondition(what + " is placed on " + (*r)["server"].get<std::string>() + ", not on this server");
     }
+    // The compute ratio the controller admitted (0: best effort; absent from older controllers).
+    const auto ratio = (*r).value("ratio", uint32_t{0});
+    if (ratio > 100) return Internal("Orion Controller sent a compute ratio over 100");
+    g.ratio = ratio;
     for (const auto& p : (*r).at("placements")) {
       g.placements.push_back(
-          {p.at("pgpu").get<uint32_t>(), p.at("vgpu").get<uint32_t>(), p.at("gmem_mib").get<uint64_t>() << 20});
+          {p.at("pgpu").get<uint32_t>(), p.at("vgpu").get<uint32_t>(), p.at("gmem_mib").get<uint64_t>() << 20, ratio});
     }
   } catch (const json::exception& e) {
     return Internal("Orion Controller sent a malformed allocation: " + std::string(e.what()));
@@ -220,22 +224,23 @@ Result<ControllerGrant> ControllerLink::Confirm(const std::string& allocation_id
                "allocation " + allocation_id);
 }
 
-Result<ControllerGrant> ControllerLink::AllocateHere(uint32_t vgpus, uint64_t gmem_mib, const std::string& host,
-                                                     uint32_t pid, const std::string& process, uint32_t session) {
+Result<ControllerGrant> ControllerLink::AllocateHere(uint32_t vgpus, uint64_t gmem_mib, uint32_t ratio,
+                                                     const std::string& host, uint32_t pid, const std::string& process,
+                                                     uint32_t session) {
   std::string request_id;
   try {
     request_id = RandomUuid();
   } catch (const std::exception& e) {
     return Internal(std::string("no idempotency key for the allocation: ") + e.what());
   }
-  return Grant(client_.Call("POST", "/v1/allocations",
-                            {{"vgpus", vgpus},
-                             {"gmem_mib", gmem_mib},
-                             {"server", opts_.server_id},
-                             {"session", session},
-                             {"request_id", request_id},  // a repeat to the next controller gets the same allocation
-                             {"client", {{"host", host}, {"pid", pid}, {"process", process}}}}),
-               "the allocation");
+  nlohmann::json body = {{"vgpus", vgpus},
+                         {"gmem_mib", gmem_mib},
+                         {"server", opts_.server_id},
+                         {"session", session},
+                         {"request_id", request_id},  // a repeat to the next controller gets the same allocation
+                         {"client", {{"host", host}, {"pid", pid}, {"process", process}}}};
+  if (ratio != 0) body["ratio"] = ratio;
+  return Grant(client_.Call("POST", "/v1/allocations", body), "the allocation");
 }
 
 Result<ControllerGrant> ControllerLink::Assign(const std::string& vm, uint32_t vgpus, uint64_t gmem_mib) {

@@ -62,6 +62,10 @@ Status Daemon::CheckRequest(HelloReq* hello) const {
   }
   SanitizeName(hello->hostname, sizeof hello->hostname);
   SanitizeName(hello->allocation_id, sizeof hello->allocation_id);
+  if (hello->ratio == 0 && config_.default_ratio != 0) {  // no ORION_RATIO: server.conf's default_ratio
+    hello->ratio = static_cast<uint8_t>(config_.default_ratio);
+    hello->policy = static_cast<uint8_t>(config_.default_ratio_policy);
+  }
   return Status::Ok();
 }
 
@@ -125,7 +129,8 @@ Result<Daemon::Admission> Daemon::Acquire(const HelloReq& hello, uint32_t sessio
       return InvalidArgument("the client holds controller allocation " + want +
                              " but this oriond is standalone (no controller_addr)");
     }
-    auto p = pool_->Admit(hello.vgpu_count, hello.gmem_mib);
+    // Placed where its compute ratio fits (TakeCompute then takes the share itself).
+    auto p = pool_->Admit(hello.vgpu_count, hello.gmem_mib, pool::PlacementPolicy::kPack, hello.ratio);
     if (!p.ok()) return p.status();
     a.placements = std::move(*p);
     return JoinShare(hello, token, std::move(a));
@@ -134,8 +139,8 @@ Result<Daemon::Admission> Daemon::Acquire(const HelloReq& hello, uint32_t sessio
     return Unavailable("oriond is not registered with its Orion Controller (yet); try again");
   }
   const std::string host(hello.hostname, strnlen(hello.hostname, sizeof hello.hostname));
-  auto g = want.empty() ? link_->AllocateHere(hello.vgpu_count, hello.gmem_mib, host.empty() ? peer : host, hello.pid,
-                                              hello.process_name, session)
+  auto g = want.empty() ? link_->AllocateHere(hello.vgpu_count, hello.gmem_mib, hello.ratio, host.empty() ? peer : host,
+                                              hello.pid, hello.process_name, session)
                         : link_->Confirm(want, session);
   if (!g.ok()) return Status(g.status().code(), "Orion Controller: " + g.status().message());
   if (g->job) return AcquireForJob(hello, session, std::move(*g));
@@ -145,6 +150,7 @@ Result<Daemon::Admission> Daemon::Acquire(const HelloReq& hello, uint32_t sessio
   }
   a.placements = std::move(g->placements);
   a.allocation_id = std::move(g->allocation_id);
+  a.ratio = static_cast<int>(g->ratio);
   log_->info("Using Orion resource {} for session {}", a.allocation_id, session);
   // A client-held allocation (confirmed) is that process's own; one asked for here starts a share.
   return want.empty() ? JoinShare(hello, token, std::move(a)) : Result<Admission>(std::move(a));
@@ -221,6 +227,7 @@ Result<Daemon::Admission> Daemon::AcquireForJob(const HelloReq& hello, uint32_t 
   }
   Admission a = OnHold(key, hello.vgpu_count, hello.gmem_mib);
   a.job = true;
+  a.ratio = static_cast<int>(g.ratio);
   log_->info("Using Orion resource {} (a job's: {} session(s) on it) for session {}", a.allocation_id,
              holds_.at(key).sessions, session);
   return a;
@@ -287,11 +294,13 @@ void Daemon::FreeCompute(std::map<uint32_t, int>* slots) {
 }
 
 Status Daemon::ComputeFor(const HelloReq& asked, uint32_t session, const std::vector<Placement>& placements,
-                          const std::string& hold, std::map<uint32_t, int>* own) {
-  HelloReq hello = asked;
-  if (hello.ratio == 0) {  // no ORION_RATIO: server.conf's default_ratio (0: best effort)
-    hello.ratio = static_cast<uint8_t>(config_.default_ratio);
-    hello.policy = static_cast<uint8_t>(config_.default_ratio != 0 ? config_.default_ratio_policy : kPolicyShare);
+                          const std::string& hold, std::map<uint32_t, int>* own, int granted_ratio) {
+  HelloReq hello = asked;  // its ratio is ORION_RATIO or server.conf's default_ratio (CheckRequest)
+  if (granted_ratio >= 0 && granted_ratio != hello.ratio) {
+    // The controller admitted the allocation with its own ratio: that one holds, whatever the
+    // Hello says (a process cannot promise itself more than it was placed with).
+    hello.ratio = static_cast<uint8_t>(granted_ratio);
+    if (hello.ratio == 0) hello.policy = kPolicyShare;
   }
   if (hold.empty()) return TakeCompute(hello, session, placements, own);
   Hold& h = holds_.at(hold);

@@ -242,7 +242,7 @@ void Daemon::Handshake(Pending& p) {
   }
   auto* placements = &admitted->placements;
   std::map<uint32_t, int> compute;
-  if (Status st = ComputeFor(hello, session, *placements, admitted->hold, &compute); !st.ok()) {
+  if (Status st = ComputeFor(hello, session, *placements, admitted->hold, &compute, admitted->ratio); !st.ok()) {
     Finish(*placements, admitted->allocation_id, -1, "compute_refused", admitted->hold);
     refuse(RefusalCode(st.code()), st.message());
     return;

@@ -188,6 +188,7 @@ void Daemon::Admit(Region& r, uint32_t index) {
   const uint32_t session = next_session_++;
   Result<std::vector<Placement>> placements = std::vector<Placement>{};
   std::string allocation_id, hold, share;
+  int granted_ratio = -1;
   if (!r.vm.empty()) {
     // A VM's session runs on the VM's own reserved vGPUs only.
     const ivshmem::VmLimits vm = LimitsOf(r.reserved);
@@ -213,6 +214,7 @@ void Daemon::Admit(Region& r, uint32_t index) {
       allocation_id = std::move(admitted->allocation_id);
       hold = std::move(admitted->hold);
       share = std::move(admitted->share);
+      granted_ratio = admitted->ratio;
     } else {
       placements = admitted.status();
     }
@@ -222,7 +224,7 @@ void Daemon::Admit(Region& r, uint32_t index) {
     return;
   }
   std::map<uint32_t, int> compute;
-  if (Status st = ComputeFor(hello, session, *placements, hold, &compute); !st.ok()) {
+  if (Status st = ComputeFor(hello, session, *placements, hold, &compute, granted_ratio); !st.ok()) {
     if (r.vm.empty()) Finish(*placements, allocation_id, -1, "compute_refused", hold);
     refuse(RefusalCode(st.code()), st.message());
     return;

@@ -86,5 +86,55 @@ TEST(VgpuPool, ReserveMirrorsPlacementsDecidedElsewhere) {
   EXPECT_EQ(pool.used_bytes(), 0u);
 }
 
+TEST(VgpuPool, RatiosOnAGpuAddUpToAtMost100) {
+  VgpuPool pool(TwoV100(), 4);
+  auto a = pool.Admit(1, 1000, PlacementPolicy::kPack, 70);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ((*a)[0].ratio, 70u);
+  // 50 more does not fit beside 70: the vGPU goes to the other GPU, though packing prefers the first.
+  auto b = pool.Admit(1, 1000, PlacementPolicy::kPack, 50);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_NE((*b)[0].pgpu, (*a)[0].pgpu);
+  // Best-effort vGPUs (ratio 0) still fit anywhere a slot and memory are free.
+  auto c = pool.Admit(1, 1000, PlacementPolicy::kPack, 0);
+  ASSERT_TRUE(c.ok());
+  // 60 fits nowhere now (30 and 50 are left): refused, saying how much compute is left, nothing taken.
+  const uint32_t free_before = pool.free_vgpus();
+  auto d = pool.Admit(1, 1000, PlacementPolicy::kPack, 60);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), Code::kResourceExhausted);
+  EXPECT_NE(d.status().message().find("ORION_RATIO=60 does not fit any p-GPU: at most 50% of a GPU's compute is left"),
+            std::string::npos)
+      << d.status().message();
+  EXPECT_EQ(pool.free_vgpus(), free_before);
+  // Two vGPUs of 30 each cannot both go on the GPU with 30 left: one each.
+  auto e = pool.Admit(2, 1000, PlacementPolicy::kPack, 30);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_NE((*e)[0].pgpu, (*e)[1].pgpu);
+  EXPECT_EQ(pool.used_ratio(0) + pool.used_ratio(1), 70u + 50u + 60u);
+  // Released, the compute is free again.
+  pool.Release(*a);
+  EXPECT_EQ(pool.used_ratio(0) + pool.used_ratio(1), 50u + 60u);
+  EXPECT_TRUE(pool.Admit(1, 1000, PlacementPolicy::kPack, 70).ok());
+  EXPECT_EQ(pool.Admit(1, 1000, PlacementPolicy::kPack, 101).status().code(), Code::kInvalidArgument);
+}
+
+TEST(VgpuPool, ReserveChecksCompute) {
+  VgpuPool pool(TwoV100(), 4);
+  ASSERT_TRUE(pool.Reserve({{0, 0, 1000ull << 20, 60}}).ok());
+  const Status st = pool.Reserve({{0, 1, 1000ull << 20, 50}});
+  EXPECT_EQ(st.code(), Code::kFailedPrecondition);
+  EXPECT_NE(st.message().find("40% of its compute left, not 50%"), std::string::npos) << st.message();
+  EXPECT_EQ(pool.free_vgpus(), 7u);
+  EXPECT_TRUE(pool.Reserve({{0, 1, 1000ull << 20, 40}}).ok());
+  // One GPU short of compute: the refusal names it.
+  VgpuPool one({{0, "H100", 80ull << 30, "GPU-0"}}, 4);
+  ASSERT_TRUE(one.Admit(1, 1000, PlacementPolicy::kPack, 70).ok());
+  auto r = one.Admit(1, 1000, PlacementPolicy::kPack, 40);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(),
+            "ORION_RATIO=40 does not fit p-GPU 0: 30% of its compute is left (its tenants' ratios add up to 70)");
+}
+
 }  // namespace
 }  // namespace orion::pool

@@ -883,3 +883,42 @@ def test_a_request_waits_for_vgpus_exited_clients_are_giving_back(tmp_path):
                 assert 1.9 <= waited < 4, waited
         finally:
             ctl.stop()
+
+
+def test_compute_ratios_are_placed_and_refused_by_the_controller(tmp_path):
+    """Issue #21: the controller keeps the compute ratios on each physical GPU at most 100. One
+    server of 2 sim GPUs: ORION_RATIO=70 then 50 land on different GPUs though packing prefers one;
+    60 fits nowhere (30 and 50 left) and the client's message says so (409 from the controller);
+    a best-effort client still gets a vGPU. oriond schedules each session with the ratio its
+    allocation was admitted with, also for a client on a region, for which oriond asks."""
+    c = Cluster(tmp_path, servers=1)
+    holders = []
+    try:
+        holders.append(c.sleeper(ORION_RATIO=70))
+        holders.append(c.sleeper(ORION_RATIO=50))
+        allocs = sorted(c.allocations(), key=lambda x: x["created_ms"])
+        assert [a["ratio"] for a in allocs] == [70, 50]
+        assert allocs[0]["placements"][0]["pgpu"] != allocs[1]["placements"][0]["pgpu"], allocs
+        r = c.run("device_props", ORION_RATIO=60)
+        assert r.returncode != 0 and "Fail to get resource from controller" in r.stderr, r.stderr
+        assert "with ORION_RATIO=60% of a GPU's compute each" in r.stderr, r.stderr
+        assert "at most 50% of a GPU's compute left" in r.stderr, r.stderr
+        code, body = c.ctl.call("POST", "/v1/allocations", {"vgpus": 1, "gmem_mib": 100, "ratio": 60})
+        assert code == 409 and "at most 50% of a GPU's compute left" in body["message"], (code, body)
+        assert_passed(c.run("device_props"))  # best effort: no ratio, placed
+        log = c.servers[0].session_logs()
+        assert "gets 70% (share) of its compute" in log and "gets 50% (share) of its compute" in log, log[-3000:]
+        # A client on the region: oriond asks the controller, with the client's ratio.
+        a = c.servers[0]
+        p = subprocess.Popen([str(TEST_BIN / "sleeper"), "32"], env=a.env(ORION_VGPU=1, ORION_GMEM=600, ORION_RATIO=40),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        holders.append(p)
+        while "READY" not in (line := p.stdout.readline()):
+            assert line, p.stderr.read()
+        mine = [x for x in c.allocations() if x["client"]["pid"] == p.pid]
+        assert len(mine) == 1 and mine[0]["ratio"] == 40, c.allocations()
+        assert mine[0]["placements"][0]["pgpu"] == allocs[1]["placements"][0]["pgpu"]  # the GPU with 50 left
+    finally:
+        for h in holders:
+            kill(h)
+        c.stop()

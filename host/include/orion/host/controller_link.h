@@ -32,7 +32,8 @@ namespace orion::host {
 
 struct ControllerGrant {
   std::string allocation_id;
-  std::vector<Placement> placements;  // all on this server
+  std::vector<Placement> placements;  // all on this server, each with `ratio`
+  uint32_t ratio = 0;                 // the compute ratio the controller admitted (0: best effort)
   // A job's allocation (the Slurm plugin's, "job" in the controller's reply): every session of the
   // job uses it; a session's end does not release it (its holder does).
   bool job = false;
@@ -61,9 +62,10 @@ class ControllerLink {
 
   // A client that brought an allocation id: the controller must hold it for this server.
   Result<ControllerGrant> Confirm(const std::string& allocation_id, uint32_t session);
-  // A client without one: ask for `vgpus` x `gmem_mib` here.
-  Result<ControllerGrant> AllocateHere(uint32_t vgpus, uint64_t gmem_mib, const std::string& host, uint32_t pid,
-                                       const std::string& process, uint32_t session);
+  // A client without one: ask for `vgpus` x `gmem_mib` here, each with `ratio` % of its GPU's
+  // compute guaranteed (0: best effort).
+  Result<ControllerGrant> AllocateHere(uint32_t vgpus, uint64_t gmem_mib, uint32_t ratio, const std::string& host,
+                                       uint32_t pid, const std::string& process, uint32_t session);
   Result<ControllerGrant> Assign(const std::string& vm, uint32_t vgpus, uint64_t gmem_mib);
   void Unassign(const std::string& vm);  // queued
 

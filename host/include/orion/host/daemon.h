@@ -150,6 +150,7 @@ class Daemon {
     bool job = false;   // a job's allocation: shared by the job's sessions
     std::string hold;   // the key in holds_ of the hold this session is on ("" = its own vGPUs)
     std::string share;  // a process tree's share token (the Welcome hands it to the client)
+    int ratio = -1;     // the compute ratio its controller allocation was admitted with (-1: none)
   };
   // vGPUs that several sessions run on at once, reserved in pool_ once, from the first session to
   // the end of the last: a job's allocation ("job/<allocation id>") or a process tree's share
@@ -194,9 +195,10 @@ class Daemon {
   Status TakeCompute(const HelloReq& hello, uint32_t session, const std::vector<Placement>& placements,
                      std::map<uint32_t, int>* slots);
   void FreeCompute(std::map<uint32_t, int>* slots);
-  // The slots a session runs under: its hold's, or its own (taken now into `own`).
+  // The slots a session runs under: its hold's, or its own (taken now into `own`). `granted_ratio`
+  // (>= 0): the ratio its controller allocation was admitted with, which replaces the Hello's.
   Status ComputeFor(const HelloReq& hello, uint32_t session, const std::vector<Placement>& placements,
-                    const std::string& hold, std::map<uint32_t, int>* own);
+                    const std::string& hold, std::map<uint32_t, int>* own, int granted_ratio = -1);
   void FillCompute(const std::vector<Placement>& placements, const std::map<uint32_t, int>& slots,
                    SessionParams* sp) const;
   // A worker exited: if it held a GPU's device (a kernel running when it died), the GPU is freed.

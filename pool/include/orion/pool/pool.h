@@ -19,11 +19,13 @@
 
 namespace orion::pool {
 
-// One vGPU of a session: which physical GPU, which slot on it, and its memory quota.
+// One vGPU of a session: which physical GPU, which slot on it, its memory quota, and the share of
+// the physical GPU's compute guaranteed to it (percent, 1..100; 0: best effort, compute share).
 struct Placement {
   uint32_t pgpu = 0;
   uint32_t vgpu = 0;
   uint64_t quota_bytes = 0;
+  uint32_t ratio = 0;
 };
 
 // A physical GPU as oriond sees it at start-up (or as a server registered it at the controller).
@@ -42,12 +44,15 @@ class VgpuPool {
  public:
   VgpuPool(std::vector<PhysicalGpu> gpus, uint32_t vgpu_count);
 
-  // `gmem_mib` 0 means the default vGPU size (GPU memory / vgpu_count). Errors (kResourceExhausted
-  // or kInvalidArgument) say why: count, memory per GPU, free slots.
+  // `gmem_mib` 0 means the default vGPU size (GPU memory / vgpu_count). `ratio` (0..100; 0: best
+  // effort) is each vGPU's guaranteed share of its GPU's compute: a GPU takes a vGPU only while the
+  // ratios on it add up to at most 100. Errors (kResourceExhausted or kInvalidArgument) say why:
+  // count, memory per GPU, free slots, compute left.
   Result<std::vector<Placement>> Admit(uint32_t count, uint64_t gmem_mib,
-                                       PlacementPolicy policy = PlacementPolicy::kPack);
+                                       PlacementPolicy policy = PlacementPolicy::kPack, uint32_t ratio = 0);
   // Marks placements decided elsewhere (the controller) as taken. kFailedPrecondition, with nothing
-  // taken, when a slot does not exist, is already taken, or the GPU's memory would be exceeded.
+  // taken, when a slot does not exist, is already taken, or the GPU's memory or compute (ratios
+  // over 100) would be exceeded.
   Status Reserve(const std::vector<Placement>& placements);
   void Release(const std::vector<Placement>& placements);
 
@@ -58,12 +63,16 @@ class VgpuPool {
   uint64_t used_bytes() const;   // reserved quota over all GPUs
   uint64_t total_bytes() const;  // memory of all GPUs
   uint64_t used_bytes(size_t gpu) const { return state_[gpu].used_bytes; }
+  uint32_t used_ratio(size_t gpu) const { return state_[gpu].used_ratio; }  // sum of its vGPUs' ratios
+  uint32_t most_compute_left() const;  // 100 - the smallest used_ratio over GPUs with a free slot
   const std::vector<PhysicalGpu>& gpus() const { return gpus_; }
 
  private:
   struct Gpu {
     std::vector<uint64_t> slot_bytes;  // 0 = free
+    std::vector<uint32_t> slot_ratio;
     uint64_t used_bytes = 0;
+    uint32_t used_ratio = 0;
   };
   std::vector<PhysicalGpu> gpus_;
   uint32_t vgpu_count_;
