@@ -98,6 +98,7 @@ QueryFn LoadBridge() {
 // existed (no oriond), NVML_ERROR_GPU_IS_LOST after.
 nvmlReturn_t FromCu(int r, const char* what) {
   if (r == CUDA_SUCCESS) return NVML_SUCCESS;
+  if (r == CUDA_ERROR_NOT_SUPPORTED) return NVML_ERROR_NOT_SUPPORTED;  // oriond measures no such thing here
   LogWarn(std::string("NVML ") + what + ": Orion's driver answered CUresult " + std::to_string(r));
   switch (r) {
     case CUDA_ERROR_INVALID_VALUE: return NVML_ERROR_INVALID_ARGUMENT;
@@ -498,6 +499,29 @@ ORION_NVML_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvml
   memory->total = m.quota;
   memory->used = used;
   memory->free = m.quota > used ? m.quota - used : 0;
+  return NVML_SUCCESS;
+}
+
+// The vGPU's own utilization: the share of wall time its tenant's kernels ran on the physical GPU,
+// as oriond's compute-share scheduler measures it (over the time since its last sample, 0.1-1 s,
+// NVML's sample period). `memory` is the same figure: the sim's executor reads and writes device
+// memory throughout a kernel, and copies are not counted. NVML_ERROR_NOT_SUPPORTED where oriond
+// measures nothing (the cuda backend does not schedule compute yet).
+ORION_NVML_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device,
+                                                             nvmlUtilization_t* utilization) noexcept {
+  NVML_API(nvmlDeviceGetUtilizationRates);
+  if (utilization == nullptr) return NVML_ERROR_INVALID_ARGUMENT;
+  unsigned index = 0;
+  if (nvmlReturn_t r = Dev(device, nullptr, &index, "nvmlDeviceGetUtilizationRates"); r != NVML_SUCCESS) return r;
+  QueryFn q = N().query.load(std::memory_order_acquire);  // loaded by Dev()
+  if (q == nullptr) return NVML_ERROR_DRIVER_NOT_LOADED;
+  DeviceUtilizationRep u{};
+  if (nvmlReturn_t r =
+          FromCu(q(kNvmlBridgeAbi, static_cast<uint32_t>(NvmlQuery::kUtilization), index, &u, sizeof u), "utilization");
+      r != NVML_SUCCESS)
+    return r;
+  utilization->gpu = (u.gpu_permille + 5) / 10;
+  utilization->memory = utilization->gpu;
   return NVML_SUCCESS;
 }
 

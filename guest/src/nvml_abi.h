@@ -76,6 +76,11 @@ typedef struct nvmlMemory_st {
   unsigned long long used;   // bytes: reserved + allocated
 } nvmlMemory_t;
 
+typedef struct nvmlUtilization_st {
+  unsigned int gpu;     // percent of the sample period during which one or more kernels ran
+  unsigned int memory;  // percent of the sample period during which device memory was read or written
+} nvmlUtilization_t;
+
 typedef struct nvmlMemory_v2_st {
   unsigned int version;         // nvmlMemory_v2
   unsigned long long total;     // bytes
@@ -110,6 +115,7 @@ static_assert(sizeof(nvmlReturn_t) == 4 && sizeof(nvmlBrandType_t) == 4);
 static_assert(sizeof(nvmlPciInfo_t) == 68 && offsetof(nvmlPciInfo_t, domain) == 16 &&
               offsetof(nvmlPciInfo_t, pciSubSystemId) == 32 && offsetof(nvmlPciInfo_t, busId) == 36);
 static_assert(sizeof(nvmlMemory_t) == 24);
+static_assert(sizeof(nvmlUtilization_t) == 8);
 static_assert(sizeof(nvmlMemory_v2_t) == 40 && offsetof(nvmlMemory_v2_t, total) == 8 &&
               offsetof(nvmlMemory_v2_t, used) == 32);
 static_assert(nvmlMemory_v2 == 0x02000028u);

@@ -48,6 +48,16 @@ extern "C" ORION_EXPORT int orion_nvml_query(uint32_t abi, uint32_t what, uint32
       std::memcpy(out, &rep, sizeof rep);
       return CUDA_SUCCESS;
     }
+    case NvmlQuery::kUtilization: {
+      if (out_bytes < sizeof(DeviceUtilizationRep)) return CUDA_ERROR_INVALID_VALUE;
+      if (CUresult r = c.Connect(); r != CUDA_SUCCESS) return r;
+      if (device >= c.devices().size()) return CUDA_ERROR_INVALID_VALUE;
+      DeviceReq q{device, 0};
+      DeviceUtilizationRep rep{};
+      if (CUresult r = c.Call(Op::kDeviceUtilization, &q, sizeof q, &rep, sizeof rep); r != CUDA_SUCCESS) return r;
+      std::memcpy(out, &rep, sizeof rep);
+      return CUDA_SUCCESS;
+    }
   }
   return CUDA_ERROR_INVALID_VALUE;
 }

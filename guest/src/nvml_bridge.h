@@ -29,6 +29,8 @@ enum class NvmlQuery : uint32_t {
   kDevices = 2,
   // device: vGPU index; out: DeviceMemoryRep, oriond's account for this session (op DeviceMemoryInfo).
   kMemory = 3,
+  // device: vGPU index; out: DeviceUtilizationRep (op DeviceUtilization).
+  kUtilization = 4,
 };
 
 struct NvmlDevices {

@@ -70,7 +70,11 @@ int TakeComputeSlot(ComputeGpu* g, uint32_t ratio, uint32_t policy, uint32_t ses
     s.idle_since.store(0);
     s.cap_tokens.store(0);
     s.cap_refilled.store(0);
+    s.sample_ns.store(NowNs());
+    s.sample_busy_ns.store(0);
+    s.util_permille.store(0);
     s.used.store(1, std::memory_order_release);
+    if (g->slot_limit.load() < i + 1) g->slot_limit.store(i + 1);
     return static_cast<int>(i);
   }
   return -1;
@@ -84,6 +88,28 @@ void FreeComputeSlot(ComputeGpu* g, int slot) {
   FutexWakeAll(&g->wake);
 }
 
+void MarkComputeSample(ComputeSlot* s) {
+  const uint64_t now = NowNs(), busy = s->busy_ns.load();
+  const uint64_t then = s->sample_ns.load(), then_busy = s->sample_busy_ns.load();
+  if (now > then && busy >= then_busy) {
+    s->util_permille.store(static_cast<uint32_t>(std::min<uint64_t>(1000, (busy - then_busy) * 1000 / (now - then))));
+  }
+  s->sample_busy_ns.store(busy);
+  s->sample_ns.store(now);
+}
+
+uint32_t ComputeUtilization(const ComputeSlot& s) {
+  constexpr uint64_t kMinWindowNs = 100000000;
+  const uint64_t now = NowNs(), busy = s.busy_ns.load();
+  const uint64_t then = s.sample_ns.load(), then_busy = s.sample_busy_ns.load();
+  // Before the first full interval there is no earlier one: measure what there is.
+  const bool first = s.util_permille.load() == 0 && then_busy == 0;
+  if (now > then && busy >= then_busy && (now - then >= kMinWindowNs || first)) {
+    return static_cast<uint32_t>(std::min<uint64_t>(1000, (busy - then_busy) * 1000 / (now - then)));
+  }
+  return s.util_permille.load();
+}
+
 void ReleaseDeadHolder(ComputeGpu* g, pid_t pid) {
   uint32_t held = static_cast<uint32_t>(pid);
   if (g->holder.compare_exchange_strong(held, 0)) {
@@ -93,11 +119,14 @@ void ReleaseDeadHolder(ComputeGpu* g, pid_t pid) {
 }
 
 // Best-effort tenants share what the guaranteed ratios leave (at least 1 each).
-uint64_t ComputeGate::Weight() const {
+uint64_t ComputeGate::Weight(uint64_t now) const {
   const ComputeSlot& me = gpu_->slots[slot_];
   if (me.ratio != 0) return me.ratio;
+  if (weight_ != 0 && now - weight_ns_ < kWeightTtlNs) return weight_;
   uint32_t guaranteed = 0, best_effort = 0;
-  for (const ComputeSlot& s : gpu_->slots) {
+  const uint32_t limit = std::min(gpu_->slot_limit.load(std::memory_order_relaxed), kComputeSlots);
+  for (uint32_t i = 0; i < limit; ++i) {
+    const ComputeSlot& s = gpu_->slots[i];
     if (s.used.load(std::memory_order_relaxed) == 0) continue;
     if (s.ratio != 0) {
       guaranteed += s.ratio;
@@ -106,7 +135,9 @@ uint64_t ComputeGate::Weight() const {
     }
   }
   const uint32_t left = guaranteed < 100 ? 100 - guaranteed : 0;
-  return std::max<uint64_t>(1, left / std::max<uint32_t>(1, best_effort));
+  weight_ = std::max<uint64_t>(1, left / std::max<uint32_t>(1, best_effort));
+  weight_ns_ = now;
+  return weight_;
 }
 
 // A cap tenant's bucket, refilled to now: ratio% of the wall time since the last refill, up to
@@ -127,31 +158,36 @@ int64_t ComputeGate::Refill() {
 void ComputeGate::Enter() {
   ComputeSlot& me = gpu_->slots[slot_];
   const uint64_t start = NowNs();
+  uint64_t ready = start;  // when it may compete (after a cap's rest)
   if (me.policy == kPolicyCap && me.ratio != 0 && me.ratio < 100) {
     // Owing device time: rest until the bucket holds kComputeCapResumeNs again.
     if (int64_t t = Refill(); t < 0) {
       SleepNs(static_cast<uint64_t>(kComputeCapResumeNs - t) * 100 / me.ratio);
       (void)Refill();
+      ready = NowNs();
     }
   }
   const auto self = static_cast<uint32_t>(getpid());
   // Back from idle: not behind the tenants that are running (their least virtual time).
+  const uint32_t limit = std::min(gpu_->slot_limit.load(std::memory_order_relaxed), kComputeSlots);
   if (me.waiting.fetch_add(1) == 0 && start - me.idle_since.load(std::memory_order_relaxed) > kComputeIdleNs) {
     uint64_t floor = UINT64_MAX;
-    for (const ComputeSlot& s : gpu_->slots) {
+    for (uint32_t i = 0; i < limit; ++i) {
+      const ComputeSlot& s = gpu_->slots[i];
       if (&s != &me && s.used.load(std::memory_order_relaxed) != 0 && s.waiting.load(std::memory_order_relaxed) != 0)
         floor = std::min(floor, s.vtime.load(std::memory_order_relaxed));
     }
     if (floor != UINT64_MAX && me.vtime.load() < floor) me.vtime.store(floor);
   }
-  for (;;) {
+  for (bool first = true;; first = false) {
     const uint32_t seen = gpu_->wake.load(std::memory_order_acquire);
     // Eligible: the device is free and no other waiting tenant has less virtual time (ties: the
     // lower slot).
     bool mine = gpu_->holder.load(std::memory_order_acquire) == 0;
     const uint64_t my_vtime = me.vtime.load(std::memory_order_relaxed);
-    const uint64_t now = NowNs();
-    for (uint32_t i = 0; mine && i < kComputeSlots; ++i) {
+    const uint64_t now = first ? ready : NowNs();
+    const uint32_t lim = first ? limit : std::min(gpu_->slot_limit.load(std::memory_order_relaxed), kComputeSlots);
+    for (uint32_t i = 0; mine && i < lim; ++i) {
       const ComputeSlot& s = gpu_->slots[i];
       if (&s == &me || s.used.load(std::memory_order_relaxed) == 0) continue;
       const uint64_t idle = s.idle_since.load(std::memory_order_relaxed);
@@ -162,23 +198,30 @@ void ComputeGate::Enter() {
       mine = v > my_vtime || (v == my_vtime && static_cast<int>(i) > slot_);
     }
     uint32_t free = 0;
-    if (mine && gpu_->holder.compare_exchange_strong(free, self, std::memory_order_acq_rel)) break;
+    if (mine && gpu_->holder.compare_exchange_strong(free, self, std::memory_order_acq_rel)) {
+      entered_ns_ = first ? ready : NowNs();  // taken at once: no second clock read
+      break;
+    }
+    // Counted before the wait (seq_cst, against Leave's bump of `wake` then read of `sleepers`):
+    // either Leave sees this sleeper and wakes it, or the futex sees `wake` moved and returns.
+    gpu_->sleepers.fetch_add(1);
     FutexWait(&gpu_->wake, seen);
+    gpu_->sleepers.fetch_sub(1);
   }
-  entered_ns_ = NowNs();
   me.throttled_ns.fetch_add(entered_ns_ - start, std::memory_order_relaxed);
 }
 
 void ComputeGate::Leave() {
   ComputeSlot& me = gpu_->slots[slot_];
-  const uint64_t used = NowNs() - entered_ns_;
+  const uint64_t now = NowNs();
+  const uint64_t used = now - entered_ns_;
   me.busy_ns.fetch_add(used, std::memory_order_relaxed);
-  me.vtime.fetch_add(used * 100 / Weight(), std::memory_order_relaxed);
-  me.idle_since.store(NowNs(), std::memory_order_relaxed);
+  me.vtime.fetch_add(used * 100 / Weight(now), std::memory_order_relaxed);
+  me.idle_since.store(now, std::memory_order_relaxed);
   me.waiting.fetch_sub(1, std::memory_order_acq_rel);
   gpu_->holder.store(0, std::memory_order_release);
-  gpu_->wake.fetch_add(1, std::memory_order_acq_rel);
-  FutexWakeAll(&gpu_->wake);
+  gpu_->wake.fetch_add(1);
+  if (gpu_->sleepers.load() != 0) FutexWakeAll(&gpu_->wake);
   if (me.policy == kPolicyCap && me.ratio != 0 && me.ratio < 100) {
     (void)Refill();
     me.cap_tokens.fetch_sub(static_cast<int64_t>(used), std::memory_order_acq_rel);  // a ceiling: spent

@@ -146,7 +146,12 @@ int Handler(void* user, const char* section, const char* name, const char* raw) 
       c.log_dir = v;
     else if (key == "control_socket")
       c.control_socket = v;
-    else if (key == "state_file")
+    else if (key == "metrics_addr")
+      c.metrics_addr = v;
+    else if (key == "compute_share") {
+      if (v != "on" && v != "off") return bad("must be on or off");
+      c.compute_share = v == "on";
+    } else if (key == "state_file")
       c.state_file = v;
     else if (key == "net_stall_ms") {
       if (!ParseU64(v, 100, 3600000, &n)) return bad("is not a number of ms (100..3600000)");

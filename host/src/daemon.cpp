@@ -192,11 +192,17 @@ Status Daemon::StartServing() {
   meters_ = stats_ + static_cast<size_t>(kStatSlots) * kMaxDevices;
   meter_used_.assign(kStatSlots, false);
   // The physical GPUs' compute-share schedulers (compute_share.h), shared with the workers.
-  void* compute =
-      mmap(nullptr, sizeof(ComputeGpu) * kComputeGpus, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (compute == MAP_FAILED) return Internal(std::string("cannot map the compute schedulers: ") + std::strerror(errno));
-  compute_ = static_cast<ComputeGpu*>(compute);
-  for (uint32_t g = 0; g < kComputeGpus; ++g) new (&compute_[g]) ComputeGpu();
+  if (config_.compute_share) {
+    void* compute =
+        mmap(nullptr, sizeof(ComputeGpu) * kComputeGpus, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (compute == MAP_FAILED) {
+      return Internal(std::string("cannot map the compute schedulers: ") + std::strerror(errno));
+    }
+    compute_ = static_cast<ComputeGpu*>(compute);
+    for (uint32_t g = 0; g < kComputeGpus; ++g) new (&compute_[g]) ComputeGpu();
+  } else {
+    log_->warn("Compute share is off (--compute-share off): ORION_RATIO is placed but not enforced or measured");
+  }
 
   // Module cache.
   if (!config_.cache_dir.empty()) {
@@ -275,6 +281,13 @@ Status Daemon::StartServing() {
     log_->info("No Orion Controller configured: standalone mode (this oriond admits its own clients)");
   }
 
+  if (!config_.metrics_addr.empty()) {
+    auto m = MetricsServer::Start(config_.metrics_addr);
+    if (!m.ok()) return m.status();
+    metrics_ = std::move(*m);
+    metrics_->Publish(MetricsText());
+    log_->info("Prometheus metrics on http://{}/metrics (port {})", config_.metrics_addr, metrics_->port());
+  }
   log_->info("Orion Server listens on {}:{} (backend {})", config_.bind_addr,
              listen_fd_ ? std::to_string(config_.listen_port) : std::string("- (no TCP)"),
              backend_ == BackendKind::kCuda ? "cuda" : "sim");
@@ -486,6 +499,7 @@ int Daemon::Run() {
       DropGoneVms();
       RepairSevered();
       SampleCompute(now);
+      if (metrics_) metrics_->Publish(MetricsText());
       last_vm_check = now;
     }
     if (now - last_beat >= 100) {
@@ -523,6 +537,7 @@ int Daemon::Run() {
     ::unlink(config_.control_socket.c_str());
   }
   if (link_) link_->Stop();
+  metrics_.reset();
   return 0;
 }
 

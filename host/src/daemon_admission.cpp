@@ -328,6 +328,7 @@ void Daemon::SampleCompute(uint64_t now_ms) {
         compute_history_.erase(key);
         continue;
       }
+      MarkComputeSample(&compute_[g].slots[i]);
       ComputeHistory& h = compute_history_[key];
       if (h.session != s.session) h = ComputeHistory{s.session, {}};
       h.samples.push_back({now_ms, s.busy_ns.load(std::memory_order_relaxed)});

@@ -317,6 +317,86 @@ std::string Daemon::SessionsJson() const {
   return out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+std::string Daemon::MetricsText() const {
+  // One family at a time: HELP and TYPE, then its samples (Prometheus text format 0.0.4).
+  struct Family {
+    const char* name;
+    const char* type;
+    const char* help;
+    std::string samples;
+  };
+  Family ratio{"orion_session_compute_ratio",
+               "gauge",
+               "Percent of its physical GPU's compute promised to the session's tenant (0: best effort)",
+               {}};
+  Family busy{"orion_session_compute_busy_seconds_total",
+              "counter",
+              "Device time the session's tenant's kernels used on its physical GPU (compute-share scheduler)",
+              {}};
+  Family throttled{"orion_session_compute_throttled_seconds_total",
+                   "counter",
+                   "Time the session's tenant's work waited for the device (its share, or a cap)",
+                   {}};
+  Family util{"orion_session_compute_utilization_ratio",
+              "gauge",
+              "The tenant's device time over wall time in NVML's last sample period (0..1)",
+              {}};
+  Family mem{"orion_session_memory_used_bytes", "gauge", "Device memory the session holds on the vGPU", {}};
+  Family quota{"orion_session_memory_quota_bytes", "gauge", "The vGPU's memory quota", {}};
+  Family gpu_ratio{"orion_gpu_compute_ratio_sum",
+                   "gauge",
+                   "Sum of the compute ratios promised on the physical GPU (at most 100)",
+                   {}};
+  const bool measured = backend_ == BackendKind::kSim;  // the cuda backend does not schedule compute yet
+  auto num = [](double v) {
+    char b[64];
+    std::snprintf(b, sizeof b, " %.9g\n", v);
+    return std::string(b);
+  };
+  auto count = [](uint64_t v) { return " " + std::to_string(v) + "\n"; };  // bytes, ratios: exact
+  auto add = [&](uint32_t session, const std::vector<Placement>& placements, int slot, const ClientInfo& c,
+                 const std::string& hold, const std::map<uint32_t, int>& own) {
+    auto h = holds_.find(hold);
+    const std::map<uint32_t, int>& compute = !hold.empty() && h != holds_.end() ? h->second.compute : own;
+    const std::atomic<uint64_t>* used = StatSlot(slot);
+    for (size_t d = 0; d < placements.size(); ++d) {
+      const Placement& p = placements[d];
+      std::string lbl = "{session=\"" + std::to_string(session) + "\",pgpu=\"" + std::to_string(p.pgpu) + "\",vgpu=\"" +
+                        std::to_string(p.vgpu) + "\",pid=\"" + std::to_string(c.pid) + "\",process=\"" +
+                        PromLabel(c.process) + "\",transport=\"" + PromLabel(c.transport) + "\"";
+      mem.samples +=
+          mem.name + lbl + "}" + count(used != nullptr && d < kMaxDevices ? used[d].load() : 0);
+      quota.samples += quota.name + lbl + "}" + count(p.quota_bytes);
+      auto it = compute.find(p.pgpu);
+      if (compute_ == nullptr || p.pgpu >= kComputeGpus || it == compute.end() || it->second < 0) continue;
+      const ComputeSlot& s = compute_[p.pgpu].slots[it->second];
+      lbl += ",tenant=\"" + std::to_string(s.session) + "\",policy=\"" + ComputePolicyName(s.policy) + "\"}";
+      ratio.samples += ratio.name + lbl + count(s.ratio);
+      if (!measured) continue;
+      busy.samples += busy.name + lbl + num(static_cast<double>(s.busy_ns.load()) / 1e9);
+      throttled.samples += throttled.name + lbl + num(static_cast<double>(s.throttled_ns.load()) / 1e9);
+      util.samples += util.name + lbl + num(ComputeUtilization(s) / 1000.0);
+    }
+  };
+  for (const Region& r : regions_) {
+    for (const Channel& c : r.channels) {
+      if (c.state == Channel::kServing) add(c.session, c.placements, c.stat_slot, c.client, c.hold, c.compute);
+    }
+  }
+  for (const NetSession& n : net_sessions_) add(n.session, n.placements, n.stat_slot, n.client, n.hold, n.compute);
+  if (compute_ != nullptr) {
+    for (size_t g = 0; g < gpu_names_.size() && g < kComputeGpus; ++g) {
+      gpu_ratio.samples += std::string(gpu_ratio.name) + "{pgpu=\"" + std::to_string(g) + "\",name=\"" +
+                           PromLabel(gpu_names_[g]) + "\"}" + count(ComputeRatioSum(compute_[g]));
+    }
+  }
+  std::string out;
+  for (const Family* f : {&ratio, &busy, &throttled, &util, &mem, &quota, &gpu_ratio}) {
+    out += std::string("# HELP ") + f->name + " " + f->help + "\n# TYPE " + f->name + " " + f->type + "\n" + f->samples;
+  }
+  return out;
+}
+
 Result<std::unique_ptr<ivshmem::DoorbellServer>> Daemon::MakeDoorbell(const std::string& path,
                                                                       const std::string& socket, uint32_t vectors,
                                                                       std::vector<UniqueFd> kept) const {

@@ -70,6 +70,11 @@ static int Main(int argc, char** argv) {
                  "sim: a kernel the executor cannot run (SASS only, ...) fails its launch (refuse, default) or is "
                  "accepted and NOT run (skip: API-level testing only, results are not computed)")
       ->check(CLI::IsMember({"refuse", "skip"}));
+  std::string compute_share;
+  app.add_option("--compute-share", compute_share,
+                 "the compute-share scheduler that enforces ORION_RATIO (on, default; off: ratios are admitted "
+                 "and placed but neither enforced nor measured)")
+      ->check(CLI::IsMember({"on", "off"}));
   std::string sim_driver;
   app.add_option("--sim-driver-version", sim_driver,
                  "sim: the CUDA driver version it reports, MAJOR.MINOR (12.0 to 13.9; default: this build's), "
@@ -121,6 +126,7 @@ static int Main(int argc, char** argv) {
   if (sim_mem != 0) c.sim_gpu_mem_mib = sim_mem;
   if (!sim_execute.empty()) c.sim_execute = sim_execute == "ptx";
   if (!sim_unexecutable.empty()) c.sim_skip_unexecutable = sim_unexecutable == "skip";
+  if (!compute_share.empty()) c.compute_share = compute_share == "on";
   if (unsigned major = 0, minor = 0;
       !sim_driver.empty() && std::sscanf(sim_driver.c_str(), "%u.%u", &major, &minor) == 2)
     c.sim_driver_version = static_cast<int>(major * 1000 + minor * 10);

@@ -689,6 +689,22 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       put(DeviceMemoryRep{p_.placements[q.device].quota_bytes, used_[q.device], overhead_[q.device]});
       break;
     }
+    case Op::kDeviceUtilization: {
+      // NVML's utilization of one vGPU: its tenant's device time, measured by the compute-share
+      // scheduler, which only a backend that gates compute keeps (GatesCompute).
+      const auto q = DecodeReq<Op::kDeviceUtilization>(payload);
+      if (q.device >= p_.placements.size() || q.flags != 0) {
+        r = CUDA_ERROR_INVALID_VALUE;
+        break;
+      }
+      if (q.device >= gates_.size() || gates_[q.device] == nullptr || !b_->GatesCompute()) {
+        r = CUDA_ERROR_NOT_SUPPORTED;
+        break;
+      }
+      const ComputeGate& g = *gates_[q.device];
+      put(DeviceUtilizationRep{g.utilization_permille(), g.ratio(), g.busy_ns(), g.throttled_ns()});
+      break;
+    }
     case Op::kMemcpyHtoD: {
       const auto q = DecodeReq<Op::kMemcpyHtoD>(payload);
       void* s = nullptr;

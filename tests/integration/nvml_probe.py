@@ -139,8 +139,9 @@ def main():
         "nvmlDeviceGetTemperature": nvml.nvmlDeviceGetTemperature(h0, 0, C.byref(v)),
         "nvmlDeviceGetPowerUsage": nvml.nvmlDeviceGetPowerUsage(h0, C.byref(v)),
         "nvmlDeviceGetClockInfo": nvml.nvmlDeviceGetClockInfo(h0, 1, C.byref(v)),
-        "nvmlDeviceGetUtilizationRates": nvml.nvmlDeviceGetUtilizationRates(h0, (C.c_uint * 2)()),
     }
+    util = (C.c_uint * 2)(777, 777)
+    out["utilization"] = [nvml.nvmlDeviceGetUtilizationRates(h0, util), util[0], util[1]]
     nvml.nvmlDeviceGetTemperature(h0, 0, C.byref(v))  # a second call: logged only once
     out["error_string"] = nvml.nvmlErrorString(3).decode()
     out["shutdown"] = nvml.nvmlShutdown()

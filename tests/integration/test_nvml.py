@@ -62,6 +62,8 @@ def test_nvml_shows_the_vgpus_and_their_memory_as_cuda_does(oriond):
     assert oriond.log().count("Creating session") == 1, oriond.log()
     # Sensors Orion has no data for: NVML_ERROR_NOT_SUPPORTED, logged once by name.
     assert out["refused"] == {k: NOT_SUPPORTED for k in out["refused"]}
+    # The vGPU's own utilization (compute share's measure): this process ran no kernel.
+    assert out["utilization"] == [0, 0, 0], out["utilization"]
     assert out["error_string"] == "Not Supported"
     for name in out["refused"]:
         assert r.stderr.count(f"{name} is not supported by Orion; returning NVML_ERROR_NOT_SUPPORTED") == 1, name
@@ -69,7 +71,8 @@ def test_nvml_shows_the_vgpus_and_their_memory_as_cuda_does(oriond):
     # ORION_COVERAGE lists NVML's real and refused entry points apart from CUDA's.
     assert re.search(r"orion-coverage: real nvmlDeviceGetMemoryInfo_v2 \d+", r.stderr)
     assert re.search(r"orion-coverage: STUB nvmlDeviceGetTemperature 2", r.stderr)
-    assert re.search(r"orion-coverage: nvml: \d+ entry points called, \d+ real, 4 not supported", r.stderr)
+    assert re.search(r"orion-coverage: real nvmlDeviceGetUtilizationRates 1", r.stderr)
+    assert re.search(r"orion-coverage: nvml: \d+ entry points called, \d+ real, 3 not supported", r.stderr)
 
 
 def test_nvml_works_in_a_process_that_never_touches_cuda(oriond):

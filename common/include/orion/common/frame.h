@@ -307,6 +307,17 @@ struct DeviceMemoryRep {
 };
 ORION_WIRE_STRUCT(DeviceMemoryRep, 24);
 
+// DeviceUtilization: the vGPU's tenant's use of its physical GPU's compute, as the compute-share
+// scheduler measures it (host/include/orion/host/compute_share.h): NVML's utilization rates.
+// CUDA_ERROR_NOT_SUPPORTED where nothing measures it (the cuda backend does not schedule yet).
+struct DeviceUtilizationRep {
+  uint32_t gpu_permille;  // its kernels' device time / wall time, over NVML's sample period
+  uint32_t ratio;         // its compute ratio, percent (0: best effort)
+  uint64_t busy_ns;       // device time its kernels used since the tenant began
+  uint64_t throttled_ns;  // time its work waited for the device (its share, or a cap)
+};
+ORION_WIRE_STRUCT(DeviceUtilizationRep, 24);
+
 // Virtual memory management (cuMemAddressReserve/Free, cuMemCreate/Release, cuMemMap/Unmap,
 // cuMemSetAccess; CUDA driver API reference, "Virtual Memory Management"). Addresses and sizes are
 // in bytes and multiples of kVmmGranularity; `handle` is a physical allocation's session handle.

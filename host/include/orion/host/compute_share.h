@@ -59,11 +59,18 @@ struct ComputeSlot {
   // cap: device time it may still use (ns; negative: owed), refilled at ratio% of wall time.
   std::atomic<int64_t> cap_tokens{0};
   std::atomic<uint64_t> cap_refilled{0};  // when the tokens were last refilled (monotonic ns)
+  // Utilization (NVML's, for this tenant): oriond samples busy_ns about once a second
+  // (MarkComputeSample); a worker measures from the last sample (ComputeUtilization).
+  std::atomic<uint64_t> sample_ns{0};       // when (monotonic ns)
+  std::atomic<uint64_t> sample_busy_ns{0};  // busy_ns then
+  std::atomic<uint32_t> util_permille{0};   // device time / wall time over the interval that ended then
 };
 
 struct ComputeGpu {
-  std::atomic<uint32_t> holder{0};  // pid of the worker whose kernel runs; 0: the device is free
-  std::atomic<uint32_t> wake{0};    // futex word, bumped at each release
+  std::atomic<uint32_t> holder{0};      // pid of the worker whose kernel runs; 0: the device is free
+  std::atomic<uint32_t> wake{0};        // futex word, bumped at each release
+  std::atomic<uint32_t> sleepers{0};    // workers asleep on `wake` (a release with none makes no syscall)
+  std::atomic<uint32_t> slot_limit{0};  // slots [0, slot_limit) have been used: scans stop there
   ComputeSlot slots[kComputeSlots];
 };
 
@@ -79,6 +86,13 @@ int TakeComputeSlot(ComputeGpu* g, uint32_t ratio, uint32_t policy, uint32_t ses
 // The tenant is gone; if a worker of it (`pid`, exited) held the device, the device is freed.
 void FreeComputeSlot(ComputeGpu* g, int slot);
 void ReleaseDeadHolder(ComputeGpu* g, pid_t pid);
+// oriond's periodic sample of a tenant's device time (for ComputeUtilization).
+void MarkComputeSample(ComputeSlot* s);
+
+// The tenant's utilization, in permille of wall time: its kernels' device time over the time since
+// oriond's last sample when that is at least 100 ms, else over the interval before it (NVML's "past
+// sample period", between 1/6 s and 1 s). Any process may call it.
+uint32_t ComputeUtilization(const ComputeSlot& s);
 
 // A worker's side: its tenant's slot on the GPU one of its vGPUs is on.
 class ComputeGate {
@@ -93,13 +107,18 @@ class ComputeGate {
   uint32_t policy() const { return gpu_->slots[slot_].policy; }
   uint64_t busy_ns() const { return gpu_->slots[slot_].busy_ns.load(); }
   uint64_t throttled_ns() const { return gpu_->slots[slot_].throttled_ns.load(); }
+  uint32_t utilization_permille() const { return ComputeUtilization(gpu_->slots[slot_]); }
 
  private:
-  uint64_t Weight() const;
+  uint64_t Weight(uint64_t now) const;
   int64_t Refill();
   ComputeGpu* gpu_;
   int slot_;
   uint64_t entered_ns_ = 0;
+  // A best-effort tenant's weight changes only when tenants come or go: recomputed at most every
+  // kWeightTtlNs (a scan of every slot per kernel costs launches a few percent).
+  static constexpr uint64_t kWeightTtlNs = 10000000;
+  mutable uint64_t weight_ = 0, weight_ns_ = 0;
 };
 
 }  // namespace orion::host

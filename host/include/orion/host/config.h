@@ -61,6 +61,11 @@ struct ServerConfig {
   uint64_t session_logs_max = 1000;
   std::string cuda_driver = "libcuda.so.1";
   std::string control_socket = "/run/orion/oriond.sock";
+  // [orion] compute_share / --compute-share on|off: the per-GPU compute-share scheduler. Off: no
+  // ratio is enforced or measured (for a bench's baseline, bench/compute-share).
+  bool compute_share = true;
+  // [orion] metrics_addr: host:port of the Prometheus endpoint (GET /metrics); "" = none.
+  std::string metrics_addr;
   // [orion] state_file / --state-file: the VMs attached to this oriond (vm_state.h), restored at
   // start so a restart changes nothing a running VM sees. "" = not kept (attachments die with oriond).
   std::string state_file = "/var/lib/orion/vms.json";

@@ -21,6 +21,7 @@
 #include "orion/host/config.h"
 #include "orion/host/controller_link.h"
 #include "orion/host/doorbell_keeper.h"
+#include "orion/host/metrics_server.h"
 #include "orion/pool/pool.h"
 #include "orion/host/session.h"
 #include "orion/ivshmem/doorbell.h"
@@ -105,6 +106,11 @@ class Daemon {
   // the controller's allocations (client pid/process/host, placements with pgpu, vgpu, gmem_mib,
   // used_mib, gpu_name) so orion-smi prints both the same way; plus session, transport, server.
   std::string SessionsJson() const;
+  // The Prometheus text of [orion] metrics_addr (MetricsServer): per session and vGPU, its
+  // tenant's compute (ratio, device and throttled seconds, utilization) and memory; per GPU, the
+  // ratios promised on it.
+  std::string MetricsText() const;
+  std::unique_ptr<MetricsServer> metrics_;
   // `bell_socket` (may be ""): serve the VM's ivshmem-doorbell there, with up to `vectors` vectors.
   std::string Attach(const std::string& vm, const std::string& path, uint32_t vgpus, uint64_t gmem_mib,
                      uint32_t processes, const std::string& bell_socket = "", uint32_t vectors = 0);
