@@ -11,6 +11,9 @@
 #include <xxhash.h>
 
 #include <cinttypes>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <algorithm>
 #include <filesystem>
 #include <set>
@@ -1953,6 +1956,50 @@ int Session::Run(const FrameHeader& hello_header, const HelloReq& hello) {
     ch_->Closing(CUDA_ERROR_ILLEGAL_STATE);
     return kExitViolation;
   };
+  // The watchdog: the loop below sees its client go only between frames, and a frame can take as
+  // long as a kernel runs (10 min by default on the sim). While a frame has been executing for half
+  // a second, a thread checks every 100 ms whether the client is certainly gone (SessionChannel::
+  // ClientGone: its lease stale, its connection closed) and then ends the worker at once: the
+  // executor stops mid-kernel (the cuda backend's driver reclaims the context with the process),
+  // and oriond frees the vGPUs and the compute share when it reaps the worker.
+  // Odd while a frame executes; the watchdog times how long one value stays (no clock per frame).
+  std::atomic<uint64_t> busy_seq{0};
+  std::atomic<uint16_t> busy_op{0};
+  std::mutex dog_mu;
+  std::condition_variable dog_cv;
+  bool dog_stop = false;
+  std::thread dog([&] {
+    uint64_t seen = 0, seen_ms = 0, frame = 0, frame_ms = 0;
+    std::unique_lock<std::mutex> l(dog_mu);
+    while (!dog_cv.wait_for(l, std::chrono::milliseconds(100), [&] { return dog_stop; })) {
+      const uint64_t now = MonotonicMs();
+      const std::string why = ch_->ClientGone(now, &seen, &seen_ms);
+      const uint64_t seq = busy_seq.load(std::memory_order_relaxed);
+      if (seq != frame) {
+        frame = seq;
+        frame_ms = now;
+      }
+      if (why.empty() || (seq & 1) == 0 || now - frame_ms < 500) continue;
+      log.warn("sess={} {} while the worker was busy ({} ms in {}); ending the session now", p_.session_id, why,
+               now - frame_ms, OpName(busy_op.load()));
+      log.flush();
+      _exit(p_.socket_fd < 0 ? kExitLeaseExpired : kExitClientGone);
+    }
+  });
+  struct DogStop {
+    std::mutex& mu;
+    std::condition_variable& cv;
+    bool& stop;
+    std::thread& t;
+    ~DogStop() {
+      {
+        std::lock_guard<std::mutex> g(mu);
+        stop = true;
+      }
+      cv.notify_all();
+      t.join();
+    }
+  } dog_stop_at_return{dog_mu, dog_cv, dog_stop, dog};
   for (;;) {
     ivshmem::FrameView f{};
     bool got = false;
@@ -1996,7 +2043,12 @@ int Session::Run(const FrameHeader& hello_header, const HelloReq& hello) {
     }
     int32_t status = 0;
     std::string why;
-    if (!Dispatch(h, f.payload, &reply, &status, &why)) return violation(std::string(OpName(h.op)) + ": " + why);
+    busy_op.store(h.op, std::memory_order_relaxed);
+    // Only this thread writes busy_seq: plain stores, no locked instruction per frame.
+    busy_seq.store(busy_seq.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);  // odd: executing
+    const bool dispatched = Dispatch(h, f.payload, &reply, &status, &why);
+    busy_seq.store(busy_seq.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    if (!dispatched) return violation(std::string(OpName(h.op)) + ": " + why);
     if (status != 0 && status != kStatusNeedBytes) {
       log.debug("sess={} op={} -> {}", p_.session_id, OpName(h.op), status);
     }

@@ -55,6 +55,17 @@ class ShmSessionChannel final : public SessionChannel {
     }
     return Status::Ok();
   }
+  std::string ClientGone(uint64_t now, uint64_t* seen, uint64_t* seen_ms) const override {
+    const uint64_t lease = desc_->client_lease.load(std::memory_order_relaxed);
+    if (lease != *seen || *seen_ms == 0) {
+      *seen = lease;
+      *seen_ms = now;
+      return "";
+    }
+    return now - *seen_ms > lease_timeout_ms_
+               ? "client lease expired (" + std::to_string(lease_timeout_ms_) + " ms without renewal)"
+               : "";
+  }
   Status Idle(uint64_t now) override {
     const uint64_t lease = desc_->client_lease.load(std::memory_order_relaxed);
     if (lease != last_lease_) {

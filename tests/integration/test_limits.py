@@ -5,6 +5,8 @@ CUDA_ERROR_OUT_OF_MEMORY while the session goes on. The driver calls are made th
 libcuda.so.1 with ctypes, in a child process per program."""
 import sys
 
+import pytest
+
 from conftest import PREFIX, Oriond, assert_passed
 
 DRIVER = r'''
@@ -88,5 +90,55 @@ def test_session_logs_are_bounded(tmp_path):
         assert 1 <= len(logs) <= 4 + 15, [p.name for p in logs]
         # The newest session's log is among those kept.
         assert any(p.name.endswith("-33.log") for p in logs), [p.name for p in logs]
+    finally:
+        d.stop()
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_killed_clients_running_kernel_ends_with_it(tmp_path, transport):
+    """Issue #22 item 1: a client killed while its kernel runs on (a kernel of ~10^9 iterations,
+    hours on the sim) loses its session within a couple of seconds, not at the kernel timeout
+    (10 min): the worker's watchdog sees the lease go stale (shm, lease timeout 1 s here) or the
+    connection close (TCP) while the frame executes, and ends the worker; oriond frees its vGPU,
+    which a 4-vGPU client then gets. Before, the vGPU stayed held until the kernel timed out."""
+    import json
+    import socket
+    import subprocess
+    import time
+    from conftest import TEST_BIN
+    from test_tcp import free_port
+    port = free_port() if transport == "tcp" else 0
+    d = Oriond(tmp_path, tcp_port=port)
+    try:
+        env = d.env(ORION_GMEM=64)
+        if transport == "tcp":
+            env.pop("ORION_SHM")
+            env["ORION_SERVER"] = f"127.0.0.1:{port}"
+        now = int(time.time() * 1000)
+        p = subprocess.Popen([str(TEST_BIN / "spin"), str(now), str(now + 3600_000), "1000000000"], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        deadline = time.time() + 30
+        while not any("burn" in l for l in d.launches()):  # the warm-up kernel ran (logged when done)
+            assert p.poll() is None and time.time() < deadline, p.communicate()
+            time.sleep(0.1)
+        time.sleep(1.5)  # the long kernel is running now
+        p.kill()
+        p.wait()
+        killed = time.time()
+
+        def sessions():
+            with socket.socket(socket.AF_UNIX) as s:
+                s.connect(str(tmp_path / "oriond.sock"))
+                s.sendall(b"sessions\n")
+                line = s.makefile().readline().strip()
+            assert line.startswith("ok "), line
+            return json.loads(line[3:])
+
+        while sessions():
+            assert time.time() - killed < 6, (sessions(), d.session_logs()[-2000:])
+            time.sleep(0.1)
+        assert "while the worker was busy" in d.session_logs(), d.session_logs()[-2000:]
+        r = d.run("device_props", ORION_VGPU=4, ORION_GMEM=64)
+        assert_passed(r)
     finally:
         d.stop()

@@ -41,6 +41,14 @@ class SessionChannel {
   virtual Status Reply(const FrameHeader& h, const void* payload, uint32_t len) = 0;
   // Called while idle: kUnavailable when the client is gone (stale lease, closed connection).
   virtual Status Idle(uint64_t now_ms) = 0;
+  // The session's watchdog thread asks this while the worker is busy (a kernel that runs on, a
+  // long wait): why the client is certainly gone (its lease stale for the lease timeout, its
+  // connection closed), or "" while it may live. Thread-safe and read-only; `seen` and `seen_ms`
+  // are the caller's memory between calls (the lease value last seen, and since when).
+  virtual std::string ClientGone(uint64_t now_ms, uint64_t* seen, uint64_t* seen_ms) const {
+    (void)now_ms, (void)seen, (void)seen_ms;
+    return "";
+  }
   // Once spinning is over: waits up to `timeout_ms` for the next request when the channel can block
   // on it (a socket; a shared-memory client that rings: futex or the VM's ivshmem doorbell) and
   // returns true; false when the caller should nap instead (a client that cannot ring).
