@@ -367,7 +367,8 @@ class Session {
   std::vector<uint64_t> used_;                       // bytes allocated per device (quota)
   std::vector<uint64_t> overhead_;                   // context bytes per device (quota)
   std::vector<std::unique_ptr<ComputeGate>> gates_;  // per device: its compute share (null: none)
-  std::vector<uint64_t> metered_;                    // what this session has on its hold's meter per device
+  std::vector<uint64_t> scratch_;  // per device: local and shared memory charged for launches (LaunchScratchBytes)
+  std::vector<uint64_t> metered_;  // what this session has on its hold's meter per device
   // Tells oriond (and through it the controller) what this session holds on device `d`, and moves
   // the hold's meter by what changed (a charge already put its bytes there: see Charge).
   void PublishUsed(uint32_t d) {
@@ -1566,6 +1567,18 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
         r = CUDA_ERROR_INVALID_VALUE;
         break;
       }
+      // Local and shared memory a launch holds while it runs, charged to the quota like a GPU's
+      // local-memory reservation: it grows to the largest launch and stays until the session ends.
+      if (const uint64_t need = b_->LaunchScratchBytes(f->backend, q.block, q.shared_mem_bytes);
+          need > scratch_[cur_dev_]) {
+        uint64_t c = 0;
+        if (!Charge(cur_dev_, need - scratch_[cur_dev_], kAllocGranularity, "LaunchKernel",
+                    "cuLaunchKernel (local and shared memory)", &c)) {
+          r = CUDA_ERROR_OUT_OF_MEMORY;
+          break;
+        }
+        scratch_[cur_dev_] += c;
+      }
       b_->UseComputeGate(cur_dev_ < gates_.size() ? gates_[cur_dev_].get() : nullptr);
       r = b_->LaunchKernel(f->backend, q.grid, q.block, q.shared_mem_bytes, s, payload + head, q.param_bytes, x.cluster,
                            x.flags);
@@ -1918,6 +1931,7 @@ int Session::Run(const FrameHeader& hello_header, const HelloReq& hello) {
   std::memcpy(welcome.data(), &w, sizeof w);
   overhead_.assign(p_.placements.size(), 0);
   metered_.assign(p_.placements.size(), 0);
+  scratch_.assign(p_.placements.size(), 0);
   for (uint32_t d = 0; d < p_.placements.size(); ++d) {
     DeviceInfo info{};
     b_->DescribeDevice(d, &info);

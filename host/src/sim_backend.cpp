@@ -31,6 +31,12 @@ namespace {
 
 constexpr uint64_t kSimBase = 0x200000000000ull;  // far from where Linux places user mappings
 constexpr uint64_t kSimAlign = 512;               // cudaMalloc alignment is at least 256
+// sm_90 limits (CUDA C++ Programming Guide, "Technical Specifications per Compute Capability"):
+// statically declared shared memory per block, shared memory per block with the opt-in, and local
+// memory per thread.
+constexpr uint64_t kSimMaxStaticShared = 48 * 1024;
+constexpr uint64_t kSimMaxSharedPerBlock = 232448;
+constexpr uint64_t kSimMaxLocalPerThread = 512 * 1024;
 
 uint64_t NowNs() {
   timespec ts{};
@@ -149,6 +155,7 @@ struct SimFunction {
   int runnable = -1;
   CUresult refusal = CUDA_SUCCESS;
   std::string why;
+  ptx::KernelResources resources;  // once runnable
 };
 
 // The simulated device's 132 SMs in GPCs (an H100 SXM has 8 GPCs of 16-18 usable SMs); thread-block
@@ -621,7 +628,7 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     auto* m = static_cast<SimModule*>(module);
     const fatbin::Kernel* k = m->info.FindKernel(name);
     if (k == nullptr) return CUDA_ERROR_NOT_FOUND;
-    auto f = std::make_unique<SimFunction>(SimFunction{m, k, {}, -1, CUDA_SUCCESS, {}});
+    auto f = std::make_unique<SimFunction>(SimFunction{m, k, {}, -1, CUDA_SUCCESS, {}, {}});
     layout->params.clear();
     for (const auto& p : k->params) layout->params.push_back({p.offset, p.size});
     layout->param_bytes = k->param_bytes;
@@ -690,6 +697,15 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     return it != f->attributes.end() && it->second != 0 ? kSimMaxClusterSize : kSimPortableClusterSize;
   }
   void UseComputeGate(ComputeGate* gate) override { gate_ = gate; }
+  // The executor runs up to `workers` blocks at once, each with its threads' local memory and its
+  // shared memory: what a launch holds on oriond's host while it runs.
+  uint64_t LaunchScratchBytes(void* function, const uint32_t block[3], uint32_t shared_mem) override {
+    auto* f = static_cast<SimFunction*>(function);
+    if (!opt_.execute || f == nullptr || !Runnable(f)) return 0;
+    const uint64_t threads = uint64_t{block[0]} * block[1] * block[2];
+    const uint64_t workers = opt_.workers != 0 ? opt_.workers : std::max(1u, std::thread::hardware_concurrency());
+    return workers * (f->resources.local_per_thread * threads + f->resources.shared_static + shared_mem);
+  }
   bool GatesCompute() const override { return true; }
   CUresult LaunchKernel(void* function, const uint32_t grid[3], const uint32_t block[3], uint32_t shared_mem,
                         void* stream, const uint8_t* params, uint32_t param_bytes, const uint32_t cluster[3],
@@ -705,7 +721,7 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
       return CUDA_ERROR_INVALID_VALUE;
     if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0 || grid[1] > 65535 || grid[2] > 65535 || grid[0] > 2147483647u)
       return CUDA_ERROR_INVALID_VALUE;
-    if (shared_mem > 232448) return CUDA_ERROR_INVALID_VALUE;
+    if (shared_mem > kSimMaxSharedPerBlock) return CUDA_ERROR_INVALID_VALUE;
     if (param_bytes != f->kernel->param_bytes) return CUDA_ERROR_INVALID_VALUE;
     if (sticky_ != CUDA_SUCCESS) return sticky_;
     if (!opt_.execute && !told_not_executing_) {
@@ -740,10 +756,18 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     if (opt_.execute && !opt_.skip_unexecutable && !Runnable(f)) {
       if (warned_.insert(f->kernel->name).second)
         notices_.push_back("kernel " + f->kernel->name + " cannot run on the sim backend: " + f->why +
-                           "; its launches fail with " + LaunchErrorName(f->refusal));
+                           "; its launches fail with " +
+                           (LaunchErrorName(f->refusal) != nullptr ? LaunchErrorName(f->refusal)
+                                                                   : std::to_string(static_cast<int>(f->refusal))));
       LogLaunch(p, cluster, "refused:" + std::to_string(static_cast<int>(f->refusal)));
       last_error_ = "kernel " + f->kernel->name + ": " + f->why;
       return f->refusal;
+    }
+    if (opt_.execute && f->runnable == 1 && f->resources.shared_static + shared_mem > kSimMaxSharedPerBlock) {
+      last_error_ = "kernel " + f->kernel->name + ": " + std::to_string(f->resources.shared_static) +
+                    " bytes of static and " + std::to_string(shared_mem) +
+                    " of dynamic shared memory exceed a block's 232448";
+      return CUDA_ERROR_INVALID_VALUE;
     }
     if (stream != nullptr && opt_.execute) {
       p.owned.assign(params, params + param_bytes);  // the frame's bytes are gone after this call
@@ -1203,6 +1227,19 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
       const bool absent = s.code() == Code::kNotFound;
       f->refusal = absent ? CUDA_ERROR_NO_BINARY_FOR_GPU : CUDA_ERROR_NOT_SUPPORTED;
       f->why = absent ? "the module's PTX does not define it" : s.message();
+    } else if (auto res = ptx::Resources(*prog, f->kernel->name); res.ok()) {
+      // What the device cannot hold (hostile or not, a GPU's compiler refuses it): refused, not
+      // allocated on oriond's host.
+      f->resources = *res;
+      if (res->shared_static > kSimMaxStaticShared) {
+        f->refusal = CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
+        f->why = "it declares " + std::to_string(res->shared_static) +
+                 " bytes of static shared memory; an sm_90 block has at most 49152";
+      } else if (res->local_per_thread > kSimMaxLocalPerThread) {
+        f->refusal = CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
+        f->why = "it needs " + std::to_string(res->local_per_thread) +
+                 " bytes of local memory per thread; an sm_90 thread has at most 524288";
+      }
     }
     f->runnable = f->refusal == CUDA_SUCCESS ? 1 : 0;
     return f->runnable != 0;

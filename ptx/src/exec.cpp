@@ -2209,6 +2209,12 @@ Status Prepare(Program& p, std::string_view kernel) {
   return k.ok() ? Status::Ok() : k.status();
 }
 
+Result<KernelResources> Resources(Program& p, std::string_view kernel) {
+  auto k = p.GetKernel(kernel);
+  if (!k.ok()) return k.status();
+  return KernelResources{(*k)->shared_static, (*k)->local_bytes + (*k)->fparam_bytes};
+}
+
 LaunchResult Launch(Program& p, std::string_view kernel, const LaunchConfig& cfg, GlobalMemory& mem) {
   LaunchResult res;
   auto k = p.GetKernel(kernel);

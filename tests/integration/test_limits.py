@@ -36,6 +36,30 @@ elif mode == "broken":
     ptx = b".version 8.0\n.target sm_75\n.address_size 64\n.visible .entry k(\n this is not PTX\n" + b"\0"
     m = ctypes.c_void_p()
     print("BROKEN", cu.cuModuleLoadData(ctypes.byref(m), ptx), flush=True)
+elif mode == "resources":
+    # Kernels declaring shared and local memory (PTX, JIT on the sim): launched with 256 threads.
+    def kernel(decl):
+        ptx = (".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k()\n{\n%s\nret;\n}\n" % decl)
+        m, f = ctypes.c_void_p(), ctypes.c_void_p()
+        ck(cu.cuModuleLoadData(ctypes.byref(m), ptx.encode() + b"\0"), "load")
+        ck(cu.cuModuleGetFunction(ctypes.byref(f), m, b"k"), "function")
+        return f
+    def launch(f, threads=256, smem=0):
+        r = cu.cuLaunchKernel(f, 1, 1, 1, threads, 1, 1, smem, None, None, None)
+        return r if r != 0 else cu.cuCtxSynchronize()
+    def free():
+        fr, tot = ctypes.c_size_t(), ctypes.c_size_t()
+        ck(cu.cuMemGetInfo_v2(ctypes.byref(fr), ctypes.byref(tot)), "info")
+        return fr.value
+    before = free()
+    print("SHARED64K", launch(kernel(".shared .align 4 .b8 s[65536];")), flush=True)
+    print("LOCAL1G", launch(kernel(".local .align 4 .b8 l[1073741824];")), flush=True)
+    print("LOCAL4G", launch(kernel(".local .align 4 .b8 l[4294967296];"), threads=1024), flush=True)
+    fits = kernel(".local .align 4 .b8 l[65536];\n.shared .align 4 .b8 s[4096];")
+    print("FITS", launch(fits), before - free(), flush=True)
+    print("TOOBIG", launch(kernel(".local .align 4 .b8 l[524288];"), threads=1024), flush=True)
+    print("DYN", launch(kernel(".shared .align 4 .b8 s[40960];"), smem=200000), flush=True)
+    print("AFTER", launch(fits), flush=True)
 elif mode == "events":
     n, r = 0, 0
     while n <= 400000:
@@ -140,5 +164,30 @@ def test_a_killed_clients_running_kernel_ends_with_it(tmp_path, transport):
         assert "while the worker was busy" in d.session_logs(), d.session_logs()[-2000:]
         r = d.run("device_props", ORION_VGPU=4, ORION_GMEM=64)
         assert_passed(r)
+    finally:
+        d.stop()
+
+
+def test_kernels_local_and_shared_memory_is_bounded_and_charged(tmp_path):
+    """Issue #22 item 2(b): PTX .shared and .local sizes were taken at will (a 1 GiB .local reached
+    2.4 GB of oriond's host RAM on a 256 MiB quota; 4 GiB x 1024 threads aborted the worker). Now a
+    kernel past sm_90's limits (48 KiB of static shared memory per block, 512 KiB of local memory
+    per thread) fails its launch with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES (701); static + dynamic
+    shared memory past 227 KiB with CUDA_ERROR_INVALID_VALUE (1); and what a launch holds (local
+    memory of the blocks the executor runs at once, 2 workers here, and their shared memory) is
+    charged to the quota as a GPU reserves local memory: 2 x (256 x 64 KiB + 4 KiB) = 32 MiB + 8 KiB
+    is seen in cuMemGetInfo, and 2 x 1024 x 512 KiB = 1 GiB does not fit a 256 MiB quota
+    (CUDA_ERROR_OUT_OF_MEMORY, 2). The session goes on."""
+    d = Oriond(tmp_path, extra_args=("--sim-workers", "2"))
+    try:
+        r = d.run(sys.executable, "-c", DRIVER, "resources", ORION_GMEM=256, timeout=120)
+        out = dict(l.split(" ", 1) for l in r.stdout.splitlines() if " " in l)
+        assert out.get("SHARED64K") == "701" and out.get("LOCAL1G") == "701" and out.get("LOCAL4G") == "701", \
+            r.stdout + r.stderr[-2000:]
+        status, charged = map(int, out["FITS"].split())
+        assert status == 0 and charged == 2 * (256 * 65536 + 4096), (status, charged)
+        assert out["TOOBIG"] == "2" and out["DYN"] == "1" and out["AFTER"] == "0", r.stdout
+        assert "static shared memory; an sm_90 block has at most 49152" in d.session_logs()
+        assert d.alive()
     finally:
         d.stop()

@@ -490,6 +490,7 @@ inline const char* LaunchErrorName(int32_t r) noexcept {
     case 209: return "CUDA_ERROR_NO_BINARY_FOR_GPU (209)";  // CUresult values (cuda.h)
     case 801: return "CUDA_ERROR_NOT_SUPPORTED (801)";
     case 222: return "CUDA_ERROR_UNSUPPORTED_PTX_VERSION (222)";
+    case 701: return "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES (701)";  // more shared/local memory than the device has
     default: return nullptr;
   }
 }

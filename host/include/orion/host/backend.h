@@ -179,6 +179,13 @@ class Backend {
   // The compute-share gate the next launches run under (the launching context's vGPU's; null:
   // none). A backend that cannot gate its kernels ignores it (the session log says so).
   virtual void UseComputeGate(ComputeGate* gate) { (void)gate; }
+  // Device memory a launch of `function` with `block` threads and `shared_mem` dynamic shared bytes
+  // holds besides its allocations while it runs (local memory for its resident threads, and shared
+  // memory), as a GPU reserves it: the worker charges it to the vGPU's quota (0: none to charge).
+  virtual uint64_t LaunchScratchBytes(void* function, const uint32_t block[3], uint32_t shared_mem) {
+    (void)function, (void)block, (void)shared_mem;
+    return 0;
+  }
   virtual bool GatesCompute() const { return false; }
   virtual CUresult LaunchKernel(void* function, const uint32_t grid[3], const uint32_t block[3], uint32_t shared_mem,
                                 void* stream, const uint8_t* params, uint32_t param_bytes, const uint32_t cluster[3],

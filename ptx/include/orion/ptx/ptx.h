@@ -191,6 +191,15 @@ struct LaunchResult {
 // it uses one the executor does not implement. A launch would fail the same way. Thread-safe.
 Status Prepare(Program& p, std::string_view kernel);
 
+// What each block of `kernel` holds while it runs, from its declarations (bytes): static shared
+// memory per block, and local memory (`.local`, plus the space for its calls' parameters) per
+// thread. Lowers the kernel as Prepare does, with the same errors.
+struct KernelResources {
+  uint64_t shared_static = 0;
+  uint64_t local_per_thread = 0;
+};
+Result<KernelResources> Resources(Program& p, std::string_view kernel);
+
 // Runs one launch of `kernel` to completion (or to its first fault).
 LaunchResult Launch(Program& p, std::string_view kernel, const LaunchConfig& cfg, GlobalMemory& mem);
 
