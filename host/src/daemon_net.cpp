@@ -199,6 +199,14 @@ void Daemon::Handshake(Pending& p) {
       return;
     }
   }
+  // Bytes after the Hello that came before the Welcome were read here and would never reach the
+  // worker: the client must wait for the Welcome (it names the transport) before its next frame.
+  if (p.in.size() > sizeof h + sizeof hello) {
+    refuse(CUDA_ERROR_INVALID_VALUE, std::to_string(p.in.size() - sizeof h - sizeof hello) +
+                                         " bytes arrived after the Hello, before the Welcome; a client sends its "
+                                         "next frame only after the Welcome (it names the transport)");
+    return;
+  }
   // Transport: RDMA when the client offers it, enable_rdma is on and an RDMA device here owns the
   // address the client reached us on (the queue pair is made in the worker); else TCP.
   uint16_t transport = kTransportTcp;

@@ -355,6 +355,7 @@ class Session {
   uint64_t next_handle_ = 0x10000;
   std::map<uint64_t, Alloc> allocs_;
   std::set<uint64_t> ipc_exports_;                       // allocations with an IPC handle
+  std::set<uint64_t> ipc_event_exports_;                 // events with an IPC handle (each holds a ticket fd)
   std::set<uint64_t> ipc_imports_;                       // allocations opened from another session's handle
   std::unordered_map<uint64_t, ArrayRec> arrays_;        // CUDA arrays, by handle
   std::map<std::pair<uint64_t, bool>, TexRec> texobjs_;  // (object value, is a surface) -> its record
@@ -1307,13 +1308,17 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
         r = CUDA_ERROR_INVALID_HANDLE;
         break;
       }
-      if (ipc_exports_.size() >= kMaxIpcExports) {
+      // Each exported event holds a ticket (an fd in this worker): bounded like memory exports.
+      if (ipc_event_exports_.count(q.handle) == 0 && ipc_event_exports_.size() >= kMaxIpcExports) {
         r = CUDA_ERROR_OUT_OF_MEMORY;
         break;
       }
       IpcHandle handle{};
       r = b_->IpcExportEvent(e->backend, &handle);
-      if (r == CUDA_SUCCESS) put(handle);
+      if (r == CUDA_SUCCESS) {
+        ipc_event_exports_.insert(q.handle);
+        put(handle);
+      }
       break;
     }
     case Op::kIpcOpenEventHandle: {
@@ -1731,7 +1736,10 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       switch (static_cast<Op>(h.op)) {
         case Op::kEventDestroy:
           r = b_->EventDestroy(e->backend);
-          if (r == CUDA_SUCCESS) handles_.erase(q.handle);
+          if (r == CUDA_SUCCESS) {
+            handles_.erase(q.handle);
+            ipc_event_exports_.erase(q.handle);
+          }
           break;
         case Op::kEventSynchronize: r = b_->EventSynchronize(e->backend); break;
         default: r = b_->EventQuery(e->backend); break;

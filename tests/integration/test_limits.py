@@ -60,6 +60,20 @@ elif mode == "resources":
     print("TOOBIG", launch(kernel(".local .align 4 .b8 l[524288];"), threads=1024), flush=True)
     print("DYN", launch(kernel(".shared .align 4 .b8 s[40960];"), smem=200000), flush=True)
     print("AFTER", launch(fits), flush=True)
+elif mode == "ipcevents":
+    # Interprocess events (CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING), each exported.
+    n, r = 0, 0
+    while n < 5000:
+        e = ctypes.c_void_p()
+        ck(cu.cuEventCreate(ctypes.byref(e), 0x4 | 0x2), "event")
+        h = (ctypes.c_char * 64)()
+        r = cu.cuIpcGetEventHandle(h, e)
+        if r != 0:
+            break
+        n += 1
+    print("EXPORTED", n, r, flush=True)
+    p = ctypes.c_uint64()
+    print("AFTER", cu.cuCtxSynchronize(), cu.cuMemAlloc_v2(ctypes.byref(p), 4096), flush=True)
 elif mode == "events":
     n, r = 0, 0
     while n <= 400000:
@@ -191,3 +205,14 @@ def test_kernels_local_and_shared_memory_is_bounded_and_charged(tmp_path):
         assert d.alive()
     finally:
         d.stop()
+
+
+def test_ipc_event_exports_are_bounded(oriond):
+    """Issue #22 item 2(c): each exported IPC event holds a ticket (an fd) in the worker, and there
+    was no bound: 5000 exports took 5000 fds. Now a session exports at most kMaxIpcExports (4096)
+    events; the next export fails with CUDA_ERROR_OUT_OF_MEMORY and the session goes on."""
+    r = oriond.run(sys.executable, "-c", DRIVER, "ipcevents", timeout=300)
+    n, code = map(int, r.stdout.split("EXPORTED ")[1].split()[:2])
+    assert (n, code) == (4096, 2), r.stdout + r.stderr[-2000:]
+    assert "AFTER 0 0" in r.stdout, r.stdout
+    assert oriond.alive()

@@ -129,6 +129,28 @@ def test_a_hello_naming_a_malformed_share_is_refused(tcp_oriond):
     assert "Starting vGPU share 01234567 on vGPUs" in tcp_oriond.log()
 
 
+def test_a_frame_sent_with_the_hello_is_refused_loudly(tcp_oriond):
+    """Issue #22 item 5: a frame in the same write as the Hello was read by oriond with it and never
+    reached the worker, so it was never answered. Now the connection is refused with
+    CUDA_ERROR_INVALID_VALUE and the reason (the next frame waits for the Welcome, which names the
+    transport), logged, before any vGPU is taken; a Hello alone is still welcomed."""
+    extra = struct.pack("<IHHIIiiII", 0x4D52464F, PROTOCOL, 2, 2, 0, 0, 0, 1, 0)  # a second frame, no payload
+    with socket.create_connection(("127.0.0.1", tcp_oriond.port), timeout=10) as s:
+        s.sendall(hello_frame(transports=2) + extra)
+        header = s.recv(32, socket.MSG_WAITALL)
+        status, plen = struct.unpack_from("<i", header, 16)[0], struct.unpack_from("<I", header, 12)[0]
+        reason = s.recv(plen, socket.MSG_WAITALL).decode(errors="replace")
+        assert status == 1 and reason.startswith("32 bytes arrived after the Hello, before the Welcome"), \
+            (status, reason)
+        assert s.recv(1) == b""  # closed
+    assert "bytes arrived after the Hello, before the Welcome" in tcp_oriond.log()
+    assert "Creating session" not in tcp_oriond.log()
+    with socket.create_connection(("127.0.0.1", tcp_oriond.port), timeout=10) as s:
+        s.sendall(hello_frame(transports=2))
+        header = s.recv(32, socket.MSG_WAITALL)
+        assert struct.unpack_from("<i", header, 16)[0] == 0
+
+
 def test_enable_rdma_on_a_host_without_rdma_falls_back_to_tcp(tmp_path):
     # This host's kernel has no RDMA: oriond -r says so at start, a client offering RDMA is told why
     # and gets TCP, and a real client (which finds no device itself) offers TCP only and says why.
