@@ -364,8 +364,7 @@ std::string Daemon::MetricsText() const {
       std::string lbl = "{session=\"" + std::to_string(session) + "\",pgpu=\"" + std::to_string(p.pgpu) + "\",vgpu=\"" +
                         std::to_string(p.vgpu) + "\",pid=\"" + std::to_string(c.pid) + "\",process=\"" +
                         PromLabel(c.process) + "\",transport=\"" + PromLabel(c.transport) + "\"";
-      mem.samples +=
-          mem.name + lbl + "}" + count(used != nullptr && d < kMaxDevices ? used[d].load() : 0);
+      mem.samples += mem.name + lbl + "}" + count(used != nullptr && d < kMaxDevices ? used[d].load() : 0);
       quota.samples += quota.name + lbl + "}" + count(p.quota_bytes);
       auto it = compute.find(p.pgpu);
       if (compute_ == nullptr || p.pgpu >= kComputeGpus || it == compute.end() || it->second < 0) continue;

@@ -146,7 +146,8 @@ class RdmaSessionChannel final : public SessionChannel {
   std::string ClientGone(uint64_t, uint64_t*, uint64_t*) const override {
     // The peer closed (a killed client's kernel closes its socket): POLLRDHUP, without reading.
     pollfd pfd{fd_, POLLRDHUP, 0};
-    if (poll(&pfd, 1, 0) == 1 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) return "the client closed the connection";
+    if (poll(&pfd, 1, 0) == 1 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0)
+      return "the client closed the connection";
     return "";
   }
   Status Idle(uint64_t) override {
