@@ -60,29 +60,20 @@ elif mode == "resources":
     print("TOOBIG", launch(kernel(".local .align 4 .b8 l[524288];"), threads=1024), flush=True)
     print("DYN", launch(kernel(".shared .align 4 .b8 s[40960];"), smem=200000), flush=True)
     print("AFTER", launch(fits), flush=True)
-elif mode == "ipcevents":
-    # Interprocess events (CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING), each exported.
+elif mode in ("events", "ipcevents"):
+    # Events until the first failure; "ipcevents": interprocess ones (CU_EVENT_INTERPROCESS |
+    # CU_EVENT_DISABLE_TIMING), each exported with cuIpcGetEventHandle.
+    ipc = mode == "ipcevents"
     n, r = 0, 0
-    while n < 5000:
+    while n <= (5000 if ipc else 400000):
         e = ctypes.c_void_p()
-        ck(cu.cuEventCreate(ctypes.byref(e), 0x4 | 0x2), "event")
-        h = (ctypes.c_char * 64)()
-        r = cu.cuIpcGetEventHandle(h, e)
+        r = cu.cuEventCreate(ctypes.byref(e), 0x4 | 0x2 if ipc else 0)
+        if r == 0 and ipc:
+            r = cu.cuIpcGetEventHandle((ctypes.c_char * 64)(), e)
         if r != 0:
             break
         n += 1
-    print("EXPORTED", n, r, flush=True)
-    p = ctypes.c_uint64()
-    print("AFTER", cu.cuCtxSynchronize(), cu.cuMemAlloc_v2(ctypes.byref(p), 4096), flush=True)
-elif mode == "events":
-    n, r = 0, 0
-    while n <= 400000:
-        e = ctypes.c_void_p()
-        r = cu.cuEventCreate(ctypes.byref(e), 0)
-        if r != 0:
-            break
-        n += 1
-    print("EVENTS", n, r, flush=True)
+    print("EXPORTED" if ipc else "EVENTS", n, r, flush=True)
     # The session goes on: a synchronize and a small allocation still work.
     p = ctypes.c_uint64()
     print("AFTER", cu.cuCtxSynchronize(), cu.cuMemAlloc_v2(ctypes.byref(p), 4096), flush=True)
