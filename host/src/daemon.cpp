@@ -16,6 +16,7 @@
 #include <sys/mman.h>
 #include <sys/un.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -30,6 +31,7 @@
 #include <new>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include "orion/common/clock.h"
@@ -92,6 +94,43 @@ ivshmem::VmLimits LimitsOf(const std::vector<Placement>& placements) {
   l.gmem_bytes = placements.empty() ? 0 : placements[0].quota_bytes;
   for (const auto& p : placements) l.gmem_bytes = std::min(l.gmem_bytes, p.quota_bytes);
   return l;
+}
+
+LockHolder RegionLockHolder(const std::string& path) {
+  LockHolder h;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return h;
+  // /proc/locks: "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF" (proc(5)); the device is
+  // major:minor in hex, the inode decimal.
+  std::ifstream locks("/proc/locks");
+  std::string line;
+  while (std::getline(locks, line)) {
+    std::istringstream in(line);
+    std::string id, kind, mode, access, where;
+    long pid = 0;
+    if (!(in >> id >> kind >> mode >> access >> pid >> where) || kind != "FLOCK") continue;
+    unsigned major = 0, minor = 0;
+    unsigned long long inode = 0;
+    if (std::sscanf(where.c_str(), "%x:%x:%llu", &major, &minor, &inode) != 3) continue;
+    if (inode != st.st_ino || major != ::major(st.st_dev) || minor != ::minor(st.st_dev)) continue;
+    std::string comm;
+    std::ifstream c("/proc/" + std::to_string(pid) + "/comm");
+    std::getline(c, comm);
+    std::string safe;
+    for (const char ch : comm.substr(0, 64)) safe += ch >= 0x20 && ch < 0x7f ? ch : '?';
+    h.who = "pid " + std::to_string(pid) + (safe.empty() ? "" : " (" + safe + ")");
+    // Another oriond: the same executable, run by the same user (a tenant can name its process
+    // anything, but cannot be this user running this binary).
+    std::error_code ec1, ec2;
+    const auto mine = std::filesystem::read_symlink("/proc/self/exe", ec1);
+    const auto theirs = std::filesystem::read_symlink("/proc/" + std::to_string(pid) + "/exe", ec2);
+    struct stat ps {};
+    if (ec1 || ::stat(("/proc/" + std::to_string(pid)).c_str(), &ps) != 0) return h;  // cannot tell
+    // A process of another user has an exe link this one may not read (ec2): not this oriond.
+    h.oriond = !ec2 && mine == theirs && ps.st_uid == ::geteuid();
+    return h;
+  }
+  return h;
 }
 
 }  // namespace daemon_detail
@@ -252,7 +291,18 @@ Status Daemon::StartServing() {
   for (const std::string& p : paths) {
     if (std::any_of(regions_.begin(), regions_.end(), [&](const Region& r) { return r.map->path() == p; })) continue;
     Region r;
-    if (Status st = AddRegion(p, &r); !st.ok()) return st;
+    if (Status st = AddRegion(p, &r); !st.ok()) {
+      if (st.code() != Code::kAlreadyExists) return st;
+      // Its lock is held. By another oriond: refuse to start, as before. By any other process that
+      // can open the file (a tenant could keep oriond from starting): serve everything else and try
+      // the region again every second.
+      const LockHolder holder = RegionLockHolder(p);
+      if (holder.oriond) return Status(st.code(), st.message() + ": " + holder.who);
+      log_->warn("{} is locked by {}, not by an oriond: not served until it is released (tried again every second)", p,
+                 holder.who);
+      held_regions_.push_back(p);
+      continue;
+    }
     regions_.push_back(std::move(r));
   }
   if (Status st = OpenControlSocket(); !st.ok()) return st;
@@ -292,6 +342,23 @@ Status Daemon::StartServing() {
              listen_fd_ ? std::to_string(config_.listen_port) : std::string("- (no TCP)"),
              backend_ == BackendKind::kCuda ? "cuda" : "sim");
   return Status::Ok();
+}
+
+void Daemon::RetryHeldRegions() {
+  for (auto it = held_regions_.begin(); it != held_regions_.end();) {
+    Region r;
+    const Status st = AddRegion(*it, &r);
+    if (st.ok()) {
+      log_->info("{}: its lock was released; serving it now", *it);
+      regions_.push_back(std::move(r));
+    } else if (st.code() == Code::kAlreadyExists) {
+      ++it;
+      continue;
+    } else {
+      log_->warn("{}: no longer tried: {}", *it, st.message());
+    }
+    it = held_regions_.erase(it);
+  }
 }
 
 Status Daemon::AddRegion(const std::string& p, Region* out, uint32_t processes, const ivshmem::VmLimits* vm) {
@@ -499,6 +566,7 @@ int Daemon::Run() {
       DropGoneVms();
       RepairSevered();
       SampleCompute(now);
+      RetryHeldRegions();
       if (metrics_) metrics_->Publish(MetricsText());
       last_vm_check = now;
     }

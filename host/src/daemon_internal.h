@@ -28,5 +28,14 @@ CUresult RefusalCode(Code c);
 std::string PlacementText(const std::vector<pool::Placement>& placements);
 // The limits a VM's region publishes: vGPU count and the smallest quota among them.
 ivshmem::VmLimits LimitsOf(const std::vector<pool::Placement>& placements);
+// Who holds the flock on the file at `path` (/proc/locks): `who` is "pid N (comm)", or "another
+// process" when that cannot be told (another PID namespace, no /proc, or the lock went meanwhile).
+// `oriond`: the holder runs this very executable as this user (another oriond), or it cannot be
+// told (then it is taken for one, as before).
+struct LockHolder {
+  std::string who = "another process";
+  bool oriond = true;
+};
+LockHolder RegionLockHolder(const std::string& path);
 
 }  // namespace orion::host::daemon_detail

@@ -143,6 +143,11 @@ class Daemon {
   // and grown back) is formatted afresh and served again once none of its sessions is left
   // (issue #11 item 11); one of another size stays severed.
   void RepairSevered();
+  // Host regions whose lock another process holds (any process that can open the file can take
+  // it): not served, named with the holder, and tried again every second (issue #22 item 6); the
+  // rest of oriond starts and serves meanwhile.
+  std::vector<std::string> held_regions_;
+  void RetryHeldRegions();
   std::shared_ptr<spdlog::logger> SessionLogger(uint32_t session);
   Result<std::unique_ptr<Backend>> MakeBackend(uint32_t session) const;
   SessionParams BaseParams(uint32_t session, const std::vector<Placement>& placements,
