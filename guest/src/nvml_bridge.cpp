@@ -11,6 +11,21 @@
 using namespace orion;
 using namespace orion::guest;
 
+namespace {
+// One of oriond's per-vGPU NVML ops (DeviceReq{device, 0} -> Rep) into `out`.
+template <typename Rep>
+CUresult DeviceCall(Client& c, Op op, uint32_t device, void* out, uint32_t out_bytes) {
+  if (out_bytes < sizeof(Rep)) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = c.Connect(); r != CUDA_SUCCESS) return r;
+  if (device >= c.devices().size()) return CUDA_ERROR_INVALID_VALUE;
+  DeviceReq q{device, 0};
+  Rep rep{};
+  if (CUresult r = c.Call(op, &q, sizeof q, &rep, sizeof rep); r != CUDA_SUCCESS) return r;
+  std::memcpy(out, &rep, sizeof rep);
+  return CUDA_SUCCESS;
+}
+}  // namespace
+
 extern "C" ORION_EXPORT int orion_nvml_query(uint32_t abi, uint32_t what, uint32_t device, void* out,
                                              uint32_t out_bytes) noexcept {
   if (abi != kNvmlBridgeAbi || out == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -38,26 +53,9 @@ extern "C" ORION_EXPORT int orion_nvml_query(uint32_t abi, uint32_t what, uint32
       std::memcpy(d->devices, c.devices().data(), n * sizeof(DeviceInfo));
       return CUDA_SUCCESS;
     }
-    case NvmlQuery::kMemory: {
-      if (out_bytes < sizeof(DeviceMemoryRep)) return CUDA_ERROR_INVALID_VALUE;
-      if (CUresult r = c.Connect(); r != CUDA_SUCCESS) return r;
-      if (device >= c.devices().size()) return CUDA_ERROR_INVALID_VALUE;
-      DeviceReq q{device, 0};
-      DeviceMemoryRep rep{};
-      if (CUresult r = c.Call(Op::kDeviceMemoryInfo, &q, sizeof q, &rep, sizeof rep); r != CUDA_SUCCESS) return r;
-      std::memcpy(out, &rep, sizeof rep);
-      return CUDA_SUCCESS;
-    }
-    case NvmlQuery::kUtilization: {
-      if (out_bytes < sizeof(DeviceUtilizationRep)) return CUDA_ERROR_INVALID_VALUE;
-      if (CUresult r = c.Connect(); r != CUDA_SUCCESS) return r;
-      if (device >= c.devices().size()) return CUDA_ERROR_INVALID_VALUE;
-      DeviceReq q{device, 0};
-      DeviceUtilizationRep rep{};
-      if (CUresult r = c.Call(Op::kDeviceUtilization, &q, sizeof q, &rep, sizeof rep); r != CUDA_SUCCESS) return r;
-      std::memcpy(out, &rep, sizeof rep);
-      return CUDA_SUCCESS;
-    }
+    case NvmlQuery::kMemory: return DeviceCall<DeviceMemoryRep>(c, Op::kDeviceMemoryInfo, device, out, out_bytes);
+    case NvmlQuery::kUtilization:
+      return DeviceCall<DeviceUtilizationRep>(c, Op::kDeviceUtilization, device, out, out_bytes);
   }
   return CUDA_ERROR_INVALID_VALUE;
 }

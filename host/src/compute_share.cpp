@@ -88,11 +88,18 @@ void FreeComputeSlot(ComputeGpu* g, int slot) {
   FutexWakeAll(&g->wake);
 }
 
+namespace {
+// Device time over wall time, in permille (at most 1000).
+uint32_t Permille(uint64_t busy_ns, uint64_t wall_ns) {
+  return static_cast<uint32_t>(std::min<uint64_t>(1000, busy_ns * 1000 / wall_ns));
+}
+}  // namespace
+
 void MarkComputeSample(ComputeSlot* s) {
   const uint64_t now = NowNs(), busy = s->busy_ns.load();
   const uint64_t then = s->sample_ns.load(), then_busy = s->sample_busy_ns.load();
   if (now > then && busy >= then_busy) {
-    s->util_permille.store(static_cast<uint32_t>(std::min<uint64_t>(1000, (busy - then_busy) * 1000 / (now - then))));
+    s->util_permille.store(Permille(busy - then_busy, now - then));
   }
   s->sample_busy_ns.store(busy);
   s->sample_ns.store(now);
@@ -105,7 +112,7 @@ uint32_t ComputeUtilization(const ComputeSlot& s) {
   // Before the first full interval there is no earlier one: measure what there is.
   const bool first = s.util_permille.load() == 0 && then_busy == 0;
   if (now > then && busy >= then_busy && (now - then >= kMinWindowNs || first)) {
-    return static_cast<uint32_t>(std::min<uint64_t>(1000, (busy - then_busy) * 1000 / (now - then)));
+    return Permille(busy - then_busy, now - then);
   }
   return s.util_permille.load();
 }

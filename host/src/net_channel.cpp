@@ -111,13 +111,7 @@ class TcpSessionChannel final : public SessionChannel {
   }
   uint32_t SpinPolls() const override { return 0; }
 
-  std::string ClientGone(uint64_t, uint64_t*, uint64_t*) const override {
-    // The peer closed (a killed client's kernel closes its socket): POLLRDHUP, without reading.
-    pollfd pfd{fd_, POLLRDHUP, 0};
-    if (poll(&pfd, 1, 0) == 1 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0)
-      return "the client closed the connection";
-    return "";
-  }
+  std::string ClientGone(uint64_t, uint64_t*, uint64_t*) const override { return SocketPeerClosed(fd_); }
   Status Idle(uint64_t) override { return Fill(false); }
   bool WaitIdle(int timeout_ms) override {
     // Pop found no whole frame: whatever is buffered is a partial one, so wait for more bytes.
@@ -193,6 +187,14 @@ class TcpSessionChannel final : public SessionChannel {
 };
 
 }  // namespace
+
+std::string SocketPeerClosed(int fd) {
+  // The peer closed (a killed client's kernel closes its socket): POLLRDHUP, without reading.
+  pollfd pfd{fd, POLLRDHUP, 0};
+  if (poll(&pfd, 1, 0) == 1 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0)
+    return "the client closed the connection";
+  return "";
+}
 
 std::unique_ptr<SessionChannel> MakeTcpSessionChannel(int fd, uint64_t channel_bytes, uint64_t stall_ms) {
   return std::make_unique<TcpSessionChannel>(fd, channel_bytes, stall_ms);

@@ -143,13 +143,7 @@ class RdmaSessionChannel final : public SessionChannel {
     return ep_->PostSend(static_cast<uint32_t>(sizeof h) + len);
   }
 
-  std::string ClientGone(uint64_t, uint64_t*, uint64_t*) const override {
-    // The peer closed (a killed client's kernel closes its socket): POLLRDHUP, without reading.
-    pollfd pfd{fd_, POLLRDHUP, 0};
-    if (poll(&pfd, 1, 0) == 1 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0)
-      return "the client closed the connection";
-    return "";
-  }
+  std::string ClientGone(uint64_t, uint64_t*, uint64_t*) const override { return SocketPeerClosed(fd_); }
   Status Idle(uint64_t) override {
     if (connected_) {
       if (Status s = ep_->PollSend(); !s.ok()) return s;

@@ -72,6 +72,10 @@ class SessionChannel {
 std::unique_ptr<SessionChannel> MakeShmSessionChannel(uint8_t* region, uint64_t channel_bytes, uint32_t channel,
                                                       uint32_t generation, uint64_t request_position,
                                                       uint64_t lease_timeout_ms, int doorbell_fd = -1);
+// SessionChannel::ClientGone of a socket-backed channel (TCP, RDMA's TCP side): the reason when the
+// peer closed `fd`, "" otherwise. Reads nothing; thread-safe.
+std::string SocketPeerClosed(int fd);
+
 // A TCP connection (the worker owns `fd`) whose channel has `channel_bytes` (its window is local).
 // A client that stops in the middle of a frame for `stall_ms` is dropped.
 std::unique_ptr<SessionChannel> MakeTcpSessionChannel(int fd, uint64_t channel_bytes, uint64_t stall_ms);
