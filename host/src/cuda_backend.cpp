@@ -600,14 +600,29 @@ class CudaBackend final : public Backend {
     CUipcMemHandle real{};
     auto fd = OpenIpcTicket(h, kIpcMemory, reinterpret_cast<uint8_t*>(real.reserved));
     if (!fd.ok()) return CUDA_ERROR_INVALID_VALUE;
-    ::close(*fd);
     CUdeviceptr p = 0;
-    if (CUresult r = api_.ipcOpenMemHandle(&p, real, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS); r != CUDA_SUCCESS) return r;
+    if (CUresult r = api_.ipcOpenMemHandle(&p, real, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS); r != CUDA_SUCCESS) {
+      ::close(*fd);
+      return r;
+    }
     *dptr = p;
     *bytes = h.bytes;
+    import_tickets_[p] = *fd;  // kept while the import lives: the importer's share (ipc_ticket.h)
     return CUDA_SUCCESS;
   }
-  CUresult IpcCloseMemory(uint64_t dptr) override { return api_.ipcCloseMemHandle(dptr); }
+  CUresult IpcCloseMemory(uint64_t dptr) override {
+    const CUresult r = api_.ipcCloseMemHandle(dptr);
+    if (auto t = import_tickets_.find(dptr); r == CUDA_SUCCESS && t != import_tickets_.end()) {
+      ::close(t->second);
+      import_tickets_.erase(t);
+    }
+    return r;
+  }
+  int IpcTicketFd(uint64_t dptr) const override {
+    if (auto t = mem_tickets_.find(dptr); t != mem_tickets_.end()) return t->second.first;
+    if (auto t = import_tickets_.find(dptr); t != import_tickets_.end()) return t->second;
+    return -1;
+  }
   CUresult IpcExportEvent(void* event, IpcHandle* out) override {
     if (auto t = event_tickets_.find(event); t != event_tickets_.end()) {
       *out = t->second.second;
@@ -1212,6 +1227,7 @@ class CudaBackend final : public Backend {
   std::vector<Placement> placements_;
   std::vector<CUdevice> devices_;                              // per placement
   std::map<uint64_t, std::pair<int, IpcHandle>> mem_tickets_;  // exported allocations: ticket fd, handle
+  std::map<uint64_t, int> import_tickets_;                     // imports: the importer's open of the ticket
   std::map<void*, std::pair<int, IpcHandle>> event_tickets_;   // exported events
   std::map<CUdevice, uint64_t> overhead_;                      // ContextOverhead, per physical GPU
   std::map<CUdevice, CUcontext> primary_;                      // primary context handles handed out

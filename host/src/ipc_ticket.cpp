@@ -2,11 +2,14 @@
 #include "orion/host/ipc_ticket.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <string>
 
@@ -53,6 +56,17 @@ Result<int> CreateIpcTicket(uint32_t kind, uint64_t bytes, uint64_t data_bytes, 
     close(fd);
     return Status(Code::kResourceExhausted, std::string("ticket: ") + std::strerror(e));
   }
+  // The exporter's mark: a write lock on byte 0 owned by this open file description (OFD locks
+  // live with it, so they survive fork and dup and go with the last close, a crash included).
+  struct flock mark {};
+  mark.l_type = F_WRLCK;
+  mark.l_whence = SEEK_SET;
+  mark.l_len = 1;
+  if (fcntl(fd, F_OFD_SETLK, &mark) != 0) {
+    const int e = errno;
+    close(fd);
+    return Status(Code::kResourceExhausted, std::string("ticket lock: ") + std::strerror(e));
+  }
   std::memset(handle, 0, sizeof *handle);
   std::memcpy(handle->magic, kMagic, sizeof kMagic);
   handle->kind = kind;
@@ -75,6 +89,12 @@ Result<int> OpenIpcTicket(const IpcHandle& handle, uint32_t kind, uint8_t* paylo
   if (n <= 0 || std::strncmp(target, "/memfd:orion-ipc", 16) != 0) return bad("no such ticket");
   const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) return bad("cannot open the ticket");
+  // The importer's share, taken before the secret is read: an exporter that revokes the ticket
+  // after this check finds the share held (IpcTicketImported), so no import goes unseen.
+  if (flock(fd, LOCK_SH | LOCK_NB) != 0) {
+    close(fd);
+    return bad("the ticket is being revoked");
+  }
   struct stat st {};
   Header h{};
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) < kIpcDataOffset ||
@@ -86,6 +106,26 @@ Result<int> OpenIpcTicket(const IpcHandle& handle, uint32_t kind, uint8_t* paylo
   }
   if (payload != nullptr) std::memcpy(payload, h.payload, sizeof h.payload);
   return fd;
+}
+
+void RevokeIpcTicket(int fd) {
+  const uint8_t zero[sizeof(Header::secret)] = {};
+  (void)pwrite(fd, zero, sizeof zero, offsetof(Header, secret));
+}
+
+bool IpcTicketImported(int fd) {
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) return errno == EWOULDBLOCK;
+  (void)flock(fd, LOCK_UN);
+  return false;
+}
+
+bool IpcExporterHolds(int fd) {
+  struct flock probe {};
+  probe.l_type = F_WRLCK;
+  probe.l_whence = SEEK_SET;
+  probe.l_len = 1;
+  if (fcntl(fd, F_OFD_GETLK, &probe) != 0) return true;  // cannot tell: the exporter keeps the charge
+  return probe.l_type != F_UNLCK;
 }
 
 }  // namespace orion::host

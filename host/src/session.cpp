@@ -10,6 +10,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include <chrono>
 #include <cinttypes>
 #include <condition_variable>
 #include <mutex>
@@ -354,9 +355,27 @@ class Session {
   std::unordered_map<uint64_t, std::vector<uint64_t>> module_functions_;  // module -> its function handles
   uint64_t next_handle_ = 0x10000;
   std::map<uint64_t, Alloc> allocs_;
-  std::set<uint64_t> ipc_exports_;                       // allocations with an IPC handle
-  std::set<uint64_t> ipc_event_exports_;                 // events with an IPC handle (each holds a ticket fd)
-  std::set<uint64_t> ipc_imports_;                       // allocations opened from another session's handle
+  std::set<uint64_t> ipc_exports_;        // allocations with an IPC handle
+  std::set<uint64_t> ipc_event_exports_;  // events with an IPC handle (each holds a ticket fd)
+  std::set<uint64_t> ipc_imports_;        // allocations opened from another session's handle
+  // IPC memory that outlives a free (orion/host/ipc_ticket.h): this session's exports it freed while
+  // importers still held them (charged here until the last one closes), and the imports it pays for
+  // because their exporter is gone (dptr -> charge).
+  struct Lingering {
+    int fd;  // a dup of the revoked ticket
+    uint32_t dev;
+    uint64_t charged;
+  };
+  std::vector<Lingering> lingering_;
+  std::map<uint64_t, uint64_t> adopted_;
+  std::chrono::steady_clock::time_point ipc_swept_{};
+  void SweepIpc(bool now = false);
+  uint64_t ChargeOver(uint32_t dev, uint64_t bytes) {  // a charge that may exceed the quota
+    const uint64_t c = (bytes + kAllocGranularity - 1) & ~(kAllocGranularity - 1);
+    used_[dev] += c;
+    PublishUsed(dev);
+    return c;
+  }
   std::unordered_map<uint64_t, ArrayRec> arrays_;        // CUDA arrays, by handle
   std::map<std::pair<uint64_t, bool>, TexRec> texobjs_;  // (object value, is a surface) -> its record
   std::unordered_map<uint64_t, MipmapRec> mipmaps_;      // mipmapped arrays, by handle
@@ -660,12 +679,29 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
         r = CUDA_ERROR_INVALID_VALUE;
         break;
       }
+      // An exported allocation: revoke its ticket, and keep the charge while importers map it.
+      int ticket = -1;
+      if (ipc_exports_.count(q.dptr) != 0) {
+        const int fd = b_->IpcTicketFd(q.dptr);
+        if (fd >= 0) ticket = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+        if (ticket >= 0) RevokeIpcTicket(ticket);
+      }
       r = b_->MemFree(q.dptr);
       if (r == CUDA_SUCCESS) {
-        Uncharge(it->second.dev, it->second.charged);
+        if (ticket >= 0 && IpcTicketImported(ticket)) {
+          p_.log->info(
+              "sess={} op=MemFree {:#x}: an importer still maps it; its {} MB stay on this session's quota "
+              "until the last importer closes it",
+              p_.session_id, q.dptr, it->second.charged >> 20);
+          lingering_.push_back({ticket, it->second.dev, it->second.charged});
+          ticket = -1;
+        } else {
+          Uncharge(it->second.dev, it->second.charged);
+        }
         allocs_.erase(it);
         ipc_exports_.erase(q.dptr);
       }
+      if (ticket >= 0) ::close(ticket);
       break;
     }
     case Op::kMemGetInfo: {
@@ -673,6 +709,7 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
         r = CUDA_ERROR_INVALID_CONTEXT;
         break;
       }
+      SweepIpc(true);
       uint64_t free = 0, total = 0;
       r = b_->MemGetInfo(&free, &total);
       const uint64_t quota = p_.placements[cur_dev_].quota_bytes;
@@ -1271,7 +1308,10 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
         r = CUDA_ERROR_INVALID_CONTEXT;
         break;
       }
-      if (ipc_imports_.size() >= kMaxIpcImports) {
+      SweepIpc(true);
+      // A session paying for imports whose exporters are gone past its quota opens no more.
+      if (ipc_imports_.size() >= kMaxIpcImports ||
+          used_[cur_dev_] + overhead_[cur_dev_] > p_.placements[cur_dev_].quota_bytes) {
         r = CUDA_ERROR_OUT_OF_MEMORY;
         break;
       }
@@ -1296,6 +1336,10 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       }
       r = b_->IpcCloseMemory(q.dptr);
       if (r == CUDA_SUCCESS) {
+        if (auto a = adopted_.find(q.dptr); a != adopted_.end()) {
+          Uncharge(allocs_[q.dptr].dev, a->second);
+          adopted_.erase(a);
+        }
         ipc_imports_.erase(q.dptr);
         allocs_.erase(q.dptr);
       }
@@ -1860,8 +1904,36 @@ bool Session::CopySideOk(uint32_t side, uint64_t at, uint64_t pitch, uint64_t x,
   return DeviceRange(at, span);
 }
 
+void Session::SweepIpc(bool now) {
+  if (lingering_.empty() && ipc_imports_.size() == adopted_.size()) return;
+  const auto t = std::chrono::steady_clock::now();
+  if (!now && t - ipc_swept_ < std::chrono::milliseconds(50)) return;  // at most 20 sweeps a second
+  ipc_swept_ = t;
+  for (auto it = lingering_.begin(); it != lingering_.end();) {
+    if (IpcTicketImported(it->fd)) {
+      ++it;
+      continue;
+    }
+    ::close(it->fd);
+    Uncharge(it->dev, it->charged);
+    p_.log->info("sess={} an IPC allocation freed earlier is closed by its last importer: {} MB back to the quota",
+                 p_.session_id, it->charged >> 20);
+    it = lingering_.erase(it);
+  }
+  for (const uint64_t dptr : ipc_imports_) {
+    if (adopted_.count(dptr) != 0) continue;
+    const int fd = b_->IpcTicketFd(dptr);
+    auto a = allocs_.find(dptr);
+    if (fd < 0 || a == allocs_.end() || IpcExporterHolds(fd)) continue;
+    adopted_[dptr] = ChargeOver(a->second.dev, a->second.bytes);
+    p_.log->warn("sess={} IPC import {:#x} ({} MB) outlived its exporter's session: charged to this session's quota",
+                 p_.session_id, dptr, adopted_[dptr] >> 20);
+  }
+}
+
 bool Session::Charge(uint32_t dev, uint64_t bytes, uint64_t granule, const char* op, const char* call,
                      uint64_t* charged) {
+  SweepIpc(!lingering_.empty());  // a free of this session's waiting on its importers counts at once
   const Placement& pl = p_.placements[dev];
   uint64_t c = 0, after = 0;
   bool fits = CheckedAdd(bytes, granule - 1, &c);

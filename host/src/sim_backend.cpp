@@ -117,7 +117,8 @@ struct Block {
   uint64_t bytes = 0;
   uint8_t* host = nullptr;  // backing memory
   bool owned = true;        // false: an alias (window memory, or a VMM mapping inside a reservation)
-  int ipc_fd = -1;          // exported (cuIpcGetMemHandle): its ticket, which now backs `host`
+  int ipc_fd = -1;          // exported (cuIpcGetMemHandle): its ticket, which now backs `host`;
+                            // imported: the importer's open of it (its shared flock)
   IpcHandle ipc{};
 };
 
@@ -313,17 +314,23 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
       return CUDA_ERROR_INVALID_VALUE;
     }
     void* p = ::mmap(nullptr, h.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, kIpcDataOffset);
-    ::close(*fd);
-    if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (p == MAP_FAILED) {
+      ::close(*fd);
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     *dptr = TakeAddress(h.bytes);
     *bytes = h.bytes;
-    blocks_[*dptr] = Block{h.bytes, static_cast<uint8_t*>(p), true};
+    blocks_[*dptr] = Block{h.bytes, static_cast<uint8_t*>(p), true, *fd};  // kept: the import's share
     ipc_imports_.insert(*dptr);
     return CUDA_SUCCESS;
   }
   CUresult IpcCloseMemory(uint64_t dptr) override {
     if (ipc_imports_.count(dptr) == 0) return CUDA_ERROR_INVALID_VALUE;
     return MemFree(dptr);
+  }
+  int IpcTicketFd(uint64_t dptr) const override {
+    auto it = blocks_.find(dptr);
+    return it != blocks_.end() ? it->second.ipc_fd : -1;
   }
   // Events: the sim completes work when its stream is flushed, so an interprocess event's record
   // flushes its stream first (see EventRecord): a record is complete once oriond has taken it, and

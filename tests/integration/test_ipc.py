@@ -4,10 +4,14 @@ session exports another opens, through tickets checked by oriond (host/include/o
 import re
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from conftest import ROOT, TEST_BIN, assert_passed, checks
+
+MIB = 1 << 20
 
 
 def run_pair(oriond, **env):
@@ -80,3 +84,81 @@ def test_torch_multiprocessing_shares_cuda_tensors(oriond):
     assert r.returncode == 0 and "SHARED_EQUAL True" in r.stdout and "CHILD_EXIT 0" in r.stdout, out[-4000:]
     assert "is not supported by Orion" not in r.stderr.replace("cuLogsRegisterCallback is not supported", ""), \
         r.stderr[-3000:]
+
+
+class Shell:
+    """A driver_shell.py process: one command, one answer (tests/integration/driver_shell.py)."""
+
+    def __init__(self, oriond, **env):
+        self.p = subprocess.Popen([sys.executable, str(Path(__file__).with_name("driver_shell.py"))],
+                                  env=oriond.env(**env), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        assert self.ask("") == ["READY", "0"]
+
+    def ask(self, command):
+        if command:
+            self.p.stdin.write(command + "\n")
+            self.p.stdin.flush()
+        line = self.p.stdout.readline()
+        assert line, f"{command}: no answer; stderr: {self.p.stderr.read()}"
+        return line.split()
+
+    def free_bytes(self):
+        r, free, _ = self.ask("meminfo")
+        assert r == "0"
+        return int(free)
+
+    def end(self):
+        if self.p.poll() is None:
+            self.p.kill()
+        self.p.wait()
+
+
+def test_ipc_memory_stays_charged_while_an_importer_maps_it(oriond):
+    # Issue #22 item 2a: a 256 MiB tenant exported 192 MiB, a second tenant opened it, and the
+    # exporter freed it and allocated again: both tenants' quotas were free while the pages lived,
+    # so two 256 MiB tenants held 1.56 GB. Now the exporter pays until the last importer closes,
+    # and an importer pays for what outlives its exporter's session.
+    exporter, importer = Shell(oriond, ORION_GMEM=256), Shell(oriond, ORION_GMEM=256)
+    try:
+        r, p = exporter.ask("alloc 192")
+        assert r == "0"
+        r, handle = exporter.ask("export " + p)
+        assert r == "0"
+        r, q = importer.ask("import " + handle)
+        assert r == "0"
+        assert importer.free_bytes() == 256 * MIB  # the exporter pays while it holds the allocation
+        assert exporter.ask("free " + p) == ["0"]
+        # The importer still maps the 192 MiB: the exporter's quota has no room for them again.
+        assert exporter.free_bytes() == 64 * MIB
+        assert exporter.ask("alloc 192")[0] == "2"  # CUDA_ERROR_OUT_OF_MEMORY
+        # A freed allocation's handle opens no more (its ticket is revoked).
+        assert importer.ask("import " + handle)[0] == "1"  # CUDA_ERROR_INVALID_VALUE
+        # The last importer closes it: the charge goes back.
+        assert importer.ask("close " + q) == ["0"]
+        assert exporter.free_bytes() == 256 * MIB
+        r, p = exporter.ask("alloc 192")
+        assert r == "0"
+
+        # The exporter's session ends (killed) while the importer maps its memory: the importer
+        # pays from then on, and opens nothing more past its quota.
+        r, handle = exporter.ask("export " + p)
+        assert r == "0"
+        r, q = importer.ask("import " + handle)
+        assert r == "0"
+        exporter.end()
+        deadline = time.monotonic() + 10
+        while importer.free_bytes() != 64 * MIB and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert importer.free_bytes() == 64 * MIB
+        assert importer.ask("alloc 128")[0] == "2"
+        assert re.search(r"IPC import 0x[0-9a-f]+ \(192 MB\) outlived its exporter's session: charged to this "
+                         r"session's quota", oriond.session_logs())
+        assert importer.ask("close " + q) == ["0"]
+        assert importer.free_bytes() == 256 * MIB
+        r, _ = importer.ask("alloc 128")
+        assert r == "0"
+    finally:
+        exporter.end()
+        importer.end()
+    assert oriond.alive()

@@ -110,6 +110,9 @@ class Backend {
   virtual CUresult IpcExportMemory(uint64_t dptr, uint64_t bytes, IpcHandle* out) = 0;
   virtual CUresult IpcImportMemory(const IpcHandle& h, uint64_t* dptr, uint64_t* bytes) = 0;
   virtual CUresult IpcCloseMemory(uint64_t dptr) = 0;
+  // The ticket fd behind an exported allocation or an import (owned by the backend, open until the
+  // allocation is freed or the import closed), or -1: for the charges of orion/host/ipc_ticket.h.
+  virtual int IpcTicketFd(uint64_t dptr) const = 0;
   virtual CUresult IpcExportEvent(void* event, IpcHandle* out) = 0;
   virtual CUresult IpcImportEvent(const IpcHandle& h, void** event) = 0;
 

@@ -13,6 +13,17 @@
 // tenant's memory without its secret. The exporter keeps the ticket open while the allocation (or
 // event) lives; an importer's mapping keeps the pages alive after that (CUDA leaves use after the
 // exporter's free undefined).
+//
+// Who pays for memory that outlives its exporter's free (issue #22 item 2a). Pages an importer
+// still maps are memory a tenant holds, so they stay on a quota:
+// - the exporter's open of a ticket holds a write OFD lock on its byte 0 (IpcExporterHolds);
+// - an importer keeps its open of the ticket, with a shared flock(2), as long as the import lives
+//   (IpcTicketImported);
+// - the exporter's free revokes the ticket (RevokeIpcTicket: no handle opens it again) and keeps
+//   its charge, and the ticket, until no importer holds it;
+// - an import whose exporter is gone (its worker ended, by exit or kill: the kernel drops the
+//   lock) is charged to the importer from then on.
+// Both kinds of lock go with the process, so a killed worker never leaves one behind.
 #pragma once
 
 #include <cstdint>
@@ -43,7 +54,14 @@ inline constexpr uint64_t kIpcDataOffset = 4096;  // where a sim allocation's by
 Result<int> CreateIpcTicket(uint32_t kind, uint64_t bytes, uint64_t data_bytes, const uint8_t* payload,
                             IpcHandle* handle);
 // Opens and checks the ticket a handle names; copies its payload (64 bytes) when `payload` is set.
-// Returns an fd the caller closes.
+// Returns an fd the caller closes; it holds the importer's shared flock until then.
 Result<int> OpenIpcTicket(const IpcHandle& handle, uint32_t kind, uint8_t* payload);
+// Zeroes a ticket's secret (the exporter's fd): no handle opens it from now on.
+void RevokeIpcTicket(int fd);
+// Whether any importer holds the ticket open (called on the exporter's fd).
+bool IpcTicketImported(int fd);
+// Whether the exporter still holds its ticket (called on an importer's fd). True when it cannot be
+// told, so a charge never moves on a doubt.
+bool IpcExporterHolds(int fd);
 
 }  // namespace orion::host
