@@ -507,6 +507,7 @@ ORION_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) {
   if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
   if (dptr == 0) return CUDA_SUCCESS;
   if (ManagedBase(dptr, 1) == dptr) return FreeManaged(dptr);
+  if (CUresult r; GraphMemFree(dptr, &r)) return r;  // a graph allocation: free for the graph's next launch
   // The local range goes first, in one step with the check: once oriond frees the address, another
   // thread's cuMemAlloc may get it at once, and its new range must not be the one removed here.
   // (Two threads freeing one pointer: one of them gets CUDA_ERROR_INVALID_VALUE.)

@@ -300,7 +300,7 @@ CUresult AllocFromPool(CUdeviceptr* dptr, size_t bytes, Pool* pool, CUstream hs)
   uint64_t stream = 0;
   if (!StreamId(hs, &stream)) return CUDA_ERROR_INVALID_HANDLE;
   if (dptr == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
-  if (CUresult r; CaptureRefuse(stream, "a stream-ordered allocation (a graph memory node)", &r)) return r;
+  if (CUresult r; CaptureMemAlloc(stream, bytes, pool->is_default, dptr, &r)) return r;
   if (pool->device != CurrentCtx()->device) return CUDA_ERROR_INVALID_VALUE;  // the stream's device
   {
     std::lock_guard l(P().mu);
@@ -339,7 +339,8 @@ CUresult FreeAsync(CUdeviceptr dptr, CUstream hs) {
   uint64_t stream = 0;
   if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
   if (!StreamId(hs, &stream)) return CUDA_ERROR_INVALID_HANDLE;
-  if (CUresult r; CaptureRefuse(stream, "a stream-ordered free (a graph memory node)", &r)) return r;
+  if (CUresult r; CaptureMemFree(stream, dptr, &r)) return r;
+  if (CUresult r; GraphMemFree(dptr, &r)) return r;  // a graph allocation: free for the graph's next launch
   if (!S().mirror.RemoveDevice(dptr, nullptr)) return CUDA_ERROR_INVALID_VALUE;
   PoolFreed(dptr);
   MemFreeReq q{dptr};
@@ -551,31 +552,28 @@ ORION_EXPORT CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hSt
 
 }  // extern "C"
 
-// Graph memory (memory that graph allocation nodes hold): Orion has no graph allocation nodes
-// (cuGraphAddMemAllocNode is not served), so every figure is 0 and there is nothing to trim.
+// Graph memory (memory that graph allocation nodes hold; graph.cpp): Orion holds a graph
+// allocation from its node's creation until no graph holds it, so used and reserved memory are
+// the same bytes and there is nothing to trim.
 extern "C" {
 ORION_EXPORT CUresult CUDAAPI cuDeviceGetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr, void* value) {
   ORION_API(cuDeviceGetGraphMemAttribute);
   if (CUresult r = EnsureInit(); r != CUDA_SUCCESS) return r;
   if (device < 0 || static_cast<size_t>(device) >= DeviceCount()) return CUDA_ERROR_INVALID_DEVICE;
   if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  switch (attr) {
-    case CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT:
-    case CU_GRAPH_MEM_ATTR_USED_MEM_HIGH:
-    case CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT:
-    case CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH: *static_cast<cuuint64_t*>(value) = 0; return CUDA_SUCCESS;
-    default: return CUDA_ERROR_INVALID_VALUE;
-  }
+  uint64_t v = 0;
+  if (CUresult r = GraphMemAttribute(device, attr, &v, false); r != CUDA_SUCCESS) return r;
+  *static_cast<cuuint64_t*>(value) = v;
+  return CUDA_SUCCESS;
 }
 ORION_EXPORT CUresult CUDAAPI cuDeviceSetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr, void* value) {
   ORION_API(cuDeviceSetGraphMemAttribute);
   if (CUresult r = EnsureInit(); r != CUDA_SUCCESS) return r;
   if (device < 0 || static_cast<size_t>(device) >= DeviceCount()) return CUDA_ERROR_INVALID_DEVICE;
   // Only the high watermarks may be set, and only to 0 (a reset).
-  if (value == nullptr || (attr != CU_GRAPH_MEM_ATTR_USED_MEM_HIGH && attr != CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH) ||
-      *static_cast<cuuint64_t*>(value) != 0)
-    return CUDA_ERROR_INVALID_VALUE;
-  return CUDA_SUCCESS;
+  if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  uint64_t v = *static_cast<cuuint64_t*>(value);
+  return GraphMemAttribute(device, attr, &v, true);
 }
 ORION_EXPORT CUresult CUDAAPI cuDeviceGraphMemTrim(CUdevice device) {
   ORION_API(cuDeviceGraphMemTrim);

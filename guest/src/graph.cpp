@@ -8,9 +8,18 @@
 // included) into its frames in a topological order (nodes can only depend on nodes added before
 // them, so insertion order is one); cuGraphLaunch sends them on the launch stream, where oriond
 // validates each frame like any other (no new trust), and stream order gives every dependency.
-// What does not fit a graph here fails loudly: stream-ordered allocations in capture
-// (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, capture invalidated), copies with an array side, and
-// memory-allocation nodes (their entry points stay NOT_SUPPORTED stubs). Host nodes (explicit, or
+// What does not fit a graph here fails loudly: allocations from a memory pool other than the
+// device's default in capture (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, capture invalidated) and
+// copies with an array side.
+// Memory-allocation and free nodes (explicit, or cuMemAllocAsync / cuMemFreeAsync captured): the
+// allocation is made when its node is (a device allocation of the node's context, charged to the
+// vGPU's quota from then on, as a GPU's graph memory pool reserves it), so its address is fixed
+// across launches as CUDA promises; a launch marks it allocated and a free node, cuMemFree or
+// cuMemFreeAsync marks it free again (the memory stays with the graph for the next launch). A
+// launch of a graph whose allocation was not freed since the last one fails with
+// CUDA_ERROR_INVALID_VALUE unless instantiated with AUTO_FREE_ON_LAUNCH. The memory is freed when
+// no graph or executable graph holds its node and it is not allocated. CUDA's restrictions on
+// such graphs hold: one instantiation at a time, no clone, no child graph node. Host nodes (explicit, or
 // cuLaunchHostFunc captured) are queued at launch as cuLaunchHostFunc does (hostfunc.cpp). A copy
 // to or from host memory (pageable or pinned, captured or explicit) is a memcpy node that runs
 // as such a host function: once the work before it on the launch stream is done, it copies
@@ -19,6 +28,7 @@
 // Independent branches run one after another on the launch stream (correct, but without the
 // overlap a GPU could give them).
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstring>
 #include <map>
@@ -36,6 +46,18 @@ using namespace orion::guest;
 namespace {
 
 struct GuestGraph;
+
+// A memory-allocation node's allocation (the header says how it lives). Requires the lock.
+struct GraphMem {
+  uint64_t dptr = 0;
+  uint64_t bytes = 0;
+  int device = 0;
+  const GuestGraph* graph = nullptr;  // the graph its allocation node was made in (null once destroyed)
+  bool freed_in_graph = false;        // that graph frees it too (then nothing else may)
+  bool live = false;                  // allocated by a launch and not freed since
+  int holders = 0;                    // graphs and executable graphs that hold its node
+  bool released = false;              // the memory is freed (no graph holds it any more)
+};
 
 // A memcpy node with a host side: the copy, the context it runs in (checked when it runs).
 struct HostCopy {
@@ -58,11 +80,13 @@ struct GraphNode {
   CUDA_HOST_NODE_PARAMS host{};      // HOST nodes: the function runs in this process (hostfunc.cpp)
   // MEMCPY nodes with a host side: `host` is {RunHostCopy, copy.get()}, shared with the frames.
   std::shared_ptr<const HostCopy> copy;
+  std::shared_ptr<GraphMem> mem;  // MEM_ALLOC and MEM_FREE nodes: the allocation
 };
 
 struct GuestGraph {
   std::vector<std::unique_ptr<GraphNode>> nodes;  // insertion order: a topological order
-  bool child = false;  // a child graph node's copy: owned by the node, not destroyable by handle
+  bool child = false;          // a child graph node's copy: owned by the node, not destroyable by handle
+  bool has_mem_nodes = false;  // memory-allocation or free nodes (CUDA's restrictions apply)
 };
 
 constexpr size_t kBatchBytes = 32 * 1024;  // one Batch frame's payload at most (<= kMaxPayload)
@@ -91,6 +115,9 @@ struct GuestExec {
   std::map<const GraphNode*, size_t> index;  // source node -> its frame (cuGraphExec*SetParams)
   std::vector<const GraphNode*> order;       // source nodes of the top-level graph, as flattened
   unsigned long long flags = 0;
+  const GuestGraph* source = nullptr;                 // the graph it was made from (null once destroyed)
+  std::vector<std::shared_ptr<GraphMem>> mem_allocs;  // its allocation nodes' allocations, in order
+  std::vector<std::shared_ptr<GraphMem>> mem_frees;   // its free nodes' allocations, in order
 };
 
 struct Capture {
@@ -110,6 +137,8 @@ struct Graphs {
   std::map<uint64_t, std::shared_ptr<Capture>> capturing;  // stream id -> its capture
   std::map<uint64_t, std::pair<std::weak_ptr<Capture>, GraphNode*>> captured_events;
   uint64_t next_capture_id = 1;
+  std::map<uint64_t, std::shared_ptr<GraphMem>> mem;   // graph allocations by address
+  std::map<int, std::array<uint64_t, 4>> mem_figures;  // per device: CUgraphMem_attribute values
 };
 Graphs& G() {
   static Graphs* g = new Graphs;  // never destroyed: calls may come from atexit handlers
@@ -265,6 +294,10 @@ void Flatten(const GuestGraph& g, GuestExec* e, bool top) {
     if (top) e->order.push_back(n.get());
     if (n->type == CU_GRAPH_NODE_TYPE_GRAPH) {
       Flatten(*n->child, e, false);
+    } else if (n->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) {
+      e->mem_allocs.push_back(n->mem);
+    } else if (n->type == CU_GRAPH_NODE_TYPE_MEM_FREE) {
+      e->mem_frees.push_back(n->mem);
     } else if (n->type != CU_GRAPH_NODE_TYPE_EMPTY) {
       e->index[n.get()] = e->frames.size();
       e->frames.push_back(Frame{n->op, n->payload, n->stream_offset, n->host, n->copy});
@@ -348,6 +381,88 @@ bool CaptureNode(uint64_t stream, CUresult* result, Make make) noexcept {
   return true;
 }
 
+// ---- Graph memory (the header says how it lives) ------------------------------------------------
+// The device's graph-memory figures after a change (CUgraphMem_attribute order: used, used high,
+// reserved, reserved high). Orion holds a graph allocation from its node's creation, so what is
+// used and what is reserved are the same bytes. Requires the lock.
+void UpdateMemFigures(int device) {
+  uint64_t held = 0;
+  for (const auto& [d, m] : G().mem)
+    if (m->device == device) held += m->bytes;
+  auto& f = G().mem_figures[device];
+  f[0] = f[2] = held;
+  f[1] = std::max(f[1], held);
+  f[3] = std::max(f[3], held);
+}
+// Frees `m`'s memory when nothing holds it any more and it is not allocated: its address goes to
+// `to_free` (FreeGraphMemory frees it without the lock). Requires the lock.
+void MaybeRelease(const std::shared_ptr<GraphMem>& m, std::vector<uint64_t>* to_free) {
+  if (m->holders > 0 || m->live || m->released) return;
+  m->released = true;
+  G().mem.erase(m->dptr);
+  UpdateMemFigures(m->device);
+  to_free->push_back(m->dptr);
+}
+void DropMem(const std::shared_ptr<GraphMem>& m, std::vector<uint64_t>* to_free) {  // requires the lock
+  --m->holders;
+  MaybeRelease(m, to_free);
+}
+void FreeGraphMemory(const std::vector<uint64_t>& dptrs) {  // without the lock
+  for (const uint64_t d : dptrs) {
+    if (!S().mirror.RemoveDevice(d, nullptr)) continue;
+    MemFreeReq q{d};
+    if (CUresult r = Client::Get().Call(Op::kMemFree, &q, sizeof q); r != CUDA_SUCCESS)
+      LogError("freeing a graph allocation failed: CUDA error " + std::to_string(static_cast<int>(r)));
+  }
+}
+// Whether graph `g` has a free node for `m`. Requires the lock.
+bool FreesIt(const GuestGraph& g, const GraphMem* m) {
+  return std::any_of(g.nodes.begin(), g.nodes.end(),
+                     [&](const auto& n) { return n->type == CU_GRAPH_NODE_TYPE_MEM_FREE && n->mem.get() == m; });
+}
+// Checks allocation-node parameters (one device's pinned memory, read-write access for it alone).
+CUresult CheckMemAllocParams(const CUDA_MEM_ALLOC_NODE_PARAMS* p) {
+  if (p == nullptr || p->bytesize == 0 || p->poolProps.allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
+      p->poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+      (p->accessDescCount != 0 && p->accessDescs == nullptr))
+    return CUDA_ERROR_INVALID_VALUE;
+  if (p->poolProps.location.id < 0 || static_cast<size_t>(p->poolProps.location.id) >= Client::Get().devices().size())
+    return CUDA_ERROR_INVALID_DEVICE;
+  if (p->poolProps.handleTypes != CU_MEM_HANDLE_TYPE_NONE) return CUDA_ERROR_INVALID_VALUE;  // CUDA: IPC is not
+  for (size_t i = 0; i < p->accessDescCount; ++i) {
+    const CUmemAccessDesc& a = p->accessDescs[i];
+    if (a.location.type != CU_MEM_LOCATION_TYPE_DEVICE || a.location.id != p->poolProps.location.id ||
+        a.flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
+      LogWarn("a graph allocation with peer access is not supported by Orion");
+      return CUDA_ERROR_NOT_SUPPORTED;
+    }
+  }
+  if (p->poolProps.location.id != CurrentCtx()->device) {
+    LogWarn("a graph allocation on a device other than the current context's is not supported by Orion");
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  return CUDA_SUCCESS;
+}
+// Makes the allocation of a new allocation node (on the current context, without the lock).
+CUresult NewGraphMem(uint64_t bytes, std::shared_ptr<GraphMem>* out) {
+  auto m = std::make_shared<GraphMem>();
+  CUdeviceptr d = 0;
+  if (CUresult r = cuMemAlloc_v2(&d, bytes); r != CUDA_SUCCESS) return r;
+  m->dptr = d;
+  m->bytes = bytes;
+  m->device = CurrentCtx()->device;
+  m->holders = 1;  // its node's graph
+  *out = std::move(m);
+  return CUDA_SUCCESS;
+}
+// Records `m`, the allocation of a new allocation node of `g`. Requires the lock.
+void RegisterMem(GuestGraph* g, const std::shared_ptr<GraphMem>& m) {
+  m->graph = g;
+  G().mem[m->dptr] = m;
+  g->has_mem_nodes = true;
+  UpdateMemFigures(m->device);
+}
+
 }  // namespace
 
 // ---- Hooks used by the direct calls (state.h) ----------------------------------------------------
@@ -390,6 +505,126 @@ bool CaptureRefuse(uint64_t stream, const char* what, CUresult* result) noexcept
   Invalidate(c.get(), what);
   *result = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   return true;
+}
+
+bool CaptureMemAlloc(uint64_t stream, uint64_t bytes, bool default_pool, CUdeviceptr* dptr, CUresult* result) noexcept {
+  HostFuncGate(stream);
+  if (!CaptureActive()) return false;
+  {
+    std::lock_guard l(G().mu);
+    auto c = CaptureOf(stream);
+    if (c == nullptr) return false;
+    if (c->invalidated) {
+      *result = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+      return true;
+    }
+    if (!default_pool) {
+      Invalidate(c.get(), "an allocation from a memory pool other than the device's default");
+      *result = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+      return true;
+    }
+  }
+  std::shared_ptr<GraphMem> m;
+  try {
+    *result = NewGraphMem(bytes, &m);
+  } catch (const std::bad_alloc&) {
+    *result = CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  if (*result != CUDA_SUCCESS) {
+    CaptureFailed(stream, "a stream-ordered allocation");
+    return true;
+  }
+  std::vector<uint64_t> to_free;
+  {
+    std::lock_guard l(G().mu);
+    auto c = CaptureOf(stream);
+    if (c == nullptr || c->invalidated) {  // the capture ended or failed meanwhile
+      *result = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+      to_free.push_back(m->dptr);
+    } else {
+      auto node = std::make_unique<GraphNode>();
+      node->type = CU_GRAPH_NODE_TYPE_MEM_ALLOC;
+      node->mem = m;
+      *result = AppendCaptured(c.get(), stream, std::move(node));
+      if (*result == CUDA_SUCCESS) {
+        RegisterMem(c->graph, m);
+        *dptr = m->dptr;
+      } else {
+        to_free.push_back(m->dptr);
+      }
+    }
+  }
+  FreeGraphMemory(to_free);
+  return true;
+}
+
+bool CaptureMemFree(uint64_t stream, uint64_t dptr, CUresult* result) noexcept {
+  HostFuncGate(stream);
+  if (!CaptureActive()) return false;
+  std::lock_guard l(G().mu);
+  auto c = CaptureOf(stream);
+  if (c == nullptr) return false;
+  if (c->invalidated) {
+    *result = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    return true;
+  }
+  auto it = G().mem.find(dptr);
+  if (it == G().mem.end()) {
+    Invalidate(c.get(), "a stream-ordered free of memory no graph allocated");
+    *result = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    return true;
+  }
+  const std::shared_ptr<GraphMem> m = it->second;
+  if (FreesIt(*c->graph, m.get()) || (m->freed_in_graph && m->graph != c->graph)) {
+    *result = CUDA_ERROR_INVALID_VALUE;  // CUDA: freed once, and only in its own graph when it frees it
+    return true;
+  }
+  auto node = std::make_unique<GraphNode>();
+  node->type = CU_GRAPH_NODE_TYPE_MEM_FREE;
+  node->mem = m;
+  *result = AppendCaptured(c.get(), stream, std::move(node));
+  if (*result == CUDA_SUCCESS) {
+    c->graph->has_mem_nodes = true;
+    if (m->graph == c->graph) m->freed_in_graph = true;
+  }
+  return true;
+}
+
+bool GraphMemFree(uint64_t dptr, CUresult* result) noexcept {
+  std::vector<uint64_t> to_free;
+  {
+    std::lock_guard l(G().mu);
+    auto it = G().mem.find(dptr);
+    if (it == G().mem.end()) return false;
+    const std::shared_ptr<GraphMem> m = it->second;
+    if (m->freed_in_graph || !m->live) {
+      // CUDA: an allocation its own graph frees is freed nowhere else; one not allocated is no
+      // allocation to free.
+      *result = CUDA_ERROR_INVALID_VALUE;
+      return true;
+    }
+    m->live = false;
+    MaybeRelease(m, &to_free);
+  }
+  FreeGraphMemory(to_free);
+  *result = CUDA_SUCCESS;
+  return true;
+}
+
+CUresult GraphMemAttribute(int device, int attr, uint64_t* value, bool reset) noexcept {
+  if (attr < CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT || attr > CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH)
+    return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard l(G().mu);
+  auto& f = G().mem_figures[device];
+  if (reset) {  // only the high watermarks, and only to 0 (then they are the current figure)
+    if ((attr != CU_GRAPH_MEM_ATTR_USED_MEM_HIGH && attr != CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH) || *value != 0)
+      return CUDA_ERROR_INVALID_VALUE;
+    f[attr] = 0;
+    UpdateMemFigures(device);
+    return CUDA_SUCCESS;
+  }
+  *value = f[attr];
+  return CUDA_SUCCESS;
 }
 
 bool CaptureHostFunc(uint64_t stream, CUhostFn fn, void* data, CUresult* result) noexcept {
@@ -584,9 +819,16 @@ CUresult Instantiate(CUgraphExec* out, CUgraph hg, unsigned long long flags) {
   GuestGraph* g = AsGraph(hg);
   if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (G().execs.size() >= kMaxGraphs) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (g->has_mem_nodes &&
+      std::any_of(G().execs.begin(), G().execs.end(), [g](const GuestExec* x) { return x->source == g; })) {
+    LogWarn("cuGraphInstantiate: a graph with memory nodes has one instantiation at a time (CUDA)");
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   auto* e = new GuestExec;
   e->flags = flags;
+  e->source = g;
   Flatten(*g, e, true);
+  for (const auto& m : e->mem_allocs) ++m->holders;
   G().execs.insert(e);
   *out = reinterpret_cast<CUgraphExec>(e);
   return CUDA_SUCCESS;
@@ -629,6 +871,27 @@ void BuildPlan(GuestExec* e) {
   e->dirty = false;
 }
 
+// A launch's effect on its graph allocations: each allocation node's becomes allocated (refused
+// while still allocated from the launch before, unless AUTO_FREE_ON_LAUNCH frees it first) and
+// each free node's becomes free. Requires the lock.
+CUresult LaunchGraphMemory(GuestExec* e) {
+  const bool auto_free = (e->flags & CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH) != 0;
+  for (const auto& m : e->mem_allocs) {
+    if (m->live && !auto_free) {
+      LogWarn("cuGraphLaunch: the graph's allocation at " + std::to_string(m->dptr) +
+              " is still allocated from its last launch (free it first, or instantiate with AUTO_FREE_ON_LAUNCH)");
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+  }
+  for (const auto& m : e->mem_frees) {
+    const bool here = std::find(e->mem_allocs.begin(), e->mem_allocs.end(), m) != e->mem_allocs.end();
+    if (m->released || (!m->live && !here)) return CUDA_ERROR_INVALID_VALUE;  // nothing allocated to free
+  }
+  for (const auto& m : e->mem_allocs) m->live = true;
+  for (const auto& m : e->mem_frees) m->live = false;
+  return CUDA_SUCCESS;
+}
+
 CUresult LaunchGraph(CUgraphExec he, CUstream hs) {
   if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
   uint64_t sid = 0;
@@ -636,12 +899,15 @@ CUresult LaunchGraph(CUgraphExec he, CUstream hs) {
   if (CaptureActive()) {
     // Launched into a capturing stream: every frame becomes a node of that capture.
     std::vector<Frame> frames;
+    bool mem_nodes = false;
     {
       std::lock_guard l(G().mu);
       GuestExec* e = AsExec(he);
       if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
       frames = e->frames;
+      mem_nodes = !e->mem_allocs.empty() || !e->mem_frees.empty();
     }
+    if (CUresult r; mem_nodes && CaptureRefuse(sid, "a graph with memory nodes launched into a capture", &r)) return r;
     // The first frame tells whether the launch stream is capturing (recorded) or not (sent below).
     bool captured = false;
     for (Frame& f : frames) {
@@ -668,6 +934,7 @@ CUresult LaunchGraph(CUgraphExec he, CUstream hs) {
     std::lock_guard l(G().mu);
     GuestExec* e = AsExec(he);
     if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult r = LaunchGraphMemory(e); r != CUDA_SUCCESS) return r;
     if (e->dirty) BuildPlan(e);
     plan = e->plan;
   }
@@ -798,14 +1065,26 @@ ORION_EXPORT CUresult CUDAAPI cuGraphCreate(CUgraph* graph, unsigned int flags) 
 
 ORION_EXPORT CUresult CUDAAPI cuGraphDestroy(CUgraph hg) {
   ORION_API(cuGraphDestroy);
-  std::lock_guard l(G().mu);
+  std::unique_lock l(G().mu);
   GuestGraph* g = AsGraph(hg);
   if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (g->child) return CUDA_ERROR_INVALID_VALUE;  // a child graph node's copy belongs to its node
   for (auto& [s, c] : G().capturing)
     if (c->graph == g) return CUDA_ERROR_ILLEGAL_STATE;  // still being captured into
+  std::vector<uint64_t> to_free;
+  if (g->has_mem_nodes) {
+    for (GuestExec* e : G().execs)
+      if (e->source == g) e->source = nullptr;
+    for (auto& n : g->nodes) {
+      if (n->type != CU_GRAPH_NODE_TYPE_MEM_ALLOC) continue;
+      n->mem->graph = nullptr;
+      DropMem(n->mem, &to_free);
+    }
+  }
   Unregister(g);
   delete g;
+  l.unlock();
+  FreeGraphMemory(to_free);
   return CUDA_SUCCESS;
 }
 
@@ -814,7 +1093,7 @@ ORION_EXPORT CUresult CUDAAPI cuGraphClone(CUgraph* out, CUgraph hg) {
   if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
   std::lock_guard l(G().mu);
   GuestGraph* g = AsGraph(hg);
-  if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (g == nullptr || g->has_mem_nodes) return CUDA_ERROR_INVALID_VALUE;  // CUDA: no clone with memory nodes
   if (G().graphs.size() >= kMaxGraphs) return CUDA_ERROR_OUT_OF_MEMORY;
   std::map<const GraphNode*, GraphNode*> map;
   GuestGraph* c = Clone(*g, &map).release();
@@ -1062,8 +1341,8 @@ ORION_EXPORT CUresult CUDAAPI cuGraphAddEventWaitNode(CUgraphNode* out, CUgraph 
 
 // cuGraphAddNode (CUDA 12.2) and cuGraphAddNode_v2 (12.3, with edge data): one entry point for
 // every node type, served by the type's own cuGraphAdd*Node. Edges must be plain full-completion
-// dependencies (all-zero CUgraphEdgeData); the node types Orion does not build here (memory
-// allocation and free, external semaphores, batch memory operations, conditional) are refused.
+// dependencies (all-zero CUgraphEdgeData); the node types Orion does not build here (external
+// semaphores, batch memory operations, conditional) are refused.
 static CUresult AddNodeOfParams(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps, const CUgraphEdgeData* edges,
                                 size_t n, CUgraphNodeParams* p) {
   if (out == nullptr || p == nullptr || (deps == nullptr && n != 0)) return CUDA_ERROR_INVALID_VALUE;
@@ -1114,6 +1393,15 @@ static CUresult AddNodeOfParams(CUgraphNode* out, CUgraph hg, const CUgraphNode*
         return CUDA_ERROR_NOT_SUPPORTED;
       }
       return cuGraphAddChildGraphNode(out, hg, deps, n, p->graph.graph);
+    case CU_GRAPH_NODE_TYPE_MEM_ALLOC: {
+      static_assert(sizeof(CUDA_MEM_ALLOC_NODE_PARAMS_v2) == sizeof(CUDA_MEM_ALLOC_NODE_PARAMS), "same fields");
+      CUDA_MEM_ALLOC_NODE_PARAMS v1{};
+      std::memcpy(&v1, &p->alloc, sizeof v1);
+      const CUresult r = cuGraphAddMemAllocNode(out, hg, deps, n, &v1);
+      p->alloc.dptr = v1.dptr;
+      return r;
+    }
+    case CU_GRAPH_NODE_TYPE_MEM_FREE: return cuGraphAddMemFreeNode(out, hg, deps, n, p->free.dptr);
     case CU_GRAPH_NODE_TYPE_EVENT_RECORD: return cuGraphAddEventRecordNode(out, hg, deps, n, p->eventRecord.event);
     case CU_GRAPH_NODE_TYPE_WAIT_EVENT: return cuGraphAddEventWaitNode(out, hg, deps, n, p->eventWait.event);
     default: {
@@ -1138,6 +1426,82 @@ ORION_EXPORT CUresult CUDAAPI cuGraphAddNode_v2(CUgraphNode* out, CUgraph hg, co
   return AddNodeOfParams(out, hg, deps, edges, n, p);
 }
 
+ORION_EXPORT CUresult CUDAAPI cuGraphAddMemAllocNode(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps, size_t n,
+                                                     CUDA_MEM_ALLOC_NODE_PARAMS* p) {
+  ORION_API(cuGraphAddMemAllocNode);
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  if (CUresult r = CheckMemAllocParams(p); r != CUDA_SUCCESS) return r;
+  {
+    std::lock_guard l(G().mu);
+    GuestGraph* g = AsGraph(hg);
+    if (g == nullptr || g->child) return CUDA_ERROR_INVALID_VALUE;
+  }
+  std::shared_ptr<GraphMem> m;
+  if (CUresult r = NewGraphMem(p->bytesize, &m); r != CUDA_SUCCESS) return r;
+  auto node = std::make_unique<GraphNode>();
+  node->type = CU_GRAPH_NODE_TYPE_MEM_ALLOC;
+  node->mem = m;
+  CUresult r = CUDA_SUCCESS;
+  {
+    std::lock_guard l(G().mu);
+    GuestGraph* g = AsGraph(hg);  // again: the graph may be gone meanwhile
+    r = g == nullptr || g->child ? CUDA_ERROR_INVALID_VALUE : AddNode(g, deps, n, std::move(node), out);
+    if (r == CUDA_SUCCESS) RegisterMem(g, m);
+  }
+  if (r != CUDA_SUCCESS) {
+    FreeGraphMemory({m->dptr});
+    return r;
+  }
+  p->dptr = m->dptr;
+  return CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuGraphAddMemFreeNode(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps, size_t n,
+                                                    CUdeviceptr dptr) {
+  ORION_API(cuGraphAddMemFreeNode);
+  if (out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard l(G().mu);
+  GuestGraph* g = AsGraph(hg);
+  auto it = G().mem.find(dptr);
+  if (g == nullptr || g->child || it == G().mem.end()) return CUDA_ERROR_INVALID_VALUE;
+  const std::shared_ptr<GraphMem> m = it->second;
+  // CUDA: an allocation is freed once in a graph, and only in its own graph when that graph frees it.
+  if (FreesIt(*g, m.get()) || (m->freed_in_graph && m->graph != g)) return CUDA_ERROR_INVALID_VALUE;
+  auto node = std::make_unique<GraphNode>();
+  node->type = CU_GRAPH_NODE_TYPE_MEM_FREE;
+  node->mem = m;
+  if (CUresult r = AddNode(g, deps, n, std::move(node), out); r != CUDA_SUCCESS) return r;
+  g->has_mem_nodes = true;
+  if (m->graph == g) m->freed_in_graph = true;
+  return CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuGraphMemAllocNodeGetParams(CUgraphNode hn, CUDA_MEM_ALLOC_NODE_PARAMS* p) {
+  ORION_API(cuGraphMemAllocNodeGetParams);
+  if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard l(G().mu);
+  GraphNode* n = AsNode(hn);
+  if (n == nullptr || n->type != CU_GRAPH_NODE_TYPE_MEM_ALLOC) return CUDA_ERROR_INVALID_VALUE;
+  *p = CUDA_MEM_ALLOC_NODE_PARAMS{};
+  p->poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  p->poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  p->poolProps.location.id = n->mem->device;
+  p->bytesize = n->mem->bytes;
+  p->dptr = n->mem->dptr;
+  return CUDA_SUCCESS;
+}
+
+ORION_EXPORT CUresult CUDAAPI cuGraphMemFreeNodeGetParams(CUgraphNode hn, CUdeviceptr* dptr) {
+  ORION_API(cuGraphMemFreeNodeGetParams);
+  if (dptr == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard l(G().mu);
+  GraphNode* n = AsNode(hn);
+  if (n == nullptr || n->type != CU_GRAPH_NODE_TYPE_MEM_FREE) return CUDA_ERROR_INVALID_VALUE;
+  *dptr = n->mem->dptr;
+  return CUDA_SUCCESS;
+}
+
 ORION_EXPORT CUresult CUDAAPI cuGraphAddChildGraphNode(CUgraphNode* out, CUgraph hg, const CUgraphNode* deps, size_t n,
                                                        CUgraph child) {
   ORION_API(cuGraphAddChildGraphNode);
@@ -1145,7 +1509,8 @@ ORION_EXPORT CUresult CUDAAPI cuGraphAddChildGraphNode(CUgraphNode* out, CUgraph
   std::lock_guard l(G().mu);
   GuestGraph* g = AsGraph(hg);
   GuestGraph* c = AsGraph(child);
-  if (g == nullptr || g->child || c == nullptr || g == c) return CUDA_ERROR_INVALID_VALUE;
+  // CUDA: a graph with memory nodes is a child only when moved into its parent (not served here).
+  if (g == nullptr || g->child || c == nullptr || g == c || c->has_mem_nodes) return CUDA_ERROR_INVALID_VALUE;
   auto node = std::make_unique<GraphNode>();
   node->type = CU_GRAPH_NODE_TYPE_GRAPH;
   std::map<const GraphNode*, GraphNode*> map;
@@ -1268,11 +1633,15 @@ ORION_EXPORT CUresult CUDAAPI cuGraphExecGetFlags(CUgraphExec he, cuuint64_t* fl
 
 ORION_EXPORT CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec he) {
   ORION_API(cuGraphExecDestroy);
-  std::lock_guard l(G().mu);
+  std::unique_lock l(G().mu);
   GuestExec* e = AsExec(he);
   if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::vector<uint64_t> to_free;
+  for (const auto& m : e->mem_allocs) DropMem(m, &to_free);
   G().execs.erase(e);
   delete e;
+  l.unlock();
+  FreeGraphMemory(to_free);
   return CUDA_SUCCESS;
 }
 
@@ -1318,6 +1687,8 @@ ORION_EXPORT CUresult CUDAAPI cuGraphExecUpdate_v2(CUgraphExec he, CUgraph hg, C
     }
     return CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
   };
+  if (g->has_mem_nodes || !e->mem_allocs.empty() || !e->mem_frees.empty())
+    return fail(CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED, nullptr);  // memory nodes: not updated here
   if (fresh.order.size() != e->order.size() || fresh.frames.size() != e->frames.size())
     return fail(CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED, nullptr);
   for (size_t i = 0; i < fresh.order.size(); ++i) {

@@ -230,6 +230,16 @@ void CaptureFailed(uint64_t stream, const std::string& what) noexcept;
 // from host memory, a stream-ordered allocation): the capture is invalidated, as CUDA does with
 // operations not permitted in capture; *result = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED.
 bool CaptureRefuse(uint64_t stream, const char* what, CUresult* result) noexcept;
+// cuMemAllocAsync / cuMemFreeAsync on a capturing stream: a memory-allocation node (*dptr is its
+// fixed address) or a memory-free node of the capture (true, *result set). An allocation from a
+// pool other than the default, or a free of memory no graph allocated, invalidates the capture.
+bool CaptureMemAlloc(uint64_t stream, uint64_t bytes, bool default_pool, CUdeviceptr* dptr, CUresult* result) noexcept;
+bool CaptureMemFree(uint64_t stream, uint64_t dptr, CUresult* result) noexcept;
+// cuMemFree / cuMemFreeAsync of a graph allocation (true, *result set): it is marked free, its
+// memory kept for the graph's next launch; false when `dptr` is no graph allocation.
+bool GraphMemFree(uint64_t dptr, CUresult* result) noexcept;
+// cuDeviceGetGraphMemAttribute (reset false) and cuDeviceSetGraphMemAttribute (reset true).
+CUresult GraphMemAttribute(int device, int attr, uint64_t* value, bool reset) noexcept;
 // cuLaunchHostFunc on a capturing stream: a host node of the capture (true, *result set).
 bool CaptureHostFunc(uint64_t stream, CUhostFn fn, void* data, CUresult* result) noexcept;
 // A copy to or from host memory (pageable or pinned; 1D, 2D or 3D, no array side) on a capturing

@@ -351,14 +351,19 @@ int main() {
     CUDA_OK(cudaGraphLaunch(ne, s));
     CUDA_OK(cudaStreamSynchronize(s));
     ot::check_kernel("add_node_memset_then_kernel", All(Get(y), 7, &why), why);
-    // A node type Orion does not build here (a memory allocation node) is refused.
+    // A memory allocation node: its fixed address comes back in the parameters (graph_mem.cu has more).
     cudaGraphNodeParams ap{};
     ap.type = cudaGraphNodeTypeMemAlloc;
     ap.alloc.poolProps.allocType = cudaMemAllocationTypePinned;
     ap.alloc.poolProps.location.type = cudaMemLocationTypeDevice;
     ap.alloc.bytesize = 1 << 20;
-    ot::check("add_node_mem_alloc_refused",
-              cudaGraphAddNode(&an, ng, nullptr, nullptr, 0, &ap) == cudaErrorNotSupported);
+    ot::check("add_node_mem_alloc",
+              cudaGraphAddNode(&an, ng, nullptr, nullptr, 0, &ap) == cudaSuccess && ap.alloc.dptr != nullptr);
+    // A node type Orion does not build here (an external semaphore signal) is refused.
+    cudaGraphNodeParams sp{};
+    sp.type = cudaGraphNodeTypeExtSemaphoreSignal;
+    ot::check("add_node_semaphore_signal_refused",
+              cudaGraphAddNode(&an, ng, nullptr, nullptr, 0, &sp) == cudaErrorNotSupported);
     cudaGetLastError();
     CUDA_OK(cudaGraphExecDestroy(ne));
     CUDA_OK(cudaGraphDestroy(ng));
