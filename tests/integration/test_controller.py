@@ -907,6 +907,51 @@ def test_per_key_limits_and_pending_allocations_expire(tmp_path):
         ctl.stop()
 
 
+VGPU_LIMIT = re.compile(r"this key holds (\d+) vGPUs; (\d+) more would pass its limit \(max_vgpus_per_key (\d+)\)")
+GMEM_LIMIT = re.compile(r"this key holds (\d+) MiB of GPU memory; (\d+) MiB more would pass its limit "
+                        r"\(max_gmem_mib_per_key (\d+)\)")
+
+
+def test_per_key_limits_on_vgpus_and_memory(tmp_path):
+    # Issue #22 item 4: within max_allocations_per_key, one key could still take the whole pool with
+    # allocations of many vGPUs it never used.
+    ctl = Controller(tmp_path, keys=True, extra="max_vgpus_per_key: 3\nmax_gmem_mib_per_key: 5000\n")
+    try:
+        fake_server(ctl)  # 8 vGPUs of 4096 MiB
+
+        def alloc(key, **body):
+            return ctl.call("POST", "/v1/allocations", body, key=key)
+
+        code, first = alloc(CLIENT, vgpus=2, gmem_mib=1000)
+        assert code == 201, first
+        code, body = alloc(CLIENT, vgpus=2, gmem_mib=100)
+        m = VGPU_LIMIT.fullmatch(body.get("message", "").removesuffix("; release some first"))
+        assert code == 429 and m and tuple(map(int, m.groups())) == (2, 2, 3), (code, body)
+        code, body = alloc(CLIENT, vgpus=1, gmem_mib=3500)
+        m = GMEM_LIMIT.fullmatch(body.get("message", "").removesuffix("; release some first"))
+        assert code == 429 and m and tuple(map(int, m.groups())) == (2000, 3500, 5000), (code, body)
+        # The default size (a GPU's share: 4096 MiB) counts.
+        code, body = alloc(CLIENT, vgpus=1)
+        m = GMEM_LIMIT.fullmatch(body.get("message", "").removesuffix("; release some first"))
+        assert code == 429 and m and tuple(map(int, m.groups())) == (2000, 4096, 5000), (code, body)
+        # Nothing was placed by the refusals; another key has its own budget.
+        assert ctl.get("/v1/status", key=ADMIN)["vgpus_used"] == 2
+        code, other = alloc(CLIENT2, vgpus=3, gmem_mib=1000)
+        assert code == 201, other
+        # Up to both limits exactly, then nothing more.
+        code, last = alloc(CLIENT, vgpus=1, gmem_mib=3000)
+        assert code == 201, last
+        assert ctl.get("/v1/status", key=ADMIN)["vgpus_used"] == 6
+        code, body = alloc(CLIENT, vgpus=1, gmem_mib=1)
+        assert code == 429 and VGPU_LIMIT.match(body["message"]), (code, body)
+        # A release gives its share back.
+        assert ctl.call("DELETE", f"/v1/allocations/{first['id']}", key=CLIENT)[0] == 200
+        code, again = alloc(CLIENT, vgpus=2, gmem_mib=1000)
+        assert code == 201 and again["vgpus"] == 2 and again["gmem_mib"] == 1000, again
+    finally:
+        ctl.stop()
+
+
 def test_a_paused_controller_does_not_expire_live_sessions(tmp_path):
     # Issue #11 item 6: after a SIGSTOP longer than the lease (2 s here) the controller expired live
     # allocations before the server's next heartbeat, and oriond ended them (the heartbeat reply
