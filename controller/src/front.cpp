@@ -147,6 +147,7 @@ class FrontServer::Front {
     size_t lingered = 0;  // bytes dropped while lingering
     bool started = false;
     bool close_after = false;
+    bool gone = false;  // hung up while busy (no longer in the epoll set)
     std::string out;
     size_t out_pos = 0;
     Clock::time_point deadline;
@@ -248,6 +249,10 @@ bool FrontServer::Front::Serve(int listen_fd) {
           auto it = conns_.find(d.fd);
           if (it == conns_.end() || it->second.gen != d.gen) continue;
           Conn& c = it->second;
+          if (c.gone) {
+            Close(c.fd);
+            continue;
+          }
           ReleaseBody(c);
           c.out = std::move(d.reply);
           c.out_pos = 0;
@@ -265,9 +270,16 @@ bool FrontServer::Front::Serve(int listen_fd) {
       auto it = conns_.find(fd);
       if (it == conns_.end()) continue;
       Conn& c = it->second;
-      if (c.state == State::kWriting) {
+      if (c.state == State::kBusy) {
+        // Gone while its route runs: stop listening (a hang-up is reported until the close);
+        // the reply is dropped when it comes.
+        if (evs[i].events & (EPOLLHUP | EPOLLERR)) {
+          epoll_ctl(ep_, EPOLL_CTL_DEL, fd, nullptr);
+          c.gone = true;
+        }
+      } else if (c.state == State::kWriting) {
         if (evs[i].events & (EPOLLOUT | EPOLLERR | EPOLLHUP)) OnWritable(c);
-      } else if (c.state == State::kLinger || (c.state != State::kBusy && !stopping)) {
+      } else if (c.state == State::kLinger || !stopping) {
         OnReadable(c);
       }
     }
