@@ -67,6 +67,14 @@ Result<ControllerConfig> ParseControllerConfig(const std::string& text, const st
         const int64_t n = v.as<int64_t>();
         if (n < 1 || n > 1000000) return bad(key, "must be 1..1000000");
         c.service.max_allocations_per_key = static_cast<uint32_t>(n);
+      } else if (key == "max_vgpus_per_key") {
+        const int64_t n = v.as<int64_t>();
+        if (n < 0 || n > 1000000) return bad(key, "must be 0 (no limit)..1000000");
+        c.service.max_vgpus_per_key = static_cast<uint32_t>(n);
+      } else if (key == "max_gmem_mib_per_key") {
+        const int64_t n = v.as<int64_t>();
+        if (n < 0 || n > (int64_t{1} << 40)) return bad(key, "must be 0 (no limit) or a number of MiB");
+        c.service.max_gmem_mib_per_key = static_cast<uint64_t>(n);
       } else if (key == "log_file") {
         c.log_file = v.IsNull() ? "" : v.as<std::string>();
       } else if (key == "authentication") {

@@ -8,6 +8,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -16,12 +17,14 @@
 #include <cstring>
 #include <thread>
 
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 
 #include "orion/controller/client.h"
 #include "orion/controller/config.h"
 #include "orion/controller/service.h"
+#include "front.h"
 #include "rest.h"
 
 namespace oc = orion::controller;
@@ -29,14 +32,29 @@ using orion::Code;
 
 namespace {
 
-std::atomic<httplib::Server*> g_server{nullptr};
+std::atomic<oc::FrontServer*> g_server{nullptr};
 
 // The sweeper's period, and the gap after which it treats the controller as having been away.
 constexpr int kSweepPeriodMs = 200;
 constexpr uint64_t kClockGapMs = 10 * kSweepPeriodMs;
 
 void OnSignal(int) {
-  if (httplib::Server* s = g_server.load()) s->stop();
+  if (oc::FrontServer* s = g_server.load()) s->Stop();  // an eventfd write: async-signal-safe
+}
+
+// Connections the front keeps open at once: 4096, or fewer if the descriptor limit (raised to its
+// hard limit first) leaves less room beside the store's own descriptors.
+size_t MaxConnections() {
+  rlimit r{};
+  if (getrlimit(RLIMIT_NOFILE, &r) != 0) return 256;
+  if (r.rlim_cur < r.rlim_max) {
+    r.rlim_cur = r.rlim_max;
+    (void)setrlimit(RLIMIT_NOFILE, &r);
+    (void)getrlimit(RLIMIT_NOFILE, &r);
+  }
+  constexpr rlim_t kReserved = 256;  // SQLite, etcd connections, logs
+  if (r.rlim_cur <= 2 * kReserved) return 256;
+  return static_cast<size_t>(std::min<rlim_t>(4096, r.rlim_cur - kReserved));
 }
 
 // orion-controller migrate: copies servers, allocations and assignments; prints what it did.
@@ -131,10 +149,14 @@ static int Main(int argc, char** argv) {
         cfg->listen);
   }
   auto api = oc::MakeRestApi(*cfg, std::move(*svc), log);
-  httplib::Server server;
-  server.new_task_queue = [] { return new httplib::ThreadPool(32); };
-  server.set_keep_alive_max_count(1000);
-  server.set_read_timeout(10, 0);
+  // The front reads every connection on one thread, bounded (front.h): an idle or slow connection
+  // never holds a route's thread, and a body is kept only after its head passed PreRouting.
+  oc::FrontLimits limits;
+  limits.max_body_bytes = oc::kMaxBodyBytes;
+  limits.max_connections = MaxConnections();
+  oc::FrontServer server(limits, [&api](const httplib::Request& head, httplib::Response& res) {
+    return api->PreRouting(head, res) == httplib::Server::HandlerResponse::Handled;
+  });
   server.set_payload_max_length(oc::kMaxBodyBytes);
   api->Install(server);
   // cpp-httplib listens with a backlog of 5: a burst of clients (each request is a fresh
@@ -175,11 +197,12 @@ static int Main(int argc, char** argv) {
             cfg->listen, api->service().store().kind(), api->service().store().where(),
             sum["policy"].get<std::string>(), sum["servers"].get<size_t>(), sum["allocations"].get<size_t>(),
             sum["assignments"].get<size_t>());
-  server.listen_after_bind();
+  const bool served = server.Serve(listen_fd);
+  if (!served) log->error("the connection front cannot start: {}", std::strerror(errno));
   stop = true;
   sweeper.join();
   log->info("Orion Controller stops");
-  return 0;
+  return served ? 0 : 1;
 }
 
 // Whatever escapes (a failed allocation, a library's exception) ends the program with its reason,

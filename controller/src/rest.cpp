@@ -111,8 +111,9 @@ class Api final : public RestApi {
     Routes(s);
   }
   void Routes(httplib::Server& s);
-  // Before httplib reads a body: an unknown key is answered 401 at once (its body is never read).
-  httplib::Server::HandlerResponse PreRouting(const httplib::Request& req, httplib::Response& res) {
+  // Before a body is read (the front runs it on the head; httplib again before its routes): an
+  // unknown key is answered 401 at once (its body is never read).
+  httplib::Server::HandlerResponse PreRouting(const httplib::Request& req, httplib::Response& res) override {
     if (!cfg_.keys.empty() && req.path != "/v1/health") {
       std::string why;
       if (KeyRole(req, &why) == 0) {
@@ -121,8 +122,8 @@ class Api final : public RestApi {
         return httplib::Server::HandlerResponse::Handled;
       }
     }
-    // httplib would read (and discard) an oversize body before its 413: refuse it here unread.
-    // (A chunked body is cut off by set_payload_max_length as it arrives.)
+    // An oversize body is refused here unread. (A chunked body is cut off by the front as it
+    // arrives: cpp-httplib 0.11.4's set_payload_max_length does not bound one.)
     if (req.has_header("Content-Length")) {
       const std::string n = req.get_header_value("Content-Length");
       if (n.empty() || n.size() > 18 || n.find_first_not_of("0123456789") != std::string::npos ||

@@ -20,8 +20,9 @@
 namespace orion::controller {
 
 // The largest request body read (Content-Length or chunked): a register with 64 GPUs is ~20 KiB and
-// a heartbeat ~100 bytes per session, so this fits thousands of sessions; httplib answers 413 to
-// anything larger without reading it. Bodies of unknown keys are not read at all (pre-routing).
+// a heartbeat ~100 bytes per session, so this fits thousands of sessions. The front (front.h)
+// answers 413 to anything larger and keeps none of it; bodies of unknown keys are not read at all
+// (PreRouting, run by the front on the head).
 inline constexpr size_t kMaxBodyBytes = 256 * 1024;
 
 class RestApi {
@@ -30,6 +31,9 @@ class RestApi {
   // The pre-routing handler (keys, body size) and every route, on `server` (which must outlive
   // neither this nor its Service).
   virtual void Install(httplib::Server& server) = 0;
+  // The checks on a request's head (no body read yet): an unknown or missing key 401 (except
+  // /v1/health), a Content-Length over kMaxBodyBytes 413. Handled: answered in `res`.
+  virtual httplib::Server::HandlerResponse PreRouting(const httplib::Request& head, httplib::Response& res) = 0;
   virtual Service& service() = 0;
 };
 

@@ -778,9 +778,17 @@ Result<Json> Service::PlaceAndStore(const Json& body, const std::string& server,
                         "has expired; a new request needs a new request_id");
       }
     }
-    if (kind == "process" && caller.kind == Caller::Kind::kClient) {
+    // A client key's budget: live allocations, vGPUs across them, memory across them.
+    const bool limited = kind == "process" && caller.kind == Caller::Kind::kClient;
+    uint64_t held_vgpus = 0, held_mib = 0;
+    if (limited) {
       uint32_t held = 0;
-      for (const auto& [id, x] : allocs_) held += x.kind == "process" && x.owner == caller.owner;
+      for (const auto& [id, x] : allocs_) {
+        if (x.kind != "process" || x.owner != caller.owner) continue;
+        ++held;
+        held_vgpus += x.vgpus;
+        for (const Slot& sl : x.slots) held_mib += sl.gmem_mib;
+      }
       if (held >= opts_.max_allocations_per_key) {
         ++refusals_;
         store_->Revoke(lease);
@@ -788,12 +796,35 @@ Result<Json> Service::PlaceAndStore(const Json& body, const std::string& server,
                                              " live allocations, its limit (max_allocations_per_key " +
                                              std::to_string(opts_.max_allocations_per_key) + "); release one first");
       }
+      uint64_t vgpus = 0;
+      (void)UInt(body, "vgpus", kMaxVgpusPerRequest, 0, &vgpus);  // Place refuses a bad one
+      if (opts_.max_vgpus_per_key != 0 && held_vgpus + vgpus > opts_.max_vgpus_per_key) {
+        ++refusals_;
+        store_->Revoke(lease);
+        return Status(Code::kOutOfRange, "this key holds " + std::to_string(held_vgpus) + " vGPUs; " +
+                                             std::to_string(vgpus) + " more would pass its limit (max_vgpus_per_key " +
+                                             std::to_string(opts_.max_vgpus_per_key) + "); release some first");
+      }
     }
     auto a = Place(body, server, kind);
     if (!a.ok()) {
       ++refusals_;
       store_->Revoke(lease);
       return a.status();
+    }
+    if (limited && opts_.max_gmem_mib_per_key != 0) {
+      // After placement: a request for the default size (gmem_mib 0) has its size only now.
+      uint64_t mib = 0;
+      for (const Slot& sl : a->slots) mib += sl.gmem_mib;
+      if (held_mib + mib > opts_.max_gmem_mib_per_key) {
+        UnreserveLocked(*a);
+        ++refusals_;
+        store_->Revoke(lease);
+        return Status(Code::kOutOfRange, "this key holds " + std::to_string(held_mib) + " MiB of GPU memory; " +
+                                             std::to_string(mib) +
+                                             " MiB more would pass its limit (max_gmem_mib_per_key " +
+                                             std::to_string(opts_.max_gmem_mib_per_key) + "); release some first");
+      }
     }
     if (kind == "vm") {
       a->vm = vm;

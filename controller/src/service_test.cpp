@@ -455,6 +455,57 @@ TEST_F(ServiceTest, CheckpointsKeepTheWriteAheadLogBounded) {
   EXPECT_LT(std::filesystem::file_size(wal), uint64_t{20} << 20) << "2000 allocations, checkpointed every 200";
 }
 
+TEST_F(ServiceTest, PerKeyLimitsOnVgpusAndMemory) {
+  // Issue #22 item 4: a key within max_allocations_per_key could still hold the whole pool (a few
+  // allocations of many vGPUs each, never used). vGPUs and memory are bounded per key too.
+  opts_.max_vgpus_per_key = 5;
+  opts_.max_gmem_mib_per_key = 6000;
+  auto s = Open();
+  ASSERT_TRUE(s->RegisterServer("10.0.0.1:9960", TwoGpuServer("a")).ok());  // 8 vGPUs of 4096 MiB
+  const Caller alice{Caller::Kind::kClient, "key:aaaa", ""}, bob{Caller::Kind::kClient, "key:bbbb", ""};
+  auto a1 = s->Allocate(Req(4, 1000), "", alice);
+  ASSERT_TRUE(a1.ok()) << a1.status().ToString();
+  // 4 + 2 vGPUs > 5: refused, naming the limit and the numbers; nothing placed.
+  auto a2 = s->Allocate(Req(2, 100), "", alice);
+  ASSERT_FALSE(a2.ok());
+  EXPECT_EQ(a2.status().code(), Code::kOutOfRange);
+  EXPECT_EQ(a2.status().message(),
+            "this key holds 4 vGPUs; 2 more would pass its limit (max_vgpus_per_key 5); release some first");
+  EXPECT_EQ(s->Summary()["vgpus_used"], 4);
+  // 4000 + 1 x 2500 MiB > 6000: refused on memory though the vGPU fits.
+  auto a3 = s->Allocate(Req(1, 2500), "", alice);
+  ASSERT_FALSE(a3.ok());
+  EXPECT_EQ(a3.status().code(), Code::kOutOfRange);
+  EXPECT_EQ(a3.status().message(),
+            "this key holds 4000 MiB of GPU memory; 2500 MiB more would pass its limit (max_gmem_mib_per_key "
+            "6000); release some first");
+  // The default size (0: a GPU's share, 4096 MiB here) counts as placed.
+  auto a4 = s->Allocate(Req(1, 0), "", alice);
+  ASSERT_FALSE(a4.ok());
+  EXPECT_EQ(a4.status().code(), Code::kOutOfRange);
+  EXPECT_EQ(s->Summary()["vgpus_used"], 4);
+  // Within both: 5 vGPUs, 6000 MiB.
+  auto a5 = s->Allocate(Req(1, 2000), "", alice);
+  ASSERT_TRUE(a5.ok()) << a5.status().ToString();
+  // Another key has its own budget; a server key (oriond, for its clients) and the admin none.
+  EXPECT_TRUE(s->Allocate(Req(2, 1000), "", bob).ok());
+  EXPECT_EQ(s->Allocate(Req(1, 100), "", alice).status().code(), Code::kOutOfRange);
+  // A release gives the budget back.
+  ASSERT_TRUE(s->Release((*a1)["id"], "test", alice).ok());
+  auto a6 = s->Allocate(Req(4, 1000), "", alice);
+  ASSERT_TRUE(a6.ok()) << a6.status().ToString();
+}
+
+TEST_F(ServiceTest, PerKeyVgpuAndMemoryLimitsOffAtZero) {
+  opts_.max_vgpus_per_key = 0;
+  opts_.max_gmem_mib_per_key = 0;
+  auto s = Open();
+  ASSERT_TRUE(s->RegisterServer("10.0.0.1:9960", TwoGpuServer("a", 16)).ok());
+  const Caller alice{Caller::Kind::kClient, "key:aaaa", ""};
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(s->Allocate(Req(8, 0), "", alice).ok()) << i;
+  EXPECT_EQ(s->Summary()["vgpus_used"], 32);
+}
+
 TEST(ControllerConfig, ParsesLimits) {
   auto c = ParseControllerConfig("max_allocations_per_key: 5\npending_confirm_s: 30\n", "t");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
@@ -462,6 +513,18 @@ TEST(ControllerConfig, ParsesLimits) {
   EXPECT_EQ(c->service.pending_ttl_ms, 30000u);
   EXPECT_EQ(ServiceOptions{}.max_allocations_per_key, 64u);
   EXPECT_FALSE(ParseControllerConfig("max_allocations_per_key: 0\n", "t").ok());
+  EXPECT_EQ(ServiceOptions{}.max_vgpus_per_key, 64u);
+  EXPECT_EQ(ServiceOptions{}.max_gmem_mib_per_key, 0u);
+  auto v = ParseControllerConfig("max_vgpus_per_key: 12\nmax_gmem_mib_per_key: 65536\n", "t");
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ(v->service.max_vgpus_per_key, 12u);
+  EXPECT_EQ(v->service.max_gmem_mib_per_key, 65536u);
+  auto off = ParseControllerConfig("max_vgpus_per_key: 0\nmax_gmem_mib_per_key: 0\n", "t");
+  ASSERT_TRUE(off.ok()) << off.status().ToString();
+  EXPECT_EQ(off->service.max_vgpus_per_key, 0u);
+  EXPECT_FALSE(ParseControllerConfig("max_vgpus_per_key: -1\n", "t").ok());
+  EXPECT_FALSE(ParseControllerConfig("max_gmem_mib_per_key: -5\n", "t").ok());
+  EXPECT_FALSE(ParseControllerConfig("max_gmem_mib_per_key: lots\n", "t").ok());
   EXPECT_FALSE(ParseControllerConfig("pending_confirm_s: -1\n", "t").ok());
 }
 

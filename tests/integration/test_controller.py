@@ -722,6 +722,154 @@ def test_request_bodies_are_bounded(tmp_path):
         ctl.stop()
 
 
+def status_kib(pid, field):
+    """A VmRSS / VmHWM line of /proc/<pid>/status, in KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name == field:
+            number, unit = value.split()
+            assert unit == "kB", line
+            return int(number)
+    raise AssertionError(f"no {field} for {pid}")
+
+
+def read_status(sock, timeout):
+    """Reads one reply head from `sock`; returns its status code, or None (nothing, or a reset)."""
+    sock.settimeout(timeout)
+    data = b""
+    try:
+        while b"\r\n" not in data:
+            got = sock.recv(4096)
+            if not got:
+                break
+            data += got
+    except (socket.timeout, ConnectionResetError):
+        pass
+    m = re.match(rb"HTTP/1\.[01] (\d{3}) ", data)
+    return int(m.group(1)) if m else None
+
+
+def send_chunked(addr, key, total, chunk):
+    """POSTs a chunked body of `total` bytes in chunks of `chunk` (no newline inside a chunk), the
+    head first and its reply read (if any comes at once) before the body, as a hostile client
+    would. Returns (status of the first reply or None, bytes of body the controller took)."""
+    host, port = addr.rsplit(":", 1)
+    head = ("POST /v1/allocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            "Transfer-Encoding: chunked\r\n" + (f"Authorization: Bearer {key}\r\n" if key else "") + "\r\n")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(head.encode())
+        early = read_status(s, 0.5)
+        sent = 0
+        data = b"x" * chunk
+        s.settimeout(10)
+        try:
+            while sent < total:
+                s.sendall(b"%x\r\n" % chunk + data + b"\r\n")
+                sent += chunk
+            s.sendall(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError, socket.timeout):
+            pass
+        status = early if early is not None else read_status(s, 10)
+    return status, sent
+
+
+def test_request_bodies_are_bounded_before_anything_is_kept(tmp_path):
+    # Issue #22 item 3a: a chunked body was read without bound (set_payload_max_length is for
+    # Content-Length only in cpp-httplib 0.11.4), and after an unknown key's 401 the unread body was
+    # read as the next request line, again without bound: 300 MB sent, 652 MB resident.
+    ctl = Controller(tmp_path, keys=True)
+    try:
+        pid = ctl.proc.pid
+        ctl.get("/v1/status")
+        base = status_kib(pid, "VmHWM")
+        mib = 1024 * 1024
+        # No key, an unknown key: 401 from the head, and the 32 MiB that follow are not kept.
+        for key in (None, "wrong-key-123"):
+            t0 = time.time()
+            status, _ = send_chunked(ctl.addr, key, 32 * mib, 8 * mib)
+            assert status == 401, status
+            assert time.time() - t0 < 5
+        # A known key: 413 once the body passes 256 KiB, chunked as one large chunk or many small.
+        for chunk in (8 * mib, 64 * 1024):
+            status, _ = send_chunked(ctl.addr, CLIENT, 32 * mib, chunk)
+            assert status == 413, (chunk, status)
+        time.sleep(0.5)
+        grown = status_kib(pid, "VmHWM") - base
+        assert grown < 8 * 1024, f"the controller's peak RSS grew by {grown} KiB for 128 MiB of refused bodies"
+        # A chunked body under the limit is read and routed as any other.
+        sid = fake_server(ctl)
+        host, port = ctl.addr.rsplit(":", 1)
+        body = json.dumps({"vgpus": 1, "gmem_mib": 100}).encode()
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(("POST /v1/allocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       f"Authorization: Bearer {CLIENT}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n").encode()
+                      + b"%x\r\n" % 5 + body[:5] + b"\r\n" + b"%x\r\n" % (len(body) - 5) + body[5:] + b"\r\n0\r\n\r\n")
+            reply = b""
+            while chunk := s.recv(65536):
+                reply += chunk
+        head, _, payload = reply.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 201 "), reply
+        alloc = json.loads(payload)
+        assert alloc["vgpus"] == 1 and alloc["gmem_mib"] == 100 and alloc["server"] == sid, alloc
+        # A body with both Content-Length and Transfer-Encoding is refused (request smuggling).
+        both = ("POST /v1/allocations HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n"
+                f"Authorization: Bearer {CLIENT}\r\n\r\n")
+        assert raw_reply(ctl.addr, both.encode()) == 400
+        # A head without end: 431 past 16 KiB, nothing kept.
+        assert raw_reply(ctl.addr, b"GET /v1/status HTTP/1.1\r\nX-Long: " + b"a" * (64 * 1024)) == 431
+    finally:
+        ctl.stop()
+
+
+def test_idle_and_slow_connections_do_not_stall_requests(tmp_path):
+    # Issue #22 item 3b: each connection held one of 32 pool threads until its read timeout (10 s):
+    # 40 idle connections stalled every request for 14 s.
+    ctl = Controller(tmp_path, keys=True)
+    host, port = ctl.addr.rsplit(":", 1)
+    idle, slow = [], []
+    stop = threading.Event()
+
+    def dribble(s):
+        # Half a request head, a byte every 0.3 s.
+        for b in b"GET /v1/status HTTP/1.1\r\nHost: x\r\nX-Slow: ":
+            if stop.wait(0.3):
+                return
+            try:
+                s.send(bytes([b]))
+            except OSError:
+                return
+
+    threads = []
+    try:
+        for _ in range(64):
+            idle.append(socket.create_connection((host, int(port)), timeout=10))
+        for _ in range(16):
+            s = socket.create_connection((host, int(port)), timeout=10)
+            slow.append(s)
+            threads.append(threading.Thread(target=dribble, args=(s,), daemon=True))
+            threads[-1].start()
+        time.sleep(0.5)
+        worst = 0.0
+        for _ in range(10):
+            t0 = time.time()
+            st = ctl.get("/v1/status", key=CLIENT)
+            worst = max(worst, time.time() - t0)
+            assert st["servers"] == 0, st
+        assert worst < 1.0, f"a request took {worst:.2f} s beside 80 idle and slow connections"
+        # An idle connection is closed after the idle timeout (5 s); a slow head after the request
+        # timeout (10 s from its first byte), with 408.
+        idle[0].settimeout(8)
+        t0 = time.time()
+        assert idle[0].recv(1) == b""
+        assert 4 < time.time() - t0 < 8
+        assert read_status(slow[0], 12) == 408
+    finally:
+        stop.set()
+        for s in idle + slow:
+            s.close()
+        ctl.stop()
+
+
 def test_per_key_limits_and_pending_allocations_expire(tmp_path):
     # Issue #11 item 10: no per-key limit, and a pending allocation renewed forever hogged the pool.
     ctl = Controller(tmp_path, keys=True, extra="max_allocations_per_key: 3\npending_confirm_s: 3\n")
@@ -755,6 +903,51 @@ def test_per_key_limits_and_pending_allocations_expire(tmp_path):
         # Under the limit again: the key may allocate (the server heartbeats again first).
         assert ctl.call("POST", f"/v1/servers/{sid}/heartbeat", {"allocations": []}, key=SERVER)[0] == 200
         assert ctl.call("POST", "/v1/allocations", {"vgpus": 1, "gmem_mib": 100}, key=CLIENT)[0] == 201
+    finally:
+        ctl.stop()
+
+
+VGPU_LIMIT = re.compile(r"this key holds (\d+) vGPUs; (\d+) more would pass its limit \(max_vgpus_per_key (\d+)\)")
+GMEM_LIMIT = re.compile(r"this key holds (\d+) MiB of GPU memory; (\d+) MiB more would pass its limit "
+                        r"\(max_gmem_mib_per_key (\d+)\)")
+
+
+def test_per_key_limits_on_vgpus_and_memory(tmp_path):
+    # Issue #22 item 4: within max_allocations_per_key, one key could still take the whole pool with
+    # allocations of many vGPUs it never used.
+    ctl = Controller(tmp_path, keys=True, extra="max_vgpus_per_key: 3\nmax_gmem_mib_per_key: 5000\n")
+    try:
+        fake_server(ctl)  # 8 vGPUs of 4096 MiB
+
+        def alloc(key, **body):
+            return ctl.call("POST", "/v1/allocations", body, key=key)
+
+        code, first = alloc(CLIENT, vgpus=2, gmem_mib=1000)
+        assert code == 201, first
+        code, body = alloc(CLIENT, vgpus=2, gmem_mib=100)
+        m = VGPU_LIMIT.fullmatch(body.get("message", "").removesuffix("; release some first"))
+        assert code == 429 and m and tuple(map(int, m.groups())) == (2, 2, 3), (code, body)
+        code, body = alloc(CLIENT, vgpus=1, gmem_mib=3500)
+        m = GMEM_LIMIT.fullmatch(body.get("message", "").removesuffix("; release some first"))
+        assert code == 429 and m and tuple(map(int, m.groups())) == (2000, 3500, 5000), (code, body)
+        # The default size (a GPU's share: 4096 MiB) counts.
+        code, body = alloc(CLIENT, vgpus=1)
+        m = GMEM_LIMIT.fullmatch(body.get("message", "").removesuffix("; release some first"))
+        assert code == 429 and m and tuple(map(int, m.groups())) == (2000, 4096, 5000), (code, body)
+        # Nothing was placed by the refusals; another key has its own budget.
+        assert ctl.get("/v1/status", key=ADMIN)["vgpus_used"] == 2
+        code, other = alloc(CLIENT2, vgpus=3, gmem_mib=1000)
+        assert code == 201, other
+        # Up to both limits exactly, then nothing more.
+        code, last = alloc(CLIENT, vgpus=1, gmem_mib=3000)
+        assert code == 201, last
+        assert ctl.get("/v1/status", key=ADMIN)["vgpus_used"] == 6
+        code, body = alloc(CLIENT, vgpus=1, gmem_mib=1)
+        assert code == 429 and VGPU_LIMIT.match(body["message"]), (code, body)
+        # A release gives its share back.
+        assert ctl.call("DELETE", f"/v1/allocations/{first['id']}", key=CLIENT)[0] == 200
+        code, again = alloc(CLIENT, vgpus=2, gmem_mib=1000)
+        assert code == 201 and again["vgpus"] == 2 and again["gmem_mib"] == 1000, again
     finally:
         ctl.stop()
 

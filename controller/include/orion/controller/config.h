@@ -8,6 +8,8 @@
 //   server_release_s: 60
 //   pending_confirm_s: 60      # a never-confirmed allocation expires after this, renewed or not
 //   max_allocations_per_key: 64  # live allocations per client key
+//   max_vgpus_per_key: 64        # vGPUs across them (0: no limit)
+//   max_gmem_mib_per_key: 0      # GPU memory across them, MiB (0: no limit)
 //   log_file: /var/log/orion/controller.log   # "" = stderr only
 //   authentication:            # empty or absent = open (a warning at start)
 //     client: [key1, key2]     # a string or a list

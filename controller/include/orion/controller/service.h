@@ -48,6 +48,8 @@ struct ServiceOptions {
   uint64_t server_timeout_ms = 10000;     // a server silent this long is down: its vGPUs are withheld
   uint64_t server_release_ms = 60000;     // ... and after this long its allocations are released
   uint32_t max_allocations_per_key = 64;  // live allocations one client key may hold (429 beyond)
+  uint32_t max_vgpus_per_key = 64;        // vGPUs across them (the sum of their vgpus); 0: no limit
+  uint64_t max_gmem_mib_per_key = 0;      // GPU memory across them, MiB (vgpus x gmem_mib); 0: no limit
   uint64_t pending_ttl_ms = 60000;        // a never-confirmed allocation expires this long after it was made,
                                           // however often it is renewed
   // A sweep that finds the previous one this much longer ago (the controller was paused, the host
@@ -91,7 +93,9 @@ class Service {
 
   // Allocations. `server` non-empty: placed on that server only (oriond asking for its own client,
   // which is then active at once).
-  // A client caller holding max_allocations_per_key live allocations is refused (kOutOfRange).
+  // A client caller holding max_allocations_per_key live allocations, or whom this one would take
+  // past max_vgpus_per_key vGPUs or max_gmem_mib_per_key MiB (the request's default size counts as
+  // placed), is refused (kOutOfRange, naming the limit).
   Result<Json> Allocate(const Json& body, const std::string& server, const Caller& caller = {});
   Result<Json> Confirm(const std::string& id, const Json& body);
   Result<Json> Renew(const std::string& id, const Caller& caller = {});
