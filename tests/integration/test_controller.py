@@ -34,7 +34,8 @@ def free_port():
 
 
 class Controller:
-    def __init__(self, tmp: Path, placement="pack", keys=False, port=None, db=None, extra="", server_timeout_s=1.5):
+    def __init__(self, tmp: Path, placement="pack", keys=False, port=None, db=None, extra="", server_timeout_s=1.5,
+                 lease_ttl_s=2):
         self.tmp = tmp
         self.port = port or free_port()
         self.addr = f"127.0.0.1:{self.port}"
@@ -43,13 +44,14 @@ class Controller:
         self.keys = keys
         self.extra = extra  # more controller.yaml lines
         self.server_timeout_s = server_timeout_s
+        self.lease_ttl_s = lease_ttl_s
         self.log_path = tmp / "controller.log"
         self.start()
 
     def start(self):
         conf = self.tmp / "controller.yaml"
         text = (f"listen: {self.addr}\ndatabase: {self.db}\nplacement: {self.placement}\n"
-                f"lease_ttl_s: 2\nserver_timeout_s: {self.server_timeout_s}\nserver_release_s: {max(30, self.server_timeout_s)}\n" + self.extra)
+                f"lease_ttl_s: {self.lease_ttl_s}\nserver_timeout_s: {self.server_timeout_s}\nserver_release_s: {max(30, self.server_timeout_s)}\n" + self.extra)
         if self.keys:
             text += f"authentication:\n  client: [{CLIENT}, {CLIENT2}]\n  server: [{SERVER}]\n  admin: {ADMIN}\n"
         conf.write_text(text)
@@ -1044,7 +1046,9 @@ def test_a_request_waits_for_vgpus_exited_clients_are_giving_back(tmp_path):
     for released in (True, False):
         d = tmp_path / ("released" if released else "kept")
         d.mkdir()
-        ctl = Controller(d, keys=True, extra="max_allocations_per_key: 16\n", server_timeout_s=30)
+        # Leases outlive the test's 2 s wait: an expired lease would free a vGPU by itself (a loaded
+        # CI machine once placed the "kept" request that way).
+        ctl = Controller(d, keys=True, extra="max_allocations_per_key: 16\n", server_timeout_s=30, lease_ttl_s=30)
         try:
             sid = fake_server(ctl)  # 2 GPUs x 4 vGPUs
             ids = []
