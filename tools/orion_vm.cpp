@@ -1,6 +1,7 @@
 // orion-vm: gives a libvirt domain Orion vGPUs, and is the libvirt qemu hook.
 //
-//   orion-vm enable DOMAIN --vgpus N --gmem MIB [--processes P] [--shm-mib S] [--doorbell on|off] [-c URI]
+//   orion-vm enable DOMAIN --vgpus N --gmem MIB [--processes P] [--shm-mib S] [--doorbell on|off]
+//                  [--ratio R [--ratio-policy share|cap]] [-c URI]
 //        adds <shmem name='orionsock-DOMAIN'><model type='ivshmem-plain'/><size unit='M'>S</size>
 //        </shmem> and the vGPU request (<metadata><orion:vgpu count= gmem= processes=/>) to the
 //        persistent definition (virsh define); takes effect at the domain's next start. P CUDA
@@ -9,7 +10,9 @@
 //        (--doorbell on, or kvm_doorbell = "true" in server.conf) the device is an
 //        ivshmem-doorbell whose server is oriond: <model type='ivshmem-doorbell'/>, <server
 //        path='<shm_path_base>orionsock-DOMAIN.sock'/>, <msi vectors='P' ioeventfd='on'/>; a guest
-//        process then wakes oriond's worker instead of oriond polling for it
+//        process then wakes oriond's worker instead of oriond polling for it. R (1..100) is the VM's
+//        compute share, percent of each of its physical GPUs (all its processes are one tenant;
+//        share: at least R% when it has work, cap: at most R%); without it the VM is best effort
 //   orion-vm disable DOMAIN [-c URI]      removes both
 //   orion-vm status DOMAIN [-c URI]       the request, the region, oriond's view
 //   orion-vm hook DOMAIN OP SUBOP [EXTRA] (installed as /etc/libvirt/hooks/qemu; domain XML on stdin)
@@ -52,6 +55,8 @@ struct VgpuRequest {
   uint32_t count = 1;
   uint64_t gmem_mib = 0;
   uint32_t processes = 0;  // 0: not in the XML (an older orion-vm): oriond's shm_buffer_size decides
+  uint32_t ratio = 0;      // the VM's compute share, 1..100 (0: best effort)
+  std::string ratio_policy = "share";
 };
 
 constexpr uint32_t kMaxProcesses = 30;  // channels in a region (ivshmem::kMaxChannels)
@@ -164,6 +169,15 @@ bool ParseDomain(const std::string& xml, std::optional<Shmem>* shm, VgpuRequest*
     xmlChar* gmem = xmlGetProp(n, BAD_CAST "gmem");
     xmlChar* procs = xmlGetProp(n, BAD_CAST "processes");
     xmlChar* mib = xmlGetProp(n, BAD_CAST "shm_mib");
+    xmlChar* ratio = xmlGetProp(n, BAD_CAST "ratio");
+    xmlChar* policy = xmlGetProp(n, BAD_CAST "ratio_policy");
+    if (ratio != nullptr) {
+      req->ratio = static_cast<uint32_t>(
+          std::min<unsigned long>(std::strtoul(reinterpret_cast<char*>(ratio), nullptr, 10), 100));
+    }
+    if (policy != nullptr && xmlStrcmp(policy, BAD_CAST "cap") == 0) req->ratio_policy = "cap";
+    xmlFree(ratio);
+    xmlFree(policy);
     if (mib != nullptr && *shm && !(*shm)->sized) {
       (*shm)->bytes = std::strtoull(reinterpret_cast<char*>(mib), nullptr, 10) << 20;
     }
@@ -272,10 +286,11 @@ int Hook(const orion::host::ServerConfig& conf, const std::string& domain, const
     return 1;
   }
   close(fd);
-  const std::string reply =
-      Oriond(conf.control_socket, "attach " + domain + " " + path + " " + std::to_string(req.count) + " " +
-                                      std::to_string(req.gmem_mib) + " " + std::to_string(req.processes) +
-                                      (shm->doorbell ? " " + socket + " " + std::to_string(shm->vectors) : ""));
+  const std::string reply = Oriond(
+      conf.control_socket,
+      "attach " + domain + " " + path + " " + std::to_string(req.count) + " " + std::to_string(req.gmem_mib) + " " +
+          std::to_string(req.processes) + (shm->doorbell ? " " + socket + " " + std::to_string(shm->vectors) : "") +
+          (req.ratio != 0 ? " ratio=" + std::to_string(req.ratio) + " ratio_policy=" + req.ratio_policy : ""));
   if (reply.rfind("ok", 0) != 0) {
     std::cerr << "orion: cannot start " << domain << ": " << reply.substr(reply.find(' ') + 1) << "\n";
     return 1;
@@ -284,7 +299,8 @@ int Hook(const orion::host::ServerConfig& conf, const std::string& domain, const
 }
 
 int Enable(const orion::host::ServerConfig& conf, const std::string& uri, const std::string& domain, uint32_t vgpus,
-           uint64_t gmem, uint64_t shm_mib, uint32_t processes, bool doorbell) {
+           uint64_t gmem, uint64_t shm_mib, uint32_t processes, bool doorbell, uint32_t ratio,
+           const std::string& ratio_policy) {
   if (!SafeName(domain)) {
     std::cerr << "orion-vm: domain name '" << domain << "' has characters Orion cannot use in a file name\n";
     return 1;
@@ -368,11 +384,17 @@ int Enable(const orion::host::ServerConfig& conf, const std::string& uri, const 
   xmlNewProp(v, BAD_CAST "gmem", BAD_CAST std::to_string(gmem).c_str());
   xmlNewProp(v, BAD_CAST "processes", BAD_CAST std::to_string(processes).c_str());
   xmlNewProp(v, BAD_CAST "shm_mib", BAD_CAST std::to_string(shm_mib).c_str());
+  if (ratio != 0) {
+    xmlNewProp(v, BAD_CAST "ratio", BAD_CAST std::to_string(ratio).c_str());
+    xmlNewProp(v, BAD_CAST "ratio_policy", BAD_CAST ratio_policy.c_str());
+  }
   if (!DefineXml(uri, doc)) return 1;
   std::cout << "Domain " << domain << ": " << vgpus << " vGPU(s) of " << (gmem != 0 ? std::to_string(gmem) : "default")
             << " MiB, " << processes << " CUDA processes at once, through " << shm_name << " (" << shm_mib << " MiB, "
-            << (doorbell ? "ivshmem-doorbell served by oriond" : "ivshmem-plain")
-            << "); takes effect at the next start\n";
+            << (doorbell ? "ivshmem-doorbell served by oriond" : "ivshmem-plain") << "), "
+            << (ratio != 0 ? std::to_string(ratio) + "% of each GPU's compute (" + ratio_policy + ")"
+                           : std::string("best-effort compute"))
+            << "; takes effect at the next start\n";
   return 0;
 }
 
@@ -418,9 +440,11 @@ int Status(const orion::host::ServerConfig& conf, const std::string& uri, const 
   }
   std::cout << "Domain " << domain << ": " << req.count << " vGPU(s), gmem " << req.gmem_mib << " MiB, "
             << (req.processes != 0 ? std::to_string(req.processes) : std::string("server-chosen"))
-            << " processes at once, region " << conf.shm_path_base << shm->name << " (" << (shm->bytes >> 20)
-            << " MiB, " << (shm->doorbell ? "ivshmem-doorbell, server " + shm->socket : std::string("ivshmem-plain"))
-            << ")\n";
+            << " processes at once, "
+            << (req.ratio != 0 ? std::to_string(req.ratio) + "% of each GPU's compute (" + req.ratio_policy + ")"
+                               : std::string("best-effort compute"))
+            << ", region " << conf.shm_path_base << shm->name << " (" << (shm->bytes >> 20) << " MiB, "
+            << (shm->doorbell ? "ivshmem-doorbell, server " + shm->socket : std::string("ivshmem-plain")) << ")\n";
   std::cout << "oriond: " << Oriond(conf.control_socket, "status") << "\n";
   return 0;
 }
@@ -447,6 +471,12 @@ static int Main(int argc, char** argv) {
                  "on: an ivshmem-doorbell device whose server is oriond (guest processes wake oriond); off: "
                  "ivshmem-plain (oriond polls); default: kvm_doorbell in server.conf")
       ->check(CLI::IsMember({"on", "off"}));
+  uint32_t ratio = 0;
+  std::string ratio_policy = "share";
+  en->add_option("--ratio", ratio, "the VM's compute share: percent of each of its GPUs (default: best effort)")
+      ->check(CLI::Range(1u, 100u));
+  en->add_option("--ratio-policy", ratio_policy, "share: at least the ratio when it has work; cap: at most")
+      ->check(CLI::IsMember({"share", "cap"}));
   en->add_option("--shm-mib", shm_mib,
                  "size of the ivshmem region, a power of two (default: processes x shm_buffer_size, rounded up)");
   auto* dis = app.add_subcommand("disable", "remove DOMAIN's vGPUs");
@@ -469,7 +499,7 @@ static int Main(int argc, char** argv) {
   const orion::host::ServerConfig c = conf.ok() ? *conf : orion::host::ServerConfig{};
   if (en->parsed()) {
     return Enable(c, uri, domain, vgpus, gmem, shm_mib, processes,
-                  doorbell_opt.empty() ? c.kvm_doorbell : doorbell_opt == "on");
+                  doorbell_opt.empty() ? c.kvm_doorbell : doorbell_opt == "on", ratio, ratio_policy);
   }
   if (dis->parsed()) return Disable(uri, domain);
   if (st->parsed()) return Status(c, uri, domain);

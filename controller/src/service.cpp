@@ -1180,14 +1180,17 @@ Result<Json> Service::Assign(const std::string& vm, const Json& body) {
 Result<Json> Service::ExistingAssignmentLocked(const std::string& vm, const Json& body, const std::string& server) {
   for (const auto& [id, a] : allocs_) {
     if (a.kind != "vm" || a.vm != vm) continue;
-    uint64_t vgpus = 0, gmem = 0;
+    uint64_t vgpus = 0, gmem = 0, ratio = 0;
     (void)UInt(body, "vgpus", kMaxVgpusPerRequest, 0, &vgpus);
     (void)UInt(body, "gmem_mib", kMaxGmemMib, 0, &gmem);
-    if ((server.empty() || a.server == server) && a.vgpus == vgpus && (gmem == 0 || gmem == a.gmem_mib)) {
+    (void)UInt(body, "ratio", 100, 0, &ratio);
+    if ((server.empty() || a.server == server) && a.vgpus == vgpus && (gmem == 0 || gmem == a.gmem_mib) &&
+        a.ratio == ratio) {
       return ToJson(a);  // idempotent: the same VM asking again gets its vGPUs
     }
     return ResourceExhausted("VM " + vm + " already holds " + std::to_string(a.vgpus) + " x " +
-                             std::to_string(a.gmem_mib) + " MiB on " + a.server);
+                             std::to_string(a.gmem_mib) + " MiB on " + a.server +
+                             (a.ratio != 0 ? " with " + std::to_string(a.ratio) + "% of a GPU's compute" : ""));
   }
   return NotFound("no assignment");
 }

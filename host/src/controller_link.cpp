@@ -243,10 +243,11 @@ Result<ControllerGrant> ControllerLink::AllocateHere(uint32_t vgpus, uint64_t gm
   return Grant(client_.Call("POST", "/v1/allocations", body), "the allocation");
 }
 
-Result<ControllerGrant> ControllerLink::Assign(const std::string& vm, uint32_t vgpus, uint64_t gmem_mib) {
-  return Grant(client_.Call("PUT", "/v1/assignments/" + vm,
-                            {{"vgpus", vgpus}, {"gmem_mib", gmem_mib}, {"server", opts_.server_id}}),
-               "VM " + vm + "'s assignment");
+Result<ControllerGrant> ControllerLink::Assign(const std::string& vm, uint32_t vgpus, uint64_t gmem_mib,
+                                               uint32_t ratio) {
+  nlohmann::json body = {{"vgpus", vgpus}, {"gmem_mib", gmem_mib}, {"server", opts_.server_id}};
+  if (ratio != 0) body["ratio"] = ratio;  // placed by the controller like an allocation's ORION_RATIO
+  return Grant(client_.Call("PUT", "/v1/assignments/" + vm, body), "VM " + vm + "'s assignment");
 }
 
 void ControllerLink::Unassign(const std::string& vm) {

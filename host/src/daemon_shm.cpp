@@ -224,7 +224,14 @@ void Daemon::Admit(Region& r, uint32_t index) {
     return;
   }
   std::map<uint32_t, int> compute;
-  if (Status st = ComputeFor(hello, session, *placements, hold, &compute, granted_ratio); !st.ok()) {
+  if (!r.vm.empty()) {
+    // A VM's processes are one tenant with the VM's own share (set at attach by the host, not by
+    // the guest: ORION_RATIO inside a VM promises nothing).
+    if (hello.ratio != 0 && hello.ratio != r.ratio) {
+      log_->info("Session {}: VM {}'s compute share ({}) holds, not the guest's ORION_RATIO={}", session, r.vm,
+                 r.ratio == 0 ? std::string("best effort") : std::to_string(r.ratio) + "%", hello.ratio);
+    }
+  } else if (Status st = ComputeFor(hello, session, *placements, hold, &compute, granted_ratio); !st.ok()) {
     if (r.vm.empty()) Finish(*placements, allocation_id, -1, "compute_refused", hold);
     refuse(RefusalCode(st.code()), st.message());
     return;
@@ -275,7 +282,7 @@ void Daemon::Admit(Region& r, uint32_t index) {
     sp.allocation_id = allocation_id;
     sp.used_out = StatSlot(slot);
     sp.share = share;
-    FillCompute(*placements, hold.empty() ? compute : holds_.at(hold).compute, &sp);
+    FillCompute(*placements, !r.vm.empty() ? r.compute : hold.empty() ? compute : holds_.at(hold).compute, &sp);
     sp.hold_used = r.vm.empty() ? HoldMeter(hold) : Meter(r.meter);
     if (r.vm.empty()) {
       sp.hold_quota = HoldQuota(hold);

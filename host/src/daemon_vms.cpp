@@ -104,6 +104,14 @@ Status Daemon::RestoreVms(std::vector<std::string>* gone) {
     r.reserved = a.placements;
     r.vgpus_asked = a.vgpus;
     r.gmem_asked_mib = a.gmem_mib;
+    r.ratio = a.ratio;
+    r.ratio_policy = a.ratio_policy;
+    if (Status s = TakeVmCompute(r, a.placements); !s.ok()) {
+      log_->error("VM {}: {}; it is served best effort", a.vm, s.message());
+      r.ratio = 0;
+      (void)TakeVmCompute(r, a.placements);
+      changed = true;
+    }
     log_->info("VM {}: restored {} with vGPUs {} (from {}){}", a.vm, a.region, PlacementText(a.placements),
                config_.state_file, bell_note);
     changed |= !a.doorbell_socket.empty() && !r.bell;  // the record no longer names a doorbell
@@ -123,7 +131,8 @@ Status Daemon::SaveVms() {
   for (const Region& r : regions_) {
     if (r.vm.empty()) continue;
     vms.push_back({r.vm, r.map->path(), r.vgpus_asked, r.gmem_asked_mib, r.processes, r.reserved,
-                   r.bell ? r.bell->socket_path() : std::string(), r.bell ? r.bell->vectors() : 0});
+                   r.bell ? r.bell->socket_path() : std::string(), r.bell ? r.bell->vectors() : 0, r.ratio,
+                   r.ratio_policy});
   }
   Status s = SaveVmState(config_.state_file, vms);
   if (!s.ok()) log_->error("cannot record the attached VMs: {}", s.message());
@@ -149,6 +158,7 @@ void Daemon::DropRegion(size_t i, const std::string& why) {
   }
   if (r.meter >= 0) meter_used_[static_cast<size_t>(r.meter)] = false;
   r.meter = -1;
+  FreeCompute(&r.compute);
   pool_->Release(r.reserved);
   if (link_) link_->Unassign(r.vm);
   if (r.bell && keeper_) {
@@ -240,18 +250,39 @@ std::string Daemon::Control(const std::string& line) {
   std::string cmd;
   in >> cmd;
   if (cmd == "attach") {
+    static const char kUsage[] =
+        "error usage: attach VM REGION VGPUS GMEM_MIB [PROCESSES [SOCKET VECTORS]] [ratio=1..100] "
+        "[ratio_policy=share|cap]";
+    // The named options come last, after the positional words.
+    std::vector<std::string> words;
+    uint32_t ratio = 0, policy = kPolicyShare;
+    for (std::string w; in >> w;) {
+      if (w.starts_with("ratio=")) {
+        const std::string v = w.substr(6);
+        if (v.empty() || v.size() > 3 || v.find_first_not_of("0123456789") != std::string::npos || std::stoul(v) < 1 ||
+            std::stoul(v) > 100)
+          return "error ratio must be 1..100 (percent of each physical GPU's compute)";
+        ratio = static_cast<uint32_t>(std::stoul(v));
+      } else if (w.starts_with("ratio_policy=")) {
+        if (!ParseComputePolicy(w.substr(13), &policy)) return "error ratio_policy must be share or cap";
+      } else {
+        words.push_back(w);
+      }
+    }
+    std::istringstream pos([&] {
+      std::string all;
+      for (const auto& w : words) all += w + " ";
+      return all;
+    }());
     std::string vm, path;
     uint32_t vgpus = 0, processes = 0;
     uint64_t gmem = 0;
-    if (!(in >> vm >> path >> vgpus >> gmem)) {
-      return "error usage: attach VM REGION VGPUS GMEM_MIB [PROCESSES [SOCKET VECTORS]]";
-    }
-    if (!(in >> processes)) processes = 0;  // an older hook: shm_buffer_size decides
+    if (!(pos >> vm >> path >> vgpus >> gmem)) return kUsage;
+    if (!(pos >> processes)) processes = 0;  // an older hook: shm_buffer_size decides
     std::string bell;
     uint32_t vectors = 0;
-    if (in >> bell && !(in >> vectors))
-      return "error usage: attach VM REGION VGPUS GMEM_MIB PROCESSES [SOCKET VECTORS]";
-    return Attach(vm, path, vgpus, gmem, processes, bell, vectors);
+    if (pos >> bell && !(pos >> vectors)) return kUsage;
+    return Attach(vm, path, vgpus, gmem, processes, bell, vectors, ratio, policy);
   }
   if (cmd == "detach") {
     std::string vm;
@@ -309,7 +340,8 @@ std::string Daemon::SessionsJson() const {
   for (const Region& r : regions_) {
     for (const Channel& c : r.channels) {
       if (c.state == Channel::kServing)
-        add(c.session, c.placements, c.allocation_id, c.stat_slot, c.client, c.hold, c.compute);
+        add(c.session, c.placements, c.allocation_id, c.stat_slot, c.client, c.hold,
+            r.vm.empty() ? c.compute : r.compute);
     }
   }
   for (const NetSession& n : net_sessions_)
@@ -379,7 +411,8 @@ std::string Daemon::MetricsText() const {
   };
   for (const Region& r : regions_) {
     for (const Channel& c : r.channels) {
-      if (c.state == Channel::kServing) add(c.session, c.placements, c.stat_slot, c.client, c.hold, c.compute);
+      if (c.state == Channel::kServing)
+        add(c.session, c.placements, c.stat_slot, c.client, c.hold, r.vm.empty() ? c.compute : r.compute);
     }
   }
   for (const NetSession& n : net_sessions_) add(n.session, n.placements, n.stat_slot, n.client, n.hold, n.compute);
@@ -416,7 +449,8 @@ void Daemon::KeepDoorbell(const Region& r) {
 }
 
 std::string Daemon::Attach(const std::string& vm, const std::string& path, uint32_t vgpus, uint64_t gmem_mib,
-                           uint32_t processes, const std::string& bell_socket, uint32_t vectors) {
+                           uint32_t processes, const std::string& bell_socket, uint32_t vectors, uint32_t ratio,
+                           uint32_t ratio_policy) {
   if (!config_.enable_kvm) return "error oriond does not serve VMs: set enable_kvm = \"true\" or pass -k";
   if (!ValidVmName(vm)) return "error VM name '" + vm + "' must be 1..200 of [A-Za-z0-9._-]";
   if (path.empty() || path[0] != '/') return "error the region must be an absolute path";
@@ -426,6 +460,7 @@ std::string Daemon::Attach(const std::string& vm, const std::string& path, uint3
   }
   if (vgpus == 0 || vgpus > kMaxDevices) return "error VGPUS must be 1.." + std::to_string(kMaxDevices);
   if (processes > kMaxVmProcesses) return "error PROCESSES must be 0.." + std::to_string(kMaxVmProcesses);
+  if (ratio > 100) return "error ratio must be 0..100";
   // What a stopped VM left behind (its file removed or replaced, e.g. while oriond was down) is
   // dropped first: never "already served" for a file that is gone.
   DropGoneVms();
@@ -460,7 +495,7 @@ std::string Daemon::Attach(const std::string& vm, const std::string& path, uint3
   Result<std::vector<Placement>> placements = std::vector<Placement>{};
   if (link_) {
     // Controller mode: the VM's standing assignment (kept by the controller while the VM exists).
-    auto g = link_->Assign(vm, vgpus, gmem_mib);
+    auto g = link_->Assign(vm, vgpus, gmem_mib, ratio);
     if (!g.ok()) {
       placements = g.status();
     } else if (Status st = pool_->Reserve(g->placements); !st.ok()) {
@@ -470,13 +505,22 @@ std::string Daemon::Attach(const std::string& vm, const std::string& path, uint3
       placements = std::move(g->placements);
     }
   } else {
-    placements = pool_->Admit(vgpus, gmem_mib);
+    placements = pool_->Admit(vgpus, gmem_mib, pool::PlacementPolicy::kPack, ratio);
   }
   if (!placements.ok()) {
     log_->warn("VM {}: cannot reserve {} vGPU(s) of {} MiB: {}", vm, vgpus, gmem_mib, placements.status().message());
     return "error not enough vGPUs for VM " + vm + ": " + placements.status().message();
   }
   Region r;
+  // The VM's compute share: one tenant for all its processes, held from now until it detaches.
+  r.ratio = ratio;
+  r.ratio_policy = ratio_policy;
+  if (Status st = TakeVmCompute(r, *placements); !st.ok()) {
+    pool_->Release(*placements);
+    if (link_) link_->Unassign(vm);
+    log_->warn("VM {}: {}", vm, st.message());
+    return "error VM " + vm + ": " + st.message();
+  }
   ivshmem::VmLimits limits = LimitsOf(*placements);
   if (!bell_socket.empty()) {
     // One vector per channel, as many as QEMU was given (<msi vectors>): the channel count is known
@@ -484,6 +528,7 @@ std::string Daemon::Attach(const std::string& vm, const std::string& path, uint3
     // it has channels (FormatRegion).
     auto bell = MakeDoorbell(path, bell_socket, vectors);
     if (!bell.ok()) {
+      FreeCompute(&r.compute);
       pool_->Release(*placements);
       if (link_) link_->Unassign(vm);
       return "error VM " + vm + ": " + bell.status().message();
@@ -492,6 +537,7 @@ std::string Daemon::Attach(const std::string& vm, const std::string& path, uint3
     limits.doorbell_vectors = vectors;
   }
   if (Status s = AddRegion(path, &r, processes, &limits); !s.ok()) {
+    FreeCompute(&r.compute);
     pool_->Release(*placements);
     if (link_) link_->Unassign(vm);
     return "error " + s.message();
@@ -509,9 +555,19 @@ std::string Daemon::Attach(const std::string& vm, const std::string& path, uint3
     return "error cannot record the attachment (" + s.message() + "); set state_file in [orion] of server.conf";
   }
   KeepDoorbell(regions_.back());
-  log_->info("VM {}: attached {} with vGPUs {} ({} channels: {} CUDA processes at once){}", vm, path, where, channels,
-             channels, bell_socket.empty() ? std::string() : ", its ivshmem-doorbell on " + bell_socket);
+  log_->info("VM {}: attached {} with vGPUs {} ({} channels: {} CUDA processes at once){}{}", vm, path, where, channels,
+             channels, bell_socket.empty() ? std::string() : ", its ivshmem-doorbell on " + bell_socket,
+             ratio == 0
+                 ? std::string(", best-effort compute")
+                 : ", " + std::to_string(ratio) + "% of each GPU's compute (" + ComputePolicyName(ratio_policy) + ")");
   return "ok " + where;
+}
+
+Status Daemon::TakeVmCompute(Region& r, const std::vector<Placement>& placements) {
+  HelloReq h{};
+  h.ratio = static_cast<uint8_t>(r.ratio);
+  h.policy = static_cast<uint8_t>(r.ratio == 0 ? kPolicyShare : r.ratio_policy);
+  return TakeCompute(h, 0, placements, &r.compute);
 }
 
 std::string Daemon::Detach(const std::string& vm) {

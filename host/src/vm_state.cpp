@@ -1,5 +1,7 @@
 #include "orion/host/vm_state.h"
 
+#include "orion/host/compute_share.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -69,6 +71,7 @@ std::string EncodeVmState(const std::vector<VmAttachment>& vms) {
     if (!a.doorbell_socket.empty()) {
       list.back()["doorbell"] = {{"socket", a.doorbell_socket}, {"vectors", a.doorbell_vectors}};
     }
+    if (a.ratio != 0) list.back()["compute"] = {{"ratio", a.ratio}, {"policy", ComputePolicyName(a.ratio_policy)}};
   }
   return Json{{"version", kVmStateVersion}, {"vms", list}}.dump(2) + "\n";
 }
@@ -131,6 +134,17 @@ Result<std::vector<VmAttachment>> DecodeVmState(const std::string& text, const s
                                std::to_string(kMaxVmProcesses) + ")");
       }
       a.doorbell_vectors = static_cast<uint32_t>(vectors);
+    }
+    if (const auto c = o.find("compute"); c != o.end()) {
+      // Optional: the VM's compute share.
+      std::string policy;
+      if (!c->is_object() || !UInt(*c, "ratio", 1, 100, &v) || !Str(*c, "policy", &policy) ||
+          (policy != "share" && policy != "cap")) {
+        return Bad(source, at + ".compute needs ratio (1..100) and policy (share or cap)");
+      }
+      a.ratio = static_cast<uint32_t>(v);
+      (void)ParseComputePolicy(policy, &a.ratio_policy);
+      for (Placement& p : a.placements) p.ratio = a.ratio;
     }
     if (!names.insert(a.vm).second) return Bad(source, "VM " + a.vm + " is listed twice");
     if (!regions.insert(a.region).second) return Bad(source, "region " + a.region + " is listed twice");

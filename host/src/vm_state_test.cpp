@@ -43,6 +43,29 @@ TEST(VmState, RoundTrip) {
   EXPECT_TRUE(empty->empty());
 }
 
+TEST(VmState, ComputeShareRoundTripsAndIsChecked) {
+  auto vms = Two();
+  vms[0].ratio = 40;
+  vms[0].ratio_policy = 1;  // cap
+  auto back = DecodeVmState(EncodeVmState(vms), "t");
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ((*back)[0].ratio, 40u);
+  EXPECT_EQ((*back)[0].ratio_policy, 1u);
+  EXPECT_EQ((*back)[0].placements[1].ratio, 40u);  // what the pool reserves again at a restart
+  EXPECT_EQ((*back)[1].ratio, 0u);                 // none recorded: best effort
+  EXPECT_EQ((*back)[1].placements[0].ratio, 0u);
+  for (const char* bad :
+       {R"("compute": {"ratio": 0, "policy": "share"})", R"("compute": {"ratio": 101, "policy": "cap"})",
+        R"("compute": {"ratio": 40, "policy": "most"})", R"("compute": 40)"}) {
+    std::string text = EncodeVmState(Two());
+    text.replace(text.find(R"("gmem_mib")"), 0, std::string(bad) + ", ");
+    auto r = DecodeVmState(text, "t");
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find(".compute needs ratio (1..100) and policy (share or cap)"), std::string::npos)
+        << r.status().message();
+  }
+}
+
 TEST(VmState, MissingFileIsEmpty) {
   auto r = LoadVmState(TempDir() + "/nothing/here.json");
   ASSERT_TRUE(r.ok()) << r.status().message();

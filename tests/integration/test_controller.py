@@ -431,10 +431,12 @@ def test_shm_clients_are_allocated_by_oriond_and_vms_get_assignments(cluster):
             s.sendall(line.encode() + b"\n")
             return s.makefile().readline().strip()
 
-    reply = control(f"attach vm1 {region} 2 1024")
+    reply = control(f"attach vm1 {region} 2 1024 ratio=70 ratio_policy=cap")
     assert reply.startswith("ok"), reply
     vms = cluster.ctl.get("/v1/assignments")
     assert len(vms) == 1 and vms[0]["vm"] == "vm1" and vms[0]["server"] == a.id and len(vms[0]["placements"]) == 2
+    assert vms[0]["ratio"] == 70, vms  # the VM's compute share is placed by the controller (issue #21)
+    assert control(f"attach vm1 {region} 2 1024 ratio=101").startswith("error ratio must be 1..100")
     assert cluster.ctl.get("/v1/status")["vgpus_free"] == 14
     assert control("detach vm1") == "ok"
     deadline = time.time() + 5

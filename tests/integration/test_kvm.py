@@ -9,6 +9,7 @@ file (ORION_SHM), which is what BAR2 is inside the VM. oriond runs as scripts/in
 configures it (enable_shm and enable_kvm on, regions found in shm_path_base) and is restarted with
 its state file."""
 import grp
+import json
 import os
 import pwd
 import re
@@ -114,12 +115,14 @@ class VmHost:
         """The ivshmem server socket oriond serves for VM `vm` (beside its region)."""
         return self.shm / f"orionsock-{vm}.sock"
 
-    def hook(self, vm, op, vgpus=2, gmem=3000, processes=4, shm_mib=64, doorbell=False):
+    def hook(self, vm, op, vgpus=2, gmem=3000, processes=4, shm_mib=64, doorbell=False, ratio=None,
+             ratio_policy="share"):
         """libvirt's qemu hook for domain `vm` (what `orion-vm enable` put in its XML; `doorbell`:
         an ivshmem-doorbell device whose server is oriond, one vector per process)."""
         procs = f' processes="{processes}"' if processes is not None else ""
         # libvirt allows no <size> on an ivshmem-doorbell: the size is in Orion's metadata.
         procs += f' shm_mib="{shm_mib}"' if doorbell else ""
+        procs += f' ratio="{ratio}" ratio_policy="{ratio_policy}"' if ratio is not None else ""
         device = (f"<model type='ivshmem-doorbell'/>"
                   f"<server path='{self.bell(vm)}'/><msi vectors='{processes}' ioeventfd='on'/>" if doorbell else
                   f"<model type='ivshmem-plain'/><size unit='M'>{shm_mib}</size>")
@@ -293,6 +296,46 @@ def test_a_vms_processes_share_its_vgpus_memory(vm_host, tmp_path):
     r = subprocess.run([sys.executable, str(script), "init", "ctx", "0", "alloc", "400"], env=h.env("vm1"),
                        capture_output=True, text=True, timeout=120)
     assert re.findall(r"^parent STEP alloc (\d+)$", r.stdout, re.M) == ["0"], r.stdout + r.stderr
+
+
+def test_a_vms_compute_share_is_set_by_the_host(vm_host):
+    """Issue #21: a VM's compute share comes from its attachment (orion-vm enable --ratio), placed like
+    an allocation's (ratios on a GPU add up to at most 100), kept across an oriond restart, freed at
+    detach; all the VM's processes are that one tenant, and ORION_RATIO inside the guest promises
+    nothing (before, each guest process took the ratio its own environment asked for)."""
+    h = vm_host  # one simulated GPU
+
+    def sessions():
+        return json.loads(h.control("sessions").split(" ", 1)[1])
+
+    assert h.hook("vm1", "prepare", vgpus=1, gmem=600, ratio=60, ratio_policy="cap").returncode == 0
+    left = r"does not fit p-GPU 0: (\d+)% of its compute is left"
+    r = h.hook("vm2", "prepare", vgpus=1, gmem=600, ratio=50)
+    assert r.returncode == 1 and re.search(left, r.stderr) and re.search(left, r.stderr)[1] == "40", r.stderr
+    assert h.hook("vm2", "prepare", vgpus=1, gmem=600, ratio=40).returncode == 0
+    guest = h.popen("vm1", "sleeper", "16", ORION_RATIO=90)  # the guest asks for more: not given
+    try:
+        wait_ready(guest)
+        [s] = [x for x in sessions() if x["transport"] == "vm vm1"]
+        compute = s["placements"][0]["compute"]
+        assert (compute["ratio"], compute["policy"]) == (60, "cap"), s
+        assert re.search(r"VM vm1's compute share \(60%\) holds, not the guest's ORION_RATIO=90", h.log())
+    finally:
+        guest.kill()
+        guest.wait()
+    h.restart()  # the state file keeps the shares: the GPU's compute is still all promised
+    r = h.hook("vm3", "prepare", vgpus=1, gmem=600, ratio=1)
+    assert r.returncode == 1 and re.search(left, r.stderr) and re.search(left, r.stderr)[1] == "0", r.stderr
+    assert h.hook("vm1", "release").returncode == 0
+    assert h.hook("vm3", "prepare", vgpus=1, gmem=600, ratio=60).returncode == 0
+    guest = h.popen("vm3", "sleeper", "16")
+    try:
+        wait_ready(guest)
+        [s] = [x for x in sessions() if x["transport"] == "vm vm3"]
+        assert s["placements"][0]["compute"]["ratio"] == 60, s
+    finally:
+        guest.kill()
+        guest.wait()
 
 
 def test_a_region_nobody_serves_is_not_in_use(vm_host):

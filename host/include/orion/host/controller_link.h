@@ -66,7 +66,7 @@ class ControllerLink {
   // compute guaranteed (0: best effort).
   Result<ControllerGrant> AllocateHere(uint32_t vgpus, uint64_t gmem_mib, uint32_t ratio, const std::string& host,
                                        uint32_t pid, const std::string& process, uint32_t session);
-  Result<ControllerGrant> Assign(const std::string& vm, uint32_t vgpus, uint64_t gmem_mib);
+  Result<ControllerGrant> Assign(const std::string& vm, uint32_t vgpus, uint64_t gmem_mib, uint32_t ratio = 0);
   void Unassign(const std::string& vm);  // queued
 
   // The session serving `allocation_id` is live; `used` points at kMaxDevices counters the

@@ -77,6 +77,11 @@ class Daemon {
     uint32_t vgpus_asked = 0;  // the attach request, kept in the state file
     uint64_t gmem_asked_mib = 0;
     uint32_t processes = 0;  // channels asked for (0: shm_buffer_size decides)
+    // A VM's compute share: its ratio (0: best effort) and policy, and its scheduler slot per
+    // physical GPU, taken at attach and held until detach; all its processes are this one tenant.
+    uint32_t ratio = 0;
+    uint32_t ratio_policy = 0;
+    std::map<uint32_t, int> compute;
     // The VM's ivshmem-doorbell (attached with a doorbell socket): oriond is its ivshmem server,
     // and the worker of channel i sleeps on vector i's eventfd. QEMU cannot reconnect to an
     // ivshmem server, so its eventfds are left with the doorbell keeper (keeper_) and a restarted
@@ -112,8 +117,10 @@ class Daemon {
   std::string MetricsText() const;
   std::unique_ptr<MetricsServer> metrics_;
   // `bell_socket` (may be ""): serve the VM's ivshmem-doorbell there, with up to `vectors` vectors.
+  // `ratio` 0..100 (0: best effort) and `ratio_policy` (kPolicyShare, kPolicyCap): the VM's compute share.
   std::string Attach(const std::string& vm, const std::string& path, uint32_t vgpus, uint64_t gmem_mib,
-                     uint32_t processes, const std::string& bell_socket = "", uint32_t vectors = 0);
+                     uint32_t processes, const std::string& bell_socket = "", uint32_t vectors = 0, uint32_t ratio = 0,
+                     uint32_t ratio_policy = 0);
   // The doorbell server of a VM region at `path`, owned like the region file (QEMU's user).
   // `kept`: the eventfds to adopt (see DoorbellServer::Create).
   Result<std::unique_ptr<ivshmem::DoorbellServer>> MakeDoorbell(const std::string& path, const std::string& socket,
@@ -132,6 +139,8 @@ class Daemon {
   // Ends the sessions of regions_[i], gives its vGPUs back (and the controller assignment) and
   // stops serving it.
   void DropRegion(size_t i, const std::string& why);
+  // Takes VM region r's compute-share slots (its ratio and policy) on `placements`' GPUs.
+  Status TakeVmCompute(Region& r, const std::vector<Placement>& placements);
   // VM attachments: restored from config_.state_file at start (before any other region is served),
   // written after every change. A VM whose region file is gone is dropped, not restored.
   Status RestoreVms(std::vector<std::string>* gone);

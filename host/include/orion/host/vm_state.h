@@ -42,6 +42,10 @@ struct VmAttachment {
   // the eventfds back from the doorbell keeper (host/src/doorbell_keeper.h).
   std::string doorbell_socket;
   uint32_t doorbell_vectors = 0;
+  // The VM's compute share (orion-vm enable --ratio): percent of each of its physical GPUs (0: best
+  // effort) and kPolicyShare / kPolicyCap (compute_share.h); "compute" in the file, optional.
+  uint32_t ratio = 0;
+  uint32_t ratio_policy = 0;
 };
 
 // Text <-> record. DecodeVmState checks everything it returns: version, names, paths, counts,
