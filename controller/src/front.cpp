@@ -9,6 +9,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <boost/beast/core/buffers_range.hpp>
+#include <boost/beast/core/string.hpp>
+#include <boost/beast/http/error.hpp>
+#include <boost/beast/http/parser.hpp>
+#include <boost/optional.hpp>
+
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -17,6 +23,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -25,6 +32,7 @@ namespace orion::controller {
 
 namespace {
 
+namespace http = boost::beast::http;
 using Clock = std::chrono::steady_clock;
 
 // After an error reply that closes the connection, the rest of what the client sends is read and
@@ -33,7 +41,6 @@ using Clock = std::chrono::steady_clock;
 constexpr int kLingerMs = 2000;
 constexpr size_t kLingerBytes = 1 << 20;
 constexpr size_t kReadChunk = 16 * 1024;
-constexpr size_t kMaxChunkLine = 256;  // "1a2b;ext=..." CRLF
 constexpr int kTickMs = 100;
 
 const char* Reason(int status) {
@@ -51,14 +58,39 @@ const char* Reason(int status) {
   }
 }
 
-std::string Lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
+// A request body as Beast's parser decodes it: a string, each byte counted against the bytes the
+// front holds for all connections (no_buffer_space past `cap`: 503).
+struct CountedBody {
+  struct value_type {
+    std::string data;
+    size_t* held = nullptr;
+    size_t cap = 0;
+  };
+  class reader {
+   public:
+    template <bool isRequest, class Fields>
+    reader(http::header<isRequest, Fields>& /*head*/, value_type& body) : body_(body) {}
+    void init(const boost::optional<uint64_t>& /*length*/, boost::system::error_code& ec) { ec = {}; }
+    template <class Buffers>
+    size_t put(const Buffers& buffers, boost::system::error_code& ec) {
+      const size_t n = boost::asio::buffer_size(buffers);
+      if (*body_.held + n > body_.cap) {
+        ec = boost::system::errc::make_error_code(boost::system::errc::no_buffer_space);
+        return 0;
+      }
+      for (const auto b : boost::beast::buffers_range_ref(buffers))
+        body_.data.append(static_cast<const char*>(b.data()), b.size());
+      *body_.held += n;
+      ec = {};
+      return n;
+    }
+    void finish(boost::system::error_code& ec) { ec = {}; }
 
-bool IsTokenChar(char c) {
-  return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("!#$%&'*+-.^_`|~", c) != nullptr;
-}
+   private:
+    value_type& body_;
+  };
+};
+using Parser = http::request_parser<CountedBody>;
 
 void Address(int fd, bool peer, std::string* ip, int* port) {
   sockaddr_storage a{};
@@ -134,17 +166,16 @@ class FrontServer::Front {
   size_t connections() const { return open_.load(); }
 
  private:
-  enum class State { kHead, kBody, kChunkSize, kChunkData, kChunkEnd, kTrailers, kBusy, kWriting, kLinger };
+  enum class State { kRead, kBusy, kWriting, kLinger };
   struct Conn {
     int fd = -1;
     uint64_t gen = 0;  // accept order: the oldest is evicted first
-    State state = State::kHead;
-    std::string in;    // read, not yet parsed
-    std::string head;  // the head httplib sees (rebuilt: Content-Length, no Transfer-Encoding)
-    std::string body;
-    size_t want = 0;      // body or chunk bytes still to read
-    size_t trailer = 0;   // trailer bytes seen
-    size_t lingered = 0;  // bytes dropped while lingering
+    State state = State::kRead;
+    std::string in;                // read, not yet parsed
+    std::optional<Parser> parser;  // the request being read (its head and body), from its first byte
+    std::string head;              // its head as httplib sees it (rebuilt once checked)
+    size_t head_used = 0;          // bytes of its head the parser took
+    size_t lingered = 0;           // bytes dropped while lingering
     bool started = false;
     bool close_after = false;
     bool gone = false;  // hung up while busy (no longer in the epoll set)
@@ -164,29 +195,19 @@ class FrontServer::Front {
   void Accept();
   void OnReadable(Conn& c);
   void Advance(Conn& c);
-  bool ParseHead(Conn& c, size_t end);
+  bool CheckHead(Conn& c);
   void Dispatch(Conn& c);
   void OnWritable(Conn& c);
   void Reply(Conn& c, int status, const std::string& json);
   void Watch(Conn& c, uint32_t events);
   void Close(int fd);
   bool Evict();
-  void ReleaseBody(Conn& c) {
-    buffered_ -= std::min(buffered_, c.body.size());
-    std::string().swap(c.body);
+  std::string TooLarge() const {
+    return "the request body is larger than " + std::to_string(lim_.max_body_bytes) + " bytes";
   }
-  bool AddBody(Conn& c, const char* p, size_t n) {
-    if (c.body.size() + n > lim_.max_body_bytes) {
-      Reply(c, 413, "the request body is larger than " + std::to_string(lim_.max_body_bytes) + " bytes");
-      return false;
-    }
-    if (buffered_ + n > lim_.max_body_buffered) {
-      Reply(c, 503, "the controller holds too many request bodies now; retry");
-      return false;
-    }
-    c.body.append(p, n);
-    buffered_ += n;
-    return true;
+  void ReleaseBody(Conn& c) {
+    if (c.parser) buffered_ -= std::min(buffered_, c.parser->get().body().data.size());
+    c.parser.reset();
   }
 
   FrontServer& owner_;
@@ -299,7 +320,7 @@ bool FrontServer::Front::Serve(int listen_fd) {
       }
       for (int fd : expired) {
         Conn& c = conns_.at(fd);
-        if (c.state == State::kHead && !c.started) {
+        if (c.state == State::kRead && !c.started) {
           Close(fd);  // an idle keep-alive connection
         } else if (c.state == State::kWriting || c.state == State::kLinger) {
           Close(fd);
@@ -384,7 +405,7 @@ void FrontServer::Front::OnReadable(Conn& c) {
   char buf[kReadChunk];
   const int fd = c.fd;
   for (;;) {
-    // Never more than a head's worth ahead of the parser: a body moves into c.body as it comes.
+    // Never more than a head's worth ahead of the parser: it takes a body as it comes.
     if (c.state != State::kLinger && c.in.size() >= lim_.max_head_bytes + kReadChunk) break;
     const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
@@ -414,216 +435,122 @@ void FrontServer::Front::OnReadable(Conn& c) {
   }
 }
 
-// Parses what c.in holds, as far as it goes: a head, then its body (by Content-Length or chunked).
+// Feeds what c.in holds to the request's parser (Beast's), as far as it goes: its head is checked
+// before the parser takes one byte of its body; a complete request goes to a worker.
 void FrontServer::Front::Advance(Conn& c) {
   for (;;) {
-    switch (c.state) {
-      case State::kHead: {
-        // Empty lines before a request line are allowed (RFC 9112 2.2).
-        size_t skip = 0;
-        while (skip + 1 < c.in.size() && c.in[skip] == '\r' && c.in[skip + 1] == '\n') skip += 2;
-        if (skip > 0) c.in.erase(0, skip);
-        if (c.in.empty()) {
-          c.started = false;
-          c.deadline = Clock::now() + std::chrono::milliseconds(lim_.idle_timeout_ms);
-          return;
-        }
-        const size_t end = c.in.find("\r\n\r\n");
-        if (end == std::string::npos || end + 4 > lim_.max_head_bytes) {
-          if (c.in.size() > lim_.max_head_bytes || (end != std::string::npos)) {
-            Reply(c, 431, "the request head is larger than " + std::to_string(lim_.max_head_bytes) + " bytes");
-          }
-          return;
-        }
-        if (!ParseHead(c, end)) return;
-        break;
-      }
-      case State::kBody: {
-        const size_t k = std::min(c.want, c.in.size());
-        if (!AddBody(c, c.in.data(), k)) return;
-        c.in.erase(0, k);
-        c.want -= k;
-        if (c.want > 0) return;
-        Dispatch(c);
+    if (!c.parser) {
+      // Empty lines before a request line are allowed (RFC 9112 2.2).
+      size_t skip = 0;
+      while (skip + 1 < c.in.size() && c.in[skip] == '\r' && c.in[skip + 1] == '\n') skip += 2;
+      c.in.erase(0, skip);
+      if (c.in.empty()) {
+        c.started = false;
+        c.deadline = Clock::now() + std::chrono::milliseconds(lim_.idle_timeout_ms);
         return;
       }
-      case State::kChunkSize: {
-        const size_t eol = c.in.find("\r\n");
-        if (eol == std::string::npos) {
-          if (c.in.size() > kMaxChunkLine) Reply(c, 400, "a chunk size line is too long");
-          return;
-        }
-        if (eol > kMaxChunkLine) return Reply(c, 400, "a chunk size line is too long");
-        const std::string line = c.in.substr(0, eol);
-        size_t digits = 0;
-        while (digits < line.size() && std::isxdigit(static_cast<unsigned char>(line[digits]))) ++digits;
-        if (digits == 0 || digits > 8 ||
-            (digits < line.size() && line[digits] != ';' && line[digits] != ' ' && line[digits] != '\t')) {
-          return Reply(c, 400, "a chunk size is not hexadecimal");
-        }
-        const size_t size = std::stoul(line.substr(0, digits), nullptr, 16);
-        c.in.erase(0, eol + 2);
-        if (size == 0) {
-          c.state = State::kTrailers;
-        } else if (c.body.size() + size > lim_.max_body_bytes) {
-          return Reply(c, 413, "the request body is larger than " + std::to_string(lim_.max_body_bytes) + " bytes");
-        } else {
-          c.want = size;
-          c.state = State::kChunkData;
-        }
-        break;
-      }
-      case State::kChunkData: {
-        const size_t k = std::min(c.want, c.in.size());
-        if (!AddBody(c, c.in.data(), k)) return;
-        c.in.erase(0, k);
-        c.want -= k;
-        if (c.want > 0) return;
-        c.state = State::kChunkEnd;
-        break;
-      }
-      case State::kChunkEnd:
-        if (c.in.size() < 2) return;
-        if (c.in.compare(0, 2, "\r\n") != 0) return Reply(c, 400, "a chunk does not end with CRLF");
-        c.in.erase(0, 2);
-        c.state = State::kChunkSize;
-        break;
-      case State::kTrailers: {
-        // Trailer fields are read and dropped (none of the routes uses one).
-        const size_t eol = c.in.find("\r\n");
-        if (eol == std::string::npos) {
-          if (c.trailer + c.in.size() > lim_.max_head_bytes) Reply(c, 431, "the trailer is too large");
-          return;
-        }
-        c.trailer += eol + 2;
-        if (c.trailer > lim_.max_head_bytes) return Reply(c, 431, "the trailer is too large");
-        c.in.erase(0, eol + 2);
-        if (eol == 0) {
-          Dispatch(c);
-          return;
-        }
-        break;
-      }
-      default: return;
+      c.parser.emplace();
+      c.parser->header_limit(static_cast<uint32_t>(std::min<size_t>(lim_.max_head_bytes, UINT32_MAX)));
+      // No limit until the head is checked (a 401 before a 413). Not boost::none: Beast 1.74 compares
+      // a Content-Length with an empty optional as greater.
+      c.parser->body_limit(UINT64_MAX);
+      c.parser->get().body().held = &buffered_;
+      c.parser->get().body().cap = lim_.max_body_buffered;
+      c.head_used = 0;
     }
+    Parser& p = *c.parser;
+    if (c.in.empty()) return;
+    // The parser sees at most what is left of the head's bytes, or a head's worth after it: a head,
+    // a chunk line or the final chunk with its trailer must fit (Beast does not bound the trailer,
+    // and counts the request line apart from the fields).
+    const bool had_head = p.is_header_done();
+    const size_t room =
+        had_head ? lim_.max_head_bytes : lim_.max_head_bytes - std::min(lim_.max_head_bytes, c.head_used);
+    const size_t fed = std::min(c.in.size(), room);
+    boost::system::error_code ec;
+    const size_t k = p.put(boost::asio::buffer(c.in.data(), fed), ec);
+    c.in.erase(0, k);
+    if (!had_head) c.head_used += k;
+    const bool stuck = ec == http::error::need_more || (!ec && k == 0);
+    if (stuck && k > 0) continue;
+    if (stuck && fed < room) return;
+    if (stuck || ec == http::error::header_limit) {
+      return Reply(c, 431,
+                   std::string(had_head ? "a chunk line or the trailer" : "the request head") + " is larger than " +
+                       std::to_string(lim_.max_head_bytes) + " bytes");
+    }
+    if (ec == http::error::body_limit) return Reply(c, 413, TooLarge());
+    if (ec == boost::system::errc::no_buffer_space) {
+      return Reply(c, 503, "the controller holds too many request bodies now; retry");
+    }
+    if (ec) return Reply(c, 400, "malformed request: " + ec.message());
+    if (!had_head && p.is_header_done() && !CheckHead(c)) return;
+    if (p.is_done()) return Dispatch(c);
   }
 }
 
-// The head is c.in[0, end + 4). Checks it and rebuilds it for httplib: the same request line and
-// fields, the body's length as Content-Length, no Transfer-Encoding (the front decodes chunks) and
-// no Expect (the front answers 100-continue itself).
-bool FrontServer::Front::ParseHead(Conn& c, size_t end) {
-  const std::string raw = c.in.substr(0, end + 2);
-  c.in.erase(0, end + 4);
+// The parser has the head and none of its body: what Beast accepts and we do not (a target that is
+// not a path, Transfer-Encoding other than chunked, Content-Length and Transfer-Encoding together),
+// then the REST layer's checks (keys, Content-Length), before the body is read.
+bool FrontServer::Front::CheckHead(Conn& c) {
+  Parser& p = *c.parser;
+  const auto& m = p.get();
   httplib::Request req;
-  size_t pos = raw.find("\r\n");
-  const std::string line = raw.substr(0, pos);
-  pos += 2;
-  {
-    const size_t sp1 = line.find(' '), sp2 = line.rfind(' ');
-    if (sp1 == std::string::npos || sp2 == sp1) {
-      Reply(c, 400, "malformed request line");
-      return false;
+  req.method = std::string(m.method_string());
+  req.target = std::string(m.target());
+  req.version = m.version() == 10 ? "HTTP/1.0" : "HTTP/1.1";
+  req.path = req.target.substr(0, req.target.find('?'));
+  // The head httplib will see: the same request line and fields, the body's length as
+  // Content-Length (at dispatch), no Transfer-Encoding (Beast decodes chunks) and no Expect (answered
+  // here). Trailer fields, which Beast adds to the message, are not passed on.
+  c.head = req.method + " " + req.target + " " + req.version + "\r\n";
+  for (const auto& f : m) {
+    req.headers.emplace(std::string(f.name_string()), std::string(f.value()));
+    if (f.name() != http::field::content_length && f.name() != http::field::transfer_encoding &&
+        f.name() != http::field::expect) {
+      c.head += std::string(f.name_string()) + ": " + std::string(f.value()) + "\r\n";
     }
-    req.method = line.substr(0, sp1);
-    req.target = line.substr(sp1 + 1, sp2 - sp1 - 1);
-    req.version = line.substr(sp2 + 1);
-    if (req.method.empty() || !std::all_of(req.method.begin(), req.method.end(), IsTokenChar) || req.target.empty() ||
-        req.target[0] != '/' || (req.version != "HTTP/1.1" && req.version != "HTTP/1.0") ||
-        std::any_of(line.begin(), line.end(), [](char ch) {
-          return static_cast<unsigned char>(ch) < 0x20 || static_cast<unsigned char>(ch) == 0x7f;
-        })) {
-      Reply(c, 400, "malformed request line");
-      return false;
-    }
-    req.path = req.target.substr(0, req.target.find('?'));
   }
-  std::string rebuilt = line + "\r\n";
-  int lengths = 0;
-  size_t length = 0;
-  bool chunked = false, has_te = false, expect = false;
-  while (pos < raw.size()) {
-    const size_t eol = raw.find("\r\n", pos);
-    const std::string f = raw.substr(pos, eol - pos);
-    pos = eol + 2;
-    const size_t colon = f.find(':');
-    if (colon == 0 || colon == std::string::npos || !std::all_of(f.begin(), f.begin() + colon, IsTokenChar)) {
-      Reply(c, 400, "malformed header field");
-      return false;
-    }
-    std::string value = f.substr(colon + 1);
-    if (std::any_of(value.begin(), value.end(), [](char ch) {
-          return (static_cast<unsigned char>(ch) < 0x20 && ch != '\t') || static_cast<unsigned char>(ch) == 0x7f;
-        })) {
-      Reply(c, 400, "malformed header field");
-      return false;
-    }
-    const size_t b = value.find_first_not_of(" \t"), e = value.find_last_not_of(" \t");
-    value = b == std::string::npos ? "" : value.substr(b, e - b + 1);
-    const std::string name = f.substr(0, colon), lname = Lower(name);
-    if (lname == "content-length") {
-      if (++lengths > 1 || value.empty() || value.size() > 18 ||
-          value.find_first_not_of("0123456789") != std::string::npos) {
-        Reply(c, 400, "Content-Length must be one decimal number");
-        return false;
-      }
-      length = std::stoull(value);
-    } else if (lname == "transfer-encoding") {
-      if (has_te) {
-        Reply(c, 400, "more than one Transfer-Encoding");
-        return false;
-      }
-      has_te = true;
-      chunked = Lower(value) == "chunked";
-      if (!chunked) {
-        Reply(c, 501, "the only Transfer-Encoding accepted is chunked");
-        return false;
-      }
-    } else if (lname == "expect") {
-      if (Lower(value) != "100-continue") {
-        Reply(c, 417, "the only Expect accepted is 100-continue");
-        return false;
-      }
-      expect = true;
-    } else {
-      rebuilt += name + ": " + value + "\r\n";
-    }
-    req.headers.emplace(name, value);
-  }
-  if (has_te && lengths > 0) {
-    Reply(c, 400, "Content-Length and Transfer-Encoding together");
+  const auto te = m.find(http::field::transfer_encoding);
+  const auto length = m.find(http::field::content_length);
+  const auto expect = m.find(http::field::expect);
+  auto fail = [&](int status, const std::string& message) {
+    Reply(c, status, message);
     return false;
+  };
+  if (req.target.empty() || req.target[0] != '/') return fail(400, "malformed request line");
+  if (m.count(http::field::content_length) > 1 ||
+      (length != m.end() && length->value().find_first_not_of("0123456789") != boost::string_view::npos)) {
+    return fail(400, "Content-Length must be one decimal number");
   }
-  // The REST layer's checks (keys, Content-Length) before the body is read.
+  if (m.count(http::field::transfer_encoding) > 1) return fail(400, "more than one Transfer-Encoding");
+  if (te != m.end() && !boost::beast::iequals(te->value(), "chunked")) {
+    return fail(501, "the only Transfer-Encoding accepted is chunked");
+  }
+  for (auto [e, end] = m.equal_range(http::field::expect); e != end; ++e) {
+    if (!boost::beast::iequals(e->value(), "100-continue"))
+      return fail(417, "the only Expect accepted is 100-continue");
+  }
+  if (te != m.end() && length != m.end()) return fail(400, "Content-Length and Transfer-Encoding together");
   httplib::Response res;
-  if (check_ && check_(req, res)) {
-    std::string body = res.body;
-    if (body.empty()) body = "{}";
-    Reply(c, res.status > 0 ? res.status : 400, body);
-    return false;
-  }
-  if (length > lim_.max_body_bytes) {
-    Reply(c, 413, "the request body is larger than " + std::to_string(lim_.max_body_bytes) + " bytes");
-    return false;
-  }
-  if (expect && (chunked || length > 0)) {
+  if (check_ && check_(req, res)) return fail(res.status > 0 ? res.status : 400, res.body.empty() ? "{}" : res.body);
+  if (p.content_length().value_or(0) > lim_.max_body_bytes) return fail(413, TooLarge());
+  p.body_limit(lim_.max_body_bytes);  // the decoded body, chunked or not
+  p.eager(true);
+  if (expect != m.end() && !p.is_done()) {
     static const char kContinue[] = "HTTP/1.1 100 Continue\r\n\r\n";
     if (::send(c.fd, kContinue, sizeof kContinue - 1, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof kContinue - 1)) {
       Close(c.fd);
       return false;
     }
   }
-  c.head = std::move(rebuilt);
-  c.want = length;
-  c.state = chunked ? State::kChunkSize : State::kBody;
-  c.trailer = 0;
   return true;
 }
 
 void FrontServer::Front::Dispatch(Conn& c) {
-  c.head += "Content-Length: " + std::to_string(c.body.size()) + "\r\n\r\n";
+  const std::string& body = c.parser->get().body().data;
   std::string request = std::move(c.head);
-  request += c.body;
+  request += "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
   c.head.clear();
   c.state = State::kBusy;
   Watch(c, 0);
@@ -668,14 +595,14 @@ void FrontServer::Front::OnWritable(Conn& c) {
     Watch(c, EPOLLIN | EPOLLRDHUP);
     return;
   }
-  c.state = State::kHead;
+  c.state = State::kRead;
   c.started = !c.in.empty();
   c.deadline = Clock::now() + std::chrono::milliseconds(c.started ? lim_.request_timeout_ms : lim_.idle_timeout_ms);
   Watch(c, EPOLLIN | EPOLLRDHUP);
   // A pipelined request may be complete already.
   const int fd = c.fd;
   Advance(c);
-  if (conns_.find(fd) != conns_.end() && c.state == State::kHead) Watch(c, EPOLLIN | EPOLLRDHUP);
+  if (conns_.find(fd) != conns_.end() && c.state == State::kRead) Watch(c, EPOLLIN | EPOLLRDHUP);
 }
 
 // An error reply from the front itself; the connection closes after it (what follows is not read).

@@ -7,9 +7,14 @@
 // idle connections stalled the controller); it reads a request line or header line of any length
 // into memory before checking it (after a pre-routing 401 it reads the unread body as the next
 // request line); and set_payload_max_length does not bound a chunked body. Here an idle or slow
-// connection costs a descriptor and at most kMaxHeadBytes, never a thread; a head is checked
-// (keys, Content-Length, Transfer-Encoding) before one byte of its body is kept; a body, chunked
-// or not, is kept only up to FrontLimits::max_body_bytes (413 beyond, the connection closed).
+// connection costs a descriptor and at most FrontLimits::max_head_bytes, never a thread; a head is
+// checked (keys, Content-Length, Transfer-Encoding) before one byte of its body is kept; a body,
+// chunked or not, is kept only up to FrontLimits::max_body_bytes (413 beyond, the connection closed).
+//
+// The HTTP/1.1 parsing (request line, fields, Content-Length, chunked decoding) is Boost.Beast's
+// request_parser, fed the bytes the epoll loop reads (none of Beast's or Asio's networking); the
+// front adds the limits, the checks above, and hands httplib's routing (process_request) the
+// request rebuilt from Beast's message: Content-Length of the decoded body, no Transfer-Encoding.
 //
 //   FrontServer server(limits, [&](const httplib::Request& head, httplib::Response& res) {
 //     return api->PreRouting(head, res) == httplib::Server::HandlerResponse::Handled;
