@@ -218,6 +218,16 @@ bool TcpFrameChannel::Drain(bool wait) noexcept {
         return false;
       }
       if (in_.size() < sizeof h + h.payload_len) break;
+      if (h.op == static_cast<uint16_t>(Op::kKeepalive)) {
+        // oriond is alive, its reply long in coming (a long kernel): heard_ns_ has moved already.
+        if (h.payload_len != 0 || h.seq != 0 || h.status != 0 || h.flags != 0) {
+          Fail("oriond at " + address_ + " sent a malformed Keepalive");
+          return false;
+        }
+        in_.erase(in_.begin(), in_.begin() + static_cast<std::ptrdiff_t>(sizeof h));
+        msg_start_ns_ = 0;
+        continue;
+      }
       if (h.op == static_cast<uint16_t>(Op::kWindowData)) {
         WindowDataHdr d;
         if (h.payload_len != sizeof d) {
@@ -249,6 +259,7 @@ bool TcpFrameChannel::Drain(bool wait) noexcept {
     if (pending_data_ > 0 && in_.empty()) {
       const ssize_t n = ::recv(fd_, window_ + pending_offset_, pending_data_, wait ? 0 : MSG_DONTWAIT);
       if (n > 0) {
+        heard_ns_ = MonoNs();
         pending_offset_ += static_cast<uint64_t>(n);
         pending_data_ -= static_cast<uint64_t>(n);
         if (pending_data_ == 0) msg_start_ns_ = 0;  // complete
@@ -263,6 +274,7 @@ bool TcpFrameChannel::Drain(bool wait) noexcept {
     }
     const ssize_t n = ::recv(fd_, buf, sizeof buf, wait ? 0 : MSG_DONTWAIT);
     if (n > 0) {
+      heard_ns_ = MonoNs();
       in_.insert(in_.end(), buf, buf + n);
       wait = false;
       continue;

@@ -78,6 +78,9 @@ class TcpFrameChannel final : public FrameChannel {
   // must be complete within `stall_ms` plus one second per MiB it announced, else the connection
   // fails (a server that stops, or drips a byte at a time, in the middle of a message). 0: no bound.
   void SetStallLimit(uint64_t stall_ms) noexcept { stall_ms_ = stall_ms; }
+  // When bytes from oriond last arrived (a reply, WindowData, or a Keepalive, which oriond sends
+  // every 250 ms while requests execute and it has sent nothing else), on the monotonic clock.
+  uint64_t heard_ns() const noexcept { return heard_ns_; }
   // Why the connection failed ("" while it is healthy), for the log line that ends the session.
   const std::string& why() const noexcept { return why_; }
   // Hands the connection over (to an RDMA channel after its Welcome); this channel is then unusable.
@@ -119,6 +122,7 @@ class TcpFrameChannel final : public FrameChannel {
   std::string why_;
   uint64_t stall_ms_ = 30000;
   uint64_t msg_start_ns_ = 0;   // when the message in progress began (0: none)
+  uint64_t heard_ns_ = 0;       // when bytes last arrived
   uint64_t pending_total_ = 0;  // bytes of the WindowData in progress, header included
   // Window ranges that requests we sent write and whose WindowData has not fully arrived, in order.
   struct Expected {

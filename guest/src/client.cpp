@@ -208,6 +208,7 @@ CUresult Client::ConnectLocked() {
   handshake_ms_ = EnvU64("ORION_HANDSHAKE_TIMEOUT_MS", handshake_ms_, &bad);
   reply_ms_ = EnvU64("ORION_REPLY_TIMEOUT_MS", reply_ms_, &bad);
   sync_ms_ = EnvU64("ORION_SYNC_TIMEOUT_MS", sync_ms_, &bad);
+  alive_ms_ = EnvU64("ORION_ALIVE_TIMEOUT_MS", alive_ms_, &bad);
   stall_ms_ = EnvU64("ORION_STALL_TIMEOUT_MS", stall_ms_, &bad);
   if (bad) return CUDA_ERROR_INVALID_VALUE;
   // Transport: a configured region (ORION_SHM), else a configured server (ORION_SERVER, network),
@@ -720,6 +721,21 @@ bool Client::TimedOutLocked(uint64_t start_ns, uint64_t ms, Op op, uint32_t seq)
   return true;
 }
 
+bool Client::SilentLocked(uint64_t start_ns, Op op, uint32_t seq) noexcept {
+  // Over TCP a session's oriond sends a Keepalive every 250 ms while it executes requests and has
+  // sent nothing else, so silence means a hung oriond, not a long kernel (the handshake has its
+  // own deadline).
+  if (tcp_ == nullptr || alive_ms_ == 0 || op == Op::kHello) return false;
+  const uint64_t since = std::max(start_ns, tcp_->heard_ns());
+  const uint64_t now = NowNs();
+  if (now - since <= alive_ms_ * 1000000ull) return false;
+  const std::string what = peer_ + " sent nothing (no reply to " + OpName(static_cast<uint16_t>(op)) + " (seq " +
+                           std::to_string(seq) + "), no keepalive) for " + std::to_string((now - since) / 1000000) +
+                           " ms (ORION_ALIVE_TIMEOUT_MS=" + std::to_string(alive_ms_) + "): it hangs";
+  Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, what.c_str());
+  return true;
+}
+
 bool Client::ReplyValidLocked(const FrameHeader& h, uint32_t seq, Op op) noexcept {
   std::string bad;
   if (h.seq != seq) {
@@ -778,6 +794,7 @@ CUresult Client::WaitReplyLocked(uint32_t seq, Op op, void* rep, uint32_t rep_ca
     }
     if (backoff.sleeping() && ServerGoneLocked(&last_beat, &last_change)) return broken_;
     if (backoff.sleeping() && TimedOutLocked(start, deadline_ms, op, seq)) return broken_;
+    if (backoff.sleeping() && SilentLocked(start, op, seq)) return broken_;
     // A network channel blocks on its socket (bounded, so the checks above keep running); shared
     // memory naps.
     if (!backoff.sleeping() || !chan_->AwaitInput(kAwaitInputUs)) backoff.Pause();

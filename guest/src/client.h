@@ -125,6 +125,9 @@ class Client {
   bool ReplyValidLocked(const FrameHeader& h, uint32_t seq, Op op) noexcept;
   // Breaks the session when `start_ns` is more than `ms` ago (ms != 0), naming `op` and `seq`.
   bool TimedOutLocked(uint64_t start_ns, uint64_t ms, Op op, uint32_t seq) noexcept;
+  // TCP: breaks the session when oriond has sent nothing (reply, WindowData, Keepalive) for
+  // ORION_ALIVE_TIMEOUT_MS since `start_ns`: a hung oriond process whose connection lives.
+  bool SilentLocked(uint64_t start_ns, Op op, uint32_t seq) noexcept;
   CUresult Broken(CUresult why, const char* what) noexcept;
   void GiveBackLocked() noexcept;
   // After publishing a frame: wakes oriond's worker if it sleeps (futex, or the VM's
@@ -197,6 +200,7 @@ class Client {
   uint64_t handshake_ms_ = 30000;
   uint64_t reply_ms_ = 120000;
   uint64_t sync_ms_ = 0;
+  uint64_t alive_ms_ = 10000;  // TCP: a wait for a reply ends when oriond sends nothing this long
   uint64_t stall_ms_ = 30000;
   bool async_unanswered_ = false;  // asynchronous frames were sent since the last reply
   std::string peer_;               // oriond's address or region, for log lines

@@ -9,6 +9,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <atomic>
+#include <mutex>
 
 #include "orion/common/clock.h"
 #include "orion/host/session.h"
@@ -94,6 +96,8 @@ class TcpSessionChannel final : public SessionChannel {
       h.seq = req.seq;
       h.payload_len = sizeof(WindowDataHdr);
       const WindowDataHdr d{w.offset, w.bytes};
+      std::lock_guard<std::mutex> l(send_mu_);  // one whole message: no keepalive inside it
+      sent_.fetch_add(1, std::memory_order_relaxed);
       if (!SendAll(&h, sizeof h) || !SendAll(&d, sizeof d) || !SendAll(window_ + w.offset, w.bytes)) {
         return Unavailable("cannot send to the client");
       }
@@ -106,8 +110,20 @@ class TcpSessionChannel final : public SessionChannel {
     out_.resize(sizeof h + len);
     std::memcpy(out_.data(), &h, sizeof h);
     if (len != 0) std::memcpy(out_.data() + sizeof h, payload, len);
+    std::lock_guard<std::mutex> l(send_mu_);
+    sent_.fetch_add(1, std::memory_order_relaxed);
     if (!SendAll(out_.data(), out_.size())) return Unavailable("cannot send to the client");
     return Status::Ok();
+  }
+  uint64_t MessagesSent() const override { return sent_.load(std::memory_order_relaxed); }
+  void Keepalive() override {
+    FrameHeader h{};
+    h.magic = kFrameMagic;
+    h.version = kProtocolVersion;
+    h.op = static_cast<uint16_t>(Op::kKeepalive);
+    std::lock_guard<std::mutex> l(send_mu_);
+    sent_.fetch_add(1, std::memory_order_relaxed);
+    (void)SendAll(&h, sizeof h);  // a client that cannot take it is caught by the next reply
   }
   uint32_t SpinPolls() const override { return 0; }
 
@@ -155,7 +171,9 @@ class TcpSessionChannel final : public SessionChannel {
     const ssize_t n = ::recv(fd_, p, len, 0);
     return n < 0 && errno == EINTR ? RecvWait(p, len) : n;
   }
-  std::vector<uint8_t> out_;  // a reply being sent (header and payload)
+  std::vector<uint8_t> out_;       // a reply being sent (header and payload)
+  std::mutex send_mu_;             // the session thread's messages and the watchdog's keepalives
+  std::atomic<uint64_t> sent_{0};  // messages sent (the watchdog sees when the client last heard)
   bool SendAll(const void* p, uint64_t len) {
     const auto* b = static_cast<const uint8_t*>(p);
     while (len > 0) {

@@ -2057,13 +2057,14 @@ int Session::Run(const FrameHeader& hello_header, const HelloReq& hello) {
   // executor stops mid-kernel (the cuda backend's driver reclaims the context with the process),
   // and oriond frees the vGPUs and the compute share when it reaps the worker.
   // Odd while a frame executes; the watchdog times how long one value stays (no clock per frame).
+  constexpr uint64_t kKeepaliveMs = 250;  // far below a client's ORION_ALIVE_TIMEOUT_MS (10 s)
   std::atomic<uint64_t> busy_seq{0};
   std::atomic<uint16_t> busy_op{0};
   std::mutex dog_mu;
   std::condition_variable dog_cv;
   bool dog_stop = false;
   std::thread dog([&] {
-    uint64_t seen = 0, seen_ms = 0, frame = 0, frame_ms = 0;
+    uint64_t seen = 0, seen_ms = 0, frame = 0, frame_ms = 0, sent = 0, sent_ms = MonotonicMs();
     std::unique_lock<std::mutex> l(dog_mu);
     while (!dog_cv.wait_for(l, std::chrono::milliseconds(100), [&] { return dog_stop; })) {
       const uint64_t now = MonotonicMs();
@@ -2072,6 +2073,17 @@ int Session::Run(const FrameHeader& hello_header, const HelloReq& hello) {
       if (seq != frame) {
         frame = seq;
         frame_ms = now;
+      }
+      // Requests executing and nothing sent for kKeepaliveMs (a long kernel, a synchronize behind
+      // many launches): the client hears from oriond that often (a 24-byte frame).
+      if (const uint64_t n = ch_->MessagesSent(); n != sent) {
+        sent = n;
+        sent_ms = now;
+      }
+      if ((seq & 1) != 0 && now - sent_ms >= kKeepaliveMs) {
+        ch_->Keepalive();
+        sent = ch_->MessagesSent();
+        sent_ms = now;
       }
       if (why.empty() || (seq & 1) == 0 || now - frame_ms < 500) continue;
       log.warn("sess={} {} while the worker was busy ({} ms in {}); ending the session now", p_.session_id, why,

@@ -453,3 +453,51 @@ def test_orion_smi_standalone_lists_every_session_of_the_local_oriond(tcp_oriond
             break
         assert time.time() < deadline, r.stdout
         time.sleep(0.2)
+
+
+def test_a_long_kernel_is_kept_alive_and_a_hung_oriond_is_told(tcp_oriond):
+    """Issue #22 item 7: over TCP a session's oriond sends a Keepalive every 250 ms while requests
+    execute and it has sent nothing else, so the client tells a hung oriond (its connection alive)
+    from a long kernel: a kernel of seconds completes with ORION_ALIVE_TIMEOUT_MS=1000, and a worker
+    stopped mid-kernel (SIGSTOP) ends the client's wait within that timeout, with the reason. Before,
+    a wait for the device had no deadline: the client waited for the stopped worker forever."""
+    d = tcp_oriond
+    e = d.env(ORION_GMEM=64, ORION_ALIVE_TIMEOUT_MS=1000)
+    e.pop("ORION_SHM")
+    e["ORION_SERVER"] = f"127.0.0.1:{d.port}"
+    now = int(time.time() * 1000)
+    t0 = time.time()
+    # One kernel of 1.2M iterations (~6 s on the sim on 2 cores; ITERS=4000 is ~20 ms).
+    r = subprocess.run([str(TEST_BIN / "spin"), str(now), str(now + 1), "1200000"], env=e, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    kernel_s = time.time() - t0
+    assert kernel_s > 2.0, kernel_s  # twice the alive timeout at least: keepalives carried the wait
+    assert "Orion session lost" not in r.stderr, r.stderr
+
+    p = subprocess.Popen([str(TEST_BIN / "spin"), str(now), str(now + 3600_000), "1000000000"], env=e,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    worker = None
+    try:
+        deadline = time.time() + 30
+        while not any("burn" in l and " iters=1 " not in l for l in d.launches()) and time.time() < deadline:
+            time.sleep(0.1)  # the warm-up kernel ran (logged when done)
+        time.sleep(1.5)  # the long kernel runs now; the client has heard keepalives
+        assert p.poll() is None, p.communicate()
+        children = subprocess.run(["pgrep", "-P", str(d.proc.pid)], capture_output=True, text=True).stdout.split()
+        assert len(children) == 1, children
+        worker = int(children[0])
+        os.kill(worker, signal.SIGSTOP)  # a hung oriond: the connection lives, nothing comes
+        stopped = time.time()
+        out, err = p.communicate(timeout=30)
+        assert p.returncode != 0, out + err
+        assert time.time() - stopped < 6, time.time() - stopped
+        assert re.search(r"sent nothing \(no reply to \w+ \(seq \d+\), no keepalive\) for \d+ ms "
+                         r"\(ORION_ALIVE_TIMEOUT_MS=1000\): it hangs", err), err
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        if worker is not None:
+            os.kill(worker, signal.SIGKILL)
+            os.kill(worker, signal.SIGCONT)

@@ -25,8 +25,9 @@ inline constexpr uint32_t kFrameMagic = 0x4D52464Fu;  // "OFRM" in memory
 // 2: Hello/Welcome carry the controller allocation; 3: FunctionRep says which launches fail;
 // 4: Hello/Welcome carry the process tree's vGPU share (ORION_SHARE); Hello the compute ratio
 // and policy (ORION_RATIO, ORION_RATIO_POLICY); 5: HostGetDevicePointer carries the client's
-// address of the bytes (a pinned host pointer is its own device pointer).
-inline constexpr uint16_t kProtocolVersion = 5;
+// address of the bytes (a pinned host pointer is its own device pointer); 6: over TCP oriond sends
+// Keepalive frames while a request executes.
+inline constexpr uint16_t kProtocolVersion = 6;
 inline constexpr uint32_t kMaxPayload = 64 * 1024;  // bulk bytes travel in the data window
 
 enum class Op : uint16_t {

@@ -61,6 +61,13 @@ class SessionChannel {
   // request arrives as a socket wake-up anyway, and a worker spinning on recv after its reply holds
   // the CPU its client was just woken on (a first call after idle waited ~0.6 ms for it).
   virtual uint32_t SpinPolls() const { return 2000; }
+  // Called by the session's watchdog thread while requests execute and the client has heard nothing
+  // for 250 ms: a network channel tells its client that oriond is alive though the reply is long
+  // in coming (TCP: a Keepalive frame, never inside another message). Shared memory has the
+  // region's heartbeat. Thread-safe against the session thread's sends.
+  virtual void Keepalive() {}
+  // Messages sent to the client so far (a count the watchdog compares; 0 where there is no need).
+  virtual uint64_t MessagesSent() const { return 0; }
   // How the session waited, for its last log line ("" when there is nothing to say).
   virtual std::string WaitStats() const { return ""; }
   virtual void Serving() = 0;                // the session is served (shm: state ACTIVE)
