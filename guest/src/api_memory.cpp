@@ -1,6 +1,7 @@
 // Exported driver API: device memory, pinned memory, copies, memsets, pointer attributes.
 // Device ranges are checked against the session's mirror first, so bad pointers fail at once with
 // CUDA_ERROR_INVALID_VALUE as with NVIDIA's driver; oriond checks again (it trusts nothing).
+#include <algorithm>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
@@ -317,8 +318,99 @@ CUresult CheckManagedRange(uint64_t p, uint64_t bytes) {
   return bytes != 0 && ManagedBase(p, bytes) != 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
+// What cuMemAdvise and cuMemPrefetchAsync said about managed memory, per page (4 KiB: advice
+// applies to the pages a range touches, as CUDA's does), for cuMemRangeGetAttribute(s). Kept as
+// runs of pages with the same state; a page never advised has the default state.
+struct PageAdvice {
+  bool read_mostly = false;
+  CUmemLocation preferred{CU_MEM_LOCATION_TYPE_INVALID, 0};
+  uint64_t accessed_by = 0;  // bit d: device d; bit 63: the host
+  CUmemLocation prefetched{CU_MEM_LOCATION_TYPE_INVALID, 0};
+  bool operator==(const PageAdvice& o) const {
+    return read_mostly == o.read_mostly && SameLocation(preferred, o.preferred) && accessed_by == o.accessed_by &&
+           SameLocation(prefetched, o.prefetched);
+  }
+  static bool SameLocation(const CUmemLocation& a, const CUmemLocation& b) {
+    return a.type == b.type &&
+           (a.type != CU_MEM_LOCATION_TYPE_DEVICE && a.type != CU_MEM_LOCATION_TYPE_HOST_NUMA ? true : a.id == b.id);
+  }
+};
+constexpr uint64_t kAdvicePage = 4096;
+struct AdviceRun {
+  uint64_t end;
+  PageAdvice state;
+};
+std::mutex g_advice_mu;
+std::map<uint64_t, AdviceRun> g_advice;  // start -> run [start, end)
+
+// The host locations in one form (the runtime's CU_DEVICE_CPU is any of them).
+CUmemLocation Canonical(CUmemLocation loc) {
+  if (loc.type == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT) loc.type = CU_MEM_LOCATION_TYPE_HOST;
+  if (loc.type == CU_MEM_LOCATION_TYPE_HOST) loc.id = 0;
+  return loc;
+}
+
+// Applies `fn` to the state of every page of [p, p+bytes). Requires g_advice_mu.
+template <typename Fn>
+void ApplyAdvice(uint64_t p, uint64_t bytes, Fn fn) {
+  const uint64_t a = p & ~(kAdvicePage - 1), b = (p + bytes + kAdvicePage - 1) & ~(kAdvicePage - 1);
+  auto split = [](uint64_t at) {  // a run boundary at `at`
+    auto it = g_advice.upper_bound(at);
+    if (it == g_advice.begin()) return;
+    --it;
+    if (it->first < at && it->second.end > at) {
+      g_advice[at] = AdviceRun{it->second.end, it->second.state};
+      it->second.end = at;
+    }
+  };
+  split(a);
+  split(b);
+  for (uint64_t at = a; at < b;) {  // fill the gaps with default runs
+    auto it = g_advice.lower_bound(at);
+    const uint64_t next = it == g_advice.end() ? b : std::min(it->first, b);
+    if (next > at) g_advice[at] = AdviceRun{next, PageAdvice{}};
+    at = it != g_advice.end() && it->first == next && next < b ? it->second.end : next;
+  }
+  for (auto it = g_advice.lower_bound(a); it != g_advice.end() && it->first < b; ++it) fn(it->second.state);
+  // Merge equal neighbours around the range, so the map stays as small as the advice given.
+  auto it = g_advice.lower_bound(a);
+  if (it != g_advice.begin()) --it;
+  while (it != g_advice.end() && it->first <= b) {
+    auto next = std::next(it);
+    if (next != g_advice.end() && next->first == it->second.end && next->second.state == it->second.state) {
+      it->second.end = next->second.end;
+      g_advice.erase(next);
+    } else {
+      it = next;
+    }
+  }
+}
+// Forgets the advice on a freed managed allocation.
+void ForgetAdvice(uint64_t p, uint64_t bytes) {
+  std::lock_guard<std::mutex> l(g_advice_mu);
+  ApplyAdvice(p, bytes, [](PageAdvice&) {});
+  const uint64_t a = p & ~(kAdvicePage - 1), b = (p + bytes + kAdvicePage - 1) & ~(kAdvicePage - 1);
+  for (auto it = g_advice.lower_bound(a); it != g_advice.end() && it->first < b;) it = g_advice.erase(it);
+}
+// The states of the pages of [p, p+bytes), each once per run. Requires g_advice_mu.
+std::vector<PageAdvice> AdviceOf(uint64_t p, uint64_t bytes) {
+  const uint64_t a = p & ~(kAdvicePage - 1), b = (p + bytes + kAdvicePage - 1) & ~(kAdvicePage - 1);
+  std::vector<PageAdvice> out;
+  uint64_t at = a;
+  auto it = g_advice.upper_bound(a);
+  if (it != g_advice.begin() && std::prev(it)->second.end > a) --it;
+  for (; it != g_advice.end() && it->first < b; ++it) {
+    if (it->first > at) out.push_back(PageAdvice{});  // a gap: never advised
+    out.push_back(it->second.state);
+    at = it->second.end;
+  }
+  if (at < b) out.push_back(PageAdvice{});
+  return out;
+}
+
 // A prefetch of managed memory: validated and ordered in its stream; there is nothing to move, as
 // managed memory is the pinned heap, one set of pages the program and the device both address.
+// The location is kept as the pages' last prefetch location (cuMemRangeGetAttribute).
 CUresult Prefetch(CUdeviceptr p, size_t bytes, CUmemLocation loc, unsigned flags, CUstream hs) {
   if (CUresult r = CheckManagedRange(p, bytes); r != CUDA_SUCCESS) return r;
   uint64_t stream = 0;
@@ -328,19 +420,97 @@ CUresult Prefetch(CUdeviceptr p, size_t bytes, CUmemLocation loc, unsigned flags
   const bool ok = loc.type == CU_MEM_LOCATION_TYPE_HOST || loc.type == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT ||
                   (loc.type == CU_MEM_LOCATION_TYPE_DEVICE && loc.id >= 0 && loc.id < devices) ||
                   (loc.type == CU_MEM_LOCATION_TYPE_HOST_NUMA && loc.id >= 0);
-  return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+  if (!ok) return CUDA_ERROR_INVALID_DEVICE;
+  std::lock_guard<std::mutex> l(g_advice_mu);
+  ApplyAdvice(p, bytes, [&](PageAdvice& a) { a.prefetched = Canonical(loc); });
+  return CUDA_SUCCESS;
 }
 
 CUresult Advise(CUdeviceptr p, size_t bytes, CUmem_advise advice, CUmemLocation loc) {
   if (CUresult r = CheckManagedRange(p, bytes); r != CUDA_SUCCESS) return r;
   if (advice < CU_MEM_ADVISE_SET_READ_MOSTLY || advice > CU_MEM_ADVISE_UNSET_ACCESSED_BY)
     return CUDA_ERROR_INVALID_VALUE;
-  if (advice == CU_MEM_ADVISE_SET_READ_MOSTLY || advice == CU_MEM_ADVISE_UNSET_READ_MOSTLY) return CUDA_SUCCESS;
+  // Kept for cuMemRangeGetAttribute; with one set of pages there is nothing else to do.
+  std::lock_guard<std::mutex> l(g_advice_mu);
+  if (advice == CU_MEM_ADVISE_SET_READ_MOSTLY || advice == CU_MEM_ADVISE_UNSET_READ_MOSTLY) {
+    ApplyAdvice(p, bytes, [&](PageAdvice& a) { a.read_mostly = advice == CU_MEM_ADVISE_SET_READ_MOSTLY; });
+    return CUDA_SUCCESS;
+  }
+  if (advice == CU_MEM_ADVISE_UNSET_PREFERRED_LOCATION) {
+    ApplyAdvice(p, bytes, [](PageAdvice& a) { a.preferred = CUmemLocation{CU_MEM_LOCATION_TYPE_INVALID, 0}; });
+    return CUDA_SUCCESS;
+  }
   const int devices = static_cast<int>(Client::Get().devices().size());
-  const bool ok = loc.type == CU_MEM_LOCATION_TYPE_HOST || loc.type == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT ||
-                  loc.type == CU_MEM_LOCATION_TYPE_HOST_NUMA ||
-                  (loc.type == CU_MEM_LOCATION_TYPE_DEVICE && loc.id >= 0 && loc.id < devices);
-  return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+  const bool host = loc.type == CU_MEM_LOCATION_TYPE_HOST || loc.type == CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT ||
+                    loc.type == CU_MEM_LOCATION_TYPE_HOST_NUMA;
+  const bool ok = host || (loc.type == CU_MEM_LOCATION_TYPE_DEVICE && loc.id >= 0 && loc.id < devices && loc.id < 63);
+  if (!ok) return CUDA_ERROR_INVALID_DEVICE;
+  const uint64_t bit = host ? uint64_t{1} << 63 : uint64_t{1} << loc.id;
+  ApplyAdvice(p, bytes, [&](PageAdvice& a) {
+    if (advice == CU_MEM_ADVISE_SET_PREFERRED_LOCATION) a.preferred = Canonical(loc);
+    if (advice == CU_MEM_ADVISE_SET_ACCESSED_BY) a.accessed_by |= bit;
+    if (advice == CU_MEM_ADVISE_UNSET_ACCESSED_BY) a.accessed_by &= ~bit;
+  });
+  return CUDA_SUCCESS;
+}
+
+// cuMemRangeGetAttribute (CUDA driver API reference): what the advice and prefetches say about
+// every page of a managed range.
+CUresult RangeAttribute(void* data, size_t size, CUmem_range_attribute attr, CUdeviceptr p, size_t bytes) {
+  if (data == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = CheckManagedRange(p, bytes); r != CUDA_SUCCESS) return r;
+  std::vector<PageAdvice> pages;
+  {
+    std::lock_guard<std::mutex> l(g_advice_mu);
+    pages = AdviceOf(p, bytes);
+  }
+  // The one location every page has (type INVALID when they differ or have none).
+  auto common = [&](CUmemLocation PageAdvice::*field) {
+    CUmemLocation loc = pages[0].*field;
+    for (const PageAdvice& a : pages)
+      if (!PageAdvice::SameLocation(a.*field, loc)) return CUmemLocation{CU_MEM_LOCATION_TYPE_INVALID, 0};
+    return loc;
+  };
+  auto legacy = [](CUmemLocation loc) {  // a device id, CU_DEVICE_CPU, or CU_DEVICE_INVALID
+    return loc.type == CU_MEM_LOCATION_TYPE_DEVICE    ? loc.id
+           : loc.type == CU_MEM_LOCATION_TYPE_INVALID ? CU_DEVICE_INVALID
+                                                      : CU_DEVICE_CPU;
+  };
+  auto put_int = [&](int v) {
+    if (size != 4) return CUDA_ERROR_INVALID_VALUE;
+    std::memcpy(data, &v, 4);
+    return CUDA_SUCCESS;
+  };
+  switch (attr) {
+    case CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY:
+      return put_int(std::all_of(pages.begin(), pages.end(), [](const PageAdvice& a) { return a.read_mostly; }));
+    case CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION: return put_int(legacy(common(&PageAdvice::preferred)));
+    case CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION: return put_int(legacy(common(&PageAdvice::prefetched)));
+    case CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_TYPE:
+    case CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_TYPE: {
+      if (size != sizeof(CUmemLocationType)) return CUDA_ERROR_INVALID_VALUE;
+      const CUmemLocationType t =
+          common(attr == CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_TYPE ? &PageAdvice::preferred
+                                                                        : &PageAdvice::prefetched)
+              .type;
+      std::memcpy(data, &t, sizeof t);
+      return CUDA_SUCCESS;
+    }
+    case CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_ID: return put_int(common(&PageAdvice::preferred).id);
+    case CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_ID: return put_int(common(&PageAdvice::prefetched).id);
+    case CU_MEM_RANGE_ATTRIBUTE_ACCESSED_BY: {
+      if (size == 0 || size % 4 != 0) return CUDA_ERROR_INVALID_VALUE;
+      uint64_t all = ~uint64_t{0};
+      for (const PageAdvice& a : pages) all &= a.accessed_by;
+      auto* out = static_cast<int*>(data);
+      size_t n = 0;
+      for (int d = 0; d < 64 && n < size / 4; ++d)
+        if ((all >> d) & 1) out[n++] = d == 63 ? CU_DEVICE_CPU : d;
+      for (; n < size / 4; ++n) out[n] = CU_DEVICE_INVALID;
+      return CUDA_SUCCESS;
+    }
+    default: return CUDA_ERROR_INVALID_VALUE;
+  }
 }
 
 // The pre-CUDA-12.2 forms name a device; CU_DEVICE_CPU (-1) is the host.
@@ -458,7 +628,10 @@ CUresult FreeManaged(CUdeviceptr p) {
   {
     State& s = S();
     std::lock_guard<std::mutex> l(s.mu);
-    if (s.managed.erase(static_cast<uintptr_t>(p)) == 0) return CUDA_ERROR_INVALID_VALUE;
+    auto it = s.managed.find(static_cast<uintptr_t>(p));
+    if (it == s.managed.end()) return CUDA_ERROR_INVALID_VALUE;
+    ForgetAdvice(p, it->second);
+    s.managed.erase(it);
   }
   CUresult r = Client::Get().Call(Op::kCtxSynchronize, nullptr, 0);
   void* host = reinterpret_cast<void*>(p);
@@ -942,6 +1115,20 @@ ORION_EXPORT CUresult CUDAAPI cuMemAdvise(CUdeviceptr p, size_t count, CUmem_adv
 ORION_EXPORT CUresult CUDAAPI cuMemAdvise_v2(CUdeviceptr p, size_t count, CUmem_advise advice, CUmemLocation loc) {
   ORION_API(cuMemAdvise_v2);
   return Advise(p, count, advice, loc);
+}
+ORION_EXPORT CUresult CUDAAPI cuMemRangeGetAttribute(void* data, size_t size, CUmem_range_attribute attr, CUdeviceptr p,
+                                                     size_t count) {
+  ORION_API(cuMemRangeGetAttribute);
+  return RangeAttribute(data, size, attr, p, count);
+}
+ORION_EXPORT CUresult CUDAAPI cuMemRangeGetAttributes(void** data, size_t* sizes, CUmem_range_attribute* attrs,
+                                                      size_t n, CUdeviceptr p, size_t count) {
+  ORION_API(cuMemRangeGetAttributes);
+  if (n == 0 || data == nullptr || sizes == nullptr || attrs == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  for (size_t i = 0; i < n; ++i) {
+    if (CUresult r = RangeAttribute(data[i], sizes[i], attrs[i], p, count); r != CUDA_SUCCESS) return r;
+  }
+  return CUDA_SUCCESS;
 }
 // Attaching managed memory to a stream only narrows which work may touch it while the device
 // runs; with the pages shared there is nothing to move, so it is checked and ordered, no more.

@@ -85,6 +85,38 @@ int main(int argc, char** argv) {
             cudaMemAdvise(m, n * sizeof(int), cudaMemAdviseSetReadMostly, dev0) == cudaSuccess &&
                 cudaMemAdvise(m, n * sizeof(int), cudaMemAdviseSetPreferredLocation, dev0) == cudaSuccess &&
                 cudaStreamAttachMemAsync(s, m, 0, cudaMemAttachSingle) == cudaSuccess);
+  {
+    // What the advice and prefetches said, read back per page (cuMemRangeGetAttribute(s)).
+    const size_t all = n * sizeof(int);
+    int rm = -1, pref = -1, last = -1, acc[3] = {7, 7, 7};
+    CUDA_OK(cudaMemRangeGetAttribute(&rm, 4, cudaMemRangeAttributeReadMostly, m, all));
+    CUDA_OK(cudaMemRangeGetAttribute(&pref, 4, cudaMemRangeAttributePreferredLocation, m, all));
+    CUDA_OK(cudaMemRangeGetAttribute(&last, 4, cudaMemRangeAttributeLastPrefetchLocation, m, all));
+    CUDA_OK(cudaMemAdvise(m, all, cudaMemAdviseSetAccessedBy, dev0));
+    CUDA_OK(cudaMemRangeGetAttribute(acc, sizeof acc, cudaMemRangeAttributeAccessedBy, m, all));
+    ot::check("range_attributes_read_back_the_advice",
+              rm == 1 && pref == 0 && last == cudaCpuDeviceId && acc[0] == 0 && acc[1] == cudaInvalidDeviceId &&
+                  acc[2] == cudaInvalidDeviceId,
+              ot::fmt("read mostly %d, preferred %d, last prefetch %d, accessed by {%d, %d, %d}", rm, pref, last,
+                      acc[0], acc[1], acc[2]));
+    // Advice on the first page only: the whole range no longer agrees, the first page does.
+    CUDA_OK(cudaMemAdvise(m, 4096, cudaMemAdviseSetPreferredLocation, host));
+    CUDA_OK(cudaMemAdvise(m, 4096, cudaMemAdviseUnsetReadMostly, dev0));
+    int pref_all = 0, pref_first = 0, rm_all = -1, rm_rest = -1;
+    CUDA_OK(cudaMemRangeGetAttribute(&pref_all, 4, cudaMemRangeAttributePreferredLocation, m, all));
+    CUDA_OK(cudaMemRangeGetAttribute(&pref_first, 4, cudaMemRangeAttributePreferredLocation, m + 8, 64));
+    CUDA_OK(cudaMemRangeGetAttribute(&rm_all, 4, cudaMemRangeAttributeReadMostly, m, all));
+    CUDA_OK(cudaMemRangeGetAttribute(&rm_rest, 4, cudaMemRangeAttributeReadMostly, m + 1024, all - 4096));
+    ot::check("range_attributes_are_per_page",
+              pref_all == cudaInvalidDeviceId && pref_first == cudaCpuDeviceId && rm_all == 0 && rm_rest == 1,
+              ot::fmt("preferred %d / first page %d, read mostly %d / rest %d", pref_all, pref_first, rm_all, rm_rest));
+    static int plain[4];
+    int d = 0;
+    ot::check("range_attribute_of_other_memory_refused",
+              cudaMemRangeGetAttribute(&d, 4, cudaMemRangeAttributeReadMostly, plain, 4) == cudaErrorInvalidValue &&
+                  cudaMemRangeGetAttribute(&d, 8, cudaMemRangeAttributeReadMostly, m, all) == cudaErrorInvalidValue);
+    (void)cudaGetLastError();
+  }
   cudaPointerAttributes pa{};
   CUDA_OK(cudaPointerGetAttributes(&pa, m + 10));
   ot::check("managed_pointer_attributes", pa.type == cudaMemoryTypeManaged && pa.devicePointer == m + 10,

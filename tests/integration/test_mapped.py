@@ -46,9 +46,10 @@ def test_managed_memory_and_pinned_pointers_in_kernels(oriond):
     written by the host and by kernels with one pointer. Each value is computed by the executor and
     checked element by element."""
     r = oriond.run("managed", ORION_GMEM=256)
-    assert_passed(r, expect_checks=11)
+    assert_passed(r, expect_checks=14)
     c = checks(r.stdout)
     for name in ("managed_written_on_host_read_by_kernel", "managed_prefetched_in_stream_order",
+                 "range_attributes_read_back_the_advice", "range_attributes_are_per_page",
                  "pinned_host_pointer_in_a_kernel", "registered_host_pointer_in_a_kernel",
                  "pinned_memory_reused_maps_afresh"):
         assert c[name] == "ok", name
