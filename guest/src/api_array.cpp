@@ -9,7 +9,7 @@
 // oriond's backend's own, so kernels receive them unchanged. Served: 1D, 2D and 3D arrays of 1, 2
 // or 4 channels of 8/16/32-bit integers, half and float, optionally with CUDA_ARRAY3D_SURFACE_LDST;
 // textures on arrays, linear and pitched memory. Refused, loudly (CUDA_ERROR_NOT_SUPPORTED):
-// layered, cubemap, texture-gather, sparse, deferred-mapping arrays, resource views, and
+// texture-gather, sparse, deferred-mapping arrays, layered or cubemap mipmapped arrays, resource views, and
 // block-compressed or packed formats. Mipmapped arrays are served (their levels are arrays); on the
 // sim backend a mipmapped texture samples level 0 (tex.level / tex.grad are refused there).
 #include <algorithm>
@@ -83,11 +83,14 @@ CUresult CreateArray(CUarray* out, const CUDA_ARRAY3D_DESCRIPTOR& d) {
     WarnOnce("a CUDA array of a block-compressed, planar or packed format");
     return CUDA_ERROR_NOT_SUPPORTED;
   }
-  if ((d.Flags & ~static_cast<unsigned>(CUDA_ARRAY3D_SURFACE_LDST)) != 0) {
-    WarnOnce("a layered, cubemap, texture-gather, sparse or deferred-mapping CUDA array");
+  if ((d.Flags & ~static_cast<unsigned>(CUDA_ARRAY3D_SURFACE_LDST | CUDA_ARRAY3D_LAYERED | CUDA_ARRAY3D_CUBEMAP)) !=
+      0) {
+    WarnOnce("a texture-gather, sparse or deferred-mapping CUDA array");
     return CUDA_ERROR_NOT_SUPPORTED;
   }
-  if (d.Width == 0 || (d.Height == 0 && d.Depth != 0) ||
+  // A 1D layered array has Height 0 and its layers in Depth (oriond checks the rest).
+  const bool layered = (d.Flags & (CUDA_ARRAY3D_LAYERED | CUDA_ARRAY3D_CUBEMAP)) != 0;
+  if (d.Width == 0 || (d.Height == 0 && d.Depth != 0 && !layered) ||
       (d.NumChannels != 1 && d.NumChannels != 2 && d.NumChannels != 4)) {
     return CUDA_ERROR_INVALID_VALUE;
   }

@@ -205,6 +205,9 @@ bool StreamAttrValid(uint32_t attr, bool set, const uint8_t value[64]) {
 // Technical Specifications": maximum 1D / 2D / 3D CUDA array and texture sizes).
 constexpr uint64_t kMaxArray1D = uint64_t{1} << 17, kMaxArray2DW = uint64_t{1} << 17, kMaxArray2DH = uint64_t{1} << 16;
 constexpr uint64_t kMaxArray3D = uint64_t{1} << 14, kMaxTexLinear = uint64_t{1} << 27;
+// Layered and cubemap arrays (same table): 1D layered 32768 x 2048 layers, 2D layered 32768 x
+// 32768 x 2048 layers, cubemap 32768 x 32768, cubemap layered 32768 x 32768 x 2046 layers (of 6 faces).
+constexpr uint64_t kMaxLayeredW = uint64_t{1} << 15, kMaxLayers = 2048, kMaxCubeLayers = 2046;
 
 class Session {
  public:
@@ -905,6 +908,12 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       }
       const ArrayCreateReq& a = q.array;
       const uint64_t fb = FormatBytes(a.format);
+      if ((a.flags & (CUDA_ARRAY3D_LAYERED | CUDA_ARRAY3D_CUBEMAP)) != 0) {
+        p_.log->warn("sess={} op=MipmappedArrayCreate: layered and cubemap mipmapped arrays are not served",
+                     p_.session_id);
+        r = CUDA_ERROR_NOT_SUPPORTED;
+        break;
+      }
       if (r = CheckArrayDesc(a, "MipmappedArrayCreate"); r != CUDA_SUCCESS) break;
       const uint64_t largest = std::max({a.width, a.height, a.depth});
       uint32_t max_levels = 1;
@@ -1856,12 +1865,23 @@ void ClampServedFeatures(DeviceInfo* info, bool network, bool same_address) {
 }
 
 CUresult Session::CheckArrayDesc(const ArrayCreateReq& q, const char* op) {
-  if (FormatBytes(q.format) == 0 || (q.flags & ~uint32_t{CUDA_ARRAY3D_SURFACE_LDST}) != 0) {
+  const uint32_t served = CUDA_ARRAY3D_SURFACE_LDST | CUDA_ARRAY3D_LAYERED | CUDA_ARRAY3D_CUBEMAP;
+  if (FormatBytes(q.format) == 0 || (q.flags & ~served) != 0) {
     p_.log->warn(
-        "sess={} op={}: format {:#x} / flags {:#x} not served (layered, cubemap, texture-gather, sparse, "
+        "sess={} op={}: format {:#x} / flags {:#x} not served (texture-gather, sparse, deferred-mapping, "
         "planar and block-compressed arrays are not)",
         p_.session_id, op, q.format, q.flags);
     return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  const bool channels_ok = q.channels == 1 || q.channels == 2 || q.channels == 4;
+  if ((q.flags & (CUDA_ARRAY3D_LAYERED | CUDA_ARRAY3D_CUBEMAP)) != 0) {
+    // Depth counts the layers (x 6 faces for a cubemap); a cubemap's faces are square.
+    const bool layered = (q.flags & CUDA_ARRAY3D_LAYERED) != 0, cube = (q.flags & CUDA_ARRAY3D_CUBEMAP) != 0;
+    const bool ok =
+        q.width != 0 && q.width <= kMaxLayeredW && q.reserved == 0 && q.depth != 0 &&
+        (cube ? q.height == q.width && q.depth % 6 == 0 && (layered ? q.depth / 6 <= kMaxCubeLayers : q.depth == 6)
+              : q.height <= kMaxLayeredW && q.depth <= kMaxLayers);
+    return ok && channels_ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
   }
   const uint32_t dims = q.depth != 0 ? 3 : q.height != 0 ? 2 : 1;
   const bool extents_ok = q.width != 0 && q.reserved == 0 &&

@@ -1162,6 +1162,8 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
       v.format = arr.spec.format;
       v.channels = arr.spec.channels;
       v.dims = arr.spec.depth != 0 ? 3 : arr.spec.height != 0 ? 2 : 1;
+      v.layered = (arr.spec.flags & CUDA_ARRAY3D_LAYERED) != 0;
+      v.cubemap = (arr.spec.flags & CUDA_ARRAY3D_CUBEMAP) != 0;
       v.width = arr.spec.width;
       v.height = arr.rows;
       v.depth = arr.slices;

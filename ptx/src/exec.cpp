@@ -1684,16 +1684,60 @@ class Block {
     ImageView v;
     if (!HandleValue(w, ins.o[1], l, ins, &h) || !ResolveImage(h, false, w, l, ins, &v)) return false;
     const bool fl = FloatResult(v);
-    const bool int_coords = ins.type2 == Ty::kS32;
-    const bool normalized = v.normalized_coords && !int_coords;
-    const uint64_t n[3] = {v.width, v.height, v.depth};
-    const int dims = ins.geom;
+    const bool arrayed = ins.layer == kGeomArray || ins.layer == kGeomArrayCube;
+    const bool cube = ins.layer == kGeomCube || ins.layer == kGeomArrayCube;
+    if ((arrayed && !v.layered) || cube != v.cubemap) {
+      SetFault(CUDA_ERROR_ILLEGAL_ADDRESS, std::string(cube      ? "a cube"
+                                                       : arrayed ? "a layered"
+                                                                 : "a plain") +
+                                               " fetch from texture object 0x" + Hex(h) + ", whose array is " +
+                                               (v.cubemap   ? "a cubemap"
+                                                : v.layered ? "layered"
+                                                            : "neither") +
+                                               ", by " + Where(w, l, ins));
+      return false;
+    }
     const Operand& co = ins.o[2];
+    // Layered arrays and cubemaps keep their layers (and faces) as slices: `slice` is the one read.
+    int64_t slice = -1;
+    if (arrayed) {  // the layer: an integer, clamped to the array's layers
+      const auto layers = static_cast<int64_t>(cube ? v.depth / 6 : v.depth);
+      slice = std::clamp<int64_t>(SExt(VecReg(w, co, 0, l), 4), 0, std::max<int64_t>(layers - 1, 0)) * (cube ? 6 : 1);
+    }
+    const int first = arrayed ? 1 : 0;  // the first spatial coordinate
+    // A cube fetch: the major axis of direction (x, y, z) picks the face, and the other two give the
+    // point on it (CUDA C++ Programming Guide, "Cubemap Textures"), in texels of the face.
+    float face_xy[2] = {0, 0};
+    if (cube) {
+      const float x = F32(VecReg(w, co, first, l)), y = F32(VecReg(w, co, first + 1, l)),
+                  z = F32(VecReg(w, co, first + 2, l));
+      const float ax = std::fabs(x), ay = std::fabs(y), az = std::fabs(z);
+      float sc = 0, tc = 0, m = 0;
+      int face = 0;
+      if (ax >= ay && ax >= az) {
+        face = x >= 0 ? 0 : 1, sc = x >= 0 ? -z : z, tc = -y, m = ax;
+      } else if (ay >= az) {
+        face = y >= 0 ? 2 : 3, sc = x, tc = y >= 0 ? z : -z, m = ay;
+      } else {
+        face = z >= 0 ? 4 : 5, sc = z >= 0 ? x : -x, tc = -y, m = az;
+      }
+      const float size = static_cast<float>(v.width);
+      face_xy[0] = m > 0 ? (sc / m + 1.0f) * 0.5f * size : 0.0f;
+      face_xy[1] = m > 0 ? (tc / m + 1.0f) * 0.5f * size : 0.0f;
+      slice = std::max<int64_t>(slice, 0) + face;
+    }
+    const bool int_coords = ins.type2 == Ty::kS32;
+    const bool normalized = v.normalized_coords && !int_coords && !cube;
+    const uint64_t n[3] = {v.width, v.height, v.depth};
+    const int dims = cube ? 2 : ins.geom;
+    uint32_t mode[3] = {v.address_mode[0], v.address_mode[1], v.address_mode[2]};
+    if (cube) mode[0] = mode[1] = CU_TR_ADDRESS_MODE_CLAMP;  // no seamless filtering across faces
+    auto coord = [&](int d) { return cube ? static_cast<uint64_t>(B32(face_xy[d])) : VecReg(w, co, first + d, l); };
     uint32_t out[4] = {};
     if (int_coords || !fl || v.filter_mode != CU_TR_FILTER_MODE_LINEAR) {
       int64_t idx[3] = {0, 0, 0};
       for (int d = 0; d < dims; ++d) {
-        const uint64_t r = VecReg(w, co, d, l);
+        const uint64_t r = coord(d);
         int64_t i = 0;
         if (int_coords) {
           i = SExt(r, 4);
@@ -1702,14 +1746,15 @@ class Block {
           if (normalized) x *= static_cast<float>(n[d]);
           i = FloorIndex(x);
         }
-        idx[d] = AddressIndex(i, n[d], v.address_mode[d], normalized);
+        idx[d] = AddressIndex(i, n[d], mode[d], normalized);
       }
+      if (slice >= 0) idx[2] = slice;
       if (!FetchTexel(v, idx, fl, out, w, l, ins, h)) return false;
     } else {
       int64_t base[3] = {0, 0, 0};
       float alpha[3] = {0, 0, 0};
       for (int d = 0; d < dims; ++d) {
-        float x = F32(VecReg(w, co, d, l));
+        float x = F32(coord(d));
         if (normalized) x *= static_cast<float>(n[d]);
         const float xb = x - 0.5f;
         base[d] = FloorIndex(xb);
@@ -1722,9 +1767,10 @@ class Block {
         float weight = 1.0f;
         for (int d = 0; d < dims; ++d) {
           const bool hi = (corner >> d) & 1;
-          idx[d] = AddressIndex(base[d] + (hi ? 1 : 0), n[d], v.address_mode[d], normalized);
+          idx[d] = AddressIndex(base[d] + (hi ? 1 : 0), n[d], mode[d], normalized);
           weight *= hi ? alpha[d] : 1.0f - alpha[d];
         }
+        if (slice >= 0) idx[2] = slice;
         uint32_t t[4];
         if (!FetchTexel(v, idx, true, t, w, l, ins, h)) return false;
         for (int c = 0; c < 4; ++c) acc[c] += weight * F32(t[c]);
@@ -1761,9 +1807,17 @@ class Block {
     const int e = TyBytes(ins.type);
     const int cnt = ins.vec;
     const auto size = static_cast<uint64_t>(e) * static_cast<uint64_t>(cnt);
-    const int64_t x = SExt(VecReg(w, co, 0, l), 4);
-    const int64_t y = ins.geom >= 2 ? SExt(VecReg(w, co, 1, l), 4) : 0;
-    const int64_t z = ins.geom >= 3 ? SExt(VecReg(w, co, 2, l), 4) : 0;
+    // .a1d / .a2d: {layer, x[, y, _]}, the layer a slice of the layered array (checked as z is).
+    const bool arrayed = ins.layer == kGeomArray;
+    if (arrayed && !v.layered) {
+      SetFault(CUDA_ERROR_ILLEGAL_ADDRESS, "a layered access to surface object 0x" + Hex(h) +
+                                               ", whose array is not layered, by " + Where(w, l, ins));
+      return false;
+    }
+    const int first = arrayed ? 1 : 0;
+    const int64_t x = SExt(VecReg(w, co, first, l), 4);
+    const int64_t y = ins.geom >= 2 ? SExt(VecReg(w, co, first + 1, l), 4) : 0;
+    const int64_t z = arrayed ? SExt(VecReg(w, co, 0, l), 4) : ins.geom >= 3 ? SExt(VecReg(w, co, 2, l), 4) : 0;
     uint64_t row = 0;
     if (__builtin_mul_overflow(v.width, TexelBytes(v), &row)) row = UINT64_MAX;
     auto coords = [&] {

@@ -233,6 +233,8 @@ struct Operand {
 inline constexpr uint8_t kCpAsyncIgnoreSrc = 1;  // the 4th operand is the ignore-src predicate
 inline constexpr uint8_t kCpAsyncCacheHint = 2;  // the last operand is a cache policy (ignored)
 
+enum : uint8_t { kGeomPlain = 0, kGeomArray = 1, kGeomCube = 2, kGeomArrayCube = 3 };
+
 struct Ins {
   Op op = Op::kNop;
   Ty type = Ty::kNone;   // the instruction type (.s32, .f32, ...); for cvt the destination
@@ -242,10 +244,12 @@ struct Ins {
   BoolOp boolop = BoolOp::kNone;
   Rnd rnd = Rnd::kDefault;
   MulMode mul = MulMode::kNone;
-  uint8_t sub = 0;   // AtomOp / ShflMode / VoteMode / redux op / shf mode / bar.red op
-  uint8_t vec = 1;   // ld/st/mov vector width
-  uint8_t geom = 0;  // tex/suld/sust: dimensions (1, 2, 3)
-  uint8_t oob = 0;   // suld/sust: out-of-range mode (kOobTrap...); txq/suq: the query (0 width, 1 height, 2 depth)
+  uint8_t sub = 0;    // AtomOp / ShflMode / VoteMode / redux op / shf mode / bar.red op
+  uint8_t vec = 1;    // ld/st/mov vector width
+  uint8_t geom = 0;   // tex/suld/sust: spatial coordinates (1, 2, 3; .cube and .acube: 3, a direction)
+  uint8_t layer = 0;  // tex/suld/sust: kGeomPlain, kGeomArray (.a1d/.a2d: coordinate 0 is the layer),
+                      // kGeomCube, kGeomArrayCube (.acube: coordinate 0 is the cube's layer)
+  uint8_t oob = 0;    // suld/sust: out-of-range mode (kOobTrap...); txq/suq: the query (0 width, 1 height, 2 depth)
   bool ftz = false, sat = false, approx = false, cc = false, to = false, wrap = false, uni = false, relu = false;
   bool pred_neg = false;
   uint32_t pred = kNoReg;  // guard predicate register

@@ -985,10 +985,11 @@ class Parser {
     // Shapes: coordinates for every dimension; as many data registers as the vector width.
     if (!query) {
       const Operand& c = ins.o[ins.op == Op::kSust ? 1 : 2];
-      if (c.n < ins.geom)
+      const int coords = ins.geom + (ins.layer == kGeomArray || ins.layer == kGeomArrayCube ? 1 : 0);
+      if (c.n < coords)
         return InvalidArgument("PTX line " + std::to_string(ins.line) + ": " + opcode + " needs " +
-                               std::to_string(ins.geom) + " coordinates");
-      for (int i = 0; i < ins.geom; ++i)
+                               std::to_string(coords) + " coordinates");
+      for (int i = 0; i < coords; ++i)
         if (c.regs[i] == kNoReg)
           return InvalidArgument("PTX line " + std::to_string(ins.line) + ": " + opcode + " coordinate " +
                                  std::to_string(i) + " is '_'");
@@ -1053,8 +1054,8 @@ class Parser {
   }
 
   // tex / suld / sust / txq / suq opcodes -> Ins fields; false (with `why`) for the forms the
-  // executor refuses: tex.level / tex.grad / tex.base (mipmaps), tld4 (gather), layered, cube and
-  // multisample geometries, formatted surface access (suld.p / sust.p), sured, f16 results.
+  // executor refuses: tex.level / tex.grad / tex.base (mipmaps), tld4 (gather), multisample
+  // geometries and cube surfaces, formatted surface access (suld.p / sust.p), sured, f16 results.
   static bool DecodeImage(const std::vector<std::string_view>& parts, Ins* ins, std::string* why) {
     const std::string_view base = parts[0];
     if (base == "tld4") {
@@ -1080,8 +1081,18 @@ class Parser {
         ins->geom = static_cast<uint8_t>(m[0] - '0');
         continue;
       }
+      if (!query && (m == "a1d" || m == "a2d")) {  // PTX ISA "Texture Geometries": {layer, x[, y, _]}
+        ins->geom = static_cast<uint8_t>(m[1] - '0');
+        ins->layer = kGeomArray;
+        continue;
+      }
+      if (!query && ins->op == Op::kTex && (m == "cube" || m == "acube")) {  // {x, y, z, _} / {layer, x, y, z}
+        ins->geom = 3;
+        ins->layer = m == "cube" ? kGeomCube : kGeomArrayCube;
+        continue;
+      }
       if (m == "a1d" || m == "a2d" || m == "cube" || m == "acube" || m == "2dms" || m == "a2dms") {
-        *why = "." + std::string(m) + " geometry (layered, cube and multisample textures are not supported)";
+        *why = "." + std::string(m) + " geometry (multisample textures and cube surfaces are not supported)";
         return false;
       }
       if (ins->op == Op::kTex && (m == "level" || m == "grad" || m == "base")) {
@@ -1144,6 +1155,10 @@ class Parser {
       }
       if (ins->type2 != Ty::kF32 && ins->type2 != Ty::kS32) {
         *why = "coordinates must be .f32 or .s32";
+        return false;
+      }
+      if ((ins->layer == kGeomCube || ins->layer == kGeomArrayCube) && ins->type2 != Ty::kF32) {
+        *why = "cube coordinates must be .f32";
         return false;
       }
       return true;

@@ -640,9 +640,10 @@ TEST(PtxErrors, RefusedTextureAndSurfaceFormsAreNamed) {
   const std::pair<const char*, const char*> cases[] = {
       {"tex.level.2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%f5, %f6}], %f7;", "tex.level.2d"},
       {"tex.grad.2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%f5, %f6}], {%f7, %f8}, {%f9, %f10};", "tex.grad"},
-      {"tex.a2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%r2, %f5, %f6, %f7}];", "tex.a2d"},
+      {"tex.2dms.v4.f32.s32 {%f1, %f2, %f3, %f4}, [%rd1, {%r2, %r3, %r4, %r5}];", "tex.2dms"},
+      {"tex.cube.v4.f32.s32 {%f1, %f2, %f3, %f4}, [%rd1, {%r2, %r3, %r4, %r5}];", "tex.cube"},
       {"sust.p.2d.b32.trap [%rd1, {%r2, %r3}], {%r4, %r5, %r6, %r7};", "sust.p"},
-      {"suld.b.a2d.b32.trap {%r2}, [%rd1, {%r3, %r4, %r5, %r6}];", "suld.b.a2d"},
+      {"suld.b.2dms.b32.trap {%r2}, [%rd1, {%r3, %r4, %r5, %r6}];", "suld.b.2dms"},
       {"sured.b.add.2d.u32.trap [%rd1, {%r2, %r3}], %r4;", "sured"},
       {"txq.level.width.b32 %r2, [%rd1], %r3;", "txq.level"},
       {"tex.2d.v4.f32.f32 {%f1, %f2, %f3, %f4}, [%rd1, {%f5, %f6}], {%r2, %r3};", "offset"},

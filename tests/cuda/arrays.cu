@@ -3,7 +3,7 @@
 // cudaCreateTextureObject, cudaCreateSurfaceObject, tex1Dfetch / tex2D / tex3D, surf2Dread /
 // surf2Dwrite). Every value a kernel returns is computed (the sim backend runs the PTX) and checked
 // against a reference computed here. Also: an array counts against the vGPU's quota, and what Orion
-// does not serve (layered arrays) is refused with an error, not ignored.
+// does not serve (texture-gather arrays) is refused with an error, not ignored.
 #include <cmath>
 
 #include "orion_test.h"
@@ -249,9 +249,9 @@ int main() {
   cudaError_t he = cudaMalloc3DArray(&huge, &f4, make_cudaExtent(16384, 16384, 16));  // 64 GiB
   ot::check("array_over_quota_refused", he == cudaErrorMemoryAllocation, cudaGetErrorName(he));
   (void)cudaGetLastError();
-  cudaArray_t layered = nullptr;
-  cudaError_t le = cudaMalloc3DArray(&layered, &fdesc, make_cudaExtent(16, 16, 4), cudaArrayLayered);
-  ot::check("layered_array_refused", le != cudaSuccess, cudaGetErrorName(le));
+  cudaArray_t gather = nullptr;  // layered and cubemap arrays: arrays_layered.cu
+  cudaError_t le = cudaMalloc3DArray(&gather, &fdesc, make_cudaExtent(16, 16, 0), cudaArrayTextureGather);
+  ot::check("texture_gather_array_refused", le != cudaSuccess, cudaGetErrorName(le));
   (void)cudaGetLastError();
 
   // ---- Mipmapped arrays: each level an array (copies, textures); the whole counts in the quota.

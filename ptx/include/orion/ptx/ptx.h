@@ -95,7 +95,9 @@ struct ImageView {
   uint32_t format = 0;    // CUarray_format: CU_AD_FORMAT_{UNSIGNED,SIGNED}_INT{8,16,32}, HALF, FLOAT
   uint32_t channels = 1;  // 1, 2 or 4
   uint32_t dims = 1;      // 1, 2 or 3
-  uint64_t width = 0, height = 1, depth = 1;  // texels
+  uint64_t width = 0, height = 1, depth = 1;  // texels; a layered or cubemap array: depth = its layers
+  bool layered = false;                       // CUDA_ARRAY3D_LAYERED (tex/suld .a1d/.a2d/.acube)
+  bool cubemap = false;                       // CUDA_ARRAY3D_CUBEMAP: 6 faces (x 6 per layer) of width x width
   uint64_t row_pitch = 0, slice_pitch = 0;    // bytes
   // Sampling (textures only; surfaces ignore these).
   uint32_t address_mode[3] = {};   // CUaddress_mode: WRAP, CLAMP, MIRROR, BORDER
