@@ -6,6 +6,7 @@
 // plugstack.conf (spank(7)), on one line:
 //   required /usr/lib/orion/slurm/orion_spank.so controller=10.0.0.5:9123,10.0.0.6:9123
 //            key_file=/etc/orion/slurm.key [oriond_key_file=/etc/orion/oriond-client.key] [wait=600]
+//            [tls_ca=/etc/orion/ca.crt]   (for controller=https://host:port,...)
 //
 // What happens (the callbacks are spank(7)'s):
 // - srun, sbatch, salloc (local and allocator context): the options are checked (a bad value stops
@@ -148,6 +149,9 @@ int ParseArgs(int ac, char** av, bool read_keys) {
         return -1;
       }
       g_settings.controller = v;
+    } else if (k == "tls_ca") {
+      // The CA file that verifies an https:// controller (else $ORION_TLS_CA, else the system's).
+      orion::controller::SetTlsCaFile(v);
     } else if (k == "key_file") {
       g_settings.key_path = v;
       if (read_keys && (g_settings.key = ReadSecret(v, &why)).empty()) {
@@ -168,8 +172,9 @@ int ParseArgs(int ac, char** av, bool read_keys) {
       }
       g_settings.wait_s = static_cast<int>(w);
     } else {
-      slurm_error("orion: plugstack.conf: unknown argument '%s' (controller=, key_file=, oriond_key_file=, wait=)",
-                  a.c_str());
+      slurm_error(
+          "orion: plugstack.conf: unknown argument '%s' (controller=, key_file=, oriond_key_file=, tls_ca=, wait=)",
+          a.c_str());
       return -1;
     }
   }

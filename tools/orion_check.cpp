@@ -142,6 +142,7 @@ int RuntimeServer(const orion::host::ServerConfig& c) {
     std::printf("Checking Orion Controller status ...\n");
     std::printf("No controller configured: oriond admits clients itself (standalone).\n");
   } else {
+    if (!c.controller_tls_ca.empty()) orion::controller::SetTlsCaFile(c.controller_tls_ca);  // as oriond
     ok &= ControllerStatus(controller, c.controller_key);
     if (ok)
       Row("oriond registered with the controller",

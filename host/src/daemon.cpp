@@ -314,6 +314,7 @@ Status Daemon::StartServing() {
     if (auto ep = controller::ParseEndpoints(controller); !ep.ok()) {
       return InvalidArgument("controller_addr: " + ep.status().message());
     }
+    if (!config_.controller_tls_ca.empty()) controller::SetTlsCaFile(config_.controller_tls_ca);
     ControllerLinkOptions lo;
     lo.controller_addr = controller;
     lo.key = config_.controller_key;

@@ -41,6 +41,7 @@ struct ServerConfig {
   // [controller]
   std::string controller_addr;              // "" = standalone; $ORION_CONTROLLER beats it
   std::string controller_key;               // [controller] controller_key: the controller's server key
+  std::string controller_tls_ca;            // [controller] controller_tls_ca: CA file (PEM) for https:// controllers
   uint64_t controller_heartbeat_ms = 2000;  // [controller] heartbeat_ms
   // Not in Orion's file: flags only (or [orion] section).
   BackendKind backend = BackendKind::kAuto;
