@@ -80,9 +80,9 @@ Result<ControllerConfig> ParseControllerConfig(const std::string& text, const st
         c.service.max_gmem_mib_per_key = static_cast<uint64_t>(n);
       } else if (key == "log_file") {
         c.log_file = v.IsNull() ? "" : v.as<std::string>();
-      } else if (key == "tls_cert" || key == "tls_key") {
+      } else if (key == "tls_cert" || key == "tls_key" || key == "tls_client_ca") {
         const std::string path = v.IsNull() ? "" : v.as<std::string>();
-        (key == "tls_cert" ? c.tls_cert : c.tls_key) = path;
+        (key == "tls_cert" ? c.tls_cert : key == "tls_key" ? c.tls_key : c.tls_client_ca) = path;
       } else if (key == "authentication") {
         if (v.IsNull()) continue;
         if (!v.IsMap()) return bad(key, "must map client/server/admin to keys");
@@ -122,6 +122,9 @@ Result<ControllerConfig> ParseControllerConfig(const std::string& text, const st
     return InvalidArgument(
         source + ": " + (c.tls_cert.empty() ? "tls_key is set without tls_cert" : "tls_cert is set without tls_key") +
         " (HTTPS needs both)");
+  }
+  if (!c.tls_client_ca.empty() && c.tls_cert.empty()) {
+    return InvalidArgument(source + ": tls_client_ca needs tls_cert and tls_key (mutual TLS is HTTPS)");
   }
   if (c.service.server_release_ms < c.service.server_timeout_ms) {
     return InvalidArgument(source + ": server_release_s must not be shorter than server_timeout_s");

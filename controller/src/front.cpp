@@ -175,7 +175,7 @@ class FrontServer::Front {
     if (wake_ >= 0) ::close(wake_);
     if (tls_) SSL_CTX_free(tls_);
   }
-  std::string UseTls(const std::string& cert, const std::string& key);
+  std::string UseTls(const std::string& cert, const std::string& key, const std::string& client_ca);
 
   bool Serve(int listen_fd);
   void Stop() {
@@ -676,7 +676,15 @@ void FrontServer::Front::Handshake(Conn& c) {
   switch (SSL_get_error(c.ssl, r)) {
     case SSL_ERROR_WANT_READ: return Watch(c, EPOLLIN | EPOLLRDHUP);
     case SSL_ERROR_WANT_WRITE: return Watch(c, EPOLLOUT | EPOLLRDHUP);
-    default: ERR_clear_error(); return Close(c.fd);  // no TLS version or cipher in common, garbage
+    default:
+      // No TLS version or cipher in common, a client certificate refused, garbage. OpenSSL has
+      // queued its alert: linger as after an error reply, so that the client's next bytes (TLS 1.3
+      // sends its request before it reads the server's verdict) do not reset the alert away.
+      ERR_clear_error();
+      ::shutdown(c.fd, SHUT_WR);
+      c.state = State::kLinger;
+      c.deadline = Clock::now() + std::chrono::milliseconds(kLingerMs);
+      return Watch(c, EPOLLIN | EPOLLRDHUP);
   }
 }
 
@@ -724,10 +732,13 @@ ssize_t FrontServer::Front::Send(Conn& c, const char* p, size_t n, uint32_t* wan
   }
 }
 
-std::string FrontServer::Front::UseTls(const std::string& cert, const std::string& key) {
+std::string FrontServer::Front::UseTls(const std::string& cert, const std::string& key, const std::string& client_ca) {
   for (const auto& [name, path] : {std::pair{"tls_cert", cert}, std::pair{"tls_key", key}}) {
     if (path.empty()) return std::string(name) + " is not set (HTTPS needs tls_cert and tls_key)";
     if (!std::ifstream(path)) return std::string(name) + ": cannot read " + path + ": " + std::strerror(errno);
+  }
+  if (!client_ca.empty() && !std::ifstream(client_ca)) {
+    return "tls_client_ca: cannot read " + client_ca + ": " + std::strerror(errno);
   }
   ERR_clear_error();
   SSL_CTX* ctx = SSL_CTX_new(TLS_server_method());
@@ -751,6 +762,19 @@ std::string FrontServer::Front::UseTls(const std::string& cert, const std::strin
       why = "tls_key " + key + " is not the key of tls_cert " + cert + ": " + OpenSslError();
     }
     EVP_PKEY_free(pkey);
+  }
+  if (why.empty() && !client_ca.empty()) {
+    // Mutual TLS: a client must show a certificate that this CA file's CAs signed.
+    STACK_OF(X509_NAME)* names = SSL_load_client_CA_file(client_ca.c_str());
+    if (names == nullptr || SSL_CTX_load_verify_locations(ctx, client_ca.c_str(), nullptr) != 1) {
+      why = "tls_client_ca " + client_ca + " holds no PEM CA certificate: " + OpenSslError();
+      if (names != nullptr) sk_X509_NAME_pop_free(names, X509_NAME_free);
+    } else {
+      SSL_CTX_set_client_CA_list(ctx, names);
+      SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
+      static const unsigned char kSessionContext[] = "orion-controller";
+      SSL_CTX_set_session_id_context(ctx, kSessionContext, sizeof kSessionContext - 1);
+    }
   }
   if (!why.empty()) {
     SSL_CTX_free(ctx);
@@ -794,8 +818,9 @@ FrontServer::~FrontServer() = default;
 
 bool FrontServer::Serve(int listen_fd) { return front_->Serve(listen_fd); }
 
-std::string FrontServer::UseTls(const std::string& cert_file, const std::string& key_file) {
-  return front_->UseTls(cert_file, key_file);
+std::string FrontServer::UseTls(const std::string& cert_file, const std::string& key_file,
+                                const std::string& client_ca_file) {
+  return front_->UseTls(cert_file, key_file, client_ca_file);
 }
 
 void FrontServer::Stop() { front_->Stop(); }

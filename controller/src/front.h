@@ -65,9 +65,10 @@ class FrontServer final : public httplib::Server {
   void Stop();
 
   // Serve HTTPS with `cert_file` (PEM, the certificate and its chain) and `key_file` (PEM), TLS 1.2
-  // or later. Returns "" or why not (a file missing or unreadable, a key that is not the
+  // or later; with `client_ca_file` (PEM CAs), only to clients whose certificate they signed (mutual
+  // TLS). Returns "" or why not (a file missing or unreadable, a key that is not the
   // certificate's), for the operator.
-  std::string UseTls(const std::string& cert_file, const std::string& key_file);
+  std::string UseTls(const std::string& cert_file, const std::string& key_file, const std::string& client_ca_file = "");
 
   // Connections open now (for tests and logs).
   size_t connections() const;

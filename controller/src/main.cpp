@@ -162,7 +162,7 @@ static int Main(int argc, char** argv) {
   });
   server.set_payload_max_length(oc::kMaxBodyBytes);
   if (!cfg->tls_cert.empty()) {
-    if (const std::string why = server.UseTls(cfg->tls_cert, cfg->tls_key); !why.empty()) {
+    if (const std::string why = server.UseTls(cfg->tls_cert, cfg->tls_key, cfg->tls_client_ca); !why.empty()) {
       log->error("cannot serve HTTPS: {}", why);
       return 2;
     }

@@ -538,6 +538,10 @@ TEST(ControllerConfig, TlsNeedsCertAndKeyAndHttpsAddressesParse) {
   ASSERT_FALSE(half.ok());
   EXPECT_NE(half.status().message().find("tls_cert is set without tls_key"), std::string::npos);
   EXPECT_FALSE(ParseControllerConfig("tls_key: /k\n", "t").ok());
+  EXPECT_FALSE(ParseControllerConfig("tls_client_ca: /ca\n", "t").ok());
+  auto m = ParseControllerConfig("tls_cert: /c\ntls_key: /k\ntls_client_ca: /ca\n", "t");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->tls_client_ca, "/ca");
   EXPECT_FALSE(ParseControllerConfig("listen: https://0.0.0.0:9123\n", "t").ok());
   EXPECT_FALSE(ParseControllerConfig("database: etcd://https://10.0.0.1:2379\n", "t").ok());
   // Clients: https:// is TLS, http:// or no scheme is plain.

@@ -50,20 +50,29 @@ def make_certs(d: Path):
     (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
     openssl("x509", "-req", "-in", d / "server.csr", "-CA", d / "ca.crt", "-CAkey", d / "ca.key", "-CAcreateserial",
             "-out", d / "server.crt", "-days", "2", "-extfile", d / "san.ext")
+    # Client certificates (mutual TLS): client.crt signed by ca, rogue.crt by other-ca.
+    (d / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
+    for name, ca in (("client", "ca"), ("rogue", "other-ca")):
+        openssl("req", *key, "-keyout", d / f"{name}.key", "-out", d / f"{name}.csr", "-subj", f"/CN=orion {name}")
+        openssl("x509", "-req", "-in", d / f"{name}.csr", "-CA", d / f"{ca}.crt", "-CAkey", d / f"{ca}.key",
+                "-CAcreateserial", "-out", d / f"{name}.crt", "-days", "2", "-extfile", d / "client.ext")
     return d
 
 
 class Controller:
     def __init__(self, tmp: Path, placement="pack", keys=False, port=None, db=None, extra="", server_timeout_s=1.5,
-                 lease_ttl_s=2, tls: Path = None):
+                 lease_ttl_s=2, tls: Path = None, mtls=False):
         self.tmp = tmp
         self.port = port or free_port()
         self.addr = f"127.0.0.1:{self.port}"
         # tls: a make_certs directory: the controller serves HTTPS with its server certificate.
         self.tls = tls
+        self.mtls = mtls  # clients need a certificate signed by tls/ca.crt
         self.url = f"https://{self.addr}" if tls else self.addr  # as clients write it
         if tls:
             extra += f"tls_cert: {tls / 'server.crt'}\ntls_key: {tls / 'server.key'}\n"
+            if mtls:
+                extra += f"tls_client_ca: {tls / 'ca.crt'}\n"
         self.db = db or tmp / "controller.db"
         self.placement = placement
         self.keys = keys
@@ -106,6 +115,8 @@ class Controller:
             req.add_header("Authorization", f"Bearer {key}")
         try:
             tls = ssl.create_default_context(cafile=str(self.tls / "ca.crt")) if self.tls else None
+            if self.mtls:
+                tls.load_cert_chain(self.tls / "client.crt", self.tls / "client.key")
             with urllib.request.urlopen(req, timeout=10, context=tls) as r:
                 data = r.read()
                 return r.status, (json.loads(data) if r.headers.get_content_type() == "application/json" else data.decode())
@@ -133,18 +144,20 @@ def server_conf(ctl, key=None, gpus=2, heartbeat_ms=300):
     return ("[server]\n    vgpu_count = 4\n[server-shm]\n    shm_buffer_size = 16\n"
             f"[controller]\n    controller_addr = {ctl.url}\n    heartbeat_ms = {heartbeat_ms}\n" +
             (f"    controller_key = {key}\n" if key else "") +
-            (f"    controller_tls_ca = {ctl.tls / 'ca.crt'}\n" if ctl.tls else ""))
+            (f"    controller_tls_ca = {ctl.tls / 'ca.crt'}\n" if ctl.tls else "") +
+            (f"    controller_tls_cert = {ctl.tls / 'client.crt'}\n    controller_tls_key = {ctl.tls / 'client.key'}\n"
+             if ctl.mtls else ""))
 
 
 class Cluster:
     """A controller and oriond servers (2 sim GPUs of 16384 MiB, 4 vGPUs each) registered with it."""
 
-    def __init__(self, tmp: Path, servers=2, placement="pack", keys=False, heartbeat_ms=300, tls=None):
+    def __init__(self, tmp: Path, servers=2, placement="pack", keys=False, heartbeat_ms=300, tls=None, mtls=False):
         self.tmp = tmp
         self.heartbeat_ms = heartbeat_ms
         # Slow heartbeats: the controller waits for them (server_timeout_s) accordingly.
         self.ctl = Controller(tmp, placement=placement, keys=keys, server_timeout_s=max(1.5, 3 * heartbeat_ms / 1000),
-                              tls=tls)
+                              tls=tls, mtls=mtls)
         self.servers = []
         for i in range(servers):
             self.add_server(key=SERVER if keys else None)
@@ -185,6 +198,9 @@ class Cluster:
                     "ORION_VGPU": "1", "ORION_GMEM": "512"})
         if self.ctl.tls:
             env["ORION_TLS_CA"] = str(self.ctl.tls / "ca.crt")
+        if self.ctl.mtls:
+            env["ORION_TLS_CERT"] = str(self.ctl.tls / "client.crt")
+            env["ORION_TLS_KEY"] = str(self.ctl.tls / "client.key")
         env.update({k: str(v) for k, v in extra.items()})
         return env
 
@@ -1312,3 +1328,35 @@ def test_tls_connections_are_bounded_like_plain_ones(tmp_path):
         for s in silent + half + idle:
             s.close()
         ctl.stop()
+
+
+def test_mutual_tls_admits_only_certificates_its_ca_signed(tmp_path):
+    certs = make_certs(tmp_path / "certs")
+    # oriond shows controller_tls_cert/_key; clients ORION_TLS_CERT/_KEY.
+    c = Cluster(tmp_path, servers=1, tls=certs, mtls=True)
+    try:
+        assert f"Registered with Orion Controller {c.ctl.url}" in c.servers[0].log()
+        r = c.run("device_props", ORION_VGPU=1, ORION_GMEM=1000)
+        assert_passed(r)
+        assert USING.search(r.stderr), r.stderr
+        c.wait_allocations(0)
+        r = c.tool("orion-smi")
+        assert r.returncode == 0, r.stderr
+        # No client certificate, one another CA signed, or a certificate without its key: refused.
+        env = {k: v for k, v in c.env().items() if k not in ("ORION_TLS_CERT", "ORION_TLS_KEY")}
+
+        def smi(**extra):
+            return subprocess.run([PREFIX / "bin" / "orion-smi"], env=dict(env, **extra), capture_output=True,
+                                  text=True, timeout=30)
+
+        r = smi()
+        assert r.returncode == 1 and "certificate required" in r.stderr, r.stderr
+        assert "the controller may want a client certificate" in r.stderr, r.stderr
+        r = smi(ORION_TLS_CERT=str(certs / "rogue.crt"), ORION_TLS_KEY=str(certs / "rogue.key"))
+        assert r.returncode == 1 and f"refused the client certificate {certs / 'rogue.crt'}" in r.stderr, r.stderr
+        r = smi(ORION_TLS_CERT=str(certs / "client.crt"))
+        assert r.returncode == 1 and "needs its key" in r.stderr, r.stderr
+        r = smi(ORION_TLS_CERT=str(certs / "client.crt"), ORION_TLS_KEY=str(certs / "rogue.key"))
+        assert r.returncode == 1 and f"cannot load the TLS client key {certs / 'rogue.key'}: key values mismatch" in r.stderr, r.stderr
+    finally:
+        c.stop()

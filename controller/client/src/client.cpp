@@ -89,52 +89,78 @@ namespace {
 namespace ssl = boost::asio::ssl;
 
 std::mutex g_tls_mu;
-std::string g_tls_ca;  // SetTlsCaFile
+std::string g_tls_ca, g_tls_cert, g_tls_key;  // SetTlsCaFile, SetTlsClientCert
 
-// The CA file an https:// request verifies with ("" = the system's).
-std::string TlsCaFile() {
-  {
-    std::lock_guard<std::mutex> lock(g_tls_mu);
-    if (!g_tls_ca.empty()) return g_tls_ca;
+// What an https:// request uses: the CA file ("" = the system's) and a client certificate and key
+// ("" = none), each as set in the process, else from the environment.
+struct TlsFiles {
+  std::string ca, cert, key;
+};
+TlsFiles TlsNow() {
+  auto env = [](const char* name) {
+    const char* v = std::getenv(name);
+    return std::string(v != nullptr ? v : "");
+  };
+  std::lock_guard<std::mutex> lock(g_tls_mu);
+  TlsFiles f{g_tls_ca, g_tls_cert, g_tls_key};
+  if (f.ca.empty()) f.ca = env("ORION_TLS_CA");
+  if (f.cert.empty() && f.key.empty()) {
+    f.cert = env("ORION_TLS_CERT");
+    f.key = env("ORION_TLS_KEY");
   }
-  const char* env = std::getenv("ORION_TLS_CA");
-  return env != nullptr ? env : "";
+  return f;
 }
 
-// One client context per CA file (loading the system's CAs is costly), kept for the process.
-Result<std::shared_ptr<ssl::context>> TlsContext(const std::string& ca) {
+// One client context per set of files (loading the system's CAs is costly), kept for the process.
+Result<std::shared_ptr<ssl::context>> TlsContext(const TlsFiles& f) {
   std::lock_guard<std::mutex> lock(g_tls_mu);
-  static std::map<std::string, std::shared_ptr<ssl::context>>* cache =
-      new std::map<std::string, std::shared_ptr<ssl::context>>;
-  if (auto it = cache->find(ca); it != cache->end()) return it->second;
+  static auto* cache = new std::map<std::string, std::shared_ptr<ssl::context>>;
+  const std::string id = f.ca + '\n' + f.cert + '\n' + f.key;
+  if (auto it = cache->find(id); it != cache->end()) return it->second;
   auto ctx = std::make_shared<ssl::context>(ssl::context::tls_client);
   beast::error_code ec;
   SSL_CTX_set_min_proto_version(ctx->native_handle(), TLS1_2_VERSION);
   ctx->set_verify_mode(ssl::verify_peer, ec);
-  if (ca.empty()) {
+  if (f.ca.empty()) {
     ctx->set_default_verify_paths(ec);
   } else {
-    ctx->load_verify_file(ca, ec);
+    ctx->load_verify_file(f.ca, ec);
   }
   if (ec) {
-    return Unavailable("cannot load the TLS CA " + (ca.empty() ? std::string("(system default)") : "file " + ca) +
+    return Unavailable("cannot load the TLS CA " + (f.ca.empty() ? std::string("(system default)") : "file " + f.ca) +
                        ": " + ec.message());
   }
-  if (cache->size() < 16) (*cache)[ca] = ctx;
+  if (f.cert.empty() != f.key.empty()) {
+    return InvalidArgument(
+        "a TLS client certificate needs its key and a key its certificate (ORION_TLS_CERT and "
+        "ORION_TLS_KEY, or controller_tls_cert and controller_tls_key)");
+  }
+  if (!f.cert.empty()) {
+    ctx->use_certificate_chain_file(f.cert, ec);
+    if (ec) return Unavailable("cannot load the TLS client certificate " + f.cert + ": " + ec.message());
+    ctx->use_private_key_file(f.key, ssl::context::pem, ec);
+    // OpenSSL checks the key against the certificate ("key values mismatch").
+    if (ec) return Unavailable("cannot load the TLS client key " + f.key + ": " + ec.message());
+  }
+  if (cache->size() < 16) (*cache)[id] = ctx;
   return ctx;
 }
 
-// Why a TLS handshake failed, for the operator.
-std::string HandshakeError(const beast::error_code& ec, SSL* ssl, const std::string& ca) {
+// Why TLS failed (the handshake, or a read: TLS 1.3 reports a refused client certificate there),
+// for the operator.
+std::string TlsError(const beast::error_code& ec, SSL* ssl, const TlsFiles& f) {
   std::string why = ec.message();
-  if (ec.category() == boost::asio::error::get_ssl_category()) {
-    const int reason = ERR_GET_REASON(static_cast<unsigned long>(ec.value()));
-    if (reason == SSL_R_CERTIFICATE_VERIFY_FAILED) {
-      why = std::string("certificate verify failed: ") + X509_verify_cert_error_string(SSL_get_verify_result(ssl)) +
-            " (CA " + (ca.empty() ? std::string("the system's, set ORION_TLS_CA") : "file " + ca) + ")";
-    } else if (reason == SSL_R_WRONG_VERSION_NUMBER || reason == SSL_R_PACKET_LENGTH_TOO_LONG) {
-      why += " (no TLS on that port: a plain-HTTP controller is http://host:port)";
-    }
+  if (ec.category() != boost::asio::error::get_ssl_category()) return why;
+  const int reason = ERR_GET_REASON(static_cast<unsigned long>(ec.value()));
+  if (reason == SSL_R_CERTIFICATE_VERIFY_FAILED) {
+    why = std::string("certificate verify failed: ") + X509_verify_cert_error_string(SSL_get_verify_result(ssl)) +
+          " (CA " + (f.ca.empty() ? std::string("the system's, set ORION_TLS_CA") : "file " + f.ca) + ")";
+  } else if (reason == SSL_R_WRONG_VERSION_NUMBER || reason == SSL_R_PACKET_LENGTH_TOO_LONG) {
+    why += " (no TLS on that port: a plain-HTTP controller is http://host:port)";
+  } else if (reason == SSL_R_TLSV13_ALERT_CERTIFICATE_REQUIRED || reason == SSL_R_SSLV3_ALERT_HANDSHAKE_FAILURE ||
+             reason == SSL_R_SSLV3_ALERT_BAD_CERTIFICATE || reason == SSL_R_TLSV1_ALERT_UNKNOWN_CA) {
+    why += f.cert.empty() ? " (the controller may want a client certificate: ORION_TLS_CERT and ORION_TLS_KEY)"
+                          : " (the controller refused the client certificate " + f.cert + ")";
   }
   return why;
 }
@@ -146,12 +172,18 @@ void SetTlsCaFile(const std::string& path) {
   g_tls_ca = path;
 }
 
+void SetTlsClientCert(const std::string& cert_file, const std::string& key_file) {
+  std::lock_guard<std::mutex> lock(g_tls_mu);
+  g_tls_cert = cert_file;
+  g_tls_key = key_file;
+}
+
 Result<HttpReply> HttpRequest(const Endpoint& ep, const std::string& method, const std::string& target,
                               const std::string& body, const std::string& bearer, int timeout_ms) {
   boost::asio::io_context ioc;
   tcp::resolver resolver(ioc);
   std::shared_ptr<ssl::context> tls_ctx;
-  const std::string ca = ep.tls ? TlsCaFile() : std::string();
+  const TlsFiles files = ep.tls ? TlsNow() : TlsFiles{};
   if (ep.tls) {
     // No OpenSSL cleanup at exit: the guest runtime releases its allocation from libcuda's
     // destructor, after atexit handlers. If the program set OpenSSL up itself (cleaned up at exit),
@@ -160,7 +192,7 @@ Result<HttpReply> HttpRequest(const Endpoint& ep, const std::string& method, con
                          nullptr) != 1) {
       return Unavailable("controller " + ep.text() + ": OpenSSL is shut down (the process is exiting)");
     }
-    auto c = TlsContext(ca);
+    auto c = TlsContext(files);
     if (!c.ok()) return Unavailable("controller " + ep.text() + ": " + c.status().message());
     tls_ctx = *c;
   }
@@ -206,7 +238,6 @@ Result<HttpReply> HttpRequest(const Endpoint& ep, const std::string& method, con
       });
     });
   };
-  std::string tls_failure;
   auto on_connect = [&](beast::error_code ec2) {
     if (ec2) {
       failed = ec2;
@@ -217,7 +248,6 @@ Result<HttpReply> HttpRequest(const Endpoint& ep, const std::string& method, con
     secure->async_handshake(ssl::stream_base::client, [&](beast::error_code ec3) {
       if (ec3) {
         failed = ec3;
-        tls_failure = HandshakeError(ec3, secure->native_handle(), ca);
         return;
       }
       exchange(*secure);
@@ -243,7 +273,9 @@ Result<HttpReply> HttpRequest(const Endpoint& ep, const std::string& method, con
   beast::error_code ignored;
   stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
   if (failed || std::string(stage) != "done") {
-    const std::string why = !tls_failure.empty() ? tls_failure : failed ? failed.message() : std::string("no answer");
+    const std::string why = !failed  ? std::string("no answer")
+                            : ep.tls ? TlsError(failed, secure->native_handle(), files)
+                                     : failed.message();
     return Unavailable("controller " + ep.text() + " (" + stage + "): " + why);
   }
   return HttpReply{static_cast<int>(res.result_int()), std::move(res.body())};

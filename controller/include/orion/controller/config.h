@@ -13,6 +13,7 @@
 //   log_file: /var/log/orion/controller.log   # "" = stderr only
 //   tls_cert: /etc/orion/controller.crt   # HTTPS only (both or neither): the certificate chain, PEM
 //   tls_key: /etc/orion/controller.key    # its private key, PEM
+//   tls_client_ca: /etc/orion/clients-ca.crt  # mutual TLS: clients need a certificate it signed
 //   authentication:            # empty or absent = open (a warning at start)
 //     client: [key1, key2]     # a string or a list
 //     server: key3
@@ -34,6 +35,7 @@ struct ControllerConfig {
   ServiceOptions service{.database = "/var/lib/orion/controller.db"};
   std::string log_file;
   std::string tls_cert, tls_key;     // both: HTTPS only; neither: plain HTTP
+  std::string tls_client_ca;         // mutual TLS (needs tls_cert)
   std::map<std::string, Role> keys;  // empty: authentication is off
 };
 

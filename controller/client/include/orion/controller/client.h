@@ -53,6 +53,9 @@ struct HttpReply {
 // The CA file (PEM) that verifies https:// controllers in this process; "" = $ORION_TLS_CA, else
 // the system's default CAs. oriond sets it from server.conf's controller_tls_ca.
 void SetTlsCaFile(const std::string& path);
+// The client certificate and key (PEM) shown to a controller that wants one (tls_client_ca);
+// "" = $ORION_TLS_CERT and $ORION_TLS_KEY, else none. oriond: controller_tls_cert/_key.
+void SetTlsClientCert(const std::string& cert_file, const std::string& key_file);
 
 // One request on a fresh connection. `timeout_ms` bounds connect + TLS handshake + write + read.
 // Errors: kUnavailable (cannot connect / connection lost), kInternal (bad response).
