@@ -6,6 +6,7 @@
 // plugstack.conf (spank(7)), on one line:
 //   required /usr/lib/orion/slurm/orion_spank.so controller=10.0.0.5:9123,10.0.0.6:9123
 //            key_file=/etc/orion/slurm.key [oriond_key_file=/etc/orion/oriond-client.key] [wait=600]
+//            [tls_ca=/etc/orion/ca.crt] [tls_cert=... tls_key=...]  (for controller=https://host:port)
 //
 // What happens (the callbacks are spank(7)'s):
 // - srun, sbatch, salloc (local and allocator context): the options are checked (a bad value stops
@@ -70,6 +71,7 @@ struct Settings {
   std::string key_path, key;                // key_file= and its contents: the controller client key
   std::string oriond_key_path, oriond_key;  // oriond_key_file= and its contents: exported as ORION_KEY
   int wait_s = kDefaultWaitS;               // wait=: how long a step waits for free vGPUs
+  std::string tls_cert, tls_key;            // tls_cert=, tls_key=: a client certificate (mutual TLS)
 };
 
 // What this process (srun, or one step's slurmstepd) knows.
@@ -148,6 +150,12 @@ int ParseArgs(int ac, char** av, bool read_keys) {
         return -1;
       }
       g_settings.controller = v;
+    } else if (k == "tls_ca") {
+      // The CA file that verifies an https:// controller (else $ORION_TLS_CA, else the system's).
+      orion::controller::SetTlsCaFile(v);
+    } else if (k == "tls_cert" || k == "tls_key") {
+      (k == "tls_cert" ? g_settings.tls_cert : g_settings.tls_key) = v;
+      orion::controller::SetTlsClientCert(g_settings.tls_cert, g_settings.tls_key);
     } else if (k == "key_file") {
       g_settings.key_path = v;
       if (read_keys && (g_settings.key = ReadSecret(v, &why)).empty()) {
@@ -168,8 +176,10 @@ int ParseArgs(int ac, char** av, bool read_keys) {
       }
       g_settings.wait_s = static_cast<int>(w);
     } else {
-      slurm_error("orion: plugstack.conf: unknown argument '%s' (controller=, key_file=, oriond_key_file=, wait=)",
-                  a.c_str());
+      slurm_error(
+          "orion: plugstack.conf: unknown argument '%s' (controller=, key_file=, oriond_key_file=, tls_ca=, tls_cert=, "
+          "tls_key=, wait=)",
+          a.c_str());
       return -1;
     }
   }

@@ -142,6 +142,10 @@ int RuntimeServer(const orion::host::ServerConfig& c) {
     std::printf("Checking Orion Controller status ...\n");
     std::printf("No controller configured: oriond admits clients itself (standalone).\n");
   } else {
+    // As oriond does:
+    if (!c.controller_tls_ca.empty()) orion::controller::SetTlsCaFile(c.controller_tls_ca);
+    if (!c.controller_tls_cert.empty() || !c.controller_tls_key.empty())
+      orion::controller::SetTlsClientCert(c.controller_tls_cert, c.controller_tls_key);
     ok &= ControllerStatus(controller, c.controller_key);
     if (ok)
       Row("oriond registered with the controller",

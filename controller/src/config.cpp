@@ -36,13 +36,16 @@ Result<ControllerConfig> ParseControllerConfig(const std::string& text, const st
       Status st;
       if (key == "listen") {
         c.listen = v.as<std::string>();
-        if (!ParseEndpoint(c.listen).ok()) return bad(key, "'" + c.listen + "' is not ip:port");
+        if (!ParseEndpoint(c.listen).ok() || c.listen.find("://") != std::string::npos)
+          return bad(key, "'" + c.listen + "' is not ip:port (HTTPS: tls_cert and tls_key)");
       } else if (key == "database") {
         c.service.database = v.as<std::string>();
         if (c.service.database.empty()) return bad(key, "is empty");
         if (c.service.database.rfind("etcd://", 0) == 0) {
           if (auto m = ParseEndpoints(c.service.database.substr(7), 2379); !m.ok())
             return bad(key, m.status().message());
+          if (c.service.database.find("://", 7) != std::string::npos)
+            return bad(key, "etcd members are host:port (etcd over TLS is not supported)");
         } else if (c.service.database == "sqlite:" || (c.service.database.rfind("sqlite:", 0) != 0 &&
                                                        c.service.database.find("://") != std::string::npos)) {
           return bad(key, "'" + c.service.database + "' is neither sqlite:<file>, a file, nor etcd://host:port,...");
@@ -77,6 +80,9 @@ Result<ControllerConfig> ParseControllerConfig(const std::string& text, const st
         c.service.max_gmem_mib_per_key = static_cast<uint64_t>(n);
       } else if (key == "log_file") {
         c.log_file = v.IsNull() ? "" : v.as<std::string>();
+      } else if (key == "tls_cert" || key == "tls_key" || key == "tls_client_ca") {
+        const std::string path = v.IsNull() ? "" : v.as<std::string>();
+        (key == "tls_cert" ? c.tls_cert : key == "tls_key" ? c.tls_key : c.tls_client_ca) = path;
       } else if (key == "authentication") {
         if (v.IsNull()) continue;
         if (!v.IsMap()) return bad(key, "must map client/server/admin to keys");
@@ -111,6 +117,14 @@ Result<ControllerConfig> ParseControllerConfig(const std::string& text, const st
     }
   } catch (const YAML::Exception& e) {
     return InvalidArgument(source + ": " + e.what());
+  }
+  if (c.tls_cert.empty() != c.tls_key.empty()) {
+    return InvalidArgument(
+        source + ": " + (c.tls_cert.empty() ? "tls_key is set without tls_cert" : "tls_cert is set without tls_key") +
+        " (HTTPS needs both)");
+  }
+  if (!c.tls_client_ca.empty() && c.tls_cert.empty()) {
+    return InvalidArgument(source + ": tls_client_ca needs tls_cert and tls_key (mutual TLS is HTTPS)");
   }
   if (c.service.server_release_ms < c.service.server_timeout_ms) {
     return InvalidArgument(source + ": server_release_s must not be shorter than server_timeout_s");

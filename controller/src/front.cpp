@@ -14,6 +14,10 @@
 #include <boost/beast/http/error.hpp>
 #include <boost/beast/http/parser.hpp>
 #include <boost/optional.hpp>
+#include <openssl/bio.h>
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/ssl.h>
 
 #include <algorithm>
 #include <atomic>
@@ -21,6 +25,7 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -42,6 +47,19 @@ constexpr int kLingerMs = 2000;
 constexpr size_t kLingerBytes = 1 << 20;
 constexpr size_t kReadChunk = 16 * 1024;
 constexpr int kTickMs = 100;
+// The first byte of a TLS connection: a handshake record.
+constexpr unsigned char kTlsHandshake = 0x16;
+
+// OpenSSL's queued errors as one line (the queue emptied).
+std::string OpenSslError() {
+  std::string s;
+  while (const unsigned long e = ERR_get_error()) {
+    char buf[256];
+    ERR_error_string_n(e, buf, sizeof buf);
+    s += (s.empty() ? "" : "; ") + std::string(buf);
+  }
+  return s.empty() ? "unknown OpenSSL error" : s;
+}
 
 const char* Reason(int status) {
   switch (status) {
@@ -155,7 +173,9 @@ class FrontServer::Front {
   }
   ~Front() {
     if (wake_ >= 0) ::close(wake_);
+    if (tls_) SSL_CTX_free(tls_);
   }
+  std::string UseTls(const std::string& cert, const std::string& key, const std::string& client_ca);
 
   bool Serve(int listen_fd);
   void Stop() {
@@ -166,10 +186,12 @@ class FrontServer::Front {
   size_t connections() const { return open_.load(); }
 
  private:
-  enum class State { kRead, kBusy, kWriting, kLinger };
+  enum class State { kHandshake, kRead, kBusy, kWriting, kLinger };
   struct Conn {
     int fd = -1;
-    uint64_t gen = 0;  // accept order: the oldest is evicted first
+    SSL* ssl = nullptr;     // TLS (after the handshake's first byte, until the close)
+    uint32_t watching = 0;  // the epoll interest now
+    uint64_t gen = 0;       // accept order: the oldest is evicted first
     State state = State::kRead;
     std::string in;                // read, not yet parsed
     std::optional<Parser> parser;  // the request being read (its head and body), from its first byte
@@ -193,6 +215,11 @@ class FrontServer::Front {
   };
 
   void Accept();
+  void Handshake(Conn& c);
+  // Reads or writes the connection (TLS or not): > 0 bytes; 0 closed or failed; -1 would block,
+  // with the interest it waits for in *want (EPOLLIN or EPOLLOUT: TLS may read to write).
+  ssize_t Recv(Conn& c, char* p, size_t n, uint32_t* want);
+  ssize_t Send(Conn& c, const char* p, size_t n, uint32_t* want);
   void OnReadable(Conn& c);
   void Advance(Conn& c);
   bool CheckHead(Conn& c);
@@ -213,6 +240,7 @@ class FrontServer::Front {
   FrontServer& owner_;
   FrontLimits lim_;
   HeadCheck check_;
+  SSL_CTX* tls_ = nullptr;  // HTTPS only, when set
   int ep_ = -1, wake_ = -1, listen_ = -1;
   std::atomic<bool> stop_{false};
   std::atomic<size_t> open_{0};
@@ -291,7 +319,9 @@ bool FrontServer::Front::Serve(int listen_fd) {
       auto it = conns_.find(fd);
       if (it == conns_.end()) continue;
       Conn& c = it->second;
-      if (c.state == State::kBusy) {
+      if (c.state == State::kHandshake) {
+        if (!stopping) Handshake(c);
+      } else if (c.state == State::kBusy) {
         // Gone while its route runs: stop listening (a hang-up is reported until the close);
         // the reply is dropped when it comes.
         if (evs[i].events & (EPOLLHUP | EPOLLERR)) {
@@ -299,7 +329,8 @@ bool FrontServer::Front::Serve(int listen_fd) {
           c.gone = true;
         }
       } else if (c.state == State::kWriting) {
-        if (evs[i].events & (EPOLLOUT | EPOLLERR | EPOLLHUP)) OnWritable(c);
+        // TLS may wait to read before it can write.
+        if (c.ssl != nullptr || (evs[i].events & (EPOLLOUT | EPOLLERR | EPOLLHUP))) OnWritable(c);
       } else if (c.state == State::kLinger || !stopping) {
         OnReadable(c);
       }
@@ -320,8 +351,8 @@ bool FrontServer::Front::Serve(int listen_fd) {
       }
       for (int fd : expired) {
         Conn& c = conns_.at(fd);
-        if (c.state == State::kRead && !c.started) {
-          Close(fd);  // an idle keep-alive connection
+        if ((c.state == State::kRead && !c.started) || c.state == State::kHandshake) {
+          Close(fd);  // an idle keep-alive connection, or a TLS handshake not done in the idle time
         } else if (c.state == State::kWriting || c.state == State::kLinger) {
           Close(fd);
         } else {
@@ -361,9 +392,11 @@ void FrontServer::Front::Accept() {
     c.deadline = Clock::now() + std::chrono::milliseconds(lim_.idle_timeout_ms);
     Address(fd, true, &c.rip, &c.rport);
     Address(fd, false, &c.lip, &c.lport);
+    if (tls_ != nullptr) c.state = State::kHandshake;
     epoll_event e{};
     e.events = EPOLLIN | EPOLLRDHUP;
     e.data.fd = fd;
+    c.watching = e.events;
     epoll_ctl(ep_, EPOLL_CTL_ADD, fd, &e);
     open_.store(conns_.size());
   }
@@ -388,6 +421,7 @@ void FrontServer::Front::Close(int fd) {
   auto it = conns_.find(fd);
   if (it == conns_.end()) return;
   ReleaseBody(it->second);
+  if (it->second.ssl != nullptr) SSL_free(it->second.ssl);
   epoll_ctl(ep_, EPOLL_CTL_DEL, fd, nullptr);
   ::close(fd);
   conns_.erase(it);
@@ -395,6 +429,8 @@ void FrontServer::Front::Close(int fd) {
 }
 
 void FrontServer::Front::Watch(Conn& c, uint32_t events) {
+  if (c.watching == events) return;
+  c.watching = events;
   epoll_event e{};
   e.events = events;
   e.data.fd = c.fd;
@@ -407,13 +443,14 @@ void FrontServer::Front::OnReadable(Conn& c) {
   for (;;) {
     // Never more than a head's worth ahead of the parser: it takes a body as it comes.
     if (c.state != State::kLinger && c.in.size() >= lim_.max_head_bytes + kReadChunk) break;
-    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+    uint32_t want = EPOLLIN;
+    const ssize_t n = Recv(c, buf, sizeof buf, &want);
+    if (n == 0) {
       Close(fd);
       return;
     }
     if (n < 0) {
-      if (errno == EINTR) continue;
+      Watch(c, want | EPOLLRDHUP);
       break;
     }
     if (c.state == State::kLinger) {
@@ -539,7 +576,8 @@ bool FrontServer::Front::CheckHead(Conn& c) {
   p.eager(true);
   if (expect != m.end() && !p.is_done()) {
     static const char kContinue[] = "HTTP/1.1 100 Continue\r\n\r\n";
-    if (::send(c.fd, kContinue, sizeof kContinue - 1, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof kContinue - 1)) {
+    uint32_t want = 0;
+    if (Send(c, kContinue, sizeof kContinue - 1, &want) != static_cast<ssize_t>(sizeof kContinue - 1)) {
       Close(c.fd);
       return false;
     }
@@ -572,13 +610,13 @@ void FrontServer::Front::Dispatch(Conn& c) {
 
 void FrontServer::Front::OnWritable(Conn& c) {
   while (c.out_pos < c.out.size()) {
-    const ssize_t n = ::send(c.fd, c.out.data() + c.out_pos, c.out.size() - c.out_pos, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      Watch(c, EPOLLOUT);
+    uint32_t want = EPOLLOUT;
+    const ssize_t n = Send(c, c.out.data() + c.out_pos, c.out.size() - c.out_pos, &want);
+    if (n < 0) {
+      Watch(c, want);
       return;
     }
-    if (n <= 0) {
+    if (n == 0) {
       Close(c.fd);
       return;
     }
@@ -587,7 +625,9 @@ void FrontServer::Front::OnWritable(Conn& c) {
   std::string().swap(c.out);
   c.out_pos = 0;
   if (c.close_after) {
-    // The client may still be sending (an unread body): linger, so the reply is not reset.
+    // The client may still be sending (an unread body): linger, so the reply is not reset. TLS says
+    // close_notify first (once, not waited for); what comes after is dropped unread by TLS.
+    if (c.ssl != nullptr) (void)SSL_shutdown(c.ssl);
     ::shutdown(c.fd, SHUT_WR);
     c.state = State::kLinger;
     c.in.clear();
@@ -602,7 +642,150 @@ void FrontServer::Front::OnWritable(Conn& c) {
   // A pipelined request may be complete already.
   const int fd = c.fd;
   Advance(c);
-  if (conns_.find(fd) != conns_.end() && c.state == State::kRead) Watch(c, EPOLLIN | EPOLLRDHUP);
+  if (conns_.find(fd) != conns_.end() && c.state == State::kRead) {
+    Watch(c, EPOLLIN | EPOLLRDHUP);
+    // TLS may hold decrypted bytes of the next request that epoll will not report.
+    if (c.ssl != nullptr && SSL_has_pending(c.ssl) == 1) OnReadable(c);
+  }
+}
+
+// A TLS connection's first bytes: a plain-HTTP client gets a plain 400 (and the close); TLS goes
+// through SSL_accept, as far as the bytes that came allow.
+void FrontServer::Front::Handshake(Conn& c) {
+  if (c.ssl == nullptr) {
+    unsigned char first = 0;
+    const ssize_t n = ::recv(c.fd, &first, 1, MSG_PEEK);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+    if (n <= 0) return Close(c.fd);
+    if (first != kTlsHandshake) {
+      c.state = State::kRead;
+      c.started = true;
+      return Reply(c, 400,
+                   "this Orion Controller serves HTTPS only: use https://" + c.lip + ":" + std::to_string(c.lport));
+    }
+    c.ssl = SSL_new(tls_);
+    if (c.ssl == nullptr || SSL_set_fd(c.ssl, c.fd) != 1) return Close(c.fd);
+  }
+  ERR_clear_error();
+  const int r = SSL_accept(c.ssl);
+  if (r == 1) {
+    c.state = State::kRead;
+    Watch(c, EPOLLIN | EPOLLRDHUP);
+    return OnReadable(c);  // a request may have come with the handshake's last bytes
+  }
+  switch (SSL_get_error(c.ssl, r)) {
+    case SSL_ERROR_WANT_READ: return Watch(c, EPOLLIN | EPOLLRDHUP);
+    case SSL_ERROR_WANT_WRITE: return Watch(c, EPOLLOUT | EPOLLRDHUP);
+    default:
+      // No TLS version or cipher in common, a client certificate refused, garbage. OpenSSL has
+      // queued its alert: linger as after an error reply, so that the client's next bytes (TLS 1.3
+      // sends its request before it reads the server's verdict) do not reset the alert away.
+      ERR_clear_error();
+      ::shutdown(c.fd, SHUT_WR);
+      c.state = State::kLinger;
+      c.deadline = Clock::now() + std::chrono::milliseconds(kLingerMs);
+      return Watch(c, EPOLLIN | EPOLLRDHUP);
+  }
+}
+
+ssize_t FrontServer::Front::Recv(Conn& c, char* p, size_t n, uint32_t* want) {
+  if (c.ssl == nullptr || c.state == State::kLinger) {
+    for (;;) {
+      const ssize_t k = ::recv(c.fd, p, n, 0);
+      if (k >= 0) return k;
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) return 0;
+      *want = EPOLLIN;
+      return -1;
+    }
+  }
+  ERR_clear_error();
+  const int k = SSL_read(c.ssl, p, static_cast<int>(std::min<size_t>(n, INT32_MAX)));
+  if (k > 0) return k;
+  switch (SSL_get_error(c.ssl, k)) {
+    case SSL_ERROR_WANT_READ: *want = EPOLLIN; return -1;
+    case SSL_ERROR_WANT_WRITE: *want = EPOLLOUT; return -1;
+    default: ERR_clear_error(); return 0;
+  }
+}
+
+ssize_t FrontServer::Front::Send(Conn& c, const char* p, size_t n, uint32_t* want) {
+  if (c.ssl == nullptr) {
+    for (;;) {
+      const ssize_t k = ::send(c.fd, p, n, MSG_NOSIGNAL);
+      if (k > 0) return k;
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        *want = EPOLLOUT;
+        return -1;
+      }
+      return 0;
+    }
+  }
+  ERR_clear_error();
+  const int k = SSL_write(c.ssl, p, static_cast<int>(std::min<size_t>(n, INT32_MAX)));
+  if (k > 0) return k;
+  switch (SSL_get_error(c.ssl, k)) {
+    case SSL_ERROR_WANT_READ: *want = EPOLLIN; return -1;
+    case SSL_ERROR_WANT_WRITE: *want = EPOLLOUT; return -1;
+    default: ERR_clear_error(); return 0;
+  }
+}
+
+std::string FrontServer::Front::UseTls(const std::string& cert, const std::string& key, const std::string& client_ca) {
+  for (const auto& [name, path] : {std::pair{"tls_cert", cert}, std::pair{"tls_key", key}}) {
+    if (path.empty()) return std::string(name) + " is not set (HTTPS needs tls_cert and tls_key)";
+    if (!std::ifstream(path)) return std::string(name) + ": cannot read " + path + ": " + std::strerror(errno);
+  }
+  if (!client_ca.empty() && !std::ifstream(client_ca)) {
+    return "tls_client_ca: cannot read " + client_ca + ": " + std::strerror(errno);
+  }
+  ERR_clear_error();
+  SSL_CTX* ctx = SSL_CTX_new(TLS_server_method());
+  if (ctx == nullptr) return "cannot make a TLS context: " + OpenSslError();
+  std::string why;
+  if (SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION) != 1) {
+    why = "cannot require TLS 1.2: " + OpenSslError();
+  } else if (SSL_CTX_use_certificate_chain_file(ctx, cert.c_str()) != 1) {
+    why = "tls_cert " + cert + " is not a PEM certificate: " + OpenSslError();
+  } else {
+    EVP_PKEY* pkey = nullptr;
+    if (BIO* bio = BIO_new_file(key.c_str(), "r")) {
+      // No passphrase prompt (OpenSSL's default reads the terminal): an encrypted key is refused.
+      pkey = PEM_read_bio_PrivateKey(
+          bio, nullptr, [](char*, int, int, void*) { return 0; }, nullptr);
+      BIO_free(bio);
+    }
+    if (pkey == nullptr) {
+      why = "tls_key " + key + " is not a PEM private key (without a passphrase): " + OpenSslError();
+    } else if (SSL_CTX_use_PrivateKey(ctx, pkey) != 1 || SSL_CTX_check_private_key(ctx) != 1) {
+      why = "tls_key " + key + " is not the key of tls_cert " + cert + ": " + OpenSslError();
+    }
+    EVP_PKEY_free(pkey);
+  }
+  if (why.empty() && !client_ca.empty()) {
+    // Mutual TLS: a client must show a certificate that this CA file's CAs signed.
+    STACK_OF(X509_NAME)* names = SSL_load_client_CA_file(client_ca.c_str());
+    if (names == nullptr || SSL_CTX_load_verify_locations(ctx, client_ca.c_str(), nullptr) != 1) {
+      why = "tls_client_ca " + client_ca + " holds no PEM CA certificate: " + OpenSslError();
+      if (names != nullptr) sk_X509_NAME_pop_free(names, X509_NAME_free);
+    } else {
+      SSL_CTX_set_client_CA_list(ctx, names);
+      SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
+      static const unsigned char kSessionContext[] = "orion-controller";
+      SSL_CTX_set_session_id_context(ctx, kSessionContext, sizeof kSessionContext - 1);
+    }
+  }
+  if (!why.empty()) {
+    SSL_CTX_free(ctx);
+    return why;
+  }
+  SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE);
+  // Partial writes of a reply, retried from a std::string; buffers given back while idle.
+  SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER | SSL_MODE_RELEASE_BUFFERS);
+  if (tls_) SSL_CTX_free(tls_);
+  tls_ = ctx;
+  return "";
 }
 
 // An error reply from the front itself; the connection closes after it (what follows is not read).
@@ -634,6 +817,11 @@ FrontServer::FrontServer(FrontLimits limits, HeadCheck check)
 FrontServer::~FrontServer() = default;
 
 bool FrontServer::Serve(int listen_fd) { return front_->Serve(listen_fd); }
+
+std::string FrontServer::UseTls(const std::string& cert_file, const std::string& key_file,
+                                const std::string& client_ca_file) {
+  return front_->UseTls(cert_file, key_file, client_ca_file);
+}
 
 void FrontServer::Stop() { front_->Stop(); }
 

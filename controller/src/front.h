@@ -22,6 +22,12 @@
 //   api->Install(server);              // routes, as on any httplib::Server
 //   server.bind_to_port(host, port);   // listen_fd from set_socket_options
 //   server.Serve(listen_fd);           // until Stop() (async-signal-safe)
+//
+// HTTPS (UseTls before Serve): OpenSSL on the same non-blocking sockets, SSL_accept / SSL_read /
+// SSL_write whose WANT_READ / WANT_WRITE become the connection's epoll interest. The handshake is
+// bounded like an idle connection (idle_timeout_ms from the accept: a silent or slow TLS client is
+// closed), TLS 1.2 at least. A connection whose first byte is not a TLS handshake record gets a
+// plain-text `HTTP/1.1 400` saying the controller serves HTTPS, and is closed.
 #pragma once
 
 #include <httplib.h>
@@ -57,6 +63,12 @@ class FrontServer final : public httplib::Server {
   bool Serve(int listen_fd);
   // Safe from a signal handler and any thread: Serve returns once in-flight routes have answered.
   void Stop();
+
+  // Serve HTTPS with `cert_file` (PEM, the certificate and its chain) and `key_file` (PEM), TLS 1.2
+  // or later; with `client_ca_file` (PEM CAs), only to clients whose certificate they signed (mutual
+  // TLS). Returns "" or why not (a file missing or unreadable, a key that is not the
+  // certificate's), for the operator.
+  std::string UseTls(const std::string& cert_file, const std::string& key_file, const std::string& client_ca_file = "");
 
   // Connections open now (for tests and logs).
   size_t connections() const;

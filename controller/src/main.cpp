@@ -117,6 +117,9 @@ static int Main(int argc, char** argv) {
   if (!listen.empty()) cfg->listen = listen;
   if (!database.empty()) cfg->service.database = database;
   auto ep = oc::ParseEndpoint(cfg->listen);
+  if (ep.ok() && cfg->listen.find("://") != std::string::npos)
+    ep =
+        orion::InvalidArgument("'" + cfg->listen + "' is not ip:port (HTTPS: tls_cert and tls_key in the config file)");
   if (!ep.ok()) {
     std::fprintf(stderr, "orion-controller: listen: %s\n", ep.status().message().c_str());
     return 2;
@@ -158,6 +161,12 @@ static int Main(int argc, char** argv) {
     return api->PreRouting(head, res) == httplib::Server::HandlerResponse::Handled;
   });
   server.set_payload_max_length(oc::kMaxBodyBytes);
+  if (!cfg->tls_cert.empty()) {
+    if (const std::string why = server.UseTls(cfg->tls_cert, cfg->tls_key, cfg->tls_client_ca); !why.empty()) {
+      log->error("cannot serve HTTPS: {}", why);
+      return 2;
+    }
+  }
   api->Install(server);
   // cpp-httplib listens with a backlog of 5: a burst of clients (each request is a fresh
   // connection) overflows it and waits a whole SYN retransmit (1 s). Keep the socket and listen
@@ -193,10 +202,10 @@ static int Main(int argc, char** argv) {
     }
   });
   const oc::Json sum = api->service().Summary();
-  log->info("Orion Controller listens on {} (store {} {}, placement {}, {} servers, {} allocations, {} assignments)",
-            cfg->listen, api->service().store().kind(), api->service().store().where(),
-            sum["policy"].get<std::string>(), sum["servers"].get<size_t>(), sum["allocations"].get<size_t>(),
-            sum["assignments"].get<size_t>());
+  log->info("Orion Controller listens on {}{} (store {} {}, placement {}, {} servers, {} allocations, {} assignments)",
+            cfg->tls_cert.empty() ? "http://" : "https://", cfg->listen, api->service().store().kind(),
+            api->service().store().where(), sum["policy"].get<std::string>(), sum["servers"].get<size_t>(),
+            sum["allocations"].get<size_t>(), sum["assignments"].get<size_t>());
   const bool served = server.Serve(listen_fd);
   if (!served) log->error("the connection front cannot start: {}", std::strerror(errno));
   stop = true;

@@ -385,7 +385,7 @@ const pool::VgpuPool& Service::PoolOf(const Server& s) const {
 }
 
 Result<Json> Service::RegisterServer(const std::string& id, const Json& body) {
-  if (!ParseEndpoint(id, 9960).ok() || id.find(':') == std::string::npos) {
+  if (!ParseEndpoint(id, 9960).ok() || id.find(':') == std::string::npos || id.find("://") != std::string::npos) {
     return InvalidArgument("server id '" + id + "' is not the server's ip:port");
   }
   if (!body.is_object()) return InvalidArgument("the body must be a JSON object");

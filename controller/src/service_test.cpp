@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "orion/controller/config.h"
+#include "orion/controller/client.h"
 
 namespace orion::controller {
 namespace {
@@ -526,6 +527,37 @@ TEST(ControllerConfig, ParsesLimits) {
   EXPECT_FALSE(ParseControllerConfig("max_gmem_mib_per_key: -5\n", "t").ok());
   EXPECT_FALSE(ParseControllerConfig("max_gmem_mib_per_key: lots\n", "t").ok());
   EXPECT_FALSE(ParseControllerConfig("pending_confirm_s: -1\n", "t").ok());
+}
+
+TEST(ControllerConfig, TlsNeedsCertAndKeyAndHttpsAddressesParse) {
+  auto c = ParseControllerConfig("tls_cert: /etc/orion/c.crt\ntls_key: /etc/orion/c.key\n", "t");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->tls_cert, "/etc/orion/c.crt");
+  EXPECT_EQ(c->tls_key, "/etc/orion/c.key");
+  auto half = ParseControllerConfig("tls_cert: /etc/orion/c.crt\n", "t");
+  ASSERT_FALSE(half.ok());
+  EXPECT_NE(half.status().message().find("tls_cert is set without tls_key"), std::string::npos);
+  EXPECT_FALSE(ParseControllerConfig("tls_key: /k\n", "t").ok());
+  EXPECT_FALSE(ParseControllerConfig("tls_client_ca: /ca\n", "t").ok());
+  auto m = ParseControllerConfig("tls_cert: /c\ntls_key: /k\ntls_client_ca: /ca\n", "t");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->tls_client_ca, "/ca");
+  EXPECT_FALSE(ParseControllerConfig("listen: https://0.0.0.0:9123\n", "t").ok());
+  EXPECT_FALSE(ParseControllerConfig("database: etcd://https://10.0.0.1:2379\n", "t").ok());
+  // Clients: https:// is TLS, http:// or no scheme is plain.
+  auto eps = ParseEndpoints("https://10.0.0.1:9200, http://h2, [::1]:9300");
+  ASSERT_TRUE(eps.ok()) << eps.status().ToString();
+  ASSERT_EQ(eps->size(), 3u);
+  EXPECT_TRUE((*eps)[0].tls);
+  EXPECT_EQ((*eps)[0].host, "10.0.0.1");
+  EXPECT_EQ((*eps)[0].port, 9200);
+  EXPECT_EQ((*eps)[0].text(), "https://10.0.0.1:9200");
+  EXPECT_FALSE((*eps)[1].tls);
+  EXPECT_EQ((*eps)[1].host, "h2");
+  EXPECT_EQ((*eps)[1].port, kDefaultPort);
+  EXPECT_EQ((*eps)[2].hostport(), "[::1]:9300");
+  EXPECT_FALSE(ParseEndpoint("https://").ok());
+  EXPECT_FALSE(ParseEndpoint("ftp://h:1").ok());
 }
 
 TEST(ControllerConfig, ParsesKeysAndRejectsGarbage) {

@@ -297,6 +297,9 @@ class EtcdStore final : public Store {
 Result<std::unique_ptr<Store>> OpenEtcdStore(const std::string& endpoints) {
   auto members = ParseEndpoints(endpoints, 2379);
   if (!members.ok()) return InvalidArgument("database etcd://" + endpoints + ": " + members.status().message());
+  if (endpoints.find("://") != std::string::npos) {
+    return InvalidArgument("database etcd://" + endpoints + ": members are host:port (etcd over TLS is not supported)");
+  }
   if (members->size() > kMaxMembers) return InvalidArgument("database etcd://: more than 16 members");
   auto s = std::make_unique<EtcdStore>(std::move(*members));
   if (Status st = s->Ping(); !st.ok()) return Unavailable("database " + s->where() + ": " + st.message());

@@ -131,6 +131,13 @@ int Handler(void* user, const char* section, const char* name, const char* raw) 
     } else if (key == "controller_key") {
       if (!v.empty() && Blank(v)) return bad("is blank (leave it out, or give a key)");
       c.controller_key = v;
+    } else if (key == "controller_tls_ca" || key == "controller_tls_cert" || key == "controller_tls_key") {
+      // The CA that verifies an https:// controller ("" = $ORION_TLS_CA, else the system's CAs); the
+      // certificate and key oriond shows a controller that wants one (tls_client_ca).
+      if (!v.empty() && Blank(v)) return bad("is blank (leave it out, or give a file)");
+      (key == "controller_tls_ca"     ? c.controller_tls_ca
+       : key == "controller_tls_cert" ? c.controller_tls_cert
+                                      : c.controller_tls_key) = v;
     } else if (key == "heartbeat_ms") {
       if (!ParseU64(v, 100, 600000, &n)) return bad("is not a number of ms (100..600000)");
       c.controller_heartbeat_ms = n;

@@ -90,6 +90,14 @@ TEST(ServerConfig, ControllerAddressListsParse) {
   EXPECT_EQ(c->controller_addr, "10.0.0.1:9123, 10.0.0.2:9123");
 }
 
+TEST(ServerConfig, ControllerTlsCa) {
+  auto c = ParseServerConfig(
+      "[controller]\ncontroller_addr = https://10.0.0.1:9123\ncontroller_tls_ca = /etc/orion/ca.crt\n", "server.conf");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->controller_tls_ca, "/etc/orion/ca.crt");
+  EXPECT_FALSE(ParseServerConfig("[controller]\ncontroller_tls_ca = \" \"\n", "server.conf").ok());
+}
+
 TEST(ServerConfig, DirectoryIsRefused) {
   auto c = LoadServerConfig("/tmp");
   ASSERT_FALSE(c.ok());

@@ -314,6 +314,9 @@ Status Daemon::StartServing() {
     if (auto ep = controller::ParseEndpoints(controller); !ep.ok()) {
       return InvalidArgument("controller_addr: " + ep.status().message());
     }
+    if (!config_.controller_tls_ca.empty()) controller::SetTlsCaFile(config_.controller_tls_ca);
+    if (!config_.controller_tls_cert.empty() || !config_.controller_tls_key.empty())
+      controller::SetTlsClientCert(config_.controller_tls_cert, config_.controller_tls_key);
     ControllerLinkOptions lo;
     lo.controller_addr = controller;
     lo.key = config_.controller_key;

@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import socket
+import ssl
 import subprocess
 import threading
 import time
@@ -33,12 +34,45 @@ def free_port():
         return s.getsockname()[1]
 
 
+def make_certs(d: Path):
+    """In `d`: ca.crt (a test CA), server.crt/server.key for 127.0.0.1 and localhost signed by it, and
+    other-ca.crt/other-ca.key (a CA that signed nothing here)."""
+    d.mkdir(parents=True, exist_ok=True)
+
+    def openssl(*args):
+        subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True)
+
+    key = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    for ca in ("ca", "other-ca"):
+        openssl("req", "-x509", *key, "-keyout", d / f"{ca}.key", "-out", d / f"{ca}.crt", "-days", "2",
+                "-subj", f"/CN=Orion test {ca}")
+    openssl("req", *key, "-keyout", d / "server.key", "-out", d / "server.csr", "-subj", "/CN=localhost")
+    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    openssl("x509", "-req", "-in", d / "server.csr", "-CA", d / "ca.crt", "-CAkey", d / "ca.key", "-CAcreateserial",
+            "-out", d / "server.crt", "-days", "2", "-extfile", d / "san.ext")
+    # Client certificates (mutual TLS): client.crt signed by ca, rogue.crt by other-ca.
+    (d / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
+    for name, ca in (("client", "ca"), ("rogue", "other-ca")):
+        openssl("req", *key, "-keyout", d / f"{name}.key", "-out", d / f"{name}.csr", "-subj", f"/CN=orion {name}")
+        openssl("x509", "-req", "-in", d / f"{name}.csr", "-CA", d / f"{ca}.crt", "-CAkey", d / f"{ca}.key",
+                "-CAcreateserial", "-out", d / f"{name}.crt", "-days", "2", "-extfile", d / "client.ext")
+    return d
+
+
 class Controller:
     def __init__(self, tmp: Path, placement="pack", keys=False, port=None, db=None, extra="", server_timeout_s=1.5,
-                 lease_ttl_s=2):
+                 lease_ttl_s=2, tls: Path = None, mtls=False):
         self.tmp = tmp
         self.port = port or free_port()
         self.addr = f"127.0.0.1:{self.port}"
+        # tls: a make_certs directory: the controller serves HTTPS with its server certificate.
+        self.tls = tls
+        self.mtls = mtls  # clients need a certificate signed by tls/ca.crt
+        self.url = f"https://{self.addr}" if tls else self.addr  # as clients write it
+        if tls:
+            extra += f"tls_cert: {tls / 'server.crt'}\ntls_key: {tls / 'server.key'}\n"
+            if mtls:
+                extra += f"tls_client_ca: {tls / 'ca.crt'}\n"
         self.db = db or tmp / "controller.db"
         self.placement = placement
         self.keys = keys
@@ -73,14 +107,17 @@ class Controller:
         return self.log_path.read_text(errors="replace")
 
     def call(self, method, path, body=None, key=ADMIN):
-        req = urllib.request.Request(f"http://{self.addr}{path}", method=method,
+        req = urllib.request.Request(f"{'https' if self.tls else 'http'}://{self.addr}{path}", method=method,
                                      data=None if body is None else json.dumps(body).encode())
         if body is not None:
             req.add_header("Content-Type", "application/json")
         if key and self.keys:
             req.add_header("Authorization", f"Bearer {key}")
         try:
-            with urllib.request.urlopen(req, timeout=10) as r:
+            tls = ssl.create_default_context(cafile=str(self.tls / "ca.crt")) if self.tls else None
+            if self.mtls:
+                tls.load_cert_chain(self.tls / "client.crt", self.tls / "client.key")
+            with urllib.request.urlopen(req, timeout=10, context=tls) as r:
                 data = r.read()
                 return r.status, (json.loads(data) if r.headers.get_content_type() == "application/json" else data.decode())
         except urllib.error.HTTPError as e:
@@ -105,18 +142,22 @@ class Controller:
 
 def server_conf(ctl, key=None, gpus=2, heartbeat_ms=300):
     return ("[server]\n    vgpu_count = 4\n[server-shm]\n    shm_buffer_size = 16\n"
-            f"[controller]\n    controller_addr = {ctl.addr}\n    heartbeat_ms = {heartbeat_ms}\n" +
-            (f"    controller_key = {key}\n" if key else ""))
+            f"[controller]\n    controller_addr = {ctl.url}\n    heartbeat_ms = {heartbeat_ms}\n" +
+            (f"    controller_key = {key}\n" if key else "") +
+            (f"    controller_tls_ca = {ctl.tls / 'ca.crt'}\n" if ctl.tls else "") +
+            (f"    controller_tls_cert = {ctl.tls / 'client.crt'}\n    controller_tls_key = {ctl.tls / 'client.key'}\n"
+             if ctl.mtls else ""))
 
 
 class Cluster:
     """A controller and oriond servers (2 sim GPUs of 16384 MiB, 4 vGPUs each) registered with it."""
 
-    def __init__(self, tmp: Path, servers=2, placement="pack", keys=False, heartbeat_ms=300):
+    def __init__(self, tmp: Path, servers=2, placement="pack", keys=False, heartbeat_ms=300, tls=None, mtls=False):
         self.tmp = tmp
         self.heartbeat_ms = heartbeat_ms
         # Slow heartbeats: the controller waits for them (server_timeout_s) accordingly.
-        self.ctl = Controller(tmp, placement=placement, keys=keys, server_timeout_s=max(1.5, 3 * heartbeat_ms / 1000))
+        self.ctl = Controller(tmp, placement=placement, keys=keys, server_timeout_s=max(1.5, 3 * heartbeat_ms / 1000),
+                              tls=tls, mtls=mtls)
         self.servers = []
         for i in range(servers):
             self.add_server(key=SERVER if keys else None)
@@ -153,8 +194,13 @@ class Cluster:
     def env(self, **extra):
         env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")}
         env.update({"LD_LIBRARY_PATH": str(PREFIX / "lib" / "orion"), "HOME": str(self.home),
-                    "ORION_SYSFS_PCI": str(self.tmp / "nopci"), "ORION_CONTROLLER": self.ctl.addr,
+                    "ORION_SYSFS_PCI": str(self.tmp / "nopci"), "ORION_CONTROLLER": self.ctl.url,
                     "ORION_VGPU": "1", "ORION_GMEM": "512"})
+        if self.ctl.tls:
+            env["ORION_TLS_CA"] = str(self.ctl.tls / "ca.crt")
+        if self.ctl.mtls:
+            env["ORION_TLS_CERT"] = str(self.ctl.tls / "client.crt")
+            env["ORION_TLS_KEY"] = str(self.ctl.tls / "client.key")
         env.update({k: str(v) for k, v in extra.items()})
         return env
 
@@ -1120,4 +1166,197 @@ def test_compute_ratios_are_placed_and_refused_by_the_controller(tmp_path):
     finally:
         for h in holders:
             kill(h)
+        c.stop()
+
+
+# Issue #22 item 7: TLS between the controller and its clients.
+
+
+def test_an_https_controller_serves_oriond_and_cuda_clients_end_to_end(tmp_path):
+    certs = make_certs(tmp_path / "certs")
+    c = Cluster(tmp_path, keys=True, tls=certs)  # two oriond registered through https (controller_tls_ca)
+    try:
+        assert c.ctl.url.startswith("https://127.0.0.1:")
+        for d in c.servers:
+            assert f"Registered with Orion Controller {c.ctl.url} as {d.id}" in d.log()
+        assert "listens on https://" in c.ctl.log()
+        # A CUDA program: its allocation through https (ORION_TLS_CA), served by an oriond.
+        r = c.run("device_props", ORION_VGPU=2, ORION_GMEM=3000, ORION_CONTROLLER_KEY=CLIENT)
+        assert_passed(r)
+        m = USING.search(r.stderr)
+        assert m, r.stderr
+        assert f"PROP totalGlobalMem={3000 << 20}" in r.stdout
+        c.wait_allocations(0)
+        # The tools: orion-smi and orion-check speak https too.
+        r = c.tool("orion-smi", ORION_CONTROLLER_KEY=ADMIN)
+        assert r.returncode == 0, r.stderr
+        assert "No running processes found" in r.stdout
+        r = c.tool("orion-check", "runtime", "client", ORION_CONTROLLER_KEY=CLIENT)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"Address {c.ctl.url} is reached." in r.stdout
+        assert c.ctl.get("/v1/status")["servers_up"] == 2
+    finally:
+        c.stop()
+
+
+def test_tls_refusals_say_why(tmp_path):
+    certs = make_certs(tmp_path / "certs")
+    sub = tmp_path / "tls"
+    sub.mkdir()
+    ctl = Controller(sub, tls=certs)
+    plain_dir = tmp_path / "plain"
+    plain_dir.mkdir()
+    plain = Controller(plain_dir)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")}
+
+    def smi(addr, ca=None):
+        e = dict(env, ORION_CONTROLLER=addr, **({"ORION_TLS_CA": str(ca)} if ca else {}))
+        return subprocess.run([PREFIX / "bin" / "orion-smi"], env=e, capture_output=True, text=True, timeout=30)
+
+    try:
+        r = smi(ctl.url, certs / "ca.crt")
+        assert r.returncode == 0, r.stderr
+        # (b) A CA that did not sign the controller's certificate: refused, and why.
+        r = smi(ctl.url, certs / "other-ca.crt")
+        assert r.returncode == 1
+        assert "certificate verify failed: unable to get local issuer certificate" in r.stderr, r.stderr
+        assert str(certs / "other-ca.crt") in r.stderr
+        # No CA: the system's, which do not know the test CA either.
+        r = smi(ctl.url)
+        assert r.returncode == 1 and "certificate verify failed" in r.stderr, r.stderr
+        # The certificate's other name verifies too; a CA file that is not there is said to be missing.
+        r = smi(f"https://localhost:{ctl.port}", certs / "ca.crt")
+        assert r.returncode == 0, r.stderr
+        r = smi(ctl.url, tmp_path / "missing.crt")
+        assert r.returncode == 1 and "cannot load the TLS CA file" in r.stderr, r.stderr
+        # (c) Plain HTTP to the HTTPS port: a plain 400 that says so, from a raw socket and the client.
+        host, port = ctl.addr.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            s.sendall(b"GET /v1/status HTTP/1.1\r\nHost: x\r\n\r\n")
+            data = b""
+            while True:
+                got = s.recv(4096)
+                if not got:
+                    break
+                data += got
+        assert data.startswith(b"HTTP/1.1 400 "), data
+        body = json.loads(data.split(b"\r\n\r\n", 1)[1])
+        assert body["message"] == f"this Orion Controller serves HTTPS only: use https://{ctl.addr}", body
+        r = smi(ctl.addr, certs / "ca.crt")
+        assert r.returncode == 1 and "serves HTTPS only" in r.stderr, r.stderr
+        # (d) https:// to a plain-HTTP controller: a TLS error that names the likely cause.
+        r = smi(f"https://{plain.addr}", certs / "ca.crt")
+        assert r.returncode == 1
+        assert "TLS handshake" in r.stderr and "no TLS on that port" in r.stderr, r.stderr
+        # TLS 1.2 at least: a TLS 1.1 client (its own security level lowered) gets a protocol alert.
+        def s_client(version):
+            return subprocess.run(["openssl", "s_client", "-connect", ctl.addr, version, "-cipher", "DEFAULT@SECLEVEL=0",
+                                   "-CAfile", certs / "ca.crt", "-verify_return_error"], input="", capture_output=True,
+                                  text=True, timeout=20)
+
+        r = s_client("-tls1_1")
+        assert r.returncode != 0 and "alert protocol version" in r.stderr, r.stdout + r.stderr
+        for version in ("-tls1_2", "-tls1_3"):
+            r = s_client(version)
+            assert r.returncode == 0 and "Verify return code: 0 (ok)" in r.stdout, r.stdout + r.stderr
+        assert ctl.proc.poll() is None
+    finally:
+        ctl.stop()
+        plain.stop()
+
+
+def test_a_controller_refuses_to_start_with_a_bad_certificate_or_key(tmp_path):
+    certs = make_certs(tmp_path / "certs")
+    cases = [
+        (f"tls_cert: {certs / 'server.crt'}\n", "tls_cert is set without tls_key"),
+        (f"tls_cert: {certs / 'server.crt'}\ntls_key: {certs / 'missing.key'}\n",
+         f"tls_key: cannot read {certs / 'missing.key'}"),
+        (f"tls_cert: {certs / 'server.crt'}\ntls_key: {certs / 'other-ca.key'}\n",
+         f"tls_key {certs / 'other-ca.key'} is not the key of tls_cert"),
+        (f"tls_cert: {certs / 'san.ext'}\ntls_key: {certs / 'server.key'}\n", "is not a PEM certificate"),
+    ]
+    for i, (lines, why) in enumerate(cases):
+        conf = tmp_path / f"c{i}.yaml"
+        conf.write_text(f"listen: 127.0.0.1:{free_port()}\ndatabase: {tmp_path / f'c{i}.db'}\n" + lines)
+        r = subprocess.run([PREFIX / "bin" / "orion-controller", "start", "--config-file", conf],
+                           capture_output=True, text=True, timeout=20)
+        assert r.returncode == 2, (lines, r.stderr[-2000:])
+        assert why in r.stderr, (why, r.stderr[-2000:])
+
+
+def test_tls_connections_are_bounded_like_plain_ones(tmp_path):
+    # (e) A TCP connection that never starts its handshake, one that stops in the middle, and
+    # handshaken idle ones hold no thread; bodies stay bounded over TLS.
+    certs = make_certs(tmp_path / "certs")
+    ctl = Controller(tmp_path, keys=True, tls=certs)
+    host, port = ctl.addr.rsplit(":", 1)
+    tls = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+    silent, half, idle = [], [], []
+    try:
+        for _ in range(48):
+            silent.append(socket.create_connection((host, int(port)), timeout=10))
+        for _ in range(16):
+            s = socket.create_connection((host, int(port)), timeout=10)
+            s.sendall(b"\x16\x03\x01\x02\x00\x01")  # the start of a ClientHello, never finished
+            half.append(s)
+        for _ in range(16):
+            idle.append(tls.wrap_socket(socket.create_connection((host, int(port)), timeout=10),
+                                        server_hostname="127.0.0.1"))
+        time.sleep(0.5)
+        worst = 0.0
+        for _ in range(10):
+            t0 = time.time()
+            st = ctl.get("/v1/status", key=CLIENT)
+            worst = max(worst, time.time() - t0)
+            assert st["servers"] == 0, st
+        assert worst < 1.0, f"a request took {worst:.2f} s beside 80 idle TLS connections"
+        # A body too large is refused over TLS as over plain HTTP, before it is sent.
+        with tls.wrap_socket(socket.create_connection((host, int(port)), timeout=10),
+                             server_hostname="127.0.0.1") as s:
+            s.sendall(f"POST /v1/allocations HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000\r\n"
+                      f"Authorization: Bearer {CLIENT}\r\n\r\n".encode())
+            assert read_status(s, 5) == 413
+        # Handshake or not, each is closed after the idle timeout (5 s from the accept).
+        t0 = time.time()
+        for group in (silent, half):
+            group[0].settimeout(8)
+            assert group[0].recv(1) == b""
+        idle[0].settimeout(8)
+        assert idle[0].recv(1) == b""
+        assert 4 < time.time() - t0 < 8
+    finally:
+        for s in silent + half + idle:
+            s.close()
+        ctl.stop()
+
+
+def test_mutual_tls_admits_only_certificates_its_ca_signed(tmp_path):
+    certs = make_certs(tmp_path / "certs")
+    # oriond shows controller_tls_cert/_key; clients ORION_TLS_CERT/_KEY.
+    c = Cluster(tmp_path, servers=1, tls=certs, mtls=True)
+    try:
+        assert f"Registered with Orion Controller {c.ctl.url}" in c.servers[0].log()
+        r = c.run("device_props", ORION_VGPU=1, ORION_GMEM=1000)
+        assert_passed(r)
+        assert USING.search(r.stderr), r.stderr
+        c.wait_allocations(0)
+        r = c.tool("orion-smi")
+        assert r.returncode == 0, r.stderr
+        # No client certificate, one another CA signed, or a certificate without its key: refused.
+        env = {k: v for k, v in c.env().items() if k not in ("ORION_TLS_CERT", "ORION_TLS_KEY")}
+
+        def smi(**extra):
+            return subprocess.run([PREFIX / "bin" / "orion-smi"], env=dict(env, **extra), capture_output=True,
+                                  text=True, timeout=30)
+
+        r = smi()
+        assert r.returncode == 1 and "certificate required" in r.stderr, r.stderr
+        assert "the controller may want a client certificate" in r.stderr, r.stderr
+        r = smi(ORION_TLS_CERT=str(certs / "rogue.crt"), ORION_TLS_KEY=str(certs / "rogue.key"))
+        assert r.returncode == 1 and f"refused the client certificate {certs / 'rogue.crt'}" in r.stderr, r.stderr
+        r = smi(ORION_TLS_CERT=str(certs / "client.crt"))
+        assert r.returncode == 1 and "needs its key" in r.stderr, r.stderr
+        r = smi(ORION_TLS_CERT=str(certs / "client.crt"), ORION_TLS_KEY=str(certs / "rogue.key"))
+        assert r.returncode == 1 and f"cannot load the TLS client key {certs / 'rogue.key'}: key values mismatch" in r.stderr, r.stderr
+    finally:
         c.stop()

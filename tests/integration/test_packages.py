@@ -121,9 +121,10 @@ def test_package_metadata_files_and_depends(debs, tmp_path, name, files, conffil
         for line in text.splitlines():
             if "systemctl" in line and not line.lstrip().startswith("#"):
                 assert "/run/systemd/system" in text
-    # The guest runtime needs nothing but libc (it runs in any guest).
+    # The guest runtime needs nothing but libc and OpenSSL (TLS to an https:// controller; it runs in
+    # any guest).
     if name == "orion-client":
-        assert {pkg for pkg, _ in needed.values()} == {"libc6"}, needed
+        assert {pkg for pkg, _ in needed.values()} == {"libc6", "libssl3"}, needed
 
 
 def alive(pid):

@@ -11,6 +11,9 @@
 //   max_vgpus_per_key: 64        # vGPUs across them (0: no limit)
 //   max_gmem_mib_per_key: 0      # GPU memory across them, MiB (0: no limit)
 //   log_file: /var/log/orion/controller.log   # "" = stderr only
+//   tls_cert: /etc/orion/controller.crt   # HTTPS only (both or neither): the certificate chain, PEM
+//   tls_key: /etc/orion/controller.key    # its private key, PEM
+//   tls_client_ca: /etc/orion/clients-ca.crt  # mutual TLS: clients need a certificate it signed
 //   authentication:            # empty or absent = open (a warning at start)
 //     client: [key1, key2]     # a string or a list
 //     server: key3
@@ -31,6 +34,8 @@ struct ControllerConfig {
   std::string listen = "0.0.0.0:9123";
   ServiceOptions service{.database = "/var/lib/orion/controller.db"};
   std::string log_file;
+  std::string tls_cert, tls_key;     // both: HTTPS only; neither: plain HTTP
+  std::string tls_client_ca;         // mutual TLS (needs tls_cert)
   std::map<std::string, Role> keys;  // empty: authentication is off
 };
 

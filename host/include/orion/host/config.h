@@ -39,8 +39,11 @@ struct ServerConfig {
   std::string shm_user_name = "libvirt-qemu";
   uint64_t shm_buffer_size_mib = 64;  // per channel
   // [controller]
-  std::string controller_addr;              // "" = standalone; $ORION_CONTROLLER beats it
-  std::string controller_key;               // [controller] controller_key: the controller's server key
+  std::string controller_addr;      // "" = standalone; $ORION_CONTROLLER beats it
+  std::string controller_key;       // [controller] controller_key: the controller's server key
+  std::string controller_tls_ca;    // [controller] controller_tls_ca: CA file (PEM) for https:// controllers
+  std::string controller_tls_cert;  // [controller] controller_tls_cert/_key: client certificate (mutual TLS)
+  std::string controller_tls_key;
   uint64_t controller_heartbeat_ms = 2000;  // [controller] heartbeat_ms
   // Not in Orion's file: flags only (or [orion] section).
   BackendKind backend = BackendKind::kAuto;

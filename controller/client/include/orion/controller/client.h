@@ -1,8 +1,10 @@
 // orion/controller/client.h — talking to orion-controller's REST API (controller/openapi.yaml).
 // Used by oriond (register, heartbeat, confirm, release), the guest runtime (allocations),
-// orion-check and orion-smi. Plain HTTP/1.1 with JSON bodies and `Authorization: Bearer <key>`;
-// it depends on nothing but libc at run time (Boost.Beast is header-only), so it can live inside
-// the guest's libcuda.so.1.
+// orion-check and orion-smi. HTTP/1.1 with JSON bodies and `Authorization: Bearer <key>`, over TLS
+// for an https:// address (Boost.Asio's OpenSSL streams: the chain verified against the CA file,
+// SetTlsCaFile, else $ORION_TLS_CA, else the system's CAs; the certificate's name or IP against the
+// address). At run time it needs libssl and libcrypto beside libc (Boost.Beast is header-only); it
+// lives inside the guest's libcuda.so.1.
 //
 // Several controllers (one pool on etcd) are a comma-separated list wherever one address is
 // configured (ORION_CONTROLLER, controller_addr): a request that cannot reach one, or that one
@@ -29,10 +31,15 @@ inline constexpr uint16_t kDefaultPort = 9123;
 struct Endpoint {
   std::string host;
   uint16_t port = kDefaultPort;
-  std::string text() const { return host + ":" + std::to_string(port); }
+  bool tls = false;  // https://
+  std::string hostport() const {
+    return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
+  }
+  std::string text() const { return (tls ? "https://" : "") + hostport(); }
 };
 
-// "host:port", "host" (port 9123) or "[v6]:port". kInvalidArgument on garbage.
+// "host:port", "host" (port 9123) or "[v6]:port", each optionally after http:// or https:// (TLS).
+// kInvalidArgument on garbage.
 Result<Endpoint> ParseEndpoint(const std::string& addr, uint16_t default_port = kDefaultPort);
 // "a:p,b:p,..." (spaces around commas allowed; 1..16 entries, each as ParseEndpoint).
 inline constexpr size_t kMaxControllers = 16;
@@ -43,7 +50,14 @@ struct HttpReply {
   std::string body;
 };
 
-// One request on a fresh connection. `timeout_ms` bounds connect + write + read.
+// The CA file (PEM) that verifies https:// controllers in this process; "" = $ORION_TLS_CA, else
+// the system's default CAs. oriond sets it from server.conf's controller_tls_ca.
+void SetTlsCaFile(const std::string& path);
+// The client certificate and key (PEM) shown to a controller that wants one (tls_client_ca);
+// "" = $ORION_TLS_CERT and $ORION_TLS_KEY, else none. oriond: controller_tls_cert/_key.
+void SetTlsClientCert(const std::string& cert_file, const std::string& key_file);
+
+// One request on a fresh connection. `timeout_ms` bounds connect + TLS handshake + write + read.
 // Errors: kUnavailable (cannot connect / connection lost), kInternal (bad response).
 Result<HttpReply> HttpRequest(const Endpoint& ep, const std::string& method, const std::string& target,
                               const std::string& body, const std::string& bearer, int timeout_ms);
