@@ -361,6 +361,16 @@ void Invalidate(Capture* c, const char* what, bool permitted = true) {
   c->invalidated = true;
 }
 
+// The capture `stream` records into, or nullptr: then *answered says whether the call is answered
+// (*result = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: its capture was invalidated) or the stream is
+// not capturing (the caller does the work itself). Requires the lock.
+std::shared_ptr<Capture> LiveCapture(uint64_t stream, CUresult* result, bool* answered) {
+  auto c = CaptureOf(stream);
+  *answered = c != nullptr && c->invalidated;
+  if (*answered) *result = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  return *answered ? nullptr : c;
+}
+
 // When `stream` is being captured: a node made by `make` is appended to its capture (*result says
 // whether that worked; an invalidated capture refuses it) and true is returned. False when the
 // stream is not capturing: the caller does the work itself.
@@ -369,12 +379,9 @@ bool CaptureNode(uint64_t stream, CUresult* result, Make make) noexcept {
   HostFuncGate(stream);
   if (g_captures.load(std::memory_order_relaxed) == 0) return false;
   std::lock_guard l(G().mu);
-  auto c = CaptureOf(stream);
-  if (c == nullptr) return false;
-  if (c->invalidated) {
-    *result = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-    return true;
-  }
+  bool answered = false;
+  auto c = LiveCapture(stream, result, &answered);
+  if (c == nullptr) return answered;
   auto node = std::make_unique<GraphNode>();
   make(node.get());
   *result = AppendCaptured(c.get(), stream, std::move(node));
@@ -512,12 +519,9 @@ bool CaptureMemAlloc(uint64_t stream, uint64_t bytes, bool default_pool, CUdevic
   if (!CaptureActive()) return false;
   {
     std::lock_guard l(G().mu);
-    auto c = CaptureOf(stream);
-    if (c == nullptr) return false;
-    if (c->invalidated) {
-      *result = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-      return true;
-    }
+    bool answered = false;
+    auto c = LiveCapture(stream, result, &answered);
+    if (c == nullptr) return answered;
     if (!default_pool) {
       Invalidate(c.get(), "an allocation from a memory pool other than the device's default");
       *result = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
@@ -562,12 +566,9 @@ bool CaptureMemFree(uint64_t stream, uint64_t dptr, CUresult* result) noexcept {
   HostFuncGate(stream);
   if (!CaptureActive()) return false;
   std::lock_guard l(G().mu);
-  auto c = CaptureOf(stream);
-  if (c == nullptr) return false;
-  if (c->invalidated) {
-    *result = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-    return true;
-  }
+  bool answered = false;
+  auto c = LiveCapture(stream, result, &answered);
+  if (c == nullptr) return answered;
   auto it = G().mem.find(dptr);
   if (it == G().mem.end()) {
     Invalidate(c.get(), "a stream-ordered free of memory no graph allocated");

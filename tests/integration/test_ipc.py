@@ -114,6 +114,15 @@ class Shell:
         self.p.wait()
 
 
+def share(exporter, importer, p):
+    """Exports allocation `p` of one shell and opens it in another: (handle, the importer's pointer)."""
+    r, handle = exporter.ask("export " + p)
+    assert r == "0"
+    r, q = importer.ask("import " + handle)
+    assert r == "0"
+    return handle, q
+
+
 def test_ipc_memory_stays_charged_while_an_importer_maps_it(oriond):
     # Issue #22 item 2a: a 256 MiB tenant exported 192 MiB, a second tenant opened it, and the
     # exporter freed it and allocated again: both tenants' quotas were free while the pages lived,
@@ -123,10 +132,7 @@ def test_ipc_memory_stays_charged_while_an_importer_maps_it(oriond):
     try:
         r, p = exporter.ask("alloc 192")
         assert r == "0"
-        r, handle = exporter.ask("export " + p)
-        assert r == "0"
-        r, q = importer.ask("import " + handle)
-        assert r == "0"
+        handle, q = share(exporter, importer, p)
         assert importer.free_bytes() == 256 * MIB  # the exporter pays while it holds the allocation
         assert exporter.ask("free " + p) == ["0"]
         # The importer still maps the 192 MiB: the exporter's quota has no room for them again.
@@ -142,10 +148,7 @@ def test_ipc_memory_stays_charged_while_an_importer_maps_it(oriond):
 
         # The exporter's session ends (killed) while the importer maps its memory: the importer
         # pays from then on, and opens nothing more past its quota.
-        r, handle = exporter.ask("export " + p)
-        assert r == "0"
-        r, q = importer.ask("import " + handle)
-        assert r == "0"
+        handle, q = share(exporter, importer, p)
         exporter.end()
         deadline = time.monotonic() + 10
         while importer.free_bytes() != 64 * MIB and time.monotonic() < deadline:

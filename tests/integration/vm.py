@@ -58,10 +58,13 @@ def build_initramfs(out: Path, prefix: Path, programs, extra=None, setup="", tea
     for app in ["sh", "mount", "poweroff", "cat", "echo", "mkdir", "cp", "ln", "mv", "tr", "cut", "dirname", "sleep",
                 *applets]:
         os.symlink("busybox", root / "bin" / app)
+    needed = set()
     for f in (prefix / "lib" / "orion").iterdir():
         if f.is_file() and not f.is_symlink():
             shutil.copy(f, root / "orion-client" / f.name)
-    needed = set()
+            needed.update(libs_of(f))  # what the orion-client package depends on (libssl3 for https://)
+            if f.read_bytes()[:4] == b"\x7fELF":  # as a package ships it: no debug info (RAM is the disk)
+                subprocess.run(["strip", "--strip-debug", root / "orion-client" / f.name], check=True)
     for exe in programs:
         shutil.copy(exe, root / "opt" / Path(exe).name)
         needed.update(libs_of(exe))
