@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <atomic>
 #include <mutex>
@@ -36,21 +37,26 @@ class TcpSessionChannel final : public SessionChannel {
     *got = false;
     if (window_ == nullptr) return Internal("no memory for the session's window");
     if (Status s = Fill(false); !s.ok()) return s;
-    // A frame begun but not finished: the client has this long to send the rest.
     const size_t have = in_.size() - at_;
-    if (have != partial_bytes_) {
-      partial_bytes_ = have;
-      partial_since_ = MonotonicMs();
-    } else if (have != 0 && MonotonicMs() - partial_since_ > static_cast<uint64_t>(stall_ms_)) {
-      return DataLoss("client stopped in the middle of a frame for " + std::to_string(stall_ms_) + " ms");
+    FrameHeader h{};
+    if (have >= sizeof h) {
+      std::memcpy(&h, in_.data() + at_, sizeof h);  // the one read of the header
+      if (h.magic != kFrameMagic) return DataLoss("frame has a bad magic");
+      if (h.version != kProtocolVersion) return DataLoss("frame protocol version " + std::to_string(h.version));
+      if (h.payload_len > kMaxPayload) return DataLoss("frame payload is too large");
     }
-    if (have < sizeof(FrameHeader)) return Status::Ok();
-    FrameHeader h;
-    std::memcpy(&h, in_.data() + at_, sizeof h);  // the one read of the header
-    if (h.magic != kFrameMagic) return DataLoss("frame has a bad magic");
-    if (h.version != kProtocolVersion) return DataLoss("frame protocol version " + std::to_string(h.version));
-    if (h.payload_len > kMaxPayload) return DataLoss("frame payload is too large");
-    if (in_.size() - at_ < sizeof h + h.payload_len) return Status::Ok();
+    if (have < sizeof h || have < sizeof h + h.payload_len) {
+      // A frame begun but not finished: the client has this long to send the rest, counted from
+      // when this worker could first see it (not while it executed the frames before it: a long
+      // kernel is not the client's stall).
+      if (have != partial_bytes_) {
+        partial_bytes_ = have;
+        partial_since_ = MonotonicMs();
+      } else if (have != 0 && MonotonicMs() - partial_since_ > static_cast<uint64_t>(stall_ms_)) {
+        return DataLoss("client stopped in the middle of a frame for " + std::to_string(stall_ms_) + " ms");
+      }
+      return Status::Ok();
+    }
     if (scratch->size() < h.payload_len) scratch->resize(std::max<size_t>(h.payload_len, 256));
     // An empty scratch has no buffer (data() may be null): memcpy(null, _, 0) is undefined behaviour.
     if (h.payload_len != 0) std::memcpy(scratch->data(), in_.data() + at_ + sizeof h, h.payload_len);
@@ -75,8 +81,7 @@ class TcpSessionChannel final : public SessionChannel {
       }
     }
     Compact();
-    partial_bytes_ = in_.size() - at_;
-    partial_since_ = MonotonicMs();
+    partial_bytes_ = SIZE_MAX;  // the next Pop, after this frame executed, starts the stall clock afresh
     f->header = h;
     f->payload = scratch->data();
     *got = true;

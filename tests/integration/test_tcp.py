@@ -455,13 +455,27 @@ def test_orion_smi_standalone_lists_every_session_of_the_local_oriond(tcp_oriond
         time.sleep(0.2)
 
 
-def test_a_long_kernel_is_kept_alive_and_a_hung_oriond_is_told(tcp_oriond):
+@pytest.fixture
+def stall_1s_oriond(tmp_path):
+    port = free_port()
+    d = Oriond(tmp_path, tcp_port=port,
+               conf_text="[server]\n    vgpu_count = 4\n[server-shm]\n    shm_buffer_size = 16\n"
+                         "[orion]\n    net_stall_ms = 1000\n")
+    d.port = port
+    yield d
+    d.stop()
+
+
+def test_a_long_kernel_is_kept_alive_and_a_hung_oriond_is_told(stall_1s_oriond):
     """Issue #22 item 7: over TCP a session's oriond sends a Keepalive every 250 ms while requests
     execute and it has sent nothing else, so the client tells a hung oriond (its connection alive)
     from a long kernel: a kernel of seconds completes with ORION_ALIVE_TIMEOUT_MS=1000, and a worker
     stopped mid-kernel (SIGSTOP) ends the client's wait within that timeout, with the reason. Before,
-    a wait for the device had no deadline: the client waited for the stopped worker forever."""
-    d = tcp_oriond
+    a wait for the device had no deadline: the client waited for the stopped worker forever.
+    oriond's stall limit is 1 s here: the frames queued behind the long kernel's are complete, and
+    the time the worker spent executing is not the client's stall (before, the session ended with
+    "client stopped in the middle of a frame" once a kernel ran past the limit: 30 s by default)."""
+    d = stall_1s_oriond
     e = d.env(ORION_GMEM=64, ORION_ALIVE_TIMEOUT_MS=1000)
     e.pop("ORION_SHM")
     e["ORION_SERVER"] = f"127.0.0.1:{d.port}"
