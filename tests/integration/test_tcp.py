@@ -35,6 +35,18 @@ def tcp_oriond(tmp_path):
     d.stop()
 
 
+@pytest.fixture
+def stall_1s_oriond(tmp_path):
+    """oriond with a 1 s stall limit for clients that stop in the middle of a frame."""
+    port = free_port()
+    d = Oriond(tmp_path, tcp_port=port,
+               conf_text="[server]\n    vgpu_count = 4\n[server-shm]\n    shm_buffer_size = 16\n"
+                         "[orion]\n    net_stall_ms = 1000\n")
+    d.port = port
+    yield d
+    d.stop()
+
+
 def run_tcp(d, program, *args, address=None, timeout=120, **env):
     e = d.env(**env)
     e.pop("ORION_SHM")
@@ -319,28 +331,21 @@ def test_unreachable_server_is_a_quick_clear_error(tmp_path):
     assert time.time() - t < 10
 
 
-def test_client_that_stops_mid_frame_is_dropped(tmp_path):
-    port = free_port()
-    d = Oriond(tmp_path, tcp_port=port,
-               conf_text="[server]\n    vgpu_count = 4\n[server-shm]\n    shm_buffer_size = 16\n"
-                         "[orion]\n    net_stall_ms = 1000\n")
-    d.port = port
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-            s.sendall(hello_frame(2))
-            header = s.recv(32, socket.MSG_WAITALL)
-            plen = struct.unpack("<IHHIIiiII", header)[4]
-            s.recv(plen, socket.MSG_WAITALL)  # Welcome: the session is served
-            # Half a frame header, then silence.
-            s.sendall(struct.pack("<IHH", 0x4D52464F, PROTOCOL, 3))
-            deadline = time.time() + 15
-            while "client stopped in the middle of a frame" not in d.session_logs() + d.log():
-                assert time.time() < deadline, d.log()[-2000:]
-                time.sleep(0.2)
-        assert d.alive()
-        assert_passed(run_tcp(d, "device_props"))  # others are served
-    finally:
-        d.stop()
+def test_client_that_stops_mid_frame_is_dropped(stall_1s_oriond):
+    d = stall_1s_oriond
+    with socket.create_connection(("127.0.0.1", d.port), timeout=10) as s:
+        s.sendall(hello_frame(2))
+        header = s.recv(32, socket.MSG_WAITALL)
+        plen = struct.unpack("<IHHIIiiII", header)[4]
+        s.recv(plen, socket.MSG_WAITALL)  # Welcome: the session is served
+        # Half a frame header, then silence.
+        s.sendall(struct.pack("<IHH", 0x4D52464F, PROTOCOL, 3))
+        deadline = time.time() + 15
+        while "client stopped in the middle of a frame" not in d.session_logs() + d.log():
+            assert time.time() < deadline, d.log()[-2000:]
+            time.sleep(0.2)
+    assert d.alive()
+    assert_passed(run_tcp(d, "device_props"))  # others are served
 
 
 def test_silent_connections_do_not_lock_out_clients(tcp_oriond):
@@ -453,17 +458,6 @@ def test_orion_smi_standalone_lists_every_session_of_the_local_oriond(tcp_oriond
             break
         assert time.time() < deadline, r.stdout
         time.sleep(0.2)
-
-
-@pytest.fixture
-def stall_1s_oriond(tmp_path):
-    port = free_port()
-    d = Oriond(tmp_path, tcp_port=port,
-               conf_text="[server]\n    vgpu_count = 4\n[server-shm]\n    shm_buffer_size = 16\n"
-                         "[orion]\n    net_stall_ms = 1000\n")
-    d.port = port
-    yield d
-    d.stop()
 
 
 def test_a_long_kernel_is_kept_alive_and_a_hung_oriond_is_told(stall_1s_oriond):
