@@ -41,6 +41,11 @@
 #                            Orion serves cudaMallocHost from the channel's window when it fits, else
 #                            from ordinary memory; the 256 MiB pinned buffers here take the latter path
 #                            unless the channel is made larger than them.
+#   ORION_E2E_SUITE=<dir>    also run the self-checking programs of tests/cuda found in <dir> (built
+#                            on the dev machine; they print "CHECK name ok|FAIL" and "DONE checks=N
+#                            failed=M"), natively and remoted, after everything else, while the
+#                            budget lasts. Informational: they were written against the sim, so a
+#                            check may be sim-specific; the table lists every failing check by name.
 #   ORION_E2E_REV=<text>     the source revision for the summary when the tree has no .git
 #   ORION_E2E_KEEP=1         keep the temporary directory (region file, logs)
 #   NVCC=<path>              the nvcc to use (default: PATH, $CUDA_HOME, /usr/local/cuda)
@@ -362,6 +367,11 @@ write_summary() {
     echo
     [ -s "$BWTABLE" ] && { cat "$BWTABLE"; echo; }
     [ -s "$PYTABLE" ] && { cat "$PYTABLE"; echo; }
+    if [ -s "${SUITETABLE:-/nonexistent}" ]; then
+      echo "tests/cuda programs (ORION_E2E_SUITE; informational, written against the sim):"
+      cat "$SUITETABLE"
+      echo
+    fi
     if [ -s "$FAILS" ]; then
       echo "Problems:"
       cat "$FAILS"
@@ -785,6 +795,35 @@ for py in ${PY_CHECKS[@]+"${PY_CHECKS[@]}"}; do
   done
 done
 hr
+
+# Phase 4 (ORION_E2E_SUITE): tests/cuda's self-checking programs, natively then remoted, each in turn.
+SUITETABLE=$OUT/suite.txt
+suite_res() {  # suite_res KEY MODE: "ok N" | "FAIL n/N: names" | TIMEOUT | CRASH(rc) ...
+  local f=$OUT/$1.$2.txt rc=${RC[$1.$2]:-none} done_line failed
+  [ "$rc" != none ] || { echo NOT-RUN; return; }
+  [ "$rc" != skip ] || { echo BUDGET; return; }
+  grep -q '^ORIOND-DIED' "$f" 2>/dev/null && { echo ORIOND-DIED; return; }
+  [ "$rc" != 124 ] || { echo TIMEOUT; return; }
+  done_line=$(grep -m1 -E '^DONE checks=[0-9]+ failed=[0-9]+$' "$f" 2>/dev/null || true)
+  failed=$(awk '$1 == "CHECK" && $3 ~ /^FAIL/ {printf "%s%s", sep, $2; sep=","}' "$f" 2>/dev/null || true)
+  if [ -z "$done_line" ]; then echo "CRASH($rc)${failed:+ failed: $failed}"; return; fi
+  set -- $done_line
+  if [ "$rc" = 0 ] && [ "${3#failed=}" = 0 ]; then echo "ok ${2#checks=}"; else echo "FAIL(rc=$rc) ${3#failed=}/${2#checks=}: $failed"; fi
+}
+if [ -n "${ORION_E2E_SUITE:-}" ]; then
+  case "$ORION_E2E_SUITE" in /*) SUITE=$ORION_E2E_SUITE ;; *) SUITE=$ORIG_PWD/$ORION_E2E_SUITE ;; esac
+  : >"$SUITETABLE"
+  for s in "$SUITE"/*; do
+    [ -f "$s" ] && [ -x "$s" ] || continue
+    k=suite-${s##*/}
+    if [ "$(left)" -lt 30 ]; then echo "${s##*/}: skipped (time budget)" >>"$SUITETABLE"; continue; fi
+    run_one "$k" native 30 "$s"
+    run_one "$k" orion 40 "$s"
+    printf '%-18s native: %-40s orion: %s\n' "${s##*/}" "$(suite_res "$k" native)" "$(suite_res "$k" orion)" |
+      tee -a "$SUITETABLE"
+  done
+  hr
+fi
 
 # --- summary --------------------------------------------------------------------------------------------
 stop_oriond
