@@ -19,8 +19,9 @@ bool DeviceOk(uint64_t p, uint64_t bytes) { return S().mirror.Find(p, bytes, nul
 // Maps pinned host memory at `p` (cuMemHostAlloc/cuMemAllocHost, or a DEVICEMAP registration) into
 // the device's address space: what cuMemHostGetDevicePointer returns. Shared-memory transports only.
 // oriond is asked to map it at the program's own address for it, so that with unified addressing
-// (the sim backend) the host pointer is the device pointer, in kernels too; where it cannot, the
-// device address differs and copies and memsets translate (PinnedAsDevice).
+// (the sim backend; the cuda backend where the GPU gives registered host memory its host address)
+// the host pointer is the device pointer, in kernels too; where it cannot, the device address
+// differs and copies and memsets translate (PinnedAsDevice).
 CUresult MapHost(void* p, CUdeviceptr* out) {
   void* base = nullptr;  // the window's copy of the range
   uint64_t bytes = 0;
@@ -582,10 +583,11 @@ CUresult FillPointerAttribute(void* data, CUpointer_attribute attr, CUdeviceptr 
 }
 
 // cuMemAllocManaged on a transport whose device reaches the pinned heap at the program's own
-// addresses (MANAGED_MEMORY = 1: shared-memory channels on the sim backend): the allocation is
-// pinned memory, one set of pages that the program and the device both address by the same
-// pointer. Zero-copy, so coherent with no migration; its size is bounded by the channel's pinned
-// heap (docs/spec/managed-memory.md has the design for device-resident managed memory).
+// addresses (MANAGED_MEMORY = 1: shared-memory channels on the sim backend, and on the cuda backend
+// where the GPU gives registered host memory its host address): the allocation is pinned memory,
+// one set of pages that the program and the device both address by the same pointer. Zero-copy, so coherent with no
+// migration; its size is bounded by the channel's pinned heap (docs/spec/managed-memory.md has the design for
+// device-resident managed memory).
 CUresult AllocManaged(CUdeviceptr* dptr, size_t bytes, unsigned flags) {
   if (dptr == nullptr || bytes == 0 || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST))
     return CUDA_ERROR_INVALID_VALUE;
@@ -598,7 +600,8 @@ CUresult AllocManaged(CUdeviceptr* dptr, size_t bytes, unsigned flags) {
     if (!warned.exchange(true))
       LogWarn(
           "cuMemAllocManaged: managed memory needs a shared-memory channel to a server that maps pinned memory "
-          "at the program's addresses (the sim backend); this device reports CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY = 0");
+          "at the program's addresses (sim; cuda where the GPU gives registered host memory its host address); "
+          "this device reports CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY = 0");
     return CUDA_ERROR_NOT_SUPPORTED;
   }
   void* p = Client::Get().PinnedAlloc(bytes);

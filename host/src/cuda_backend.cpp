@@ -40,6 +40,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -120,6 +121,7 @@ namespace {
   X(memsetD2D16Async, cuMemsetD2D16Async)                                           \
   X(memsetD2D32Async, cuMemsetD2D32Async)                                           \
   X(memHostRegister, cuMemHostRegister_v2)                                          \
+  X(memHostUnregister, cuMemHostUnregister)                                         \
   X(memAddressReserve, cuMemAddressReserve)                                         \
   X(memAddressFree, cuMemAddressFree)                                               \
   X(memCreate, cuMemCreate)                                                         \
@@ -349,6 +351,18 @@ class CudaBackend final : public Backend {
       }
       placements_ = placements;
       devices_ = std::move(devices);
+      // Same-address mapping of window memory needs unified addressing and a device address
+      // equal to the host address of registered memory (CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_
+      // FOR_REGISTERED_MEM, cuMemHostRegister doc) on every GPU of the session.
+      same_address_ = api_.memHostUnregister != nullptr;
+      for (const CUdevice d : devices_) {
+        int ua = 0, hp = 0;
+        (void)api_.deviceGetAttribute(&ua, CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, d);
+        (void)api_.deviceGetAttribute(&hp, CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM, d);
+        same_address_ = same_address_ && ua == 1 && hp == 1;
+      }
+      const long pg = ::sysconf(_SC_PAGESIZE);
+      page_ = pg > 0 ? static_cast<uint64_t>(pg) : 4096;
       return Status::Ok();
     } catch (...) {
       return Internal("cuda backend: out of memory in Init");
@@ -517,6 +531,7 @@ class CudaBackend final : public Backend {
       window_registered_ = false;
       window_owner_ = nullptr;
     }
+    ForgetAliasRegistrations(primary);
     window_failed_ctx_ = nullptr;
     return CUDA_SUCCESS;
   }
@@ -539,6 +554,7 @@ class CudaBackend final : public Backend {
       window_registered_ = false;
       window_owner_ = nullptr;
     }
+    ForgetAliasRegistrations(Ctx(ctx));
     window_failed_ctx_ = nullptr;
     return CUDA_SUCCESS;
   }
@@ -895,10 +911,23 @@ class CudaBackend final : public Backend {
     return api_.memSetAccess(addr, bytes, &d, 1);
   }
 
-  // The worker's mapping of the window is not at the client's address, so `want` is not honoured
-  // (docs/spec/managed-memory.md: mapping the window at the client's address is the route).
-  CUresult HostGetDevicePointer(void* host, uint64_t /*bytes*/, uint64_t /*want*/, uint64_t* dptr) override {
+  // With `want` (the client's address of the bytes) and same-address mapping (Init), the window's
+  // pages are mapped a second time in this worker at `want` and that alias is registered: its device
+  // address is then `want` itself, so a pinned or managed pointer works in kernels unchanged
+  // (docs/spec/managed-memory.md). Where that fails (the address is taken in this worker, the
+  // driver refuses), the window registration's own device address is returned, and the client
+  // translates host pointers in copies (ErrorDetail says why).
+  bool SameAddressMapping() const override { return same_address_; }
+  std::string ErrorDetail() const override { return last_error_; }
+  CUresult HostGetDevicePointer(void* host, uint64_t bytes, uint64_t want, uint64_t* dptr) override {
     EnsureWindow();
+    if (want != 0 && same_address_) {
+      const CUresult a = MapAtClientAddress(static_cast<uint8_t*>(host), bytes, want);
+      if (a == CUDA_SUCCESS) {
+        *dptr = want;
+        return CUDA_SUCCESS;
+      }
+    }
     if (!window_registered_) return CUDA_ERROR_NOT_SUPPORTED;
     CUdeviceptr p = 0;
     const CUresult r = api_.memHostGetDevicePointer(&p, host, 0);
@@ -1193,10 +1222,167 @@ class CudaBackend final : public Backend {
     return devices_.empty() ? 0 : devices_[0];
   }
 
+  // ---- Window memory at the client's addresses (HostGetDevicePointer with `want`) ----
+  // One alias: [addr, addr+bytes) of this worker's address space maps the window pages at `src`
+  // (the same pages twice, mremap with old_size 0 of a shared mapping, mremap(2)), registered
+  // PORTABLE | DEVICEMAP in `owner` while `registered`.
+  struct Alias {
+    uint64_t bytes = 0;
+    uint8_t* src = nullptr;
+    bool registered = false;
+    CUcontext owner = nullptr;
+  };
+  // A client can make at most this many aliases (each a mapping and a driver registration);
+  // further pinned ranges get the window's own device address.
+  static constexpr size_t kMaxAliases = 4096;
+
+  CUresult AliasFail(CUresult r, std::string why) {
+    last_error_ = std::move(why);
+    return r;
+  }
+
+  // Maps the window bytes [host, host+bytes) at device (and worker) address `want`, page by page:
+  // pages an alias with the same window offset already maps are kept; an alias at another offset
+  // is memory the client freed and mapped again elsewhere, dropped once the current context's
+  // work is done. Errors leave earlier aliases as they were.
+  CUresult MapAtClientAddress(uint8_t* host, uint64_t bytes, uint64_t want) {
+    const uint64_t pg = page_;
+    const uint64_t off = want % pg;
+    if (bytes == 0 || want + bytes < want || want + bytes > UINT64_MAX - pg ||
+        reinterpret_cast<uintptr_t>(host) % pg != off)
+      return AliasFail(CUDA_ERROR_INVALID_VALUE, "window range and client address differ in their page offset");
+    const uint64_t lo = want - off;
+    const uint64_t hi = (want + bytes + pg - 1) / pg * pg;
+    uint8_t* const src_lo = host - off;
+    auto* const wb = static_cast<uint8_t*>(window_base_);
+    if (wb == nullptr || src_lo < wb || src_lo + (hi - lo) > wb + window_bytes_)
+      return AliasFail(CUDA_ERROR_INVALID_VALUE, "the range's pages reach outside the data window");
+    CUcontext cur = nullptr;
+    if (api_.ctxGetCurrent(&cur) != CUDA_SUCCESS || cur == nullptr)
+      return AliasFail(CUDA_ERROR_INVALID_CONTEXT, "no current context to register the range in");
+    // The client maps the window where this worker does: the window's own registration serves.
+    if (reinterpret_cast<uint64_t>(src_lo) == lo) {
+      CUdeviceptr p = 0;
+      if (window_registered_ && api_.memHostGetDevicePointer(&p, host, 0) == CUDA_SUCCESS && p == want)
+        return CUDA_SUCCESS;
+      return AliasFail(CUDA_ERROR_NOT_SUPPORTED, "the window is not registered at its own address");
+    }
+    const auto same_offset = [&](uint64_t addr, const Alias& a) {
+      return reinterpret_cast<uint64_t>(a.src) - addr == reinterpret_cast<uint64_t>(src_lo) - lo;
+    };
+    std::vector<std::pair<uint64_t, uint64_t>> kept;  // [from, to) already mapped at this offset
+    std::vector<uint64_t> stale;
+    auto it = aliases_.upper_bound(lo);
+    if (it != aliases_.begin()) --it;
+    for (; it != aliases_.end() && it->first < hi; ++it) {
+      if (it->first + it->second.bytes <= lo) continue;
+      if (same_offset(it->first, it->second)) {
+        kept.emplace_back(it->first, it->first + it->second.bytes);
+      } else {
+        stale.push_back(it->first);
+      }
+    }
+    if (!stale.empty()) {
+      (void)api_.ctxSynchronize();  // the device may still read the old mapping
+      for (const uint64_t a : stale) DropAlias(a);
+    }
+    if (aliases_unregistered_) RegisterAliases();
+    for (const auto& [from, to] : kept) {
+      if (!aliases_.at(from).registered)
+        return AliasFail(CUDA_ERROR_NOT_SUPPORTED, "an alias could not be re-registered");
+    }
+    uint64_t at = lo;
+    for (const auto& [from, to] : kept) {
+      if (from > at) {
+        if (CUresult r = MapAlias(at, from - at, src_lo + (at - lo), cur); r != CUDA_SUCCESS) return r;
+      }
+      at = std::max(at, to);
+    }
+    if (at < hi) return MapAlias(at, hi - at, src_lo + (at - lo), cur);
+    return CUDA_SUCCESS;
+  }
+
+  CUresult MapAlias(uint64_t addr, uint64_t bytes, uint8_t* src, CUcontext cur) {
+    if (aliases_.size() >= kMaxAliases)
+      return AliasFail(CUDA_ERROR_OUT_OF_MEMORY, "the session has " + std::to_string(kMaxAliases) + " aliases");
+    void* at = reinterpret_cast<void*>(addr);
+    // Reserve the address first: MREMAP_FIXED would replace whatever is there (the driver's own
+    // mappings included); MAP_FIXED_NOREPLACE fails on any overlap.
+    void* r = ::mmap(at, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+    if (r == MAP_FAILED || r != at) {
+      if (r != MAP_FAILED) ::munmap(r, bytes);  // a kernel without MAP_FIXED_NOREPLACE took it as a hint
+      return AliasFail(CUDA_ERROR_NOT_SUPPORTED, "address " + Hex(addr) + " (+" + std::to_string(bytes) +
+                                                     " bytes) is taken in the worker's address space");
+    }
+    void* m = ::mremap(src, 0, bytes, MREMAP_MAYMOVE | MREMAP_FIXED, at);
+    if (m == MAP_FAILED) {
+      const int e = errno;
+      ::munmap(at, bytes);
+      return AliasFail(CUDA_ERROR_NOT_SUPPORTED, std::string("mremap of the window pages failed: ") + std::strerror(e));
+    }
+    const CUresult reg = api_.memHostRegister(at, bytes, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+    CUdeviceptr p = 0;
+    const CUresult dp = reg == CUDA_SUCCESS ? api_.memHostGetDevicePointer(&p, at, 0) : reg;
+    if (reg != CUDA_SUCCESS || dp != CUDA_SUCCESS || p != addr) {
+      if (reg == CUDA_SUCCESS) (void)api_.memHostUnregister(at);
+      ::munmap(at, bytes);
+      if (reg != CUDA_SUCCESS) return AliasFail(reg, "cuMemHostRegister of the alias failed: " + ErrorText(api_, reg));
+      if (dp != CUDA_SUCCESS)
+        return AliasFail(dp, "cuMemHostGetDevicePointer of the alias failed: " + ErrorText(api_, dp));
+      return AliasFail(CUDA_ERROR_NOT_SUPPORTED,
+                       "the driver gave the alias device address " + Hex(p) + ", not its host address");
+    }
+    try {
+      aliases_[addr] = Alias{bytes, src, true, cur};
+    } catch (...) {
+      (void)api_.memHostUnregister(at);
+      ::munmap(at, bytes);
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return CUDA_SUCCESS;
+  }
+
+  void DropAlias(uint64_t addr) {
+    auto it = aliases_.find(addr);
+    if (it == aliases_.end()) return;
+    if (it->second.registered) (void)api_.memHostUnregister(reinterpret_cast<void*>(addr));
+    ::munmap(reinterpret_cast<void*>(addr), it->second.bytes);
+    aliases_.erase(it);
+  }
+
+  // A destroyed or reset context took its registrations with it; the mappings stay and are
+  // registered again in the next current context (EnsureWindow).
+  void ForgetAliasRegistrations(CUcontext gone) {
+    for (auto& [addr, a] : aliases_) {
+      if (a.registered && (a.owner == gone || a.owner == nullptr)) {
+        a.registered = false;
+        aliases_unregistered_ = true;
+      }
+    }
+  }
+  void RegisterAliases() {
+    CUcontext cur = nullptr;
+    if (api_.ctxGetCurrent(&cur) != CUDA_SUCCESS || cur == nullptr) return;
+    aliases_unregistered_ = false;
+    for (auto& [addr, a] : aliases_) {
+      if (a.registered) continue;
+      const CUresult r = api_.memHostRegister(reinterpret_cast<void*>(addr), a.bytes,
+                                              CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+      a.registered = r == CUDA_SUCCESS || r == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+      a.owner = r == CUDA_SUCCESS ? cur : nullptr;
+    }
+  }
+  static std::string Hex(uint64_t v) {
+    char b[24];
+    std::snprintf(b, sizeof b, "%#llx", static_cast<unsigned long long>(v));
+    return b;
+  }
+
   // Registers the window in the current context if it is not registered yet. Cheap when done.
   // A failure is not retried in the same context until a context event (retain, create,
   // destroy, reset) clears window_failed_ctx_ or another context becomes current.
   void EnsureWindow() {
+    if (aliases_unregistered_) RegisterAliases();
     if (window_base_ == nullptr || window_registered_) return;
     CUcontext cur = nullptr;
     if (api_.ctxGetCurrent(&cur) != CUDA_SUCCESS || cur == nullptr || cur == window_failed_ctx_) return;
@@ -1238,6 +1424,12 @@ class CudaBackend final : public Backend {
   CUcontext window_owner_ = nullptr;       // context that registered it; nullptr = unknown
   CUcontext window_failed_ctx_ = nullptr;  // last context a registration failed in
   CUresult window_error_ = CUDA_SUCCESS;   // last registration failure
+
+  bool same_address_ = false;          // window memory can be mapped at the client's addresses (Init)
+  uint64_t page_ = 4096;               // the worker's page size
+  std::map<uint64_t, Alias> aliases_;  // client (and device) address -> alias of window pages
+  bool aliases_unregistered_ = false;  // an alias lost its registration with its context
+  std::string last_error_;             // why the last same-address mapping failed (ErrorDetail)
 };
 
 // ---- Probe (runs in a child process) --------------------------------------------------------

@@ -352,6 +352,7 @@ class Session {
   uint64_t naps_ = 0;  // idle naps (a client that cannot ring)
   ChannelLayout layout_{};
   uint8_t* window_ = nullptr;
+  bool same_address_warned_ = false;  // HostGetDevicePointer could not honour the client's address
   std::unordered_map<uint64_t, Obj> handles_;
   std::unordered_map<void*, uint64_t> primary_ids_;                       // backend primary context -> handle
   std::unordered_map<void*, uint64_t> function_ids_;                      // backend function -> handle
@@ -1403,6 +1404,12 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       }
       uint64_t dptr = 0;
       r = b_->HostGetDevicePointer(window_ + q.window_offset, q.bytes, q.host_address, &dptr);
+      if (q.host_address != 0 && b_->SameAddressMapping() && (r != CUDA_SUCCESS || dptr != q.host_address) &&
+          !same_address_warned_) {
+        same_address_warned_ = true;  // once per session: the client then translates in copies
+        p_.log->warn("sess={} op=HostGetDevicePointer: not mapped at the client's address {:#x}: {}", p_.session_id,
+                     q.host_address, LogSafe(b_->ErrorDetail()));
+      }
       if (r == CUDA_SUCCESS) {
         // At the client's own address, the range may overlap window mappings of memory the client
         // has since freed (and the backend merged or dropped them): those records go.
