@@ -218,6 +218,18 @@ void ComputeGate::Enter() {
   me.throttled_ns.fetch_add(entered_ns_ - start, std::memory_order_relaxed);
 }
 
+bool ComputeGate::Contended() const {
+  const ComputeSlot& me = gpu_->slots[slot_];
+  if (me.waiting.load(std::memory_order_relaxed) > 1) return true;  // this worker's own turn counts 1
+  const uint32_t limit = std::min(gpu_->slot_limit.load(std::memory_order_relaxed), kComputeSlots);
+  for (uint32_t i = 0; i < limit; ++i) {
+    const ComputeSlot& s = gpu_->slots[i];
+    if (&s != &me && s.used.load(std::memory_order_relaxed) != 0 && s.waiting.load(std::memory_order_relaxed) != 0)
+      return true;
+  }
+  return false;
+}
+
 void ComputeGate::Leave() {
   ComputeSlot& me = gpu_->slots[slot_];
   const uint64_t now = NowNs();

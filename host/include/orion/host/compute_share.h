@@ -103,6 +103,9 @@ class ComputeGate {
   // The kernel (Enter .. now) is over: charges its device time and frees the device; a cap tenant
   // then waits out the rest of its period.
   void Leave();
+  // Whether another tenant, or another worker of this one, waits for the device now (a holder that
+  // keeps the device across kernels ends its turn early then: the cuda backend's turns).
+  bool Contended() const;
   uint32_t ratio() const { return gpu_->slots[slot_].ratio; }
   uint32_t policy() const { return gpu_->slots[slot_].policy; }
   uint64_t busy_ns() const { return gpu_->slots[slot_].busy_ns.load(); }
