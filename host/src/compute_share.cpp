@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 
 namespace orion::host {
@@ -244,6 +245,109 @@ void ComputeGate::Leave() {
   if (me.policy == kPolicyCap && me.ratio != 0 && me.ratio < 100) {
     (void)Refill();
     me.cap_tokens.fetch_sub(static_cast<int64_t>(used), std::memory_order_acq_rel);  // a ceiling: spent
+  }
+}
+
+ComputeTurns::~ComputeTurns() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  ended_.notify_all();
+  if (keeper_.joinable()) keeper_.join();
+  // A turn still held ends with the worker process: oriond frees the device of a dead holder.
+}
+
+ComputeTurns::Turn* ComputeTurns::Find(ComputeGate* g) {
+  for (Turn& t : turns_)
+    if (t.gate == g) return &t;
+  return nullptr;
+}
+
+bool ComputeTurns::Holding(ComputeGate* g) {
+  std::lock_guard<std::mutex> l(mu_);
+  return Find(g) != nullptr;
+}
+
+void ComputeTurns::EndAll() {
+  std::lock_guard<std::mutex> l(mu_);
+  for (Turn& t : turns_) t.gate->Leave();
+  turns_.clear();
+  ended_.notify_all();
+}
+
+void ComputeTurns::BeginLaunch(ComputeGate* g, Stream s) {
+  std::unique_lock<std::mutex> l(mu_);
+  Turn* t = Find(g);
+  if (t != nullptr && t->closing_ns != 0) {
+    // The slice is over and another tenant waits: this launch belongs to a next turn, after the
+    // keeper has seen this one's work finish (or given up on it).
+    ended_.wait(l, [&] { return Find(g) == nullptr || stop_; });
+    t = Find(g);
+  }
+  if (t == nullptr) {
+    l.unlock();
+    g->Enter();  // may wait for other tenants; only this thread makes turns of `g`
+    l.lock();
+    try {
+      turns_.push_back(Turn{g, NowNs(), 0, 0, {}});
+      if (!keeper_.joinable()) keeper_ = std::thread([this] { Keep(); });
+    } catch (...) {  // no memory or no thread: this launch runs ungated
+      if (!turns_.empty() && turns_.back().gate == g) turns_.pop_back();
+      l.unlock();
+      g->Leave();
+      return;
+    }
+    t = &turns_.back();
+    wake_.notify_all();
+  }
+  ++t->launching;
+  for (const Stream& x : t->streams)
+    if (x == s) return;
+  try {
+    t->streams.push_back(s);
+  } catch (...) {
+  }
+}
+
+void ComputeTurns::EndLaunch(ComputeGate* g) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (Turn* t = Find(g); t != nullptr && t->launching > 0) --t->launching;
+}
+
+void ComputeTurns::Forget(void* stream) {
+  std::lock_guard<std::mutex> l(mu_);
+  for (Turn& t : turns_) {
+    std::erase_if(t.streams, [&](const Stream& x) { return stream == nullptr || x.second == stream; });
+  }
+}
+
+void ComputeTurns::Keep() {
+  std::unique_lock<std::mutex> l(mu_);
+  while (!stop_) {
+    if (turns_.empty()) {
+      wake_.wait(l, [&] { return stop_ || !turns_.empty(); });
+      continue;
+    }
+    const uint64_t now = NowNs();
+    for (size_t i = 0; i < turns_.size();) {
+      Turn& t = turns_[i];
+      bool end = t.launching == 0;
+      for (size_t k = 0; end && k < t.streams.size(); ++k) end = !busy_(t.streams[k]);
+      if (!end && t.closing_ns == 0 && now - t.since_ns >= slice_ns_ &&
+          (t.gate->Contended() || (t.gate->policy() == kPolicyCap && t.gate->ratio() != 0 && t.gate->ratio() < 100)))
+        t.closing_ns = now;
+      if (!end && t.closing_ns != 0 && now - t.closing_ns >= grace_ns_) end = true;
+      if (end) {
+        t.gate->Leave();
+        turns_.erase(turns_.begin() + static_cast<std::ptrdiff_t>(i));
+        ended_.notify_all();
+      } else {
+        ++i;
+      }
+    }
+    wake_.wait_for(l, std::chrono::microseconds(poll_us_));
   }
 }
 

@@ -51,19 +51,16 @@
 #include <cerrno>
 #include <charconv>
 #include <chrono>
-#include <condition_variable>
 #include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
 #include <system_error>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -327,19 +324,9 @@ class CudaBackend final : public Backend {
     ::close(fds[1]);
     out_fd_ = fds[0];
   }
-  // See the file comment: no dlclose, no driver calls (a turn still held ends with the process:
-  // oriond frees the device of a dead holder).
-  ~CudaBackend() override {
-    if (keeper_.joinable()) {
-      {
-        std::lock_guard<std::mutex> l(turn_mu_);
-        keeper_stop_ = true;
-      }
-      turn_cv_.notify_all();
-      turn_end_cv_.notify_all();
-      keeper_.join();
-    }
-  }
+  // See the file comment: no dlclose, no driver calls (turns_ stops its keeper thread; a turn still
+  // held ends with the process: oriond frees the device of a dead holder).
+  ~CudaBackend() override = default;
 
   const char* name() const override { return "cuda"; }
 
@@ -552,7 +539,7 @@ class CudaBackend final : public Backend {
   CUresult PrimaryCtxReset(uint32_t dev) override {
     if (dev >= devices_.size()) return CUDA_ERROR_INVALID_DEVICE;
     const CUdevice d = devices_[dev];
-    ForgetTurnStreams(nullptr);  // before the driver call: the keeper must not query them meanwhile
+    turns_.Forget(nullptr);  // before the driver call: the keeper must not query them meanwhile
     const CUresult r = api_.primaryCtxReset(d);
     if (r != CUDA_SUCCESS) return r;
     // The reset destroys the primary context's state, host registrations included.
@@ -579,7 +566,7 @@ class CudaBackend final : public Backend {
   }
 
   CUresult CtxDestroy(void* ctx) override {
-    ForgetTurnStreams(nullptr);  // before the driver call: the keeper must not query them meanwhile
+    turns_.Forget(nullptr);  // before the driver call: the keeper must not query them meanwhile
     const CUresult r = api_.ctxDestroy(Ctx(ctx));
     if (r != CUDA_SUCCESS) return r;
     if (window_registered_ && (window_owner_ == nullptr || window_owner_ == Ctx(ctx))) {
@@ -1132,160 +1119,39 @@ class CudaBackend final : public Backend {
                              nullptr, extra);
   }
 
-  // ---- Compute share (issue #21; compute_share.h, ARCHITECTURE.md §11) ----
-  // Kernels run asynchronously here, so the device is held in turns that span launches rather than
-  // per kernel (the sim's way): a launch under a gate takes the turn (ComputeGate::Enter, which waits
-  // for this tenant's place) unless this worker holds it. A keeper thread ends the turn
-  // (ComputeGate::Leave, charging the turn's wall time as device time) as soon as every stream
-  // launched on in the turn is idle (cuStreamQuery; a launch in progress keeps it), polled every
-  // kTurnPollUs. When another tenant waits (Contended) or the tenant is capped, a turn that has
-  // lasted kTurnSliceNs closes: the worker's next launch waits until the turn's work has finished
-  // and the turn has ended, and then takes a new turn in its place among the tenants. So a turn's
-  // charge is the wall time the device did this tenant's work alone, and a GPU's tenants alternate in
-  // slices of about kTurnSliceNs plus the kernels in flight. Work still running kTurnGraceNs after
-  // the slice ends the turn anyway (it may be waiting on another tenant's work: IPC events), so no
-  // tenant holds the device while it waits for another.
-  static constexpr uint64_t kTurnSliceNs = 10000000;  // 10 ms
-  static constexpr int kTurnPollUs = 250;
-  static constexpr uint64_t kTurnGraceNs = 100000000;  // 100 ms
-
+  // ---- Compute share (issue #21; ARCHITECTURE.md §11) ----
+  // Kernels run asynchronously here: the device is held in turns that span launches (ComputeTurns,
+  // compute_share.h says how); a turn's streams are polled with cuStreamQuery on its keeper thread.
   void UseComputeGate(ComputeGate* gate) override { gate_ = gate; }
   bool GatesCompute() const override { return true; }
 
-  struct Turn {
-    ComputeGate* gate = nullptr;
-    uint64_t since_ns = 0;
-    int launching = 0;        // launches being submitted now
-    uint64_t closing_ns = 0;  // when its slice ended with others waiting (0: open): no more launches in it
-    std::vector<std::pair<CUcontext, CUstream>> streams;  // launched on; the context for default streams
-  };
-  static uint64_t NowNs() {
-    timespec ts{};
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
-  }
   static bool DefaultStream(CUstream s) { return s == nullptr || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD; }
-  Turn* TurnOf(ComputeGate* g) {
-    for (Turn& t : turns_)
-      if (t.gate == g) return &t;
-    return nullptr;
+  // On the keeper thread: whether work launched on the stream is pending. A default stream is the
+  // one of the context it was launched in, made current on that thread first.
+  bool StreamBusy(const ComputeTurns::Stream& s) {
+    if (s.first != nullptr) (void)api_.ctxSetCurrent(Ctx(s.first));
+    return api_.streamQuery(Stream(s.second)) == CUDA_ERROR_NOT_READY;
   }
 
   // Holds the current gate's turn across one launch on `s` (no gate: nothing).
   class TurnGuard {
    public:
-    TurnGuard(CudaBackend* b, CUstream s) : b_(b), gate_(b->gate_) {
-      if (gate_ != nullptr) b_->BeginLaunch(gate_, s);
+    TurnGuard(CudaBackend* b, CUstream s) : turns_(&b->turns_), gate_(b->gate_) {
+      if (gate_ == nullptr) return;
+      CUcontext c = nullptr;
+      if (DefaultStream(s)) (void)b->api_.ctxGetCurrent(&c);
+      turns_->BeginLaunch(gate_, {c, s});
     }
     ~TurnGuard() {
-      if (gate_ != nullptr) b_->EndLaunch(gate_);
+      if (gate_ != nullptr) turns_->EndLaunch(gate_);
     }
     TurnGuard(const TurnGuard&) = delete;
     TurnGuard& operator=(const TurnGuard&) = delete;
 
    private:
-    CudaBackend* b_;
+    ComputeTurns* turns_;
     ComputeGate* gate_;
   };
-
-  void BeginLaunch(ComputeGate* g, CUstream s) {
-    CUcontext c = nullptr;
-    if (DefaultStream(s)) (void)api_.ctxGetCurrent(&c);
-    std::unique_lock<std::mutex> l(turn_mu_);
-    Turn* t = TurnOf(g);
-    if (t != nullptr && t->closing_ns != 0) {
-      // Its slice is over and another tenant waits: this launch belongs to a next turn, after the
-      // keeper has seen the work of this one finish (or given up on it, kTurnGraceNs).
-      turn_end_cv_.wait(l, [&] { return TurnOf(g) == nullptr || keeper_stop_; });
-      t = TurnOf(g);
-    }
-    if (t == nullptr) {
-      l.unlock();
-      g->Enter();  // may wait for other tenants; the keeper never enters, so no turn of `g` appears meanwhile
-      l.lock();
-      try {
-        turns_.push_back(Turn{g, NowNs(), 0, 0, {}});
-      } catch (...) {
-        l.unlock();
-        g->Leave();
-        return;
-      }
-      t = &turns_.back();
-      StartKeeper();
-      turn_cv_.notify_all();
-    }
-    ++t->launching;
-    for (const auto& p : t->streams)
-      if (p.first == c && p.second == s) return;
-    try {
-      t->streams.emplace_back(c, s);
-    } catch (...) {
-    }
-  }
-  void EndLaunch(ComputeGate* g) {
-    std::lock_guard<std::mutex> l(turn_mu_);
-    if (Turn* t = TurnOf(g); t != nullptr && t->launching > 0) --t->launching;
-  }
-  // A destroyed stream (null: every stream, their context is gone) is not polled again.
-  void ForgetTurnStreams(CUstream s) {
-    std::lock_guard<std::mutex> l(turn_mu_);
-    for (Turn& t : turns_) {
-      std::erase_if(t.streams, [&](const auto& p) { return s == nullptr || p.second == s; });
-    }
-    if (s == nullptr) keeper_ctx_stale_ = true;  // the keeper's current context may be gone
-  }
-  void StartKeeper() {
-    if (keeper_.joinable()) return;
-    try {
-      keeper_ = std::thread([this] { Keep(); });
-    } catch (...) {
-      // No thread: turns then end only at the worker's exit. Never the case in practice.
-    }
-  }
-  // The keeper thread: ends turns whose work is done, or whose slice is over while others wait.
-  void Keep() {
-    std::unique_lock<std::mutex> l(turn_mu_);
-    CUcontext current = nullptr;  // this thread's current context (for default streams)
-    while (!keeper_stop_) {
-      if (turns_.empty()) {
-        turn_cv_.wait(l, [&] { return keeper_stop_ || !turns_.empty(); });
-        continue;
-      }
-      if (keeper_ctx_stale_) {
-        keeper_ctx_stale_ = false;
-        current = nullptr;
-      }
-      const uint64_t now = NowNs();
-      for (size_t i = 0; i < turns_.size();) {
-        Turn& t = turns_[i];
-        bool end = false;
-        if (t.launching == 0) {
-          end = true;
-          for (const auto& [c, s] : t.streams) {
-            if (c != nullptr && c != current && api_.ctxSetCurrent(c) == CUDA_SUCCESS) current = c;
-            if (api_.streamQuery(s) == CUDA_ERROR_NOT_READY) {
-              end = false;
-              break;
-            }
-          }
-        }
-        if (!end && t.closing_ns == 0 && now - t.since_ns >= kTurnSliceNs &&
-            (t.gate->Contended() || (t.gate->policy() == kPolicyCap && t.gate->ratio() < 100)))
-          t.closing_ns = now;
-        // Work that has not finished kTurnGraceNs after the slice may wait for another tenant's (an
-        // IPC event): the turn ends anyway, and the rest runs uncharged beside the next tenant's.
-        if (!end && t.closing_ns != 0 && now - t.closing_ns >= kTurnGraceNs) end = true;
-        if (end) {
-          t.gate->Leave();
-          turns_.erase(turns_.begin() + static_cast<std::ptrdiff_t>(i));
-          turn_end_cv_.notify_all();
-        } else {
-          ++i;
-        }
-      }
-      turn_cv_.wait_for(l, std::chrono::microseconds(kTurnPollUs));
-    }
-  }
 
   // Device printf: the driver prints it on this worker's stdout at synchronizing calls; the worker's
   // stdout is a pipe (CaptureStdout), read here once after each synchronizing call that follows a
@@ -1343,7 +1209,7 @@ class CudaBackend final : public Backend {
     return r;
   }
   CUresult StreamDestroy(void* stream) override {
-    ForgetTurnStreams(Stream(stream));
+    turns_.Forget(stream);
     return api_.streamDestroy(Stream(stream));
   }
   CUresult StreamAttribute(void* stream, uint32_t attr, bool set, uint8_t value[64]) override {
@@ -1622,14 +1488,9 @@ class CudaBackend final : public Backend {
   bool aliases_unregistered_ = false;  // an alias lost its registration with its context
   std::string last_error_;             // why the last same-address mapping failed (ErrorDetail)
 
-  ComputeGate* gate_ = nullptr;          // UseComputeGate: the compute share of the next launches
-  std::mutex turn_mu_;                   // guards turns_ and keeper_stop_ (the worker thread and the keeper)
-  std::condition_variable turn_cv_;      // wakes the keeper (a turn began, the backend closes)
-  std::condition_variable turn_end_cv_;  // wakes a launch waiting for its closing turn's end
-  std::vector<Turn> turns_;              // held turns, one per gate at most
-  std::thread keeper_;                   // started at the first turn
-  bool keeper_stop_ = false;
-  bool keeper_ctx_stale_ = false;  // a context was destroyed: the keeper sets its own again
+  ComputeGate* gate_ = nullptr;  // UseComputeGate: the compute share of the next launches
+  // Last member: destroyed first, it stops its keeper thread before the other members go.
+  ComputeTurns turns_{[this](const ComputeTurns::Stream& st) { return StreamBusy(st); }};
 };
 
 // ---- Probe (runs in a child process) --------------------------------------------------------

@@ -27,8 +27,14 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <functional>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <utility>
+#include <vector>
 
 namespace orion::host {
 
@@ -122,6 +128,70 @@ class ComputeGate {
   // kWeightTtlNs (a scan of every slot per kernel costs launches a few percent).
   static constexpr uint64_t kWeightTtlNs = 10000000;
   mutable uint64_t weight_ = 0, weight_ns_ = 0;
+};
+
+// Turns: how a backend whose kernels run asynchronously (the cuda backend) gates them. The device is
+// held in turns that span launches rather than per kernel (the sim's way): a launch under a gate
+// takes the turn (ComputeGate::Enter, which waits for this tenant's place) unless this worker holds
+// it. A keeper thread ends the turn (ComputeGate::Leave, charging the turn's wall time as device
+// time) as soon as every stream launched on in the turn is idle (`busy` says no; a launch in
+// progress keeps the turn), polled every `poll_us`. When another tenant waits (Contended) or the
+// tenant is capped, a turn that has lasted `slice_ns` closes: the worker's next launch waits until
+// the turn's work has finished and the turn has ended, then takes a new turn in its place among the
+// tenants. So a turn's charge is the wall time the device did this tenant's work alone, and a GPU's
+// tenants alternate in slices of about `slice_ns` plus the kernels in flight. Work still running
+// `grace_ns` after the slice ends the turn anyway (it may be waiting for another tenant's work, IPC
+// events), so no tenant holds the device while it waits for another.
+// Thread-safety: BeginLaunch/EndLaunch/Forget from the worker's thread; `busy` runs on the keeper
+// thread, under the object's lock (never while BeginLaunch waits in Enter).
+class ComputeTurns {
+ public:
+  // A stream a turn launched on: the backend's (context, stream) handles; the context is set for
+  // the default streams, whose handle means a different stream in each context.
+  using Stream = std::pair<void*, void*>;
+  using BusyFn = std::function<bool(const Stream&)>;
+  static constexpr uint64_t kSliceNs = 10000000;   // 10 ms
+  static constexpr uint64_t kGraceNs = 100000000;  // 100 ms
+  static constexpr int kPollUs = 250;
+
+  explicit ComputeTurns(BusyFn busy, uint64_t slice_ns = kSliceNs, uint64_t grace_ns = kGraceNs, int poll_us = kPollUs)
+      : busy_(std::move(busy)), slice_ns_(slice_ns), grace_ns_(grace_ns), poll_us_(poll_us) {}
+  ~ComputeTurns();
+  ComputeTurns(const ComputeTurns&) = delete;
+  ComputeTurns& operator=(const ComputeTurns&) = delete;
+
+  // Around one launch on `s` under `g`: BeginLaunch may wait (for the tenant's place, or for its own
+  // closing turn to end).
+  void BeginLaunch(ComputeGate* g, Stream s);
+  void EndLaunch(ComputeGate* g);
+  // A destroyed stream (nullptr: every stream; a context is gone) is not polled again.
+  void Forget(void* stream);
+  // Whether this worker holds a turn of `g` now.
+  bool Holding(ComputeGate* g);
+  // Ends every turn this worker holds now, its work finished or not (the gates must still exist).
+  // A worker that exits holding a turn needs none of this: oriond frees a dead holder's device.
+  void EndAll();
+
+ private:
+  struct Turn {
+    ComputeGate* gate = nullptr;
+    uint64_t since_ns = 0;
+    int launching = 0;        // launches being submitted now
+    uint64_t closing_ns = 0;  // when its slice ended with others waiting (0: open)
+    std::vector<Stream> streams;
+  };
+  Turn* Find(ComputeGate* g);
+  void Keep();
+
+  BusyFn busy_;
+  const uint64_t slice_ns_, grace_ns_;
+  const int poll_us_;
+  std::mutex mu_;                  // guards everything below
+  std::condition_variable wake_;   // wakes the keeper (a turn began, the object closes)
+  std::condition_variable ended_;  // wakes a launch waiting for its closing turn's end
+  std::vector<Turn> turns_;        // held turns, one per gate at most
+  std::thread keeper_;             // started at the first turn
+  bool stop_ = false;
 };
 
 }  // namespace orion::host
