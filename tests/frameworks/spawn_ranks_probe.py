@@ -8,6 +8,7 @@ kernel from the torch wheel is SASS and is refused). Prints
   PARENT count=<n>
   RANK <r> device=<d> sum=<bool>
 Usage: python spawn_ranks_probe.py PORT"""
+import os
 import sys
 
 import torch
@@ -21,7 +22,9 @@ def main_worker(rank, world, port):
     t = (torch.arange(1000, dtype=torch.float64) * (rank + 1)).cuda()
     dist.all_reduce(t)
     want = torch.arange(1000, dtype=torch.float64) * (world * (world + 1) // 2)
-    print(f"RANK {rank} device={t.device.index} sum={bool(torch.equal(t.cpu(), want))}", flush=True)
+    # One write per line: ranks share the pipe, and print()'s separate newline write let two ranks'
+    # lines run together ("sum=TrueRANK 0 ...") when stdout is unbuffered.
+    os.write(1, f"RANK {rank} device={t.device.index} sum={bool(torch.equal(t.cpu(), want))}\n".encode())
     dist.destroy_process_group()
 
 
