@@ -1089,6 +1089,61 @@ ORION_EXPORT CUresult CUDAAPI cuTensorMapEncodeTiled(CUtensorMap* tensorMap, CUt
   return CUDA_SUCCESS;
 }
 
+// cuTensorMapEncodeIm2col: like cuTensorMapEncodeTiled, with the pixel box instead of the box.
+ORION_EXPORT CUresult CUDAAPI cuTensorMapEncodeIm2col(
+    CUtensorMap* tensorMap, CUtensorMapDataType tensorDataType, cuuint32_t tensorRank, void* globalAddress,
+    const cuuint64_t* globalDim, const cuuint64_t* globalStrides, const int* pixelBoxLowerCorner,
+    const int* pixelBoxUpperCorner, cuuint32_t channelsPerPixel, cuuint32_t pixelsPerColumn,
+    const cuuint32_t* elementStrides, CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle,
+    CUtensorMapL2promotion l2Promotion, CUtensorMapFloatOOBfill oobFill) {
+  ORION_API(cuTensorMapEncodeIm2col);
+  if (tensorMap == nullptr || reinterpret_cast<uintptr_t>(tensorMap) % 64 != 0 || tensorRank < 3 || tensorRank > 5 ||
+      globalDim == nullptr || globalStrides == nullptr || elementStrides == nullptr || pixelBoxLowerCorner == nullptr ||
+      pixelBoxUpperCorner == nullptr)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  TensorMapIm2colReq q{};
+  q.base.data_type = static_cast<uint32_t>(tensorDataType);
+  q.base.rank = tensorRank;
+  q.base.global_address = reinterpret_cast<uint64_t>(globalAddress);
+  for (cuuint32_t i = 0; i < tensorRank; ++i) {
+    q.base.global_dim[i] = globalDim[i];
+    q.base.element_strides[i] = elementStrides[i];
+    if (i + 1 < tensorRank) q.base.global_strides[i] = globalStrides[i];
+  }
+  for (cuuint32_t i = 0; i + 2 < tensorRank; ++i) {
+    q.lower_corner[i] = pixelBoxLowerCorner[i];
+    q.upper_corner[i] = pixelBoxUpperCorner[i];
+  }
+  q.channels_per_pixel = channelsPerPixel;
+  q.pixels_per_column = pixelsPerColumn;
+  q.base.interleave = static_cast<uint32_t>(interleave);
+  q.base.swizzle = static_cast<uint32_t>(swizzle);
+  q.base.l2_promotion = static_cast<uint32_t>(l2Promotion);
+  q.base.oob_fill = static_cast<uint32_t>(oobFill);
+  TensorMapRep rep{};
+  if (CUresult r = Client::Get().Call(Op::kTensorMapEncodeIm2col, &q, sizeof q, &rep, sizeof rep); r != CUDA_SUCCESS)
+    return r;
+  std::memcpy(tensorMap, &rep, sizeof rep);
+  return CUDA_SUCCESS;
+}
+
+// cuTensorMapReplaceAddress: the map goes to oriond, whose driver (or sim) rewrites its address.
+ORION_EXPORT CUresult CUDAAPI cuTensorMapReplaceAddress(CUtensorMap* tensorMap, void* globalAddress) {
+  ORION_API(cuTensorMapReplaceAddress);
+  if (tensorMap == nullptr || reinterpret_cast<uintptr_t>(tensorMap) % 64 != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
+  TensorMapReplaceReq q{};
+  static_assert(sizeof q.map == sizeof(CUtensorMap), "CUtensorMap is 16 words");
+  std::memcpy(q.map, tensorMap, sizeof q.map);
+  q.global_address = reinterpret_cast<uint64_t>(globalAddress);
+  TensorMapRep rep{};
+  if (CUresult r = Client::Get().Call(Op::kTensorMapReplaceAddress, &q, sizeof q, &rep, sizeof rep); r != CUDA_SUCCESS)
+    return r;
+  std::memcpy(tensorMap, &rep, sizeof rep);
+  return CUDA_SUCCESS;
+}
+
 ORION_EXPORT CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int flags) {
   ORION_API(cuMemAllocManaged);
   return AllocManaged(dptr, bytesize, flags);

@@ -184,6 +184,8 @@ struct Api {
   // Optional (driver >= 11.0): stream attributes (the access policy window, the sync policy).
   decltype(&::cuStreamGetAttribute) streamGetAttribute = nullptr;
   decltype(&::cuTensorMapEncodeTiled) tensorMapEncodeTiled = nullptr;
+  decltype(&::cuTensorMapEncodeIm2col) tensorMapEncodeIm2col = nullptr;
+  decltype(&::cuTensorMapReplaceAddress) tensorMapReplaceAddress = nullptr;
   decltype(&::cuStreamSetAttribute) streamSetAttribute = nullptr;
 };
 
@@ -228,6 +230,8 @@ Status LoadApi(void* lib, const std::string& path, Api* api) {
   (void)Sym(lib, "cuCtxEnablePeerAccess", &api->ctxEnablePeerAccess);
   (void)Sym(lib, "cuStreamGetAttribute", &api->streamGetAttribute);
   (void)Sym(lib, "cuTensorMapEncodeTiled", &api->tensorMapEncodeTiled);  // CUDA 12.0
+  (void)Sym(lib, "cuTensorMapEncodeIm2col", &api->tensorMapEncodeIm2col);
+  (void)Sym(lib, "cuTensorMapReplaceAddress", &api->tensorMapReplaceAddress);
   (void)Sym(lib, "cuStreamSetAttribute", &api->streamSetAttribute);
   return Status::Ok();
 }
@@ -1235,6 +1239,26 @@ class CudaBackend final : public Backend {
         static_cast<CUtensorMapSwizzle>(q.swizzle), static_cast<CUtensorMapL2promotion>(q.l2_promotion),
         static_cast<CUtensorMapFloatOOBfill>(q.oob_fill));
     if (r == CUDA_SUCCESS) std::memcpy(out, &map, sizeof map);
+    return r;
+  }
+  CUresult TensorMapEncodeIm2col(const TensorMapIm2colReq& q, uint64_t out[16]) override {
+    if (api_.tensorMapEncodeIm2col == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+    CUtensorMap map{};
+    const TensorMapEncodeReq& b = q.base;
+    const CUresult r = api_.tensorMapEncodeIm2col(
+        &map, static_cast<CUtensorMapDataType>(b.data_type), b.rank, reinterpret_cast<void*>(b.global_address),
+        b.global_dim, b.global_strides, q.lower_corner, q.upper_corner, q.channels_per_pixel, q.pixels_per_column,
+        b.element_strides, static_cast<CUtensorMapInterleave>(b.interleave), static_cast<CUtensorMapSwizzle>(b.swizzle),
+        static_cast<CUtensorMapL2promotion>(b.l2_promotion), static_cast<CUtensorMapFloatOOBfill>(b.oob_fill));
+    if (r == CUDA_SUCCESS) std::memcpy(out, &map, sizeof map);
+    return r;
+  }
+  CUresult TensorMapReplaceAddress(const uint64_t map[16], uint64_t address, uint64_t out[16]) override {
+    if (api_.tensorMapReplaceAddress == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+    CUtensorMap m{};
+    std::memcpy(&m, map, sizeof m);
+    const CUresult r = api_.tensorMapReplaceAddress(&m, reinterpret_cast<void*>(address));
+    if (r == CUDA_SUCCESS) std::memcpy(out, &m, sizeof m);
     return r;
   }
   CUresult StreamSynchronize(void* stream) override { return Synced(api_.streamSynchronize(Stream(stream))); }

@@ -130,9 +130,20 @@ bool IntegerFormat32(uint32_t format) {
 }
 // cuTensorMapEncodeTiled's requirements on its parameters (CUDA driver API reference, "Tensor Map
 // Object Management"), checked before any driver sees them: false with what is wrong.
-bool TensorMapValid(const TensorMapEncodeReq& q, const char** why) {
-  static constexpr uint32_t kElemBytes[] = {1, 2, 4, 4, 8, 8, 2, 4, 8, 2, 4, 4, 4, 1, 1, 1};  // by data type; packed: 1
-  static_assert(sizeof kElemBytes / sizeof kElemBytes[0] == CU_TENSOR_MAP_DATA_TYPE_16U6_ALIGN16B + 1);
+// Element bytes by CUtensorMapDataType (packed types: 1).
+constexpr uint32_t kTensorElemBytes[] = {1, 2, 4, 4, 8, 8, 2, 4, 8, 2, 4, 4, 4, 1, 1, 1};
+static_assert(sizeof kTensorElemBytes / sizeof kTensorElemBytes[0] == CU_TENSOR_MAP_DATA_TYPE_16U6_ALIGN16B + 1);
+// The swizzle span in bytes (none: no limit).
+uint64_t SwizzleSpan(uint32_t swizzle) {
+  return swizzle == CU_TENSOR_MAP_SWIZZLE_NONE  ? ~uint64_t{0}
+         : swizzle == CU_TENSOR_MAP_SWIZZLE_32B ? 32
+         : swizzle == CU_TENSOR_MAP_SWIZZLE_64B ? 64
+                                                : 128;
+}
+// `im2col`: cuTensorMapEncodeIm2col's common part, which has no box (box_dim all 0): its pixel box
+// is checked by Im2colValid.
+bool TensorMapValid(const TensorMapEncodeReq& q, const char** why, bool im2col = false) {
+  const uint32_t* const kElemBytes = kTensorElemBytes;
   const bool packed16 =
       q.data_type == CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN16B || q.data_type == CU_TENSOR_MAP_DATA_TYPE_16U6_ALIGN16B;
   const bool packed = packed16 || q.data_type == CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN8B;
@@ -151,7 +162,9 @@ bool TensorMapValid(const TensorMapEncodeReq& q, const char** why) {
     *why = "each global dimension must be 1..2^32 (0 past the rank)";
     if (used ? q.global_dim[i] == 0 || q.global_dim[i] > (uint64_t{1} << 32) : q.global_dim[i] != 0) return false;
     *why = "each box dimension must be 1..256 and each element stride 1..8 (0 past the rank)";
-    if (used ? q.box_dim[i] == 0 || q.box_dim[i] > 256 || q.element_strides[i] == 0 || q.element_strides[i] > 8
+    if (im2col && q.box_dim[i] != 0) return false;
+    if (used ? (!im2col && (q.box_dim[i] == 0 || q.box_dim[i] > 256)) || q.element_strides[i] == 0 ||
+                   q.element_strides[i] > 8
              : q.box_dim[i] != 0 || q.element_strides[i] != 0)
       return false;
   }
@@ -164,18 +177,49 @@ bool TensorMapValid(const TensorMapEncodeReq& q, const char** why) {
   }
   const uint64_t inner = uint64_t{q.box_dim[0]} * kElemBytes[q.data_type];
   *why = "the box's inner dimension must be a multiple of 16 bytes without interleave";
-  if (q.interleave == CU_TENSOR_MAP_INTERLEAVE_NONE && !packed && inner % 16 != 0) return false;
+  if (!im2col && q.interleave == CU_TENSOR_MAP_INTERLEAVE_NONE && !packed && inner % 16 != 0) return false;
   *why = "the box's inner dimension must fit the swizzle span";
-  const uint64_t span = q.swizzle == CU_TENSOR_MAP_SWIZZLE_NONE  ? ~uint64_t{0}
-                        : q.swizzle == CU_TENSOR_MAP_SWIZZLE_32B ? 32
-                        : q.swizzle == CU_TENSOR_MAP_SWIZZLE_64B ? 64
-                                                                 : 128;
-  if (q.interleave == CU_TENSOR_MAP_INTERLEAVE_NONE && !packed && inner > span) return false;
+  if (!im2col && q.interleave == CU_TENSOR_MAP_INTERLEAVE_NONE && !packed && inner > SwizzleSpan(q.swizzle))
+    return false;
   *why = "32B interleave needs the 32B swizzle";
   if (q.interleave == CU_TENSOR_MAP_INTERLEAVE_32B && q.swizzle != CU_TENSOR_MAP_SWIZZLE_32B) return false;
   *why = "NaN OOB fill needs a floating-point, unpacked data type";
   const bool fp = q.data_type >= CU_TENSOR_MAP_DATA_TYPE_FLOAT16 && q.data_type <= CU_TENSOR_MAP_DATA_TYPE_TFLOAT32_FTZ;
   if (q.oob_fill != CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE && !fp) return false;
+  *why = "";
+  return true;
+}
+
+// cuTensorMapEncodeIm2col's requirements (CUDA 13.0 <cuda.h> doc comment): the common ones above,
+// rank 3..5, rank - 2 corner offsets in the rank's range ([-32768, 32767], [-128, 127], [-16, 15]),
+// 0 past them, 1..256 channels per pixel (128 for the 16-byte-aligned packed types), 1..1024 pixels
+// per column, and without interleave the inner dimension (channels x element bytes) within the
+// swizzle span.
+bool Im2colValid(const TensorMapIm2colReq& q, const char** why) {
+  if (!TensorMapValid(q.base, why, true)) return false;
+  const TensorMapEncodeReq& b = q.base;
+  *why = "an im2col tensor has rank 3..5";
+  if (b.rank < 3) return false;
+  const int32_t limit = b.rank == 3 ? 32768 : b.rank == 4 ? 128 : 16;
+  for (uint32_t i = 0; i < 3; ++i) {
+    *why = "each pixel-box corner offset must be within the rank's range (0 past rank - 2)";
+    const bool used = i < b.rank - 2;
+    for (const int32_t c : {q.lower_corner[i], q.upper_corner[i]}) {
+      if (used ? c < -limit || c > limit - 1 : c != 0) return false;
+    }
+  }
+  const bool packed16 =
+      b.data_type == CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN16B || b.data_type == CU_TENSOR_MAP_DATA_TYPE_16U6_ALIGN16B;
+  *why = "channels per pixel must be 1..256 (128 for the 16-byte-aligned packed types)";
+  if (q.channels_per_pixel == 0 || q.channels_per_pixel > 256 || (packed16 && q.channels_per_pixel != 128))
+    return false;
+  *why = "pixels per column must be 1..1024";
+  if (q.pixels_per_column == 0 || q.pixels_per_column > 1024) return false;
+  const bool packed = packed16 || b.data_type == CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN8B;
+  *why = "the channels of a pixel must fit the swizzle span";
+  if (b.interleave == CU_TENSOR_MAP_INTERLEAVE_NONE && !packed &&
+      uint64_t{q.channels_per_pixel} * kTensorElemBytes[b.data_type] > SwizzleSpan(b.swizzle))
+    return false;
   *why = "";
   return true;
 }
@@ -1755,6 +1799,37 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
       }
       TensorMapRep rep{};
       r = b_->TensorMapEncodeTiled(q, rep.opaque);
+      if (r == CUDA_SUCCESS) put(rep);
+      break;
+    }
+    case Op::kTensorMapEncodeIm2col: {
+      const auto q = DecodeReq<Op::kTensorMapEncodeIm2col>(payload);
+      const char* bad = "";
+      if (!Im2colValid(q, &bad) || !DeviceRange(q.base.global_address, 1)) {
+        p_.log->warn("sess={} cuTensorMapEncodeIm2col refused: {}", p_.session_id,
+                     *bad != '\0' ? bad : "the global address is not this session's device memory");
+        r = CUDA_ERROR_INVALID_VALUE;
+        break;
+      }
+      TensorMapRep rep{};
+      r = b_->TensorMapEncodeIm2col(q, rep.opaque);
+      if (r == CUDA_SUCCESS) put(rep);
+      break;
+    }
+    case Op::kTensorMapReplaceAddress: {
+      const auto q = DecodeReq<Op::kTensorMapReplaceAddress>(payload);
+      // The map's own requirements still hold at the new address only if it is as aligned as the
+      // driver asks of any map (16 bytes; the driver checks 32-byte ones itself).
+      if (q.global_address % 16 != 0 || !DeviceRange(q.global_address, 1)) {
+        p_.log->warn(
+            "sess={} cuTensorMapReplaceAddress refused: {:#x} is not 16-byte aligned device memory of "
+            "this session",
+            p_.session_id, q.global_address);
+        r = CUDA_ERROR_INVALID_VALUE;
+        break;
+      }
+      TensorMapRep rep{};
+      r = b_->TensorMapReplaceAddress(q.map, q.global_address, rep.opaque);
       if (r == CUDA_SUCCESS) put(rep);
       break;
     }

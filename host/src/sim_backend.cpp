@@ -44,8 +44,9 @@ uint64_t NowNs() {
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
 }
 
-constexpr int kSimMaxAccessPolicyWindow = 134213632;          // bytes, as an H100 SXM reports
-constexpr uint64_t kSimTensorMapTag = 0x314d544e4f49524full;  // "ORIONTM1": a tensor map the sim encoded
+constexpr int kSimMaxAccessPolicyWindow = 134213632;                // bytes, as an H100 SXM reports
+constexpr uint64_t kSimTensorMapTag = 0x314d544e4f49524full;        // "ORIONTM1": a tensor map the sim encoded
+constexpr uint64_t kSimTensorMapIm2colTag = 0x324d544e4f49524full;  // "ORIONTM2": an im2col one
 
 // Attributes of the simulated device: an sm_90-class GPU (values as an H100 SXM reports them).
 void FillSimAttributes(int32_t* a, uint32_t pgpu) {
@@ -1028,6 +1029,27 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
       out[12 + i / 2] |= uint64_t{q.box_dim[i] & 0x1ff} << (32 * (i % 2));
       out[15] |= uint64_t{q.element_strides[i] & 0xf} << (4 * i);
     }
+    return CUDA_SUCCESS;
+  }
+  // An im2col map in Orion's own layout: a second tag, the tiled fields (no box), the corners and
+  // the channels and pixels per column.
+  CUresult TensorMapEncodeIm2col(const TensorMapIm2colReq& q, uint64_t out[16]) override {
+    (void)TensorMapEncodeTiled(q.base, out);
+    out[0] = kSimTensorMapIm2colTag;
+    out[12] = out[13] = 0;
+    for (uint32_t i = 0; i < 3; ++i) {
+      out[12] |= uint64_t{static_cast<uint16_t>(q.lower_corner[i])} << (16 * i);
+      out[13] |= uint64_t{static_cast<uint16_t>(q.upper_corner[i])} << (16 * i);
+    }
+    out[14] = uint64_t{q.channels_per_pixel} | uint64_t{q.pixels_per_column} << 32;
+    return CUDA_SUCCESS;
+  }
+  // The address is word 1 of either layout; a map the sim did not encode is refused, as the
+  // driver refuses a map it cannot read.
+  CUresult TensorMapReplaceAddress(const uint64_t map[16], uint64_t address, uint64_t out[16]) override {
+    if (map[0] != kSimTensorMapTag && map[0] != kSimTensorMapIm2colTag) return CUDA_ERROR_INVALID_VALUE;
+    std::memcpy(out, map, 16 * sizeof(uint64_t));
+    out[1] = address;
     return CUDA_SUCCESS;
   }
   // Stream attributes are kept and returned; the sim has no L2 for an access policy window to

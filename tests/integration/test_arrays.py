@@ -27,18 +27,28 @@ def test_arrays_textures_and_surfaces(oriond):
 
 
 def test_tensor_maps_are_encoded_and_checked(oriond):
-    """cuTensorMapEncodeTiled (tests/cuda/tensor_map.cu): a 2D float tile map of device memory is
-    encoded by oriond; each violated requirement of the driver's is refused with
+    """cuTensorMapEncodeTiled, cuTensorMapEncodeIm2col and cuTensorMapReplaceAddress
+    (tests/cuda/tensor_map.cu): maps of device memory are encoded by oriond, an address replaced and
+    put back gives the same map; each violated requirement of the driver's is refused with
     CUDA_ERROR_INVALID_VALUE, and oriond's session log names why."""
     r = oriond.run("tensor_map", ORION_GMEM=256)
-    assert_passed(r, expect_checks=9)
-    assert "cuTensorMapEncodeTiled is not supported" not in r.stderr
+    assert_passed(r, expect_checks=18)
+    assert "is not supported" not in r.stderr
+    c = checks(r.stdout)
+    for name in ("im2col_encode_4d_nhwc", "replace_address_round_trips", "replace_address_host_refused"):
+        assert c[name] == "ok", name
     log = oriond.session_logs()
     # (rank 0 and 6 are refused by the client before any frame.)
     for why in ("the global address must be 16-byte aligned", "each global stride must be",
                 "each box dimension must be 1..256", "the box's inner dimension must fit the swizzle span",
                 "NaN OOB fill needs a floating-point", "the global address is not this session's device memory"):
         assert f"cuTensorMapEncodeTiled refused: {why}" in log, why
+    # Issue #20: cuTensorMapEncodeIm2col's own requirements (rank 2 is refused by the client).
+    for why in ("each pixel-box corner offset must be within the rank's range",
+                "channels per pixel must be 1..256", "pixels per column must be 1..1024",
+                "the channels of a pixel must fit the swizzle span"):
+        assert f"cuTensorMapEncodeIm2col refused: {why}" in log, why
+    assert "cuTensorMapReplaceAddress refused" in log
 
 
 def test_layered_and_cubemap_arrays(oriond):

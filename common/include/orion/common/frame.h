@@ -630,6 +630,22 @@ struct TensorMapRep {
   uint64_t opaque[16];  // CU_TENSOR_MAP_NUM_QWORDS
 };
 ORION_WIRE_STRUCT(TensorMapRep, 128);
+// cuTensorMapEncodeIm2col: the tiled parameters less the box (`base.box_dim` all 0), and the pixel
+// box's corners ({D, H, W} offsets, rank - 2 of them) with the channels and pixels it loads.
+struct TensorMapIm2colReq {
+  TensorMapEncodeReq base;
+  int32_t lower_corner[3];
+  int32_t upper_corner[3];
+  uint32_t channels_per_pixel;  // 1..256
+  uint32_t pixels_per_column;   // 1..1024
+};
+ORION_WIRE_STRUCT(TensorMapIm2colReq, 176);
+// cuTensorMapReplaceAddress: a map the client holds (one oriond encoded) and its new global address.
+struct TensorMapReplaceReq {
+  uint64_t map[16];
+  uint64_t global_address;
+};
+ORION_WIRE_STRUCT(TensorMapReplaceReq, 136);
 struct EventCreateReq {
   uint32_t flags;
   uint32_t reserved;

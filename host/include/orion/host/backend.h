@@ -209,6 +209,17 @@ class Backend {
   // cuTensorMapEncodeTiled of `q` (checked by the session: its requirements hold and its global
   // address is the session's device memory) into `out` (a CUtensorMap, 16 words).
   virtual CUresult TensorMapEncodeTiled(const TensorMapEncodeReq& q, uint64_t out[16]) = 0;
+  // cuTensorMapEncodeIm2col of `q` (checked likewise) into `out`.
+  virtual CUresult TensorMapEncodeIm2col(const TensorMapIm2colReq& q, uint64_t out[16]) {
+    (void)q, (void)out;
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  // cuTensorMapReplaceAddress: `map` (a client's copy of a map; any bytes) with its global address
+  // replaced by `address` (checked: 16-byte aligned, the session's device memory), into `out`.
+  virtual CUresult TensorMapReplaceAddress(const uint64_t map[16], uint64_t address, uint64_t out[16]) {
+    (void)map, (void)address, (void)out;
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
   virtual CUresult StreamDestroy(void* stream) = 0;
   virtual CUresult StreamSynchronize(void* stream) = 0;
   virtual CUresult StreamQuery(void* stream) = 0;
