@@ -695,7 +695,11 @@ start_oriond() {
   if with_ldpath "$DAEMON_LDPATH" "$PREFIX/bin/oriond" --help 2>/dev/null | grep -q -- --control-socket; then
     extra=(--control-socket "$WORK/oriond.sock")
   fi
-  with_ldpath "$DAEMON_LDPATH" "$PREFIX/bin/oriond" --config "$WORK/server.conf" --backend "$BACKEND" --foreground \
+  # env, not with_ldpath: a shell function run with & is a subshell, and $! would be its PID, not
+  # oriond's (stop_oriond then killed the subshell and left oriond running).
+  local ldenv=(-u LD_LIBRARY_PATH)
+  [ -z "$DAEMON_LDPATH" ] || ldenv=("LD_LIBRARY_PATH=$DAEMON_LDPATH")
+  env "${ldenv[@]}" "$PREFIX/bin/oriond" --config "$WORK/server.conf" --backend "$BACKEND" --foreground \
     --log-dir "$logs" --shm "$REGION" --cache-dir "$WORK/cache" --lease-timeout-ms 1000 ${extra[@]+"${extra[@]}"} \
     >"$logs/oriond.stderr" 2>&1 &
   ORIOND_PID=$!
