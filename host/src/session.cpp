@@ -386,6 +386,18 @@ class Session {
   // A CUDA array descriptor Orion serves: CUDA_ERROR_NOT_SUPPORTED (logged) for a format or flags it
   // does not, CUDA_ERROR_INVALID_VALUE for extents or channels no GPU takes.
   CUresult CheckArrayDesc(const ArrayCreateReq& q, const char* op);
+  // A tensor map whose parameters were checked (`ok`; else `bad` says why) and whose global address
+  // must be the session's device memory, encoded into `*rep` by `encode` (op: the entry point's name).
+  template <typename Encode>
+  CUresult EncodeTensorMap(const char* op, bool ok, const char* bad, uint64_t address, Encode encode,
+                           TensorMapRep* rep) {
+    if (!ok || !DeviceRange(address, 1)) {
+      p_.log->warn("sess={} {} refused: {}", p_.session_id, op,
+                   *bad != '\0' ? bad : "the global address is not this session's device memory");
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    return encode(rep->opaque);
+  }
   // Checks one side of a MemcpyArray and fills the backend's view of it.
   bool CopySideOk(uint32_t side, uint64_t at, uint64_t pitch, uint64_t x, uint64_t y, uint64_t z, uint64_t width,
                   uint64_t height, Backend::CopySide* out);
@@ -1791,28 +1803,22 @@ bool Session::Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector
     case Op::kTensorMapEncodeTiled: {
       const auto q = DecodeReq<Op::kTensorMapEncodeTiled>(payload);
       const char* bad = "";
-      if (!TensorMapValid(q, &bad) || !DeviceRange(q.global_address, 1)) {
-        p_.log->warn("sess={} cuTensorMapEncodeTiled refused: {}", p_.session_id,
-                     *bad != '\0' ? bad : "the global address is not this session's device memory");
-        r = CUDA_ERROR_INVALID_VALUE;
-        break;
-      }
+      const bool ok = TensorMapValid(q, &bad);
       TensorMapRep rep{};
-      r = b_->TensorMapEncodeTiled(q, rep.opaque);
+      r = EncodeTensorMap(
+          "cuTensorMapEncodeTiled", ok, bad, q.global_address,
+          [&](uint64_t* out) { return b_->TensorMapEncodeTiled(q, out); }, &rep);
       if (r == CUDA_SUCCESS) put(rep);
       break;
     }
     case Op::kTensorMapEncodeIm2col: {
       const auto q = DecodeReq<Op::kTensorMapEncodeIm2col>(payload);
       const char* bad = "";
-      if (!Im2colValid(q, &bad) || !DeviceRange(q.base.global_address, 1)) {
-        p_.log->warn("sess={} cuTensorMapEncodeIm2col refused: {}", p_.session_id,
-                     *bad != '\0' ? bad : "the global address is not this session's device memory");
-        r = CUDA_ERROR_INVALID_VALUE;
-        break;
-      }
+      const bool ok = Im2colValid(q, &bad);
       TensorMapRep rep{};
-      r = b_->TensorMapEncodeIm2col(q, rep.opaque);
+      r = EncodeTensorMap(
+          "cuTensorMapEncodeIm2col", ok, bad, q.base.global_address,
+          [&](uint64_t* out) { return b_->TensorMapEncodeIm2col(q, out); }, &rep);
       if (r == CUDA_SUCCESS) put(rep);
       break;
     }
