@@ -35,14 +35,20 @@ def tcp_oriond(tmp_path):
     d.stop()
 
 
-@pytest.fixture
-def stall_1s_oriond(tmp_path):
-    """oriond with a 1 s stall limit for clients that stop in the middle of a frame."""
+def tcp_oriond_with(tmp_path, orion_conf):
+    """A TCP oriond (4 vGPUs, 16 MiB channels) with `orion_conf` lines in server.conf's [orion]."""
     port = free_port()
     d = Oriond(tmp_path, tcp_port=port,
                conf_text="[server]\n    vgpu_count = 4\n[server-shm]\n    shm_buffer_size = 16\n"
-                         "[orion]\n    net_stall_ms = 1000\n")
+                         f"[orion]\n    {orion_conf}\n")
     d.port = port
+    return d
+
+
+@pytest.fixture
+def stall_1s_oriond(tmp_path):
+    """oriond with a 1 s stall limit for clients that stop in the middle of a frame."""
+    d = tcp_oriond_with(tmp_path, "net_stall_ms = 1000")
     yield d
     d.stop()
 
@@ -302,11 +308,7 @@ def test_client_in_another_network_namespace(tmp_path):
 
 
 def test_client_key_is_enforced(tmp_path):
-    port = free_port()
-    d = Oriond(tmp_path, tcp_port=port,
-               conf_text="[server]\n    vgpu_count = 4\n[server-shm]\n    shm_buffer_size = 16\n"
-                         "[orion]\n    client_key = s3cret-key\n")
-    d.port = port
+    d = tcp_oriond_with(tmp_path, "client_key = s3cret-key")
     try:
         r = run_tcp(d, "device_props")
         assert r.returncode != 0 and "authentication failed" in r.stderr, r.stderr
