@@ -14,6 +14,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include "orion/common/text.h"
 
@@ -30,7 +32,8 @@ constexpr uint64_t kMinBytesPerSecond = 1ull << 20;  // a message in progress mu
 
 }  // namespace
 
-Result<std::unique_ptr<TcpFrameChannel>> TcpFrameChannel::Connect(const std::string& address) {
+Result<std::unique_ptr<TcpFrameChannel>> TcpFrameChannel::Connect(const std::string& address, bool tls,
+                                                                  const std::string& tls_ca) {
   const auto colon = address.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
     return InvalidArgument("ORION_SERVER='" + address + "' is not host:port");
@@ -68,19 +71,77 @@ Result<std::unique_ptr<TcpFrameChannel>> TcpFrameChannel::Connect(const std::str
   }
   freeaddrinfo(res);
   if (fd < 0) return Unavailable("cannot connect to oriond at " + address + ": " + err);
-  const int flags = fcntl(fd, F_GETFL);
-  fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  // The socket stays non-blocking: the stream's calls return at once and the channel polls.
   const int one = 1, idle = 10, intvl = 2, cnt = 3;  // a dead server is noticed in ~16 s
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
-  return std::unique_ptr<TcpFrameChannel>(new TcpFrameChannel(fd, address));
+  if (!tls) return std::unique_ptr<TcpFrameChannel>(new TcpFrameChannel(fd, tls::Stream::Plain(fd), address));
+  // TLS: the handshake, within the connect limit (5 s).
+  auto fail = [&](const std::string& why) {
+    ::close(fd);
+    return Unavailable("TLS to oriond at " + address + ": " + why);
+  };
+  static std::mutex ctx_mu;
+  static auto* contexts = new std::map<std::string, std::shared_ptr<tls::Context>>;  // by CA file
+  std::shared_ptr<tls::Context> ctx;
+  {
+    std::lock_guard<std::mutex> l(ctx_mu);
+    auto& c = (*contexts)[tls_ca];
+    if (c == nullptr) {
+      auto made = tls::Context::Client(tls_ca);
+      if (!made.ok()) return fail(made.status().message());
+      c = *made;
+    }
+    ctx = c;
+  }
+  auto made = tls::TlsStream::Connect(ctx, fd, host);
+  if (!made.ok()) return fail(made.status().message());
+  std::unique_ptr<tls::TlsStream> stream = std::move(made).value();
+  const uint64_t deadline = MonoNs() + 5000000000ull;
+  for (;;) {
+    const ssize_t r = stream->Handshake();
+    if (r == 1) break;
+    if (r == tls::kError) {
+      std::string why = stream->error();
+      if (why == "TLS handshake: the peer closed the connection") {
+        why += " (an oriond that serves plain TCP closes on a TLS client: connect without tls:// and ORION_TLS; "
+               "else its server.log says why it refused)";
+      }
+      stream.reset();
+      return fail(why);
+    }
+    const uint64_t now = MonoNs();
+    pollfd pfd{fd, stream->wants(), 0};
+    if (now >= deadline || poll(&pfd, 1, static_cast<int>((deadline - now) / 1000000) + 1) == 0) {
+      stream.reset();
+      return fail("no TLS handshake within 5 s");
+    }
+  }
+  return std::unique_ptr<TcpFrameChannel>(new TcpFrameChannel(fd, std::move(stream), address));
 }
 
-TcpFrameChannel::TcpFrameChannel(int fd, std::string address) noexcept : fd_(fd), address_(std::move(address)) {
+TcpFrameChannel::TcpFrameChannel(int fd, std::unique_ptr<tls::Stream> stream, std::string address) noexcept
+    : fd_(fd), stream_(std::move(stream)), address_(std::move(address)) {
   desc_.state.store(ivshmem::kChannelActive);
+}
+
+int TcpFrameChannel::ReleaseFd() noexcept {
+  const int fd = fd_;
+  fd_ = -1;
+  if (fd >= 0) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
+}
+
+ssize_t TcpFrameChannel::ReadSome(uint8_t* p, uint64_t len, bool wait) noexcept {
+  for (;;) {
+    const ssize_t n = stream_->Read(p, len);
+    if (n != tls::kAgain || !wait) return n;
+    pollfd pfd{fd_, stream_->wants(), 0};
+    if (poll(&pfd, 1, -1) < 0 && errno != EINTR) return tls::kError;
+  }
 }
 
 TcpFrameChannel::~TcpFrameChannel() {
@@ -158,21 +219,30 @@ bool TcpFrameChannel::Send(const uint8_t* p, uint64_t len) noexcept {
   // Like a message from oriond, a send must finish within the stall limit plus 1 s per MiB.
   const uint64_t start = MonoNs();
   const uint64_t limit_ns = stall_ms_ == 0 ? 0 : stall_ms_ * 1000000ull + len * 1000000000ull / kMinBytesPerSecond;
-  // The common case first, one system call: the socket has room. The loop below polls only when it
-  // has not (and drains replies meanwhile, so two full buffers never wait on each other).
-  if (const ssize_t n = ::send(fd_, p, len, MSG_NOSIGNAL | MSG_DONTWAIT); n > 0) {
-    p += n;
-    len -= static_cast<uint64_t>(n);
-  }
+  // The common case: the socket has room, and one call sends it all. When it has not, wait for room
+  // and drain replies meanwhile, so two full buffers never wait on each other.
   while (len > 0) {
+    const ssize_t n = stream_->Write(p, len);
+    if (n > 0) {
+      p += n;
+      len -= static_cast<uint64_t>(n);
+      continue;
+    }
+    if (n == tls::kError) {
+      Fail("send to oriond at " + address_ + ": " + stream_->error());
+      return false;
+    }
     if (limit_ns != 0 && MonoNs() - start > limit_ns) {
       Fail("oriond at " + address_ + " stopped reading: " + std::to_string(len) + " bytes unsent after " +
            std::to_string((MonoNs() - start) / 1000000) + " ms (ORION_STALL_TIMEOUT_MS=" + std::to_string(stall_ms_) +
            ")");
       return false;
     }
-    pollfd pfd{fd_, POLLOUT | POLLIN, 0};
-    if (poll(&pfd, 1, 1000) < 0 && errno != EINTR) {
+    // What oriond sends meanwhile is read (TLS may hold some already: no wait then).
+    pollfd pfd{fd_, static_cast<short>(stream_->wants() | POLLIN), 0};
+    if (stream_->Buffered()) {
+      pfd.revents = POLLIN;
+    } else if (poll(&pfd, 1, 1000) < 0 && errno != EINTR) {
       Fail(std::string("poll: ") + std::strerror(errno));
       return false;
     }
@@ -182,16 +252,6 @@ bool TcpFrameChannel::Send(const uint8_t* p, uint64_t len) noexcept {
     if (pfd.revents & (POLLERR | POLLHUP)) {
       Fail("the connection to oriond at " + address_ + " broke");
       return false;
-    }
-    if (pfd.revents & POLLOUT) {
-      const ssize_t n = ::send(fd_, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (n > 0) {
-        p += n;
-        len -= static_cast<uint64_t>(n);
-      } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        Fail("send to oriond at " + address_ + ": " + std::strerror(errno));
-        return false;
-      }
     }
   }
   return true;
@@ -257,7 +317,7 @@ bool TcpFrameChannel::Drain(bool wait) noexcept {
     if (!ready_.empty() && !wait) return true;
     // Large WindowData: receive straight into the window.
     if (pending_data_ > 0 && in_.empty()) {
-      const ssize_t n = ::recv(fd_, window_ + pending_offset_, pending_data_, wait ? 0 : MSG_DONTWAIT);
+      const ssize_t n = ReadSome(window_ + pending_offset_, pending_data_, wait);
       if (n > 0) {
         heard_ns_ = MonoNs();
         pending_offset_ += static_cast<uint64_t>(n);
@@ -265,23 +325,23 @@ bool TcpFrameChannel::Drain(bool wait) noexcept {
         if (pending_data_ == 0) msg_start_ns_ = 0;  // complete
         continue;
       }
-      if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+      if (n != tls::kAgain) {
         Fail(n == 0 ? "oriond at " + address_ + " closed the connection in the middle of WindowData"
-                    : "recv from oriond at " + address_ + ": " + std::strerror(errno));
+                    : "recv from oriond at " + address_ + ": " + stream_->error());
         return false;
       }
       return true;
     }
-    const ssize_t n = ::recv(fd_, buf, sizeof buf, wait ? 0 : MSG_DONTWAIT);
+    const ssize_t n = ReadSome(buf, sizeof buf, wait);
     if (n > 0) {
       heard_ns_ = MonoNs();
       in_.insert(in_.end(), buf, buf + n);
       wait = false;
       continue;
     }
-    if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+    if (n != tls::kAgain) {
       Fail(n == 0 ? "oriond at " + address_ + " closed the connection"
-                  : "recv from oriond at " + address_ + ": " + std::strerror(errno));
+                  : "recv from oriond at " + address_ + ": " + stream_->error());
       return false;
     }
     return true;
@@ -349,7 +409,7 @@ bool TcpFrameChannel::AcceptReply(const FrameHeader& h) noexcept {
 }
 
 bool TcpFrameChannel::AwaitInput(uint32_t max_us) noexcept {
-  if (fd_ < 0 || !ready_.empty() || !batch_.empty()) return true;  // something to do now
+  if (fd_ < 0 || !ready_.empty() || !batch_.empty() || stream_->Buffered()) return true;  // something to do now
   pollfd pfd{fd_, POLLIN, 0};
   const timespec ts{static_cast<time_t>(max_us / 1000000), static_cast<long>(max_us % 1000000) * 1000L};
   (void)ppoll(&pfd, 1, &ts, nullptr);  // EINTR, errors: the next Pop says what happened

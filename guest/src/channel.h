@@ -19,6 +19,7 @@
 #include "orion/ivshmem/region.h"
 #include "orion/ivshmem/ring.h"
 #include "orion/rdma/endpoint.h"
+#include "orion/tls/stream.h"
 
 namespace orion::guest {
 
@@ -64,8 +65,10 @@ class ShmFrameChannel final : public FrameChannel {
 // heartbeat moves while the connection is healthy.
 class TcpFrameChannel final : public FrameChannel {
  public:
-  // Connects to "host:port". Errors name the address and the reason.
-  static Result<std::unique_ptr<TcpFrameChannel>> Connect(const std::string& address);
+  // Connects to "host:port"; with `tls`, over TLS, verifying oriond against `tls_ca` (PEM; "": the
+  // system's CAs) and the host's name or address. Errors name the address and the reason.
+  static Result<std::unique_ptr<TcpFrameChannel>> Connect(const std::string& address, bool tls = false,
+                                                          const std::string& tls_ca = "");
   ~TcpFrameChannel() override;
   // Lays out the data window once the server said how big the channel is (Welcome).
   bool SetWindow(uint64_t window_bytes) noexcept;
@@ -74,6 +77,9 @@ class TcpFrameChannel final : public FrameChannel {
   ivshmem::RegionHeader* header() noexcept { return &header_; }
   const std::string& address() const noexcept { return address_; }
   int fd() const noexcept { return fd_; }
+  // "TCP", or the TLS version and cipher (and whether kernel TLS took it).
+  std::string Describe() const { return stream_->Describe(); }
+  bool secure() const noexcept { return stream_->secure(); }
   // Bounds a message from oriond that has begun to arrive (a frame, or WindowData and its bytes): it
   // must be complete within `stall_ms` plus one second per MiB it announced, else the connection
   // fails (a server that stops, or drips a byte at a time, in the middle of a message). 0: no bound.
@@ -83,12 +89,9 @@ class TcpFrameChannel final : public FrameChannel {
   uint64_t heard_ns() const noexcept { return heard_ns_; }
   // Why the connection failed ("" while it is healthy), for the log line that ends the session.
   const std::string& why() const noexcept { return why_; }
-  // Hands the connection over (to an RDMA channel after its Welcome); this channel is then unusable.
-  int ReleaseFd() noexcept {
-    const int fd = fd_;
-    fd_ = -1;
-    return fd;
-  }
+  // Hands the connection over (to an RDMA channel after its Welcome; plain TCP only), blocking
+  // again; this channel is then unusable.
+  int ReleaseFd() noexcept;
 
   uint8_t* Reserve(uint32_t payload_len) noexcept override;
   // Asynchronous frames that carry no window bytes are held back (up to kBatchBytes) and sent with
@@ -103,7 +106,9 @@ class TcpFrameChannel final : public FrameChannel {
   static constexpr size_t kBatchBytes = 64 * 1024;
 
  private:
-  explicit TcpFrameChannel(int fd, std::string address) noexcept;
+  TcpFrameChannel(int fd, std::unique_ptr<tls::Stream> stream, std::string address) noexcept;
+  // Reads into [p, p+len): > 0 bytes; 0 closed; kAgain (nothing now, when !wait); kError.
+  ssize_t ReadSome(uint8_t* p, uint64_t len, bool wait) noexcept;
   // Sends all of [p, p+len), reading (and queueing) what oriond sends meanwhile, so neither side
   // can block the other with full socket buffers.
   bool Send(const uint8_t* p, uint64_t len) noexcept;
@@ -118,6 +123,7 @@ class TcpFrameChannel final : public FrameChannel {
   void Fail(std::string why) noexcept;
 
   int fd_;
+  std::unique_ptr<tls::Stream> stream_;  // the connection's bytes: plain, or TLS
   std::string address_;
   std::string why_;
   uint64_t stall_ms_ = 30000;

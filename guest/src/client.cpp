@@ -218,8 +218,23 @@ CUresult Client::ConnectLocked() {
   // The network: the handshake on TCP; RDMA is offered when an RDMA device here owns the address
   // this connection leaves from (Soft-RoCE or a RoCE/IB NIC), unless ORION_TRANSPORT=tcp or
   // `offer_rdma` is false (rdma_why_ then says why).
-  auto connect_network = [&](const std::string& addr, bool offer_rdma) -> Status {
-    auto tcp = TcpFrameChannel::Connect(addr);
+  // TLS: tls://host:port, or ORION_TLS=1 for every oriond (also one the controller places us on);
+  // verified against ORION_TLS_CA (else the system's CAs). RDMA is not offered then: its data
+  // plane is not encrypted.
+  const char* tls_env = std::getenv("ORION_TLS");
+  const bool tls_all = tls_env != nullptr && std::strcmp(tls_env, "1") == 0;
+  if (tls_env != nullptr && *tls_env != '\0' && !tls_all && std::strcmp(tls_env, "0") != 0) {
+    LogError("ORION_TLS='" + LogSafe(tls_env) + "' must be 1 (TLS to oriond) or 0");
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  auto connect_network = [&](std::string addr, bool offer_rdma) -> Status {
+    bool tls = tls_all;
+    if (addr.rfind("tls://", 0) == 0) {
+      addr = addr.substr(6);
+      tls = true;
+    }
+    const char* ca = std::getenv("ORION_TLS_CA");
+    auto tcp = TcpFrameChannel::Connect(addr, tls, ca != nullptr ? ca : "");
     if (!tcp.ok()) return tcp.status();
     network_ = true;
     tcp_ = tcp->get();
@@ -228,6 +243,9 @@ CUresult Client::ConnectLocked() {
     const char* force = std::getenv("ORION_TRANSPORT");
     if (!offer_rdma) {
       rdma_port_.reset();
+    } else if (tls) {
+      rdma_port_.reset();
+      rdma_why_ = "TLS, and RDMA's data plane is not encrypted";
     } else if (force != nullptr && std::strcmp(force, "tcp") == 0) {
       rdma_why_ = "ORION_TRANSPORT=tcp";
     } else {
@@ -248,7 +266,8 @@ CUresult Client::ConnectLocked() {
   };
   // The handshake; if the RDMA setup fails after oriond chose RDMA, connect again offering TCP only.
   auto handshake_network = [&](const std::string& addr) -> CUresult {
-    const CUresult r = HandshakeLocked(vgpus, gmem, addr);
+    const std::string shown = addr.rfind("tls://", 0) == 0 ? addr.substr(6) : addr;  // host:port
+    const CUresult r = HandshakeLocked(vgpus, gmem, shown);
     if (r != kRetryOverTcp) return r;
     LogWarn("Orion transport: " + rdma_why_ + "; connecting again over TCP");
     chan_.reset();
@@ -257,7 +276,7 @@ CUresult Client::ConnectLocked() {
       LogError("cannot use oriond: " + LogSafe(st.message()));
       return CUDA_ERROR_NO_DEVICE;
     }
-    return HandshakeLocked(vgpus, gmem, addr);  // offers no RDMA: no second retry
+    return HandshakeLocked(vgpus, gmem, shown);  // offers no RDMA: no second retry
   };
   if ((shm == nullptr || *shm == '\0') && server != nullptr && *server != '\0') {
     if (Status st = connect_network(server, true); !st.ok()) {
@@ -513,7 +532,7 @@ CUresult Client::HandshakeLocked(uint64_t vgpus, uint64_t gmem, const std::strin
       if (!tcp_->SetWindow(layout_.window_bytes)) return Broken(CUDA_ERROR_OUT_OF_MEMORY, "no memory for the window");
       window_ = tcp_->window();
       transport_text =
-          "TCP to " + where + " (" +
+          (tcp_->secure() ? tcp_->Describe() + " over TCP to " : std::string("TCP to ")) + where + " (" +
           (rdma_port_ != nullptr ? std::string("oriond chose TCP; its log says why") : "no RDMA: " + rdma_why_) + ")";
     }
     pinned_free_.clear();

@@ -73,6 +73,9 @@ int Handler(void* user, const char* section, const char* name, const char* raw) 
     } else if (key == "bind_addr") {
       if (v.empty()) return bad("is empty");
       c.bind_addr = v;
+    } else if (key == "tls_cert" || key == "tls_key") {
+      if (v.empty()) return bad("is empty");
+      (key == "tls_cert" ? c.tls_cert : c.tls_key) = v;
     } else if (key == "enable_shm") {
       if (!ParseBool(v, &c.enable_shm)) return bad("is not \"true\" or \"false\"");
     } else if (key == "enable_rdma") {
@@ -208,6 +211,8 @@ Result<ServerConfig> ParseServerConfig(const std::string& text, const std::strin
   const int line = ini_parse_string(flat.c_str(), Handler, &st);
   if (!st.error.empty()) return InvalidArgument(st.error + (line > 0 ? " (line " + std::to_string(line) + ")" : ""));
   if (line != 0) return InvalidArgument(source + ": syntax error on line " + std::to_string(line));
+  if (st.conf.tls_cert.empty() != st.conf.tls_key.empty())
+    return InvalidArgument(source + ": [server] tls_cert and tls_key come together (both or neither)");
   return st.conf;
 }
 

@@ -61,6 +61,13 @@ Status Daemon::OpenListener() {
                        err + " (-b/-p, or -p 0 for no network clients)");
   }
   listen_fd_ = std::move(fd);
+  if (!config_.tls_cert.empty()) {
+    auto ctx = tls::Context::Server(config_.tls_cert, config_.tls_key);
+    if (!ctx.ok()) return InvalidArgument("[server] " + ctx.status().message());
+    tls_ = *ctx;
+    log_->info("TCP clients on {}:{} speak TLS (certificate {}): they connect to tls://{}:{} (or with ORION_TLS=1)",
+               config_.bind_addr, config_.listen_port, config_.tls_cert, config_.bind_addr, config_.listen_port);
+  }
   if (config_.enable_rdma) {
     if (auto devices = rdma::ListDevices(); devices.ok()) {
       log_->info("RDMA enabled: device(s) {}; clients that offer RDMA on an address of one of them run in RDMA mode",
@@ -114,7 +121,7 @@ void Daemon::AcceptClients(uint64_t now_ms) {
     setsockopt(c, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
     setsockopt(c, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
     setsockopt(c, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
-    pending_.push_back({UniqueFd(c), std::string(host) + ":" + port, host, {}, now_ms});
+    pending_.push_back({UniqueFd(c), nullptr, false, std::string(host) + ":" + port, host, {}, now_ms});
     // Its Hello is usually there already: deal with it before more connections can push it out.
     Handshake(pending_.back());
     if (!pending_.back().fd) pending_.pop_back();
@@ -136,15 +143,51 @@ void Daemon::AcceptClients(uint64_t now_ms) {
 // Reads a network client's Hello; admits it (forking its worker) or refuses it. Empties p.fd when
 // the connection is dealt with.
 void Daemon::Handshake(Pending& p) {
+  if (!p.stream) {
+    if (!tls_) {
+      p.stream = tls::Stream::Plain(p.fd.get());
+    } else {
+      // A TLS port: a ClientHello starts a TLS handshake; a plain client's Hello is read in clear,
+      // only to be told why it is refused.
+      unsigned char first[3];
+      const ssize_t n = ::recv(p.fd.get(), first, sizeof first, MSG_PEEK | MSG_DONTWAIT);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        p.fd.reset();
+        return;
+      }
+      if (n < static_cast<ssize_t>(sizeof first)) return;  // more to come (within the 5 s)
+      if (!tls::LooksLikeTls(first, sizeof first)) {
+        p.stream = tls::Stream::Plain(p.fd.get());
+      } else if (auto s = tls::TlsStream::Accept(tls_, p.fd.get()); s.ok()) {
+        p.stream = std::move(s).value();
+      } else {
+        log_->error("client {}: {}; connection closed", p.peer, s.status().message());
+        p.fd.reset();
+        return;
+      }
+    }
+  }
+  if (p.stream->secure() && !p.handshaken) {
+    auto* t = static_cast<tls::TlsStream*>(p.stream.get());
+    const ssize_t r = t->Handshake();
+    if (r == tls::kAgain) return;
+    if (r != 1) {
+      log_->warn("client {}: {}; connection closed", p.peer, t->error());
+      p.fd.reset();
+      return;
+    }
+    p.handshaken = true;
+    log_->info("client {}: {}", p.peer, t->Describe());
+  }
   uint8_t buf[4096];
   for (;;) {
-    const ssize_t n = ::recv(p.fd.get(), buf, sizeof buf, MSG_DONTWAIT);
+    const ssize_t n = p.stream->Read(buf, sizeof buf);
     if (n > 0) {
       p.in.insert(p.in.end(), buf, buf + n);
       if (p.in.size() > 64 * 1024) break;
       continue;
     }
-    if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+    if (n != tls::kAgain) {
       p.fd.reset();
       return;
     }
@@ -153,6 +196,13 @@ void Daemon::Handshake(Pending& p) {
   if (p.in.size() < sizeof(FrameHeader)) return;
   FrameHeader h;
   std::memcpy(&h, p.in.data(), sizeof h);
+  if (!tls_ && tls::LooksLikeTls(p.in.data(), p.in.size())) {
+    log_->error("client {}: speaks TLS, but this oriond serves plain TCP (no tls_cert and tls_key in [server] of "
+                "server.conf): connect to {}:{} without tls:// and ORION_TLS; connection closed",
+                p.peer, config_.bind_addr, config_.listen_port);
+    p.fd.reset();
+    return;
+  }
   if (h.magic != kFrameMagic || h.version != kProtocolVersion || h.op != static_cast<uint16_t>(Op::kHello) ||
       h.payload_len != sizeof(HelloReq)) {
     log_->error("client {}: the first frame is not a Hello of protocol {}; connection closed", p.peer,
@@ -174,14 +224,31 @@ void Daemon::Handshake(Pending& p) {
     r.payload_len = static_cast<uint32_t>(msg.size());
     std::string out(reinterpret_cast<const char*>(&r), sizeof r);
     out += msg;
-    ssize_t w = ::send(p.fd.get(), out.data(), out.size(), MSG_NOSIGNAL);
-    (void)w;
+    // Best effort, not waiting: a refusal is small, and the socket's buffer is empty.
+    for (size_t done = 0; done < out.size();) {
+      const ssize_t w = p.stream->Write(out.data() + done, out.size() - done);
+      if (w > 0) {
+        done += static_cast<size_t>(w);
+        continue;
+      }
+      if (w != tls::kAgain) break;
+      pollfd pfd{p.stream->fd(), p.stream->wants(), 0};
+      if (poll(&pfd, 1, 100) <= 0) break;
+    }
   };
   auto refuse = [&](CUresult code, const std::string& why) {
     log_->warn("client {}: refused '{}' (pid {}): {}", p.peer, hello.process_name, hello.pid, why);
     send_reply(code, why);
     p.fd.reset();
   };
+  if (tls_ && !p.stream->secure()) {
+    hello.key[sizeof hello.key - 1] = '\0';
+    refuse(CUDA_ERROR_NOT_PERMITTED,
+           "this oriond serves TLS only (tls_cert in its server.conf): connect to tls://" + config_.bind_addr + ":" +
+               std::to_string(config_.listen_port) + " (or set ORION_TLS=1), with ORION_TLS_CA naming its CA" +
+               (hello.key[0] != '\0' ? "; the ORION_KEY this client sent crossed the network in clear" : ""));
+    return;
+  }
   if (hello.protocol_version != kProtocolVersion) {
     refuse(CUDA_ERROR_NOT_SUPPORTED,
            "protocol version " + std::to_string(hello.protocol_version) + " is not supported");
@@ -214,6 +281,8 @@ void Daemon::Handshake(Pending& p) {
     std::string why;
     if (!config_.enable_rdma) {
       why = "enable_rdma is off";
+    } else if (p.stream->secure()) {
+      why = "the connection is TLS, and RDMA's data plane is not encrypted";
     } else {
       sockaddr_storage ss{};
       socklen_t len = sizeof ss;
@@ -275,8 +344,10 @@ void Daemon::Handshake(Pending& p) {
     listen_fd_.reset();  // the worker's copies
     control_fd_.reset();
     InWorker(-1);
-    const int flags = fcntl(fd, F_GETFL);
-    fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+    if (!p.stream->secure()) {  // TLS streams poll a non-blocking socket
+      const int flags = fcntl(fd, F_GETFL);
+      fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+    }
     auto backend = MakeBackend(session);
     if (!backend.ok()) {
       slog->error("sess={} cannot load the CUDA driver: {}", session, backend.status().message());
@@ -292,6 +363,7 @@ void Daemon::Handshake(Pending& p) {
     sp.hold_used = HoldMeter(admitted->hold);
     sp.hold_quota = HoldQuota(admitted->hold);
     sp.transport = transport;
+    sp.stream = p.stream;
     sp.channel_bytes = config_.shm_buffer_size_mib << 20;
     const int code = RunSession(sp, std::move(*backend), h, hello);
     slog->flush();

@@ -21,8 +21,11 @@ namespace {
 
 class TcpSessionChannel final : public SessionChannel {
  public:
-  TcpSessionChannel(int fd, uint64_t channel_bytes, uint64_t stall_ms)
-      : fd_(fd), stall_ms_(static_cast<int>(stall_ms)), layout_(ivshmem::ChannelLayout::Compute(channel_bytes)) {
+  TcpSessionChannel(int fd, std::shared_ptr<tls::Stream> stream, uint64_t channel_bytes, uint64_t stall_ms)
+      : fd_(fd),
+        stream_(stream != nullptr ? std::move(stream) : tls::Stream::Plain(fd)),
+        stall_ms_(static_cast<int>(stall_ms)),
+        layout_(ivshmem::ChannelLayout::Compute(channel_bytes)) {
     void* p = mmap(nullptr, layout_.window_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     window_ = p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
   }
@@ -135,7 +138,9 @@ class TcpSessionChannel final : public SessionChannel {
   std::string ClientGone(uint64_t, uint64_t*, uint64_t*) const override { return SocketPeerClosed(fd_); }
   Status Idle(uint64_t) override { return Fill(false); }
   bool WaitIdle(int timeout_ms) override {
-    // Pop found no whole frame: whatever is buffered is a partial one, so wait for more bytes.
+    // Pop found no whole frame: whatever is buffered is a partial one, so wait for more bytes
+    // (TLS may hold some decrypted already: then there is no wait).
+    if (stream_->Buffered()) return true;
     pollfd pfd{fd_, POLLIN, 0};
     poll(&pfd, 1, timeout_ms);
     return true;
@@ -152,16 +157,21 @@ class TcpSessionChannel final : public SessionChannel {
     }
     uint8_t buf[65536];
     for (;;) {
-      const ssize_t n = ::recv(fd_, buf, sizeof buf, wait ? 0 : MSG_DONTWAIT);
+      const ssize_t n = stream_->Read(buf, sizeof buf);
       if (n > 0) {
         in_.insert(in_.end(), buf, buf + n);
-        if (static_cast<size_t>(n) < sizeof buf || in_.size() - at_ > (1u << 20)) return Status::Ok();
+        if ((static_cast<size_t>(n) < sizeof buf && !stream_->Buffered()) || in_.size() - at_ > (1u << 20))
+          return Status::Ok();
         continue;
       }
       if (n == 0) return Unavailable("client closed the connection");
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return Status::Ok();
-      if (errno == EINTR) continue;
-      return Unavailable(std::string("connection error: ") + std::strerror(errno));
+      if (n == tls::kAgain) {
+        if (!wait) return Status::Ok();
+        pollfd pfd{fd_, stream_->wants(), 0};
+        (void)poll(&pfd, 1, -1);
+        continue;
+      }
+      return Unavailable("connection error: " + stream_->error());
     }
   }
   void Compact() {
@@ -170,11 +180,14 @@ class TcpSessionChannel final : public SessionChannel {
       at_ = 0;
     }
   }
+  // Reads some of [p, p+len), waiting up to the stall limit: > 0 bytes; 0 closed; < 0 stalled or failed.
   ssize_t RecvWait(uint8_t* p, uint64_t len) {
-    pollfd pfd{fd_, POLLIN, 0};
-    if (poll(&pfd, 1, stall_ms_) <= 0) return -1;
-    const ssize_t n = ::recv(fd_, p, len, 0);
-    return n < 0 && errno == EINTR ? RecvWait(p, len) : n;
+    for (;;) {
+      const ssize_t n = stream_->Read(p, len);
+      if (n != tls::kAgain) return n == tls::kError ? -1 : n;
+      pollfd pfd{fd_, stream_->wants(), 0};
+      if (poll(&pfd, 1, stall_ms_) <= 0) return -1;
+    }
   }
   std::vector<uint8_t> out_;       // a reply being sent (header and payload)
   std::mutex send_mu_;             // the session thread's messages and the watchdog's keepalives
@@ -182,15 +195,14 @@ class TcpSessionChannel final : public SessionChannel {
   bool SendAll(const void* p, uint64_t len) {
     const auto* b = static_cast<const uint8_t*>(p);
     while (len > 0) {
-      const ssize_t n = ::send(fd_, b, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+      const ssize_t n = stream_->Write(b, len);
       if (n > 0) {
         b += n;
         len -= static_cast<uint64_t>(n);
         continue;
       }
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-        pollfd pfd{fd_, POLLOUT, 0};
+      if (n == tls::kAgain) {
+        pollfd pfd{fd_, stream_->wants(), 0};
         if (poll(&pfd, 1, stall_ms_) <= 0) return false;
         continue;
       }
@@ -200,6 +212,7 @@ class TcpSessionChannel final : public SessionChannel {
   }
 
   int fd_;
+  std::shared_ptr<tls::Stream> stream_;  // the connection's bytes: plain, or TLS
   int stall_ms_;
   ivshmem::ChannelLayout layout_;
   size_t partial_bytes_ = 0;  // bytes of an unfinished frame, and since when they stand still
@@ -219,8 +232,9 @@ std::string SocketPeerClosed(int fd) {
   return "";
 }
 
-std::unique_ptr<SessionChannel> MakeTcpSessionChannel(int fd, uint64_t channel_bytes, uint64_t stall_ms) {
-  return std::make_unique<TcpSessionChannel>(fd, channel_bytes, stall_ms);
+std::unique_ptr<SessionChannel> MakeTcpSessionChannel(int fd, std::shared_ptr<tls::Stream> stream,
+                                                      uint64_t channel_bytes, uint64_t stall_ms) {
+  return std::make_unique<TcpSessionChannel>(fd, std::move(stream), channel_bytes, stall_ms);
 }
 
 }  // namespace orion::host

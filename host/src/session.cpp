@@ -2295,7 +2295,7 @@ int RunSession(const SessionParams& params, std::unique_ptr<Backend> backend, co
       : params.transport == kTransportRdma
           ? MakeRdmaSessionChannel(params.socket_fd, params.channel_bytes, params.net_stall_ms, params.session_id,
                                    params.log)
-          : MakeTcpSessionChannel(params.socket_fd, params.channel_bytes, params.net_stall_ms);
+          : MakeTcpSessionChannel(params.socket_fd, params.stream, params.channel_bytes, params.net_stall_ms);
   Session s(params, std::move(backend), std::move(ch));
   const int code = s.Run(hello_header, hello);
   s.LogWaits();

@@ -25,6 +25,9 @@ struct ServerConfig {
   bool kvm_doorbell = false;          // orion-vm enable gives VMs an ivshmem-doorbell (else ivshmem-plain)
   uint32_t vgpu_count = 4;            // vGPUs per physical GPU, 1..100
   uint32_t max_clients = 64;          // -n
+  // TLS on the TCP data plane: PEM certificate chain and its key (both or neither). With them the
+  // port speaks TLS only; clients connect to tls://host:port (or with ORION_TLS=1).
+  std::string tls_cert, tls_key;
   uint32_t default_ratio = 0;         // compute share of a client that sets no ORION_RATIO (0: best effort)
   uint32_t default_ratio_policy = 0;  // and its policy: 0 share, 1 cap (ComputePolicy)
   // [server-log]

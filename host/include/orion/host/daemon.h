@@ -26,6 +26,7 @@
 #include "orion/host/session.h"
 #include "orion/ivshmem/doorbell.h"
 #include "orion/ivshmem/region.h"
+#include "orion/tls/stream.h"
 
 namespace orion::host {
 
@@ -268,6 +269,10 @@ class Daemon {
   // Network clients (TCP): the listener, connections still in their handshake, and sessions.
   struct Pending {
     UniqueFd fd;  // empty once handed to a worker or closed
+    // Its bytes: plain, or TLS (server.conf tls_cert) once the first bytes showed a ClientHello.
+    // The worker inherits it across fork(); this process's copy is freed without a word on the wire.
+    std::shared_ptr<tls::Stream> stream;
+    bool handshaken = false;  // TLS: the handshake is over
     std::string peer;
     std::string source;  // the peer's address without the port (per-source limit)
     std::vector<uint8_t> in;
@@ -288,6 +293,7 @@ class Daemon {
   void AcceptClients(uint64_t now_ms);
   void Handshake(Pending& p);
   UniqueFd listen_fd_;
+  std::shared_ptr<tls::Context> tls_;  // [server] tls_cert/tls_key: the TCP port speaks TLS only
   std::vector<Pending> pending_;
   std::vector<NetSession> net_sessions_;
 };

@@ -22,6 +22,7 @@
 #include "orion/host/compute_share.h"
 #include "orion/ivshmem/region.h"
 #include "orion/ivshmem/ring.h"
+#include "orion/tls/stream.h"
 
 namespace orion::host {
 
@@ -85,7 +86,9 @@ std::string SocketPeerClosed(int fd);
 
 // A TCP connection (the worker owns `fd`) whose channel has `channel_bytes` (its window is local).
 // A client that stops in the middle of a frame for `stall_ms` is dropped.
-std::unique_ptr<SessionChannel> MakeTcpSessionChannel(int fd, uint64_t channel_bytes, uint64_t stall_ms);
+// `stream` carries the connection's bytes (plain or TLS; null: plain over `fd`); `fd` is owned.
+std::unique_ptr<SessionChannel> MakeTcpSessionChannel(int fd, std::shared_ptr<tls::Stream> stream,
+                                                      uint64_t channel_bytes, uint64_t stall_ms);
 
 // An RDMA session: the TCP connection `fd` (the worker owns it) carries the Welcome and the
 // RdmaConnect exchange, then only liveness; frames and window bytes travel over an RC queue pair
@@ -97,6 +100,7 @@ struct SessionParams {
   uint32_t session_id = 0;
   int socket_fd = -1;                  // a network session: its connection (else a region channel)
   uint16_t transport = kTransportShm;  // with socket_fd: kTransportTcp or kTransportRdma
+  std::shared_ptr<tls::Stream> stream;  // kTransportTcp: the connection's bytes (TLS after its handshake)
   uint8_t* region = nullptr;           // mapped region
   uint64_t channel_bytes = 0;          // trusted (from our own FormatRegion)
   uint32_t channel = 0;
