@@ -73,44 +73,48 @@ void CommonOptions(SSL_CTX* ctx) {
   SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
   // A killed client closes its socket without close_notify: that is a closed connection (frames
   // carry their own lengths, so a truncated one is caught there), not an error.
-  SSL_CTX_set_options(ctx, SSL_OP_IGNORE_UNEXPECTED_EOF | SSL_OP_NO_RENEGOTIATION
+  SSL_CTX_set_options(ctx, SSL_OP_IGNORE_UNEXPECTED_EOF | SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE
 #ifdef SSL_OP_ENABLE_KTLS
                                | SSL_OP_ENABLE_KTLS
 #endif
   );
-  // Partial writes (the channels loop), and a retried write may come from a moved buffer.
-  SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER |
-                            SSL_MODE_RELEASE_BUFFERS);
+  // AES-128-GCM first: as safe for this use, and about a third faster than AES-256 with AES-NI.
+  SSL_CTX_set_ciphersuites(ctx, "TLS_AES_128_GCM_SHA256:TLS_CHACHA20_POLY1305_SHA256:TLS_AES_256_GCM_SHA384");
+  // Whole writes (a retry after WANT_WRITE passes the same bytes, maybe from a moved buffer): one
+  // call per message, not per 16 KiB record. Reads take what the socket holds (read-ahead into a
+  // 256 KiB buffer): one system call for many records, not two per record.
+  SSL_CTX_set_mode(ctx, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+  SSL_CTX_set_read_ahead(ctx, 1);
+  SSL_CTX_set_default_read_buffer_len(ctx, 256 * 1024);
 }
 
-// Blocks SIGPIPE on this thread for one write, and consumes one the write raised.
+// Blocks SIGPIPE on this thread for one write, and consumes the one a write to a closed peer raised
+// (standard signals do not queue: one pending SIGPIPE is all there can be). A server context skips
+// it: oriond ignores SIGPIPE.
 class SigpipeGuard {
  public:
-  SigpipeGuard() noexcept {
+  explicit SigpipeGuard(bool on) noexcept : on_(on) {
+    if (!on_) return;
     sigemptyset(&pipe_);
     sigaddset(&pipe_, SIGPIPE);
-    sigset_t pending;
-    sigemptyset(&pending);
-    sigpending(&pending);
-    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
     pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
   }
   ~SigpipeGuard() {
-    if (!was_pending_) {
+    if (!on_) return;
+    const int saved = errno;
+    if (saved == EPIPE) {
       const timespec zero{0, 0};
-      const int saved = errno;
-      while (sigtimedwait(&pipe_, nullptr, &zero) == SIGPIPE) {
-      }
-      errno = saved;
+      (void)sigtimedwait(&pipe_, nullptr, &zero);
     }
     pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+    errno = saved;
   }
   SigpipeGuard(const SigpipeGuard&) = delete;
   SigpipeGuard& operator=(const SigpipeGuard&) = delete;
 
  private:
+  bool on_;
   sigset_t pipe_{}, old_{};
-  bool was_pending_ = false;
 };
 
 }  // namespace
@@ -248,7 +252,7 @@ ssize_t TlsStream::Handshake() noexcept {
   errno = 0;
   int ret;
   {
-    SigpipeGuard g;
+    SigpipeGuard g(!server_);
     ret = SSL_do_handshake(ssl_);
   }
   if (ret == 1) {
@@ -280,7 +284,7 @@ ssize_t TlsStream::Write(const void* p, size_t len) noexcept {
   size_t n = 0;
   int ok;
   {
-    SigpipeGuard g;
+    SigpipeGuard g(!server_);
     ok = SSL_write_ex(ssl_, p, len, &n);
   }
   if (ok == 1) return static_cast<ssize_t>(n);

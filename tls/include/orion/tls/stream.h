@@ -7,8 +7,11 @@
 //     non-blocking (O_NONBLOCK); every call returns at once, and callers poll(2) the fd for
 //     wants() when a call returned kAgain. Before polling for input, check Buffered(): TLS may hold
 //     decrypted bytes the socket no longer shows.
-//   - Writes never raise SIGPIPE (plain: MSG_NOSIGNAL; TLS: SIGPIPE is blocked for the write and a
-//     pending one consumed), so the guest runtime does not change its host program's signals.
+//   - Writes never raise SIGPIPE (plain: MSG_NOSIGNAL; a TLS client: SIGPIPE is blocked for the
+//     write and the one it raised consumed), so the guest runtime does not change its host
+//     program's signals. A TLS server end assumes its process ignores SIGPIPE (oriond does).
+//   - A Write writes all of `len` or returns kAgain; after kAgain the caller must call it again
+//     with the same bytes (OpenSSL's rule; the buffer may move) before writing anything else.
 //   - TLS: 1.2 at least. The client verifies the server's chain against a CA file (or the system's
 //     CAs) and its name or IP address (RFC 6125, through OpenSSL's X509_VERIFY_PARAM). Kernel TLS
 //     (SSL_OP_ENABLE_KTLS) is asked for; whether the kernel took it (the `tls` module and a cipher it
@@ -39,7 +42,8 @@ class Stream {
   Stream& operator=(const Stream&) = delete;
   // Reads up to `len` bytes: > 0 bytes read; 0 the peer closed; kAgain; kError.
   virtual ssize_t Read(void* p, size_t len) noexcept = 0;
-  // Writes up to `len` bytes: > 0 bytes written; kAgain; kError.
+  // Writes `len` bytes (plain: maybe fewer): > 0 bytes written; kAgain (TLS: call again with the
+  // same bytes); kError.
   virtual ssize_t Write(const void* p, size_t len) noexcept = 0;
   // True when bytes are buffered inside the stream (decrypted, not yet read).
   virtual bool Buffered() const noexcept = 0;
