@@ -98,10 +98,25 @@ Result<ControllerConfig> ParseControllerConfig(const std::string& text, const st
           else
             return bad("authentication." + rname, "is not client, server or admin");
           std::vector<std::string> ks;
+          // A server key may be bound to one server: {key: K, server: "ip:port"}.
+          auto one = [&](const YAML::Node& k) -> Status {
+            if (!k.IsMap()) {
+              ks.push_back(k.as<std::string>());
+              return Status();
+            }
+            if (role != Role::kServer || !k["key"] || !k["server"] || k.size() != 2)
+              return bad("authentication." + rname, "an entry that is a mapping must be {key: K, server: ID} (server keys only)");
+            const std::string kk = k["key"].as<std::string>(), srv = k["server"].as<std::string>();
+            if (srv.empty() || srv.size() > 300) return bad("authentication.server", "a bound key's server is empty");
+            ks.push_back(kk);
+            if (!kk.empty()) c.key_servers[kk] = srv;
+            return Status();
+          };
           if (r.second.IsSequence()) {
-            for (const auto& k : r.second) ks.push_back(k.as<std::string>());
+            for (const auto& k : r.second)
+              if (Status s1 = one(k); !s1.ok()) return s1;
           } else if (!r.second.IsNull()) {
-            ks.push_back(r.second.as<std::string>());
+            if (Status s1 = one(r.second); !s1.ok()) return s1;
           }
           for (const auto& k : ks) {
             if (k.empty()) continue;

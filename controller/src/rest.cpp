@@ -194,7 +194,27 @@ class Api final : public RestApi {
                    : have == static_cast<int>(oc::Role::kServer) ? oc::Caller::Kind::kServer
                                                                  : oc::Caller::Kind::kClient;
     if (caller_.kind == oc::Caller::Kind::kServer) caller_.server = req.get_param_value("server");
+    bound_server_.clear();
+    if (auto b = cfg_.key_servers.find(key); b != cfg_.key_servers.end() && caller_.kind == oc::Caller::Kind::kServer) {
+      // A key bound to one server: it names that server, or none (then it is that server).
+      bound_server_ = b->second;
+      std::string named = caller_.server;
+      static const std::string kServers = "/v1/servers/";
+      if (req.path.compare(0, kServers.size(), kServers) == 0) {
+        const std::string id = req.path.substr(kServers.size(), req.path.find('/', kServers.size()) - kServers.size());
+        if (!id.empty() && !named.empty() && id != named) named = id + "' and '" + named;
+        else if (!id.empty()) named = id;
+      }
+      if (!BoundServerMay(named, res)) return false;
+      caller_.server = bound_server_;
+    }
     return true;
+  }
+  // A request of a key bound to one server may name only that server ("" names none); else 403.
+  bool BoundServerMay(const std::string& named, httplib::Response& res) const {
+    if (bound_server_.empty() || named.empty() || named == bound_server_) return true;
+    SendError(res, 403, "this server key belongs to server " + bound_server_ + ": it may not act as '" + named + "'");
+    return false;
   }
   static Result<oc::Json> Body(const httplib::Request& req) {
     if (req.body.empty()) return oc::Json::object();
@@ -242,10 +262,12 @@ class Api final : public RestApi {
   std::chrono::steady_clock::time_point health_at_;
   static thread_local int role_of_request_;
   static thread_local oc::Caller caller_;  // the request's key, for ownership (Service)
+  static thread_local std::string bound_server_;  // a server key bound to one server: that server
 };
 
 thread_local int Api::role_of_request_ = 0;
 thread_local oc::Caller Api::caller_;
+thread_local std::string Api::bound_server_;
 
 constexpr int kClient = static_cast<int>(oc::Role::kClient);
 constexpr int kServer = static_cast<int>(oc::Role::kServer);
@@ -327,8 +349,9 @@ void Api::Routes(httplib::Server& s) {
              if (!(*body)["server"].is_string()) return SendError(res, 400, "server must be a string");
              server = (*body)["server"].get<std::string>();
              if (role_of_request_ == kClient) return SendError(res, 403, "a client key may not choose the server");
+             if (!BoundServerMay(server, res)) return;
            }
-           if (caller_.kind == oc::Caller::Kind::kServer) caller_.server = server;
+           if (caller_.kind == oc::Caller::Kind::kServer) caller_.server = server.empty() ? bound_server_ : server;
            auto r = svc_->Allocate(*body, server, caller_);
            if (r.ok()) {
              std::string where;
@@ -384,6 +407,9 @@ void Api::Routes(httplib::Server& s) {
         Wrap("assign", kServer, [this](const httplib::Request& req, httplib::Response& res) {
           auto body = Body(req);
           if (!body.ok()) return Reply(res, body.status());
+          if (const auto named = body->find("server"); named != body->end() && named->is_string() &&
+                                                     !BoundServerMay(named->get<std::string>(), res))
+            return;
           auto r = svc_->Assign(req.matches[1], *body);
           if (r.ok())
             log_->info("VM {} holds assignment {}", std::string(req.matches[1]), (*r)["id"].get<std::string>());

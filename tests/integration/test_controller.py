@@ -61,7 +61,7 @@ def make_certs(d: Path):
 
 class Controller:
     def __init__(self, tmp: Path, placement="pack", keys=False, port=None, db=None, extra="", server_timeout_s=1.5,
-                 lease_ttl_s=2, tls: Path = None, mtls=False):
+                 lease_ttl_s=2, tls: Path = None, mtls=False, bound_keys=None):
         self.tmp = tmp
         self.port = port or free_port()
         self.addr = f"127.0.0.1:{self.port}"
@@ -76,6 +76,7 @@ class Controller:
         self.db = db or tmp / "controller.db"
         self.placement = placement
         self.keys = keys
+        self.bound_keys = bound_keys or {}  # with keys: server keys bound to one server, {key: server id}
         self.extra = extra  # more controller.yaml lines
         self.server_timeout_s = server_timeout_s
         self.lease_ttl_s = lease_ttl_s
@@ -87,7 +88,8 @@ class Controller:
         text = (f"listen: {self.addr}\ndatabase: {self.db}\nplacement: {self.placement}\n"
                 f"lease_ttl_s: {self.lease_ttl_s}\nserver_timeout_s: {self.server_timeout_s}\nserver_release_s: {max(30, self.server_timeout_s)}\n" + self.extra)
         if self.keys:
-            text += f"authentication:\n  client: [{CLIENT}, {CLIENT2}]\n  server: [{SERVER}]\n  admin: {ADMIN}\n"
+            bound = "".join(f", {{key: {k}, server: '{v}'}}" for k, v in self.bound_keys.items())
+            text += f"authentication:\n  client: [{CLIENT}, {CLIENT2}]\n  server: [{SERVER}{bound}]\n  admin: {ADMIN}\n"
         conf.write_text(text)
         self.err = open(self.log_path, "a")
         self.proc = subprocess.Popen([PREFIX / "bin" / "orion-controller", "start", "--config-file", conf],
@@ -1361,3 +1363,47 @@ def test_mutual_tls_admits_only_certificates_its_ca_signed(tmp_path):
         assert r.returncode == 1 and f"cannot load the TLS client key {certs / 'rogue.key'}: key values mismatch" in r.stderr, r.stderr
     finally:
         c.stop()
+
+
+def test_a_server_key_bound_to_one_server_acts_only_as_it(tmp_path):
+    # Issue #22 item 7: a shared server key can name any server. A key bound to one server
+    # (authentication.server: {key: K, server: ID}) registers, heartbeats, allocates and releases as
+    # that server only; the shared key keeps working for every server.
+    bound, sid, other = "bound-key-0001", "127.0.0.1:9960", "127.0.0.1:9961"
+    ctl = Controller(tmp_path, keys=True, bound_keys={bound: sid})
+    try:
+        gpus = [{"index": 0, "uuid": "GPU-0", "name": "Fake", "memory_mib": 16384}]
+        want = f"this server key belongs to server {sid}: it may not act as '{other}'"
+        code, body = ctl.call("PUT", f"/v1/servers/{other}", {"vgpu_count": 4, "gpus": gpus}, key=bound)
+        assert (code, body.get("message")) == (403, want), body
+        assert ctl.call("PUT", f"/v1/servers/{sid}", {"vgpu_count": 4, "gpus": gpus}, key=bound)[0] == 200
+        assert ctl.call("PUT", f"/v1/servers/{other}", {"vgpu_count": 4, "gpus": gpus}, key=SERVER)[0] == 200
+        code, body = ctl.call("POST", f"/v1/servers/{other}/heartbeat", {}, key=bound)
+        assert (code, body.get("message")) == (403, want), body
+        assert ctl.call("POST", f"/v1/servers/{sid}/heartbeat", {}, key=bound)[0] == 200
+        code, body = ctl.call("POST", "/v1/allocations", {"vgpus": 1, "gmem_mib": 100, "server": other}, key=bound)
+        assert (code, body.get("message")) == (403, want), body
+        code, mine = ctl.call("POST", "/v1/allocations", {"vgpus": 1, "gmem_mib": 100, "server": sid}, key=bound)
+        assert code == 201 and mine["placements"][0]["server"] == sid, mine
+        code, theirs = ctl.call("POST", "/v1/allocations", {"vgpus": 1, "gmem_mib": 100, "server": other}, key=SERVER)
+        assert code == 201, theirs
+        # Naming the other server in a query is refused; the other server's allocation is not its.
+        code, body = ctl.call("DELETE", f"/v1/allocations/{theirs['id']}?server={other}", key=bound)
+        assert (code, body.get("message")) == (403, want), body
+        code, body = ctl.call("DELETE", f"/v1/allocations/{theirs['id']}", key=bound)
+        assert code == 403 and body["message"].startswith(f"allocation {theirs['id']} is served by {other}, not by {sid}"), body
+        # Its own, without naming itself: the key names its server.
+        assert ctl.call("DELETE", f"/v1/allocations/{mine['id']}", key=bound)[0] == 200
+        assert ctl.call("DELETE", f"/v1/allocations/{theirs['id']}?server={other}", key=SERVER)[0] == 200
+    finally:
+        ctl.stop()
+
+
+def test_only_server_keys_may_be_bound(tmp_path):
+    conf = tmp_path / "controller.yaml"
+    conf.write_text("authentication:\n  client: [{key: client-key-0009, server: '127.0.0.1:9960'}]\n")
+    r = subprocess.run([PREFIX / "bin" / "orion-controller", "start", "--config-file", conf],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0
+    assert (f"{conf}: authentication.client an entry that is a mapping must be {{key: K, server: ID}} "
+            "(server keys only)") in r.stderr, r.stderr

@@ -37,6 +37,9 @@ struct ControllerConfig {
   std::string tls_cert, tls_key;     // both: HTTPS only; neither: plain HTTP
   std::string tls_client_ca;         // mutual TLS (needs tls_cert)
   std::map<std::string, Role> keys;  // empty: authentication is off
+  // Server keys bound to one server (authentication.server: {key: K, server: ID}): key -> server id.
+  // Such a key registers, heartbeats and serves as that server only.
+  std::map<std::string, std::string> key_servers;
 };
 
 // Errors name the file and the key: "controller.yaml: placement 'x' is not pack or spread".
