@@ -105,7 +105,8 @@ Result<ControllerConfig> ParseControllerConfig(const std::string& text, const st
               return Status();
             }
             if (role != Role::kServer || !k["key"] || !k["server"] || k.size() != 2)
-              return bad("authentication." + rname, "an entry that is a mapping must be {key: K, server: ID} (server keys only)");
+              return bad("authentication." + rname,
+                         "an entry that is a mapping must be {key: K, server: ID} (server keys only)");
             const std::string kk = k["key"].as<std::string>(), srv = k["server"].as<std::string>();
             if (srv.empty() || srv.size() > 300) return bad("authentication.server", "a bound key's server is empty");
             ks.push_back(kk);

@@ -202,8 +202,10 @@ class Api final : public RestApi {
       static const std::string kServers = "/v1/servers/";
       if (req.path.compare(0, kServers.size(), kServers) == 0) {
         const std::string id = req.path.substr(kServers.size(), req.path.find('/', kServers.size()) - kServers.size());
-        if (!id.empty() && !named.empty() && id != named) named = id + "' and '" + named;
-        else if (!id.empty()) named = id;
+        if (!id.empty() && !named.empty() && id != named)
+          named = id + "' and '" + named;
+        else if (!id.empty())
+          named = id;
       }
       if (!BoundServerMay(named, res)) return false;
       caller_.server = bound_server_;
@@ -261,7 +263,7 @@ class Api final : public RestApi {
   oc::Json health_;
   std::chrono::steady_clock::time_point health_at_;
   static thread_local int role_of_request_;
-  static thread_local oc::Caller caller_;  // the request's key, for ownership (Service)
+  static thread_local oc::Caller caller_;         // the request's key, for ownership (Service)
   static thread_local std::string bound_server_;  // a server key bound to one server: that server
 };
 
@@ -407,8 +409,8 @@ void Api::Routes(httplib::Server& s) {
         Wrap("assign", kServer, [this](const httplib::Request& req, httplib::Response& res) {
           auto body = Body(req);
           if (!body.ok()) return Reply(res, body.status());
-          if (const auto named = body->find("server"); named != body->end() && named->is_string() &&
-                                                     !BoundServerMay(named->get<std::string>(), res))
+          if (const auto named = body->find("server");
+              named != body->end() && named->is_string() && !BoundServerMay(named->get<std::string>(), res))
             return;
           auto r = svc_->Assign(req.matches[1], *body);
           if (r.ok())

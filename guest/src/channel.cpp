@@ -107,8 +107,9 @@ Result<std::unique_ptr<TcpFrameChannel>> TcpFrameChannel::Connect(const std::str
     if (r == tls::kError) {
       std::string why = stream->error();
       if (why == "TLS handshake: the peer closed the connection") {
-        why += " (an oriond that serves plain TCP closes on a TLS client: connect without tls:// and ORION_TLS; "
-               "else its server.log says why it refused)";
+        why +=
+            " (an oriond that serves plain TCP closes on a TLS client: connect without tls:// and ORION_TLS; "
+            "else its server.log says why it refused)";
       }
       stream.reset();
       return fail(why);

@@ -197,9 +197,10 @@ void Daemon::Handshake(Pending& p) {
   FrameHeader h;
   std::memcpy(&h, p.in.data(), sizeof h);
   if (!tls_ && tls::LooksLikeTls(p.in.data(), p.in.size())) {
-    log_->error("client {}: speaks TLS, but this oriond serves plain TCP (no tls_cert and tls_key in [server] of "
-                "server.conf): connect to {}:{} without tls:// and ORION_TLS; connection closed",
-                p.peer, config_.bind_addr, config_.listen_port);
+    log_->error(
+        "client {}: speaks TLS, but this oriond serves plain TCP (no tls_cert and tls_key in [server] of "
+        "server.conf): connect to {}:{} without tls:// and ORION_TLS; connection closed",
+        p.peer, config_.bind_addr, config_.listen_port);
     p.fd.reset();
     return;
   }

@@ -63,9 +63,9 @@ std::string OpensslReason(const char* fallback) {
 bool InitOpenssl() {
   // No cleanup at exit (the guest runtime may still send its Goodbye from libcuda's destructor,
   // after atexit handlers ran), as the controller client does.
-  static const bool ok = OPENSSL_init_ssl(OPENSSL_INIT_NO_ATEXIT | OPENSSL_INIT_LOAD_SSL_STRINGS |
-                                              OPENSSL_INIT_LOAD_CRYPTO_STRINGS,
-                                          nullptr) == 1;
+  static const bool ok =
+      OPENSSL_init_ssl(OPENSSL_INIT_NO_ATEXIT | OPENSSL_INIT_LOAD_SSL_STRINGS | OPENSSL_INIT_LOAD_CRYPTO_STRINGS,
+                       nullptr) == 1;
   return ok;
 }
 
@@ -206,14 +206,9 @@ TlsStream::~TlsStream() {
 ssize_t TlsStream::Failed(int ret, const char* what) noexcept {
   const int err = SSL_get_error(ssl_, ret);
   switch (err) {
-    case SSL_ERROR_WANT_READ:
-      wants_ = POLLIN;
-      return kAgain;
-    case SSL_ERROR_WANT_WRITE:
-      wants_ = POLLOUT;
-      return kAgain;
-    case SSL_ERROR_ZERO_RETURN:
-      return 0;
+    case SSL_ERROR_WANT_READ: wants_ = POLLIN; return kAgain;
+    case SSL_ERROR_WANT_WRITE: wants_ = POLLOUT; return kAgain;
+    case SSL_ERROR_ZERO_RETURN: return 0;
     case SSL_ERROR_SYSCALL:
       if (errno == EINTR) {
         wants_ = POLLIN | POLLOUT;
@@ -225,8 +220,7 @@ ssize_t TlsStream::Failed(int ret, const char* what) noexcept {
       }
       error_ = std::string(what) + ": " + std::strerror(errno);
       return kError;
-    default:
-      break;
+    default: break;
   }
   const unsigned long e = ERR_peek_last_error();
   const int reason = ERR_GET_REASON(e);
@@ -321,7 +315,11 @@ std::string TlsStream::Describe() const {
   std::lock_guard<std::mutex> l(mu_);
   const bool s = kernel_send(), r = kernel_receive();
   return std::string(SSL_get_version(ssl_)) + " (" + SSL_get_cipher_name(ssl_) + ", kernel TLS: " +
-         (s && r ? "send and receive" : s ? "send" : r ? "receive" : "no") + ")";
+         (s && r ? "send and receive"
+          : s    ? "send"
+          : r    ? "receive"
+                 : "no") +
+         ")";
 }
 
 }  // namespace orion::tls

@@ -22,9 +22,9 @@ struct ServerConfig {
   bool enable_shm = true;
   bool enable_rdma = false;
   bool enable_kvm = false;
-  bool kvm_doorbell = false;          // orion-vm enable gives VMs an ivshmem-doorbell (else ivshmem-plain)
-  uint32_t vgpu_count = 4;            // vGPUs per physical GPU, 1..100
-  uint32_t max_clients = 64;          // -n
+  bool kvm_doorbell = false;  // orion-vm enable gives VMs an ivshmem-doorbell (else ivshmem-plain)
+  uint32_t vgpu_count = 4;    // vGPUs per physical GPU, 1..100
+  uint32_t max_clients = 64;  // -n
   // TLS on the TCP data plane: PEM certificate chain and its key (both or neither). With them the
   // port speaks TLS only; clients connect to tls://host:port (or with ORION_TLS=1).
   std::string tls_cert, tls_key;

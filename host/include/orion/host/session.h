@@ -98,11 +98,11 @@ std::unique_ptr<SessionChannel> MakeRdmaSessionChannel(int fd, uint64_t channel_
 
 struct SessionParams {
   uint32_t session_id = 0;
-  int socket_fd = -1;                  // a network session: its connection (else a region channel)
-  uint16_t transport = kTransportShm;  // with socket_fd: kTransportTcp or kTransportRdma
+  int socket_fd = -1;                   // a network session: its connection (else a region channel)
+  uint16_t transport = kTransportShm;   // with socket_fd: kTransportTcp or kTransportRdma
   std::shared_ptr<tls::Stream> stream;  // kTransportTcp: the connection's bytes (TLS after its handshake)
-  uint8_t* region = nullptr;           // mapped region
-  uint64_t channel_bytes = 0;          // trusted (from our own FormatRegion)
+  uint8_t* region = nullptr;            // mapped region
+  uint64_t channel_bytes = 0;           // trusted (from our own FormatRegion)
   uint32_t channel = 0;
   uint32_t generation = 0;        // the channel's generation (oriond's own record)
   uint64_t request_position = 0;  // where the request stream continues after the Hello
