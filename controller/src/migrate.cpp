@@ -13,6 +13,10 @@ Result<std::string> MigrateState(Store& from, Store& to, const ServiceOptions& o
                               " servers, " + std::to_string(dst->allocations.size()) +
                               " allocations); --force copies over it");
   }
+  // The owner salt moves with the allocations: their owner hashes stay their keys'.
+  auto salt = from.OwnerSalt("0123456789abcdef0123456789abcdef", /*overwrite=*/false);
+  if (!salt.ok()) return salt.status();
+  if (auto moved = to.OwnerSalt(*salt, /*overwrite=*/true); !moved.ok()) return moved.status();
   size_t servers = 0, procs = 0, vms = 0;
   for (Json s : src->servers) {
     StoreChange c;

@@ -23,19 +23,6 @@ namespace {
 constexpr size_t kMaxWatchedAllocations = 4096;
 constexpr uint64_t kMaxWatchMs = 30000;
 
-// A key's identity as stored with its allocations: never the key itself.
-std::string OwnerOf(const std::string& key) {
-  unsigned char d[SHA256_DIGEST_LENGTH];
-  SHA256(reinterpret_cast<const unsigned char*>(key.data()), key.size(), d);
-  static const char* hex = "0123456789abcdef";
-  std::string out = "key:";
-  for (int i = 0; i < 8; ++i) {
-    out += hex[d[i] >> 4];
-    out += hex[d[i] & 15];
-  }
-  return out;
-}
-
 // Request latency per route, as a Prometheus histogram.
 class Latency {
  public:
@@ -189,7 +176,8 @@ class Api final : public RestApi {
       return false;
     }
     role_of_request_ = have;
-    caller_.owner = OwnerOf(key);
+    caller_.owner = svc_->OwnerOf(key);  // a salted hash: never the key itself
+    caller_.legacy_owner = oc::Service::LegacyOwnerOf(key);
     caller_.kind = have == static_cast<int>(oc::Role::kAdmin)    ? oc::Caller::Kind::kAdmin
                    : have == static_cast<int>(oc::Role::kServer) ? oc::Caller::Kind::kServer
                                                                  : oc::Caller::Kind::kClient;

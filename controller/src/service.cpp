@@ -1,5 +1,9 @@
 #include "orion/controller/service.h"
 
+#include <openssl/evp.h>
+#include <openssl/rand.h>
+#include <openssl/sha.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -104,6 +108,37 @@ uint64_t WallMs() {
           .count());
 }
 
+namespace {
+std::string Hex(const unsigned char* d, size_t n) {
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (size_t i = 0; i < n; ++i) {
+    out += hex[d[i] >> 4];
+    out += hex[d[i] & 15];
+  }
+  return out;
+}
+}  // namespace
+
+std::string Service::OwnerOf(const std::string& key) {
+  std::lock_guard<std::mutex> lock(owners_mu_);
+  if (auto it = owners_.find(key); it != owners_.end()) return it->second;
+  unsigned char d[16];
+  if (PKCS5_PBKDF2_HMAC(key.data(), static_cast<int>(key.size()),
+                        reinterpret_cast<const unsigned char*>(owner_salt_.data()),
+                        static_cast<int>(owner_salt_.size()), kOwnerHashIterations, EVP_sha256(), sizeof d, d) != 1) {
+    return "";  // no identity: owns nothing, and what it makes is nobody's
+  }
+  if (owners_.size() >= 4096) owners_.clear();  // the configuration's keys; bounded all the same
+  return owners_[key] = "key2:" + Hex(d, sizeof d);
+}
+
+std::string Service::LegacyOwnerOf(const std::string& key) {
+  unsigned char d[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(key.data()), key.size(), d);
+  return "key:" + Hex(d, 8);
+}
+
 Result<std::unique_ptr<Service>> Service::Open(ServiceOptions opts) {
   auto store = OpenStore(opts.database);
   if (!store.ok()) return store.status();
@@ -114,6 +149,11 @@ Result<std::unique_ptr<Service>> Service::Open(ServiceOptions opts, std::unique_
   std::unique_ptr<Service> s(new Service(std::move(opts), std::move(store)));
   auto st = s->store_->Load();
   if (!st.ok()) return st.status();
+  unsigned char fresh[16];
+  if (RAND_bytes(fresh, sizeof fresh) != 1) return Internal("no random bytes for the owner salt");
+  auto salt = s->store_->OwnerSalt(Hex(fresh, sizeof fresh), /*overwrite=*/false);
+  if (!salt.ok()) return salt.status();
+  s->owner_salt_ = *salt;
   {
     std::lock_guard<std::mutex> lock(s->mu_);
     if (Status a = s->Absorb(*st, /*initial=*/true); !a.ok()) return a;
@@ -761,7 +801,7 @@ Result<Json> Service::PlaceAndStore(const Json& body, const std::string& server,
       for (const auto& [id, x] : allocs_) {
         if (x.request_id != request_id) continue;
         if (lease != 0 && lease != x.lease) store_->Revoke(lease);
-        if (x.kind != "process" || x.owner != caller.owner) {
+        if (x.kind != "process" || !caller.Same(x.owner)) {
           ++refusals_;
           return InvalidArgument("request_id " + request_id + " names another client's allocation");
         }
@@ -784,7 +824,7 @@ Result<Json> Service::PlaceAndStore(const Json& body, const std::string& server,
     if (limited) {
       uint32_t held = 0;
       for (const auto& [id, x] : allocs_) {
-        if (x.kind != "process" || x.owner != caller.owner) continue;
+        if (x.kind != "process" || !caller.Same(x.owner)) continue;
         ++held;
         held_vgpus += x.vgpus;
         for (const Slot& sl : x.slots) held_mib += sl.gmem_mib;
@@ -1027,7 +1067,7 @@ Status Service::MayTouch(const Allocation& a, const Caller& c, const char* what)
     case Caller::Kind::kOpen:
     case Caller::Kind::kAdmin: return Status();
     case Caller::Kind::kClient:
-      if (!a.owner.empty() && a.owner == c.owner) return Status();
+      if (c.Owns(a.owner)) return Status();
       return Status(Code::kPermissionDenied, "allocation " + a.id + " belongs to another key: a client key may " +
                                                  what + " only the allocations it made");
     case Caller::Kind::kServer:
@@ -1160,7 +1200,7 @@ Json Service::ListAllocations(const std::string& host, const std::string& kind, 
   SyncForRead();
   Json out = Json::array();
   for (const auto& [id, a] : allocs_) {
-    if (caller.kind == Caller::Kind::kClient && a.owner != caller.owner) continue;
+    if (caller.kind == Caller::Kind::kClient && !caller.Same(a.owner)) continue;
     if (!host.empty() && a.client_host != host) continue;
     if (!kind.empty() && a.kind != kind) continue;
     out.push_back(ToJson(a));

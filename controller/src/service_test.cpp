@@ -43,6 +43,37 @@ class ServiceTest : public ::testing::Test {
   ServiceOptions opts_;
 };
 
+TEST_F(ServiceTest, OwnerHashesAreSaltedPerStoreAndOldOnesStillOwn) {
+  // Issue #22: the owner hash was a bare SHA-256 of the key, so a short key could be found from it
+  // by whoever reads the store. It is PBKDF2 with the store's own salt, stable across restarts.
+  std::string first, again;
+  {
+    auto s = Open();
+    first = s->OwnerOf("client-key-0001");
+    EXPECT_EQ(first.rfind("key2:", 0), 0u) << first;
+    EXPECT_EQ(first.size(), 5u + 32u);
+    EXPECT_EQ(s->OwnerOf("client-key-0001"), first);  // cached, the same
+    EXPECT_NE(s->OwnerOf("client-key-0002"), first);
+  }
+  {
+    auto s = Open();  // the salt is the store's: the same key, the same owner
+    again = s->OwnerOf("client-key-0001");
+  }
+  EXPECT_EQ(again, first);
+  opts_.database = (dir_ / "other.db").string();
+  auto other = Open();  // another store, another salt
+  EXPECT_NE(other->OwnerOf("client-key-0001"), first);
+  // The unsalted hash older controllers recorded: "key:" and the first 16 hex digits of SHA-256
+  // (`echo -n client-key-0001 | sha256sum`); an allocation carrying it is still the key's.
+  const std::string legacy = Service::LegacyOwnerOf("client-key-0001");
+  EXPECT_EQ(legacy, "key:64eae4db4b1eb8b3");
+  Caller c{Caller::Kind::kClient, first, "", legacy};
+  EXPECT_TRUE(c.Owns(first));
+  EXPECT_TRUE(c.Owns(legacy));
+  EXPECT_FALSE(c.Owns(""));
+  EXPECT_FALSE(c.Owns(Service::LegacyOwnerOf("client-key-0002")));
+}
+
 TEST_F(ServiceTest, PacksVgpusOntoOneGpuThenTheFullestServer) {
   auto s = Open();
   ASSERT_TRUE(s->RegisterServer("10.0.0.1:9960", TwoGpuServer("a")).ok());

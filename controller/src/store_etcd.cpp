@@ -177,6 +177,24 @@ class EtcdStore final : public Store {
     return Status();
   }
 
+  Result<std::string> OwnerSalt(const std::string& proposed, bool overwrite) override {
+    const std::string key = B64(std::string(kPrefix) + "meta/owner_salt");
+    const Json put = {{"request_put", {{"key", key}, {"value", B64(proposed)}}}};
+    Json txn = {{"success", Json::array({put})}};
+    if (!overwrite) {  // only if absent: two controllers starting at once agree on the first
+      txn["compare"] =
+          Json::array({{{"key", key}, {"target", "CREATE"}, {"result", "EQUAL"}, {"create_revision", "0"}}});
+    }
+    if (auto r = Call("/v3/kv/txn", txn); !r.ok()) return r.status();
+    auto r = Call("/v3/kv/range", {{"key", key}});
+    if (!r.ok()) return r.status();
+    for (const Json& kv : r->value("kvs", Json::array())) {
+      auto v = Unb64(kv.value("value", ""));
+      if (v.ok() && !v->empty()) return *v;
+    }
+    return Internal("etcd holds no owner salt");
+  }
+
   Result<int64_t> Grant(uint64_t ttl_ms) override {
     const int64_t ttl = std::max<int64_t>(1, static_cast<int64_t>((ttl_ms + 999) / 1000));
     auto r = Call("/v3/lease/grant", {{"TTL", std::to_string(ttl)}});

@@ -49,7 +49,8 @@ class SqliteStore final : public Store {
                             "CREATE TABLE IF NOT EXISTS servers(id TEXT PRIMARY KEY, doc TEXT NOT NULL)",
                             "CREATE TABLE IF NOT EXISTS allocations(id TEXT PRIMARY KEY, doc TEXT NOT NULL)",
                             "CREATE TABLE IF NOT EXISTS vgpus(server TEXT NOT NULL, pgpu INTEGER NOT NULL, "
-                            "vgpu INTEGER NOT NULL, allocation TEXT NOT NULL, PRIMARY KEY(server, pgpu, vgpu))"}) {
+                            "vgpu INTEGER NOT NULL, allocation TEXT NOT NULL, PRIMARY KEY(server, pgpu, vgpu))",
+                            "CREATE TABLE IF NOT EXISTS meta(name TEXT PRIMARY KEY, value TEXT NOT NULL)"}) {
       // NOLINTEND(bugprone-suspicious-missing-comma)
       if (Status st = Exec(sql); !st.ok()) return Unavailable("database " + path_ + ": " + st.message());
     }
@@ -92,6 +93,26 @@ class SqliteStore final : public Store {
     if (Status st = each("SELECT doc FROM servers", &out.servers); !st.ok()) return st;
     if (Status st = each("SELECT doc FROM allocations", &out.allocations); !st.ok()) return st;
     return out;
+  }
+
+  Result<std::string> OwnerSalt(const std::string& proposed, bool overwrite) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (Status st = Run(overwrite ? "INSERT OR REPLACE INTO meta(name, value) VALUES('owner_salt', ?)"
+                                  : "INSERT OR IGNORE INTO meta(name, value) VALUES('owner_salt', ?)",
+                        {proposed});
+        !st.ok())
+      return st;
+    sqlite3_stmt* st = nullptr;
+    if (sqlite3_prepare_v2(db_, "SELECT value FROM meta WHERE name = 'owner_salt'", -1, &st, nullptr) != SQLITE_OK)
+      return Internal(sqlite3_errmsg(db_));
+    std::string salt;
+    if (sqlite3_step(st) == SQLITE_ROW) {
+      const auto* t = reinterpret_cast<const char*>(sqlite3_column_text(st, 0));
+      salt = t != nullptr ? t : "";
+    }
+    sqlite3_finalize(st);
+    if (salt.empty()) return Internal("database " + path_ + " holds no owner salt");
+    return salt;
   }
 
   Status Apply(const StoreChange& c) override {

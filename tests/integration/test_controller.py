@@ -7,6 +7,7 @@ requests without double booking, a client SIGKILLed -> its vGPUs free within the
 controller killed and restarted -> same state, a server that stops heartbeating -> its vGPUs
 withheld, keys (401/403), VM assignments through oriond's control socket, orion-check, orion-smi
 and /metrics against the state."""
+import hashlib
 import json
 import os
 import re
@@ -680,8 +681,10 @@ def test_allocations_belong_to_the_key_that_made_them(tmp_path):
         assert code == 201, theirs
         code, served = ctl.call("POST", "/v1/allocations", {"vgpus": 1, "gmem_mib": 100, "server": sid}, key=SERVER)
         assert code == 201, served
-        # The owner is recorded as a hash, never the key.
-        assert mine["owner"].startswith("key:") and mine["owner"] != theirs["owner"]
+        # The owner is recorded as a salted hash (PBKDF2 with the store's salt), never the key nor
+        # its bare SHA-256 (issue #22).
+        assert re.fullmatch(r"key2:[0-9a-f]{32}", mine["owner"]) and mine["owner"] != theirs["owner"], mine
+        assert hashlib.sha256(CLIENT.encode()).hexdigest()[:16] not in json.dumps(mine)
         assert CLIENT not in json.dumps(mine)
         # Each client key lists only its own; the admin sees all.
         assert [a["id"] for a in ctl.get("/v1/allocations", key=CLIENT)] == [mine["id"]]

@@ -62,8 +62,17 @@ struct ServiceOptions {
 struct Caller {
   enum class Kind { kOpen, kAdmin, kClient, kServer };
   Kind kind = Kind::kOpen;
-  std::string owner;   // "key:<16 hex of SHA-256(key)>"; empty when the controller is open
+  // "key2:<32 hex of PBKDF2-HMAC-SHA256(key, the store's owner salt, kOwnerHashIterations)>"
+  // (Service::OwnerOf); empty when the controller is open.
+  std::string owner;
   std::string server;  // a server key: the server it speaks for ("server" in the body or query)
+  // What controllers before the salt recorded for the same key: "key:<16 hex of SHA-256(key)>".
+  // Allocations that carry it are still the key's.
+  std::string legacy_owner{};
+  // `o` (an allocation's owner) is this caller's key: a key owns only what a key made.
+  bool Owns(const std::string& o) const { return !o.empty() && (o == owner || o == legacy_owner); }
+  // The same, where no key (an open controller) is one identity too (request replays, limits).
+  bool Same(const std::string& o) const { return o == owner || (!o.empty() && o == legacy_owner); }
 };
 
 uint64_t WallMs();
@@ -83,6 +92,12 @@ class Service {
   static Result<std::unique_ptr<Service>> Open(ServiceOptions opts, std::unique_ptr<Store> store);
   ~Service();
 
+  // A key's identity as allocations record it (Caller::owner): PBKDF2 with the store's salt, so
+  // whoever reads the store cannot test guesses of a key at SHA-256 speed. Computed once per key
+  // (the keys are the configuration's) and cached; the first request of a key pays ~tens of ms.
+  std::string OwnerOf(const std::string& key);
+  static std::string LegacyOwnerOf(const std::string& key);  // the unsalted hash of older controllers
+  static constexpr int kOwnerHashIterations = 100000;
   // Servers (role: server). `id` is the server's data-plane address "ip:port".
   Result<Json> RegisterServer(const std::string& id, const Json& body);
   Result<Json> Heartbeat(const std::string& id, const Json& body);
@@ -214,6 +229,9 @@ class Service {
 
   ServiceOptions opts_;
   std::unique_ptr<Store> store_;
+  std::string owner_salt_;  // the store's (Store::OwnerSalt)
+  std::mutex owners_mu_;
+  std::map<std::string, std::string> owners_;  // key -> OwnerOf(key), for the configuration's keys
   mutable std::mutex mu_;
   // Bumped (under mu_) whenever allocations may have gone: WatchRevoked's waiters look again.
   uint64_t deletions_ = 0;

@@ -97,6 +97,12 @@ class Store {
   virtual Result<uint64_t> KeepAlive(int64_t lease, uint64_t ttl_hint_ms) = 0;
   virtual void Revoke(int64_t lease) = 0;  // best effort
 
+  // The salt of the owner hashes (Service: a client key's identity, PBKDF2 of the key with it): the
+  // one the store holds, else `proposed`, stored atomically (the first controller on a store picks
+  // it; every one after reads it). `overwrite` replaces the stored one (migrate, into an empty
+  // store). SQLite: a row of table meta; etcd: <prefix>meta/owner_salt.
+  virtual Result<std::string> OwnerSalt(const std::string& proposed, bool overwrite) = 0;
+
   // Can it be reached now (etcd: a linearizable read, which needs a quorum)?
   virtual Status Ping() = 0;
   // etcd: follows the deletions of allocations/ keys (by any controller's release, or by etcd when
