@@ -22,32 +22,30 @@ class PlainStream final : public Stream {
  public:
   explicit PlainStream(int fd) noexcept : Stream(fd) {}
   ssize_t Read(void* p, size_t len) noexcept override {
-    for (;;) {
-      const ssize_t n = ::recv(fd_, p, len, MSG_DONTWAIT);
-      if (n >= 0) return n;
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        wants_ = POLLIN;
-        return kAgain;
-      }
-      error_ = std::strerror(errno);
-      return kError;
-    }
+    return Io([&] { return ::recv(fd_, p, len, MSG_DONTWAIT); }, POLLIN);
   }
   ssize_t Write(const void* p, size_t len) noexcept override {
+    return Io([&] { return ::send(fd_, p, len, MSG_NOSIGNAL | MSG_DONTWAIT); }, POLLOUT);
+  }
+  bool Buffered() const noexcept override { return false; }
+
+ private:
+  // One non-blocking socket call, retried on EINTR: its count, kAgain (waiting for `want`), or
+  // kError (error_ says why).
+  template <typename Call>
+  ssize_t Io(Call call, short want) noexcept {
     for (;;) {
-      const ssize_t n = ::send(fd_, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+      const ssize_t n = call();
       if (n >= 0) return n;
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        wants_ = POLLOUT;
+        wants_ = want;
         return kAgain;
       }
       error_ = std::strerror(errno);
       return kError;
     }
   }
-  bool Buffered() const noexcept override { return false; }
 };
 
 // OpenSSL's reason for the last error on this thread's queue, or `fallback`.
