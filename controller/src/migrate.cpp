@@ -14,7 +14,10 @@ Result<std::string> MigrateState(Store& from, Store& to, const ServiceOptions& o
                               " allocations); --force copies over it");
   }
   // The owner salt moves with the allocations: their owner hashes stay their keys'.
-  auto salt = from.OwnerSalt("0123456789abcdef0123456789abcdef", /*overwrite=*/false);
+  // (A source older controllers made has none: it gets a fresh one, as a controller starting on it would.)
+  auto fresh = NewOwnerSalt();
+  if (!fresh.ok()) return fresh.status();
+  auto salt = from.OwnerSalt(*fresh, /*overwrite=*/false);
   if (!salt.ok()) return salt.status();
   if (auto moved = to.OwnerSalt(*salt, /*overwrite=*/true); !moved.ok()) return moved.status();
   size_t servers = 0, procs = 0, vms = 0;

@@ -186,16 +186,11 @@ class Api final : public RestApi {
     if (auto b = cfg_.key_servers.find(key); b != cfg_.key_servers.end() && caller_.kind == oc::Caller::Kind::kServer) {
       // A key bound to one server: it names that server, or none (then it is that server).
       bound_server_ = b->second;
-      std::string named = caller_.server;
       static const std::string kServers = "/v1/servers/";
-      if (req.path.compare(0, kServers.size(), kServers) == 0) {
-        const std::string id = req.path.substr(kServers.size(), req.path.find('/', kServers.size()) - kServers.size());
-        if (!id.empty() && !named.empty() && id != named)
-          named = id + "' and '" + named;
-        else if (!id.empty())
-          named = id;
-      }
-      if (!BoundServerMay(named, res)) return false;
+      std::string in_path;  // /v1/servers/{id}/...
+      if (req.path.compare(0, kServers.size(), kServers) == 0)
+        in_path = req.path.substr(kServers.size(), req.path.find('/', kServers.size()) - kServers.size());
+      if (!BoundServerMay(in_path, res) || !BoundServerMay(caller_.server, res)) return false;
       caller_.server = bound_server_;
     }
     return true;

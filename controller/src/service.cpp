@@ -120,6 +120,12 @@ std::string Hex(const unsigned char* d, size_t n) {
 }
 }  // namespace
 
+Result<std::string> NewOwnerSalt() {
+  unsigned char fresh[16];
+  if (RAND_bytes(fresh, sizeof fresh) != 1) return Internal("no random bytes for the owner salt");
+  return Hex(fresh, sizeof fresh);
+}
+
 std::string Service::OwnerOf(const std::string& key) {
   std::lock_guard<std::mutex> lock(owners_mu_);
   if (auto it = owners_.find(key); it != owners_.end()) return it->second;
@@ -149,9 +155,9 @@ Result<std::unique_ptr<Service>> Service::Open(ServiceOptions opts, std::unique_
   std::unique_ptr<Service> s(new Service(std::move(opts), std::move(store)));
   auto st = s->store_->Load();
   if (!st.ok()) return st.status();
-  unsigned char fresh[16];
-  if (RAND_bytes(fresh, sizeof fresh) != 1) return Internal("no random bytes for the owner salt");
-  auto salt = s->store_->OwnerSalt(Hex(fresh, sizeof fresh), /*overwrite=*/false);
+  auto fresh = NewOwnerSalt();
+  if (!fresh.ok()) return fresh.status();
+  auto salt = s->store_->OwnerSalt(*fresh, /*overwrite=*/false);
   if (!salt.ok()) return salt.status();
   s->owner_salt_ = *salt;
   {

@@ -77,6 +77,9 @@ struct Caller {
 
 uint64_t WallMs();
 
+// A fresh owner salt (Store::OwnerSalt): 16 random bytes (OpenSSL's RAND_bytes), as hex.
+Result<std::string> NewOwnerSalt();
+
 // Copies `from`'s state into `to` (orion-controller migrate): servers (on etcd with fresh liveness
 // leases: each has server_timeout to heartbeat through a new controller and server_release before
 // its clients' allocations go), VM assignments, and process allocations (each with a fresh lease of
