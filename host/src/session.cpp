@@ -2230,7 +2230,9 @@ int Session::Run(const FrameHeader& hello_header, const HelloReq& hello) {
         backoff.set_max_sleep_us(now - last_frame_ms > 1000 ? 5000 : 2000);
         if (Status s = ch_->Idle(now); !s.ok()) {
           log.info("sess={} {}", p_.session_id, s.message());
-          return s.code() == Code::kUnavailable ? kExitLeaseExpired : kExitClientGone;
+          // A network session's Idle fails when its client closed the connection: that is the
+          // client gone, as when Pop or the watchdog sees it first (oriond logs the same reason).
+          return s.code() == Code::kUnavailable && p_.socket_fd < 0 ? kExitLeaseExpired : kExitClientGone;
         }
       }
       // Asleep: on the doorbell or the socket when the channel has one (2 ms while recently busy,
