@@ -45,7 +45,7 @@ Result<ControllerConfig> ParseControllerConfig(const std::string& text, const st
           if (auto m = ParseEndpoints(c.service.database.substr(7), 2379); !m.ok())
             return bad(key, m.status().message());
           if (c.service.database.find("://", 7) != std::string::npos)
-            return bad(key, "etcd members are host:port (etcd over TLS is not supported)");
+            return bad(key, "etcd members are host:port (HTTPS to etcd: etcd_tls_ca)");
         } else if (c.service.database == "sqlite:" || (c.service.database.rfind("sqlite:", 0) != 0 &&
                                                        c.service.database.find("://") != std::string::npos)) {
           return bad(key, "'" + c.service.database + "' is neither sqlite:<file>, a file, nor etcd://host:port,...");
@@ -83,6 +83,9 @@ Result<ControllerConfig> ParseControllerConfig(const std::string& text, const st
       } else if (key == "tls_cert" || key == "tls_key" || key == "tls_client_ca") {
         const std::string path = v.IsNull() ? "" : v.as<std::string>();
         (key == "tls_cert" ? c.tls_cert : key == "tls_key" ? c.tls_key : c.tls_client_ca) = path;
+      } else if (key == "etcd_tls_ca" || key == "etcd_tls_cert" || key == "etcd_tls_key") {
+        EtcdTls& t = c.service.etcd_tls;
+        (key == "etcd_tls_ca" ? t.ca : key == "etcd_tls_cert" ? t.cert : t.key) = v.IsNull() ? "" : v.as<std::string>();
       } else if (key == "authentication") {
         if (v.IsNull()) continue;
         if (!v.IsMap()) return bad(key, "must map client/server/admin to keys");
@@ -141,6 +144,13 @@ Result<ControllerConfig> ParseControllerConfig(const std::string& text, const st
   }
   if (!c.tls_client_ca.empty() && c.tls_cert.empty()) {
     return InvalidArgument(source + ": tls_client_ca needs tls_cert and tls_key (mutual TLS is HTTPS)");
+  }
+  if (const EtcdTls& t = c.service.etcd_tls; t.any()) {
+    if (t.cert.empty() != t.key.empty())
+      return InvalidArgument(source +
+                             ": etcd_tls_cert and etcd_tls_key go together (a client certificate and its key)");
+    if (t.ca.empty())
+      return InvalidArgument(source + ": etcd_tls_cert needs etcd_tls_ca (the CA etcd's certificate chains to)");
   }
   if (c.service.server_release_ms < c.service.server_timeout_ms) {
     return InvalidArgument(source + ": server_release_s must not be shorter than server_timeout_s");

@@ -66,12 +66,12 @@ int Migrate(const std::string& config_file, const std::string& from, const std::
     std::fprintf(stderr, "orion-controller: %s\n", cfg.status().message().c_str());
     return 2;
   }
-  auto src = oc::OpenStore(from);
+  auto src = oc::OpenStore(from, from.rfind("etcd://", 0) == 0 ? opts.etcd_tls : oc::EtcdTls{});
   if (!src.ok()) {
     std::fprintf(stderr, "orion-controller migrate: --from %s: %s\n", from.c_str(), src.status().message().c_str());
     return 1;
   }
-  auto dst = oc::OpenStore(to);
+  auto dst = oc::OpenStore(to, to.rfind("etcd://", 0) == 0 ? opts.etcd_tls : oc::EtcdTls{});
   if (!dst.ok()) {
     std::fprintf(stderr, "orion-controller migrate: --to %s: %s\n", to.c_str(), dst.status().message().c_str());
     return 1;
@@ -88,6 +88,10 @@ int Migrate(const std::string& config_file, const std::string& from, const std::
 }  // namespace
 
 static int Main(int argc, char** argv) {
+  // A peer that closes a TLS connection while we write to it (etcd refusing our client certificate,
+  // a client gone mid-reply) makes OpenSSL's write(2) raise SIGPIPE, which would end the controller.
+  // Every write checks its result instead.
+  std::signal(SIGPIPE, SIG_IGN);
   CLI::App app{"orion-controller: the Orion vGPU pool (REST on :9123)"};
   app.require_subcommand(1);
   auto* start = app.add_subcommand("start", "serve the REST API");

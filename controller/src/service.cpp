@@ -146,7 +146,7 @@ std::string Service::LegacyOwnerOf(const std::string& key) {
 }
 
 Result<std::unique_ptr<Service>> Service::Open(ServiceOptions opts) {
-  auto store = OpenStore(opts.database);
+  auto store = OpenStore(opts.database, opts.etcd_tls);
   if (!store.ok()) return store.status();
   return Open(std::move(opts), std::move(*store));
 }

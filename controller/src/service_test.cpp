@@ -591,6 +591,36 @@ TEST(ControllerConfig, TlsNeedsCertAndKeyAndHttpsAddressesParse) {
   EXPECT_FALSE(ParseEndpoint("ftp://h:1").ok());
 }
 
+TEST(ControllerConfig, EtcdTlsNeedsACaAndACertWithItsKey) {
+  auto c = ParseControllerConfig(
+      "database: etcd://10.0.0.1:2379\netcd_tls_ca: /ca.crt\netcd_tls_cert: /c.crt\netcd_tls_key: /c.key\n", "t");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->service.etcd_tls.ca, "/ca.crt");
+  EXPECT_EQ(c->service.etcd_tls.cert, "/c.crt");
+  EXPECT_EQ(c->service.etcd_tls.key, "/c.key");
+  EXPECT_TRUE(c->service.etcd_tls.on());
+  auto ca_only = ParseControllerConfig("database: etcd://h:2379\netcd_tls_ca: /ca.crt\n", "t");
+  ASSERT_TRUE(ca_only.ok()) << ca_only.status().ToString();
+  EXPECT_TRUE(ca_only->service.etcd_tls.cert.empty());
+  auto half = ParseControllerConfig("etcd_tls_ca: /ca\netcd_tls_cert: /c.crt\n", "t");
+  ASSERT_FALSE(half.ok());
+  EXPECT_NE(half.status().message().find("etcd_tls_cert and etcd_tls_key go together"), std::string::npos);
+  auto no_ca = ParseControllerConfig("etcd_tls_cert: /c.crt\netcd_tls_key: /c.key\n", "t");
+  ASSERT_FALSE(no_ca.ok());
+  EXPECT_NE(no_ca.status().message().find("needs etcd_tls_ca"), std::string::npos);
+  // Opening a store: TLS files given for a store that is not etcd, or that cannot be read, are refused
+  // before any connection is tried.
+  EtcdTls tls{.ca = "/nonexistent/ca.crt", .cert = "", .key = ""};
+  auto sqlite = OpenStore("sqlite:/nonexistent/x.db", tls);
+  ASSERT_FALSE(sqlite.ok());
+  EXPECT_EQ(sqlite.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(sqlite.status().message().find("is not etcd://"), std::string::npos);
+  auto unreadable = OpenStore("etcd://127.0.0.1:1", tls);
+  ASSERT_FALSE(unreadable.ok());
+  EXPECT_EQ(unreadable.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(unreadable.status().message().find("etcd_tls_ca /nonexistent/ca.crt"), std::string::npos);
+}
+
 TEST(ControllerConfig, ParsesKeysAndRejectsGarbage) {
   auto c = ParseControllerConfig(
       "listen: 127.0.0.1:9200\ndatabase: /tmp/x.db\nplacement: spread\nlease_ttl_s: 2.5\n"

@@ -1,6 +1,7 @@
 // The cluster store: etcd v3 through its JSON gateway (POST /v3/kv/range, /v3/kv/txn,
 // /v3/lease/grant, /v3/lease/keepalive, /v3/lease/revoke; keys and values base64, 64-bit numbers
-// as decimal strings), over cpp-httplib with one keep-alive connection per member.
+// as decimal strings), over cpp-httplib with one keep-alive connection per member: plain HTTP, or
+// HTTPS with the member's certificate verified and optionally a client certificate (EtcdTls).
 //
 // Failover: requests go to the member that answered last; a member that cannot be reached, times
 // out, or answers that it has no leader is skipped for the next one. A write whose answer was lost
@@ -11,8 +12,13 @@
 #include <httplib.h>
 #include <openssl/evp.h>
 
+#include <openssl/x509.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <mutex>
 
 #include "orion/controller/client.h"
@@ -68,26 +74,67 @@ int64_t I64(const Json& j, const char* key) {
   return 0;
 }
 
+// A connection to one member: plain HTTP, or HTTPS verified against tls.ca (chain and host name or
+// IP address: httplib's SSLClient checks both), with tls.cert/key as the client certificate.
+std::unique_ptr<httplib::ClientImpl> MemberClient(const Endpoint& m, const EtcdTls& tls) {
+  std::unique_ptr<httplib::ClientImpl> c;
+  if (tls.on()) {
+    auto s = tls.cert.empty() ? std::make_unique<httplib::SSLClient>(m.host, m.port)
+                              : std::make_unique<httplib::SSLClient>(m.host, m.port, tls.cert, tls.key);
+    s->set_ca_cert_path(tls.ca.c_str());
+    s->enable_server_certificate_verification(true);
+    c = std::move(s);
+  } else {
+    c = std::make_unique<httplib::ClientImpl>(m.host, m.port);
+  }
+  c->set_connection_timeout(std::chrono::milliseconds(kConnectTimeoutMs));
+  c->set_read_timeout(std::chrono::milliseconds(kReadTimeoutMs));
+  c->set_write_timeout(std::chrono::milliseconds(kReadTimeoutMs));
+  c->set_keep_alive(true);
+  c->set_tcp_nodelay(true);  // headers and body are two writes: Nagle would hold the body for the delayed ACK (40 ms)
+  return c;
+}
+
+// Why a request to `c` got no answer, in words an operator can act on.
+std::string Why(const httplib::ClientImpl& c, httplib::Error e, const EtcdTls& tls) {
+  std::string why = httplib::to_string(e);
+  if (!tls.on()) {
+    return e == httplib::Error::Read || e == httplib::Error::Write
+               ? why +
+                     " (the member closed the connection unanswered, as an HTTPS member does to plain HTTP: "
+                     "etcd_tls_ca)"
+               : why;
+  }
+  const auto& s = static_cast<const httplib::SSLClient&>(c);
+  if (e == httplib::Error::SSLServerVerification) {
+    const long v = s.get_openssl_verify_result();
+    why += v != X509_V_OK ? std::string(" (") + X509_verify_cert_error_string(v) + ", CA " + tls.ca + ")"
+                          : " (its certificate does not name this host or address)";
+  } else if (e == httplib::Error::SSLConnection) {
+    why += " (TLS handshake failed: is the member plain HTTP?)";
+  } else if (e == httplib::Error::Read || e == httplib::Error::Write) {
+    // TLS 1.3 finishes the client's side of the handshake before the server checks its certificate:
+    // a refusal arrives as the connection closing at the request's first write or read.
+    why += tls.cert.empty() ? " (no answer: an etcd that wants a client certificate closes the connection; "
+                              "etcd_tls_cert/etcd_tls_key)"
+                            : " (no answer: etcd closes the connection when it refuses the client certificate "
+                              "etcd_tls_cert " +
+                                  tls.cert + ")";
+  }
+  return why;
+}
+
 class EtcdStore final : public Store {
  public:
-  explicit EtcdStore(std::vector<Endpoint> members) : members_(std::move(members)) {
-    for (const auto& m : members_) {
-      auto c = std::make_unique<httplib::Client>(m.host, m.port);
-      c->set_connection_timeout(std::chrono::milliseconds(kConnectTimeoutMs));
-      c->set_read_timeout(std::chrono::milliseconds(kReadTimeoutMs));
-      c->set_write_timeout(std::chrono::milliseconds(kReadTimeoutMs));
-      c->set_keep_alive(true);
-      c->set_tcp_nodelay(
-          true);  // headers and body are two writes: Nagle would hold the body for the delayed ACK (40 ms)
-      clients_.push_back(std::move(c));
-    }
+  EtcdStore(std::vector<Endpoint> members, EtcdTls tls) : members_(std::move(members)), tls_(std::move(tls)) {
+    for (const auto& m : members_) clients_.push_back(MemberClient(m, tls_));
   }
 
   const char* kind() const override { return "etcd"; }
   std::string where() const override {
     std::string s = "etcd://";
     for (size_t i = 0; i < members_.size(); ++i) s += (i ? "," : "") + members_[i].text();
-    return s;
+    return tls_.on() ? s + " (TLS)" : s;
   }
   bool shared() const override { return true; }
 
@@ -226,8 +273,8 @@ class EtcdStore final : public Store {
   bool WatchDeletions(const std::function<void()>& on_delete, const std::atomic<bool>& stop) override {
     const size_t i = current_.load() % members_.size();
     // Its own connection: the stream holds it for the whole watch.
-    httplib::Client c(members_[i].host, members_[i].port);
-    c.set_connection_timeout(std::chrono::milliseconds(kConnectTimeoutMs));
+    auto cp = MemberClient(members_[i], tls_);
+    httplib::ClientImpl& c = *cp;
     c.set_read_timeout(std::chrono::milliseconds(kWatchSpanMs));  // an idle stream ends here; the next call resumes
     const std::string from = std::string(kPrefix) + "allocations/", to = std::string(kPrefix) + "allocations0";
     Json create = {{"key", B64(from)}, {"range_end", B64(to)}, {"filters", Json::array({"NOPUT"})}};
@@ -281,7 +328,7 @@ class EtcdStore final : public Store {
       const size_t i = (start + k) % clients_.size();
       auto res = clients_[i]->Post(path.c_str(), text, "application/json");
       if (!res) {
-        why += (why.empty() ? "" : "; ") + members_[i].text() + ": " + httplib::to_string(res.error());
+        why += (why.empty() ? "" : "; ") + members_[i].text() + ": " + Why(*clients_[i], res.error(), tls_);
         continue;
       }
       Json j = Json::parse(res->body, nullptr, false);
@@ -305,21 +352,35 @@ class EtcdStore final : public Store {
   }
 
   std::vector<Endpoint> members_;
-  std::vector<std::unique_ptr<httplib::Client>> clients_;  // thread-safe: one request at a time each
+  EtcdTls tls_;
+  std::vector<std::unique_ptr<httplib::ClientImpl>> clients_;  // thread-safe: one request at a time each
   std::atomic<size_t> current_{0};
   int64_t watch_revision_ = 0;  // the watcher thread's: the next revision it wants (0: from now)
 };
 
 }  // namespace
 
-Result<std::unique_ptr<Store>> OpenEtcdStore(const std::string& endpoints) {
+Result<std::unique_ptr<Store>> OpenEtcdStore(const std::string& endpoints, const EtcdTls& tls) {
   auto members = ParseEndpoints(endpoints, 2379);
   if (!members.ok()) return InvalidArgument("database etcd://" + endpoints + ": " + members.status().message());
   if (endpoints.find("://") != std::string::npos) {
-    return InvalidArgument("database etcd://" + endpoints + ": members are host:port (etcd over TLS is not supported)");
+    return InvalidArgument("database etcd://" + endpoints + ": members are host:port (HTTPS to etcd: etcd_tls_ca)");
   }
   if (members->size() > kMaxMembers) return InvalidArgument("database etcd://: more than 16 members");
-  auto s = std::make_unique<EtcdStore>(std::move(*members));
+  if (tls.any()) {
+    if (tls.ca.empty()) return InvalidArgument("etcd_tls_cert/etcd_tls_key need etcd_tls_ca");
+    if (tls.cert.empty() != tls.key.empty()) return InvalidArgument("etcd_tls_cert and etcd_tls_key go together");
+    // httplib would only fail each handshake later; say which file is wrong now.
+    for (const auto& [what, path] :
+         {std::pair{"etcd_tls_ca", tls.ca}, {"etcd_tls_cert", tls.cert}, {"etcd_tls_key", tls.key}}) {
+      if (!path.empty() && ::access(path.c_str(), R_OK) != 0)
+        return InvalidArgument(std::string(what) + " " + path + ": " + std::strerror(errno));
+    }
+    if (!tls.cert.empty() && !httplib::SSLClient((*members)[0].host, (*members)[0].port, tls.cert, tls.key).is_valid())
+      return InvalidArgument("etcd_tls_cert " + tls.cert + " / etcd_tls_key " + tls.key +
+                             ": not a PEM certificate and its private key");
+  }
+  auto s = std::make_unique<EtcdStore>(std::move(*members), tls);
   if (Status st = s->Ping(); !st.ok()) return Unavailable("database " + s->where() + ": " + st.message());
   return std::unique_ptr<Store>(std::move(s));
 }

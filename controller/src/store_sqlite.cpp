@@ -198,8 +198,12 @@ Result<std::unique_ptr<Store>> OpenSqliteStore(const std::string& path) {
   return std::unique_ptr<Store>(std::move(s));
 }
 
-Result<std::unique_ptr<Store>> OpenStore(const std::string& database) {
-  if (database.rfind("etcd://", 0) == 0) return OpenEtcdStore(database.substr(7));
+Result<std::unique_ptr<Store>> OpenStore(const std::string& database, const EtcdTls& tls) {
+  if (database.rfind("etcd://", 0) == 0) return OpenEtcdStore(database.substr(7), tls);
+  if (tls.any()) {
+    return InvalidArgument("etcd_tls_ca/etcd_tls_cert/etcd_tls_key are set but database '" + database +
+                           "' is not etcd://");
+  }
   if (database.rfind("sqlite:", 0) == 0) {
     const std::string path = database.substr(7);
     if (path.empty()) return InvalidArgument("database 'sqlite:' names no file");

@@ -19,6 +19,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import threading
 import time
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PREFIX, TEST_BIN, Oriond, assert_passed
+from conftest import PREFIX, TEST_BIN, Oriond, assert_passed, make_certs
 
 ETCD = shutil.which("etcd")
 ETCDCTL = shutil.which("etcdctl")
@@ -43,13 +44,18 @@ def free_port():
         return s.getsockname()[1]
 
 
-def http(addr, method, path, body=None, timeout=15):
-    req = urllib.request.Request(f"http://{addr}{path}", method=method,
+def http(addr, method, path, body=None, timeout=15, tls: Path = None):
+    """tls: a make_certs directory: HTTPS verified against its ca.crt, with its client certificate."""
+    req = urllib.request.Request(f"{'https' if tls else 'http'}://{addr}{path}", method=method,
                                  data=None if body is None else json.dumps(body).encode())
     if body is not None:
         req.add_header("Content-Type", "application/json")
+    context = None
+    if tls:
+        context = ssl.create_default_context(cafile=str(tls / "ca.crt"))
+        context.load_cert_chain(tls / "client.crt", tls / "client.key")
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
+        with urllib.request.urlopen(req, timeout=timeout, context=context) as r:
             return r.status, json.loads(r.read() or b"{}")
     except urllib.error.HTTPError as e:
         data = e.read()
@@ -60,10 +66,13 @@ def http(addr, method, path, body=None, timeout=15):
 
 
 class Etcd:
-    """A 3-member etcd cluster on loopback."""
+    """A 3-member etcd cluster on loopback. tls: a make_certs directory: clients speak HTTPS to the
+    members (server.crt, for 127.0.0.1) and need a client certificate signed by ca.crt."""
 
-    def __init__(self, tmp: Path, n=3):
+    def __init__(self, tmp: Path, n=3, tls: Path = None):
         self.tmp = tmp
+        self.tls = tls
+        self.scheme = "https" if tls else "http"
         self.names = [f"m{i}" for i in range(n)]
         # A port free_port() found can be taken by another process before etcd binds it (a CI run
         # once lost a cluster to "bind: address already in use"): such a start is redone on new
@@ -95,8 +104,10 @@ class Etcd:
         log = open(self.tmp / f"etcd-{i}.log", "a")
         self.procs[i] = subprocess.Popen(
             [ETCD, "--name", self.names[i], "--data-dir", str(self.tmp / f"etcd-{i}"),
-             "--listen-client-urls", f"http://127.0.0.1:{self.client[i]}",
-             "--advertise-client-urls", f"http://127.0.0.1:{self.client[i]}",
+             "--listen-client-urls", f"{self.scheme}://127.0.0.1:{self.client[i]}",
+             "--advertise-client-urls", f"{self.scheme}://127.0.0.1:{self.client[i]}",
+             *(("--cert-file", self.tls / "server.crt", "--key-file", self.tls / "server.key",
+                "--trusted-ca-file", self.tls / "ca.crt", "--client-cert-auth") if self.tls else ()),
              "--listen-peer-urls", f"http://127.0.0.1:{self.peer[i]}",
              "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.peer[i]}",
              "--initial-cluster", cluster, "--initial-cluster-state", "new", "--initial-cluster-token", "orion-test",
@@ -108,7 +119,10 @@ class Etcd:
         self.procs[i].wait()
 
     def ctl(self, *args, check=True):
-        return subprocess.run([ETCDCTL, "--endpoints", ",".join(f"127.0.0.1:{p}" for p in self.client), *args],
+        tls = (("--cacert", self.tls / "ca.crt", "--cert", self.tls / "client.crt", "--key", self.tls / "client.key")
+               if self.tls else ())
+        endpoints = ",".join(f"{self.scheme}://127.0.0.1:{p}" for p in self.client)
+        return subprocess.run([ETCDCTL, "--endpoints", endpoints, *map(str, tls), *args],
                               env={**os.environ, "ETCDCTL_API": "3"}, capture_output=True, text=True, timeout=30,
                               check=check)
 
@@ -119,7 +133,7 @@ class Etcd:
                 assert all(p.poll() is None for p in self.procs), (self.tmp / "etcd-0.log").read_text()[-3000:]
             try:
                 if http(f"127.0.0.1:{self.client[0]}", "POST", "/v3/kv/range",
-                        {"key": "L29yaW9uL3Bpbmc=", "count_only": True}, timeout=2)[0] == 200:
+                        {"key": "L29yaW9uL3Bpbmc=", "count_only": True}, timeout=2, tls=self.tls)[0] == 200:
                     return
             except OSError:
                 pass
@@ -134,14 +148,14 @@ class Etcd:
 
 
 class Controller:
-    def __init__(self, tmp: Path, database, name, lease_ttl_s=30, server_timeout_s=2):
+    def __init__(self, tmp: Path, database, name, lease_ttl_s=30, server_timeout_s=2, extra=""):
         self.tmp = tmp
         self.port = free_port()
         self.addr = f"127.0.0.1:{self.port}"
         self.log_path = tmp / f"{name}.log"
         self.conf = tmp / f"{name}.yaml"
         self.conf.write_text(f"listen: {self.addr}\ndatabase: {database}\nlease_ttl_s: {lease_ttl_s}\n"
-                             f"server_timeout_s: {server_timeout_s}\nserver_release_s: 60\n")
+                             f"server_timeout_s: {server_timeout_s}\nserver_release_s: 60\n" + extra)
         self.start()
 
     def start(self):
@@ -190,10 +204,13 @@ class Controller:
 class Pool:
     """etcd (3 members), controllers on it, oriond (sim, 2 GPUs of 16384 MiB) listing every controller."""
 
-    def __init__(self, tmp: Path, controllers=3, servers=2, vgpu_count=4, lease_ttl_s=30, heartbeat_ms=300):
+    def __init__(self, tmp: Path, controllers=3, servers=2, vgpu_count=4, lease_ttl_s=30, heartbeat_ms=300,
+                 etcd_members=3, tls: Path = None):
         self.tmp = tmp
         self.heartbeat_ms = heartbeat_ms
-        self.etcd = Etcd(tmp)
+        self.etcd = Etcd(tmp, n=etcd_members, tls=tls)
+        # tls: the controllers speak HTTPS to etcd, with a client certificate.
+        self.ctl_extra = etcd_tls_lines(tls) if tls else ""
         self.ctls, self.servers = [], []
         try:
             self._start(tmp, controllers, servers, vgpu_count, lease_ttl_s)
@@ -204,7 +221,7 @@ class Pool:
     def _start(self, tmp, controllers, servers, vgpu_count, lease_ttl_s):
         for i in range(controllers):
             self.ctls.append(Controller(tmp, self.etcd.url, f"ctl{i}", lease_ttl_s=lease_ttl_s,
-                                        server_timeout_s=max(2, 3 * self.heartbeat_ms // 1000)))
+                                        server_timeout_s=max(2, 3 * self.heartbeat_ms // 1000), extra=self.ctl_extra))
         self.addrs = ",".join(c.addr for c in self.ctls)
         for i in range(servers):
             sub = tmp / f"srv{i}"
@@ -263,6 +280,14 @@ class Pool:
             if c.proc.poll() is None:
                 c.stop()
         self.etcd.stop()
+
+
+def etcd_tls_lines(certs: Path, ca="ca.crt", client="client"):
+    """controller.yaml lines for HTTPS to etcd: the CA, and a client certificate (client=None: none)."""
+    lines = f"etcd_tls_ca: {certs / ca}\n"
+    if client:
+        lines += f"etcd_tls_cert: {certs / (client + '.crt')}\netcd_tls_key: {certs / (client + '.key')}\n"
+    return lines
 
 
 @pytest.fixture
@@ -661,3 +686,58 @@ def test_migrate_sqlite_pool_into_etcd(tmp_path):
                 c.stop()
     finally:
         etcd.stop()
+
+
+def test_controllers_speak_to_etcd_over_mutual_tls(tmp_path):
+    """#22: controller -> etcd over HTTPS. etcd runs with its certificate and --client-cert-auth; a
+    controller with etcd_tls_ca and a client certificate serves on it (placements, leases, the watch),
+    and each wrong setting stops the controller at start with the reason."""
+    certs = make_certs(tmp_path / "certs")
+    p = Pool(tmp_path, controllers=2, servers=1, etcd_members=1, tls=certs, lease_ttl_s=2)
+    try:
+        for c in p.ctls:
+            assert c.get("/v1/health")["store"] == {"kind": "etcd", "reachable": True}
+        sleeper = p.sleeper()
+        allocs = p.ctls[1].get("/v1/allocations?kind=process")
+        assert len(allocs) == 1 and allocs[0]["state"] == "active", allocs
+        key = f"/orion/allocations/{allocs[0]['id']}"
+        out = json.loads(p.etcd.ctl("get", key, "-w", "json").stdout)
+        assert out["kvs"][0].get("lease"), out  # written through TLS, attached to its etcd lease
+        # A release through one controller reaches the other through its watch (a TLS stream too).
+        sleeper.kill()
+        sleeper.wait()
+        deadline = time.time() + 10
+        while p.ctls[1].get("/v1/allocations?kind=process"):
+            assert time.time() < deadline, p.ctls[1].log()[-2000:]
+            time.sleep(0.1)
+        assert p.etcd.ctl("get", key, "--keys-only").stdout.strip() == ""
+        # migrate reads the etcd side's TLS settings from --config-file.
+        r = subprocess.run([PREFIX / "bin" / "orion-controller", "migrate", "--from", p.etcd.url,
+                            "--to", f"sqlite:{tmp_path / 'copy.db'}", "--config-file", p.ctls[0].conf],
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.startswith(f"copied 1 servers, 0 allocations and 0 VM assignments from {p.etcd.url} (TLS) to "), \
+            r.stdout
+
+        # Wrong settings: the controller exits 1 at start, naming why.
+        def start_fails(lines):
+            conf = tmp_path / "bad.yaml"
+            conf.write_text(f"listen: 127.0.0.1:{free_port()}\ndatabase: {p.etcd.url}\n" + lines)
+            r = subprocess.run([PREFIX / "bin" / "orion-controller", "start", "--config-file", conf],
+                               capture_output=True, text=True, timeout=30)
+            assert r.returncode == 1, r.stderr
+            return r.stderr
+
+        err = start_fails("")
+        assert re.search(r": (Read|Write) \(the member closed the connection unanswered, as an HTTPS member does to "
+                         r"plain HTTP: etcd_tls_ca\)", err), err
+        err = start_fails(etcd_tls_lines(certs, ca="other-ca.crt"))
+        assert "SSLServerVerification (unable to get local issuer certificate, CA " in err, err
+        err = start_fails(etcd_tls_lines(certs, client=None))
+        # TLS 1.3: etcd's refusal closes the connection during the request's write or its read.
+        assert re.search(r": (Read|Write) \(no answer: an etcd that wants a client certificate closes the connection", err), err
+        err = start_fails(etcd_tls_lines(certs, client="rogue"))
+        assert re.search(r": (Read|Write) \(no answer: etcd closes the connection when it refuses the client certificate "
+                         "etcd_tls_cert " + re.escape(str(certs / "rogue.crt")) + r"\)", err), err
+    finally:
+        p.stop()

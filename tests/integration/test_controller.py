@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PREFIX, TEST_BIN, Oriond, assert_passed, checks
+from conftest import PREFIX, TEST_BIN, Oriond, assert_passed, checks, make_certs
 
 ADMIN, SERVER, CLIENT = "admin-key-0001", "server-key-0001", "client-key-0001"
 CLIENT2 = "client-key-0002"  # a second client key (another tenant)
@@ -33,31 +33,6 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def make_certs(d: Path):
-    """In `d`: ca.crt (a test CA), server.crt/server.key for 127.0.0.1 and localhost signed by it, and
-    other-ca.crt/other-ca.key (a CA that signed nothing here)."""
-    d.mkdir(parents=True, exist_ok=True)
-
-    def openssl(*args):
-        subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True)
-
-    key = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
-    for ca in ("ca", "other-ca"):
-        openssl("req", "-x509", *key, "-keyout", d / f"{ca}.key", "-out", d / f"{ca}.crt", "-days", "2",
-                "-subj", f"/CN=Orion test {ca}")
-    openssl("req", *key, "-keyout", d / "server.key", "-out", d / "server.csr", "-subj", "/CN=localhost")
-    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    openssl("x509", "-req", "-in", d / "server.csr", "-CA", d / "ca.crt", "-CAkey", d / "ca.key", "-CAcreateserial",
-            "-out", d / "server.crt", "-days", "2", "-extfile", d / "san.ext")
-    # Client certificates (mutual TLS): client.crt signed by ca, rogue.crt by other-ca.
-    (d / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
-    for name, ca in (("client", "ca"), ("rogue", "other-ca")):
-        openssl("req", *key, "-keyout", d / f"{name}.key", "-out", d / f"{name}.csr", "-subj", f"/CN=orion {name}")
-        openssl("x509", "-req", "-in", d / f"{name}.csr", "-CA", d / f"{ca}.crt", "-CAkey", d / f"{ca}.key",
-                "-CAcreateserial", "-out", d / f"{name}.crt", "-days", "2", "-extfile", d / "client.ext")
-    return d
 
 
 class Controller:

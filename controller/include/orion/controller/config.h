@@ -14,6 +14,9 @@
 //   tls_cert: /etc/orion/controller.crt   # HTTPS only (both or neither): the certificate chain, PEM
 //   tls_key: /etc/orion/controller.key    # its private key, PEM
 //   tls_client_ca: /etc/orion/clients-ca.crt  # mutual TLS: clients need a certificate it signed
+//   etcd_tls_ca: /etc/orion/etcd-ca.crt       # etcd over HTTPS: its members' certificates chain to this
+//   etcd_tls_cert: /etc/orion/etcd-client.crt # with etcd_tls_key: a client certificate (--client-cert-auth)
+//   etcd_tls_key: /etc/orion/etcd-client.key
 //   authentication:            # empty or absent = open (a warning at start)
 //     client: [key1, key2]     # a string or a list
 //     server: key3

@@ -43,6 +43,7 @@ using Json = nlohmann::json;
 
 struct ServiceOptions {
   std::string database;  // "sqlite:<file>" or a file (created if absent), or "etcd://h:p,h:p,..."
+  EtcdTls etcd_tls{};    // etcd over HTTPS (store.h)
   pool::PlacementPolicy policy = pool::PlacementPolicy::kPack;
   uint64_t lease_ttl_ms = 15000;          // an allocation nobody renews is released after this
   uint64_t server_timeout_ms = 10000;     // a server silent this long is down: its vGPUs are withheld

@@ -118,10 +118,23 @@ class Store {
   virtual void Checkpoint() {}
 };
 
+// TLS to etcd (controller.yaml etcd_tls_ca / etcd_tls_cert / etcd_tls_key; PEM files). With `ca` set
+// every member is spoken to over HTTPS and its certificate must chain to `ca` and name the member's
+// host or IP address (etcd's --cert-file/--trusted-ca-file). `cert` and `key` (both or neither) are
+// this controller's client certificate, for an etcd that runs with --client-cert-auth.
+struct EtcdTls {
+  std::string ca, cert, key;
+  bool on() const { return !ca.empty(); }
+  bool any() const { return !ca.empty() || !cert.empty() || !key.empty(); }
+};
+
 // "sqlite:/path", a plain path (SQLite), or "etcd://h1:port,h2:port,...". kInvalidArgument on a
-// malformed address, kUnavailable / kFailedPrecondition when the store cannot be opened.
-Result<std::unique_ptr<Store>> OpenStore(const std::string& database);
+// malformed address (or `tls` given for a store that is not etcd, or a TLS file that cannot be
+// read), kUnavailable / kFailedPrecondition when the store cannot be opened (for etcd over TLS:
+// the handshake's reason, e.g. "certificate verify failed").
+Result<std::unique_ptr<Store>> OpenStore(const std::string& database, const EtcdTls& tls = {});
 Result<std::unique_ptr<Store>> OpenSqliteStore(const std::string& path);
-Result<std::unique_ptr<Store>> OpenEtcdStore(const std::string& endpoints);  // "h1:2379,h2:2379"
+Result<std::unique_ptr<Store>> OpenEtcdStore(const std::string& endpoints,
+                                             const EtcdTls& tls = {});  // "h1:2379,h2:2379"
 
 }  // namespace orion::controller
