@@ -1,0 +1,228 @@
+// host/src/session_impl.h — one client session inside an oriond worker: its tables (handles,
+// allocations, VMM ranges, arrays, IPC), its quota, and the handler of each wire op. Private to
+// host/ (orion/host/session.h is the interface: RunSession). Not thread-safe: a session is served
+// by one thread, its worker's.
+#pragma once
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "module_images.h"
+#include "session_state.h"
+#include "orion/common/clock.h"
+#include "orion/common/text.h"
+#include "orion/fatbin/fatbin.h"
+#include "orion/host/session.h"
+#include "orion/ivshmem/doorbell.h"
+#include "orion/ivshmem/ring.h"
+
+namespace orion::host::detail {
+
+using ivshmem::ChannelLayout;
+
+// One request being served: its frame header, its payload (its length already checked against
+// ops.def by CheckRequestShape), the reply payload a handler appends to, and, when the request
+// breaks the protocol, why (the session then ends; the status a handler returned is not sent).
+struct Call {
+  const FrameHeader& h;
+  const uint8_t* payload;
+  uint32_t len;
+  std::vector<uint8_t>* reply;
+  std::string* why;
+  bool violation = false;
+
+  template <typename T>
+  void Put(const T& v) {
+    const auto* b = reinterpret_cast<const uint8_t*>(&v);
+    reply->insert(reply->end(), b, b + sizeof v);
+  }
+  CUresult Violation(std::string msg) {
+    *why = std::move(msg);
+    violation = true;
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+};
+
+// In a handler: the request breaks the protocol unless `cond` holds.
+#define ORION_WANT(cond, msg)             \
+  do {                                    \
+    if (!(cond)) return c.Violation(msg); \
+  } while (0)
+
+// A session: its state (SessionState: what a migration carries), the backend that executes its
+// requests, the channel they come over, and one handler per wire op.
+class Session : private SessionState {
+ public:
+  Session(const SessionParams& p, std::unique_ptr<Backend> b, std::unique_ptr<SessionChannel> ch)
+      : p_(p), b_(std::move(b)), ch_(std::move(ch)), layout_(ch_->layout()), window_(ch_->window()) {
+    used_.assign(p_.placements.size(), 0);
+  }
+
+  // Start, then Serve: returns a SessionExit code.
+  int Run(const FrameHeader& hello_header, const HelloReq& hello);
+  // Starts the backend and the compute gates and answers the Hello with the Welcome (the devices
+  // as this session sees them). False, with the worker's exit code, when the session cannot go on.
+  bool Start(const FrameHeader& hello_header, int* exit_code);
+  // Serves frames until the session ends (Goodbye, the client gone, a violation); its exit code.
+  int Serve();
+  // Executes one frame. Returns false on a protocol violation (message in *why); else *status is
+  // the reply's status and *reply its payload.
+  bool Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector<uint8_t>* reply, int32_t* status,
+                std::string* why);
+  // The session's last log line on how it waited while idle.
+  void LogWaits() const {
+    const std::string w = ch_->WaitStats();
+    p_.log->info("sess={} idle waits: {}{}naps={}", p_.session_id, w, w.empty() ? "" : ", ", naps_);
+    for (size_t d = 0; d < gates_.size(); ++d) {
+      if (gates_[d] == nullptr) continue;
+      p_.log->info("sess={} compute: vGPU {}: its tenant used {:.3f} s of device time and waited {:.3f} s for it",
+                   p_.session_id, d, static_cast<double>(gates_[d]->busy_ns()) / 1e9,
+                   static_cast<double>(gates_[d]->throttled_ns()) / 1e9);
+    }
+  }
+
+ private:
+  // One handler per op of ops.def (On<Name>), generated from its rows: an op with a fixed-size or
+  // headed request (kFixed, kHead) gets it decoded once (DecodeReq), the others only the Call.
+  // Each lives in the file of its family: session_context.cpp, session_memory.cpp,
+  // session_vmm.cpp, session_ipc.cpp, session_module.cpp, session_array.cpp, session_stream.cpp;
+  // session.cpp serves the session's own ops (Nop, Sync, TakeOutput, Batch, ...).
+#define ORION_HANDLER_ARGS_kEmpty(Req) Call& c
+#define ORION_HANDLER_ARGS_kOwn(Req) Call& c
+#define ORION_HANDLER_ARGS_kFixed(Req) const Req &q, Call &c
+#define ORION_HANDLER_ARGS_kHead(Req) const Req &q, Call &c
+#define ORION_OP(Name, number, reply_kind, Req, shape) CUresult On##Name(ORION_HANDLER_ARGS_##shape(Req));
+#include "orion/common/ops.def"
+#undef ORION_HANDLER_ARGS_kEmpty
+#undef ORION_HANDLER_ARGS_kOwn
+#undef ORION_HANDLER_ARGS_kFixed
+#undef ORION_HANDLER_ARGS_kHead
+  // LaunchKernel and LaunchKernelEx: one launch description (LaunchExReq; a plain launch is a
+  // 1x1x1 cluster) and the offset of the kernel parameters in the payload.
+  CUresult Launch(const LaunchExReq& x, uint32_t head, Call& c);
+  bool Reply(const FrameHeader& req, int32_t status, const void* payload, uint32_t len);
+  // Charges `bytes` of device `dev` to its quota (rounded up to `granule`); false, with the Orion
+  // log line, when it would exceed it.
+  bool Charge(uint32_t dev, uint64_t bytes, uint64_t granule, const char* op, const char* call, uint64_t* charged);
+  void Uncharge(uint32_t dev, uint64_t charged) {
+    used_[dev] -= charged;
+    PublishUsed(dev);
+  }
+  // Frees a physical allocation that is released and no longer mapped.
+  void MaybeFreePhysical(uint64_t id) {
+    auto it = physicals_.find(id);
+    if (it == physicals_.end() || !it->second.released || it->second.mappings != 0) return;
+    Uncharge(it->second.dev, it->second.bytes);
+    physicals_.erase(it);
+  }
+  bool WindowRange(uint64_t off, uint64_t bytes) const {
+    return off <= layout_.window_bytes && bytes <= layout_.window_bytes - off;
+  }
+  // Destroys mipmapped array `id` (and its levels) once destroyed and unused.
+  void MaybeFreeMipmap(uint64_t id) {
+    auto it = mipmaps_.find(id);
+    if (it == mipmaps_.end() || !it->second.destroyed || it->second.objects != 0) return;
+    for (uint64_t level : it->second.level_ids) arrays_.erase(level);
+    (void)b_->MipmappedArrayDestroy(it->second.backend);
+    Uncharge(it->second.dev, it->second.charged);
+    mipmaps_.erase(it);
+  }
+  // Destroys array `id` in the backend and gives its quota back once nothing refers to it.
+  void MaybeFreeArray(uint64_t id) {
+    auto it = arrays_.find(id);
+    if (it == arrays_.end() || !it->second.destroyed || it->second.objects != 0 || it->second.mipmap != 0) return;
+    (void)b_->ArrayDestroy(it->second.backend);
+    Uncharge(it->second.dev, it->second.charged);
+    arrays_.erase(it);
+  }
+  // A CUDA array descriptor Orion serves: CUDA_ERROR_NOT_SUPPORTED (logged) for a format or flags it
+  // does not, CUDA_ERROR_INVALID_VALUE for extents or channels no GPU takes.
+  CUresult CheckArrayDesc(const ArrayCreateReq& q, const char* op);
+  // A tensor map whose parameters were checked (`ok`; else `bad` says why) and whose global address
+  // must be the session's device memory, encoded into `*rep` by `encode` (op: the entry point's name).
+  template <typename Encode>
+  CUresult EncodeTensorMap(const char* op, bool ok, const char* bad, uint64_t address, Encode encode,
+                           TensorMapRep* rep) {
+    if (!ok || !DeviceRange(address, 1)) {
+      p_.log->warn("sess={} {} refused: {}", p_.session_id, op,
+                   *bad != '\0' ? bad : "the global address is not this session's device memory");
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    return encode(rep->opaque);
+  }
+  // Checks one side of a MemcpyArray and fills the backend's view of it.
+  bool CopySideOk(uint32_t side, uint64_t at, uint64_t pitch, uint64_t x, uint64_t y, uint64_t z, uint64_t width,
+                  uint64_t height, Backend::CopySide* out);
+
+  SessionParams p_;
+  std::unique_ptr<Backend> b_;
+  std::unique_ptr<SessionChannel> ch_;
+  uint64_t naps_ = 0;  // idle naps (a client that cannot ring)
+  ChannelLayout layout_{};
+  uint8_t* window_ = nullptr;
+  bool same_address_warned_ = false;  // HostGetDevicePointer could not honour the client's address
+  std::chrono::steady_clock::time_point ipc_swept_{};
+  void SweepIpc(bool now = false);
+  uint64_t ChargeOver(uint32_t dev, uint64_t bytes) {  // a charge that may exceed the quota
+    const uint64_t c = (bytes + kAllocGranularity - 1) & ~(kAllocGranularity - 1);
+    used_[dev] += c;
+    PublishUsed(dev);
+    return c;
+  }
+  std::vector<std::unique_ptr<ComputeGate>> gates_;  // per device: its compute share (null: none)
+  std::vector<uint64_t> metered_;                    // what this session has on its hold's meter per device
+  // Tells oriond (and through it the controller) what this session holds on device `d`, and moves
+  // the hold's meter by what changed (a charge already put its bytes there: see Charge).
+  void PublishUsed(uint32_t d) {
+    if (d >= kMaxDevices || d >= used_.size() || d >= overhead_.size()) return;
+    const uint64_t now = used_[d] + overhead_[d];
+    if (p_.hold_used != nullptr && d < metered_.size()) {
+      p_.hold_used[d].fetch_add(now - metered_[d], std::memory_order_relaxed);  // modulo 2^64: a decrease too
+      metered_[d] = now;
+    }
+    if (p_.used_out != nullptr) p_.used_out[d].store(now, std::memory_order_relaxed);
+  }
+  // What is left of device `d`'s quota for this session: its own, and its hold's for all sessions.
+  uint64_t QuotaLeft(uint32_t d) const {
+    const uint64_t quota = p_.placements[d].quota_bytes, taken = used_[d] + overhead_[d];
+    uint64_t left = quota > taken ? quota - taken : 0;
+    if (p_.hold_used != nullptr && d < p_.hold_quota.size()) {
+      const uint64_t all = p_.hold_used[d].load(std::memory_order_relaxed);
+      left = std::min(left, p_.hold_quota[d] > all ? p_.hold_quota[d] - all : 0);
+    }
+    return left;
+  }
+  int32_t deferred_ = 0;
+  bool violation_ = false;
+  // Module images by content hash: complete ones (memory and the host's disk cache), and the one
+  // being uploaded.
+  ModuleImages images_{p_.cache_dir, p_.cache_max_bytes};
+  std::string upload_hex_;
+  std::vector<uint8_t> upload_;
+  std::string output_;   // device printf text not yet taken by the client (at most kMaxPendingOutput)
+  std::string notices_;  // backend notices for the client's log, one per line (at most kMaxPendingNotices)
+  uint64_t upload_received_ = 0;
+};
+
+// Attributes the guest sees, whatever the GPU behind it has (session.cpp).
+void ClampServedFeatures(DeviceInfo* info, bool network, bool same_address);
+
+}  // namespace orion::host::detail
