@@ -215,9 +215,6 @@ CUresult Client::ConnectLocked() {
   // else a region found on this machine or VM.
   const char* shm = std::getenv("ORION_SHM");
   const char* server = std::getenv("ORION_SERVER");
-  // The network: the handshake on TCP; RDMA is offered when an RDMA device here owns the address
-  // this connection leaves from (Soft-RoCE or a RoCE/IB NIC), unless ORION_TRANSPORT=tcp or
-  // `offer_rdma` is false (rdma_why_ then says why).
   // TLS: tls://host:port, or ORION_TLS=1 for every oriond (also one the controller places us on);
   // verified against ORION_TLS_CA (else the system's CAs). RDMA is not offered then: its data
   // plane is not encrypted.
@@ -227,63 +224,12 @@ CUresult Client::ConnectLocked() {
     LogError("ORION_TLS='" + LogSafe(tls_env) + "' must be 1 (TLS to oriond) or 0");
     return CUDA_ERROR_INVALID_VALUE;
   }
-  auto connect_network = [&](std::string addr, bool offer_rdma) -> Status {
-    bool tls = tls_all;
-    if (addr.rfind("tls://", 0) == 0) {
-      addr = addr.substr(6);
-      tls = true;
-    }
-    const char* ca = std::getenv("ORION_TLS_CA");
-    auto tcp = TcpFrameChannel::Connect(addr, tls, ca != nullptr ? ca : "");
-    if (!tcp.ok()) return tcp.status();
-    network_ = true;
-    tcp_ = tcp->get();
-    tcp_->SetStallLimit(stall_ms_);
-    peer_ = "oriond at " + LogSafe(addr);
-    const char* force = std::getenv("ORION_TRANSPORT");
-    if (!offer_rdma) {
-      rdma_port_.reset();
-    } else if (tls) {
-      rdma_port_.reset();
-      rdma_why_ = "TLS, and RDMA's data plane is not encrypted";
-    } else if (force != nullptr && std::strcmp(force, "tcp") == 0) {
-      rdma_why_ = "ORION_TRANSPORT=tcp";
-    } else {
-      sockaddr_storage ss{};
-      socklen_t len = sizeof ss;
-      if (getsockname(tcp_->fd(), reinterpret_cast<sockaddr*>(&ss), &len) != 0) {
-        rdma_why_ = std::string("getsockname: ") + std::strerror(errno);
-      } else if (auto port = rdma::FindPort(reinterpret_cast<sockaddr*>(&ss)); port.ok()) {
-        rdma_port_ = std::make_unique<rdma::Port>(*port);
-      } else {
-        rdma_why_ = port.status().message();
-      }
-    }
-    desc_ = tcp_->desc();
-    header_ = tcp_->header();
-    chan_ = std::move(*tcp);
-    return Status();
-  };
-  // The handshake; if the RDMA setup fails after oriond chose RDMA, connect again offering TCP only.
-  auto handshake_network = [&](const std::string& addr) -> CUresult {
-    const std::string shown = addr.rfind("tls://", 0) == 0 ? addr.substr(6) : addr;  // host:port
-    const CUresult r = HandshakeLocked(vgpus, gmem, shown);
-    if (r != kRetryOverTcp) return r;
-    LogWarn("Orion transport: " + rdma_why_ + "; connecting again over TCP");
-    chan_.reset();
-    tcp_ = nullptr;
-    if (Status st = connect_network(addr, false); !st.ok()) {
-      LogError("cannot use oriond: " + LogSafe(st.message()));
-      return CUDA_ERROR_NO_DEVICE;
-    }
-    return HandshakeLocked(vgpus, gmem, shown);  // offers no RDMA: no second retry
-  };
   if ((shm == nullptr || *shm == '\0') && server != nullptr && *server != '\0') {
-    if (Status st = connect_network(server, true); !st.ok()) {
+    if (Status st = ConnectNetworkLocked(server, true, tls_all); !st.ok()) {
       LogError("cannot use oriond: " + st.message());
       return CUDA_ERROR_NO_DEVICE;
     }
-    return handshake_network(server);
+    return HandshakeNetworkLocked(server, tls_all, vgpus, gmem);
   }
   auto where = ivshmem::FindClientRegion();
   const bool shm_set = shm != nullptr && *shm != '\0';
@@ -303,20 +249,85 @@ CUresult Client::ConnectLocked() {
     // No region here: the controller places us on a server, which we reach over the network.
     std::string placed;
     if (CUresult r = AllocateFromControllerLocked(vgpus, gmem, &placed); r != CUDA_SUCCESS) return r;
-    if (Status st = connect_network(placed, true); !st.ok()) {
+    if (Status st = ConnectNetworkLocked(placed, true, tls_all); !st.ok()) {
       LogError("cannot reach oriond " + LogSafe(placed) + " of allocation " + controller_alloc_ + ": " +
                LogSafe(st.message()));
       ReleaseControllerAllocation("server_unreachable");
       return CUDA_ERROR_NO_DEVICE;
     }
-    return handshake_network(placed);
+    return HandshakeNetworkLocked(placed, tls_all, vgpus, gmem);
   }
   if (!where.ok()) {
     LogError("cannot use Orion region: " + where.status().message() +
              " (set ORION_SHM or ORION_SERVER, or create a region with orion-shm and start oriond)");
     return CUDA_ERROR_NO_DEVICE;
   }
-  const std::string path = where->path;
+  return ConnectRegionLocked(*where, vgpus_set, vgpus, gmem);
+}
+
+// The network: the handshake on TCP; RDMA is offered when an RDMA device here owns the address
+// this connection leaves from (Soft-RoCE or a RoCE/IB NIC), unless ORION_TRANSPORT=tcp or
+// `offer_rdma` is false (rdma_why_ then says why). `addr`: host:port or tls://host:port (TLS also
+// for any address when `tls_all`: ORION_TLS=1).
+Status Client::ConnectNetworkLocked(std::string addr, bool offer_rdma, bool tls_all) {
+  bool tls = tls_all;
+  if (addr.rfind("tls://", 0) == 0) {
+    addr = addr.substr(6);
+    tls = true;
+  }
+  const char* ca = std::getenv("ORION_TLS_CA");
+  auto tcp = TcpFrameChannel::Connect(addr, tls, ca != nullptr ? ca : "");
+  if (!tcp.ok()) return tcp.status();
+  network_ = true;
+  tcp_ = tcp->get();
+  tcp_->SetStallLimit(stall_ms_);
+  peer_ = "oriond at " + LogSafe(addr);
+  const char* force = std::getenv("ORION_TRANSPORT");
+  if (!offer_rdma) {
+    rdma_port_.reset();
+  } else if (tls) {
+    rdma_port_.reset();
+    rdma_why_ = "TLS, and RDMA's data plane is not encrypted";
+  } else if (force != nullptr && std::strcmp(force, "tcp") == 0) {
+    rdma_why_ = "ORION_TRANSPORT=tcp";
+  } else {
+    sockaddr_storage ss{};
+    socklen_t len = sizeof ss;
+    if (getsockname(tcp_->fd(), reinterpret_cast<sockaddr*>(&ss), &len) != 0) {
+      rdma_why_ = std::string("getsockname: ") + std::strerror(errno);
+    } else if (auto port = rdma::FindPort(reinterpret_cast<sockaddr*>(&ss)); port.ok()) {
+      rdma_port_ = std::make_unique<rdma::Port>(*port);
+    } else {
+      rdma_why_ = port.status().message();
+    }
+  }
+  desc_ = tcp_->desc();
+  header_ = tcp_->header();
+  chan_ = std::move(*tcp);
+  return Status();
+}
+
+// The handshake over the network; if the RDMA setup fails after oriond chose RDMA, connects again
+// offering TCP only.
+CUresult Client::HandshakeNetworkLocked(const std::string& addr, bool tls_all, uint64_t vgpus, uint64_t gmem) {
+  const std::string shown = addr.rfind("tls://", 0) == 0 ? addr.substr(6) : addr;  // host:port
+  const CUresult r = HandshakeLocked(vgpus, gmem, shown);
+  if (r != kRetryOverTcp) return r;
+  LogWarn("Orion transport: " + rdma_why_ + "; connecting again over TCP");
+  chan_.reset();
+  tcp_ = nullptr;
+  if (Status st = ConnectNetworkLocked(addr, false, tls_all); !st.ok()) {
+    LogError("cannot use oriond: " + LogSafe(st.message()));
+    return CUDA_ERROR_NO_DEVICE;
+  }
+  return HandshakeLocked(vgpus, gmem, shown);  // offers no RDMA: no second retry
+}
+
+// A region on this machine or VM (`where`): claims a free channel, sets up its doorbell and lease,
+// then the handshake. A VM's region bounds what may be asked for (vgpus unless `vgpus_set`).
+CUresult Client::ConnectRegionLocked(const ivshmem::RegionLocation& where, bool vgpus_set, uint64_t vgpus,
+                                     uint64_t gmem) {
+  const std::string path = where.path;
   peer_ = "oriond on " + path;
   auto region = ivshmem::MappedRegion::Open(path);
   if (!region.ok()) {
@@ -368,7 +379,7 @@ CUresult Client::ConnectLocked() {
     LogError(
         "all " + std::to_string(count) + " channels of " + path +
         " are in use by other CUDA processes (one per process); " +
-        (vm_region || where->source.rfind("ivshmem", 0) == 0
+        (vm_region || where.source.rfind("ivshmem", 0) == 0
              ? "this VM has " + std::to_string(count) +
                    ": give it more on the host with `orion-vm enable <domain> --processes N` (from the VM's next start)"
              : "a bigger region (orion-shm -s MIB) or a smaller shm_buffer_size gives more"));
@@ -380,10 +391,10 @@ CUresult Client::ConnectLocked() {
   // VM by the ivshmem-doorbell register when oriond serves the device's doorbell for this channel
   // (IVPosition 0 means an ivshmem-plain device, whose writes go nowhere); else not at all, and
   // the worker naps. ORION_DOORBELL=0 chooses the naps (to compare).
-  uint32_t rings = where->source.rfind("ivshmem", 0) == 0 ? ivshmem::kRingsNone : ivshmem::kRingsFutex;
-  if (rings == ivshmem::kRingsNone && !where->doorbell.empty() && ((*hdr)->features & ivshmem::kFeatureDoorbell) != 0 &&
+  uint32_t rings = where.source.rfind("ivshmem", 0) == 0 ? ivshmem::kRingsNone : ivshmem::kRingsFutex;
+  if (rings == ivshmem::kRingsNone && !where.doorbell.empty() && ((*hdr)->features & ivshmem::kFeatureDoorbell) != 0 &&
       channel_index_ < (*hdr)->doorbell_vectors) {
-    if (auto bar0 = ivshmem::GuestDoorbell::Open(where->doorbell); bar0.ok() && (*bar0)->position() != 0) {
+    if (auto bar0 = ivshmem::GuestDoorbell::Open(where.doorbell); bar0.ok() && (*bar0)->position() != 0) {
       bar0_ = std::move(*bar0);
       bell_peer_ = (*hdr)->doorbell_peer & 0xffffu;
       bell_vector_ = channel_index_;

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "orion/common/frame.h"
+#include "orion/ivshmem/discover.h"
 #include "orion/ivshmem/doorbell.h"
 #include "orion/ivshmem/region.h"
 #include "orion/ivshmem/ring.h"
@@ -107,6 +108,9 @@ class Client {
  private:
   Client() = default;
   CUresult ConnectLocked();  // may throw (std::bad_alloc...): Connect catches
+  Status ConnectNetworkLocked(std::string addr, bool offer_rdma, bool tls_all);
+  CUresult HandshakeNetworkLocked(const std::string& addr, bool tls_all, uint64_t vgpus, uint64_t gmem);
+  CUresult ConnectRegionLocked(const ivshmem::RegionLocation& where, bool vgpus_set, uint64_t vgpus, uint64_t gmem);
   void DrainOutputLocked() noexcept;
   CUresult HandshakeLocked(uint64_t vgpus, uint64_t gmem, const std::string& where) noexcept;
   CUresult PushLocked(const FrameHeader& h, const void* req, uint32_t req_len, const void* tail,

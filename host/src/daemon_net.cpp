@@ -140,9 +140,34 @@ void Daemon::AcceptClients(uint64_t now_ms) {
   }
 }
 
-// Reads a network client's Hello; admits it (forking its worker) or refuses it. Empties p.fd when
-// the connection is dealt with.
-void Daemon::Handshake(Pending& p) {
+// Sends one reply frame to a client not yet admitted (a refusal, or the worker's backend failure):
+// best effort, not waiting long (a refusal is small, and the socket's buffer is empty).
+static void SendHandshakeReply(tls::Stream& stream, const FrameHeader& req, int32_t status, const std::string& msg) {
+  FrameHeader r{};
+  r.magic = kFrameMagic;
+  r.version = kProtocolVersion;
+  r.op = req.op;
+  r.seq = req.seq;
+  r.status = status;
+  r.payload_len = static_cast<uint32_t>(msg.size());
+  std::string out(reinterpret_cast<const char*>(&r), sizeof r);
+  out += msg;
+  for (size_t done = 0; done < out.size();) {
+    const ssize_t w = stream.Write(out.data() + done, out.size() - done);
+    if (w > 0) {
+      done += static_cast<size_t>(w);
+      continue;
+    }
+    if (w != tls::kAgain) break;
+    pollfd pfd{stream.fd(), stream.wants(), 0};
+    if (poll(&pfd, 1, 100) <= 0) break;
+  }
+}
+
+// Reads a network client's first bytes: on a TLS port, tells a TLS client (handshaken here) from a
+// plain one; then the Hello frame. True with *h and *hello when a whole Hello is in; false while
+// more is to come, or with p.fd emptied when the connection is closed or refused.
+bool Daemon::ReadHello(Pending& p, FrameHeader* h, HelloReq* hello) {
   if (!p.stream) {
     if (!tls_) {
       p.stream = tls::Stream::Plain(p.fd.get());
@@ -153,9 +178,9 @@ void Daemon::Handshake(Pending& p) {
       const ssize_t n = ::recv(p.fd.get(), first, sizeof first, MSG_PEEK | MSG_DONTWAIT);
       if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
         p.fd.reset();
-        return;
+        return false;
       }
-      if (n < static_cast<ssize_t>(sizeof first)) return;  // more to come (within the 5 s)
+      if (n < static_cast<ssize_t>(sizeof first)) return false;  // more to come (within the 5 s)
       if (!tls::LooksLikeTls(first, sizeof first)) {
         p.stream = tls::Stream::Plain(p.fd.get());
       } else if (auto s = tls::TlsStream::Accept(tls_, p.fd.get()); s.ok()) {
@@ -163,18 +188,18 @@ void Daemon::Handshake(Pending& p) {
       } else {
         log_->error("client {}: {}; connection closed", p.peer, s.status().message());
         p.fd.reset();
-        return;
+        return false;
       }
     }
   }
   if (p.stream->secure() && !p.handshaken) {
     auto* t = static_cast<tls::TlsStream*>(p.stream.get());
     const ssize_t r = t->Handshake();
-    if (r == tls::kAgain) return;
+    if (r == tls::kAgain) return false;
     if (r != 1) {
       log_->warn("client {}: {}; connection closed", p.peer, t->error());
       p.fd.reset();
-      return;
+      return false;
     }
     p.handshaken = true;
     log_->info("client {}: {}", p.peer, t->Describe());
@@ -189,57 +214,72 @@ void Daemon::Handshake(Pending& p) {
     }
     if (n != tls::kAgain) {
       p.fd.reset();
-      return;
+      return false;
     }
     break;
   }
-  if (p.in.size() < sizeof(FrameHeader)) return;
-  FrameHeader h;
-  std::memcpy(&h, p.in.data(), sizeof h);
+  if (p.in.size() < sizeof(FrameHeader)) return false;
+  std::memcpy(h, p.in.data(), sizeof *h);
   if (!tls_ && tls::LooksLikeTls(p.in.data(), p.in.size())) {
     log_->error(
         "client {}: speaks TLS, but this oriond serves plain TCP (no tls_cert and tls_key in [server] of "
         "server.conf): connect to {}:{} without tls:// and ORION_TLS; connection closed",
         p.peer, config_.bind_addr, config_.listen_port);
     p.fd.reset();
-    return;
+    return false;
   }
-  if (h.magic != kFrameMagic || h.version != kProtocolVersion || h.op != static_cast<uint16_t>(Op::kHello) ||
-      h.payload_len != sizeof(HelloReq)) {
+  if (h->magic != kFrameMagic || h->version != kProtocolVersion || h->op != static_cast<uint16_t>(Op::kHello) ||
+      h->payload_len != sizeof(HelloReq)) {
     log_->error("client {}: the first frame is not a Hello of protocol {}; connection closed", p.peer,
                 kProtocolVersion);
     p.fd.reset();
-    return;
+    return false;
   }
-  if (p.in.size() < sizeof h + sizeof(HelloReq)) return;
-  HelloReq hello;
-  std::memcpy(&hello, p.in.data() + sizeof h, sizeof hello);
-  SanitizeName(hello.process_name, sizeof hello.process_name);
-  auto send_reply = [&](int32_t status, const std::string& msg) {
-    FrameHeader r{};
-    r.magic = kFrameMagic;
-    r.version = kProtocolVersion;
-    r.op = h.op;
-    r.seq = h.seq;
-    r.status = status;
-    r.payload_len = static_cast<uint32_t>(msg.size());
-    std::string out(reinterpret_cast<const char*>(&r), sizeof r);
-    out += msg;
-    // Best effort, not waiting: a refusal is small, and the socket's buffer is empty.
-    for (size_t done = 0; done < out.size();) {
-      const ssize_t w = p.stream->Write(out.data() + done, out.size() - done);
-      if (w > 0) {
-        done += static_cast<size_t>(w);
-        continue;
+  if (p.in.size() < sizeof *h + sizeof(HelloReq)) return false;
+  std::memcpy(hello, p.in.data() + sizeof *h, sizeof *hello);
+  SanitizeName(hello->process_name, sizeof hello->process_name);
+  return true;
+}
+
+// The data plane for a client that offers `hello.transports`: RDMA when it offers it, enable_rdma
+// is on, the connection is not TLS and an RDMA device here owns the address the client reached us
+// on (the queue pair is made in the worker); else TCP. 0 when the client offers nothing usable.
+uint16_t Daemon::ChooseTransport(const Pending& p, const HelloReq& hello) {
+  if (hello.transports & kTransportRdma) {
+    std::string why;
+    if (!config_.enable_rdma) {
+      why = "enable_rdma is off";
+    } else if (p.stream->secure()) {
+      why = "the connection is TLS, and RDMA's data plane is not encrypted";
+    } else {
+      sockaddr_storage ss{};
+      socklen_t len = sizeof ss;
+      if (getsockname(p.fd.get(), reinterpret_cast<sockaddr*>(&ss), &len) != 0) {
+        why = std::string("getsockname: ") + std::strerror(errno);
+      } else if (auto port = rdma::FindPort(reinterpret_cast<sockaddr*>(&ss)); !port.ok()) {
+        why = port.status().message();
+      } else {
+        log_->info("client {}: Client supports RDMA mode, then server runs in RDMA mode. ({})", p.peer,
+                   port->Describe());
+        return kTransportRdma;
       }
-      if (w != tls::kAgain) break;
-      pollfd pfd{p.stream->fd(), p.stream->wants(), 0};
-      if (poll(&pfd, 1, 100) <= 0) break;
     }
-  };
+    log_->info("client {}: Client supports RDMA mode, but {}; falls back to TCP mode.", p.peer, why);
+  }
+  if ((hello.transports & kTransportTcp) == 0) return 0;
+  log_->info("client {}: Client supports TCP mode, then server also falls back to TCP mode.", p.peer);
+  return kTransportTcp;
+}
+
+// Reads a network client's Hello; admits it (forking its worker) or refuses it. Empties p.fd when
+// the connection is dealt with.
+void Daemon::Handshake(Pending& p) {
+  FrameHeader h;
+  HelloReq hello;
+  if (!ReadHello(p, &h, &hello)) return;
   auto refuse = [&](CUresult code, const std::string& why) {
     log_->warn("client {}: refused '{}' (pid {}): {}", p.peer, hello.process_name, hello.pid, why);
-    send_reply(code, why);
+    SendHandshakeReply(*p.stream, h, code, why);
     p.fd.reset();
   };
   if (tls_ && !p.stream->secure()) {
@@ -275,38 +315,10 @@ void Daemon::Handshake(Pending& p) {
                                          "next frame only after the Welcome (it names the transport)");
     return;
   }
-  // Transport: RDMA when the client offers it, enable_rdma is on and an RDMA device here owns the
-  // address the client reached us on (the queue pair is made in the worker); else TCP.
-  uint16_t transport = kTransportTcp;
-  if (hello.transports & kTransportRdma) {
-    std::string why;
-    if (!config_.enable_rdma) {
-      why = "enable_rdma is off";
-    } else if (p.stream->secure()) {
-      why = "the connection is TLS, and RDMA's data plane is not encrypted";
-    } else {
-      sockaddr_storage ss{};
-      socklen_t len = sizeof ss;
-      if (getsockname(p.fd.get(), reinterpret_cast<sockaddr*>(&ss), &len) != 0) {
-        why = std::string("getsockname: ") + std::strerror(errno);
-      } else if (auto port = rdma::FindPort(reinterpret_cast<sockaddr*>(&ss)); !port.ok()) {
-        why = port.status().message();
-      } else {
-        transport = kTransportRdma;
-        log_->info("client {}: Client supports RDMA mode, then server runs in RDMA mode. ({})", p.peer,
-                   port->Describe());
-      }
-    }
-    if (transport != kTransportRdma) {
-      log_->info("client {}: Client supports RDMA mode, but {}; falls back to TCP mode.", p.peer, why);
-    }
-  }
-  if (transport == kTransportTcp) {
-    if ((hello.transports & kTransportTcp) == 0) {
-      refuse(CUDA_ERROR_NOT_SUPPORTED, "the client offers no transport this oriond can use (TCP)");
-      return;
-    }
-    log_->info("client {}: Client supports TCP mode, then server also falls back to TCP mode.", p.peer);
+  const uint16_t transport = ChooseTransport(p, hello);
+  if (transport == 0) {
+    refuse(CUDA_ERROR_NOT_SUPPORTED, "the client offers no transport this oriond can use (TCP)");
+    return;
   }
   if (Status st = CheckRequest(&hello); !st.ok()) {
     refuse(RefusalCode(st.code()), st.message());
@@ -352,7 +364,7 @@ void Daemon::Handshake(Pending& p) {
     auto backend = MakeBackend(session);
     if (!backend.ok()) {
       slog->error("sess={} cannot load the CUDA driver: {}", session, backend.status().message());
-      send_reply(CUDA_ERROR_NO_DEVICE, "oriond: " + backend.status().message());
+      SendHandshakeReply(*p.stream, h, CUDA_ERROR_NO_DEVICE, "oriond: " + backend.status().message());
       _exit(kExitBackendFailed);
     }
     SessionParams sp = BaseParams(session, *placements, slog);

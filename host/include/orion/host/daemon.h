@@ -292,6 +292,8 @@ class Daemon {
   Status OpenListener();
   void AcceptClients(uint64_t now_ms);
   void Handshake(Pending& p);
+  bool ReadHello(Pending& p, FrameHeader* h, HelloReq* hello);
+  uint16_t ChooseTransport(const Pending& p, const HelloReq& hello);
   UniqueFd listen_fd_;
   std::shared_ptr<tls::Context> tls_;  // [server] tls_cert/tls_key: the TCP port speaks TLS only
   std::vector<Pending> pending_;
