@@ -1,8 +1,9 @@
 // orion/common/status.h — the error type for transport, protocol and OS failures.
 //
 // Modelled on absl::Status: a canonical code plus a message. CUresult values are *data*
-// (they travel in replies verbatim) and are never wrapped in a Status; the one place that turns a
-// Status into a CUresult is StatusToCuResult() in guest/.
+// (they travel in replies verbatim) and are never wrapped in a Status; where the guest runtime must
+// answer a CUDA call for a failed Status, the call site picks the CUresult the CUDA documentation
+// gives that call (e.g. CUDA_ERROR_NO_DEVICE when no oriond can be reached).
 //
 //   orion::Result<int> ParsePort(std::string_view s);
 //   auto port = ParsePort("9960");
@@ -64,8 +65,12 @@ inline Status FailedPrecondition(std::string m) { return {Code::kFailedPrecondit
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}         // NOLINT: implicit by design
-  Result(Status status) : v_(std::move(status)) {}  // NOLINT: must not be OK
+  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  // An error. An OK status here is a bug (there is no value): it becomes kInternal, never a
+  // Result whose ok() is false while its status() is OK.
+  Result(Status status)  // NOLINT: implicit by design
+      : v_(status.ok() ? Status(Code::kInternal, "a Result was built from an OK status, without a value")
+                       : std::move(status)) {}
   bool ok() const noexcept { return std::holds_alternative<T>(v_); }
   const Status& status() const {
     static const Status kOkStatus;

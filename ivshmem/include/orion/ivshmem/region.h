@@ -5,9 +5,9 @@
 // request ring, a reply ring and a data window (bulk bytes and pinned host allocations).
 // All references are offsets, never pointers. Spec: docs/spec/region.md.
 //
-//   auto region = MappedRegion::Open("/dev/shm/orionsock0", /*create_size=*/0);
+//   auto region = MappedRegion::Open("/dev/shm/orionsock0");
 //   if (!region.ok()) ...;
-//   RegionView view(region->data(), region->size());   // client: validates the header
+//   auto header = ValidateHeader(region->data(), region->size());   // client: checks it first
 //
 // oriond formats a region (FormatRegion) when it starts serving it; clients only attach.
 // Thread-safety: the structs are shared across processes; every atomic access names its partner.
