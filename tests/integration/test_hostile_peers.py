@@ -10,6 +10,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,14 +27,23 @@ UUID = "0f8fad5b-d9cb-469f-a165-70867728950e"
 
 
 def probe(*steps, python=None, timeout=20, preexec_fn=None, **env):
+    # The client sees only the peers a test gives it: its own HOME (a client.conf whose region path
+    # is an empty directory) and no PCI devices, so a region another oriond on this machine serves
+    # under /dev/shm, or an ivshmem device, is never found instead of the fake controller.
+    home = Path(tempfile.mkdtemp(prefix="orion-hostile-home."))
+    (home / "empty").mkdir()
+    (home / ".orion").mkdir()
+    (home / ".orion" / "client.conf").write_text(f"[client-shm]\n    shm_path_base = {home / 'empty'}/\n")
     e = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")}
-    e.update({"ORION_PROBE_LIBCUDA": str(LIB), "ORION_VGPU": "1", "ORION_GMEM": "256", "ORION_LOG_LEVEL": "INFO",
+    e.update({"HOME": str(home), "ORION_SYSFS_PCI": str(home / "empty"), "ORION_PROBE_LIBCUDA": str(LIB),
+              "ORION_VGPU": "1", "ORION_GMEM": "256", "ORION_LOG_LEVEL": "INFO",
               "ORION_HANDSHAKE_TIMEOUT_MS": "1500", "ORION_REPLY_TIMEOUT_MS": "1500", "ORION_STALL_TIMEOUT_MS": "1000"})
     e.update({k: str(v) for k, v in env.items()})
     start = time.time()
     r = subprocess.run([python or sys.executable, str(PROBE), *steps], env=e, capture_output=True, timeout=timeout,
                        preexec_fn=preexec_fn)
     r.elapsed = time.time() - start
+    shutil.rmtree(home, ignore_errors=True)
     r.out = r.stdout.decode(errors="replace")
     r.err = r.stderr.decode(errors="replace")
     return r
