@@ -8,6 +8,7 @@ Paths come from the environment (scripts/test sets them):
 import os
 import re
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -184,6 +185,65 @@ def make_certs(d: Path):
         openssl("x509", "-req", "-in", d / f"{name}.csr", "-CA", d / f"{ca}.crt", "-CAkey", d / f"{ca}.key",
                 "-CAcreateserial", "-out", d / f"{name}.crt", "-days", "2", "-extfile", d / "client.ext")
     return d
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 free when asked (another process may take it before it is bound)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_lines(stdout):
+    """LAUNCH <name> grid=x,y,z block=x,y,z params=<hex> lines printed by the programs."""
+    return re.findall(r"^LAUNCH (\S+) grid=(\S+) block=(\S+) params=([0-9a-f]*)$", stdout, re.M)
+
+
+def assert_launches_logged(program_stdout, launch_log):
+    """Every launch the program made is in the sim launch log, in order, with the exact bytes the
+    program passed (the log holds the whole parameter buffer; trailing padding must be zero)."""
+    want = launch_lines(program_stdout)
+    assert want, "program printed no LAUNCH lines"
+    logged = []
+    for line in launch_log:
+        m = re.search(r" launch (\S+) grid=(\S+) block=(\S+) smem=\d+ stream=\d+ params=([0-9a-f]*) exec=\S+$", line)
+        if m:
+            logged.append(m.groups())
+    i = 0
+    for name, grid, block, params in want:
+        while i < len(logged) and (logged[i][0], logged[i][1], logged[i][2]) != (name, grid, block):
+            i += 1
+        assert i < len(logged), f"launch {name} grid={grid} block={block} not in the sim launch log:\n{logged}"
+        got = logged[i][3]
+        assert got.startswith(params), f"{name}: logged params {got} != program's {params}"
+        assert set(got[len(params):]) <= {"0"}, f"{name}: nonzero padding after the last parameter: {got}"
+        i += 1
+
+
+def run_tcp(d, program, *args, address=None, timeout=120, **env):
+    e = d.env(**env)
+    e.pop("ORION_SHM")
+    e["ORION_SERVER"] = address or f"127.0.0.1:{d.port}"
+    return subprocess.run([str(TEST_BIN / program), *map(str, args)], env=e, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture
+def tcp_oriond(tmp_path):
+    """An oriond (sim) that also listens on TCP (its port: .port); clients reach it with run_tcp."""
+    port = free_port()
+    d = Oriond(tmp_path, tcp_port=port)
+    d.port = port
+    yield d
+    d.stop()
+
+
+def wait_ready(proc):
+    """Reads a sleeper's output up to its READY line (its session exists then)."""
+    line = ""
+    while "READY" not in line:
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read()
 
 
 def checks(stdout: str):

@@ -30,18 +30,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PREFIX, TEST_BIN, Oriond, assert_passed, make_certs
+from conftest import PREFIX, TEST_BIN, Oriond, assert_passed, free_port, make_certs
 
 ETCD = shutil.which("etcd")
 ETCDCTL = shutil.which("etcdctl")
 pytestmark = pytest.mark.skipif(ETCD is None, reason="the etcd binary is absent (Debian: apt-get install etcd-server; "
                                                      "scripts/deps installs it)")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http(addr, method, path, body=None, timeout=15, tls: Path = None):

@@ -5,8 +5,7 @@ stdout. A kernel the sim cannot execute fails its launch (issue #20), and --sim-
 --sim-unexecutable skip show nothing is faked when kernels do not run."""
 import re
 
-from conftest import Oriond, assert_passed, checks
-from test_tcp import free_port, run_tcp
+from conftest import Oriond, assert_passed, checks, free_port, run_tcp
 
 RESULTS = ["vadd", "matmul_shared_tiles", "shuffle_reduction", "scan", "histogram_atomics", "divergent_warp",
            "struct_by_value_double", "half_precision", "profiler_start_stop"]

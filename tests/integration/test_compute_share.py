@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import TEST_BIN, Oriond
+from conftest import TEST_BIN, Oriond, wait_ready
 
 ITERS = 4000  # ~20-25 ms per kernel on the sim executor on 2 cores
 
@@ -35,14 +35,6 @@ def start_spins(oriond, tenants, window_ms, *extra):
     return start, [subprocess.Popen([str(TEST_BIN / "spin"), str(start), str(start + window_ms), str(ITERS), *extra],
                                     env=oriond.env(ORION_GMEM=64, **t), stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True) for t in tenants]
-
-
-def wait_ready(proc):
-    """Reads a sleeper's output up to its READY line (its session exists then)."""
-    line = ""
-    while "READY" not in line:
-        line = proc.stdout.readline()
-        assert line, proc.stderr.read()
 
 
 def spin(oriond, tenants, window_ms=5000):

@@ -23,16 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PREFIX, TEST_BIN, Oriond, assert_passed, checks, make_certs
+from conftest import PREFIX, TEST_BIN, Oriond, assert_passed, checks, free_port, make_certs
 
 ADMIN, SERVER, CLIENT = "admin-key-0001", "server-key-0001", "client-key-0001"
 CLIENT2 = "client-key-0002"  # a second client key (another tenant)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Controller:

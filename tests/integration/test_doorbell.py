@@ -21,14 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PREFIX, TEST_BIN, Oriond
+from conftest import PREFIX, TEST_BIN, Oriond, free_port
 from test_kvm import VmHost, session_waits, wait_ready, worker_cpu
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])

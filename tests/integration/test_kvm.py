@@ -24,8 +24,7 @@ from pathlib import Path
 import pytest
 
 import vm
-from conftest import PREFIX, ROOT, TEST_BIN, Oriond, assert_passed, doorbell_keepers
-from test_sim import assert_launches_logged
+from conftest import PREFIX, ROOT, TEST_BIN, Oriond, assert_launches_logged, assert_passed, doorbell_keepers
 
 PROGRAMS = ["device_props", "kernel_params", "driver_api", "memory", "threads", "two_clients", "vadd_shared",
             "mapped_register"]

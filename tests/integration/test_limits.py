@@ -135,7 +135,7 @@ def test_a_killed_clients_running_kernel_ends_with_it(tmp_path, transport):
     import subprocess
     import time
     from conftest import TEST_BIN
-    from test_tcp import free_port
+    from conftest import free_port
     port = free_port() if transport == "tcp" else 0
     d = Oriond(tmp_path, tcp_port=port)
     try:

@@ -2,8 +2,7 @@
 shared-memory transport the registered pages move into the data window (guest/src/client.cpp,
 MapIntoWindow), so kernels read and write the program's own buffer with no copy; over TCP it is
 refused with cudaErrorNotSupported."""
-from conftest import assert_passed, checks
-from test_tcp import run_tcp, tcp_oriond  # noqa: F401 (fixture)
+from conftest import assert_passed, checks, run_tcp
 
 
 def test_registered_memory_is_mapped_for_kernels(oriond):

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 import vm
-from conftest import PREFIX, ROOT, TEST_BIN, assert_passed
-from test_sim import assert_launches_logged
+from conftest import PREFIX, ROOT, TEST_BIN, assert_launches_logged, assert_passed
 
 ADDR = vm.SOFT_ROCE_ADDR
 PROGRAMS = ["memory", "kernel_params", "driver_api", "device_props"]

@@ -11,33 +11,7 @@ import time
 
 import pytest
 
-from conftest import PREFIX, ROOT, TEST_BIN, assert_passed, checks
-
-
-def launch_lines(stdout):
-    """LAUNCH <name> grid=x,y,z block=x,y,z params=<hex> lines printed by the programs."""
-    return re.findall(r"^LAUNCH (\S+) grid=(\S+) block=(\S+) params=([0-9a-f]*)$", stdout, re.M)
-
-
-def assert_launches_logged(program_stdout, launch_log):
-    """Every launch the program made is in the sim launch log, in order, with the exact bytes the
-    program passed (the log holds the whole parameter buffer; trailing padding must be zero)."""
-    want = launch_lines(program_stdout)
-    assert want, "program printed no LAUNCH lines"
-    logged = []
-    for line in launch_log:
-        m = re.search(r" launch (\S+) grid=(\S+) block=(\S+) smem=\d+ stream=\d+ params=([0-9a-f]*) exec=\S+$", line)
-        if m:
-            logged.append(m.groups())
-    i = 0
-    for name, grid, block, params in want:
-        while i < len(logged) and (logged[i][0], logged[i][1], logged[i][2]) != (name, grid, block):
-            i += 1
-        assert i < len(logged), f"launch {name} grid={grid} block={block} not in the sim launch log:\n{logged}"
-        got = logged[i][3]
-        assert got.startswith(params), f"{name}: logged params {got} != program's {params}"
-        assert set(got[len(params):]) <= {"0"}, f"{name}: nonzero padding after the last parameter: {got}"
-        i += 1
+from conftest import PREFIX, ROOT, TEST_BIN, assert_launches_logged, assert_passed, checks, free_port, run_tcp
 
 
 def test_device_properties_show_the_quota(oriond):
@@ -359,7 +333,6 @@ def test_a_tenant_truncating_its_region_ends_only_its_sessions(tmp_path, how):
     # shrinks it (or truncates it and writes random bytes over it): oriond's main process must not
     # die of SIGBUS; it ends A's sessions, says why, and goes on serving region B and TCP.
     from conftest import Oriond
-    from test_tcp import free_port, run_tcp
     subprocess.run([PREFIX / "bin" / "orion-shm", "-i", "1", "-s", "64", "-d", tmp_path], check=True,
                    capture_output=True)
     region_b = tmp_path / "orionsock1"
@@ -436,7 +409,6 @@ def test_a_region_a_port_and_a_control_socket_have_one_oriond_each(tmp_path):
     # clients and the first oriond's would then share channels), taking over the control socket
     # or splitting the TCP port.
     from conftest import Oriond
-    from test_tcp import free_port, run_tcp
     first_dir = tmp_path / "first"
     first_dir.mkdir()
     port = free_port()
@@ -558,7 +530,6 @@ def test_a_tenants_lock_on_a_region_does_not_stop_oriond(tmp_path):
     starts, names the holder, serves TCP and its other region meanwhile, and serves the region once
     the lock is released. (A lock held by another oriond still refuses the start: the test above.)"""
     from conftest import Oriond
-    from test_tcp import free_port, run_tcp
     port = free_port()
     subprocess.run([PREFIX / "bin" / "orion-shm", "-i", "0", "-s", "64", "-d", tmp_path], check=True,
                    capture_output=True)

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PREFIX, TEST_BIN, assert_passed
-from test_controller import CLIENT, Cluster, free_port
+from conftest import PREFIX, TEST_BIN, assert_passed, free_port
+from test_controller import CLIENT, Cluster
 
 SLURMCTLD = shutil.which("slurmctld")
 SLURMD = shutil.which("slurmd")

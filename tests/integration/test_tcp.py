@@ -16,23 +16,7 @@ import uuid
 
 import pytest
 
-from conftest import PREFIX, TEST_BIN, Oriond, assert_passed, checks
-from test_sim import assert_launches_logged
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def tcp_oriond(tmp_path):
-    port = free_port()
-    d = Oriond(tmp_path, tcp_port=port)
-    d.port = port
-    yield d
-    d.stop()
+from conftest import PREFIX, TEST_BIN, Oriond, assert_launches_logged, assert_passed, checks, free_port, run_tcp
 
 
 def tcp_oriond_with(tmp_path, orion_conf):
@@ -51,14 +35,6 @@ def stall_1s_oriond(tmp_path):
     d = tcp_oriond_with(tmp_path, "net_stall_ms = 1000")
     yield d
     d.stop()
-
-
-def run_tcp(d, program, *args, address=None, timeout=120, **env):
-    e = d.env(**env)
-    e.pop("ORION_SHM")
-    e["ORION_SERVER"] = address or f"127.0.0.1:{d.port}"
-    return subprocess.run([str(TEST_BIN / program), *map(str, args)], env=e, capture_output=True, text=True,
-                          timeout=timeout)
 
 
 def test_programs_run_over_tcp(tcp_oriond):

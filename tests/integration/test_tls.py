@@ -10,9 +10,7 @@ import time
 
 import pytest
 
-from conftest import PREFIX, TEST_BIN, Oriond, assert_passed, make_certs
-from test_compute_share import wait_ready
-from test_tcp import free_port, run_tcp
+from conftest import PREFIX, TEST_BIN, Oriond, assert_passed, free_port, make_certs, run_tcp, wait_ready
 
 
 @pytest.fixture(scope="module")
