@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PREFIX, TEST_BIN, Oriond, free_port
-from test_kvm import VmHost, session_waits, wait_ready, worker_cpu
+from conftest import PREFIX, TEST_BIN, Oriond, free_port, wait_ready
+from test_kvm import VmHost, session_waits, worker_cpu
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 import vm
-from conftest import PREFIX, ROOT, TEST_BIN, Oriond, assert_launches_logged, assert_passed, doorbell_keepers
+from conftest import PREFIX, ROOT, TEST_BIN, Oriond, assert_launches_logged, assert_passed, doorbell_keepers, wait_ready
 
 PROGRAMS = ["device_props", "kernel_params", "driver_api", "memory", "threads", "two_clients", "vadd_shared",
             "mapped_register"]
@@ -153,13 +153,6 @@ def vm_host(tmp_path):
     h = VmHost(tmp_path)
     yield h
     h.stop()
-
-
-def wait_ready(proc):
-    line = ""
-    while "READY" not in line:
-        line = proc.stdout.readline()
-        assert line, proc.stderr.read()
 
 
 def assert_has_the_vms_limits(h, vm, vgpus=2, gmem=3000):
