@@ -219,5 +219,24 @@ TEST(Frame, SpanRoundsToEight) {
   EXPECT_EQ(FrameSpan(9), 48u);
 }
 
+// Every reply oriond sends is built by ReplyHeader: the request's op and seq, the status, nothing
+// else set (flags, deferred and reserved are the sender's to fill).
+TEST(FrameHeaders, ReplyHeaderEchoesTheRequest) {
+  FrameHeader req = MakeFrameHeader(static_cast<uint16_t>(Op::kMemAlloc), 77, 8);
+  req.flags = kFlagWantsReply;
+  EXPECT_EQ(req.magic, kFrameMagic);
+  EXPECT_EQ(req.version, kProtocolVersion);
+  const FrameHeader r = ReplyHeader(req, 2, 16);
+  EXPECT_EQ(r.magic, kFrameMagic);
+  EXPECT_EQ(r.version, kProtocolVersion);
+  EXPECT_EQ(r.op, static_cast<uint16_t>(Op::kMemAlloc));
+  EXPECT_EQ(r.seq, 77u);
+  EXPECT_EQ(r.payload_len, 16u);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.flags, 0u);
+  EXPECT_EQ(r.deferred, 0);
+  EXPECT_EQ(r.reserved, 0u);
+}
+
 }  // namespace
 }  // namespace orion

@@ -659,12 +659,7 @@ void Client::ReleaseControllerAllocation(const char* why) noexcept {
 }
 
 FrameHeader Client::MakeHeader(Op op, uint32_t payload_len, bool wants_reply) noexcept {
-  FrameHeader h{};
-  h.magic = kFrameMagic;
-  h.version = kProtocolVersion;
-  h.op = static_cast<uint16_t>(op);
-  h.seq = next_seq_++;
-  h.payload_len = payload_len;
+  FrameHeader h = MakeFrameHeader(static_cast<uint16_t>(op), next_seq_++, payload_len);
   h.flags = wants_reply ? kFlagWantsReply : 0;
   return h;
 }

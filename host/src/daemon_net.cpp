@@ -143,13 +143,7 @@ void Daemon::AcceptClients(uint64_t now_ms) {
 // Sends one reply frame to a client not yet admitted (a refusal, or the worker's backend failure):
 // best effort, not waiting long (a refusal is small, and the socket's buffer is empty).
 static void SendHandshakeReply(tls::Stream& stream, const FrameHeader& req, int32_t status, const std::string& msg) {
-  FrameHeader r{};
-  r.magic = kFrameMagic;
-  r.version = kProtocolVersion;
-  r.op = req.op;
-  r.seq = req.seq;
-  r.status = status;
-  r.payload_len = static_cast<uint32_t>(msg.size());
+  const FrameHeader r = ReplyHeader(req, status, static_cast<uint32_t>(msg.size()));
   std::string out(reinterpret_cast<const char*>(&r), sizeof r);
   out += msg;
   for (size_t done = 0; done < out.size();) {

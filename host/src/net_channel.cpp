@@ -97,12 +97,7 @@ class TcpSessionChannel final : public SessionChannel {
     for (uint32_t i = 0; i < r.nwrites; ++i) {
       const WindowRange& w = r.writes[i];
       if (w.offset > layout_.window_bytes || w.bytes > layout_.window_bytes - w.offset) continue;  // refused op
-      FrameHeader h{};
-      h.magic = kFrameMagic;
-      h.version = kProtocolVersion;
-      h.op = static_cast<uint16_t>(Op::kWindowData);
-      h.seq = req.seq;
-      h.payload_len = sizeof(WindowDataHdr);
+      const FrameHeader h = MakeFrameHeader(static_cast<uint16_t>(Op::kWindowData), req.seq, sizeof(WindowDataHdr));
       const WindowDataHdr d{w.offset, w.bytes};
       std::lock_guard<std::mutex> l(send_mu_);  // one whole message: no keepalive inside it
       sent_.fetch_add(1, std::memory_order_relaxed);
@@ -125,10 +120,7 @@ class TcpSessionChannel final : public SessionChannel {
   }
   uint64_t MessagesSent() const override { return sent_.load(std::memory_order_relaxed); }
   void Keepalive() override {
-    FrameHeader h{};
-    h.magic = kFrameMagic;
-    h.version = kProtocolVersion;
-    h.op = static_cast<uint16_t>(Op::kKeepalive);
+    const FrameHeader h = MakeFrameHeader(static_cast<uint16_t>(Op::kKeepalive), 0, 0);
     std::lock_guard<std::mutex> l(send_mu_);
     sent_.fetch_add(1, std::memory_order_relaxed);
     (void)SendAll(&h, sizeof h);  // a client that cannot take it is caught by the next reply

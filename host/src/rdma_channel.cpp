@@ -185,12 +185,7 @@ class RdmaSessionChannel final : public SessionChannel {
     if (!RecvAll(&peer, sizeof peer)) return Unavailable("client sent no RdmaConnect");
     if (Status s = ep_->Connect(peer); !s.ok()) return s.code() == Code::kDataLoss ? s : Unavailable(s.message());
     const RdmaConnectInfo mine = ep_->Local();
-    FrameHeader r{};
-    r.magic = kFrameMagic;
-    r.version = kProtocolVersion;
-    r.op = h.op;
-    r.seq = h.seq;
-    r.payload_len = sizeof mine;
+    const FrameHeader r = ReplyHeader(h, 0, sizeof mine);
     if (!SendAll(&r, sizeof r) || !SendAll(&mine, sizeof mine)) return Unavailable("cannot send to the client");
     connected_ = true;
     log_->info("sess={} RDMA queue pair {} on {} connected to client queue pair {} ({})", session_, mine.qpn, port_,

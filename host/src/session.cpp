@@ -4,13 +4,7 @@ namespace orion::host {
 namespace detail {
 
 bool Session::Reply(const FrameHeader& req, int32_t status, const void* payload, uint32_t len) {
-  FrameHeader h{};
-  h.magic = kFrameMagic;
-  h.version = kProtocolVersion;
-  h.op = req.op;
-  h.seq = req.seq;
-  h.payload_len = len;
-  h.status = status;
+  FrameHeader h = ReplyHeader(req, status, len);
   h.deferred = deferred_;
   deferred_ = 0;
   // Device printf text the backend produced (sim: at launches; cuda: at synchronizing calls).

@@ -156,14 +156,7 @@ bool PushReply(uint8_t* region, uint64_t channel_bytes, uint32_t channel, uint32
   const ChannelLayout l = ChannelLayout::Compute(channel_bytes);
   uint8_t* chan = ivshmem::ChannelBase(region, channel_bytes, channel);
   ivshmem::RingProducer rp(chan + l.reply_ring_offset, static_cast<uint32_t>(l.reply_ring_bytes), generation);
-  FrameHeader h{};
-  h.magic = kFrameMagic;
-  h.version = kProtocolVersion;
-  h.op = request.op;
-  h.seq = request.seq;
-  h.payload_len = payload_len;
-  h.status = status;
-  return rp.Push(h, payload);
+  return rp.Push(ReplyHeader(request, status, payload_len), payload);
 }
 
 std::unique_ptr<SessionChannel> MakeShmSessionChannel(uint8_t* region, uint64_t channel_bytes, uint32_t channel,

@@ -75,6 +75,23 @@ static_assert(offsetof(FrameHeader, op) == 6 && offsetof(FrameHeader, seq) == 8)
 static_assert(offsetof(FrameHeader, status) == 16 && offsetof(FrameHeader, flags) == 24);
 static_assert(std::has_unique_object_representations_v<FrameHeader>);
 
+// A frame header of this protocol: op, seq and payload length set, everything else 0.
+constexpr FrameHeader MakeFrameHeader(uint16_t op, uint32_t seq, uint32_t payload_len) noexcept {
+  FrameHeader h{};
+  h.magic = kFrameMagic;
+  h.version = kProtocolVersion;
+  h.op = op;
+  h.seq = seq;
+  h.payload_len = payload_len;
+  return h;
+}
+// The header of the reply to `request`: its op and seq, with `status` (a CUresult, verbatim).
+constexpr FrameHeader ReplyHeader(const FrameHeader& request, int32_t status, uint32_t payload_len) noexcept {
+  FrameHeader h = MakeFrameHeader(request.op, request.seq, payload_len);
+  h.status = status;
+  return h;
+}
+
 // Bytes a frame with `payload_len` occupies in a ring: header + payload, rounded up to 8.
 constexpr uint32_t FrameSpan(uint32_t payload_len) noexcept {
   return (static_cast<uint32_t>(sizeof(FrameHeader)) + payload_len + 7u) & ~7u;
