@@ -1087,40 +1087,32 @@ class CudaBackend final : public Backend {
     return cfg;
   }
 
-  CUresult LaunchKernel(void* function, const uint32_t grid[3], const uint32_t block[3], uint32_t shared_mem,
-                        void* stream, const uint8_t* params, uint32_t param_bytes, const uint32_t cluster[3],
-                        uint32_t flags) override {
+  CUresult LaunchKernel(void* function, const LaunchSpec& l) override {
     // cuLaunchKernel: "the API can also be used to launch context-less kernel ::CUkernel by
     // querying the handle using ::cuLibraryGetKernel() and then passing it to the API by casting
     // to ::CUfunction" (<cuda.h>, CUDA 13.0). The parameter buffer is copied at launch.
     const auto f = static_cast<CUfunction>(function);
     launched_ = true;
-    TurnGuard turn(this, Stream(stream));
-    if (uint64_t{cluster[0]} * cluster[1] * cluster[2] > 1 || (flags & kLaunchCooperative) != 0) {
+    TurnGuard turn(this, Stream(l.stream));
+    size_t size = l.params.size();
+    void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, const_cast<uint8_t*>(l.params.data()), CU_LAUNCH_PARAM_BUFFER_SIZE,
+                     &size, CU_LAUNCH_PARAM_END};
+    void** with = l.params.empty() ? nullptr : extra;
+    if (l.cluster_size() > 1 || l.cooperative()) {
       CUlaunchAttribute attrs[2]{};
-      CUlaunchConfig cfg = ClusterConfig(grid, block, shared_mem, cluster, &attrs[0]);
-      cfg.hStream = Stream(stream);
-      if (uint64_t{cluster[0]} * cluster[1] * cluster[2] == 1) cfg.numAttrs = 0;  // pre-sm_90 GPUs have no clusters
-      if ((flags & kLaunchCooperative) != 0) {
+      CUlaunchConfig cfg = ClusterConfig(l.grid, l.block, l.shared_mem, l.cluster, &attrs[0]);
+      cfg.hStream = Stream(l.stream);
+      if (l.cluster_size() == 1) cfg.numAttrs = 0;  // pre-sm_90 GPUs have no clusters
+      if (l.cooperative()) {
         attrs[cfg.numAttrs].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
         attrs[cfg.numAttrs].value.cooperative = 1;
         cfg.attrs = attrs;
         ++cfg.numAttrs;
       }
-      size_t size = param_bytes;
-      void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, const_cast<uint8_t*>(params), CU_LAUNCH_PARAM_BUFFER_SIZE, &size,
-                       CU_LAUNCH_PARAM_END};
-      return api_.launchKernelEx(&cfg, f, nullptr, param_bytes == 0 ? nullptr : extra);
+      return api_.launchKernelEx(&cfg, f, nullptr, with);
     }
-    if (param_bytes == 0) {
-      return api_.launchKernel(f, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_mem, Stream(stream),
-                               nullptr, nullptr);
-    }
-    size_t size = param_bytes;
-    void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, const_cast<uint8_t*>(params), CU_LAUNCH_PARAM_BUFFER_SIZE, &size,
-                     CU_LAUNCH_PARAM_END};
-    return api_.launchKernel(f, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_mem, Stream(stream),
-                             nullptr, extra);
+    return api_.launchKernel(f, l.grid[0], l.grid[1], l.grid[2], l.block[0], l.block[1], l.block[2], l.shared_mem,
+                             Stream(l.stream), nullptr, with);
   }
 
   // ---- Compute share (issue #21; ARCHITECTURE.md §11) ----

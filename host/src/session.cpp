@@ -204,6 +204,7 @@ bool Session::Start(const FrameHeader& hello_header, int* exit_code) {
     b_->DescribeDevice(d, &info);
     info.total_mem = p_.placements[d].quota_bytes;
     ClampServedFeatures(&info, p_.transport != kTransportShm, b_->SameAddressMapping());
+    limits_.push_back(LaunchLimits::Of(info));
     // Each vGPU has its own UUID, as MIG instances do: the physical GPU's with its last two bytes
     // XORed with vGPU index + 1. vGPU n of a GPU keeps one UUID across sessions and restarts, and
     // no two vGPUs of a process look alike to tools that pick a device by UUID

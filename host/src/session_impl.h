@@ -67,6 +67,40 @@ struct Call {
     if (!(cond)) return c.Violation(msg); \
   } while (0)
 
+// A device's launch limits, from the attribute table its Welcome gave the client (DescribeDevice:
+// the GPU's own on the cuda backend, the modelled H100's on the sim), checked once per launch for
+// both backends. Limits a function adds (its cluster size, its static shared memory) are the
+// backend's to check.
+struct LaunchLimits {
+  uint32_t grid[3] = {};
+  uint32_t block[3] = {};
+  uint32_t threads = 0;       // per block
+  uint32_t shared_optin = 0;  // dynamic shared memory per block, bytes
+  static LaunchLimits Of(const DeviceInfo& info) {
+    auto at = [&](int a) { return static_cast<uint32_t>(std::max(info.attributes[a], 0)); };
+    return {{at(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X), at(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y),
+             at(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z)},
+            {at(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X), at(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y),
+             at(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z)},
+            at(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK),
+            at(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)};
+  }
+  // CUDA_SUCCESS, or what NVIDIA's driver answers (as the client checks it, api_exec.cpp):
+  // CUDA_ERROR_INVALID_VALUE for an empty grid or block, kCudaErrorInvalidConfiguration for one
+  // past the limits, CUDA_ERROR_INVALID_VALUE for more dynamic shared memory than a block may opt
+  // in to.
+  CUresult Check(const LaunchSpec& l) const {
+    for (int d = 0; d < 3; ++d) {
+      if (l.grid[d] == 0 || l.block[d] == 0) return CUDA_ERROR_INVALID_VALUE;
+    }
+    for (int d = 0; d < 3; ++d) {
+      if (l.grid[d] > grid[d] || l.block[d] > block[d]) return static_cast<CUresult>(kCudaErrorInvalidConfiguration);
+    }
+    if (l.threads() > threads) return static_cast<CUresult>(kCudaErrorInvalidConfiguration);
+    return l.shared_mem > shared_optin ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+  }
+};
+
 // A session: its state (SessionState: what a migration carries), the backend that executes its
 // requests, the channel they come over, and one handler per wire op.
 class Session : private SessionState {
@@ -115,8 +149,9 @@ class Session : private SessionState {
 #undef ORION_HANDLER_ARGS_kOwn
 #undef ORION_HANDLER_ARGS_kFixed
 #undef ORION_HANDLER_ARGS_kHead
-  // LaunchKernel and LaunchKernelEx: one launch description (LaunchExReq; a plain launch is a
-  // 1x1x1 cluster) and the offset of the kernel parameters in the payload.
+  // LaunchKernel and LaunchKernelEx: the wire's launch (LaunchExReq; a plain launch is a 1x1x1
+  // cluster) and the offset of the kernel parameters in the payload, made into the one LaunchSpec
+  // the backend gets.
   CUresult Launch(const LaunchExReq& x, uint32_t head, Call& c);
   bool Reply(const FrameHeader& req, int32_t status, const void* payload, uint32_t len);
   // Charges `bytes` of device `dev` to its quota (rounded up to `granule`); false, with the Orion
@@ -187,6 +222,7 @@ class Session : private SessionState {
     PublishUsed(dev);
     return c;
   }
+  std::vector<LaunchLimits> limits_;                 // per device (Start)
   std::vector<std::unique_ptr<ComputeGate>> gates_;  // per device: its compute share (null: none)
   std::vector<uint64_t> metered_;                    // what this session has on its hold's meter per device
   // Tells oriond (and through it the controller) what this session holds on device `d`, and moves

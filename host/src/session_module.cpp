@@ -273,19 +273,25 @@ CUresult Session::OnLaunchKernelEx(const LaunchExReq& q, Call& c) { return Launc
 
 // `head`: the bytes before the kernel parameters (the checkpoint saw at least that many: ops.def kHead).
 CUresult Session::Launch(const LaunchExReq& x, uint32_t head, Call& c) {
-  CUresult r = CUDA_SUCCESS;
   const LaunchReq& q = x.base;
   uint64_t want_len = 0;
   ORION_WANT(CheckedAdd(head, q.param_bytes, &want_len) && c.len == want_len, "bad LaunchKernel");
   Obj* f = Find(q.function, Kind::kFunction);
-  void* s = nullptr;
-  if (f == nullptr || !Stream(q.stream, &s)) return CUDA_ERROR_INVALID_HANDLE;
+  LaunchSpec l;
+  if (f == nullptr || !Stream(q.stream, &l.stream)) return CUDA_ERROR_INVALID_HANDLE;
   if (q.param_bytes != f->layout.param_bytes) return CUDA_ERROR_INVALID_VALUE;
   if ((x.flags & ~kLaunchCooperative) != 0) return CUDA_ERROR_INVALID_VALUE;
+  std::memcpy(l.grid, q.grid, sizeof l.grid);
+  std::memcpy(l.block, q.block, sizeof l.block);
+  std::memcpy(l.cluster, x.cluster, sizeof l.cluster);
+  l.shared_mem = q.shared_mem_bytes;
+  l.flags = x.flags;
+  l.params = std::span<const uint8_t>(c.payload + head, q.param_bytes);
+  if (cur_dev_ >= limits_.size()) return CUDA_ERROR_INVALID_CONTEXT;
+  if (const CUresult r = limits_[cur_dev_].Check(l); r != CUDA_SUCCESS) return r;
   // Local and shared memory a launch holds while it runs, charged to the quota like a GPU's
   // local-memory reservation: it grows to the largest launch and stays until the session ends.
-  if (const uint64_t need = b_->LaunchScratchBytes(f->backend, q.block, q.shared_mem_bytes);
-      need > scratch_[cur_dev_]) {
+  if (const uint64_t need = b_->LaunchScratchBytes(f->backend, l); need > scratch_[cur_dev_]) {
     uint64_t charged_now = 0;
     if (!Charge(cur_dev_, need - scratch_[cur_dev_], kAllocGranularity, "LaunchKernel",
                 "cuLaunchKernel (local and shared memory)", &charged_now)) {
@@ -294,8 +300,7 @@ CUresult Session::Launch(const LaunchExReq& x, uint32_t head, Call& c) {
     scratch_[cur_dev_] += charged_now;
   }
   b_->UseComputeGate(cur_dev_ < gates_.size() ? gates_[cur_dev_].get() : nullptr);
-  r = b_->LaunchKernel(f->backend, q.grid, q.block, q.shared_mem_bytes, s, c.payload + head, q.param_bytes, x.cluster,
-                       x.flags);
+  const CUresult r = b_->LaunchKernel(f->backend, l);
   for (const std::string& note : b_->TakeNotices()) {
     p_.log->warn("sess={} {}", p_.session_id, note);
     if (notices_.size() < kMaxPendingNotices) notices_ += note.substr(0, 1024) + "\n";  // for the client's log

@@ -5,10 +5,14 @@
 #include <gtest/gtest.h>
 #include <spdlog/sinks/null_sink.h>
 
+#include <array>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #include "session_impl.h"
 
@@ -128,6 +132,24 @@ class SessionTest : public ::testing::Test {
     EXPECT_TRUE(o.served) << o.why;
     EXPECT_EQ(o.status, want) << bytes << " bytes";
     return o.status == CUDA_SUCCESS ? o.As<U64Rep>().value : 0;
+  }
+
+  // Loads `ptx` (a module image: uploaded through the window as the client does, then ModuleLoad)
+  // and returns the handle of its function `name`.
+  uint64_t Function(const std::string& ptx, const std::string& name) {
+    const std::vector<uint8_t> image(ptx.c_str(), ptx.c_str() + ptx.size() + 1);
+    const XXH128_hash_t h = XXH3_128bits(image.data(), image.size());
+    std::memcpy(channel_->window(), image.data(), image.size());
+    EXPECT_EQ(Status(Op::kBlobPut, BlobPutReq{h.low64, h.high64, image.size(), 0, 0, image.size()}), CUDA_SUCCESS);
+    const Outcome m = Send(Op::kModuleLoad, ModuleLoadReq{h.low64, h.high64, image.size()});
+    EXPECT_TRUE(m.served && m.status == CUDA_SUCCESS) << m.why << " " << m.status;
+    std::vector<uint8_t> get(sizeof(ModuleSymbolReq) + name.size() + 1);
+    const ModuleSymbolReq q{m.As<ModuleLoadRep>().module, static_cast<uint32_t>(name.size() + 1), 0};
+    std::memcpy(get.data(), &q, sizeof q);
+    std::memcpy(get.data() + sizeof q, name.c_str(), name.size() + 1);
+    const Outcome f = Raw(static_cast<uint16_t>(Op::kModuleGetFunction), get.data(), static_cast<uint32_t>(get.size()));
+    EXPECT_TRUE(f.served && f.status == CUDA_SUCCESS) << f.why << " " << f.status;
+    return f.As<FunctionRep>().function;
   }
 
   SessionParams params_;
@@ -276,6 +298,37 @@ TEST_F(SessionTest, ALaunchWhoseParametersDoNotFillItsFrameIsAViolation) {
   const Outcome f = Raw(static_cast<uint16_t>(Op::kLaunchKernel), frame.data(), static_cast<uint32_t>(frame.size()));
   EXPECT_TRUE(f.served) << f.why;
   EXPECT_EQ(f.status, CUDA_ERROR_INVALID_HANDLE);
+}
+
+// Launch limits come from the device's attribute table (what the Welcome told the client) and are
+// checked by the session for both backends, whatever a client checked or skipped; the answers are
+// NVIDIA's driver's (kCudaErrorInvalidConfiguration for a grid or block past them, as the client
+// answers at the call).
+TEST_F(SessionTest, LaunchesPastTheDevicesLimitsAreRefusedByTheSession) {
+  Context();
+  const uint64_t fn =
+      Function(".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry noop()\n{\n  ret;\n}\n", "noop");
+  ASSERT_NE(fn, 0u);
+  const auto launch = [&](std::array<uint32_t, 3> grid, std::array<uint32_t, 3> block, uint32_t smem) {
+    LaunchReq q{};
+    q.function = fn;
+    std::memcpy(q.grid, grid.data(), sizeof q.grid);
+    std::memcpy(q.block, block.data(), sizeof q.block);
+    q.shared_mem_bytes = smem;
+    return Status(Op::kLaunchKernel, q);
+  };
+  const auto bad_config = static_cast<CUresult>(kCudaErrorInvalidConfiguration);
+  EXPECT_EQ(launch({1, 1, 1}, {32, 1, 1}, 0), CUDA_SUCCESS);
+  EXPECT_EQ(launch({1, 1, 1}, {1024, 1, 1}, 0), CUDA_SUCCESS);
+  EXPECT_EQ(launch({1, 1, 1}, {2048, 1, 1}, 0), bad_config);   // MAX_BLOCK_DIM_X 1024
+  EXPECT_EQ(launch({1, 1, 1}, {32, 32, 2}, 0), bad_config);    // 2048 threads: MAX_THREADS_PER_BLOCK 1024
+  EXPECT_EQ(launch({1, 1, 1}, {1, 1, 65}, 0), bad_config);     // MAX_BLOCK_DIM_Z 64
+  EXPECT_EQ(launch({1, 65536, 1}, {1, 1, 1}, 0), bad_config);  // MAX_GRID_DIM_Y 65535
+  EXPECT_EQ(launch({0, 1, 1}, {1, 1, 1}, 0), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(launch({1, 1, 1}, {1, 0, 1}, 0), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(launch({1, 1, 1}, {1, 1, 1}, 232448), CUDA_SUCCESS);  // SHARED_MEMORY_PER_BLOCK_OPTIN
+  EXPECT_EQ(launch({1, 1, 1}, {1, 1, 1}, 232449), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(Status(Op::kCtxSynchronize), CUDA_SUCCESS);  // nothing refused reached the executor
 }
 
 }  // namespace

@@ -32,10 +32,13 @@ namespace {
 constexpr uint64_t kSimBase = 0x200000000000ull;  // far from where Linux places user mappings
 constexpr uint64_t kSimAlign = 512;               // cudaMalloc alignment is at least 256
 // sm_90 limits (CUDA C++ Programming Guide, "Technical Specifications per Compute Capability"):
-// statically declared shared memory per block, shared memory per block with the opt-in, and local
-// memory per thread.
+// statically declared shared memory per block, shared memory per block with the opt-in (what
+// CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN says; the session checks launches against
+// it), shared memory per SM and what the GPU reserves of it per block, and local memory per thread.
 constexpr uint64_t kSimMaxStaticShared = 48 * 1024;
 constexpr uint64_t kSimMaxSharedPerBlock = 232448;
+constexpr uint64_t kSimSharedPerSm = 233472;
+constexpr uint64_t kSimReservedSharedPerBlock = 1024;
 constexpr uint64_t kSimMaxLocalPerThread = 512 * 1024;
 
 uint64_t NowNs() {
@@ -97,7 +100,7 @@ void FillSimAttributes(int32_t* a, uint32_t pgpu) {
   set(CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED, 1);
   set(CU_DEVICE_ATTRIBUTE_GLOBAL_L1_CACHE_SUPPORTED, 1);
   set(CU_DEVICE_ATTRIBUTE_LOCAL_L1_CACHE_SUPPORTED, 1);
-  set(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, 233472);
+  set(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, static_cast<int>(kSimSharedPerSm));
   set(CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR, 65536);
   set(CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, 0);
   set(CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD, 0);
@@ -105,9 +108,9 @@ void FillSimAttributes(int32_t* a, uint32_t pgpu) {
   set(CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED, 1);
   set(CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM, 0);
   set(CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, 1);  // the executor runs all blocks at once
-  set(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, 232448);
+  set(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, static_cast<int>(kSimMaxSharedPerBlock));
   set(CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR, 32);
-  set(CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK, 1024);
+  set(CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK, static_cast<int>(kSimReservedSharedPerBlock));
   set(CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE, 32505856);
   set(CU_DEVICE_ATTRIBUTE_MAX_ACCESS_POLICY_WINDOW_SIZE, kSimMaxAccessPolicyWindow);
   set(CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 0);
@@ -692,7 +695,8 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     return CUDA_SUCCESS;
   }
   CUresult FuncSetAttribute(void* function, int attribute, int value) override {
-    if (attribute == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES && (value < 0 || value > 232448))
+    if (attribute == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES &&
+        (value < 0 || static_cast<uint64_t>(value) > kSimMaxSharedPerBlock))
       return CUDA_ERROR_INVALID_VALUE;
     if (attribute < 0 || attribute >= CU_FUNC_ATTRIBUTE_MAX) return CUDA_ERROR_INVALID_VALUE;
     static_cast<SimFunction*>(function)->attributes[attribute] = value;
@@ -707,30 +711,22 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
   void UseComputeGate(ComputeGate* gate) override { gate_ = gate; }
   // The executor runs up to `workers` blocks at once, each with its threads' local memory and its
   // shared memory: what a launch holds on oriond's host while it runs.
-  uint64_t LaunchScratchBytes(void* function, const uint32_t block[3], uint32_t shared_mem) override {
+  uint64_t LaunchScratchBytes(void* function, const LaunchSpec& l) override {
     auto* f = static_cast<SimFunction*>(function);
     if (!opt_.execute || f == nullptr || !Runnable(f)) return 0;
-    const uint64_t threads = uint64_t{block[0]} * block[1] * block[2];
     const uint64_t workers = opt_.workers != 0 ? opt_.workers : std::max(1u, std::thread::hardware_concurrency());
-    return workers * (f->resources.local_per_thread * threads + f->resources.shared_static + shared_mem);
+    return workers * (f->resources.local_per_thread * l.threads() + f->resources.shared_static + l.shared_mem);
   }
   bool GatesCompute() const override { return true; }
-  CUresult LaunchKernel(void* function, const uint32_t grid[3], const uint32_t block[3], uint32_t shared_mem,
-                        void* stream, const uint8_t* params, uint32_t param_bytes, const uint32_t cluster[3],
-                        uint32_t flags) override {
+  // The session checked the grid, block and dynamic shared memory against the attribute table
+  // (LaunchSpec); what depends on the function is checked here.
+  CUresult LaunchKernel(void* function, const LaunchSpec& l) override {
     auto* f = static_cast<SimFunction*>(function);
-    const uint64_t csize = uint64_t{cluster[0]} * cluster[1] * cluster[2];
-    if (csize == 0 || csize > MaxCluster(f)) return CUDA_ERROR_INVALID_CLUSTER_SIZE;
+    if (l.cluster_size() == 0 || l.cluster_size() > MaxCluster(f)) return CUDA_ERROR_INVALID_CLUSTER_SIZE;
     for (int d = 0; d < 3; ++d) {
-      if (grid[d] % cluster[d] != 0) return CUDA_ERROR_INVALID_CLUSTER_SIZE;  // the grid is whole clusters
+      if (l.grid[d] % l.cluster[d] != 0) return CUDA_ERROR_INVALID_CLUSTER_SIZE;  // the grid is whole clusters
     }
-    const uint64_t threads = uint64_t{block[0]} * block[1] * block[2];
-    if (threads == 0 || threads > 1024 || block[0] > 1024 || block[1] > 1024 || block[2] > 64)
-      return CUDA_ERROR_INVALID_VALUE;
-    if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0 || grid[1] > 65535 || grid[2] > 65535 || grid[0] > 2147483647u)
-      return CUDA_ERROR_INVALID_VALUE;
-    if (shared_mem > kSimMaxSharedPerBlock) return CUDA_ERROR_INVALID_VALUE;
-    if (param_bytes != f->kernel->param_bytes) return CUDA_ERROR_INVALID_VALUE;
+    if (l.params.size() != f->kernel->param_bytes) return CUDA_ERROR_INVALID_VALUE;
     if (sticky_ != CUDA_SUCCESS) return sticky_;
     if (!opt_.execute && !told_not_executing_) {
       told_not_executing_ = true;
@@ -738,13 +734,11 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
           "this oriond runs with --sim-execute none: kernels are validated and logged, NEVER executed; "
           "no result a kernel should write is computed");
     }
-    const bool cooperative = (flags & kLaunchCooperative) != 0;
-    if (cooperative) {
+    if (l.cooperative()) {
       // Every block must be resident at once: the occupancy model's blocks per SM times the SMs.
       int per_sm = 0;
-      (void)OccupancyMaxBlocks(function, static_cast<uint32_t>(threads), shared_mem, 0, &per_sm);
-      if (uint64_t{grid[0]} * grid[1] * grid[2] > static_cast<uint64_t>(per_sm) * kSimSms)
-        return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
+      (void)OccupancyMaxBlocks(function, static_cast<uint32_t>(l.threads()), l.shared_mem, 0, &per_sm);
+      if (l.blocks() > static_cast<uint64_t>(per_sm) * kSimSms) return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
     }
     // Launches on a stream other than the legacy default stream are deferred until something
     // orders them (see Flush): stream order is all CUDA promises, so a program that forgot a
@@ -752,12 +746,8 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     Pending p;
     p.seq = ++seq_;
     p.f = f;
-    std::memcpy(p.grid, grid, sizeof p.grid);
-    std::memcpy(p.block, block, sizeof p.block);
-    p.smem = shared_mem;
-    p.params = std::span<const uint8_t>(params, param_bytes);
-    p.cooperative = cooperative;
-    p.stream = stream;
+    p.launch = l;
+    p.stream = l.stream;
     p.gate = gate_;
     // A kernel the executor cannot run fails here, synchronously, and nothing is queued for it
     // (unless --sim-unexecutable skip: then it is queued and skipped, and the client is told).
@@ -767,27 +757,27 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
                            "; its launches fail with " +
                            (LaunchErrorName(f->refusal) != nullptr ? LaunchErrorName(f->refusal)
                                                                    : std::to_string(static_cast<int>(f->refusal))));
-      LogLaunch(p, cluster, "refused:" + std::to_string(static_cast<int>(f->refusal)));
+      LogLaunch(p, "refused:" + std::to_string(static_cast<int>(f->refusal)));
       last_error_ = "kernel " + f->kernel->name + ": " + f->why;
       return f->refusal;
     }
-    if (opt_.execute && f->runnable == 1 && f->resources.shared_static + shared_mem > kSimMaxSharedPerBlock) {
+    if (opt_.execute && f->runnable == 1 && f->resources.shared_static + l.shared_mem > kSimMaxSharedPerBlock) {
       last_error_ = "kernel " + f->kernel->name + ": " + std::to_string(f->resources.shared_static) +
-                    " bytes of static and " + std::to_string(shared_mem) +
-                    " of dynamic shared memory exceed a block's 232448";
+                    " bytes of static and " + std::to_string(l.shared_mem) +
+                    " of dynamic shared memory exceed a block's " + std::to_string(kSimMaxSharedPerBlock);
       return CUDA_ERROR_INVALID_VALUE;
     }
-    if (stream != nullptr && opt_.execute) {
-      p.owned.assign(params, params + param_bytes);  // the frame's bytes are gone after this call
-      p.params = p.owned;                            // (a moved vector keeps its buffer)
-      LogLaunch(p, cluster, "deferred");
-      queues_[stream].push_back(std::move(p));
+    if (l.stream != nullptr && opt_.execute) {
+      p.owned.assign(l.params.begin(), l.params.end());  // the frame's bytes are gone after this call
+      p.launch.params = p.owned;                         // (a moved vector keeps its buffer)
+      LogLaunch(p, "deferred");
+      queues_[l.stream].push_back(std::move(p));
       return CUDA_SUCCESS;
     }
     if (CUresult r = FlushBlocking(); r != CUDA_SUCCESS) return r;
     std::string exec;
     const CUresult result = Execute(p, &exec);
-    LogLaunch(p, cluster, exec);
+    LogLaunch(p, exec);
     return result;
   }
 
@@ -799,10 +789,8 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     void* wait_stream = nullptr;  // kWait: that record's stream
     uint64_t seq = 0;
     SimFunction* f = nullptr;
-    uint32_t grid[3] = {}, block[3] = {}, smem = 0;
-    std::span<const uint8_t> params;  // the frame's bytes, or `owned` once deferred
+    LaunchSpec launch;  // kLaunch; its params are the frame's bytes, or `owned` once deferred
     std::vector<uint8_t> owned;
-    bool cooperative = false;
     void* stream = nullptr;
     ComputeGate* gate = nullptr;  // the launching vGPU's compute share (null: none)
   };
@@ -823,17 +811,17 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
       } else {
         ptx::Program* prog = f->module->program.get();
         ptx::LaunchConfig cfg;
-        std::memcpy(cfg.grid, p.grid, sizeof cfg.grid);
-        std::memcpy(cfg.block, p.block, sizeof cfg.block);
-        cfg.dynamic_smem = p.smem;
-        cfg.params = p.params.data();
-        cfg.param_bytes = static_cast<uint32_t>(p.params.size());
+        std::memcpy(cfg.grid, p.launch.grid, sizeof cfg.grid);
+        std::memcpy(cfg.block, p.launch.block, sizeof cfg.block);
+        cfg.dynamic_smem = p.launch.shared_mem;
+        cfg.params = p.launch.params.data();
+        cfg.param_bytes = static_cast<uint32_t>(p.launch.params.size());
         cfg.var_addrs = f->module->var_addrs.data();
         cfg.timeout_ms = opt_.kernel_timeout_ms;
         cfg.workers = opt_.workers != 0 ? opt_.workers : std::max(1u, std::thread::hardware_concurrency());
         cfg.printf_out = &output_;
         uint64_t workspace = 0;
-        if (p.cooperative) {
+        if (p.launch.cooperative()) {
           if (CUresult w = MemAlloc(64, &workspace); w != CUDA_SUCCESS) return w;
           std::memset(Host(workspace, 64), 0, 64);
           cfg.cooperative = true;
@@ -863,31 +851,29 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     return result;
   }
 
-  void LogLaunch(const Pending& p, const uint32_t cluster[3], const std::string& exec) {
+  void LogLaunch(const Pending& p, const std::string& exec) {
     if (log_fd_ < 0) return;
-    SimFunction* f = p.f;
-    const uint64_t csize = uint64_t{cluster[0]} * cluster[1] * cluster[2];
-    {
-      // One write() per line: lines from concurrent sessions never interleave (O_APPEND).
-      std::string line =
-          "sess=" + std::to_string(opt_.session_id) + " launch " + f->kernel->name +
-          " grid=" + std::to_string(p.grid[0]) + "," + std::to_string(p.grid[1]) + "," + std::to_string(p.grid[2]) +
-          " block=" + std::to_string(p.block[0]) + "," + std::to_string(p.block[1]) + "," + std::to_string(p.block[2]) +
-          " smem=" + std::to_string(p.smem) + " stream=" + std::to_string(reinterpret_cast<uintptr_t>(p.stream)) +
-          (p.cooperative ? " p.cooperative=1" : "") +
-          (csize > 1 ? " cluster=" + std::to_string(cluster[0]) + "," + std::to_string(cluster[1]) + "," +
-                           std::to_string(cluster[2])
-                     : std::string()) +
-          " params=";
-      static const char* kHex = "0123456789abcdef";
-      for (size_t i = 0; i < p.params.size(); ++i) {
-        line += kHex[p.params[i] >> 4];
-        line += kHex[p.params[i] & 15];
-      }
-      line += " exec=" + exec + "\n";
-      ssize_t w = ::write(log_fd_, line.data(), line.size());
-      (void)w;
+    const SimFunction* f = p.f;
+    const LaunchSpec& l = p.launch;
+    // One write() per line: lines from concurrent sessions never interleave (O_APPEND).
+    std::string line =
+        "sess=" + std::to_string(opt_.session_id) + " launch " + f->kernel->name +
+        " grid=" + std::to_string(l.grid[0]) + "," + std::to_string(l.grid[1]) + "," + std::to_string(l.grid[2]) +
+        " block=" + std::to_string(l.block[0]) + "," + std::to_string(l.block[1]) + "," + std::to_string(l.block[2]) +
+        " smem=" + std::to_string(l.shared_mem) + " stream=" + std::to_string(reinterpret_cast<uintptr_t>(l.stream)) +
+        (l.cooperative() ? " p.cooperative=1" : "") +
+        (l.cluster_size() > 1 ? " cluster=" + std::to_string(l.cluster[0]) + "," + std::to_string(l.cluster[1]) + "," +
+                                    std::to_string(l.cluster[2])
+                              : std::string()) +
+        " params=";
+    static const char* kHex = "0123456789abcdef";
+    for (const uint8_t b : l.params) {
+      line += kHex[b >> 4];
+      line += kHex[b & 15];
     }
+    line += " exec=" + exec + "\n";
+    ssize_t w = ::write(log_fd_, line.data(), line.size());
+    (void)w;
   }
 
   // Executes the deferred launches of `stream` in order and returns the sticky error, if any. A
@@ -972,7 +958,7 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     // Simulated occupancy from the sm_90 limits: threads, blocks and shared memory per SM.
     const uint32_t warps = (block_size + 31) / 32;
     uint64_t by_threads = 2048 / (uint64_t{warps} * 32);
-    uint64_t by_smem = dynamic_smem == 0 ? 32 : 233472 / (dynamic_smem + 1024);
+    uint64_t by_smem = dynamic_smem == 0 ? 32 : kSimSharedPerSm / (dynamic_smem + kSimReservedSharedPerBlock);
     *blocks = static_cast<int>(std::min<uint64_t>({32, by_threads, by_smem}));
     return CUDA_SUCCESS;
   }
@@ -997,7 +983,10 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     int static_smem = 0;
     (void)FuncGetAttribute(function, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, &static_smem);
     if (block_size > 1024) return CUDA_ERROR_INVALID_VALUE;
-    const int64_t avail = std::min<int64_t>(233472 / num_blocks - 1024, 232448) - static_smem;
+    const int64_t avail = std::min<int64_t>(static_cast<int64_t>(kSimSharedPerSm) / num_blocks -
+                                                static_cast<int64_t>(kSimReservedSharedPerBlock),
+                                            static_cast<int64_t>(kSimMaxSharedPerBlock)) -
+                          static_smem;
     *bytes = avail > 0 ? static_cast<uint64_t>(avail) : 0;
     return CUDA_SUCCESS;
   }

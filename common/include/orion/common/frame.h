@@ -577,6 +577,11 @@ struct LaunchExReq {
 // LaunchExReq.flags: all blocks co-resident, grid-wide sync allowed (cuLaunchCooperativeKernel,
 // CU_LAUNCH_ATTRIBUTE_COOPERATIVE). Too many blocks: CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE.
 inline constexpr uint32_t kLaunchCooperative = 1u << 0;
+// The CUresult NVIDIA's driver answers for a grid or block beyond the device's limits: 9, not in
+// cuda.h, which cudart 13 maps (it alone) to cudaErrorInvalidConfiguration, "invalid configuration
+// argument" (checked by returning each candidate code to cudart 13.0; scripts/gpu-e2e.sh compares
+// with the real driver). The client refuses such a launch at the call; oriond refuses it again.
+inline constexpr int32_t kCudaErrorInvalidConfiguration = 9;
 ORION_WIRE_STRUCT(LaunchExReq, 64);
 
 // OccupancyMaxClusters (cuOccupancyMaxActiveClusters) -> I32Rep.

@@ -41,6 +41,28 @@ struct KernelLayout {
   LaunchRefusal launch_refusal = LaunchRefusal::kNone;
 };
 
+// One kernel launch as the session checked it (the shape of cuLaunchKernelEx's CUlaunchConfig):
+// built once from the wire (LaunchReq, LaunchExReq) by Session::Launch and handed to the backend
+// as is. The session has checked `grid`, `block` and `shared_mem` against the device's attribute
+// table (CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_*, _MAX_BLOCK_DIM_*, _MAX_THREADS_PER_BLOCK,
+// _MAX_SHARED_MEMORY_PER_BLOCK_OPTIN), `flags` against kLaunchCooperative, and `params` against
+// the function's layout (param_bytes long). What depends on the function (its cluster limit, its
+// static shared memory) is the backend's to check.
+struct LaunchSpec {
+  uint32_t grid[3] = {1, 1, 1};     // blocks per dimension
+  uint32_t block[3] = {1, 1, 1};    // threads per block per dimension
+  uint32_t shared_mem = 0;          // dynamic shared memory per block, bytes
+  uint32_t cluster[3] = {1, 1, 1};  // blocks per cluster ({1,1,1}: no cluster)
+  uint32_t flags = 0;               // kLaunchCooperative (frame.h)
+  void* stream = nullptr;           // the backend's stream (null: the context's default stream)
+  std::span<const uint8_t> params;  // the parameter buffer; borrowed for the call (the frame's bytes)
+
+  uint64_t threads() const { return uint64_t{block[0]} * block[1] * block[2]; }
+  uint64_t blocks() const { return uint64_t{grid[0]} * grid[1] * grid[2]; }
+  uint64_t cluster_size() const { return uint64_t{cluster[0]} * cluster[1] * cluster[2]; }
+  bool cooperative() const { return (flags & kLaunchCooperative) != 0; }
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -176,23 +198,20 @@ class Backend {
   virtual CUresult ModuleFunctionNames(void* module, std::vector<std::string>* names) = 0;
   virtual CUresult FuncGetAttribute(void* function, int attribute, int* value) = 0;
   virtual CUresult FuncSetAttribute(void* function, int attribute, int value) = 0;
-  // `params` is the parameter buffer (param_bytes long, laid out per the function's layout);
-  // `cluster` the thread-block cluster dimensions ({1,1,1}: no cluster); `flags` kLaunchCooperative
-  // (frame.h) for a cooperative launch.
   // The compute-share gate the next launches run under (the launching context's vGPU's; null:
   // none). A backend that cannot gate its kernels ignores it (the session log says so).
   virtual void UseComputeGate(ComputeGate* gate) { (void)gate; }
-  // Device memory a launch of `function` with `block` threads and `shared_mem` dynamic shared bytes
-  // holds besides its allocations while it runs (local memory for its resident threads, and shared
-  // memory), as a GPU reserves it: the worker charges it to the vGPU's quota (0: none to charge).
-  virtual uint64_t LaunchScratchBytes(void* function, const uint32_t block[3], uint32_t shared_mem) {
-    (void)function, (void)block, (void)shared_mem;
+  // Device memory a launch of `function` holds besides its allocations while it runs (local memory
+  // for its resident threads, and shared memory), as a GPU reserves it: the worker charges it to
+  // the vGPU's quota (0: none to charge).
+  virtual uint64_t LaunchScratchBytes(void* function, const LaunchSpec& launch) {
+    (void)function, (void)launch;
     return 0;
   }
   virtual bool GatesCompute() const { return false; }
-  virtual CUresult LaunchKernel(void* function, const uint32_t grid[3], const uint32_t block[3], uint32_t shared_mem,
-                                void* stream, const uint8_t* params, uint32_t param_bytes, const uint32_t cluster[3],
-                                uint32_t flags) = 0;
+  // Launches `function` as `launch` describes (its params are only borrowed: a backend that runs
+  // the launch later copies them).
+  virtual CUresult LaunchKernel(void* function, const LaunchSpec& launch) = 0;
   virtual CUresult OccupancyMaxBlocks(void* function, uint32_t block_size, uint64_t dynamic_smem, uint32_t flags,
                                       int* blocks) = 0;
   virtual CUresult OccupancyMaxClusters(void* function, const uint32_t grid[3], const uint32_t block[3],
