@@ -168,156 +168,117 @@ std::string RefusalText(const GuestFunction& f) {
          LaunchErrorName(f.launch_error) + " and compute nothing";
 }
 
-// A launch as an entry point received it (cuLaunchKernel's arguments; cuLaunchKernelEx's
-// CUlaunchConfig with its cluster and cooperative attributes drawn out), before any check.
-struct LaunchArgs {
-  CUfunction function = nullptr;
-  uint32_t grid[3] = {1, 1, 1};
-  uint32_t block[3] = {1, 1, 1};
-  uint32_t shared_mem = 0;
-  CUstream stream = nullptr;
-  void** params = nullptr;            // kernelParams: one pointer per parameter
-  void** extra = nullptr;             // CU_LAUNCH_PARAM_BUFFER_POINTER / _SIZE pairs, CU_LAUNCH_PARAM_END
-  const uint32_t* cluster = nullptr;  // a cluster launch's dimensions (null: none)
-  bool cooperative = false;
-};
-
-LaunchArgs ArgsOf(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                  unsigned smem, CUstream s, void** params, void** extra) {
-  LaunchArgs a;
-  a.function = f;
-  a.grid[0] = gx, a.grid[1] = gy, a.grid[2] = gz;
-  a.block[0] = bx, a.block[1] = by, a.block[2] = bz;
-  a.shared_mem = smem;
-  a.stream = s;
-  a.params = params;
-  a.extra = extra;
-  return a;
-}
-
-// A checked launch: its frame (LaunchKernel, or LaunchKernelEx for a cluster or cooperative
-// launch) and where its parameter buffer comes from, written by Fill wherever the frame goes
-// (the ring, a graph node, a capture).
-struct LaunchFrame {
-  const GuestFunction* f = nullptr;
-  LaunchExReq x{};  // x.base alone for LaunchKernel
-  bool ex = false;
-  const void* buffer = nullptr;  // the `extra` buffer, else `params`
-  void** params = nullptr;
-
-  Op op() const { return ex ? Op::kLaunchKernelEx : Op::kLaunchKernel; }
-  uint32_t head() const { return ex ? sizeof(LaunchExReq) : sizeof(LaunchReq); }
-  void Write(uint8_t* out) const {  // head() + f->param_bytes bytes
-    if (ex)
-      std::memcpy(out, &x, sizeof x);
-    else
-      std::memcpy(out, &x.base, sizeof x.base);
-    Fill(out + head());
-  }
-  void Fill(uint8_t* out) const {
-    if (buffer != nullptr) {
-      std::memcpy(out, buffer, f->param_bytes);
-      return;
-    }
-    std::memset(out, 0, f->param_bytes);
-    for (size_t i = 0; i < f->params.size(); ++i) std::memcpy(out + f->params[i].offset, params[i], f->params[i].size);
-  }
-};
-
-// Checks a launch as NVIDIA's driver does at the call, against the device's limits (known locally
-// since the handshake), and builds its frame. `stream` is checked unless the launch is a graph
-// node (`node`: it has none).
-CUresult CheckLaunch(const LaunchArgs& a, bool node, LaunchFrame* out) {
+CUresult Launch(CUfunction hf, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                unsigned smem, CUstream hs, void** params, void** extra, const uint32_t* cluster = nullptr,
+                bool cooperative = false, Op* record_op = nullptr, std::vector<uint8_t>* record = nullptr) {
   if (CUresult r = NeedCtx(); r != CUDA_SUCCESS) return r;
-  GuestFunction* f = AsFunction(a.function);
+  GuestFunction* f = AsFunction(hf);
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   uint64_t stream = 0;
-  if (!node && !StreamId(a.stream, &stream)) return CUDA_ERROR_INVALID_HANDLE;
-  const int32_t* at = Client::Get().devices()[static_cast<size_t>(CurrentCtx()->device)].attributes;
-  const uint64_t threads = uint64_t{a.block[0]} * a.block[1] * a.block[2];
-  for (int d = 0; d < 3; ++d) {
-    if (a.grid[d] == 0 || a.block[d] == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (record == nullptr && !StreamId(hs, &stream)) return CUDA_ERROR_INVALID_HANDLE;
+  if (gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0) return CUDA_ERROR_INVALID_VALUE;
+  // The configuration is checked here, synchronously, as NVIDIA's driver does, against the
+  // device's limits (known locally since the handshake).
+  const int32_t* a = Client::Get().devices()[static_cast<size_t>(CurrentCtx()->device)].attributes;
+  const uint64_t threads = uint64_t{bx} * by * bz;
+  if (threads > static_cast<uint64_t>(a[CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK]) ||
+      bx > static_cast<unsigned>(a[CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X]) ||
+      by > static_cast<unsigned>(a[CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y]) ||
+      bz > static_cast<unsigned>(a[CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z]) ||
+      gx > static_cast<unsigned>(a[CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X]) ||
+      gy > static_cast<unsigned>(a[CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y]) ||
+      gz > static_cast<unsigned>(a[CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z])) {
+    return static_cast<CUresult>(kCudaErrorInvalidConfiguration);  // frame.h
   }
-  for (int d = 0; d < 3; ++d) {
-    if (a.grid[d] > static_cast<uint32_t>(at[CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X + d]) ||
-        a.block[d] > static_cast<uint32_t>(at[CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X + d]))
-      return static_cast<CUresult>(kCudaErrorInvalidConfiguration);  // frame.h
-  }
-  if (threads > static_cast<uint64_t>(at[CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK]))
-    return static_cast<CUresult>(kCudaErrorInvalidConfiguration);
-  if (a.shared_mem > static_cast<uint32_t>(at[CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN]))
+  if (smem > static_cast<unsigned>(a[CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN])) {
     return CUDA_ERROR_INVALID_VALUE;
+  }
   // A kernel oriond cannot execute (the sim backend and SASS-only code) fails here, synchronously,
   // as a driver's launch of a kernel with no image for the device does: nothing is sent.
   if (f->launch_error != CUDA_SUCCESS) {
     if (!f->refusal_told.exchange(true)) LogWarn(RefusalText(*f));
-    if (!node) CaptureFailed(stream, "a launch of kernel " + f->name.substr(0, 512));
+    if (record == nullptr) CaptureFailed(stream, "a launch of kernel " + f->name.substr(0, 512));
     return f->launch_error;
   }
-  if (a.cooperative) {
-    if (at[CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH] == 0) return CUDA_ERROR_NOT_SUPPORTED;
+  if (cooperative) {
+    if (a[CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH] == 0) return CUDA_ERROR_NOT_SUPPORTED;
     // Refused at the call, as by the driver, when the grid cannot be resident at once.
-    OccupancyReq oq{f->handle, static_cast<uint32_t>(threads), 0, a.shared_mem};
+    OccupancyReq oq{f->handle, static_cast<uint32_t>(threads), 0, smem};
     I32Rep per_sm{};
     if (CUresult r = Client::Get().Call(Op::kOccupancyMaxBlocks, &oq, sizeof oq, &per_sm, sizeof per_sm);
         r != CUDA_SUCCESS)
       return r;
     const uint64_t resident = static_cast<uint64_t>(std::max(per_sm.value, 0)) *
-                              static_cast<uint64_t>(std::max(at[CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT], 0));
-    if (uint64_t{a.grid[0]} * a.grid[1] * a.grid[2] > resident) return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
+                              static_cast<uint64_t>(std::max(a[CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT], 0));
+    if (uint64_t{gx} * gy * gz > resident) return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
   }
-  LaunchFrame& l = *out;
-  l.f = f;
-  l.params = a.params;
-  if (a.extra != nullptr) {
-    size_t buffer_size = 0;
-    for (size_t i = 0; a.extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
-      if (a.extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER)
-        l.buffer = a.extra[i + 1];
-      else if (a.extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE)
-        buffer_size = *static_cast<size_t*>(a.extra[i + 1]);
+  const void* buffer = nullptr;
+  size_t buffer_size = 0;
+  if (extra != nullptr) {
+    // CU_LAUNCH_PARAM_BUFFER_POINTER / _SIZE pairs, CU_LAUNCH_PARAM_END.
+    for (size_t i = 0; extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+      if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER)
+        buffer = extra[i + 1];
+      else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE)
+        buffer_size = *static_cast<size_t*>(extra[i + 1]);
       else
         return CUDA_ERROR_INVALID_VALUE;
       if (i > 64) return CUDA_ERROR_INVALID_VALUE;
     }
-    if (a.params != nullptr || l.buffer == nullptr || buffer_size < f->param_bytes) return CUDA_ERROR_INVALID_VALUE;
-  } else if (a.params == nullptr && !f->params.empty()) {
+    if (params != nullptr || buffer == nullptr || buffer_size < f->param_bytes) return CUDA_ERROR_INVALID_VALUE;
+  } else if (params == nullptr && !f->params.empty()) {
     return CUDA_ERROR_INVALID_VALUE;
   }
-  LaunchReq& q = l.x.base;
+  LaunchReq q{};
   q.function = f->handle;
   q.stream = stream;
-  std::memcpy(q.grid, a.grid, sizeof q.grid);
-  std::memcpy(q.block, a.block, sizeof q.block);
-  q.shared_mem_bytes = a.shared_mem;
+  q.grid[0] = gx;
+  q.grid[1] = gy;
+  q.grid[2] = gz;
+  q.block[0] = bx;
+  q.block[1] = by;
+  q.block[2] = bz;
+  q.shared_mem_bytes = smem;
   q.param_bytes = f->param_bytes;
-  l.ex = a.cluster != nullptr || a.cooperative;
-  if (l.ex) {
+  LaunchExReq x{};
+  const bool ex = cluster != nullptr || cooperative;
+  if (ex) {
     static const uint32_t kNoCluster[3] = {1, 1, 1};
-    std::memcpy(l.x.cluster, a.cluster != nullptr ? a.cluster : kNoCluster, sizeof l.x.cluster);
-    l.x.flags = a.cooperative ? kLaunchCooperative : 0;
+    x.base = q;
+    std::memcpy(x.cluster, cluster != nullptr ? cluster : kNoCluster, sizeof x.cluster);
+    x.flags = cooperative ? kLaunchCooperative : 0;
   }
-  return CUDA_SUCCESS;
-}
-
-// Sends a checked launch: into a stream being captured (the frame is kept, to be sent at each
-// graph launch: graph.cpp), else straight into the ring.
-CUresult SendLaunch(const LaunchFrame& l) {
-  if (CaptureActive()) {
-    std::vector<uint8_t> frame(l.head() + l.f->param_bytes);
-    l.Write(frame.data());
+  auto fill = [&](uint8_t* out) {
+    if (buffer != nullptr) {
+      std::memcpy(out, buffer, f->param_bytes);
+      return;
+    }
+    std::memset(out, 0, f->param_bytes);
+    for (size_t i = 0; i < f->params.size(); ++i) {
+      std::memcpy(out + f->params[i].offset, params[i], f->params[i].size);
+    }
+  };
+  // A graph node (explicit construction), or a launch into a stream being captured: the frame is
+  // kept, to be sent at each graph launch (graph.cpp).
+  if (record != nullptr || CaptureActive()) {
+    const Op op = ex ? Op::kLaunchKernelEx : Op::kLaunchKernel;
+    const uint32_t head = ex ? sizeof x : sizeof q;
+    std::vector<uint8_t> frame(head + f->param_bytes);
+    if (ex)
+      std::memcpy(frame.data(), &x, sizeof x);
+    else
+      std::memcpy(frame.data(), &q, sizeof q);
+    fill(frame.data() + head);
+    if (record != nullptr) {
+      *record_op = op;
+      *record = std::move(frame);
+      return CUDA_SUCCESS;
+    }
     CUresult r = CUDA_SUCCESS;
-    if (CaptureFrame(l.x.base.stream, l.op(), frame.data(), static_cast<uint32_t>(frame.size()),
-                     offsetof(LaunchReq, stream), &r))
+    if (CaptureFrame(stream, op, frame.data(), static_cast<uint32_t>(frame.size()), offsetof(LaunchReq, stream), &r))
       return r;
   }
-  return Client::Get().SendLaunch(l.x.base, l.ex ? &l.x : nullptr, [&](uint8_t* out) { l.Fill(out); });
-}
-
-CUresult Launch(const LaunchArgs& a) {
-  LaunchFrame l;
-  if (CUresult r = CheckLaunch(a, false, &l); r != CUDA_SUCCESS) return r;
-  return SendLaunch(l);
+  return Client::Get().SendLaunch(q, ex ? &x : nullptr, fill);
 }
 
 }  // namespace
@@ -327,16 +288,8 @@ namespace orion::guest {
 CUresult KernelNodeFrame(const CUDA_KERNEL_NODE_PARAMS* p, Op* op, std::vector<uint8_t>* frame) noexcept {
   if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
   CUfunction f = p->func != nullptr ? p->func : reinterpret_cast<CUfunction>(p->kern);
-  LaunchFrame l;
-  if (CUresult r = CheckLaunch(ArgsOf(f, p->gridDimX, p->gridDimY, p->gridDimZ, p->blockDimX, p->blockDimY,
-                                      p->blockDimZ, p->sharedMemBytes, nullptr, p->kernelParams, p->extra),
-                               true, &l);
-      r != CUDA_SUCCESS)
-    return r;
-  *op = l.op();
-  frame->resize(l.head() + l.f->param_bytes);
-  l.Write(frame->data());
-  return CUDA_SUCCESS;
+  return Launch(f, p->gridDimX, p->gridDimY, p->gridDimZ, p->blockDimX, p->blockDimY, p->blockDimZ, p->sharedMemBytes,
+                nullptr, p->kernelParams, p->extra, nullptr, false, op, frame);
 }
 
 CUresult ModuleFunctionCount(CUmodule hmod, unsigned* count) noexcept {
@@ -654,14 +607,14 @@ ORION_EXPORT CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gx, unsi
                                              unsigned int bx, unsigned int by, unsigned int bz, unsigned int smem,
                                              CUstream s, void** params, void** extra) {
   ORION_API(cuLaunchKernel);
-  return Launch(ArgsOf(f, gx, gy, gz, bx, by, bz, smem, s, params, extra));
+  return Launch(f, gx, gy, gz, bx, by, bz, smem, s, params, extra);
 }
 
 ORION_EXPORT CUresult CUDAAPI cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
                                                   unsigned int bx, unsigned int by, unsigned int bz, unsigned int smem,
                                                   CUstream s, void** params, void** extra) {
   ORION_API(cuLaunchKernel_ptsz);
-  return Launch(ArgsOf(f, gx, gy, gz, bx, by, bz, smem, s, params, extra));
+  return Launch(f, gx, gy, gz, bx, by, bz, smem, s, params, extra);
 }
 
 static bool ClusterOf(const CUlaunchConfig* config, uint32_t cluster[3]) {
@@ -704,11 +657,9 @@ static CUresult LaunchEx(const CUlaunchConfig* config, CUfunction f, void** para
   for (unsigned i = 0; i < config->numAttrs; ++i)
     if (config->attrs[i].id == CU_LAUNCH_ATTRIBUTE_COOPERATIVE && config->attrs[i].value.cooperative != 0)
       cooperative = true;
-  LaunchArgs a = ArgsOf(f, config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX, config->blockDimY,
-                        config->blockDimZ, config->sharedMemBytes, config->hStream, params, extra);
-  a.cluster = clustered ? cluster : nullptr;
-  a.cooperative = cooperative;
-  return Launch(a);
+  return Launch(f, config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX, config->blockDimY,
+                config->blockDimZ, config->sharedMemBytes, config->hStream, params, extra,
+                clustered ? cluster : nullptr, cooperative);
 }
 
 // All blocks co-resident, so the kernel may synchronize the whole grid (cooperative groups'
@@ -718,9 +669,7 @@ ORION_EXPORT CUresult CUDAAPI cuLaunchCooperativeKernel(CUfunction f, unsigned i
                                                         unsigned int bx, unsigned int by, unsigned int bz,
                                                         unsigned int smem, CUstream s, void** params) {
   ORION_API(cuLaunchCooperativeKernel);
-  LaunchArgs a = ArgsOf(f, gx, gy, gz, bx, by, bz, smem, s, params, nullptr);
-  a.cooperative = true;
-  return Launch(a);
+  return Launch(f, gx, gy, gz, bx, by, bz, smem, s, params, nullptr, nullptr, true);
 }
 
 ORION_EXPORT CUresult CUDAAPI cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
@@ -728,9 +677,7 @@ ORION_EXPORT CUresult CUDAAPI cuLaunchCooperativeKernel_ptsz(CUfunction f, unsig
                                                              unsigned int bz, unsigned int smem, CUstream s,
                                                              void** params) {
   ORION_API(cuLaunchCooperativeKernel_ptsz);
-  LaunchArgs a = ArgsOf(f, gx, gy, gz, bx, by, bz, smem, s, params, nullptr);
-  a.cooperative = true;
-  return Launch(a);
+  return Launch(f, gx, gy, gz, bx, by, bz, smem, s, params, nullptr, nullptr, true);
 }
 
 ORION_EXPORT CUresult CUDAAPI cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** params,
