@@ -239,6 +239,7 @@ int Session::Serve() {
   uint64_t frames = 0;
   uint64_t last_frame_ms = MonotonicMs();
   uint32_t quiet_waits = 0;  // sleeps since the last frame
+  bool caught_up = false;    // the last poll found no frame (ShmSessionChannel::Slip)
   auto violation = [&](const std::string& what) {
     log.error("sess={} protocol violation: {}; ending the session", p_.session_id, what);
     ch_->Closing(CUDA_ERROR_ILLEGAL_STATE);
@@ -311,6 +312,7 @@ int Session::Serve() {
       return violation(s.message());
     }
     if (!got) {
+      caught_up = true;
       if (backoff.sleeping() || (++frames & 0xFFF) == 0) {
         const uint64_t now = MonotonicMs();
         backoff.set_max_sleep_us(now - last_frame_ms > 1000 ? 5000 : 2000);
@@ -365,9 +367,11 @@ int Session::Serve() {
       if (!Reply(h, status, reply.data(), static_cast<uint32_t>(reply.size()))) {
         return violation_ ? kExitViolation : kExitClientGone;
       }
-    } else if (status != 0 && deferred_ == 0) {
-      deferred_ = status;  // reported with the next reply
+    } else {
+      if (status != 0 && deferred_ == 0) deferred_ = status;  // reported with the next reply
+      if (caught_up) ch_->Slip();
     }
+    caught_up = false;
     if (static_cast<Op>(h.op) == Op::kGoodbye) return kExitGoodbye;
   }
 }

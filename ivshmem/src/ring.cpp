@@ -10,14 +10,6 @@
 
 namespace orion::ivshmem {
 namespace {
-inline void CpuRelax() noexcept {
-#if defined(__x86_64__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
 inline std::atomic_ref<uint64_t> StampAt(uint8_t* data, uint64_t offset) noexcept {
   return std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(data + offset));
 }

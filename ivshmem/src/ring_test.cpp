@@ -48,6 +48,27 @@ TEST(Ring, PushPopRoundTrip) {
   EXPECT_FALSE(c.HasData());
 }
 
+// Ahead(): what the producer has published past the consumer, from its head cursor (a hint for the
+// worker's temporal slipping); it follows pushes and pops exactly.
+TEST(Ring, AheadCountsThePublishedBytesNotYetTaken) {
+  RingMem m(4096);
+  RingProducer p(m.base, m.cap, 1);
+  RingConsumer c(m.base, m.cap, 1);
+  EXPECT_EQ(c.Ahead(), 0u);
+  const uint8_t payload[40] = {};
+  ASSERT_TRUE(p.Push(Hdr(1, 1, 40), payload));
+  ASSERT_TRUE(p.Push(Hdr(1, 2, 0), nullptr));
+  EXPECT_EQ(c.Ahead(), RecordSpan(40) + RecordSpan(0));
+  std::vector<uint8_t> scratch;
+  FrameView f{};
+  bool got = false;
+  ASSERT_TRUE(c.Pop(&f, &scratch, &got).ok());
+  ASSERT_TRUE(got);
+  EXPECT_EQ(c.Ahead(), RecordSpan(0));
+  ASSERT_TRUE(c.Pop(&f, &scratch, &got).ok());
+  EXPECT_EQ(c.Ahead(), 0u);
+}
+
 TEST(Ring, FullRingRefusesThenAcceptsAfterPop) {
   RingMem m(1024);
   RingProducer p(m.base, m.cap, 1);

@@ -62,6 +62,10 @@ class SessionChannel {
   // request arrives as a socket wake-up anyway, and a worker spinning on recv after its reply holds
   // the CPU its client was just woken on (a first call after idle waited ~0.6 ms for it).
   virtual uint32_t SpinPolls() const { return 2000; }
+  // Called after an asynchronous request (no reply awaited) that arrived while the worker was
+  // caught up with its client: a ring channel may wait briefly for the client to write further
+  // ahead before it polls the next record (shm_channel.cpp says why).
+  virtual void Slip() {}
   // Called by the session's watchdog thread while requests execute and the client has heard nothing
   // for 250 ms: a network channel tells its client that oriond is alive though the reply is long
   // in coming (TCP: a Keepalive frame, never inside another message). Shared memory has the

@@ -105,6 +105,12 @@ class RingConsumer {
   Status Pop(FrameView* out, std::vector<uint8_t>* scratch, bool* got) noexcept;
   bool HasData() const noexcept;
   uint64_t position() const noexcept { return pos_; }
+  // Bytes the producer says it has published past our position, from its head cursor (a line of
+  // its own: reading it never disturbs the record lines). The peer's value: a hint for when to
+  // poll, never used to read a record (the stamps alone say what is published).
+  uint32_t Ahead() const noexcept {
+    return cursors_->head.load(std::memory_order_relaxed) - static_cast<uint32_t>(pos_);
+  }
 
  private:
   uint64_t LoadStamp(uint64_t offset) const noexcept;
@@ -119,6 +125,15 @@ class RingConsumer {
 // change or `timeout_us`; Wake wakes one waiter.
 void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, uint32_t timeout_us) noexcept;
 void FutexWake(std::atomic<uint32_t>* word) noexcept;
+
+// One spin-wait step: the CPU's pause hint (x86 PAUSE, Arm YIELD).
+inline void CpuRelax() noexcept {
+#if defined(__x86_64__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
 
 // Waiting: spin, then yield, then sleep with growing naps up to `max_sleep_us`. Call Pause() each
 // time the awaited condition is false; Reset() when it became true.
