@@ -218,6 +218,27 @@ Status Service::Sync() {
 
 void Service::SyncForRead() { (void)Sync(); }
 
+namespace {
+Code CodeOf(const Status& st) { return st.code(); }
+template <typename T>
+Code CodeOf(const Result<T>& r) {
+  return r.ok() ? Code::kOk : r.status().code();
+}
+}  // namespace
+
+template <typename Attempt, typename Unreachable>
+auto Service::Transact(Attempt&& attempt, Unreachable&& unreachable) -> decltype(attempt(0)) {
+  for (int n = 0;; ++n) {
+    if (Status st = Sync(); !st.ok()) {
+      unreachable();
+      return st;
+    }
+    auto r = attempt(n);
+    if (CodeOf(r) != Code::kAlreadyExists || n + 1 >= kMaxAttempts) return r;
+    Backoff(n);
+  }
+}
+
 Json Service::StoreHealth() {
   Status st = store_->Ping();
   Json j = {{"kind", store_->kind()}, {"where", store_->where()}, {"reachable", st.ok()}};
@@ -471,8 +492,7 @@ Result<Json> Service::RegisterServer(const std::string& id, const Json& body) {
   }
   std::lock_guard<std::mutex> lock(mu_);
   Json released = Json::array();
-  for (int attempt = 0;; ++attempt) {
-    if (Status st = Sync(); !st.ok()) return st;
+  Status stored = Transact([&](int) -> Status {
     const uint64_t now = WallMs();
     s.up = true;
     s.last_seen_ms = now;
@@ -504,14 +524,9 @@ Result<Json> Service::RegisterServer(const std::string& id, const Json& body) {
     }
     for (const auto& aid : drop) EraseInto(allocs_[aid], &c);
     c.put_servers.push_back(StoreDoc(s));
-    Status st = Apply(c);
-    if (!st.ok()) {
+    if (Status st = Apply(c); !st.ok()) {
       store_->Revoke(s.alive_lease);
       store_->Revoke(s.present_lease);
-      if (st.code() == Code::kAlreadyExists && attempt + 1 < kMaxAttempts) {
-        Backoff(attempt);
-        continue;
-      }
       return st;
     }
     if (old_alive != 0) store_->Revoke(old_alive);
@@ -521,8 +536,9 @@ Result<Json> Service::RegisterServer(const std::string& id, const Json& body) {
       allocs_.erase(aid);
       released.push_back(aid);
     }
-    break;
-  }
+    return Status();
+  });
+  if (!stored.ok()) return stored;
   servers_[id] = s;
   pools_.erase(id);
   pools_.emplace(id, std::move(Pools(id).at(id)));
@@ -625,8 +641,7 @@ Result<Json> Service::Heartbeat(const std::string& id, const Json& body) {
 
 Result<Json> Service::DeregisterServer(const std::string& id) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (int attempt = 0;; ++attempt) {
-    if (Status st = Sync(); !st.ok()) return st;
+  return Transact([&](int) -> Result<Json> {
     auto it = servers_.find(id);
     if (it == servers_.end()) return NotFound("server " + id + " is not registered");
     Json released = Json::array();
@@ -643,12 +658,7 @@ Result<Json> Service::DeregisterServer(const std::string& id) {
       EraseInto(allocs_[aid], &c);
       released.push_back(aid);
     }
-    Status st = Apply(c);
-    if (st.code() == Code::kAlreadyExists && attempt + 1 < kMaxAttempts) {
-      Backoff(attempt);
-      continue;
-    }
-    if (!st.ok()) return st;
+    if (Status st = Apply(c); !st.ok()) return st;
     store_->Revoke(next.alive_lease);  // etcd: the alive and present keys go with their leases
     store_->Revoke(next.present_lease);
     it->second = next;
@@ -658,7 +668,7 @@ Result<Json> Service::DeregisterServer(const std::string& id) {
       allocs_.erase(aid);
     }
     return Json{{"server", id}, {"released", released}};
-  }
+  });
 }
 
 Json Service::Servers() {
@@ -789,157 +799,156 @@ Result<Json> Service::PlaceAndStore(const Json& body, const std::string& server,
     request_id = r.get<std::string>();
   }
   int64_t lease = 0;  // granted once, kept across retries
-  for (int attempt = 0;; ++attempt) {
-    if (Status st = Sync(); !st.ok()) {
-      store_->Revoke(lease);
-      return st;
-    }
-    if (kind == "vm") {
-      // Assigned already (by this controller, or by another one that won the vms/<name> guard).
-      auto existing = ExistingAssignmentLocked(vm, body, server);
-      if (existing.ok() || existing.status().code() != Code::kNotFound) {
-        store_->Revoke(lease);
-        return existing;
-      }
-    }
-    if (!request_id.empty()) {
-      // Asked before (through this controller or another): the answer is the allocation it made.
-      for (const auto& [id, x] : allocs_) {
-        if (x.request_id != request_id) continue;
-        if (lease != 0 && lease != x.lease) store_->Revoke(lease);
-        if (x.kind != "process" || !caller.Same(x.owner)) {
+  auto placed = Transact(
+      [&](int attempt) -> Result<Json> {
+        if (kind == "vm") {
+          // Assigned already (by this controller, or by another one that won the vms/<name> guard).
+          auto existing = ExistingAssignmentLocked(vm, body, server);
+          if (existing.ok() || existing.status().code() != Code::kNotFound) {
+            store_->Revoke(lease);
+            return existing;
+          }
+        }
+        if (!request_id.empty()) {
+          // Asked before (through this controller or another): the answer is the allocation it made.
+          for (const auto& [id, x] : allocs_) {
+            if (x.request_id != request_id) continue;
+            if (lease != 0 && lease != x.lease) store_->Revoke(lease);
+            if (x.kind != "process" || !caller.Same(x.owner)) {
+              ++refusals_;
+              return InvalidArgument("request_id " + request_id + " names another client's allocation");
+            }
+            ++replays_;
+            return ToJson(x);
+          }
+          if (RequestSeenLocked(request_id)) {
+            // Placed before, and its allocation released or expired since: a late repeat, whose client
+            // is done with it. Nothing is placed again.
+            store_->Revoke(lease);
+            ++refusals_;
+            return NotFound("request_id " + request_id +
+                            " was placed already and its allocation has been released or "
+                            "has expired; a new request needs a new request_id");
+          }
+        }
+        // A client key's budget: live allocations, vGPUs across them, memory across them.
+        const bool limited = kind == "process" && caller.kind == Caller::Kind::kClient;
+        uint64_t held_vgpus = 0, held_mib = 0;
+        if (limited) {
+          uint32_t held = 0;
+          for (const auto& [id, x] : allocs_) {
+            if (x.kind != "process" || !caller.Same(x.owner)) continue;
+            ++held;
+            held_vgpus += x.vgpus;
+            for (const Slot& sl : x.slots) held_mib += sl.gmem_mib;
+          }
+          if (held >= opts_.max_allocations_per_key) {
+            ++refusals_;
+            store_->Revoke(lease);
+            return Status(Code::kOutOfRange, "this key holds " + std::to_string(held) +
+                                                 " live allocations, its limit (max_allocations_per_key " +
+                                                 std::to_string(opts_.max_allocations_per_key) +
+                                                 "); release one first");
+          }
+          uint64_t vgpus = 0;
+          (void)UInt(body, "vgpus", kMaxVgpusPerRequest, 0, &vgpus);  // Place refuses a bad one
+          if (opts_.max_vgpus_per_key != 0 && held_vgpus + vgpus > opts_.max_vgpus_per_key) {
+            ++refusals_;
+            store_->Revoke(lease);
+            return Status(Code::kOutOfRange, "this key holds " + std::to_string(held_vgpus) + " vGPUs; " +
+                                                 std::to_string(vgpus) +
+                                                 " more would pass its limit (max_vgpus_per_key " +
+                                                 std::to_string(opts_.max_vgpus_per_key) + "); release some first");
+          }
+        }
+        auto a = Place(body, server, kind);
+        if (!a.ok()) {
           ++refusals_;
-          return InvalidArgument("request_id " + request_id + " names another client's allocation");
+          store_->Revoke(lease);
+          return a.status();
         }
-        ++replays_;
-        return ToJson(x);
-      }
-      if (RequestSeenLocked(request_id)) {
-        // Placed before, and its allocation released or expired since: a late repeat, whose client
-        // is done with it. Nothing is placed again.
-        store_->Revoke(lease);
-        ++refusals_;
-        return NotFound("request_id " + request_id +
-                        " was placed already and its allocation has been released or "
-                        "has expired; a new request needs a new request_id");
-      }
-    }
-    // A client key's budget: live allocations, vGPUs across them, memory across them.
-    const bool limited = kind == "process" && caller.kind == Caller::Kind::kClient;
-    uint64_t held_vgpus = 0, held_mib = 0;
-    if (limited) {
-      uint32_t held = 0;
-      for (const auto& [id, x] : allocs_) {
-        if (x.kind != "process" || !caller.Same(x.owner)) continue;
-        ++held;
-        held_vgpus += x.vgpus;
-        for (const Slot& sl : x.slots) held_mib += sl.gmem_mib;
-      }
-      if (held >= opts_.max_allocations_per_key) {
-        ++refusals_;
-        store_->Revoke(lease);
-        return Status(Code::kOutOfRange, "this key holds " + std::to_string(held) +
-                                             " live allocations, its limit (max_allocations_per_key " +
-                                             std::to_string(opts_.max_allocations_per_key) + "); release one first");
-      }
-      uint64_t vgpus = 0;
-      (void)UInt(body, "vgpus", kMaxVgpusPerRequest, 0, &vgpus);  // Place refuses a bad one
-      if (opts_.max_vgpus_per_key != 0 && held_vgpus + vgpus > opts_.max_vgpus_per_key) {
-        ++refusals_;
-        store_->Revoke(lease);
-        return Status(Code::kOutOfRange, "this key holds " + std::to_string(held_vgpus) + " vGPUs; " +
-                                             std::to_string(vgpus) + " more would pass its limit (max_vgpus_per_key " +
-                                             std::to_string(opts_.max_vgpus_per_key) + "); release some first");
-      }
-    }
-    auto a = Place(body, server, kind);
-    if (!a.ok()) {
-      ++refusals_;
-      store_->Revoke(lease);
-      return a.status();
-    }
-    if (limited && opts_.max_gmem_mib_per_key != 0) {
-      // After placement: a request for the default size (gmem_mib 0) has its size only now.
-      uint64_t mib = 0;
-      for (const Slot& sl : a->slots) mib += sl.gmem_mib;
-      if (held_mib + mib > opts_.max_gmem_mib_per_key) {
+        if (limited && opts_.max_gmem_mib_per_key != 0) {
+          // After placement: a request for the default size (gmem_mib 0) has its size only now.
+          uint64_t mib = 0;
+          for (const Slot& sl : a->slots) mib += sl.gmem_mib;
+          if (held_mib + mib > opts_.max_gmem_mib_per_key) {
+            UnreserveLocked(*a);
+            ++refusals_;
+            store_->Revoke(lease);
+            return Status(Code::kOutOfRange, "this key holds " + std::to_string(held_mib) + " MiB of GPU memory; " +
+                                                 std::to_string(mib) +
+                                                 " MiB more would pass its limit (max_gmem_mib_per_key " +
+                                                 std::to_string(opts_.max_gmem_mib_per_key) + "); release some first");
+          }
+        }
+        if (kind == "vm") {
+          a->vm = vm;
+          a->state = "active";
+          a->client_host = vm;
+        } else {
+          a->owner = caller.owner;
+          if (!a->job.empty()) {
+            a->state = "held";  // its holder renews it; sessions come and go (Confirm)
+          } else if (!server.empty()) {
+            a->state = "active";  // oriond asked for its own client: it is serving it now
+            uint64_t session = 0;
+            (void)UInt(body, "session", 0xffffffffu, 0, &session);
+            a->session = static_cast<uint32_t>(session);
+          }
+          if (store_->shared() && lease == 0) {
+            // The allocation's lease is an etcd lease: if nobody renews it, etcd drops the allocation.
+            auto l = store_->Grant(opts_.lease_ttl_ms);
+            if (!l.ok()) {
+              UnreserveLocked(*a);
+              return Unavailable("the pool's store cannot be reached: " + l.status().message());
+            }
+            lease = *l;
+          }
+          a->lease = lease;
+          a->request_id = request_id;
+        }
+        StoreChange c;
+        PlaceInto(*a, &c);
+        if (!a->request_id.empty() && store_->shared()) {
+          auto rl = RequestLeaseLocked();
+          if (!rl.ok()) {
+            UnreserveLocked(*a);
+            store_->Revoke(lease);
+            return Unavailable("the pool's store cannot be reached: " + rl.status().message());
+          }
+          c.put_requests.push_back({a->request_id, a->id, *rl});
+        }
+        Status st = Apply(c);
+        if (st.ok()) {
+          ++allocations_made_;
+          if (!a->request_id.empty() && !store_->shared()) {
+            const uint64_t until = WallMs() + kRequestMemoryMs;
+            if (recent_requests_.size() >= kMaxRecentRequests) {
+              recent_requests_.erase(recent_by_expiry_.begin()->second);
+              recent_by_expiry_.erase(recent_by_expiry_.begin());
+            }
+            recent_requests_[a->request_id] = until;
+            recent_by_expiry_.emplace(until, a->request_id);
+          }
+          Json doc = ToJson(*a);
+          allocs_[a->id] = std::move(*a);
+          return doc;
+        }
         UnreserveLocked(*a);
-        ++refusals_;
-        store_->Revoke(lease);
-        return Status(Code::kOutOfRange, "this key holds " + std::to_string(held_mib) + " MiB of GPU memory; " +
-                                             std::to_string(mib) +
-                                             " MiB more would pass its limit (max_gmem_mib_per_key " +
-                                             std::to_string(opts_.max_gmem_mib_per_key) + "); release some first");
-      }
-    }
-    if (kind == "vm") {
-      a->vm = vm;
-      a->state = "active";
-      a->client_host = vm;
-    } else {
-      a->owner = caller.owner;
-      if (!a->job.empty()) {
-        a->state = "held";  // its holder renews it; sessions come and go (Confirm)
-      } else if (!server.empty()) {
-        a->state = "active";  // oriond asked for its own client: it is serving it now
-        uint64_t session = 0;
-        (void)UInt(body, "session", 0xffffffffu, 0, &session);
-        a->session = static_cast<uint32_t>(session);
-      }
-      if (store_->shared() && lease == 0) {
-        // The allocation's lease is an etcd lease: if nobody renews it, etcd drops the allocation.
-        auto l = store_->Grant(opts_.lease_ttl_ms);
-        if (!l.ok()) {
-          UnreserveLocked(*a);
-          return Unavailable("the pool's store cannot be reached: " + l.status().message());
+        if (st.code() == Code::kNotFound && request_lease_ != 0 && attempt + 1 < kMaxAttempts) {
+          request_lease_ = 0;  // a lease named in it lapsed (the request-memory one, after a long pause): again
+          return Status(Code::kAlreadyExists, st.message());
         }
-        lease = *l;
-      }
-      a->lease = lease;
-      a->request_id = request_id;
-    }
-    StoreChange c;
-    PlaceInto(*a, &c);
-    if (!a->request_id.empty() && store_->shared()) {
-      auto rl = RequestLeaseLocked();
-      if (!rl.ok()) {
-        UnreserveLocked(*a);
-        store_->Revoke(lease);
-        return Unavailable("the pool's store cannot be reached: " + rl.status().message());
-      }
-      c.put_requests.push_back({a->request_id, a->id, *rl});
-    }
-    Status st = Apply(c);
-    if (st.ok()) {
-      ++allocations_made_;
-      if (!a->request_id.empty() && !store_->shared()) {
-        const uint64_t until = WallMs() + kRequestMemoryMs;
-        if (recent_requests_.size() >= kMaxRecentRequests) {
-          recent_requests_.erase(recent_by_expiry_.begin()->second);
-          recent_by_expiry_.erase(recent_by_expiry_.begin());
-        }
-        recent_requests_[a->request_id] = until;
-        recent_by_expiry_.emplace(until, a->request_id);
-      }
-      Json doc = ToJson(*a);
-      allocs_[a->id] = std::move(*a);
-      return doc;
-    }
-    UnreserveLocked(*a);
-    if (st.code() == Code::kNotFound && request_lease_ != 0 && attempt + 1 < kMaxAttempts) {
-      request_lease_ = 0;  // a lease named in it lapsed (the request-memory one, after a long pause): again
-      continue;
-    }
-    if (st.code() == Code::kAlreadyExists && attempt + 1 < kMaxAttempts) {
-      Backoff(attempt);  // another controller placed on the same GPU first: decide again
-      continue;
-    }
-    store_->Revoke(lease);
-    if (st.code() == Code::kAlreadyExists)
-      return Unavailable("the pool is too busy: placement lost " + std::to_string(kMaxAttempts) +
-                         " races in a row; try again");
-    return st;
+        // kAlreadyExists: another controller placed on the same GPU first; Transact decides again.
+        if (st.code() != Code::kAlreadyExists || attempt + 1 >= kMaxAttempts) store_->Revoke(lease);
+        return st;
+      },
+      [&] { store_->Revoke(lease); });
+  if (CodeOf(placed) == Code::kAlreadyExists) {
+    return Unavailable("the pool is too busy: placement lost " + std::to_string(kMaxAttempts) +
+                       " races in a row; try again");
   }
+  return placed;
 }
 
 bool Service::RequestSeenLocked(const std::string& request_id) {
@@ -991,8 +1000,7 @@ Result<Json> Service::Confirm(const std::string& id, const Json& body) {
   uint64_t session = 0;
   if (Status st = UInt(body, "session", 0xffffffffu, 0, &session); !st.ok()) return st;
   std::lock_guard<std::mutex> lock(mu_);
-  for (int attempt = 0;; ++attempt) {
-    if (Status st = Sync(); !st.ok()) return st;
+  return Transact([&](int) -> Result<Json> {
     auto it = allocs_.find(id);
     if (it == allocs_.end()) return NotFound("allocation " + id + " does not exist (released or expired)");
     Allocation& a = it->second;
@@ -1021,15 +1029,11 @@ Result<Json> Service::Confirm(const std::string& id, const Json& body) {
       (void)store_->KeepAlive(next.lease, opts_.lease_ttl_ms);  // a fresh period from the confirmation
     }
     Status st = Apply(c);
-    if (st.code() == Code::kAlreadyExists && attempt + 1 < kMaxAttempts) {
-      Backoff(attempt);
-      continue;
-    }
     if (st.code() == Code::kNotFound) return NotFound("allocation " + id + " expired (its lease lapsed)");
     if (!st.ok()) return st;
     a = next;
     return ToJson(a);
-  }
+  });
 }
 
 Result<Json> Service::Renew(const std::string& id, const Caller& caller) {
@@ -1119,8 +1123,7 @@ void Service::UnreserveLocked(const Allocation& a) {
 Result<Json> Service::Release(const std::string& id, const std::string& why, const Caller& caller,
                               const std::string& server) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (int attempt = 0;; ++attempt) {
-    if (Status st = Sync(); !st.ok()) return st;
+  return Transact([&](int) -> Result<Json> {
     auto it = allocs_.find(id);
     if (it == allocs_.end()) return NotFound("allocation " + id + " does not exist (released or expired)");
     if (Status st = MayTouch(it->second, caller, "release"); !st.ok()) return st;
@@ -1141,21 +1144,14 @@ Result<Json> Service::Release(const std::string& id, const std::string& why, con
       c.put_allocations.emplace_back(StoreDoc(next), next.lease);
       if (store_->shared()) c.guards.emplace_back(AllocPath(id), Version(AllocPath(id)));
       Status st = Apply(c);
-      if (st.code() == Code::kAlreadyExists && attempt + 1 < kMaxAttempts) {
-        Backoff(attempt);
-        continue;
-      }
       if (st.code() == Code::kNotFound) return NotFound("allocation " + id + " expired (its lease lapsed)");
       if (!st.ok()) return st;
       it->second = next;
       return j;
     }
-    if (Status st = ReleaseLocked(id); !st.ok()) {
-      if (st.code() == Code::kAlreadyExists && attempt + 1 < kMaxAttempts) continue;  // changed meanwhile: read again
-      return st;
-    }
+    if (Status st = ReleaseLocked(id); !st.ok()) return st;  // kAlreadyExists: changed meanwhile, read again
     return j;
-  }
+  });
 }
 
 Result<Json> Service::WatchRevoked(const std::string& server, const std::vector<std::string>& ids,

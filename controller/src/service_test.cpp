@@ -209,6 +209,80 @@ TEST_F(ServiceTest, ConcurrentRequestsNeverDoubleBook) {
   EXPECT_EQ(slots.size(), 16u);
 }
 
+// A store whose Apply loses the next `lose` races (kAlreadyExists: a guard failed, nothing applied),
+// as when other controllers write first; everything else is the SQLite store's.
+class RacingStore final : public Store {
+ public:
+  explicit RacingStore(std::unique_ptr<Store> real) : real_(std::move(real)) {}
+  const char* kind() const override { return real_->kind(); }
+  std::string where() const override { return real_->where(); }
+  bool shared() const override { return real_->shared(); }
+  Result<StoreState> Load() override { return real_->Load(); }
+  Status Apply(const StoreChange& c) override {
+    ++applies;
+    if (lose > 0) {
+      --lose;
+      return Status(Code::kAlreadyExists, "a guarded key changed");
+    }
+    return real_->Apply(c);
+  }
+  Result<int64_t> Grant(uint64_t ttl_ms) override { return real_->Grant(ttl_ms); }
+  Result<uint64_t> KeepAlive(int64_t lease, uint64_t ttl_hint_ms) override {
+    return real_->KeepAlive(lease, ttl_hint_ms);
+  }
+  void Revoke(int64_t lease) override { real_->Revoke(lease); }
+  Result<std::string> OwnerSalt(const std::string& proposed, bool overwrite) override {
+    return real_->OwnerSalt(proposed, overwrite);
+  }
+  Status Ping() override { return real_->Ping(); }
+
+  int lose = 0;
+  int applies = 0;
+
+ private:
+  std::unique_ptr<Store> real_;
+};
+
+// Every write is one Transact: a lost race is decided again from fresh state, up to 24 tries; the
+// 24th lost race is reported as a busy pool and leaves nothing placed or reserved.
+TEST_F(ServiceTest, LostRacesAreTriedAgainThenReportedAsABusyPool) {
+  auto real = OpenStore(opts_.database);
+  ASSERT_TRUE(real.ok()) << real.status().ToString();
+  auto racing = std::make_unique<RacingStore>(std::move(*real));
+  RacingStore* store = racing.get();
+  auto opened = Service::Open(opts_, std::move(racing));
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  Service& s = **opened;
+  store->lose = 3;
+  store->applies = 0;
+  ASSERT_TRUE(s.RegisterServer("10.0.0.1:9960", TwoGpuServer("a", 1)).ok());
+  EXPECT_EQ(store->applies, 4);
+  store->lose = 5;
+  store->applies = 0;
+  auto first = s.Allocate(Req(1, 1000), "");
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_EQ(store->applies, 6);
+  store->lose = 1000;
+  store->applies = 0;
+  auto busy = s.Allocate(Req(1, 1000), "");
+  ASSERT_FALSE(busy.ok());
+  EXPECT_EQ(busy.status().code(), Code::kUnavailable);
+  EXPECT_EQ(busy.status().message(), "the pool is too busy: placement lost 24 races in a row; try again");
+  EXPECT_EQ(store->applies, 24);
+  // Nothing of the lost placement stayed reserved: the server's second GPU is still free.
+  store->lose = 0;
+  auto second = s.Allocate(Req(1, 1000), "");
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  EXPECT_EQ(s.ListAllocations("", "").size(), 2u);
+  auto full = s.Allocate(Req(1, 1000), "");
+  EXPECT_EQ(full.status().code(), Code::kResourceExhausted);  // 2 GPUs x 1 vGPU
+  store->lose = 2;
+  store->applies = 0;
+  ASSERT_TRUE(s.Release((*first)["id"].get<std::string>(), "test").ok());
+  EXPECT_EQ(store->applies, 3);
+  EXPECT_EQ(s.ListAllocations("", "").size(), 1u);
+}
+
 TEST_F(ServiceTest, ARestartLosesNothing) {
   std::string id, vm_id;
   {

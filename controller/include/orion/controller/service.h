@@ -199,6 +199,18 @@ class Service {
   Status Sync();
   void SyncForRead();  // Sync, keeping the last state when the store cannot be reached
   Status Apply(const StoreChange& c);
+  // One write to the pool, as an optimistic transaction: each try Syncs with the store, then
+  // `attempt(n)` (n = 0, 1, ...) decides from the fresh state and applies its change (Apply,
+  // guarded by the versions it read). A lost race (kAlreadyExists: a guarded key changed after the
+  // Sync) is tried again after a short random pause, up to kMaxAttempts tries; any other result,
+  // and the last lost race, is returned as it is. `unreachable` runs when a Sync fails: it gives
+  // back what the attempts hold across tries (PlaceAndStore's lease). service.cpp defines it.
+  template <typename Attempt, typename Unreachable>
+  auto Transact(Attempt&& attempt, Unreachable&& unreachable) -> decltype(attempt(0));
+  template <typename Attempt>
+  auto Transact(Attempt&& attempt) -> decltype(attempt(0)) {
+    return Transact(attempt, [] {});
+  }
   static Json ToJson(const Server& s);
   Json ToJson(const Allocation& a) const;
   static Json StoreDoc(const Server& s);
