@@ -138,6 +138,17 @@ TEST(Checkpoint, EveryOpAcceptsExactlyItsShape) {
   EXPECT_EQ(DecodeReq<Op::kMemAlloc>(reinterpret_cast<const uint8_t*>(&q)).bytes, 12345u);
 }
 
+// The one window check of every transport: inside, at the very end, and what would wrap.
+TEST(Limits, InWindowRefusesRangesPastTheWindowAndWraps) {
+  EXPECT_TRUE(InWindow({0, 4096}, 4096));
+  EXPECT_TRUE(InWindow({4096, 0}, 4096));
+  EXPECT_TRUE(InWindow({1000, 3096}, 4096));
+  EXPECT_FALSE(InWindow({1000, 3097}, 4096));
+  EXPECT_FALSE(InWindow({4097, 0}, 4096));
+  EXPECT_FALSE(InWindow({8, UINT64_MAX - 4}, 4096));  // offset + bytes wraps to a small number
+  EXPECT_FALSE(InWindow({UINT64_MAX, 2}, 4096));
+}
+
 TEST(Limits, Span2DRefusesWhatWrapsOrExceeds) {
   uint64_t span = 0;
   EXPECT_TRUE(Span2D(1, 0, 100, &span));

@@ -204,7 +204,7 @@ bool TcpFrameChannel::Commit() noexcept {
   if (ranges_ok) {
     for (uint32_t i = 0; i < r.nreads; ++i) {
       const WindowRange& w = r.reads[i];
-      if (window_ == nullptr || w.offset > window_bytes_ || w.bytes > window_bytes_ - w.offset) {
+      if (window_ == nullptr || !InWindow(w, window_bytes_)) {
         Fail("a request read outside the window");
         return false;
       }
@@ -379,7 +379,7 @@ bool TcpFrameChannel::AcceptWindowData(const FrameHeader& h, const WindowDataHdr
   auto it = std::find_if(expected_.begin(), expected_.end(), [&](const Expected& e) {
     return e.seq == h.seq && e.offset == d.offset && d.bytes <= e.bytes;
   });
-  if (window_ == nullptr || it == expected_.end() || d.offset > window_bytes_ || d.bytes > window_bytes_ - d.offset) {
+  if (window_ == nullptr || it == expected_.end() || !InWindow({d.offset, d.bytes}, window_bytes_)) {
     Fail("oriond at " + address_ + " sent WindowData (seq " + std::to_string(h.seq) + ", window offset " +
          std::to_string(d.offset) + ", " + std::to_string(d.bytes) +
          " bytes) that no outstanding request asked for, or that overlaps bytes already received");

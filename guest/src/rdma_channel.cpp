@@ -157,7 +157,7 @@ bool RdmaFrameChannel::Commit() noexcept {
   if (ranges_ok) {
     for (uint32_t i = 0; i < r.nreads; ++i) {
       const WindowRange& w = r.reads[i];
-      if (w.offset > window_bytes_ || w.bytes > window_bytes_ - w.offset) {
+      if (!InWindow(w, window_bytes_)) {
         Fail();
         return false;
       }

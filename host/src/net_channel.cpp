@@ -68,7 +68,7 @@ class TcpSessionChannel final : public SessionChannel {
     if (!FrameWindowRanges(h.op, scratch->data(), h.payload_len, &r)) return DataLoss("malformed frame");
     for (uint32_t i = 0; i < r.nreads; ++i) {
       const WindowRange& w = r.reads[i];
-      if (w.offset > layout_.window_bytes || w.bytes > layout_.window_bytes - w.offset) {
+      if (!InWindow(w, layout_.window_bytes)) {
         return DataLoss("frame reads outside the window");
       }
       // The window bytes follow the frame: what is buffered, then straight into the window.
@@ -96,7 +96,7 @@ class TcpSessionChannel final : public SessionChannel {
     if (!FrameWindowRanges(req.op, payload, req.payload_len, &r)) return Status::Ok();
     for (uint32_t i = 0; i < r.nwrites; ++i) {
       const WindowRange& w = r.writes[i];
-      if (w.offset > layout_.window_bytes || w.bytes > layout_.window_bytes - w.offset) continue;  // refused op
+      if (!InWindow(w, layout_.window_bytes)) continue;  // refused op
       const FrameHeader h = MakeFrameHeader(static_cast<uint16_t>(Op::kWindowData), req.seq, sizeof(WindowDataHdr));
       const WindowDataHdr d{w.offset, w.bytes};
       std::lock_guard<std::mutex> l(send_mu_);  // one whole message: no keepalive inside it

@@ -102,7 +102,7 @@ class RdmaSessionChannel final : public SessionChannel {
     for (uint32_t i = 0; i < r.nreads; ++i) {
       const WindowRange& w = r.reads[i];
       // The bytes were written into our window before this SEND; they must lie inside it.
-      if (w.offset > layout_.window_bytes || w.bytes > layout_.window_bytes - w.offset) {
+      if (!InWindow(w, layout_.window_bytes)) {
         return DataLoss("frame reads outside the window");
       }
     }
@@ -117,7 +117,7 @@ class RdmaSessionChannel final : public SessionChannel {
     if (!FrameWindowRanges(req.op, payload, req.payload_len, &r)) return Status::Ok();
     for (uint32_t i = 0; i < r.nwrites; ++i) {
       const WindowRange& w = r.writes[i];
-      if (w.offset > layout_.window_bytes || w.bytes > layout_.window_bytes - w.offset) continue;  // refused op
+      if (!InWindow(w, layout_.window_bytes)) continue;  // refused op
       if (Status s = Room(1); !s.ok()) return s;
       if (Status s = ep_->PostWindowWrite(w.offset, w.bytes); !s.ok()) return s;
     }

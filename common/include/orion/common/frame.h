@@ -271,6 +271,12 @@ struct WindowRanges {
 };
 // False when the payload is too short for the op (a malformed frame).
 bool FrameWindowRanges(uint16_t op, const uint8_t* payload, uint32_t payload_len, WindowRanges* out) noexcept;
+// Whether `w` lies inside a data window of `window_bytes` bytes (ChannelLayout::window_bytes): the
+// one check every transport makes of a frame's ranges (a read outside ends the session; a write
+// outside belongs to a refused request and is not sent).
+constexpr bool InWindow(const WindowRange& w, uint64_t window_bytes) noexcept {
+  return w.offset <= window_bytes && w.bytes <= window_bytes - w.offset;
+}
 
 struct CtxCreateReq {
   uint32_t device;
