@@ -21,6 +21,8 @@
 
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "orion/host/backend.h"
 #include "orion/fatbin/fatbin.h"
 #include "orion/host/ipc_ticket.h"
@@ -851,29 +853,40 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
     return result;
   }
 
-  void LogLaunch(const Pending& p, const std::string& exec) {
-    if (log_fd_ < 0) return;
-    const SimFunction* f = p.f;
-    const LaunchSpec& l = p.launch;
-    // One write() per line: lines from concurrent sessions never interleave (O_APPEND).
-    std::string line =
-        "sess=" + std::to_string(opt_.session_id) + " launch " + f->kernel->name +
-        " grid=" + std::to_string(l.grid[0]) + "," + std::to_string(l.grid[1]) + "," + std::to_string(l.grid[2]) +
-        " block=" + std::to_string(l.block[0]) + "," + std::to_string(l.block[1]) + "," + std::to_string(l.block[2]) +
-        " smem=" + std::to_string(l.shared_mem) + " stream=" + std::to_string(reinterpret_cast<uintptr_t>(l.stream)) +
-        (l.cooperative() ? " p.cooperative=1" : "") +
-        (l.cluster_size() > 1 ? " cluster=" + std::to_string(l.cluster[0]) + "," + std::to_string(l.cluster[1]) + "," +
-                                    std::to_string(l.cluster[2])
-                              : std::string()) +
-        " params=";
-    static const char* kHex = "0123456789abcdef";
-    for (const uint8_t b : l.params) {
-      line += kHex[b >> 4];
-      line += kHex[b & 15];
-    }
-    line += " exec=" + exec + "\n";
+  // The launch log (--sim-launch-log): one JSON object per line (JSON Lines), written with one
+  // write() so lines from concurrent sessions never interleave (O_APPEND). A launch:
+  //   {"sess":7,"event":"launch","kernel":"_Z3addPiii","grid":[1,1,1],"block":[32,1,1],"smem":0,
+  //    "stream":0,"cooperative":false,"cluster":[1,1,1],"params":"<hex>","exec":"ran"}
+  // where exec is ran, off (--sim-execute none), skipped (--sim-unexecutable skip), deferred (queued
+  // on a stream: its outcome comes later in a "ran" line), refused:<CUresult> or error:<CUresult>.
+  // A deferred launch's outcome, when its stream runs it:
+  //   {"sess":7,"event":"ran","kernel":"_Z3addPiii","stream":94...,"exec":"ran"}
+  void WriteLogLine(const nlohmann::json& j) {
+    const std::string line = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
     ssize_t w = ::write(log_fd_, line.data(), line.size());
     (void)w;
+  }
+  void LogLaunch(const Pending& p, const std::string& exec) {
+    if (log_fd_ < 0) return;
+    const LaunchSpec& l = p.launch;
+    static const char* kHex = "0123456789abcdef";
+    std::string params;
+    params.reserve(2 * l.params.size());
+    for (const uint8_t b : l.params) {
+      params += kHex[b >> 4];
+      params += kHex[b & 15];
+    }
+    WriteLogLine({{"sess", opt_.session_id},
+                  {"event", "launch"},
+                  {"kernel", p.f->kernel->name},
+                  {"grid", l.grid},
+                  {"block", l.block},
+                  {"smem", l.shared_mem},
+                  {"stream", reinterpret_cast<uintptr_t>(l.stream)},
+                  {"cooperative", l.cooperative()},
+                  {"cluster", l.cluster},
+                  {"params", params},
+                  {"exec", exec}});
   }
 
   // Executes the deferred launches of `stream` in order and returns the sticky error, if any. A
@@ -944,11 +957,11 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
   }
   void LogOutcome(const Pending& p, const std::string& exec) {
     if (log_fd_ < 0) return;
-    const std::string line = "sess=" + std::to_string(opt_.session_id) + " ran " + p.f->kernel->name +
-                             " stream=" + std::to_string(reinterpret_cast<uintptr_t>(p.stream)) + " exec=" + exec +
-                             "\n";
-    ssize_t w = ::write(log_fd_, line.data(), line.size());
-    (void)w;
+    WriteLogLine({{"sess", opt_.session_id},
+                  {"event", "ran"},
+                  {"kernel", p.f->kernel->name},
+                  {"stream", reinterpret_cast<uintptr_t>(p.stream)},
+                  {"exec", exec}});
   }
 
   std::vector<std::string> TakeNotices() override { return std::exchange(notices_, {}); }

@@ -173,7 +173,7 @@ def main():
     step("fft", fft)
 
     def fft_values():
-        # cuFFT 12.2's 1024-point C2C kernel carries PTX the sim runs (its launch is logged exec=ran),
+        # cuFFT 12.2's 1024-point C2C kernel carries PTX the sim runs (the launch log says "exec": "ran"),
         # so this one library result is computed; the test checks the launch log says so.
         sig = (np.cos(np.arange(1024) * 0.37) + 1j * np.sin(np.arange(1024) * 0.11)).astype(np.complex64)
         return computed("fft(1024)", cp.fft.fft(cp.asarray(sig)), np.fft.fft(sig).astype(np.complex64),

@@ -5,6 +5,7 @@ Paths come from the environment (scripts/test sets them):
   ORION_PREFIX    the install prefix (bin/oriond, bin/orion-shm, lib/orion/libcuda.so.1)
   ORION_TEST_BIN  the directory of the built test programs (build/tests/cuda)
 """
+import json
 import os
 import re
 import signal
@@ -94,9 +95,8 @@ class Oriond:
         return (self.tmp / "oriond.stderr").read_text()
 
     def launches(self):
-        if not self.launch_log.exists():
-            return []
-        return self.launch_log.read_text().splitlines()
+        """The sim launch log's records (read_launch_log)."""
+        return read_launch_log(self.launch_log)
 
     def env(self, **extra):
         env = dict(os.environ)
@@ -199,19 +199,32 @@ def launch_lines(stdout):
     return re.findall(r"^LAUNCH (\S+) grid=(\S+) block=(\S+) params=([0-9a-f]*)$", stdout, re.M)
 
 
-def assert_launches_logged(program_stdout, launch_log):
+def read_launch_log(path):
+    """The sim launch log (oriond --sim-launch-log), one JSON object per line: "launch" records
+    (kernel, grid, block, smem, stream, cooperative, cluster, params as hex, exec) and "ran" records
+    (a deferred launch's outcome: kernel, stream, exec). host/src/sim_backend.cpp (LogLaunch) has the
+    format. [] when no launch was logged yet."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def launched(records, kernel=None):
+    """The "launch" records, of kernels whose (mangled) name contains `kernel` when given."""
+    return [r for r in records if r["event"] == "launch" and (kernel is None or kernel in r["kernel"])]
+
+
+def assert_launches_logged(program_stdout, records):
     """Every launch the program made is in the sim launch log, in order, with the exact bytes the
     program passed (the log holds the whole parameter buffer; trailing padding must be zero)."""
     want = launch_lines(program_stdout)
     assert want, "program printed no LAUNCH lines"
-    logged = []
-    for line in launch_log:
-        m = re.search(r" launch (\S+) grid=(\S+) block=(\S+) smem=\d+ stream=\d+ params=([0-9a-f]*) exec=\S+$", line)
-        if m:
-            logged.append(m.groups())
+    logged = [(r["kernel"], r["grid"], r["block"], r["params"]) for r in launched(records)]
     i = 0
     for name, grid, block, params in want:
-        while i < len(logged) and (logged[i][0], logged[i][1], logged[i][2]) != (name, grid, block):
+        key = (name, [int(v) for v in grid.split(",")], [int(v) for v in block.split(",")])
+        while i < len(logged) and logged[i][:3] != key:
             i += 1
         assert i < len(logged), f"launch {name} grid={grid} block={block} not in the sim launch log:\n{logged}"
         got = logged[i][3]
@@ -263,19 +276,76 @@ def assert_passed(result, expect_checks=1):
     assert re.search(r"^DONE checks=\d+ failed=0$", result.stdout, re.M), result.stdout[-2000:]
 
 
-def launch_outcomes(log_lines):
-    """[(kernel, outcome)] from a sim launch log, in launch order. A launch deferred on a stream
-    (exec=deferred) takes the outcome of its later "ran" line: each session's stream runs its
-    deferred launches in order."""
+def launch_outcomes(records):
+    """[(kernel, outcome)] from the sim launch log's records, in launch order. A launch deferred on
+    a stream (exec "deferred") takes the outcome of its later "ran" record: each session's stream
+    runs its deferred launches in order."""
     out, pending = [], {}
-    for line in log_lines:
-        m = re.match(r"sess=(\d+) launch (\S+) .*stream=(\d+) .*exec=(\S+)$", line)
-        if m:
-            out.append([m.group(2), m.group(4)])
-            if m.group(4) == "deferred":
-                pending.setdefault((m.group(1), m.group(3)), []).append(len(out) - 1)
-            continue
-        m = re.match(r"sess=(\d+) ran (\S+) stream=(\d+) exec=(\S+)$", line)
-        if m and pending.get((m.group(1), m.group(3))):
-            out[pending[(m.group(1), m.group(3))].pop(0)][1] = m.group(4)
+    for r in records:
+        key = (r["sess"], r["stream"])
+        if r["event"] == "launch":
+            out.append([r["kernel"], r["exec"]])
+            if r["exec"] == "deferred":
+                pending.setdefault(key, []).append(len(out) - 1)
+        elif r["event"] == "ran" and pending.get(key):
+            out[pending[key].pop(0)][1] = r["exec"]
     return [tuple(x) for x in out]
+
+
+def outcomes_of(records, kernel):
+    """The final outcomes (launch_outcomes) of the launches of kernels whose name contains `kernel`."""
+    return [e for k, e in launch_outcomes(records) if kernel in k]
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    """The guest kernel QEMU boots (scripts/vm-kernel finds or fetches it)."""
+    out = subprocess.run([ROOT / "scripts" / "vm-kernel"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return Path(ROOT / out.stdout.strip())
+
+
+@pytest.fixture(scope="module")
+def debs():
+    """{"orion-server": path, "orion-client": path}: the .debs scripts/package builds."""
+    r = subprocess.run([str(ROOT / "scripts" / "package")], capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, r.stdout + r.stderr
+    paths = {Path(p).name.split("_")[0]: Path(p) for p in r.stdout.split()}
+    assert set(paths) == {"orion-server", "orion-client"}, r.stdout
+    return paths
+
+
+# The checks tests/cuda/compute.cu prints, each a value a kernel computed.
+RESULTS = ["vadd", "matmul_shared_tiles", "shuffle_reduction", "scan", "histogram_atomics", "divergent_warp",
+           "struct_by_value_double", "half_precision", "profiler_start_stop"]
+
+
+def assert_computed(r):
+    """`compute` passed: every kernel result checked on the host, device printf in order."""
+    assert_passed(r, expect_checks=len(RESULTS))
+    c = checks(r.stdout)
+    assert all(c.get(k) == "ok" for k in RESULTS), c
+    # Device printf lines reach this process's stdout, after the host line before the kernel and
+    # before the one after the synchronize.
+    lines = r.stdout.splitlines()
+    dev = [l for l in lines if l.startswith("DEVPRINTF")]
+    assert sorted(dev) == sorted(f"DEVPRINTF block {b} thread {t} x=42 pi=3.142" for b in (0, 1) for t in (0, 1)), dev
+    assert lines.index("HOST before printf kernel") < lines.index(dev[0])
+    assert lines.index(dev[-1]) < lines.index("HOST after printf kernel")
+
+
+def run_pair(oriond, **env):
+    """tests/cuda/ipc: a producer session exports memory and an event, a consumer session opens
+    them; (consumer, producer) CompletedProcesses."""
+    producer = subprocess.Popen([str(TEST_BIN / "ipc"), "producer"], env=oriond.env(ORION_GMEM=256, **env),
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen, line = "", ""
+    while not line.startswith("HANDLES"):
+        line = producer.stdout.readline()
+        assert line, producer.stderr.read()
+        seen += line
+    _, mem, ev = line.split()
+    consumer = oriond.run("ipc", "consumer", mem, ev, ORION_GMEM=256, **env)
+    out, err = producer.communicate("CONSUMED\n", timeout=120)
+    return consumer, subprocess.CompletedProcess(producer.args, producer.returncode, seen + out, err)
+

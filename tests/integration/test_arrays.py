@@ -3,8 +3,6 @@ vGPU's quota; copies to and from them (2D, 3D, array to array, device and host s
 objects on arrays and linear memory sampled by kernels (point, linear, wrap, normalized reads) and
 surfaces read and written by kernels, all computed by the sim backend's PTX executor; handles
 checked by oriond (guest/src/api_array.cpp, host/src/session.cpp)."""
-import ctypes
-import struct
 
 from conftest import assert_passed, checks
 
@@ -17,9 +15,9 @@ def test_arrays_textures_and_surfaces(oriond):
               "surf2d_read_write", "array_over_quota_refused"):
         assert c[k] == "ok", (k, c[k])
     # The kernels ran in the sim backend's executor (not skipped), and nothing was a violation.
-    ran = [l for l in oriond.launches() if l.endswith(" exec=ran")]
+    ran = [l["kernel"] for l in oriond.launches() if l["exec"] == "ran"]
     for k in ("read2d", "fetch1d", "read3d", "surf_square"):
-        assert any(k in l for l in ran), (k, oriond.launches()[-10:])
+        assert any(k in name for name in ran), (k, oriond.launches()[-10:])
     assert "protocol violation" not in oriond.session_logs()
     # What Orion does not serve is refused, and says so.
     assert "a texture-gather, sparse or deferred-mapping CUDA array is not supported by Orion" in r.stderr
@@ -61,7 +59,7 @@ def test_layered_and_cubemap_arrays(oriond):
     for k in ("tex2d_layered_point", "tex2d_layered_linear", "surf2d_layered_read_write", "tex1d_layered_point",
               "tex_cubemap_faces", "tex_cubemap_layered"):
         assert c[k] == "ok", (k, c[k])
-    ran = [l for l in oriond.launches() if l.endswith(" exec=ran")]
+    ran = [l["kernel"] for l in oriond.launches() if l["exec"] == "ran"]
     for k in ("read2d_layered", "read1d_layered", "read_cube", "write2d_layered"):
-        assert any(k in l for l in ran), (k, oriond.launches()[-10:])
+        assert any(k in name for name in ran), (k, oriond.launches()[-10:])
     assert "protocol violation" not in oriond.session_logs()

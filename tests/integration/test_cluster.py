@@ -18,7 +18,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import threading

@@ -5,30 +5,14 @@ stdout. A kernel the sim cannot execute fails its launch (issue #20), and --sim-
 --sim-unexecutable skip show nothing is faked when kernels do not run."""
 import re
 
-from conftest import Oriond, assert_passed, checks, free_port, run_tcp
-
-RESULTS = ["vadd", "matmul_shared_tiles", "shuffle_reduction", "scan", "histogram_atomics", "divergent_warp",
-           "struct_by_value_double", "half_precision", "profiler_start_stop"]
-
-
-def assert_computed(r):
-    assert_passed(r, expect_checks=len(RESULTS))
-    c = checks(r.stdout)
-    assert all(c.get(k) == "ok" for k in RESULTS), c
-    # Device printf lines reach this process's stdout, after the host line before the kernel and
-    # before the one after the synchronize.
-    lines = r.stdout.splitlines()
-    dev = [l for l in lines if l.startswith("DEVPRINTF")]
-    assert sorted(dev) == sorted(f"DEVPRINTF block {b} thread {t} x=42 pi=3.142" for b in (0, 1) for t in (0, 1)), dev
-    assert lines.index("HOST before printf kernel") < lines.index(dev[0])
-    assert lines.index(dev[-1]) < lines.index("HOST after printf kernel")
+from conftest import Oriond, assert_computed, assert_passed, checks, free_port, launched, run_tcp
 
 
 def test_kernels_compute_over_shared_memory(oriond):
     r = oriond.run("compute")
     assert_computed(r)
     launches = oriond.launches()
-    assert len(launches) >= 9 and all(l.endswith(" exec=ran") for l in launches), launches
+    assert len(launches) >= 9 and all(l["exec"] == "ran" for l in launches), launches
 
 
 def test_kernels_compute_over_tcp(tmp_path):
@@ -54,8 +38,9 @@ def test_device_assert_is_sticky_and_printed(oriond):
 def test_cooperative_launch_synchronizes_the_grid(oriond):
     r = oriond.run("compute", "coop")
     assert_passed(r, expect_checks=3)
-    coop = [l for l in oriond.launches() if "grid_exchange" in l]
-    assert coop and "cooperative=1" in coop[0] and coop[0].endswith(" exec=ran"), coop
+    coop = launched(oriond.launches(), "grid_exchange")
+    assert coop and coop[0]["cooperative"] is True and coop[0]["exec"] == "ran", coop
+    assert all(not l["cooperative"] for l in launched(oriond.launches()) if "grid_exchange" not in l["kernel"])
 
 
 def test_streams_are_ordered_by_events_only(oriond):
@@ -66,8 +51,8 @@ def test_streams_are_ordered_by_events_only(oriond):
     assert_passed(r, expect_checks=3)
     assert checks(r.stdout)["missing_wait_reads_stale"] == "ok"
     log = oriond.launches()
-    assert any(" launch _Z9copy_plus" in l and l.endswith(" exec=deferred") for l in log), log
-    assert any(" ran _Z9copy_plus" in l and l.endswith(" exec=ran") for l in log), log
+    assert any(l["exec"] == "deferred" for l in launched(log, "_Z9copy_plus")), log
+    assert any(l["event"] == "ran" and "_Z9copy_plus" in l["kernel"] and l["exec"] == "ran" for l in log), log
 
 
 def test_peer_access_between_the_vgpus_of_a_process(oriond):
@@ -93,7 +78,7 @@ def test_execute_none_validates_and_logs_only(make_oriond):
     # Nothing computed the results, and nothing pretends it did.
     assert c.get("vadd", "").startswith("FAIL"), c
     assert not any(l.startswith("DEVPRINTF") for l in r.stdout.splitlines())
-    assert d.launches() and all(l.endswith(" exec=off") for l in d.launches()), d.launches()
+    assert d.launches() and all(l["exec"] == "off" for l in d.launches()), d.launches()
     # oriond says so at start-up, and the client is told once, at its first launch.
     assert "*** --sim-execute none: kernels are validated and logged, NEVER executed." in d.log()
     told = re.findall(r"^\[warning\] oriond: this oriond runs with --sim-execute none: .*NEVER executed", r.stderr,
@@ -120,8 +105,8 @@ def test_unexecutable_kernels_fail_their_launch(oriond):
     assert told == ["mma_k"], r.stderr[-2000:]
     # oriond never saw the SASS-only launches; it logged the mma one as refused, and ran nothing.
     launches = oriond.launches()
-    assert not [l for l in launches if "_Z4fillPii" in l], launches
-    assert [l.rsplit(" ", 1)[1] for l in launches if " launch mma_k " in l] == ["exec=refused:801"], launches
+    assert not launched(launches, "_Z4fillPii"), launches
+    assert [l["exec"] for l in launches if l["kernel"] == "mma_k"] == ["refused:801"], launches
     assert "refused (222): PTX .version 9.9 is newer than this driver (13.0) supports (PTX ISA 9.0)" in (
         oriond.session_logs())
 
@@ -136,7 +121,7 @@ def test_cublas_sass_only_gemm_fails_honestly(oriond):
     told = re.findall(r"^\[warning\] kernel (\S+) cannot run on this vGPU: .*CUDA_ERROR_NO_BINARY_FOR_GPU \(209\)",
                       r.stderr, re.M)
     assert told and all(re.search("gemm", k, re.I) for k in told), r.stderr[-2000:]
-    assert not [l for l in oriond.launches() if re.search(r"gemm", l, re.I) and " exec=ran" in l]
+    assert not [l for l in oriond.launches() if re.search(r"gemm", l["kernel"], re.I) and l["exec"] == "ran"]
 
 
 def test_skip_mode_accepts_and_runs_nothing_api_level(oriond_api_level):
@@ -152,4 +137,4 @@ def test_skip_mode_accepts_and_runs_nothing_api_level(oriond_api_level):
     told = re.findall(r"^\[warning\] oriond: kernel (\S+) was NOT executed \(--sim-unexecutable skip\): .*SASS only.*"
                       r"not computed$", r.stderr, re.M)
     assert told == ["_Z4fillPii"], r.stderr[-2000:]
-    assert [l.rsplit(" ", 1)[1] for l in d.launches() if " launch _Z4fillPii " in l] == ["exec=skipped"]
+    assert [l["exec"] for l in launched(d.launches()) if l["kernel"] == "_Z4fillPii"] == ["skipped"], d.launches()

@@ -136,7 +136,7 @@ def test_a_vgpu_share_is_one_tenant(one_gpu, tmp_path):
     """The processes of one vGPU share (ORION_SHARE: a program and the processes it starts) are one
     tenant: a parent with ORION_RATIO=60 and its child hold 60% of the GPU between them (as two
     tenants, 120%, the child would be refused). Then a tenant holding 60% leaves 40 for another."""
-    from test_share import results, run_probe
+    from harness.share import results, run_probe
     (tmp_path / "p").mkdir()
     r, steps = run_probe(one_gpu, tmp_path / "p", "init", "spawn", "init", "end",
                          env={"ORION_VGPU": 1, "ORION_RATIO": 60})

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PREFIX, TEST_BIN, Oriond, free_port, wait_ready
-from test_kvm import VmHost, session_waits, worker_cpu
+from conftest import TEST_BIN, Oriond, free_port, wait_ready
+from harness.vm_host import VmHost, worker_cpu
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])

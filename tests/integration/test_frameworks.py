@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, Oriond, launch_outcomes
+from conftest import ROOT, Oriond, launch_outcomes, launched
 
 torch_spec = pytest.importorskip("torch", reason="PyTorch not installed: scripts/venv --frameworks")
 
@@ -47,7 +47,7 @@ def test_torch_steps_through_orion_api_level(oriond_api_level):
     # kernels, and the optimizer's fused multi-tensor kernels.
     for pat in ("fprop", "dgrad", "wgrad", "bn_fw_tr", "bn_bw", "multi_tensor_apply", "softmax_warp_backward"):
         assert any(pat in k for k, _ in execs), pat
-    kernels = [m.group(1) for l in oriond.launches() if (m := re.search(r" launch (\S+) ", l))]
+    kernels = [l["kernel"] for l in launched(oriond.launches())]
     assert any("vectorized_elementwise_kernel" in k for k in kernels), kernels[:20]
     assert any(re.search(r"gemm", k, re.I) for k in kernels), kernels
     assert any(re.search(r"fft", k, re.I) for k in kernels), kernels
@@ -91,7 +91,7 @@ def test_torch_refuses_what_the_sim_cannot_run(oriond):
     assert "AFTER True True" in r.stdout, out[-4000:]
     told = re.findall(r"^\[warning\] kernel (\S+) cannot run on this vGPU: .*CUDA_ERROR_NO_BINARY_FOR_GPU", r.stderr, re.M)
     assert told and len(told) == len(set(told)), r.stderr[-3000:]
-    assert not [l for l in oriond.launches() if l.endswith((" exec=ran", " exec=skipped"))], oriond.launches()[-5:]
+    assert not [l for l in oriond.launches() if l["exec"] in ("ran", "skipped")], oriond.launches()[-5:]
 
 
 FFT_EXIT_PROBE = """
@@ -303,11 +303,11 @@ def test_torch_allocator_variants_api_level(oriond_api_level, conf, calls):
 
 
 GRAPH_PROBE = """
-import os, sys, torch
+import json, os, sys, torch
 log = sys.argv[1]
 def launches():
     torch.cuda.synchronize()
-    return sum(1 for l in open(log) if " launch " in l)
+    return sum(1 for l in open(log) if json.loads(l)["event"] == "launch")
 def step(name, ok, detail=""):
     print("STEP", name, "ok" if ok else "FAIL", detail, flush=True)
 g = torch.Generator().manual_seed(3)
@@ -453,8 +453,8 @@ def test_torch_compile_runs_triton_kernels_api_level(oriond_api_level):
                    TORCHINDUCTOR_CACHE_DIR=oriond.tmp / "inductor", TRITON_DEFAULT_FP_FUSION="1", timeout=600)
     out = r.stdout + r.stderr
     assert r.returncode == 0 and "COMPILED (4096,) torch.float32 cuda" in r.stdout, out[-4000:]
-    triton = [l for l in oriond.launches() if " launch triton_" in l]
-    assert triton and all(l.endswith(" exec=skipped") for l in triton), oriond.launches()[-5:]
+    triton = [l for l in launched(oriond.launches()) if l["kernel"].startswith("triton_")]
+    assert triton and all(l["exec"] == "skipped" for l in triton), oriond.launches()[-5:]
     refused = set(re.findall(r"\[warning\] (.+?) is not supported by Orion", r.stderr))
     assert refused == {"cuLogsRegisterCallback"}, refused
 
@@ -473,7 +473,7 @@ def test_torch_guide_workloads_api_level(oriond_api_level):
     steps = dict(re.findall(r"^STEP (\S+) (ok|FAIL)", r.stdout, re.M))
     assert r.returncode == 0 and "DONE failed=0" in r.stdout, out[-4000:]
     assert set(steps) == {"resnet18_fakedata", "lstm_language_model", "vae", "dcgan"}, steps
-    kernels = " ".join(oriond.launches())
+    kernels = " ".join(l["kernel"] for l in launched(oriond.launches()))
     for pat in ("RNN", "fprop", "dgrad", "wgrad"):  # cuDNN's RNN and convolution kernels were launched
         assert re.search(pat, kernels, re.I), pat
     refused = set(re.findall(r"\[warning\] (.+?) is not supported by Orion", r.stderr))
@@ -515,5 +515,5 @@ def test_cupy_separate_compilation_links_and_cooperative_launch_runs(make_oriond
         assert re.search(rf"orion-coverage: real {f}\b", r.stderr), (f, r.stderr[-3000:])
     refused = set(re.findall(r"\[warning\] (\S+) is not supported by Orion", r.stderr))
     assert not refused, refused
-    assert any("cooperative=1" in l and l.endswith((" exec=ran", " exec=deferred")) for l in oriond.launches()), \
-        oriond.launches()[-5:]
+    coop = [k for k, e in launch_outcomes(oriond.launches()) if k in {l["kernel"] for l in launched(oriond.launches()) if l["cooperative"]}]
+    assert coop and all(e == "ran" for k, e in launch_outcomes(oriond.launches()) if k in coop), oriond.launches()[-5:]

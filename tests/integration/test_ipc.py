@@ -9,23 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, TEST_BIN, assert_passed, checks
+from conftest import ROOT, TEST_BIN, assert_passed, checks, run_pair
 
 MIB = 1 << 20
-
-
-def run_pair(oriond, **env):
-    producer = subprocess.Popen([str(TEST_BIN / "ipc"), "producer"], env=oriond.env(ORION_GMEM=256, **env),
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    seen, line = "", ""
-    while not line.startswith("HANDLES"):
-        line = producer.stdout.readline()
-        assert line, producer.stderr.read()
-        seen += line
-    _, mem, ev = line.split()
-    consumer = oriond.run("ipc", "consumer", mem, ev, ORION_GMEM=256, **env)
-    out, err = producer.communicate("CONSUMED\n", timeout=120)
-    return consumer, subprocess.CompletedProcess(producer.args, producer.returncode, seen + out, err)
 
 
 def test_memory_and_events_shared_between_sessions(oriond):
@@ -39,8 +25,6 @@ def test_memory_and_events_shared_between_sessions(oriond):
     assert re.search(r"op=IpcOpenMemHandle refused: not an IPC handle of this oriond", oriond.session_logs())
     assert "protocol violation" not in oriond.session_logs()
     assert oriond.alive()
-
-
 
 
 def test_imported_event_completes_with_the_exporters_work(oriond):

@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from conftest import assert_passed, checks
+from conftest import assert_passed, checks, launched
 
 MARKER = "_Z10orion_markj"
 
@@ -25,11 +25,8 @@ def launches_by_mark(stdout, launch_log):
     names = {int(i): n for i, n in re.findall(r"^MARK (\d+) (\S+)$", stdout, re.M)}
     assert names, "program printed no MARK lines"
     out, current = {}, None
-    for line in launch_log:
-        m = re.search(r" launch (\S+) grid=\S+ block=\S+ .*params=([0-9a-f]*) exec=\S+$", line)
-        if not m:
-            continue
-        kernel, params = m.groups()
+    for record in launched(launch_log):
+        kernel, params = record["kernel"], record["params"]
         if kernel == MARKER:
             mark_id = int.from_bytes(bytes.fromhex(params[:8]), "little")
             current = names.get(mark_id)

@@ -18,12 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, TEST_BIN
-from test_compute import assert_computed
+from conftest import ROOT, TEST_BIN, assert_computed, read_launch_log
+from harness.debian import ENV, Roots, alive, field, run
 
 VERSION = re.search(r"project\(orion VERSION (\S+)", (ROOT / "CMakeLists.txt").read_text()).group(1)
-ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8",
-       "DEBIAN_FRONTEND": "noninteractive", "HOME": "/root"}
 SERVER_FILES = ["/usr/bin/oriond", "/usr/bin/orion-shm", "/usr/bin/orion-vm", "/usr/bin/orion-check",
                 "/usr/bin/orion-controller", "/usr/bin/orion-smi", "/etc/libvirt/hooks/qemu.d/orion",
                 "/etc/orion/server.conf", "/etc/orion/controller.yaml", "/lib/systemd/system/oriond.service",
@@ -35,25 +33,6 @@ CLIENT_FILES = ["/usr/lib/orion/libcuda.so.1", "/usr/lib/orion/libnvidia-ml.so.1
                 "/usr/share/orion/slurm/job_submit.lua"]
 SERVER_CONFFILES = ["/etc/orion/server.conf", "/etc/orion/controller.yaml", "/etc/libvirt/hooks/qemu.d/orion"]
 CLIENT_CONFFILES = ["/etc/orion/client.conf", "/etc/ld.so.conf.d/orion.conf"]
-
-
-def run(cmd, timeout=300, **kw):
-    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, **kw)
-
-
-@pytest.fixture(scope="module")
-def debs():
-    r = run([ROOT / "scripts" / "package"], timeout=1800)
-    assert r.returncode == 0, r.stdout + r.stderr
-    paths = {Path(p).name.split("_")[0]: Path(p) for p in r.stdout.split()}
-    assert set(paths) == {"orion-server", "orion-client"}, r.stdout
-    return paths
-
-
-def field(deb, name):
-    r = run(["dpkg-deb", "-f", deb, name])
-    assert r.returncode == 0, r.stderr
-    return r.stdout.strip()
 
 
 def control_file(deb, name, tmp):
@@ -125,73 +104,6 @@ def test_package_metadata_files_and_depends(debs, tmp_path, name, files, conffil
     # any guest).
     if name == "orion-client":
         assert {pkg for pkg, _ in needed.values()} == {"libc6", "libssl3"}, needed
-
-
-def alive(pid):
-    """Running (not gone, not a zombie waiting for this machine's init to reap it)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-
-
-class Roots:
-    """Two overlays on the debootstrap'd root ("server", "client") sharing one /dev/shm directory."""
-
-    def __init__(self, tmp: Path):
-        self.tmp = tmp
-        self.mounts = []
-        self.procs = []
-        self.path = {}
-
-    def setup(self, base: Path, names=("server", "client")):
-        tmp = self.tmp
-        self.shm = tmp / "shm"
-        self.shm.mkdir()
-        self.archives = base.parent / "archives"
-        (self.archives / "partial").mkdir(parents=True, exist_ok=True)
-        for name in names:
-            d = tmp / name
-            for sub in ("upper", "work", "root"):
-                (d / sub).mkdir(parents=True)
-            root = d / "root"
-            self.mount(["-t", "overlay", "overlay", "-o", f"lowerdir={base},upperdir={d / 'upper'},workdir={d / 'work'}",
-                        root])
-            self.mount(["-t", "proc", "proc", root / "proc"])
-            self.mount(["--bind", self.shm, root / "dev" / "shm"])
-            self.mount(["--bind", self.archives, root / "var" / "cache" / "apt" / "archives"])
-            shutil.copy("/etc/resolv.conf", root / "etc" / "resolv.conf")
-            self.path[name] = root
-
-    def mount(self, args):
-        subprocess.run(["mount", *map(str, args)], check=True)
-        self.mounts.append(str(args[-1]))
-
-    def chroot(self, name, *cmd, env=None, timeout=300, input=""):
-        return run(["chroot", self.path[name], *cmd], timeout=timeout, env={**ENV, **(env or {})}, input=input)
-
-    def ok(self, name, *cmd, **kw):
-        r = self.chroot(name, *cmd, **kw)
-        assert r.returncode == 0, f"{' '.join(map(str, cmd))}: exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-        return r
-
-    def apt_install(self, name, deb):
-        shutil.copy(deb, self.path[name] / "tmp" / deb.name)
-        # apt-get update: the root's lists may be older than the mirror's current point release.
-        self.ok(name, "apt-get", "update", "-q")
-        return self.ok(name, "apt-get", "install", "-y", "-q", "-o", "Dpkg::Use-Pty=0", f"/tmp/{deb.name}")
-
-    def close(self):
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
-        for m in reversed(self.mounts):
-            subprocess.run(["umount", "-l", m])
 
 
 @pytest.fixture(scope="module")
@@ -275,8 +187,8 @@ def test_client_package_runs_a_cuda_program_against_the_installed_oriond(roots, 
     r = roots.chroot("client", "/opt/compute", env={"ORION_VGPU": "1", "ORION_GMEM": "512"}, timeout=180)
     assert_computed(r)
     assert "Using Orion resource" in r.stderr, r.stderr
-    launches = (roots.path["server"] / "tmp" / "launch.log").read_text().splitlines()
-    assert len(launches) >= 9 and all(l.endswith(" exec=ran") for l in launches), launches
+    launches = read_launch_log(roots.path["server"] / "tmp" / "launch.log")
+    assert len(launches) >= 9 and all(l["exec"] == "ran" for l in launches), launches
     log = (roots.path["server"] / "var" / "log" / "orion" / "server.log").read_text()
     assert "Creating session" in log, log
     r = roots.ok("client", "orion-check", "runtime", "client")

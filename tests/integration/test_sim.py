@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import PREFIX, ROOT, TEST_BIN, assert_launches_logged, assert_passed, checks, free_port, run_tcp
+from conftest import PREFIX, ROOT, TEST_BIN, assert_launches_logged, assert_passed, checks, free_port, launched, run_tcp
 
 
 def test_device_properties_show_the_quota(oriond):
@@ -55,11 +55,12 @@ def test_kernel_parameters_reach_the_server_byte_for_byte(oriond):
     assert len(results) >= 5 and all(v == "ok" for v in results.values()), results
     # Launches on the default stream ran at once; those on other streams were deferred and ran later.
     log = oriond.launches()
-    launched = [l for l in log if " launch " in l]
-    deferred = [l for l in launched if l.endswith(" exec=deferred")]
-    ran_later = [l for l in log if " ran " in l]
-    assert all(l.endswith((" exec=ran", " exec=deferred")) for l in launched), launched
-    assert len(ran_later) == len(deferred) and all(l.endswith(" exec=ran") for l in ran_later), log
+    launches = launched(log)
+    deferred = [l for l in launches if l["exec"] == "deferred"]
+    ran_later = [l for l in log if l["event"] == "ran"]
+    assert deferred and all(l["exec"] in ("ran", "deferred") for l in launches), launches
+    assert [l["kernel"] for l in ran_later] == [l["kernel"] for l in deferred], log
+    assert all(l["exec"] == "ran" for l in ran_later), log
 
 
 def test_pure_driver_api_program(oriond):
@@ -121,7 +122,7 @@ def test_cudart_shared_program(oriond):
     assert "libcudart.so" in ldd, "vadd_shared must be built with -cudart shared"
     r = oriond.run("vadd_shared")
     assert_passed(r)
-    assert any(" launch _Z4vadd" in l for l in oriond.launches())
+    assert launched(oriond.launches(), "_Z4vadd"), oriond.launches()[-5:]
 
 
 def test_unsupported_calls_fail_loudly(oriond):
@@ -289,7 +290,7 @@ def test_nvidia_cublas_runs_on_top_api_level(oriond_api_level):
     r = oriond.run("cublas", ORION_GMEM=2048, ORION_COVERAGE=1)
     assert_passed(r, expect_checks=4)
     # cuBLAS chose and launched one of its own kernels (a CUTLASS/cuBLAS GEMM) through Orion.
-    assert any(re.search(r" launch \S*(gemm|Gemm)\S* .* exec=skipped$", l) for l in oriond.launches()), (
+    assert any(re.search("gemm", l["kernel"], re.I) and l["exec"] == "skipped" for l in launched(oriond.launches())), (
         oriond.launches()[-5:])
 
 

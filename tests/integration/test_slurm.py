@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PREFIX, TEST_BIN, assert_passed, free_port
-from test_controller import CLIENT, Cluster
+from conftest import PREFIX, TEST_BIN, free_port
+from harness.controller import CLIENT, Cluster
 
 SLURMCTLD = shutil.which("slurmctld")
 SLURMD = shutil.which("slurmd")

@@ -23,8 +23,8 @@ import pytest
 
 import vm
 from conftest import ROOT, TEST_BIN
-from test_kvm import VmHost, kernel  # noqa: F401 (fixture)
-from test_packages import ENV, Roots, debs, field, run  # noqa: F401 (fixture)
+from harness.debian import Roots, field, run
+from harness.vm_host import VmHost
 
 SELFTEST = Path(__file__).parent / "guest" / "selftest.sh"
 UNIT = """[Unit]

@@ -5,7 +5,7 @@ modules, launches, streams, events, the quota) then meets a complete driver-API 
 and the results that B's PTX executor computes come back through both hops."""
 import pytest
 
-from conftest import PREFIX, TEST_BIN, Oriond, assert_passed, checks
+from conftest import PREFIX, TEST_BIN, Oriond, assert_passed, checks, launched, outcomes_of
 
 
 @pytest.fixture
@@ -45,10 +45,9 @@ def test_the_cuda_backend_serves_programs_over_a_second_oriond(two_hop):
                   expect_checks=6)
     # A cooperative launch goes through A's cuda backend (CU_LAUNCH_ATTRIBUTE_COOPERATIVE) to B.
     assert_passed(a.run("compute", "coop", ORION_GMEM=512), expect_checks=3)
-    assert any("grid_exchange" in l and "cooperative=1" in l and l.endswith(" exec=ran") for l in b.launches())
+    assert any(l["cooperative"] and l["exec"] == "ran" for l in launched(b.launches(), "grid_exchange")), b.launches()
     # Kernels ran at the far end, launched by A's cuda backend.
-    ran = [l for l in b.launches() if l.endswith(" exec=ran")]
-    assert any(" launch _Z6matmul" in l for l in ran), b.launches()[-5:]
+    assert "ran" in outcomes_of(b.launches(), "_Z6matmul"), b.launches()[-5:]
     assert a.alive() and b.alive()
 
 
@@ -63,7 +62,7 @@ def test_a_fault_at_the_far_end_stays_in_its_session(two_hop):
 def test_cuda_ipc_through_the_cuda_backend(two_hop):
     # A's cuda backend exports with the driver's own cuIpcGetMemHandle (here B's, through Orion's
     # libcuda) and carries that handle inside its ticket; A's other session opens it.
-    from test_ipc import run_pair
+    from conftest import run_pair
     a, b = two_hop
     consumer, producer = run_pair(a)
     assert_passed(consumer, expect_checks=5)
