@@ -114,7 +114,7 @@ CUresult Session::OnArrayCreate(const ArrayCreateReq& q, Call& c) {
     return r;
   }
   const uint64_t id = NewId();
-  arrays_.emplace(id, a);
+  arrays_.Add(id, a);
   c.Put(HandleRep{id});
   return r;
 }
@@ -221,31 +221,31 @@ CUresult Session::OnTexObjectCreate(const TexObjectReq& q, Call& c) {
   uint64_t object = 0;
   r = b_->TexObjectCreate(t, &object);
   if (r != CUDA_SUCCESS) return r;
-  if (!texobjs_.emplace(std::make_pair(object, t.surface), TexRec{array_id, mipmap_id, cur_dev_}).second) {
+  if (!texobjs_.Add({object, t.surface}, TexRec{array_id, mipmap_id, cur_dev_})) {
     p_.log->error("sess={} op=TexObjectCreate: the backend returned object {:#x} twice", p_.session_id, object);
     (void)b_->TexObjectDestroy(object, t.surface);
     return CUDA_ERROR_UNKNOWN;
   }
-  if (array_id != 0) ++arrays_[array_id].objects;
-  if (mipmap_id != 0) ++mipmaps_[mipmap_id].objects;
+  if (array_id != 0) ++arrays_.Known(array_id).objects;
+  if (mipmap_id != 0) ++mipmaps_.Known(mipmap_id).objects;
   c.Put(U64Rep{object});
   return r;
 }
 
 CUresult Session::OnTexObjectDestroy(const ObjectReq& q, Call& /*c*/) {
   CUresult r = CUDA_SUCCESS;
-  auto it = q.surface <= 1 ? texobjs_.find({q.object, q.surface != 0}) : texobjs_.end();
-  if (it == texobjs_.end()) return CUDA_ERROR_INVALID_VALUE;
+  const TexRec* t = q.surface <= 1 ? texobjs_.Find({q.object, q.surface != 0}) : nullptr;
+  if (t == nullptr) return CUDA_ERROR_INVALID_VALUE;
   r = b_->TexObjectDestroy(q.object, q.surface != 0);
   if (r != CUDA_SUCCESS) return r;
-  const uint64_t array_id = it->second.array, mipmap_id = it->second.mipmap;
-  texobjs_.erase(it);
+  const uint64_t array_id = t->array, mipmap_id = t->mipmap;
+  texobjs_.Erase({q.object, q.surface != 0});
   if (array_id != 0) {
-    --arrays_[array_id].objects;
+    --arrays_.Known(array_id).objects;
     MaybeFreeArray(array_id);
   }
   if (mipmap_id != 0) {
-    --mipmaps_[mipmap_id].objects;
+    --mipmaps_.Known(mipmap_id).objects;
     MaybeFreeMipmap(mipmap_id);
   }
   return r;
@@ -291,7 +291,7 @@ CUresult Session::OnMipmappedArrayCreate(const MipmapCreateReq& q, Call& c) {
     return r;
   }
   const uint64_t id = NewId();
-  mipmaps_.emplace(id, std::move(m));
+  mipmaps_.Add(id, std::move(m));
   c.Put(HandleRep{id});
   return r;
 }
@@ -310,7 +310,7 @@ CUresult Session::OnMipmappedArrayGetLevel(const MipmapLevelReq& q, Call& c) {
     a.dev = m->dev;
     a.mipmap = q.mipmap;
     const uint64_t id = NewId();
-    arrays_.emplace(id, a);
+    arrays_.Add(id, a);
     m->level_ids[q.level] = id;
   }
   c.Put(HandleRep{m->level_ids[q.level]});

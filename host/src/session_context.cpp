@@ -25,7 +25,7 @@ CUresult Session::OnCtxDestroy(const HandleReq& q, Call& /*c*/) {
   if (o == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
   r = b_->CtxDestroy(o->backend);
   if (r == CUDA_SUCCESS) {
-    handles_.erase(q.handle);
+    handles_.Erase(q.handle);
     if (cur_ctx_ == q.handle) cur_ctx_ = 0;
   }
   return r;
@@ -78,18 +78,18 @@ CUresult Session::OnPrimaryCtxReset(const DeviceReq& q, Call& /*c*/) {
         continue;
       }
       (void)b_->TexObjectDestroy(it->first.first, it->first.second);
-      if (it->second.array != 0) --arrays_[it->second.array].objects;
-      it = texobjs_.erase(it);
+      if (it->second.array != 0) --arrays_.Known(it->second.array).objects;
+      it = texobjs_.Erase(it);
     }
     for (auto it = mipmaps_.begin(); it != mipmaps_.end();) {
       if (it->second.dev != q.device) {
         ++it;
         continue;
       }
-      for (uint64_t level : it->second.level_ids) arrays_.erase(level);
+      for (uint64_t level : it->second.level_ids) arrays_.Erase(level);
       (void)b_->MipmappedArrayDestroy(it->second.backend);
       Uncharge(it->second.dev, it->second.charged);
-      it = mipmaps_.erase(it);
+      it = mipmaps_.Erase(it);
     }
     for (auto it = arrays_.begin(); it != arrays_.end();) {
       if (it->second.dev != q.device) {
@@ -98,7 +98,7 @@ CUresult Session::OnPrimaryCtxReset(const DeviceReq& q, Call& /*c*/) {
       }
       (void)b_->ArrayDestroy(it->second.backend);
       Uncharge(it->second.dev, it->second.charged);
-      it = arrays_.erase(it);
+      it = arrays_.Erase(it);
     }
     for (auto it = allocs_.begin(); it != allocs_.end();) {
       if (it->second.dev == q.device && !it->second.vmm) {

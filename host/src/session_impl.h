@@ -163,30 +163,30 @@ class Session : private SessionState {
   }
   // Frees a physical allocation that is released and no longer mapped.
   void MaybeFreePhysical(uint64_t id) {
-    auto it = physicals_.find(id);
-    if (it == physicals_.end() || !it->second.released || it->second.mappings != 0) return;
-    Uncharge(it->second.dev, it->second.bytes);
-    physicals_.erase(it);
+    Physical* ph = physicals_.Find(id);
+    if (ph == nullptr || !ph->released || ph->mappings != 0) return;
+    Uncharge(ph->dev, ph->bytes);
+    physicals_.Erase(id);
   }
   bool WindowRange(uint64_t off, uint64_t bytes) const {
     return off <= layout_.window_bytes && bytes <= layout_.window_bytes - off;
   }
   // Destroys mipmapped array `id` (and its levels) once destroyed and unused.
   void MaybeFreeMipmap(uint64_t id) {
-    auto it = mipmaps_.find(id);
-    if (it == mipmaps_.end() || !it->second.destroyed || it->second.objects != 0) return;
-    for (uint64_t level : it->second.level_ids) arrays_.erase(level);
-    (void)b_->MipmappedArrayDestroy(it->second.backend);
-    Uncharge(it->second.dev, it->second.charged);
-    mipmaps_.erase(it);
+    MipmapRec* m = mipmaps_.Find(id);
+    if (m == nullptr || !m->destroyed || m->objects != 0) return;
+    for (uint64_t level : m->level_ids) arrays_.Erase(level);
+    (void)b_->MipmappedArrayDestroy(m->backend);
+    Uncharge(m->dev, m->charged);
+    mipmaps_.Erase(id);
   }
   // Destroys array `id` in the backend and gives its quota back once nothing refers to it.
   void MaybeFreeArray(uint64_t id) {
-    auto it = arrays_.find(id);
-    if (it == arrays_.end() || !it->second.destroyed || it->second.objects != 0 || it->second.mipmap != 0) return;
-    (void)b_->ArrayDestroy(it->second.backend);
-    Uncharge(it->second.dev, it->second.charged);
-    arrays_.erase(it);
+    ArrayRec* a = arrays_.Find(id);
+    if (a == nullptr || !a->destroyed || a->objects != 0 || a->mipmap != 0) return;
+    (void)b_->ArrayDestroy(a->backend);
+    Uncharge(a->dev, a->charged);
+    arrays_.Erase(id);
   }
   // A CUDA array descriptor Orion serves: CUDA_ERROR_NOT_SUPPORTED (logged) for a format or flags it
   // does not, CUDA_ERROR_INVALID_VALUE for extents or channels no GPU takes.

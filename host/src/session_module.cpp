@@ -176,14 +176,14 @@ CUresult Session::OnModuleUnload(const HandleReq& q, Call& /*c*/) {
   r = b_->ModuleUnload(o->backend);
   if (auto mf = module_functions_.find(q.handle); mf != module_functions_.end()) {
     for (uint64_t fid : mf->second) {
-      if (auto it = handles_.find(fid); it != handles_.end()) {
-        function_ids_.erase(it->second.backend);
-        handles_.erase(it);
+      if (const Obj* fn = handles_.Find(fid); fn != nullptr) {
+        function_ids_.erase(fn->backend);
+        handles_.Erase(fid);
       }
     }
     module_functions_.erase(mf);
   }
-  handles_.erase(q.handle);
+  handles_.Erase(q.handle);
   return r;
 }
 

@@ -91,6 +91,37 @@ struct TexRec {
   uint32_t dev = 0;
 };
 
+// One table of a session's objects by key (a handle from SessionState::NewId; for texture and
+// surface objects, the object's value and kind). Every lookup is Find: null for a key this session
+// does not hold, which its caller answers as the driver does (CUDA_ERROR_INVALID_HANDLE, or
+// _INVALID_VALUE where the driver says so). No operator[]: a lookup never creates a record.
+template <typename Rec, typename Key = uint64_t, typename Map = std::unordered_map<Key, Rec>>
+class Table {
+ public:
+  using iterator = typename Map::iterator;
+  Rec* Find(const Key& k) {
+    auto it = map_.find(k);
+    return it == map_.end() ? nullptr : &it->second;
+  }
+  const Rec* Find(const Key& k) const {
+    auto it = map_.find(k);
+    return it == map_.end() ? nullptr : &it->second;
+  }
+  // A record the caller holds a reference to already (a texture object's array, a mapping's
+  // physical allocation): std::out_of_range, which ends the worker, if the tables disagree.
+  Rec& Known(const Key& k) { return map_.at(k); }
+  // Adds `r` under `k`; false (nothing changed) when `k` is taken.
+  bool Add(const Key& k, Rec r) { return map_.emplace(k, std::move(r)).second; }
+  bool Erase(const Key& k) { return map_.erase(k) != 0; }
+  iterator Erase(iterator it) { return map_.erase(it); }
+  iterator begin() { return map_.begin(); }
+  iterator end() { return map_.end(); }
+  size_t size() const { return map_.size(); }
+
+ private:
+  Map map_;
+};
+
 struct SessionState {
   // A new handle for any table of the session: one counter for all of them, so no two objects of
   // a session share an id and a handle of one kind never names an object of another. Never 0.
@@ -101,12 +132,12 @@ struct SessionState {
   }
   // The object behind a handle of kind `k`; null for an unknown handle or one of another kind.
   Obj* Find(uint64_t id, Kind k) {
-    auto it = handles_.find(id);
-    return it != handles_.end() && it->second.kind == k ? &it->second : nullptr;
+    Obj* o = handles_.Find(id);
+    return o != nullptr && o->kind == k ? o : nullptr;
   }
   uint64_t AddHandle(Obj o) {
     const uint64_t id = NewId();
-    handles_.emplace(id, std::move(o));
+    handles_.Add(id, std::move(o));
     return id;
   }
   // A stream handle's backend stream (0: the null stream); false for a handle that is not one.
@@ -162,18 +193,18 @@ struct SessionState {
   }
   // A live (not destroyed) mipmapped array of this session.
   MipmapRec* LiveMipmap(uint64_t id) {
-    auto it = mipmaps_.find(id);
-    return it != mipmaps_.end() && !it->second.destroyed ? &it->second : nullptr;
+    MipmapRec* m = mipmaps_.Find(id);
+    return m != nullptr && !m->destroyed ? m : nullptr;
   }
   // A live (not destroyed) array of this session.
   ArrayRec* LiveArray(uint64_t id) {
-    auto it = arrays_.find(id);
-    if (it == arrays_.end() || it->second.destroyed) return nullptr;
-    if (it->second.mipmap != 0 && LiveMipmap(it->second.mipmap) == nullptr) return nullptr;  // its owner is gone
-    return &it->second;
+    ArrayRec* a = arrays_.Find(id);
+    if (a == nullptr || a->destroyed) return nullptr;
+    if (a->mipmap != 0 && LiveMipmap(a->mipmap) == nullptr) return nullptr;  // its owner is gone
+    return a;
   }
 
-  std::unordered_map<uint64_t, Obj> handles_;
+  Table<Obj> handles_;  // contexts, modules, functions, streams, events, physical allocations
   std::unordered_map<void*, uint64_t> primary_ids_;                       // backend primary context -> handle
   std::unordered_map<void*, uint64_t> function_ids_;                      // backend function -> handle
   std::unordered_map<uint64_t, std::vector<uint64_t>> module_functions_;  // module -> its function handles
@@ -192,13 +223,14 @@ struct SessionState {
   };
   std::vector<Lingering> lingering_;
   std::map<uint64_t, uint64_t> adopted_;
-  std::unordered_map<uint64_t, ArrayRec> arrays_;        // CUDA arrays, by handle
-  std::map<std::pair<uint64_t, bool>, TexRec> texobjs_;  // (object value, is a surface) -> its record
-  std::unordered_map<uint64_t, MipmapRec> mipmaps_;      // mipmapped arrays, by handle
-  std::map<uint64_t, Reservation> reservations_;         // VMM address ranges, by start
-  uint64_t reserved_bytes_ = 0;                          // their sum (at most kMaxReservedBytes)
-  std::map<uint64_t, Mapping> mappings_;                 // VMM mappings, by start
-  std::unordered_map<uint64_t, Physical> physicals_;     // by id; handles_ holds the unreleased ones
+  Table<ArrayRec> arrays_;  // CUDA arrays, by handle
+  Table<TexRec, std::pair<uint64_t, bool>, std::map<std::pair<uint64_t, bool>, TexRec>>
+      texobjs_;                                   // (object value, is a surface) -> its record
+  Table<MipmapRec> mipmaps_;                      // mipmapped arrays, by handle
+  std::map<uint64_t, Reservation> reservations_;  // VMM address ranges, by start
+  uint64_t reserved_bytes_ = 0;                   // their sum (at most kMaxReservedBytes)
+  std::map<uint64_t, Mapping> mappings_;          // VMM mappings, by start
+  Table<Physical> physicals_;                     // by id; handles_ holds the unreleased ones
   uint64_t next_physical_ = 1;
   std::vector<uint64_t> used_;      // bytes allocated per device (quota)
   std::vector<uint64_t> overhead_;  // context bytes per device (quota)

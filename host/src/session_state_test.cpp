@@ -35,7 +35,7 @@ TEST(SessionState, IdsAreUniqueAcrossTablesAndNeverZero) {
   for (int i = 0; i < 1000; ++i) {
     const uint64_t h = s.AddHandle({Kind::kEvent, nullptr, 0, 0, {}});
     const uint64_t a = s.NewId();  // an array's
-    s.arrays_[a] = ArrayRec{};
+    EXPECT_TRUE(s.arrays_.Add(a, ArrayRec{}));
     EXPECT_NE(h, 0u);
     EXPECT_NE(a, 0u);
     EXPECT_TRUE(seen.insert(h).second);
@@ -48,9 +48,9 @@ TEST(SessionState, IdsAreUniqueAcrossTablesAndNeverZero) {
 
 TEST(SessionState, HandlesFullCountsEveryTable) {
   SessionState s;
-  for (size_t i = 0; i + 1 < kMaxSessionHandles; ++i) s.mipmaps_[s.NewId()] = MipmapRec{};
+  for (size_t i = 0; i + 1 < kMaxSessionHandles; ++i) s.mipmaps_.Add(s.NewId(), MipmapRec{});
   EXPECT_FALSE(s.HandlesFull());
-  s.texobjs_[{1, false}] = TexRec{};
+  s.texobjs_.Add({1, false}, TexRec{});
   EXPECT_TRUE(s.HandlesFull());
 }
 
@@ -97,21 +97,42 @@ TEST(SessionState, ReservationsAndWholeMappings) {
   EXPECT_FALSE(s.WholeMappings(0x106000, 0, &first, &end));
 }
 
+// A table never makes a record by looking it up, refuses a key it holds, and Known refuses one it
+// does not (std::out_of_range: the worker ends rather than corrupt its counts).
+TEST(SessionState, TablesFindWhatTheyHoldAndNothingElse) {
+  Table<ArrayRec> t;
+  EXPECT_EQ(t.Find(7), nullptr);
+  EXPECT_EQ(t.size(), 0u);
+  ArrayRec a;
+  a.width = 64;
+  EXPECT_TRUE(t.Add(7, a));
+  a.width = 128;
+  EXPECT_FALSE(t.Add(7, a));  // taken: the first record stays
+  ASSERT_NE(t.Find(7), nullptr);
+  EXPECT_EQ(t.Find(7)->width, 64u);
+  EXPECT_EQ(t.Known(7).width, 64u);
+  EXPECT_THROW((void)t.Known(8), std::out_of_range);
+  EXPECT_EQ(t.size(), 1u);
+  EXPECT_TRUE(t.Erase(7));
+  EXPECT_FALSE(t.Erase(7));
+  EXPECT_EQ(t.Find(7), nullptr);
+}
+
 // A level of a mipmapped array lives only while its owner does.
 TEST(SessionState, AnArrayOfADestroyedMipmapIsNotLive) {
   SessionState s;
   const uint64_t m = s.NewId(), level = s.NewId(), plain = s.NewId();
-  s.mipmaps_[m] = MipmapRec{};
+  s.mipmaps_.Add(m, MipmapRec{});
   ArrayRec l;
   l.mipmap = m;
-  s.arrays_[level] = l;
-  s.arrays_[plain] = ArrayRec{};
+  s.arrays_.Add(level, l);
+  s.arrays_.Add(plain, ArrayRec{});
   EXPECT_NE(s.LiveArray(level), nullptr);
   EXPECT_NE(s.LiveArray(plain), nullptr);
-  s.mipmaps_[m].destroyed = true;
+  s.mipmaps_.Known(m).destroyed = true;
   EXPECT_EQ(s.LiveMipmap(m), nullptr);
   EXPECT_EQ(s.LiveArray(level), nullptr);
-  s.arrays_[plain].destroyed = true;
+  s.arrays_.Known(plain).destroyed = true;
   EXPECT_EQ(s.LiveArray(plain), nullptr);
   EXPECT_EQ(s.LiveArray(m), nullptr);  // a mipmap's id is no array
 }

@@ -42,7 +42,7 @@ CUresult Session::OnStreamDestroy(const HandleReq& q, Call& /*c*/) {
   void* s = nullptr;
   if (q.handle == 0 || !Stream(q.handle, &s)) return CUDA_ERROR_INVALID_HANDLE;  // the null stream stays
   const CUresult r = b_->StreamDestroy(s);
-  if (r == CUDA_SUCCESS) handles_.erase(q.handle);
+  if (r == CUDA_SUCCESS) handles_.Erase(q.handle);
   return r;
 }
 
@@ -92,7 +92,7 @@ CUresult Session::OnEventDestroy(const HandleReq& q, Call& /*c*/) {
   if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   const CUresult r = b_->EventDestroy(e->backend);
   if (r == CUDA_SUCCESS) {
-    handles_.erase(q.handle);
+    handles_.Erase(q.handle);
     ipc_event_exports_.erase(q.handle);
   }
   return r;

@@ -54,7 +54,7 @@ CUresult Session::OnMemCreate(const MemCreateReq& q, Call& c) {
     return r;
   }
   const uint64_t pid = next_physical_++;
-  physicals_[pid] = Physical{backend_handle, q.bytes, q.device};
+  physicals_.Add(pid, Physical{backend_handle, q.bytes, q.device});
   Obj o{Kind::kMemHandle, backend_handle, q.device, pid, {}};
   o.bytes = q.bytes;
   c.Put(HandleRep{AddHandle(std::move(o))});
@@ -68,8 +68,8 @@ CUresult Session::OnMemRelease(const HandleReq& q, Call& /*c*/) {
   const uint64_t pid = o->owner;
   r = b_->MemRelease(o->backend);
   if (r != CUDA_SUCCESS) return r;
-  handles_.erase(q.handle);
-  physicals_[pid].released = true;
+  handles_.Erase(q.handle);
+  physicals_.Known(pid).released = true;
   MaybeFreePhysical(pid);
   return r;
 }
@@ -93,7 +93,7 @@ CUresult Session::OnMemMap(const MemMapReq& q, Call& /*c*/) {
   if (r != CUDA_SUCCESS) return r;
   mappings_[q.addr] = Mapping{q.bytes, pid};
   ++res->second.mappings;
-  ++physicals_[pid].mappings;
+  ++physicals_.Known(pid).mappings;
   return r;
 }
 
@@ -107,7 +107,7 @@ CUresult Session::OnMemUnmap(const MemRangeReq& q, Call& /*c*/) {
   for (auto m = first; m != it;) {
     allocs_.erase(m->first);
     const uint64_t pid = m->second.physical;
-    --physicals_[pid].mappings;
+    --physicals_.Known(pid).mappings;
     if (res != reservations_.end()) --res->second.mappings;
     m = mappings_.erase(m);
     MaybeFreePhysical(pid);
@@ -127,7 +127,7 @@ CUresult Session::OnMemSetAccess(const MemSetAccessReq& q, Call& /*c*/) {
   for (auto m = first; m != it; ++m) {
     m->second.accessible = on;
     if (on) {
-      Alloc a{m->second.bytes, physicals_[m->second.physical].dev, false};
+      Alloc a{m->second.bytes, physicals_.Known(m->second.physical).dev, false};
       a.vmm = true;
       allocs_[m->first] = a;
     } else {
