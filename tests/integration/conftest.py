@@ -251,6 +251,20 @@ def tcp_oriond(tmp_path):
     d.stop()
 
 
+def wait_until(condition, timeout=10.0, what=None, interval=0.05):
+    """Polls `condition()` until it returns a true value (returned) or `timeout` seconds pass: the
+    test then fails with `what` (a string, or a callable called then: a log's tail)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            detail = what() if callable(what) else what
+            raise AssertionError(f"not within {timeout} s: {detail if detail is not None else condition}")
+        time.sleep(interval)
+
+
 def wait_ready(proc):
     """Reads a sleeper's output up to its READY line (its session exists then)."""
     line = ""

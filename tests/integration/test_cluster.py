@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PREFIX, TEST_BIN, Oriond, assert_passed, free_port, make_certs
+from conftest import PREFIX, TEST_BIN, Oriond, assert_passed, free_port, make_certs, wait_until
 
 ETCD = shutil.which("etcd")
 ETCDCTL = shutil.which("etcdctl")
@@ -329,10 +329,8 @@ def test_placements_through_any_controller(pool):
     assert_passed(r)
     assert f"Orion Controller {c1.addr} placed allocation" in r.stderr, r.stderr
     assert f"PROP totalGlobalMem={3000 << 20}" in r.stdout
-    deadline = time.time() + 10
-    while c2.get("/v1/allocations?kind=process"):
-        assert time.time() < deadline, c2.get("/v1/allocations?kind=process")
-        time.sleep(0.1)
+    wait_until(lambda: not c2.get("/v1/allocations?kind=process"), 10,
+               lambda: c2.get("/v1/allocations?kind=process"), interval=0.1)
     assert c0.get("/v1/status")["vgpus_used"] == 0
     # Per-controller metrics: this controller's store and its lost races.
     with urllib.request.urlopen(f"http://{c0.addr}/metrics", timeout=10) as r:
@@ -427,10 +425,8 @@ def test_kill_an_etcd_member_and_a_controller_mid_burst(pool):
     # leader, so that the client asked the next one) was answered with the allocation it had made
     # (its request_id), not given a second one that only its lease (30 s here) would end: a CI run
     # once found both servers full of such orphans before idempotent requests.
-    deadline = time.time() + 10
-    while pool.ctls[1].get("/v1/allocations?kind=process"):
-        assert time.time() < deadline, pool.ctls[1].get("/v1/allocations?kind=process")
-        time.sleep(0.2)
+    wait_until(lambda: not pool.ctls[1].get("/v1/allocations?kind=process"), 10,
+               lambda: pool.ctls[1].get("/v1/allocations?kind=process"), interval=0.2)
     assert pool.ctls[2].get("/v1/status")["vgpus_free"] == 16
     assert pool.ctls[1].get("/v1/health")["store"]["reachable"] is True
     assert time.time() - t_kill < 120
@@ -457,10 +453,8 @@ def test_a_late_repeat_from_a_stalled_controller_places_nothing(pool):
             text = r.read().decode()
         return sum(int(m.group(1)) for m in re.finditer(
             r"^orion_(?:allocations_created|allocation_refusals)_total (\d+)$", text, re.M))
-    deadline = time.time() + 10
-    while counted() == 0:
-        assert time.time() < deadline, "the woken controller never answered its queued request"
-        time.sleep(0.1)
+    wait_until(lambda: counted() != 0, 10,
+               "the woken controller never answered its queued request", interval=0.1)
     left = pool.ctls[1].get("/v1/allocations?kind=process")
     assert left == [], left
     assert pool.ctls[0].get("/v1/status")["vgpus_free"] == 16
@@ -523,10 +517,7 @@ def test_majority_lost_gives_503_and_placements_resume(pool):
     pool.etcd.start(1)
     pool.etcd.start(2)
     t1 = time.time()
-    deadline = time.time() + 30
-    while c.call("GET", "/v1/health")[0] != 200:
-        assert time.time() < deadline
-        time.sleep(0.2)
+    wait_until(lambda: c.call("GET", "/v1/health")[0] == 200, 30, interval=0.2)
     for x in pool.ctls:
         code, b = x.call("POST", "/v1/allocations", {"vgpus": 1, "gmem_mib": 1000})
         assert code == 201, b
@@ -699,10 +690,8 @@ def test_controllers_speak_to_etcd_over_mutual_tls(tmp_path):
         # A release through one controller reaches the other through its watch (a TLS stream too).
         sleeper.kill()
         sleeper.wait()
-        deadline = time.time() + 10
-        while p.ctls[1].get("/v1/allocations?kind=process"):
-            assert time.time() < deadline, p.ctls[1].log()[-2000:]
-            time.sleep(0.1)
+        wait_until(lambda: not p.ctls[1].get("/v1/allocations?kind=process"), 10,
+                   lambda: p.ctls[1].log()[-2000:], interval=0.1)
         assert p.etcd.ctl("get", key, "--keys-only").stdout.strip() == ""
         # migrate reads the etcd side's TLS settings from --config-file.
         r = subprocess.run([PREFIX / "bin" / "orion-controller", "migrate", "--from", p.etcd.url,

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PREFIX, TEST_BIN, Oriond, assert_passed, checks, free_port, make_certs
+from conftest import PREFIX, TEST_BIN, Oriond, assert_passed, checks, free_port, make_certs, wait_until
 from harness.controller import ADMIN, CLIENT, CLIENT2, SERVER, Cluster, Controller, server_conf, worst_status_seconds
 
 
@@ -191,10 +191,7 @@ def test_silent_server_is_withheld_and_comes_back(cluster):
     a, b = cluster.servers
     os.kill(b.proc.pid, signal.SIGSTOP)
     try:
-        deadline = time.time() + 10
-        while cluster.ctl.get("/v1/status")["servers_up"] != 1:
-            assert time.time() < deadline
-            time.sleep(0.1)
+        wait_until(lambda: cluster.ctl.get("/v1/status")["servers_up"] == 1, 10, interval=0.1)
         assert cluster.ctl.get("/v1/status")["vgpus_total"] == 8
         assert "stopped heartbeating; its vGPUs are withheld" in cluster.ctl.log()
         holders = [cluster.sleeper(ORION_VGPU=4, ORION_GMEM=1000) for _ in range(2)]
@@ -271,10 +268,7 @@ def test_shm_clients_are_allocated_by_oriond_and_vms_get_assignments(cluster):
     assert control(f"attach vm1 {region} 2 1024 ratio=101").startswith("error ratio must be 1..100")
     assert cluster.ctl.get("/v1/status")["vgpus_free"] == 14
     assert control("detach vm1") == "ok"
-    deadline = time.time() + 5
-    while cluster.ctl.get("/v1/assignments"):
-        assert time.time() < deadline
-        time.sleep(0.1)
+    wait_until(lambda: not cluster.ctl.get("/v1/assignments"), 5, interval=0.1)
 
 
 def test_a_vm_keeps_its_assignment_across_an_oriond_restart(cluster):
@@ -303,10 +297,7 @@ def test_a_vm_keeps_its_assignment_across_an_oriond_restart(cluster):
     assert r.returncode == 0 and "PROP deviceCount=2" in r.stdout and f"PROP totalGlobalMem={1024 << 20}" in r.stdout, \
         r.stdout + r.stderr
     assert control("detach vm1") == "ok"
-    deadline = time.time() + 5
-    while cluster.ctl.get("/v1/assignments"):
-        assert time.time() < deadline
-        time.sleep(0.1)
+    wait_until(lambda: not cluster.ctl.get("/v1/assignments"), 5, interval=0.1)
 
 
 def test_orion_check_and_orion_smi_report_the_state(cluster):
@@ -514,10 +505,8 @@ def test_keys_own_their_sessions_end_to_end(tmp_path):
         while "READY" not in (line := q.stdout.readline()):
             assert line, q.stderr.read()
         kill(q)
-        deadline = time.time() + 10
-        while c.ctl.get("/v1/allocations?kind=process", key=ADMIN):
-            assert time.time() < deadline, c.ctl.log()[-3000:]
-            time.sleep(0.1)
+        wait_until(lambda: not c.ctl.get("/v1/allocations?kind=process", key=ADMIN), 10,
+                   lambda: c.ctl.log()[-3000:], interval=0.1)
         # Released by oriond (and the client), not left to expire.
         assert "expired" not in c.ctl.log() and "released (" in c.ctl.log(), c.ctl.log()[-3000:]
     finally:
@@ -815,10 +804,7 @@ def test_a_paused_controller_does_not_expire_live_sessions(tmp_path):
         assert "expired" not in ctl.log() and "stopped heartbeating" not in ctl.log(), ctl.log()[-3000:]
         assert "grace period" in ctl.log()
         # The grace is one lease: without renewals it still expires after that.
-        deadline = time.time() + 6
-        while ctl.get("/v1/allocations"):
-            assert time.time() < deadline, ctl.log()[-3000:]
-            time.sleep(0.2)
+        wait_until(lambda: not ctl.get("/v1/allocations"), 6, lambda: ctl.log()[-3000:], interval=0.2)
         assert "expired: nobody renewed its lease" in ctl.log()
     finally:
         ctl.stop()
@@ -858,10 +844,8 @@ def test_a_revoked_allocation_ends_its_session_at_once_through_the_watch(tmp_pat
         # are 20 s apart here) is a revocation too: the next client's session ends when it lapses.
         p = c.sleeper()
         (b,) = c.allocations()
-        deadline = time.time() + 10
-        while f"no longer holds allocation {b['id']}; ending it" not in d.log():
-            assert time.time() < deadline, (c.ctl.log()[-2000:], d.log()[-2000:])
-            time.sleep(0.05)
+        wait_until(lambda: f"no longer holds allocation {b['id']}; ending it" in d.log(), 10,
+                   lambda: (c.ctl.log()[-2000:], d.log()[-2000:]))
         assert "expired: nobody renewed its lease" in c.ctl.log()
         kill(p)
     finally:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import vm
-from conftest import PREFIX, ROOT, TEST_BIN
+from conftest import PREFIX, ROOT, TEST_BIN, wait_until
 
 V = ["virsh", "-c", "qemu:///system"]
 HOOK = Path("/etc/libvirt/hooks/qemu")
@@ -87,10 +87,7 @@ def lab():
         started.append("libvirtd")
     else:
         subprocess.run(["pkill", "-HUP", "-x", "libvirtd"])  # a hook installed later needs a reload
-    deadline = time.time() + 60
-    while virsh("list", check=False).returncode != 0:
-        assert time.time() < deadline, "libvirtd did not come up"
-        time.sleep(0.5)
+    wait_until(lambda: virsh("list", check=False).returncode == 0, 60, "libvirtd did not come up", interval=0.5)
     yield d
     for name in ("orion-test-a", "orion-test-b"):
         virsh("destroy", name, check=False)
@@ -152,10 +149,8 @@ def test_domain_gets_its_vgpu_through_the_hook(lab):
     assert "PROP totalGlobalMem=268435456" in text
     log = (lab / "logs" / "server.log").read_text()
     assert "VM orion-test-a: attached /dev/shm/orionsock-orion-test-a" in log
-    deadline = time.time() + 10
-    while "VM orion-test-a: detached" not in (lab / "logs" / "server.log").read_text():
-        assert time.time() < deadline, "the release hook did not detach the VM"
-        time.sleep(0.2)
+    wait_until(lambda: "VM orion-test-a: detached" in (lab / "logs" / "server.log").read_text(), 10,
+               "the release hook did not detach the VM", interval=0.2)
     assert not Path("/dev/shm/orionsock-orion-test-a").exists()
     st = subprocess.run([PREFIX / "bin" / "orion-vm", "status", "orion-test-a"], capture_output=True, text=True,
                         env=dict(os.environ, ORION_SERVER_CONF=str(lab / "server.conf")))
@@ -176,10 +171,8 @@ def test_start_is_refused_without_free_vgpus(lab):
     assert "shut off" in virsh("domstate", "orion-test-b").stdout
     detached = (lab / "logs" / "server.log").read_text().count("VM orion-test-a: detached")
     virsh("destroy", "orion-test-a")  # release frees A's vGPU ...
-    deadline = time.time() + 10
-    while (lab / "logs" / "server.log").read_text().count("VM orion-test-a: detached") == detached:
-        assert time.time() < deadline, "the release hook did not detach A"
-        time.sleep(0.2)
+    wait_until(lambda: (lab / "logs" / "server.log").read_text().count("VM orion-test-a: detached") != detached, 10,
+               "the release hook did not detach A", interval=0.2)
     virsh("start", "orion-test-b")  # ... and B starts
     wait_off("orion-test-b")
     rc, text = vm.outputs((lab / "orion-test-b.console").read_text(errors="replace"))["device_props"]
@@ -208,10 +201,8 @@ def test_oriond_restart_while_a_domain_runs(lab):
     for out, rc in runs:
         assert rc == "0" and "PROP deviceCount=1" in out and "PROP totalGlobalMem=268435456" in out, out
     # It starts again after the restart: no "already served".
-    deadline = time.time() + 10
-    while "VM orion-test-a: detached" not in (lab / "logs" / "server.log").read_text():
-        assert time.time() < deadline, "the release hook did not detach the VM"
-        time.sleep(0.2)
+    wait_until(lambda: "VM orion-test-a: detached" in (lab / "logs" / "server.log").read_text(), 10,
+               "the release hook did not detach the VM", interval=0.2)
     virsh("start", "orion-test-a")
     wait_off("orion-test-a")
 
@@ -241,10 +232,8 @@ def test_domain_with_the_doorbell(lab):
     assert "orionsock-orion-test-a.sock: pid" in log and "connected (4 vectors)" in log, log[-3000:]
     waits = re.findall(r"ivshmem-doorbell wake-ups=(\d+).*naps=(\d+)", log)
     assert len(waits) >= 2 and all(n == "0" for _, n in waits) and int(waits[-1][0]) >= 1, waits
-    deadline = time.time() + 10
-    while "VM orion-test-a: detached" not in (lab / "logs" / "server.log").read_text():
-        assert time.time() < deadline, "the release hook did not detach the VM"
-        time.sleep(0.2)
+    wait_until(lambda: "VM orion-test-a: detached" in (lab / "logs" / "server.log").read_text(), 10,
+               "the release hook did not detach the VM", interval=0.2)
     assert not Path("/dev/shm/orionsock-orion-test-a.sock").exists()
     # Back to ivshmem-plain (the fallback): the same domain runs again, polled.
     subprocess.run([PREFIX / "bin" / "orion-vm", "enable", "orion-test-a", "--vgpus", "1", "--gmem", "256",

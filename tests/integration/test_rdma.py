@@ -5,6 +5,7 @@ say RDMA, the programs must pass, and the launches must be in the sim launch log
 clients, a client killed mid-run, a client forced to TCP, and one whose RDMA setup fails after
 oriond chose RDMA (it connects again over TCP). The fallback to TCP on a host without RDMA is in
 test_tcp.py."""
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -130,7 +131,7 @@ def test_programs_run_over_soft_roce(rdma_kernel, rdma_initrd, tmp_path):
                      r".*`ulimit -l` is 64 KiB.*; connecting again over TCP", text), text
     assert f"Orion transport: TCP to {ADDR}:9960 (no RDMA: RDMA setup with oriond failed" in text, text
     assert "client sent no RdmaConnect" in session_log
-    launches = out["launch.log"][1].splitlines()
+    launches = [json.loads(line) for line in out["launch.log"][1].splitlines()]  # JSON Lines
     assert_launches_logged(out["kernel_params"][1], launches)
     assert_launches_logged(out["driver_api"][1], launches)
     assert len(re.findall(r"Session \d+ exits \(client exited\)", server_log)) >= 4, server_log

@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from conftest import PREFIX, ROOT, TEST_BIN, assert_launches_logged, assert_passed, checks, free_port, launched, run_tcp
+from conftest import (PREFIX, ROOT, TEST_BIN, assert_launches_logged, assert_passed, checks, free_port, launched, run_tcp,
+                      wait_until)
 
 
 def test_device_properties_show_the_quota(oriond):
@@ -189,17 +190,36 @@ def test_two_clients_at_once(oriond):
     assert len(re.findall(r"Creating session", oriond.log())) >= 2
 
 
-@pytest.mark.parametrize("mode", ["bogus", "garbage", "unknown", "cursor", "overflow", "batch", "shape"])
+# What oriond logs for each hostile client (tests/cuda/hostile_client.cpp), exactly once: the
+# session that broke the protocol ends with its reason, or a first frame that is no frame closes
+# its channel before any session exists.
+HOSTILE_ENDINGS = {
+    "bogus": r"sess=\d+ protocol violation: MemAlloc: a payload of 3 bytes, expected exactly 8; ending the session",
+    "overflow": r"sess=\d+ protocol violation: MemAlloc: a payload of 3 bytes, expected exactly 8; ending the session",
+    "garbage": r"channel \d+: a client sent an invalid first frame \(frame has a bad magic\); channel closed",
+    "unknown": r"sess=\d+ protocol violation: unknown op 999; ending the session",
+    "cursor": r"sess=\d+ protocol violation: the reply ring's consumer cursor is impossible",
+    "batch": r"sess=\d+ protocol violation: Batch: bad Batch entry; ending the session",
+    "shape": r"sess=\d+ protocol violation: Sync: a payload of 8 bytes, expected none; ending the session",
+}
+
+
+@pytest.mark.parametrize("mode", sorted(HOSTILE_ENDINGS))
 def test_hostile_client_only_loses_its_own_session(oriond, mode):
     victim = oriond.popen("two_clients", 3000, 7, ORION_GMEM=128)
     time.sleep(0.5)
     h = subprocess.run([ROOT / "build" / "hostile_client" if not os.environ.get("ORION_HOSTILE") else
                         os.environ["ORION_HOSTILE"], oriond.region, mode], capture_output=True, text=True, timeout=60)
     assert h.returncode == 0, h.stdout + h.stderr
+    # Each probe of the hostile client saw what it expected (a refusal, its session ended, ...).
+    results = re.findall(r"^RESULT (\S+) (.*)$", h.stdout, re.M)
+    assert results and all(v == "ok" for _, v in results), h.stdout
     out, err = victim.communicate(timeout=60)
     assert victim.returncode == 0 and "phase=verified" in out, out + err
     assert oriond.alive()
-    assert "protocol violation" in oriond.log() + oriond.session_logs() or "invalid first frame" in oriond.log()
+    endings = re.findall(r"(?:protocol violation: |invalid first frame).*$", oriond.log(), re.M)
+    assert oriond.log().count("exits (protocol violation)") == (0 if mode == "garbage" else 1), oriond.log()[-3000:]
+    assert len(endings) == 1 and re.search(HOSTILE_ENDINGS[mode] + "$", oriond.log(), re.M), endings
     assert_passed(oriond.run("device_props"))
 
 
@@ -553,10 +573,8 @@ def test_a_tenants_lock_on_a_region_does_not_stop_oriond(tmp_path):
         assert "is already served by another oriond" not in d.log()
         holder.kill()
         holder.wait()
-        deadline = time.time() + 10
-        while "its lock was released; serving it now" not in d.log():
-            assert time.time() < deadline, d.log()[-2000:]
-            time.sleep(0.1)
+        wait_until(lambda: "its lock was released; serving it now" in d.log(), 10,
+                   lambda: d.log()[-2000:], interval=0.1)
         assert_passed(d.run("device_props", ORION_SHM=locked))  # the region now
     finally:
         if holder.poll() is None:
