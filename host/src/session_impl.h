@@ -153,6 +153,11 @@ class Session : private SessionState {
   // cluster) and the offset of the kernel parameters in the payload, made into the one LaunchSpec
   // the backend gets.
   CUresult Launch(const LaunchExReq& x, uint32_t head, Call& c);
+  // MemcpyDtoH and MemcpyDtoHAsync (`async`: the backend may return before the copy completes).
+  CUresult CopyDtoH(const MemcpyReq& q, bool async);
+  // ModuleGetFunction and ModuleGetGlobal: the symbol's name (a protocol violation, named after
+  // `op`, when the payload does not carry one) and its module (CUDA_ERROR_INVALID_HANDLE if none).
+  CUresult ModuleSymbol(const ModuleSymbolReq& q, Call& c, const char* op, Obj** module, std::string* name);
   bool Reply(const FrameHeader& req, int32_t status, const void* payload, uint32_t len);
   // Charges `bytes` of device `dev` to its quota (rounded up to `granule`); false, with the Orion
   // log line, when it would exceed it.

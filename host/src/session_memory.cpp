@@ -115,14 +115,17 @@ CUresult Session::OnMemcpyHtoD(const MemcpyReq& q, Call& /*c*/) {
   return b_->MemcpyHtoD(q.dst, window_ + q.src, q.bytes, s);
 }
 
-CUresult Session::OnMemcpyDtoH(const MemcpyReq& q, Call& c) {
+// MemcpyDtoH and MemcpyDtoHAsync: the window's bytes [q.dst, +bytes) from device memory.
+CUresult Session::CopyDtoH(const MemcpyReq& q, bool async) {
   void* s = nullptr;
   if (!WindowRange(q.dst, q.bytes)) return CUDA_ERROR_INVALID_VALUE;
   if (!DeviceRange(q.src, q.bytes) || !Stream(q.stream, &s)) return CUDA_ERROR_INVALID_VALUE;
-  return b_->MemcpyDtoH(window_ + q.dst, q.src, q.bytes, s, static_cast<Op>(c.h.op) == Op::kMemcpyDtoHAsync);
+  return b_->MemcpyDtoH(window_ + q.dst, q.src, q.bytes, s, async);
 }
 
-CUresult Session::OnMemcpyDtoHAsync(const MemcpyReq& q, Call& c) { return OnMemcpyDtoH(q, c); }
+CUresult Session::OnMemcpyDtoH(const MemcpyReq& q, Call& /*c*/) { return CopyDtoH(q, false); }
+
+CUresult Session::OnMemcpyDtoHAsync(const MemcpyReq& q, Call& /*c*/) { return CopyDtoH(q, true); }
 
 CUresult Session::OnMemcpyDtoD(const MemcpyReq& q, Call& /*c*/) {
   void* s = nullptr;

@@ -187,21 +187,30 @@ CUresult Session::OnModuleUnload(const HandleReq& q, Call& /*c*/) {
   return r;
 }
 
-CUresult Session::OnModuleGetFunction(const ModuleSymbolReq& q, Call& c) {
-  CUresult r = CUDA_SUCCESS;
+CUresult Session::ModuleSymbol(const ModuleSymbolReq& q, Call& c, const char* op, Obj** module, std::string* name) {
+  ORION_WANT(Name(c.payload, c.len, q, name), std::string("bad ") + op);
+  *module = Find(q.module, Kind::kModule);
+  return *module == nullptr ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
+}
+
+CUresult Session::OnModuleGetGlobal(const ModuleSymbolReq& q, Call& c) {
+  Obj* o = nullptr;
   std::string name;
-  ORION_WANT(Name(c.payload, c.len, q, &name), "bad ModuleGetFunction/Global");
-  Obj* o = Find(q.module, Kind::kModule);
-  if (o == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  if (static_cast<Op>(c.h.op) == Op::kModuleGetGlobal) {
-    uint64_t dptr = 0, bytes = 0;
-    r = b_->ModuleGetGlobal(o->backend, name.c_str(), &dptr, &bytes);
-    if (r == CUDA_SUCCESS) {
-      if (!DeviceRange(dptr, bytes)) allocs_[dptr] = {std::max<uint64_t>(bytes, 1), o->dev, false};
-      c.Put(GlobalRep{dptr, bytes});
-    }
-    return r;
+  if (const CUresult r = ModuleSymbol(q, c, "ModuleGetGlobal", &o, &name); r != CUDA_SUCCESS) return r;
+  uint64_t dptr = 0, bytes = 0;
+  const CUresult r = b_->ModuleGetGlobal(o->backend, name.c_str(), &dptr, &bytes);
+  if (r == CUDA_SUCCESS) {
+    if (!DeviceRange(dptr, bytes)) allocs_[dptr] = {std::max<uint64_t>(bytes, 1), o->dev, false};
+    c.Put(GlobalRep{dptr, bytes});
   }
+  return r;
+}
+
+CUresult Session::OnModuleGetFunction(const ModuleSymbolReq& q, Call& c) {
+  Obj* o = nullptr;
+  std::string name;
+  if (const CUresult r = ModuleSymbol(q, c, "ModuleGetFunction", &o, &name); r != CUDA_SUCCESS) return r;
+  CUresult r = CUDA_SUCCESS;
   void* fn = nullptr;
   KernelLayout layout;
   r = b_->ModuleGetFunction(o->backend, name.c_str(), &fn, &layout);
@@ -222,8 +231,6 @@ CUresult Session::OnModuleGetFunction(const ModuleSymbolReq& q, Call& c) {
   for (const ParamInfo& pi : layout.params) c.Put(pi);
   return r;
 }
-
-CUresult Session::OnModuleGetGlobal(const ModuleSymbolReq& q, Call& c) { return OnModuleGetFunction(q, c); }
 
 CUresult Session::OnModuleFunctionName(const ModuleFunctionNameReq& q, Call& c) {
   CUresult r = CUDA_SUCCESS;

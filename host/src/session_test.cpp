@@ -331,5 +331,26 @@ TEST_F(SessionTest, LaunchesPastTheDevicesLimitsAreRefusedByTheSession) {
   EXPECT_EQ(Status(Op::kCtxSynchronize), CUDA_SUCCESS);  // nothing refused reached the executor
 }
 
+// ModuleGetFunction and ModuleGetGlobal each name themselves when their payload carries no name,
+// and look the module up in the session's own table.
+TEST_F(SessionTest, SymbolLookupsCheckTheirNameAndModule) {
+  Context();
+  for (const Op op : {Op::kModuleGetFunction, Op::kModuleGetGlobal}) {
+    const ModuleSymbolReq q{0x10, 8, 0};  // claims an 8-byte name, carries none
+    const Outcome o = Send(op, q);
+    EXPECT_FALSE(o.served);
+    EXPECT_EQ(o.why, std::string("bad ") + OpName(static_cast<uint16_t>(op)));
+  }
+  std::vector<uint8_t> frame(sizeof(ModuleSymbolReq) + 5);
+  const ModuleSymbolReq q{0x10, 5, 0};  // no such module
+  std::memcpy(frame.data(), &q, sizeof q);
+  std::memcpy(frame.data() + sizeof q, "noop", 5);
+  for (const Op op : {Op::kModuleGetFunction, Op::kModuleGetGlobal}) {
+    const Outcome o = Raw(static_cast<uint16_t>(op), frame.data(), static_cast<uint32_t>(frame.size()));
+    EXPECT_TRUE(o.served) << o.why;
+    EXPECT_EQ(o.status, CUDA_ERROR_INVALID_HANDLE);
+  }
+}
+
 }  // namespace
 }  // namespace orion::host::detail
