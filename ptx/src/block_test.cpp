@@ -1,0 +1,149 @@
+// The executor's instruction units without a parse or a launch: instructions are decoded from
+// their opcode text alone (decode.h), given their operands by hand, and run by one Block
+// (block.h) of 32 threads on test memory. Each lane computes from its %tid.x and stores its result,
+// so every lane's value is checked against the PTX ISA's definition of the operation.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "block.h"
+#include "decode.h"
+#include "test_memory.h"
+
+namespace orion::ptx {
+namespace {
+
+Operand R(uint32_t reg) {
+  Operand o;
+  o.kind = Operand::kReg;
+  o.reg = reg;
+  return o;
+}
+Operand Imm(uint64_t v) {
+  Operand o;
+  o.kind = Operand::kImm;
+  o.imm = v;
+  return o;
+}
+Operand F32Imm(float f) {  // a 0f... immediate
+  Operand o;
+  o.kind = Operand::kImm;
+  o.imm_kind = 1;
+  o.imm = std::bit_cast<uint32_t>(f);
+  return o;
+}
+Operand TidX() {
+  Operand o;
+  o.kind = Operand::kSpecial;
+  o.reg = kTidX;
+  return o;
+}
+Operand At(uint32_t base_reg) {  // [%rd]
+  Operand o;
+  o.kind = Operand::kMem;
+  o.reg = base_reg;
+  return o;
+}
+
+// One instruction: its opcode decoded as the parser decodes it, its operands as given.
+Ins I(const std::string& opcode, std::vector<Operand> ops) {
+  Ins ins;
+  std::string why;
+  EXPECT_TRUE(detail::Decode(opcode, &ins, &why)) << opcode << ": " << why;
+  ins.nops = static_cast<uint8_t>(ops.size());
+  for (size_t i = 0; i < ops.size(); ++i) ins.o[i] = ops[i];
+  detail::FixImmediates(&ins);
+  return ins;
+}
+
+// Runs `body` in one block of 32 threads, %r0 = %tid.x on entry; each lane then stores the 32-bit
+// register `result` at out[tid]. Returns out.
+std::vector<uint32_t> Lanes(const std::vector<Ins>& body, uint32_t result) {
+  TestMemory mem;
+  const uint64_t out = mem.Alloc(32 * 4);
+  Kernel k;
+  k.name = "alu";
+  k.nregs = 64;
+  k.code.push_back(I("mov.u32", {R(0), TidX()}));
+  k.code.insert(k.code.end(), body.begin(), body.end());
+  // %rd60 = out + 4 * tid; st.global.u32 [%rd60], result
+  k.code.push_back(I("mul.wide.u32", {R(61), R(0), Imm(4)}));
+  k.code.push_back(I("mov.u64", {R(62), Imm(out)}));
+  k.code.push_back(I("add.s64", {R(60), R(62), R(61)}));
+  k.code.push_back(I("st.global.u32", {At(60), R(result)}));
+  k.code.push_back(I("exit", {}));
+  LaunchConfig cfg;
+  cfg.block[0] = 32;
+  std::atomic<bool> stop{false};
+  exec::Block block(k, cfg, mem, stop, std::chrono::steady_clock::now() + std::chrono::seconds(10));
+  exec::Fault fault;
+  std::string printed;
+  uint64_t warp_ins = 0, lane_ins = 0;
+  const uint32_t ctaid[3] = {0, 0, 0};
+  EXPECT_TRUE(block.Run(ctaid, &fault, &printed, &warp_ins, &lane_ins)) << fault.message;
+  EXPECT_EQ(lane_ins, 32u * k.code.size());  // every lane ran every instruction
+  return mem.Download<uint32_t>(out, 32);
+}
+
+TEST(Block, IntegerArithmeticWrapsAsThePtxIsaSays) {
+  // %r1 = tid * 0x7fffffff (mul.lo keeps the low 32 bits); %r2 = %r1 + 3; %r3 = mul.hi.s32(%r2, -7)
+  const auto got =
+      Lanes({I("mul.lo.s32", {R(1), R(0), Imm(0x7fffffff)}), I("add.s32", {R(2), R(1), Imm(3)}),
+             I("mul.hi.s32", {R(3), R(2), Imm(static_cast<uint32_t>(-7))}), I("xor.b32", {R(4), R(3), R(2)})},
+            4);
+  for (uint32_t t = 0; t < 32; ++t) {
+    const auto r2 = static_cast<int32_t>(t * 0x7fffffffu + 3u);
+    const auto r3 = static_cast<int32_t>((int64_t{r2} * -7) >> 32);
+    EXPECT_EQ(got[t], static_cast<uint32_t>(r3) ^ static_cast<uint32_t>(r2)) << "lane " << t;
+  }
+}
+
+TEST(Block, ShiftsClampTheirCountAndShrSignExtendsOnlySignedTypes) {
+  // shl.b32 by tid (counts past 31 give 0); shr.s32 of -256 by tid (sign fill); shr.u32 (zero fill)
+  const auto shl = Lanes({I("add.u32", {R(5), R(0), Imm(20)}), I("shl.b32", {R(1), Imm(0x80000001u), R(5)})}, 1);
+  const auto sar = Lanes({I("shr.s32", {R(1), Imm(static_cast<uint32_t>(-256)), R(0)})}, 1);
+  const auto shr = Lanes({I("shr.u32", {R(1), Imm(0x80000000u), R(0)})}, 1);
+  for (uint32_t t = 0; t < 32; ++t) {
+    const uint32_t n = t + 20;
+    EXPECT_EQ(shl[t], n >= 32 ? 0u : 0x80000001u << n) << t;
+    EXPECT_EQ(sar[t], static_cast<uint32_t>(-256 >> t)) << t;
+    EXPECT_EQ(shr[t], 0x80000000u >> t) << t;
+  }
+}
+
+TEST(Block, MinMaxAndBitCountsPerLane) {
+  const auto got = Lanes(
+      {I("sub.s32", {R(1), R(0), Imm(16)}),  // -16 .. 15
+       I("min.s32", {R(2), R(1), Imm(5)}), I("max.s32", {R(3), R(2), Imm(-3)}), I("popc.b32", {R(4), R(0)}),
+       I("clz.b32", {R(5), R(0)}), I("add.s32", {R(6), R(3), R(4)}), I("mad.lo.s32", {R(7), R(5), Imm(100), R(6)})},
+      7);
+  for (uint32_t t = 0; t < 32; ++t) {
+    const int32_t v = static_cast<int32_t>(t) - 16;
+    const int32_t mm = std::max(std::min(v, 5), -3);
+    const int32_t popc = std::popcount(t), clz = std::countl_zero(t);
+    EXPECT_EQ(static_cast<int32_t>(got[t]), clz * 100 + mm + popc) << t;
+  }
+}
+
+TEST(Block, FloatArithmeticRoundsAsAsked) {
+  // %f1 = (float)tid; %f2 = %f1 * 0.1 (rn); %f3 = fma.rn(%f2, 3, 1); stored as bits.
+  const auto got = Lanes({I("cvt.rn.f32.u32", {R(1), R(0)}), I("mul.rn.f32", {R(2), R(1), F32Imm(0.1f)}),
+                          I("fma.rn.f32", {R(3), R(2), F32Imm(3.0f), F32Imm(1.0f)})},
+                         3);
+  for (uint32_t t = 0; t < 32; ++t) {
+    const float want = std::fma(static_cast<float>(t) * 0.1f, 3.0f, 1.0f);
+    EXPECT_EQ(got[t], std::bit_cast<uint32_t>(want)) << t;
+  }
+  // Directed rounding: 1/3 toward zero and toward +inf differ by one ulp.
+  const auto rz = Lanes({I("div.rz.f32", {R(1), F32Imm(1.0f), F32Imm(3.0f)})}, 1);
+  const auto rp = Lanes({I("div.rp.f32", {R(1), F32Imm(1.0f), F32Imm(3.0f)})}, 1);
+  EXPECT_EQ(rp[0], rz[0] + 1);
+  EXPECT_LT(std::bit_cast<float>(rz[0]), 1.0f / 3.0f + 1e-7f);
+}
+
+}  // namespace
+}  // namespace orion::ptx
