@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PREFIX, TEST_BIN, Oriond, assert_passed, free_port, make_certs, wait_until
+from harness.controller import ControllerProcess
 
 ETCD = shutil.which("etcd")
 ETCDCTL = shutil.which("etcdctl")
@@ -140,7 +141,9 @@ class Etcd:
                 p.wait()
 
 
-class Controller:
+class Controller(ControllerProcess):
+    """A controller of the cluster: its own yaml and log, named `name`, on `database` (etcd://...)."""
+
     def __init__(self, tmp: Path, database, name, lease_ttl_s=30, server_timeout_s=2, extra=""):
         self.tmp = tmp
         self.port = free_port()
@@ -152,46 +155,10 @@ class Controller:
         self.start()
 
     def start(self):
-        self.err = open(self.log_path, "a")
-        self.proc = subprocess.Popen([PREFIX / "bin" / "orion-controller", "start", "--config-file", self.conf],
-                                     stdout=subprocess.DEVNULL, stderr=self.err)
-        deadline = time.time() + 20
-        try:
-            while True:
-                assert self.proc.poll() is None, self.log()
-                try:
-                    if http(self.addr, "GET", "/v1/health", timeout=2)[0] == 200:
-                        return
-                except OSError:
-                    pass
-                assert time.time() < deadline, self.log()
-                time.sleep(0.05)
-        except BaseException:
-            self.kill()
-            raise
-
-    def log(self):
-        return self.log_path.read_text(errors="replace")
+        self.launch(self.conf)
 
     def call(self, method, path, body=None):
         return http(self.addr, method, path, body)
-
-    def get(self, path):
-        code, body = self.call("GET", path)
-        assert code == 200, (code, body)
-        return body
-
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self.err.close()
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
-        self.err.close()
 
 
 class Pool:

@@ -19,7 +19,52 @@ ADMIN, SERVER, CLIENT = "admin-key-0001", "server-key-0001", "client-key-0001"
 CLIENT2 = "client-key-0002"  # a second client key (another tenant)
 
 
-class Controller:
+class ControllerProcess:
+    """An orion-controller process started from a controller.yaml: its log, its REST calls (a
+    subclass's `call`), and how it ends. test_cluster's controllers on etcd share it."""
+
+    def launch(self, conf: Path):
+        """Starts the controller and waits (20 s at most) until /v1/health answers 200."""
+        self.err = open(self.log_path, "a")
+        self.proc = subprocess.Popen([PREFIX / "bin" / "orion-controller", "start", "--config-file", conf],
+                                     stdout=subprocess.DEVNULL, stderr=self.err)
+        deadline = time.time() + 20
+        try:
+            while True:
+                assert self.proc.poll() is None, self.log()
+                try:
+                    if self.call("GET", "/v1/health")[0] == 200:
+                        return
+                except OSError:
+                    pass
+                assert time.time() < deadline, self.log()
+                time.sleep(0.05)
+        except BaseException:
+            self.kill()
+            raise
+
+    def log(self):
+        return self.log_path.read_text(errors="replace")
+
+    def get(self, path, **kw):
+        code, body = self.call("GET", path, **kw)
+        assert code == 200, (code, body)
+        return body
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.err.close()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+        self.err.close()
+
+
+class Controller(ControllerProcess):
     def __init__(self, tmp: Path, placement="pack", keys=False, port=None, db=None, extra="", server_timeout_s=1.5,
                  lease_ttl_s=2, tls: Path = None, mtls=False, bound_keys=None):
         self.tmp = tmp
@@ -51,22 +96,7 @@ class Controller:
             bound = "".join(f", {{key: {k}, server: '{v}'}}" for k, v in self.bound_keys.items())
             text += f"authentication:\n  client: [{CLIENT}, {CLIENT2}]\n  server: [{SERVER}{bound}]\n  admin: {ADMIN}\n"
         conf.write_text(text)
-        self.err = open(self.log_path, "a")
-        self.proc = subprocess.Popen([PREFIX / "bin" / "orion-controller", "start", "--config-file", conf],
-                                     stdout=subprocess.DEVNULL, stderr=self.err)
-        deadline = time.time() + 20
-        while True:
-            assert self.proc.poll() is None, self.log()
-            try:
-                if self.call("GET", "/v1/health")[0] == 200:
-                    return
-            except OSError:
-                pass
-            assert time.time() < deadline, self.log()
-            time.sleep(0.05)
-
-    def log(self):
-        return self.log_path.read_text(errors="replace")
+        self.launch(conf)
 
     def call(self, method, path, body=None, key=ADMIN):
         req = urllib.request.Request(f"{'https' if self.tls else 'http'}://{self.addr}{path}", method=method,
@@ -84,23 +114,6 @@ class Controller:
                 return r.status, (json.loads(data) if r.headers.get_content_type() == "application/json" else data.decode())
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read() or b"{}")
-
-    def get(self, path, **kw):
-        code, body = self.call("GET", path, **kw)
-        assert code == 200, (code, body)
-        return body
-
-    def kill(self):
-        self.proc.kill()
-        self.proc.wait()
-        self.err.close()
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
-        self.err.close()
-
 
 def worst_status_seconds(ctl, tries=10):
     """The longest of `tries` authenticated GET /v1/status round trips (a controller with no servers)."""
