@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PREFIX, TEST_BIN, Oriond, assert_passed, free_port, make_certs, wait_until
-from harness.controller import ControllerProcess
+from harness.controller import ControllerProcess, regionless_home
 
 ETCD = shutil.which("etcd")
 ETCDCTL = shutil.which("etcdctl")
@@ -193,11 +193,7 @@ class Pool:
             d.id = f"127.0.0.1:{port}"
             self.servers.append(d)
         self.wait_up(servers)
-        self.home = tmp / "home"
-        (self.home / ".orion").mkdir(parents=True)
-        (tmp / "noshm").mkdir()
-        (tmp / "nopci").mkdir()
-        (self.home / ".orion" / "client.conf").write_text(f"[client-shm]\n    shm_path_base = {tmp / 'noshm'}/\n")
+        self.home = regionless_home(tmp)
 
     def live(self):
         return [c for c in self.ctls if c.proc.poll() is None]

@@ -19,6 +19,17 @@ ADMIN, SERVER, CLIENT = "admin-key-0001", "server-key-0001", "client-key-0001"
 CLIENT2 = "client-key-0002"  # a second client key (another tenant)
 
 
+def regionless_home(tmp: Path):
+    """A HOME for clients that see no region, so they ask a controller: its client.conf points
+    shm_path_base at the empty tmp/noshm, and tmp/nopci (ORION_SYSFS_PCI) lists no PCI device."""
+    home = tmp / "home"
+    (home / ".orion").mkdir(parents=True)
+    (tmp / "noshm").mkdir()
+    (tmp / "nopci").mkdir()
+    (home / ".orion" / "client.conf").write_text(f"[client-shm]\n    shm_path_base = {tmp / 'noshm'}/\n")
+    return home
+
+
 class ControllerProcess:
     """An orion-controller process started from a controller.yaml: its log, its REST calls (a
     subclass's `call`), and how it ends. test_cluster's controllers on etcd share it."""
@@ -148,13 +159,7 @@ class Cluster:
         for i in range(servers):
             self.add_server(key=SERVER if keys else None)
         self.wait_up(servers)
-        # Clients see no region: a HOME whose client.conf points shm_path_base at an empty directory,
-        # and no PCI devices.
-        self.home = tmp / "home"
-        (self.home / ".orion").mkdir(parents=True)
-        (tmp / "noshm").mkdir()
-        (tmp / "nopci").mkdir()
-        (self.home / ".orion" / "client.conf").write_text(f"[client-shm]\n    shm_path_base = {tmp / 'noshm'}/\n")
+        self.home = regionless_home(tmp)
 
     def add_server(self, key=None):
         sub = self.tmp / f"srv{len(self.servers)}"
