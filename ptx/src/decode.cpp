@@ -234,6 +234,73 @@ bool DecodeCpAsync(const std::vector<std::string_view>& parts, Ins* ins, std::st
   return true;
 }
 
+// The modifiers that mean the same on every instruction that takes them: a state space, a flag,
+// a vector width, or nothing the executor needs to act on (ordering and scope qualifiers: it runs
+// one thread at a time in program order, which every memory-model qualifier allows; cache
+// operators and hints). Looked up after the type and rounding modifiers, before an op's own.
+struct Modifier {
+  std::string_view name;
+  void (*apply)(Ins*);
+};
+const Modifier* CommonModifier(std::string_view m) {
+  static constexpr auto kNothing = [](Ins*) {};
+  static const Modifier kModifiers[] = {
+      {"global", [](Ins* i) { i->space = Space::kGlobal; }},
+      {"local", [](Ins* i) { i->space = Space::kLocal; }},
+      {"const", [](Ins* i) { i->space = Space::kConst; }},
+      {"ftz", [](Ins* i) { i->ftz = true; }},
+      {"sat", [](Ins* i) { i->sat = true; }},
+      {"satfinite", [](Ins* i) { i->sat = true; }},
+      {"approx", [](Ins* i) { i->approx = true; }},
+      {"relu", [](Ins* i) { i->relu = true; }},
+      {"cc", [](Ins* i) { i->cc = true; }},
+      {"to", [](Ins* i) { i->to = true; }},
+      {"uni", [](Ins* i) { i->uni = true; }},
+      {"wrap", [](Ins* i) { i->wrap = true; }},
+      {"clamp", [](Ins* i) { i->wrap = false; }},
+      {"v2", [](Ins* i) { i->vec = 2; }},
+      {"v4", [](Ins* i) { i->vec = 4; }},
+      {"v8", [](Ins* i) { i->vec = 8; }},
+      {"full", kNothing},
+      {"sync", kNothing},
+      {"aligned", kNothing},
+      {"volatile", kNothing},
+      {"relaxed", kNothing},
+      {"acquire", kNothing},
+      {"release", kNothing},
+      {"acq_rel", kNothing},
+      {"sc", kNothing},
+      {"weak", kNothing},
+      {"cta", kNothing},
+      {"gpu", kNothing},
+      {"sys", kNothing},
+      {"cluster", kNothing},
+      {"gl", kNothing},
+      {"ca", kNothing},
+      {"cg", kNothing},
+      {"cs", kNothing},
+      {"lu", kNothing},
+      {"cv", kNothing},
+      {"wb", kNothing},
+      {"wt", kNothing},
+      {"nc", kNothing},
+      {"noftz", kNothing},
+      {"mmio", kNothing},
+      {"L1", kNothing},
+      {"L2", kNothing},
+      {"proxy", kNothing},
+      {"async", kNothing},
+      {"b8x16", kNothing},
+      {"NaN", kNothing},
+      {"xorsign", kNothing},
+      {"abs", kNothing},
+  };
+  for (const Modifier& mod : kModifiers) {
+    if (mod.name == m) return &mod;
+  }
+  return nullptr;
+}
+
 // Opcode text -> Ins fields. False (with `why`) for what the executor does not implement.
 bool Decode(const std::string& text, Ins* ins, std::string* why) {
   auto parts = SplitDots(text);
@@ -357,10 +424,6 @@ bool Decode(const std::string& text, Ins* ins, std::string* why) {
       ins->rnd = *r;
       continue;
     }
-    if (m == "global") {
-      ins->space = Space::kGlobal;
-      continue;
-    }
     if (m == "shared" || m.starts_with("shared::")) {
       if (m == "shared::cluster") {
         *why = "distributed shared memory";
@@ -369,76 +432,15 @@ bool Decode(const std::string& text, Ins* ins, std::string* why) {
       ins->space = Space::kShared;
       continue;
     }
-    if (m == "local") {
-      ins->space = Space::kLocal;
-      continue;
-    }
     if (m == "param" || m.starts_with("param::")) {
       ins->space = Space::kParam;
       continue;
     }
-    if (m == "const") {
-      ins->space = Space::kConst;
+    if (const Modifier* mod = CommonModifier(m)) {
+      mod->apply(ins);
       continue;
     }
-    if (m == "ftz") {
-      ins->ftz = true;
-      continue;
-    }
-    if (m == "sat" || m == "satfinite") {
-      ins->sat = true;
-      continue;
-    }
-    if (m == "approx") {
-      ins->approx = true;
-      continue;
-    }
-    if (m == "full") {
-      continue;
-    }
-    if (m == "relu") {
-      ins->relu = true;
-      continue;
-    }
-    if (m == "cc") {
-      ins->cc = true;
-      continue;
-    }
-    if (m == "to") {
-      ins->to = true;
-      continue;
-    }
-    if (m == "uni") {
-      ins->uni = true;
-      continue;
-    }
-    if (m == "wrap") {
-      ins->wrap = true;
-      continue;
-    }
-    if (m == "clamp") {
-      ins->wrap = false;
-      continue;
-    }
-    if (m == "v2") {
-      ins->vec = 2;
-      continue;
-    }
-    if (m == "v4") {
-      ins->vec = 4;
-      continue;
-    }
-    if (m == "v8") {
-      ins->vec = 8;
-      continue;
-    }
-    if (m == "sync" || m == "aligned" || m == "volatile" || m == "relaxed" || m == "acquire" || m == "release" ||
-        m == "acq_rel" || m == "sc" || m == "weak" || m == "cta" || m == "gpu" || m == "sys" || m == "cluster" ||
-        m == "gl" || m == "ca" || m == "cg" || m == "cs" || m == "lu" || m == "cv" || m == "wb" || m == "wt" ||
-        m == "nc" || m == "noftz" || m == "mmio" || m == "L1" || m == "L2" || m.starts_with("L1::") ||
-        m.starts_with("L2::") || m == "uni" || m == "proxy" || m == "async" || m == "b8x16" || m == "NaN" ||
-        m == "xorsign" || m == "abs")
-      continue;
+    if (m.starts_with("L1::") || m.starts_with("L2::")) continue;  // cache and eviction hints
     if (ins->op == Op::kBar || ins->op == Op::kBarRed) {
       if (m == "red") {
         ins->op = Op::kBarRed;
