@@ -494,10 +494,8 @@ def test_keys_own_their_sessions_end_to_end(tmp_path):
             assert p.poll() is None
         finally:
             kill(p)
-        deadline = time.time() + 10
-        while c.ctl.get("/v1/allocations?kind=process", key=ADMIN):
-            assert time.time() < deadline, c.ctl.log()[-3000:]
-            time.sleep(0.1)
+        wait_until(lambda: not c.ctl.get("/v1/allocations?kind=process", key=ADMIN), 10,
+                   lambda: c.ctl.log()[-3000:], interval=0.1)
         # A client on a region: oriond allocates with the server key and releases it at the end.
         a = c.servers[0]
         q = subprocess.Popen([str(TEST_BIN / "sleeper"), "16"], env=a.env(ORION_VGPU=1, ORION_GMEM=500),
@@ -834,10 +832,8 @@ def test_a_revoked_allocation_ends_its_session_at_once_through_the_watch(tmp_pat
         t0 = time.time()
         code, body = c.ctl.call("DELETE", f"/v1/allocations/{a['id']}?reason=admin")
         assert code == 200, body
-        deadline = time.time() + 5
-        while f"no longer holds allocation {a['id']}; ending it" not in d.log():
-            assert time.time() < deadline, d.log()[-2000:]
-            time.sleep(0.02)
+        wait_until(lambda: f"no longer holds allocation {a['id']}; ending it" in d.log(), 5,
+                   lambda: d.log()[-2000:], interval=0.02)
         assert time.time() - t0 < 2, time.time() - t0
         kill(p)
         # A lease that lapses (the sleeper's oriond kept renewing only through heartbeats, which

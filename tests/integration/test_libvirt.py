@@ -186,10 +186,8 @@ def test_oriond_restart_while_a_domain_runs(lab):
                    capture_output=True)
     console = lab / "orion-test-a.console"
     virsh("start", "orion-test-a")
-    deadline = time.time() + 120
-    while "=== END device_props" not in (console.read_text(errors="replace") if console.exists() else ""):
-        assert time.time() < deadline, "the first program did not finish"
-        time.sleep(0.2)
+    wait_until(lambda: "=== END device_props" in (console.read_text(errors="replace") if console.exists() else ""), 120,
+               "the first program did not finish", interval=0.2)
     stop_oriond()
     start_oriond(lab)  # while the guest sleeps
     log = (lab / "logs" / "server.log").read_text()
