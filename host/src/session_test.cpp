@@ -81,10 +81,7 @@ class SessionTest : public ::testing::Test {
     SimOptions sim;
     sim.workers = 1;
     session_ = std::make_unique<Session>(params_, MakeSimBackend(sim), std::move(channel));
-    FrameHeader hello{};
-    hello.magic = kFrameMagic;
-    hello.version = kProtocolVersion;
-    hello.op = static_cast<uint16_t>(Op::kHello);
+    const FrameHeader hello = MakeFrameHeader(static_cast<uint16_t>(Op::kHello), 0, 0);
     int code = -1;
     ASSERT_TRUE(session_->Start(hello, &code)) << code;
     ASSERT_TRUE(channel_->serving);
@@ -93,12 +90,7 @@ class SessionTest : public ::testing::Test {
   }
 
   Outcome Raw(uint16_t op, const void* payload, uint32_t len) {
-    FrameHeader h{};
-    h.magic = kFrameMagic;
-    h.version = kProtocolVersion;
-    h.op = op;
-    h.seq = ++seq_;
-    h.payload_len = len;
+    const FrameHeader h = MakeFrameHeader(op, ++seq_, len);
     // The payload as a channel hands it over: its own bytes, at least one so data() is valid.
     std::vector<uint8_t> bytes(std::max<uint32_t>(len, 1));
     if (len != 0) std::memcpy(bytes.data(), payload, len);

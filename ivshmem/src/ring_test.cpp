@@ -19,15 +19,7 @@ struct RingMem {
   uint8_t* base;
 };
 
-FrameHeader Hdr(uint16_t op, uint32_t seq, uint32_t len) {
-  FrameHeader h{};
-  h.magic = kFrameMagic;
-  h.version = kProtocolVersion;
-  h.op = op;
-  h.seq = seq;
-  h.payload_len = len;
-  return h;
-}
+FrameHeader Hdr(uint16_t op, uint32_t seq, uint32_t len) { return MakeFrameHeader(op, seq, len); }
 
 TEST(Ring, PushPopRoundTrip) {
   RingMem m(4096);

@@ -75,12 +75,7 @@ bool Claim(MappedRegion& r, Chan* c) {
 // Sends a frame; when `wait`, returns the reply's status (and deferred status), or -1 on timeout.
 int Send(Chan* c, Op op, const void* payload, uint32_t len, bool wait, int* deferred = nullptr,
          std::vector<uint8_t>* reply = nullptr, uint16_t raw_op = 0) {
-  FrameHeader h{};
-  h.magic = kFrameMagic;
-  h.version = kProtocolVersion;
-  h.op = raw_op != 0 ? raw_op : static_cast<uint16_t>(op);
-  h.seq = c->seq++;
-  h.payload_len = len;
+  FrameHeader h = MakeFrameHeader(raw_op != 0 ? raw_op : static_cast<uint16_t>(op), c->seq++, len);
   h.flags = wait || op == Op::kNop ? kFlagWantsReply : 0;  // a Nop always asks for its reply
   if (!c->req.Push(h, payload)) return -2;
   if (!wait) return 0;

@@ -48,12 +48,7 @@ bool RecvAll(int fd, void* p, size_t len) {
 }
 
 FrameHeader Header(Op op, uint32_t seq, uint32_t len, bool reply) {
-  FrameHeader h{};
-  h.magic = kFrameMagic;
-  h.version = kProtocolVersion;
-  h.op = static_cast<uint16_t>(op);
-  h.seq = seq;
-  h.payload_len = len;
+  FrameHeader h = MakeFrameHeader(static_cast<uint16_t>(op), seq, len);
   h.flags = reply ? kFlagWantsReply : 0;
   return h;
 }
