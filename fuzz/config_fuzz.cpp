@@ -1,11 +1,13 @@
 // config_fuzz — the text parsers of oriond and orion-controller:
 //   mode 0: oriond's server.conf (orion::host::ParseServerConfig, an INI file);
 //   mode 1: controller.yaml (orion::controller::ParseControllerConfig);
-//   mode 2: a POST /v1/allocations body (orion::controller::Service::Allocate), as the REST layer
-//           hands it over: JSON objects only (the rest is refused before the service), "server"
-//           a string; an allocation made is released again so that the pool stays as it was;
-//   mode 3: a server's registration body (Service::RegisterServer), deregistered again.
-// The first input byte picks the mode (mod 4); the rest is the text.
+//   mode 2: a POST /v1/allocations body, as the REST layer takes it: decoded by
+//           AllocationRequest::FromJson (orion/controller/requests.h), then Service::Allocate; an
+//           allocation made is released again so that the pool stays as it was;
+//   mode 3: a server's registration body (ServerRegistration::FromJson, Service::RegisterServer),
+//           deregistered again;
+//   mode 4: the other request bodies' decoders (heartbeat, confirmation, assignment, watch).
+// The first input byte picks the mode (mod 5); the rest is the text.
 //
 // The service runs on a SQLite store in a temporary directory (removed at exit) with one
 // registered server of two GPUs. Exceptions a request raises are caught as the REST layer's
@@ -65,7 +67,8 @@ Pool* GetPool() {
       std::abort();
     }
     p->svc = std::move(*s);
-    if (!p->svc->RegisterServer("10.0.0.1:9960", TwoGpuServer("a")).ok()) std::abort();
+    auto reg = oc::ServerRegistration::FromJson(TwoGpuServer("a"));
+    if (!reg.ok() || !p->svc->RegisterServer("10.0.0.1:9960", *reg).ok()) std::abort();
     std::atexit([] { delete GetPool(); });
     return p;
   }();
@@ -81,7 +84,7 @@ void ReleaseIfMade(oc::Service& svc, const orion::Result<oc::Json>& r) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
-  const int mode = data[0] % 4;
+  const int mode = data[0] % 5;
   const std::string text(reinterpret_cast<const char*>(data + 1), size - 1);
   switch (mode) {
     case 0: {
@@ -96,19 +99,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     default: {
       oc::Json body = oc::Json::parse(text, nullptr, false);
-      if (body.is_discarded() || !body.is_object()) break;
+      if (body.is_discarded()) break;
+      if (mode == 4) {
+        (void)oc::ServerHeartbeat::FromJson(body);
+        (void)oc::SessionConfirmation::FromJson(body);
+        (void)oc::AssignmentRequest::FromJson(body);
+        (void)oc::WatchRequest::FromJson(body);
+        break;
+      }
       oc::Service& svc = *GetPool()->svc;
       try {
         if (mode == 2) {
-          std::string server;
-          if (body.contains("server")) {
-            if (!body["server"].is_string()) break;
-            server = body["server"].get<std::string>();
-          }
-          auto r = svc.Allocate(body, server);
+          auto req = oc::AllocationRequest::FromJson(body);
+          if (!req.ok()) break;
+          auto r = svc.Allocate(*req);
           ReleaseIfMade(svc, r);
         } else {
-          auto r = svc.RegisterServer("10.0.0.2:9960", body);
+          auto reg = oc::ServerRegistration::FromJson(body);
+          if (!reg.ok()) break;
+          auto r = svc.RegisterServer("10.0.0.2:9960", *reg);
           if (r.ok()) (void)svc.DeregisterServer("10.0.0.2:9960");
         }
       } catch (const std::exception&) {

@@ -18,11 +18,6 @@ namespace oc = orion::controller;
 
 namespace {
 
-// POST /v1/servers/{id}/watch: ids per request (36 bytes each: well inside kMaxBodyBytes) and the
-// longest wait (oriond's own HTTP timeout is longer).
-constexpr size_t kMaxWatchedAllocations = 4096;
-constexpr uint64_t kMaxWatchMs = 30000;
-
 // Request latency per route, as a Prometheus histogram.
 class Latency {
  public:
@@ -201,12 +196,15 @@ class Api final : public RestApi {
     SendError(res, 403, "this server key belongs to server " + bound_server_ + ": it may not act as '" + named + "'");
     return false;
   }
-  static Result<oc::Json> Body(const httplib::Request& req) {
-    if (req.body.empty()) return oc::Json::object();
-    oc::Json j = oc::Json::parse(req.body, nullptr, false);
-    if (j.is_discarded()) return orion::InvalidArgument("the body is not JSON");
-    if (!j.is_object()) return orion::InvalidArgument("the body must be a JSON object");
-    return j;
+  // The request's body as the type T (orion/controller/requests.h): parsed, then T::FromJson.
+  template <typename T>
+  static Result<T> Body(const httplib::Request& req) {
+    oc::Json j = oc::Json::object();
+    if (!req.body.empty()) {
+      j = oc::Json::parse(req.body, nullptr, false);
+      if (j.is_discarded()) return orion::InvalidArgument("the body is not JSON");
+    }
+    return T::FromJson(j);
   }
   // Allocation ids are the UUIDs NewId makes: anything else in the path (.., control bytes, a
   // smuggled query) is refused before it reaches the service or a log line.
@@ -273,7 +271,7 @@ void Api::Routes(httplib::Server& s) {
         }));
   s.Put(R"(/v1/servers/([^/]+))",
         Wrap("register", kServer, [this](const httplib::Request& req, httplib::Response& res) {
-          auto body = Body(req);
+          auto body = Body<oc::ServerRegistration>(req);
           if (!body.ok()) return Reply(res, body.status());
           auto r = svc_->RegisterServer(req.matches[1], *body);
           if (r.ok()) {
@@ -285,7 +283,7 @@ void Api::Routes(httplib::Server& s) {
         }));
   s.Post(R"(/v1/servers/([^/]+)/heartbeat)",
          Wrap("heartbeat", kServer, [this](const httplib::Request& req, httplib::Response& res) {
-           auto body = Body(req);
+           auto body = Body<oc::ServerHeartbeat>(req);
            if (!body.ok()) return Reply(res, body.status());
            auto r = svc_->Heartbeat(req.matches[1], *body);
            if (r.ok() && (*r)["back"].get<bool>()) log_->info("server {} is back", std::string(req.matches[1]));
@@ -296,28 +294,9 @@ void Api::Routes(httplib::Server& s) {
   // of at its next heartbeat. Bounded: a few thousand ids, at most 30 s, Service::kMaxWatchers.
   s.Post(R"(/v1/servers/([^/]+)/watch)",
          Wrap("watch", kServer, [this](const httplib::Request& req, httplib::Response& res) {
-           auto body = Body(req);
+           auto body = Body<oc::WatchRequest>(req);
            if (!body.ok()) return Reply(res, body.status());
-           std::vector<std::string> ids;
-           const oc::Json& list = (*body).value("allocations", oc::Json::array());
-           uint64_t timeout_ms = 20000;
-           if (!list.is_array() || list.size() > kMaxWatchedAllocations) {
-             return SendError(
-                 res, 400, "allocations must be a list of at most " + std::to_string(kMaxWatchedAllocations) + " ids");
-           }
-           for (const auto& id : list) {
-             if (!id.is_string() || !orion::IsUuid(id.get_ref<const std::string&>()))
-               return SendError(res, 400, "allocation ids must be UUIDs");
-             ids.push_back(id.get<std::string>());
-           }
-           if ((*body).contains("timeout_ms")) {
-             const oc::Json& t = (*body)["timeout_ms"];
-             if (!t.is_number_unsigned() || t.get<uint64_t>() > kMaxWatchMs) {
-               return SendError(res, 400, "timeout_ms must be 0.." + std::to_string(kMaxWatchMs));
-             }
-             timeout_ms = t.get<uint64_t>();
-           }
-           Reply(res, svc_->WatchRevoked(req.matches[1], ids, timeout_ms));
+           Reply(res, svc_->WatchRevoked(req.matches[1], *body));
          }));
   s.Delete(R"(/v1/servers/([^/]+))",
            Wrap("deregister", kServer, [this](const httplib::Request& req, httplib::Response& res) {
@@ -327,17 +306,15 @@ void Api::Routes(httplib::Server& s) {
            }));
   s.Post("/v1/allocations",
          Wrap("allocate", kClient | kServer, [this](const httplib::Request& req, httplib::Response& res) {
-           auto body = Body(req);
+           auto body = Body<oc::AllocationRequest>(req);
            if (!body.ok()) return Reply(res, body.status());
-           std::string server;
-           if (body->contains("server")) {
-             if (!(*body)["server"].is_string()) return SendError(res, 400, "server must be a string");
-             server = (*body)["server"].get<std::string>();
+           const std::string& server = body->server;
+           if (!server.empty()) {
              if (role_of_request_ == kClient) return SendError(res, 403, "a client key may not choose the server");
              if (!BoundServerMay(server, res)) return;
            }
            if (caller_.kind == oc::Caller::Kind::kServer) caller_.server = server.empty() ? bound_server_ : server;
-           auto r = svc_->Allocate(*body, server, caller_);
+           auto r = svc_->Allocate(*body, caller_);
            if (r.ok()) {
              std::string where;
              for (const auto& p : (*r)["placements"]) where += " " + p["text"].get<std::string>();
@@ -362,7 +339,7 @@ void Api::Routes(httplib::Server& s) {
   s.Post(R"(/v1/allocations/([^/]+)/confirm)",
          Wrap("confirm", kServer, [this](const httplib::Request& req, httplib::Response& res) {
            if (!IdOk(req, res)) return;
-           auto body = Body(req);
+           auto body = Body<oc::SessionConfirmation>(req);
            if (!body.ok()) return Reply(res, body.status());
            Reply(res, svc_->Confirm(req.matches[1], *body));
          }));
@@ -390,11 +367,9 @@ void Api::Routes(httplib::Server& s) {
         }));
   s.Put(R"(/v1/assignments/([^/]+))",
         Wrap("assign", kServer, [this](const httplib::Request& req, httplib::Response& res) {
-          auto body = Body(req);
+          auto body = Body<oc::AssignmentRequest>(req);
           if (!body.ok()) return Reply(res, body.status());
-          if (const auto named = body->find("server");
-              named != body->end() && named->is_string() && !BoundServerMay(named->get<std::string>(), res))
-            return;
+          if (!BoundServerMay(body->server, res)) return;
           auto r = svc_->Assign(req.matches[1], *body);
           if (r.ok())
             log_->info("VM {} holds assignment {}", std::string(req.matches[1]), (*r)["id"].get<std::string>());

@@ -19,8 +19,6 @@ namespace orion::controller {
 
 namespace {
 
-constexpr uint32_t kMaxVgpusPerRequest = 16;         // a process sees at most 16 devices (kMaxDevices)
-constexpr uint64_t kMaxGmemMib = uint64_t{1} << 24;  // 16 TiB: anything larger is garbage
 // A decision that lost its race to another controller (a guarded key moved) is made again from a
 // fresh read, at most this many times.
 constexpr int kMaxAttempts = 24;
@@ -53,52 +51,6 @@ void Backoff(int attempt) {
 }
 
 std::string NewId() { return RandomUuid(); }
-
-// Reads an unsigned integer field; absent = `def`. kInvalidArgument names the field.
-Status UInt(const Json& body, const char* key, uint64_t max, uint64_t def, uint64_t* out) {
-  if (!body.contains(key) || body[key].is_null()) {
-    *out = def;
-    return Status();
-  }
-  const Json& v = body[key];
-  if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0)) {
-    return InvalidArgument(std::string(key) + " must be a whole number, not " + v.dump());
-  }
-  const uint64_t n = v.get<uint64_t>();
-  if (n > max)
-    return InvalidArgument(std::string(key) + " = " + std::to_string(n) + " is larger than " + std::to_string(max));
-  *out = n;
-  return Status();
-}
-
-Status Str(const Json& body, const char* key, size_t max, std::string* out) {
-  if (!body.contains(key) || body[key].is_null()) return Status();
-  if (!body[key].is_string()) return InvalidArgument(std::string(key) + " must be a string");
-  std::string s = body[key].get<std::string>();
-  if (s.size() > max) return InvalidArgument(std::string(key) + " is longer than " + std::to_string(max));
-  for (char c : s) {
-    if (static_cast<unsigned char>(c) < 0x20) return InvalidArgument(std::string(key) + " has control characters");
-  }
-  *out = std::move(s);
-  return Status();
-}
-
-bool ValidVmName(const std::string& vm) {
-  if (vm.empty() || vm.size() > 64) return false;
-  return std::all_of(vm.begin(), vm.end(), [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
-  });
-}
-
-// A job's name (POST /v1/allocations "job"): printable, no spaces or quotes, so it can go in a log
-// line and a URL query unescaped.
-constexpr size_t kMaxJobName = 128;
-bool ValidJobName(const std::string& job) {
-  if (job.empty() || job.size() > kMaxJobName) return false;
-  return std::all_of(job.begin(), job.end(), [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("._:@/+-", c) != nullptr;
-  });
-}
 
 }  // namespace
 
@@ -451,45 +403,17 @@ const pool::VgpuPool& Service::PoolOf(const Server& s) const {
   return it != pools_.end() ? it->second : kEmpty;
 }
 
-Result<Json> Service::RegisterServer(const std::string& id, const Json& body) {
+Result<Json> Service::RegisterServer(const std::string& id, const ServerRegistration& reg) {
   if (!ParseEndpoint(id, 9960).ok() || id.find(':') == std::string::npos || id.find("://") != std::string::npos) {
     return InvalidArgument("server id '" + id + "' is not the server's ip:port");
   }
-  if (!body.is_object()) return InvalidArgument("the body must be a JSON object");
   Server s;
   s.id = id;
-  uint64_t vc = 0;
-  if (Status st = UInt(body, "vgpu_count", 100, 0, &vc); !st.ok()) return st;
-  if (vc == 0) return InvalidArgument("vgpu_count must be 1..100");
-  s.vgpu_count = static_cast<uint32_t>(vc);
-  if (Status st = Str(body, "hostname", 255, &s.hostname); !st.ok()) return st;
-  if (Status st = Str(body, "boot_id", 64, &s.boot_id); !st.ok()) return st;
-  if (!body.contains("gpus") || !body["gpus"].is_array() || body["gpus"].size() > 64) {
-    return InvalidArgument("gpus must be an array of at most 64 GPUs");
-  }
-  std::set<uint32_t> seen;
-  for (const Json& g : body["gpus"]) {
-    if (!g.is_object()) return InvalidArgument("each GPU must be an object");
-    Gpu gpu;
-    uint64_t idx = 0, mem = 0;
-    if (Status st = UInt(g, "index", 1023, 0, &idx); !st.ok()) return st;
-    if (Status st = UInt(g, "memory_mib", kMaxGmemMib, 0, &mem); !st.ok()) return st;
-    if (Status st = Str(g, "uuid", 80, &gpu.uuid); !st.ok()) return st;
-    if (Status st = Str(g, "name", 128, &gpu.name); !st.ok()) return st;
-    if (mem == 0) return InvalidArgument("GPU memory_mib must be > 0");
-    if (!seen.insert(static_cast<uint32_t>(idx)).second)
-      return InvalidArgument("GPU index " + std::to_string(idx) + " is listed twice");
-    gpu.index = static_cast<uint32_t>(idx);
-    gpu.memory_mib = mem;
-    s.gpus.push_back(std::move(gpu));
-  }
-  std::set<std::string> active;
-  if (body.contains("allocations")) {
-    if (!body["allocations"].is_array()) return InvalidArgument("allocations must be an array of ids");
-    for (const Json& a : body["allocations"]) {
-      if (a.is_string()) active.insert(a.get<std::string>());
-    }
-  }
+  s.vgpu_count = reg.vgpu_count;
+  s.hostname = reg.hostname;
+  s.boot_id = reg.boot_id;
+  for (const GpuSpec& g : reg.gpus) s.gpus.push_back({g.index, g.uuid, g.name, g.memory_mib});
+  const std::set<std::string>& active = reg.allocations;
   std::lock_guard<std::mutex> lock(mu_);
   Json released = Json::array();
   Status stored = Transact([&](int) -> Status {
@@ -556,16 +480,14 @@ Result<Json> Service::RegisterServer(const std::string& id, const Json& body) {
               {"server_timeout_ms", opts_.server_timeout_ms}};
 }
 
-Result<Json> Service::Heartbeat(const std::string& id, const Json& body) {
-  if (!body.is_object()) return InvalidArgument("the body must be a JSON object");
+Result<Json> Service::Heartbeat(const std::string& id, const ServerHeartbeat& beat) {
   std::lock_guard<std::mutex> lock(mu_);
   if (Status st = Sync(); !st.ok()) return st;
   auto it = servers_.find(id);
   if (it == servers_.end()) return NotFound("server " + id + " is not registered");
   Server& s = it->second;
-  std::string boot;
-  if (Status st = Str(body, "boot_id", 64, &boot); !st.ok()) return st;
-  if (!boot.empty() && boot != s.boot_id) return NotFound("server " + id + " restarted; it must register again");
+  if (!beat.boot_id.empty() && beat.boot_id != s.boot_id)
+    return NotFound("server " + id + " restarted; it must register again");
   const uint64_t now = WallMs();
   bool was_down = !s.up;
   if (store_->shared()) {
@@ -606,29 +528,22 @@ Result<Json> Service::Heartbeat(const std::string& id, const Json& body) {
   s.last_seen_ms = now;
   s.up = true;
   Json revoked = Json::array();
-  if (body.contains("allocations") && body["allocations"].is_array()) {
-    for (const Json& e : body["allocations"]) {
-      if (!e.is_object() || !e.contains("id") || !e["id"].is_string()) continue;
-      const std::string aid = e["id"].get<std::string>();
-      auto a = allocs_.find(aid);
-      if (a == allocs_.end() || a->second.server != id) {
-        revoked.push_back(aid);
+  for (const ServerHeartbeat::Held& held : beat.allocations) {
+    auto a = allocs_.find(held.id);
+    if (a == allocs_.end() || a->second.server != id) {
+      revoked.push_back(held.id);
+      continue;
+    }
+    if (a->second.kind == "process") {
+      auto left = store_->KeepAlive(a->second.lease, opts_.lease_ttl_ms);
+      if (!left.ok() && left.status().code() == Code::kNotFound) {
+        revoked.push_back(held.id);  // its etcd lease lapsed: etcd has dropped it
         continue;
       }
-      if (a->second.kind == "process") {
-        auto left = store_->KeepAlive(a->second.lease, opts_.lease_ttl_ms);
-        if (!left.ok() && left.status().code() == Code::kNotFound) {
-          revoked.push_back(aid);  // its etcd lease lapsed: etcd has dropped it
-          continue;
-        }
-        a->second.lease_expires_ms = now + (left.ok() ? *left : opts_.lease_ttl_ms);
-      }
-      if (e.contains("used_mib") && e["used_mib"].is_array()) {
-        for (size_t i = 0; i < e["used_mib"].size() && i < a->second.slots.size(); ++i) {
-          if (e["used_mib"][i].is_number_integer() && e["used_mib"][i].get<int64_t>() >= 0)
-            a->second.slots[i].used_mib = e["used_mib"][i].get<uint64_t>();
-        }
-      }
+      a->second.lease_expires_ms = now + (left.ok() ? *left : opts_.lease_ttl_ms);
+    }
+    for (size_t i = 0; i < held.used_mib.size() && i < a->second.slots.size(); ++i) {
+      if (held.used_mib[i]) a->second.slots[i].used_mib = *held.used_mib[i];
     }
   }
   if (was_down && !store_->shared()) {
@@ -688,30 +603,10 @@ Json Service::Servers() {
   return out;
 }
 
-Result<Service::Allocation> Service::Place(const Json& body, const std::string& server, const std::string& kind) {
-  if (!body.is_object()) return InvalidArgument("the body must be a JSON object");
-  uint64_t vgpus = 0, gmem = 0, ratio = 0, pid = 0;
-  if (Status st = UInt(body, "vgpus", kMaxVgpusPerRequest, 0, &vgpus); !st.ok()) {
-    return InvalidArgument("ORION_VGPU: " + st.message());
-  }
-  if (vgpus == 0) return InvalidArgument("ORION_VGPU must be 1.." + std::to_string(kMaxVgpusPerRequest));
-  if (Status st = UInt(body, "gmem_mib", kMaxGmemMib, 0, &gmem); !st.ok())
-    return InvalidArgument("ORION_GMEM: " + st.message());
-  if (Status st = UInt(body, "ratio", 100, 0, &ratio); !st.ok()) return InvalidArgument("ORION_RATIO: " + st.message());
+Result<Service::Allocation> Service::Place(const PlacementRequest& req, const std::string& kind) {
+  const std::string& server = req.server;
+  const uint64_t vgpus = req.vgpus, gmem = req.gmem_mib, ratio = req.ratio;
   Allocation a;
-  if (body.contains("client")) {
-    const Json& c = body["client"];
-    if (!c.is_object()) return InvalidArgument("client must be an object");
-    if (Status st = Str(c, "host", 255, &a.client_host); !st.ok()) return st;
-    if (Status st = Str(c, "process", 64, &a.client_process); !st.ok()) return st;
-    if (Status st = UInt(c, "pid", 0xffffffffu, 0, &pid); !st.ok()) return st;
-  }
-  if (body.contains("job")) {
-    if (Status st = Str(body, "job", kMaxJobName, &a.job); !st.ok()) return st;
-    if (!ValidJobName(a.job)) {
-      return InvalidArgument("job must be 1.." + std::to_string(kMaxJobName) + " of [A-Za-z0-9._:@/+-]");
-    }
-  }
   std::vector<const Server*> cands;
   for (const auto& [id, s] : servers_) {
     if (s.up && (server.empty() || id == server)) cands.push_back(&s);
@@ -775,7 +670,6 @@ Result<Service::Allocation> Service::Place(const Json& body, const std::string& 
     a.vgpus = static_cast<uint32_t>(vgpus);
     a.gmem_mib = (*got)[0].quota_bytes >> 20;
     a.ratio = static_cast<uint32_t>(ratio);  // 0: best effort (compute share: not counted, not promised)
-    a.client_pid = static_cast<uint32_t>(pid);
     a.created_ms = WallMs();
     a.lease_expires_ms = kind == "vm" ? 0 : a.created_ms + opts_.lease_ttl_ms;
     for (const auto& p : *got) a.slots.push_back({p.pgpu, p.vgpu, p.quota_bytes >> 20, 0});
@@ -788,22 +682,16 @@ Result<Service::Allocation> Service::Place(const Json& body, const std::string& 
       ")");
 }
 
-Result<Json> Service::PlaceAndStore(const Json& body, const std::string& server, const std::string& kind,
-                                    const Caller& caller, const std::string& vm) {
-  std::string request_id;  // the client's idempotency key
-  if (kind == "process" && body.contains("request_id")) {
-    const Json& r = body["request_id"];
-    if (!r.is_string() || !IsUuid(r.get_ref<const std::string&>())) {
-      return InvalidArgument("request_id must be a UUID (the client's idempotency key)");
-    }
-    request_id = r.get<std::string>();
-  }
-  int64_t lease = 0;  // granted once, kept across retries
+Result<Json> Service::PlaceAndStore(const AllocationRequest& req, const std::string& kind, const Caller& caller,
+                                    const std::string& vm) {
+  const std::string& server = req.server;
+  const std::string& request_id = req.request_id;  // the client's idempotency key
+  int64_t lease = 0;                               // granted once, kept across retries
   auto placed = Transact(
       [&](int attempt) -> Result<Json> {
         if (kind == "vm") {
           // Assigned already (by this controller, or by another one that won the vms/<name> guard).
-          auto existing = ExistingAssignmentLocked(vm, body, server);
+          auto existing = ExistingAssignmentLocked(vm, req);
           if (existing.ok() || existing.status().code() != Code::kNotFound) {
             store_->Revoke(lease);
             return existing;
@@ -850,8 +738,7 @@ Result<Json> Service::PlaceAndStore(const Json& body, const std::string& server,
                                                  std::to_string(opts_.max_allocations_per_key) +
                                                  "); release one first");
           }
-          uint64_t vgpus = 0;
-          (void)UInt(body, "vgpus", kMaxVgpusPerRequest, 0, &vgpus);  // Place refuses a bad one
+          const uint64_t vgpus = req.vgpus;
           if (opts_.max_vgpus_per_key != 0 && held_vgpus + vgpus > opts_.max_vgpus_per_key) {
             ++refusals_;
             store_->Revoke(lease);
@@ -861,7 +748,7 @@ Result<Json> Service::PlaceAndStore(const Json& body, const std::string& server,
                                                  std::to_string(opts_.max_vgpus_per_key) + "); release some first");
           }
         }
-        auto a = Place(body, server, kind);
+        auto a = Place(req, kind);
         if (!a.ok()) {
           ++refusals_;
           store_->Revoke(lease);
@@ -887,13 +774,15 @@ Result<Json> Service::PlaceAndStore(const Json& body, const std::string& server,
           a->client_host = vm;
         } else {
           a->owner = caller.owner;
+          a->client_host = req.client_host;
+          a->client_process = req.client_process;
+          a->client_pid = req.client_pid;
+          a->job = req.job;
           if (!a->job.empty()) {
             a->state = "held";  // its holder renews it; sessions come and go (Confirm)
           } else if (!server.empty()) {
             a->state = "active";  // oriond asked for its own client: it is serving it now
-            uint64_t session = 0;
-            (void)UInt(body, "session", 0xffffffffu, 0, &session);
-            a->session = static_cast<uint32_t>(session);
+            a->session = req.session;
           }
           if (store_->shared() && lease == 0) {
             // The allocation's lease is an etcd lease: if nobody renews it, etcd drops the allocation.
@@ -972,7 +861,7 @@ Result<int64_t> Service::RequestLeaseLocked() {
   return request_lease_;
 }
 
-Result<Json> Service::Allocate(const Json& body, const std::string& server, const Caller& caller) {
+Result<Json> Service::Allocate(const AllocationRequest& req, const Caller& caller) {
   // vGPUs held only by allocations whose clients have exited ("releasing": their servers end the
   // sessions and release them within moments) are as good as free: a request that does not fit only
   // because of them waits for them, up to kReleasingWaitMs, instead of being refused. (A CI run once
@@ -980,8 +869,8 @@ Result<Json> Service::Allocate(const Json& body, const std::string& server, cons
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kReleasingWaitMs);
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    auto r = PlaceAndStore(body, server, "process", caller, "");
-    if (r.ok() || r.status().code() != Code::kResourceExhausted || !server.empty() ||
+    auto r = PlaceAndStore(req, "process", caller, "");
+    if (r.ok() || r.status().code() != Code::kResourceExhausted || !req.server.empty() ||
         std::chrono::steady_clock::now() >= deadline)
       return r;
     bool releasing = false;
@@ -994,11 +883,9 @@ Result<Json> Service::Allocate(const Json& body, const std::string& server, cons
   }
 }
 
-Result<Json> Service::Confirm(const std::string& id, const Json& body) {
-  std::string server;
-  if (Status st = Str(body, "server", 300, &server); !st.ok()) return st;
-  uint64_t session = 0;
-  if (Status st = UInt(body, "session", 0xffffffffu, 0, &session); !st.ok()) return st;
+Result<Json> Service::Confirm(const std::string& id, const SessionConfirmation& conf) {
+  const std::string& server = conf.server;
+  const uint32_t session = conf.session;
   std::lock_guard<std::mutex> lock(mu_);
   return Transact([&](int) -> Result<Json> {
     auto it = allocs_.find(id);
@@ -1020,7 +907,7 @@ Result<Json> Service::Confirm(const std::string& id, const Json& body) {
     }
     Allocation next = a;
     next.state = "active";
-    next.session = static_cast<uint32_t>(session);
+    next.session = session;
     next.lease_expires_ms = WallMs() + opts_.lease_ttl_ms;
     StoreChange c;
     c.put_allocations.emplace_back(StoreDoc(next), next.lease);
@@ -1154,9 +1041,9 @@ Result<Json> Service::Release(const std::string& id, const std::string& why, con
   });
 }
 
-Result<Json> Service::WatchRevoked(const std::string& server, const std::vector<std::string>& ids,
-                                   uint64_t timeout_ms) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+Result<Json> Service::WatchRevoked(const std::string& server, const WatchRequest& watch) {
+  const std::vector<std::string>& ids = watch.allocations;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(watch.timeout_ms);
   std::unique_lock<std::mutex> lock(mu_);
   if (watchers_ >= kMaxWatchers) {
     return Status(Code::kOutOfRange, std::to_string(kMaxWatchers) + " watches are open already; rely on heartbeats");
@@ -1210,24 +1097,20 @@ Json Service::ListAllocations(const std::string& host, const std::string& kind, 
   return out;
 }
 
-Result<Json> Service::Assign(const std::string& vm, const Json& body) {
+Result<Json> Service::Assign(const std::string& vm, const AssignmentRequest& req) {
   if (!ValidVmName(vm)) return InvalidArgument("VM name '" + vm + "' must be 1..64 of [A-Za-z0-9._-]");
-  std::string server;
-  if (Status st = Str(body, "server", 300, &server); !st.ok()) return st;
+  AllocationRequest placement;
+  static_cast<PlacementRequest&>(placement) = req;
   std::lock_guard<std::mutex> lock(mu_);
   // PlaceAndStore answers an existing assignment of `vm` (ExistingAssignmentLocked) after each read.
-  return PlaceAndStore(body, server, "vm", Caller{}, vm);
+  return PlaceAndStore(placement, "vm", Caller{}, vm);
 }
 
-Result<Json> Service::ExistingAssignmentLocked(const std::string& vm, const Json& body, const std::string& server) {
+Result<Json> Service::ExistingAssignmentLocked(const std::string& vm, const PlacementRequest& req) {
   for (const auto& [id, a] : allocs_) {
     if (a.kind != "vm" || a.vm != vm) continue;
-    uint64_t vgpus = 0, gmem = 0, ratio = 0;
-    (void)UInt(body, "vgpus", kMaxVgpusPerRequest, 0, &vgpus);
-    (void)UInt(body, "gmem_mib", kMaxGmemMib, 0, &gmem);
-    (void)UInt(body, "ratio", 100, 0, &ratio);
-    if ((server.empty() || a.server == server) && a.vgpus == vgpus && (gmem == 0 || gmem == a.gmem_mib) &&
-        a.ratio == ratio) {
+    if ((req.server.empty() || a.server == req.server) && a.vgpus == req.vgpus &&
+        (req.gmem_mib == 0 || req.gmem_mib == a.gmem_mib) && a.ratio == req.ratio) {
       return ToJson(a);  // idempotent: the same VM asking again gets its vGPUs
     }
     return ResourceExhausted("VM " + vm + " already holds " + std::to_string(a.vgpus) + " x " +

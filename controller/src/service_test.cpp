@@ -13,6 +13,34 @@
 namespace orion::controller {
 namespace {
 
+// The REST layer's path for a body: decoded by its type's FromJson (requests.h), then the service.
+Result<Json> RegisterServer(Service& s, const std::string& id, const Json& body) {
+  auto r = ServerRegistration::FromJson(body);
+  if (!r.ok()) return r.status();
+  return s.RegisterServer(id, *r);
+}
+Result<Json> Heartbeat(Service& s, const std::string& id, const Json& body) {
+  auto r = ServerHeartbeat::FromJson(body);
+  if (!r.ok()) return r.status();
+  return s.Heartbeat(id, *r);
+}
+Result<Json> Allocate(Service& s, const Json& body, const std::string& server, const Caller& caller = {}) {
+  auto r = AllocationRequest::FromJson(body);
+  if (!r.ok()) return r.status();
+  r->server = server;
+  return s.Allocate(*r, caller);
+}
+Result<Json> Confirm(Service& s, const std::string& id, const Json& body) {
+  auto r = SessionConfirmation::FromJson(body);
+  if (!r.ok()) return r.status();
+  return s.Confirm(id, *r);
+}
+Result<Json> Assign(Service& s, const std::string& vm, const Json& body) {
+  auto r = AssignmentRequest::FromJson(body);
+  if (!r.ok()) return r.status();
+  return s.Assign(vm, *r);
+}
+
 class ServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -76,20 +104,20 @@ TEST_F(ServiceTest, OwnerHashesAreSaltedPerStoreAndOldOnesStillOwn) {
 
 TEST_F(ServiceTest, PacksVgpusOntoOneGpuThenTheFullestServer) {
   auto s = Open();
-  ASSERT_TRUE(s->RegisterServer("10.0.0.1:9960", TwoGpuServer("a")).ok());
-  ASSERT_TRUE(s->RegisterServer("10.0.0.2:9960", TwoGpuServer("b")).ok());
-  auto a = s->Allocate(Req(2, 7000), "");
+  ASSERT_TRUE(RegisterServer(*s, "10.0.0.1:9960", TwoGpuServer("a")).ok());
+  ASSERT_TRUE(RegisterServer(*s, "10.0.0.2:9960", TwoGpuServer("b")).ok());
+  auto a = Allocate(*s, Req(2, 7000), "");
   ASSERT_TRUE(a.ok()) << a.status().ToString();
   const auto& p = (*a)["placements"];
   ASSERT_EQ(p.size(), 2u);
   EXPECT_EQ(p[0]["pgpu"], p[1]["pgpu"]);  // two < 8 GB vGPUs share one 16 GB card (Orion's rule)
   EXPECT_EQ((*a)["state"], "pending");
   EXPECT_EQ((*a)["gmem_mib"], 7000);
-  auto b = s->Allocate(Req(1, 9000), "");  // only the other GPU fits it: same (fuller) server
+  auto b = Allocate(*s, Req(1, 9000), "");  // only the other GPU fits it: same (fuller) server
   ASSERT_TRUE(b.ok());
   EXPECT_EQ((*b)["server"], (*a)["server"]);
   EXPECT_NE((*b)["placements"][0]["pgpu"], (*a)["placements"][0]["pgpu"]);
-  auto c = s->Allocate(Req(1, 8000), "");  // the first server has no 8000 MiB left on any GPU
+  auto c = Allocate(*s, Req(1, 8000), "");  // the first server has no 8000 MiB left on any GPU
   ASSERT_TRUE(c.ok());
   EXPECT_NE((*c)["server"], (*a)["server"]);
   EXPECT_EQ(s->Summary()["vgpus_used"], 4);
@@ -98,37 +126,37 @@ TEST_F(ServiceTest, PacksVgpusOntoOneGpuThenTheFullestServer) {
 TEST_F(ServiceTest, SpreadPolicyTakesTheEmptiestServerAndGpu) {
   opts_.policy = pool::PlacementPolicy::kSpread;
   auto s = Open();
-  ASSERT_TRUE(s->RegisterServer("10.0.0.1:9960", TwoGpuServer("a")).ok());
-  ASSERT_TRUE(s->RegisterServer("10.0.0.2:9960", TwoGpuServer("b")).ok());
-  auto a = s->Allocate(Req(2, 1000), "");
+  ASSERT_TRUE(RegisterServer(*s, "10.0.0.1:9960", TwoGpuServer("a")).ok());
+  ASSERT_TRUE(RegisterServer(*s, "10.0.0.2:9960", TwoGpuServer("b")).ok());
+  auto a = Allocate(*s, Req(2, 1000), "");
   ASSERT_TRUE(a.ok());
   EXPECT_NE((*a)["placements"][0]["pgpu"], (*a)["placements"][1]["pgpu"]);
-  auto b = s->Allocate(Req(1, 1000), "");
+  auto b = Allocate(*s, Req(1, 1000), "");
   ASSERT_TRUE(b.ok());
   EXPECT_NE((*b)["server"], (*a)["server"]);
 }
 
 TEST_F(ServiceTest, RefusalsSayWhyAndAllocateNothing) {
   auto s = Open();
-  EXPECT_EQ(s->Allocate(Req(1, 1000), "").status().code(), Code::kUnavailable);  // no server yet
-  ASSERT_TRUE(s->RegisterServer("10.0.0.1:9960", TwoGpuServer("a")).ok());
-  auto big = s->Allocate(Req(1, 20000), "");
+  EXPECT_EQ(Allocate(*s, Req(1, 1000), "").status().code(), Code::kUnavailable);  // no server yet
+  ASSERT_TRUE(RegisterServer(*s, "10.0.0.1:9960", TwoGpuServer("a")).ok());
+  auto big = Allocate(*s, Req(1, 20000), "");
   EXPECT_EQ(big.status().code(), Code::kInvalidArgument);
   EXPECT_NE(big.status().message().find("more than any GPU has (16384 MiB)"), std::string::npos)
       << big.status().message();
-  auto many = s->Allocate(Req(9, 100), "");
+  auto many = Allocate(*s, Req(9, 100), "");
   EXPECT_EQ(many.status().code(), Code::kInvalidArgument);
   EXPECT_NE(many.status().message().find("more than any server holds (8 vGPUs)"), std::string::npos);
-  auto mem = s->Allocate(Req(3, 12000), "");
+  auto mem = Allocate(*s, Req(3, 12000), "");
   EXPECT_EQ(mem.status().code(), Code::kInvalidArgument);
   EXPECT_NE(mem.status().message().find("more than any server's GPU memory (32768 MiB)"), std::string::npos);
   for (const Json& garbage : {Json{{"vgpus", "two"}}, Json{{"vgpus", -1}}, Json{{"vgpus", 0}}, Json{{"vgpus", 1.5}},
                               Json{{"vgpus", 1}, {"gmem_mib", "x"}}, Json{{"vgpus", 1}, {"client", 3}},
                               Json{{"vgpus", 1}, {"gmem_mib", 1ull << 40}}, Json::array()}) {
-    EXPECT_EQ(s->Allocate(garbage, "").status().code(), Code::kInvalidArgument) << garbage.dump();
+    EXPECT_EQ(Allocate(*s, garbage, "").status().code(), Code::kInvalidArgument) << garbage.dump();
   }
-  ASSERT_TRUE(s->Allocate(Req(2, 16000), "").ok());
-  auto full = s->Allocate(Req(1, 1000), "");
+  ASSERT_TRUE(Allocate(*s, Req(2, 16000), "").ok());
+  auto full = Allocate(*s, Req(1, 1000), "");
   EXPECT_EQ(full.status().code(), Code::kResourceExhausted);
   EXPECT_NE(full.status().message().find("10.0.0.1:9960: 6 of 8 vGPUs free, 768 MiB unallocated"), std::string::npos)
       << full.status().message();
@@ -142,24 +170,24 @@ TEST_F(ServiceTest, ComputeRatiosOnAGpuAddUpToAtMost100) {
   std::string first;
   {
     auto s = Open();
-    ASSERT_TRUE(s->RegisterServer("10.0.0.1:9960", TwoGpuServer("a")).ok());
+    ASSERT_TRUE(RegisterServer(*s, "10.0.0.1:9960", TwoGpuServer("a")).ok());
     Json r70 = Req(1, 1000);
     r70["ratio"] = 70;
-    auto a = s->Allocate(r70, "");
+    auto a = Allocate(*s, r70, "");
     ASSERT_TRUE(a.ok()) << a.status().ToString();
     EXPECT_EQ((*a)["ratio"], 70);
     first = (*a)["id"];
     Json r50 = Req(1, 1000);
     r50["ratio"] = 50;
-    auto b = s->Allocate(r50, "");  // packing prefers the same GPU; its compute does not allow it
+    auto b = Allocate(*s, r50, "");  // packing prefers the same GPU; its compute does not allow it
     ASSERT_TRUE(b.ok()) << b.status().ToString();
     EXPECT_NE((*b)["placements"][0]["pgpu"], (*a)["placements"][0]["pgpu"]);
-    auto best_effort = s->Allocate(Req(1, 1000), "");  // no ratio: not counted, not promised
+    auto best_effort = Allocate(*s, Req(1, 1000), "");  // no ratio: not counted, not promised
     ASSERT_TRUE(best_effort.ok());
     EXPECT_EQ((*best_effort)["ratio"], 0);
     Json r60 = Req(1, 1000);
     r60["ratio"] = 60;
-    auto c = s->Allocate(r60, "");
+    auto c = Allocate(*s, r60, "");
     ASSERT_FALSE(c.ok());
     EXPECT_EQ(c.status().code(), Code::kResourceExhausted);
     EXPECT_NE(c.status().message().find("with ORION_RATIO=60% of a GPU's compute each"), std::string::npos)
@@ -168,32 +196,32 @@ TEST_F(ServiceTest, ComputeRatiosOnAGpuAddUpToAtMost100) {
         << c.status().message();
     Json r101 = Req(1, 1000);
     r101["ratio"] = 101;
-    EXPECT_EQ(s->Allocate(r101, "").status().code(), Code::kInvalidArgument);
+    EXPECT_EQ(Allocate(*s, r101, "").status().code(), Code::kInvalidArgument);
   }
   {
     auto s = Open();  // restarted: the ratios are accounted from the stored allocations
     Json r60 = Req(1, 1000);
     r60["ratio"] = 60;
-    auto c = s->Allocate(r60, "");
+    auto c = Allocate(*s, r60, "");
     ASSERT_FALSE(c.ok());
     EXPECT_NE(c.status().message().find("at most 50% of a GPU's compute left"), std::string::npos)
         << c.status().message();
     ASSERT_TRUE(s->Release(first, "done", Caller{}).ok());
-    EXPECT_TRUE(s->Allocate(r60, "").ok());  // the 70 given back
+    EXPECT_TRUE(Allocate(*s, r60, "").ok());  // the 70 given back
   }
 }
 
 TEST_F(ServiceTest, ConcurrentRequestsNeverDoubleBook) {
   auto s = Open();
-  ASSERT_TRUE(s->RegisterServer("10.0.0.1:9960", TwoGpuServer("a")).ok());
-  ASSERT_TRUE(s->RegisterServer("10.0.0.2:9960", TwoGpuServer("b")).ok());
+  ASSERT_TRUE(RegisterServer(*s, "10.0.0.1:9960", TwoGpuServer("a")).ok());
+  ASSERT_TRUE(RegisterServer(*s, "10.0.0.2:9960", TwoGpuServer("b")).ok());
   std::vector<std::thread> ts;
   std::mutex mu;
   std::vector<Json> got;
   int refused = 0;
   for (int i = 0; i < 50; ++i) {
     ts.emplace_back([&] {
-      auto a = s->Allocate(Req(1, 1000), "");
+      auto a = Allocate(*s, Req(1, 1000), "");
       std::lock_guard<std::mutex> lock(mu);
       if (a.ok())
         got.push_back(*a);
@@ -255,26 +283,26 @@ TEST_F(ServiceTest, LostRacesAreTriedAgainThenReportedAsABusyPool) {
   Service& s = **opened;
   store->lose = 3;
   store->applies = 0;
-  ASSERT_TRUE(s.RegisterServer("10.0.0.1:9960", TwoGpuServer("a", 1)).ok());
+  ASSERT_TRUE(RegisterServer(s, "10.0.0.1:9960", TwoGpuServer("a", 1)).ok());
   EXPECT_EQ(store->applies, 4);
   store->lose = 5;
   store->applies = 0;
-  auto first = s.Allocate(Req(1, 1000), "");
+  auto first = Allocate(s, Req(1, 1000), "");
   ASSERT_TRUE(first.ok()) << first.status().ToString();
   EXPECT_EQ(store->applies, 6);
   store->lose = 1000;
   store->applies = 0;
-  auto busy = s.Allocate(Req(1, 1000), "");
+  auto busy = Allocate(s, Req(1, 1000), "");
   ASSERT_FALSE(busy.ok());
   EXPECT_EQ(busy.status().code(), Code::kUnavailable);
   EXPECT_EQ(busy.status().message(), "the pool is too busy: placement lost 24 races in a row; try again");
   EXPECT_EQ(store->applies, 24);
   // Nothing of the lost placement stayed reserved: the server's second GPU is still free.
   store->lose = 0;
-  auto second = s.Allocate(Req(1, 1000), "");
+  auto second = Allocate(s, Req(1, 1000), "");
   ASSERT_TRUE(second.ok()) << second.status().ToString();
   EXPECT_EQ(s.ListAllocations("", "").size(), 2u);
-  auto full = s.Allocate(Req(1, 1000), "");
+  auto full = Allocate(s, Req(1, 1000), "");
   EXPECT_EQ(full.status().code(), Code::kResourceExhausted);  // 2 GPUs x 1 vGPU
   store->lose = 2;
   store->applies = 0;
@@ -287,12 +315,12 @@ TEST_F(ServiceTest, ARestartLosesNothing) {
   std::string id, vm_id;
   {
     auto s = Open();
-    ASSERT_TRUE(s->RegisterServer("10.0.0.1:9960", TwoGpuServer("a")).ok());
-    auto a = s->Allocate(Req(2, 4000), "");
+    ASSERT_TRUE(RegisterServer(*s, "10.0.0.1:9960", TwoGpuServer("a")).ok());
+    auto a = Allocate(*s, Req(2, 4000), "");
     ASSERT_TRUE(a.ok());
     id = (*a)["id"];
-    ASSERT_TRUE(s->Confirm(id, {{"server", "10.0.0.1:9960"}, {"session", 7}}).ok());
-    auto v = s->Assign("vm-1", {{"vgpus", 1}, {"gmem_mib", 2000}, {"server", "10.0.0.1:9960"}});
+    ASSERT_TRUE(Confirm(*s, id, {{"server", "10.0.0.1:9960"}, {"session", 7}}).ok());
+    auto v = Assign(*s, "vm-1", {{"vgpus", 1}, {"gmem_mib", 2000}, {"server", "10.0.0.1:9960"}});
     ASSERT_TRUE(v.ok()) << v.status().ToString();
     vm_id = (*v)["id"];
   }
@@ -303,7 +331,7 @@ TEST_F(ServiceTest, ARestartLosesNothing) {
   EXPECT_EQ((*a)["session"], 7);
   EXPECT_EQ((*a)["placements"].size(), 2u);
   EXPECT_EQ(s->Summary()["vgpus_free"], 5);
-  auto v = s->Assign("vm-1", {{"vgpus", 1}, {"gmem_mib", 2000}, {"server", "10.0.0.1:9960"}});
+  auto v = Assign(*s, "vm-1", {{"vgpus", 1}, {"gmem_mib", 2000}, {"server", "10.0.0.1:9960"}});
   ASSERT_TRUE(v.ok());
   EXPECT_EQ((*v)["id"], vm_id);  // idempotent across restarts
   // A second controller cannot serve the same database.
@@ -315,14 +343,14 @@ TEST_F(ServiceTest, ARestartLosesNothing) {
 TEST_F(ServiceTest, UnrenewedLeasesExpireAndHeartbeatsRenewThem) {
   opts_.lease_ttl_ms = 1000;
   auto s = Open();
-  ASSERT_TRUE(s->RegisterServer("10.0.0.1:9960", TwoGpuServer("a")).ok());
-  auto kept = s->Allocate(Req(1, 1000), "");
-  auto lost = s->Allocate(Req(1, 1000), "");
+  ASSERT_TRUE(RegisterServer(*s, "10.0.0.1:9960", TwoGpuServer("a")).ok());
+  auto kept = Allocate(*s, Req(1, 1000), "");
+  auto lost = Allocate(*s, Req(1, 1000), "");
   ASSERT_TRUE(kept.ok() && lost.ok());
   const uint64_t t0 = WallMs();
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  ASSERT_TRUE(s->Heartbeat("10.0.0.1:9960",
-                           {{"boot_id", "b1"}, {"allocations", {{{"id", (*kept)["id"]}, {"used_mib", {300}}}}}})
+  ASSERT_TRUE(Heartbeat(*s, "10.0.0.1:9960",
+                        {{"boot_id", "b1"}, {"allocations", {{{"id", (*kept)["id"]}, {"used_mib", {300}}}}}})
                   .ok());
   auto did = s->Sweep(t0 + 1005);
   ASSERT_EQ(did.size(), 1u);
@@ -331,7 +359,7 @@ TEST_F(ServiceTest, UnrenewedLeasesExpireAndHeartbeatsRenewThem) {
   EXPECT_EQ((*s->GetAllocation((*kept)["id"]))["placements"][0]["used_mib"], 300);
   EXPECT_EQ(s->GetAllocation((*lost)["id"]).status().code(), Code::kNotFound);
   // A heartbeat naming an allocation the controller does not hold gets it back as revoked.
-  auto hb = s->Heartbeat("10.0.0.1:9960", {{"allocations", {{{"id", (*lost)["id"]}}}}});
+  auto hb = Heartbeat(*s, "10.0.0.1:9960", {{"allocations", {{{"id", (*lost)["id"]}}}}});
   ASSERT_TRUE(hb.ok());
   EXPECT_EQ((*hb)["revoked"][0], (*lost)["id"]);
 }
@@ -341,15 +369,15 @@ TEST_F(ServiceTest, SilentServersAreWithheldAndComeBack) {
   opts_.server_release_ms = 5000;
   opts_.lease_ttl_ms = 100000;
   auto s = Open();
-  ASSERT_TRUE(s->RegisterServer("10.0.0.1:9960", TwoGpuServer("a")).ok());
-  auto a = s->Allocate(Req(1, 1000), "");
+  ASSERT_TRUE(RegisterServer(*s, "10.0.0.1:9960", TwoGpuServer("a")).ok());
+  auto a = Allocate(*s, Req(1, 1000), "");
   ASSERT_TRUE(a.ok());
   const uint64_t t0 = WallMs();
   EXPECT_EQ(s->Sweep(t0 + 1500).size(), 1u);  // down
   EXPECT_EQ(s->Summary()["vgpus_total"], 0);
-  EXPECT_EQ(s->Allocate(Req(1, 1000), "").status().code(), Code::kUnavailable);
+  EXPECT_EQ(Allocate(*s, Req(1, 1000), "").status().code(), Code::kUnavailable);
   EXPECT_TRUE(s->GetAllocation((*a)["id"]).ok());  // kept until server_release_ms
-  ASSERT_TRUE(s->Heartbeat("10.0.0.1:9960", {{"boot_id", "b1"}}).ok());
+  ASSERT_TRUE(Heartbeat(*s, "10.0.0.1:9960", {{"boot_id", "b1"}}).ok());
   EXPECT_EQ(s->Summary()["vgpus_total"], 8);
   EXPECT_EQ(s->Sweep(WallMs() + 5500).size(), 2u);  // down again, and its allocation released
   EXPECT_EQ(s->GetAllocation((*a)["id"]).status().code(), Code::kNotFound);
@@ -361,8 +389,8 @@ TEST_F(ServiceTest, AGapInTheControllersClockGivesLeasesAGracePeriod) {
   opts_.server_timeout_ms = 1000;
   opts_.clock_gap_ms = 500;
   auto s = Open();
-  ASSERT_TRUE(s->RegisterServer("10.0.0.1:9960", TwoGpuServer("a")).ok());
-  auto a = s->Allocate(Req(1, 1000), "");
+  ASSERT_TRUE(RegisterServer(*s, "10.0.0.1:9960", TwoGpuServer("a")).ok());
+  auto a = Allocate(*s, Req(1, 1000), "");
   ASSERT_TRUE(a.ok());
   const uint64_t t0 = WallMs();
   EXPECT_TRUE(s->Sweep(t0).empty());
@@ -384,20 +412,20 @@ TEST_F(ServiceTest, PerKeyLimitsAndPendingAllocationsExpire) {
   opts_.pending_ttl_ms = 1000;
   opts_.lease_ttl_ms = 100000;
   auto s = Open();
-  ASSERT_TRUE(s->RegisterServer("10.0.0.1:9960", TwoGpuServer("a")).ok());
+  ASSERT_TRUE(RegisterServer(*s, "10.0.0.1:9960", TwoGpuServer("a")).ok());
   const Caller alice{Caller::Kind::kClient, "key:aaaa", ""}, bob{Caller::Kind::kClient, "key:bbbb", ""};
-  auto a1 = s->Allocate(Req(1, 100), "", alice);
-  auto a2 = s->Allocate(Req(1, 100), "", alice);
+  auto a1 = Allocate(*s, Req(1, 100), "", alice);
+  auto a2 = Allocate(*s, Req(1, 100), "", alice);
   ASSERT_TRUE(a1.ok() && a2.ok());
-  auto a3 = s->Allocate(Req(1, 100), "", alice);
+  auto a3 = Allocate(*s, Req(1, 100), "", alice);
   ASSERT_FALSE(a3.ok());
   EXPECT_EQ(a3.status().code(), Code::kOutOfRange);
   EXPECT_NE(a3.status().message().find("max_allocations_per_key"), std::string::npos);
-  EXPECT_TRUE(s->Allocate(Req(1, 100), "", bob).ok());
+  EXPECT_TRUE(Allocate(*s, Req(1, 100), "", bob).ok());
   // Another key's allocation is out of reach; its own is not.
   EXPECT_EQ(s->Release((*a1)["id"], "x", bob).status().code(), Code::kPermissionDenied);
   EXPECT_EQ(s->ListAllocations("", "", bob).size(), 1u);
-  ASSERT_TRUE(s->Confirm((*a1)["id"], {{"server", "10.0.0.1:9960"}, {"session", 1}}).ok());
+  ASSERT_TRUE(Confirm(*s, (*a1)["id"], {{"server", "10.0.0.1:9960"}, {"session", 1}}).ok());
   // A renewal never carries a pending allocation past pending_ttl_ms; the sweep then drops it.
   auto r = s->Renew((*a2)["id"], alice);
   ASSERT_TRUE(r.ok());
@@ -406,28 +434,28 @@ TEST_F(ServiceTest, PerKeyLimitsAndPendingAllocationsExpire) {
   ASSERT_EQ(did.size(), 2u);  // alice's and bob's pending ones; the confirmed one stays
   EXPECT_TRUE(s->GetAllocation((*a1)["id"]).ok());
   EXPECT_EQ(s->GetAllocation((*a2)["id"]).status().code(), Code::kNotFound);
-  EXPECT_TRUE(s->Allocate(Req(1, 100), "", alice).ok());  // under the limit again
+  EXPECT_TRUE(Allocate(*s, Req(1, 100), "", alice).ok());  // under the limit again
 }
 
 TEST_F(ServiceTest, ARestartedServerLosesTheSessionsItNoLongerHas) {
   auto s = Open();
-  ASSERT_TRUE(s->RegisterServer("10.0.0.1:9960", TwoGpuServer("a")).ok());
-  auto a = s->Allocate(Req(1, 1000), "10.0.0.1:9960");
-  auto b = s->Allocate(Req(1, 1000), "10.0.0.1:9960");
-  auto v = s->Assign("vm-1", {{"vgpus", 1}, {"server", "10.0.0.1:9960"}});
+  ASSERT_TRUE(RegisterServer(*s, "10.0.0.1:9960", TwoGpuServer("a")).ok());
+  auto a = Allocate(*s, Req(1, 1000), "10.0.0.1:9960");
+  auto b = Allocate(*s, Req(1, 1000), "10.0.0.1:9960");
+  auto v = Assign(*s, "vm-1", {{"vgpus", 1}, {"server", "10.0.0.1:9960"}});
   ASSERT_TRUE(a.ok() && b.ok() && v.ok());
   EXPECT_EQ((*a)["state"], "active");
   Json again = TwoGpuServer("a");
   again["boot_id"] = "b2";
   again["allocations"] = Json::array({(*b)["id"]});  // not {x}: clang makes that x itself
-  auto r = s->RegisterServer("10.0.0.1:9960", again);
+  auto r = RegisterServer(*s, "10.0.0.1:9960", again);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ((*r)["released"], Json::array({(*a)["id"]}));
   EXPECT_EQ((*r)["assignments"].size(), 1u);  // a VM's standing assignment outlives oriond restarts
-  EXPECT_EQ(s->Heartbeat("10.0.0.1:9960", {{"boot_id", "b1"}}).status().code(), Code::kNotFound);
+  EXPECT_EQ(Heartbeat(*s, "10.0.0.1:9960", {{"boot_id", "b1"}}).status().code(), Code::kNotFound);
   EXPECT_TRUE(s->Unassign("vm-1").ok());
   EXPECT_EQ(s->Unassign("vm-1").status().code(), Code::kNotFound);
-  EXPECT_EQ(s->Assign("bad name!", {{"vgpus", 1}}).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(Assign(*s, "bad name!", {{"vgpus", 1}}).status().code(), Code::kInvalidArgument);
 }
 
 TEST_F(ServiceTest, AJobsAllocationServesEverySessionOfTheJobUntilItsHolderReleasesIt) {
@@ -435,34 +463,34 @@ TEST_F(ServiceTest, AJobsAllocationServesEverySessionOfTheJobUntilItsHolderRelea
   opts_.pending_ttl_ms = 1000;
   opts_.lease_ttl_ms = 100000;
   auto s = Open();
-  ASSERT_TRUE(s->RegisterServer("10.0.0.1:9960", TwoGpuServer("a")).ok());
+  ASSERT_TRUE(RegisterServer(*s, "10.0.0.1:9960", TwoGpuServer("a")).ok());
   const Caller slurm{Caller::Kind::kClient, "key:5555", ""}, other{Caller::Kind::kClient, "key:6666", ""};
   Json body = Req(2, 1000);
   body["job"] = "slurm/17.batch@node1";
-  auto j = s->Allocate(body, "", slurm);
+  auto j = Allocate(*s, body, "", slurm);
   ASSERT_TRUE(j.ok()) << j.status().ToString();
   EXPECT_EQ((*j)["state"], "held");
   EXPECT_EQ((*j)["job"], "slurm/17.batch@node1");
   const std::string id = (*j)["id"];
   // Two sessions at once, then a third after both ended: each is confirmed on the same vGPUs.
-  auto c1 = s->Confirm(id, {{"server", "10.0.0.1:9960"}, {"session", 1}});
-  auto c2 = s->Confirm(id, {{"server", "10.0.0.1:9960"}, {"session", 2}});
+  auto c1 = Confirm(*s, id, {{"server", "10.0.0.1:9960"}, {"session", 1}});
+  auto c2 = Confirm(*s, id, {{"server", "10.0.0.1:9960"}, {"session", 2}});
   ASSERT_TRUE(c1.ok() && c2.ok()) << c2.status().ToString();
   EXPECT_EQ((*c1)["placements"], (*c2)["placements"]);
-  EXPECT_EQ(s->Confirm(id, {{"server", "10.0.0.2:9960"}, {"session", 3}}).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(Confirm(*s, id, {{"server", "10.0.0.2:9960"}, {"session", 3}}).status().code(), Code::kInvalidArgument);
   // oriond's release when a session ends keeps the job's vGPUs.
   auto r = s->Release(id, "session_ended", {}, "10.0.0.1:9960");
   ASSERT_TRUE(r.ok());
   EXPECT_FALSE(r->contains("released"));
   ASSERT_TRUE(s->GetAllocation(id).ok());
-  ASSERT_TRUE(s->Confirm(id, {{"server", "10.0.0.1:9960"}, {"session", 3}}).ok());
+  ASSERT_TRUE(Confirm(*s, id, {{"server", "10.0.0.1:9960"}, {"session", 3}}).ok());
   // Not subject to pending_confirm_s (its holder renews it), and kept when its server restarts
   // with no session of the job.
   EXPECT_TRUE(s->Sweep(WallMs() + 1500).empty());
   Json again = TwoGpuServer("a");
   again["boot_id"] = "b2";
   again["allocations"] = Json::array();
-  auto reg = s->RegisterServer("10.0.0.1:9960", again);
+  auto reg = RegisterServer(*s, "10.0.0.1:9960", again);
   ASSERT_TRUE(reg.ok());
   EXPECT_TRUE((*reg)["released"].empty());
   EXPECT_EQ(s->Summary()["vgpus_used"], 2);
@@ -470,25 +498,25 @@ TEST_F(ServiceTest, AJobsAllocationServesEverySessionOfTheJobUntilItsHolderRelea
   EXPECT_EQ(s->Release(id, "job_ended", other).status().code(), Code::kPermissionDenied);
   ASSERT_TRUE(s->Release(id, "job_ended", slurm).ok());
   EXPECT_EQ(s->Summary()["vgpus_used"], 0);
-  auto hb = s->Heartbeat("10.0.0.1:9960", {{"boot_id", "b2"}, {"allocations", {{{"id", id}}}}});
+  auto hb = Heartbeat(*s, "10.0.0.1:9960", {{"boot_id", "b2"}, {"allocations", {{{"id", id}}}}});
   ASSERT_TRUE(hb.ok());
   EXPECT_EQ((*hb)["revoked"][0], id);
   // Job names are checked.
   body["job"] = "bad name";
-  EXPECT_EQ(s->Allocate(body, "", slurm).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(Allocate(*s, body, "", slurm).status().code(), Code::kInvalidArgument);
   body["job"] = std::string(200, 'x');
-  EXPECT_EQ(s->Allocate(body, "", slurm).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(Allocate(*s, body, "", slurm).status().code(), Code::kInvalidArgument);
 }
 
 TEST_F(ServiceTest, ConfirmChecksTheServer) {
   auto s = Open();
-  ASSERT_TRUE(s->RegisterServer("10.0.0.1:9960", TwoGpuServer("a")).ok());
-  auto a = s->Allocate(Req(1, 1000), "");
+  ASSERT_TRUE(RegisterServer(*s, "10.0.0.1:9960", TwoGpuServer("a")).ok());
+  auto a = Allocate(*s, Req(1, 1000), "");
   ASSERT_TRUE(a.ok());
-  EXPECT_EQ(s->Confirm((*a)["id"], {{"server", "10.0.0.2:9960"}}).status().code(), Code::kInvalidArgument);
-  EXPECT_EQ(s->Confirm("nope", {{"server", "10.0.0.1:9960"}}).status().code(), Code::kNotFound);
-  ASSERT_TRUE(s->Confirm((*a)["id"], {{"server", "10.0.0.1:9960"}, {"session", 3}}).ok());
-  EXPECT_EQ(s->Confirm((*a)["id"], {{"server", "10.0.0.1:9960"}, {"session", 4}}).status().code(),
+  EXPECT_EQ(Confirm(*s, (*a)["id"], {{"server", "10.0.0.2:9960"}}).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(Confirm(*s, "nope", {{"server", "10.0.0.1:9960"}}).status().code(), Code::kNotFound);
+  ASSERT_TRUE(Confirm(*s, (*a)["id"], {{"server", "10.0.0.1:9960"}, {"session", 3}}).ok());
+  EXPECT_EQ(Confirm(*s, (*a)["id"], {{"server", "10.0.0.1:9960"}, {"session", 4}}).status().code(),
             Code::kInvalidArgument);
   EXPECT_TRUE(s->Release((*a)["id"], "test").ok());
   EXPECT_EQ(s->Summary()["vgpus_free"], 8);
@@ -503,23 +531,23 @@ TEST_F(ServiceTest, ARequestSentAgainGetsTheSameAllocation) {
   std::string id;
   {
     auto s = Open();
-    ASSERT_TRUE(s->RegisterServer("10.0.0.1:9960", TwoGpuServer("a")).ok());
-    auto a = s->Allocate(req, "", alice);
+    ASSERT_TRUE(RegisterServer(*s, "10.0.0.1:9960", TwoGpuServer("a")).ok());
+    auto a = Allocate(*s, req, "", alice);
     ASSERT_TRUE(a.ok()) << a.status().ToString();
     id = (*a)["id"];
     EXPECT_EQ((*a)["request_id"], req["request_id"]);
-    auto again = s->Allocate(req, "", alice);
+    auto again = Allocate(*s, req, "", alice);
     ASSERT_TRUE(again.ok());
     EXPECT_EQ((*again)["id"], id);
     EXPECT_EQ(s->Summary()["vgpus_used"], 1);
     EXPECT_NE(s->Metrics().find("orion_allocation_replays_total 1"), std::string::npos);
   }
   auto s = Open();  // restarted: the key is stored with the allocation
-  auto again = s->Allocate(req, "", alice);
+  auto again = Allocate(*s, req, "", alice);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ((*again)["id"], id);
   // Another key cannot use it to learn of (or take) alice's allocation.
-  auto theirs = s->Allocate(req, "", bob);
+  auto theirs = Allocate(*s, req, "", bob);
   ASSERT_FALSE(theirs.ok());
   EXPECT_EQ(theirs.status().code(), Code::kInvalidArgument);
   EXPECT_EQ(theirs.status().message().find(id), std::string::npos);
@@ -527,18 +555,18 @@ TEST_F(ServiceTest, ARequestSentAgainGetsTheSameAllocation) {
   Json bad = Req(1, 1000);
   for (const Json& v : {Json("../../vgpus/x"), Json(7), Json("")}) {
     bad["request_id"] = v;
-    EXPECT_EQ(s->Allocate(bad, "", alice).status().code(), Code::kInvalidArgument) << v;
+    EXPECT_EQ(Allocate(*s, bad, "", alice).status().code(), Code::kInvalidArgument) << v;
   }
-  EXPECT_NE((*s->Allocate(Req(1, 1000), "", alice))["id"], (*s->Allocate(Req(1, 1000), "", alice))["id"]);
+  EXPECT_NE((*Allocate(*s, Req(1, 1000), "", alice))["id"], (*Allocate(*s, Req(1, 1000), "", alice))["id"]);
   // Once released, a late repeat (a request that waited in a stalled controller's queue while its
   // client asked elsewhere, ran and released) places nothing: it would hold vGPUs for nobody.
   const Json key2 = "7c9e6679-7425-40de-944b-e07fc1f90ae7";
   req["request_id"] = key2;
-  auto second = s->Allocate(req, "", alice);
+  auto second = Allocate(*s, req, "", alice);
   ASSERT_TRUE(second.ok());
   ASSERT_TRUE(s->Release((*second)["id"], "test", alice).ok());
   EXPECT_EQ(s->Summary()["vgpus_used"], 3);
-  auto late = s->Allocate(req, "", alice);
+  auto late = Allocate(*s, req, "", alice);
   ASSERT_FALSE(late.ok());
   EXPECT_EQ(late.status().code(), Code::kNotFound) << late.status().ToString();
   EXPECT_NE(late.status().message().find("released"), std::string::npos) << late.status().ToString();
@@ -549,9 +577,9 @@ TEST_F(ServiceTest, CheckpointsKeepTheWriteAheadLogBounded) {
   // Found by config_fuzz: the SQLite checkpoint never ran, so the write-ahead log grew by ~33 KB per
   // allocation made and released, without bound. With a checkpoint every 200 requests it stays small.
   auto s = Open();
-  ASSERT_TRUE(s->RegisterServer("10.0.0.1:9960", TwoGpuServer("a")).ok());
+  ASSERT_TRUE(RegisterServer(*s, "10.0.0.1:9960", TwoGpuServer("a")).ok());
   for (int i = 0; i < 2000; ++i) {
-    auto a = s->Allocate(Req(1, 100), "");
+    auto a = Allocate(*s, Req(1, 100), "");
     ASSERT_TRUE(a.ok()) << a.status().ToString();
     ASSERT_TRUE(s->Release((*a)["id"], "test").ok());
     if (i % 200 == 199) s->Checkpoint();
@@ -567,38 +595,38 @@ TEST_F(ServiceTest, PerKeyLimitsOnVgpusAndMemory) {
   opts_.max_vgpus_per_key = 5;
   opts_.max_gmem_mib_per_key = 6000;
   auto s = Open();
-  ASSERT_TRUE(s->RegisterServer("10.0.0.1:9960", TwoGpuServer("a")).ok());  // 8 vGPUs of 4096 MiB
+  ASSERT_TRUE(RegisterServer(*s, "10.0.0.1:9960", TwoGpuServer("a")).ok());  // 8 vGPUs of 4096 MiB
   const Caller alice{Caller::Kind::kClient, "key:aaaa", ""}, bob{Caller::Kind::kClient, "key:bbbb", ""};
-  auto a1 = s->Allocate(Req(4, 1000), "", alice);
+  auto a1 = Allocate(*s, Req(4, 1000), "", alice);
   ASSERT_TRUE(a1.ok()) << a1.status().ToString();
   // 4 + 2 vGPUs > 5: refused, naming the limit and the numbers; nothing placed.
-  auto a2 = s->Allocate(Req(2, 100), "", alice);
+  auto a2 = Allocate(*s, Req(2, 100), "", alice);
   ASSERT_FALSE(a2.ok());
   EXPECT_EQ(a2.status().code(), Code::kOutOfRange);
   EXPECT_EQ(a2.status().message(),
             "this key holds 4 vGPUs; 2 more would pass its limit (max_vgpus_per_key 5); release some first");
   EXPECT_EQ(s->Summary()["vgpus_used"], 4);
   // 4000 + 1 x 2500 MiB > 6000: refused on memory though the vGPU fits.
-  auto a3 = s->Allocate(Req(1, 2500), "", alice);
+  auto a3 = Allocate(*s, Req(1, 2500), "", alice);
   ASSERT_FALSE(a3.ok());
   EXPECT_EQ(a3.status().code(), Code::kOutOfRange);
   EXPECT_EQ(a3.status().message(),
             "this key holds 4000 MiB of GPU memory; 2500 MiB more would pass its limit (max_gmem_mib_per_key "
             "6000); release some first");
   // The default size (0: a GPU's share, 4096 MiB here) counts as placed.
-  auto a4 = s->Allocate(Req(1, 0), "", alice);
+  auto a4 = Allocate(*s, Req(1, 0), "", alice);
   ASSERT_FALSE(a4.ok());
   EXPECT_EQ(a4.status().code(), Code::kOutOfRange);
   EXPECT_EQ(s->Summary()["vgpus_used"], 4);
   // Within both: 5 vGPUs, 6000 MiB.
-  auto a5 = s->Allocate(Req(1, 2000), "", alice);
+  auto a5 = Allocate(*s, Req(1, 2000), "", alice);
   ASSERT_TRUE(a5.ok()) << a5.status().ToString();
   // Another key has its own budget; a server key (oriond, for its clients) and the admin none.
-  EXPECT_TRUE(s->Allocate(Req(2, 1000), "", bob).ok());
-  EXPECT_EQ(s->Allocate(Req(1, 100), "", alice).status().code(), Code::kOutOfRange);
+  EXPECT_TRUE(Allocate(*s, Req(2, 1000), "", bob).ok());
+  EXPECT_EQ(Allocate(*s, Req(1, 100), "", alice).status().code(), Code::kOutOfRange);
   // A release gives the budget back.
   ASSERT_TRUE(s->Release((*a1)["id"], "test", alice).ok());
-  auto a6 = s->Allocate(Req(4, 1000), "", alice);
+  auto a6 = Allocate(*s, Req(4, 1000), "", alice);
   ASSERT_TRUE(a6.ok()) << a6.status().ToString();
 }
 
@@ -606,9 +634,9 @@ TEST_F(ServiceTest, PerKeyVgpuAndMemoryLimitsOffAtZero) {
   opts_.max_vgpus_per_key = 0;
   opts_.max_gmem_mib_per_key = 0;
   auto s = Open();
-  ASSERT_TRUE(s->RegisterServer("10.0.0.1:9960", TwoGpuServer("a", 16)).ok());
+  ASSERT_TRUE(RegisterServer(*s, "10.0.0.1:9960", TwoGpuServer("a", 16)).ok());
   const Caller alice{Caller::Kind::kClient, "key:aaaa", ""};
-  for (int i = 0; i < 4; ++i) ASSERT_TRUE(s->Allocate(Req(8, 0), "", alice).ok()) << i;
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(Allocate(*s, Req(8, 0), "", alice).ok()) << i;
   EXPECT_EQ(s->Summary()["vgpus_used"], 32);
 }
 

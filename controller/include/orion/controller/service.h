@@ -7,7 +7,8 @@
 // takes, so any number of controllers can place at once without double booking; a lost race is
 // retried from a fresh read).
 //
-// Every method takes and returns JSON objects shaped as in controller/openapi.yaml; errors carry
+// Requests that change the pool arrive as the types of orion/controller/requests.h, decoded and
+// validated by the REST layer; answers are the JSON documents of controller/openapi.yaml. Errors carry
 // the Code that the REST layer maps to an HTTP status (kInvalidArgument 400, kPermissionDenied 403,
 // kNotFound 404, kResourceExhausted and kFailedPrecondition 409, kOutOfRange 429 (a per-key limit),
 // kUnavailable 503: no server is up, or the store cannot be reached).
@@ -17,8 +18,10 @@
 // key only those its server serves (Caller::server); an admin key, or an open controller, all.
 //
 //   auto svc = Service::Open(opts);           // opens the store (creates a SQLite file if absent)
-//   svc->RegisterServer("10.0.0.7:9960", body);
-//   auto a = svc->Allocate({{"vgpus", 2}, {"gmem_mib", 4096}}, "");
+//   svc->RegisterServer("10.0.0.7:9960", registration);
+//   AllocationRequest req;
+//   req.vgpus = 2, req.gmem_mib = 4096;
+//   auto a = svc->Allocate(req);
 //   svc->Sweep(NowMs());                      // leases and heartbeats (the REST layer calls it)
 #pragma once
 
@@ -34,12 +37,11 @@
 #include <vector>
 
 #include "orion/common/status.h"
+#include "orion/controller/requests.h"
 #include "orion/controller/store.h"
 #include "orion/pool/pool.h"
 
 namespace orion::controller {
-
-using Json = nlohmann::json;
 
 struct ServiceOptions {
   std::string database;  // "sqlite:<file>" or a file (created if absent), or "etcd://h:p,h:p,..."
@@ -103,20 +105,20 @@ class Service {
   static std::string LegacyOwnerOf(const std::string& key);  // the unsalted hash of older controllers
   static constexpr int kOwnerHashIterations = 100000;
   // Servers (role: server). `id` is the server's data-plane address "ip:port".
-  Result<Json> RegisterServer(const std::string& id, const Json& body);
-  Result<Json> Heartbeat(const std::string& id, const Json& body);
+  Result<Json> RegisterServer(const std::string& id, const ServerRegistration& reg);
+  Result<Json> Heartbeat(const std::string& id, const ServerHeartbeat& beat);
   Result<Json> DeregisterServer(const std::string& id);
   // Reads (Servers, ListAllocations, Summary, Metrics) answer from the last state read when the
   // store cannot be reached; Summary says so ("store": {"reachable": false}).
   Json Servers();
 
-  // Allocations. `server` non-empty: placed on that server only (oriond asking for its own client,
-  // which is then active at once).
+  // Allocations. `req.server` non-empty: placed on that server only (oriond asking for its own
+  // client, which is then active at once).
   // A client caller holding max_allocations_per_key live allocations, or whom this one would take
   // past max_vgpus_per_key vGPUs or max_gmem_mib_per_key MiB (the request's default size counts as
   // placed), is refused (kOutOfRange, naming the limit).
-  Result<Json> Allocate(const Json& body, const std::string& server, const Caller& caller = {});
-  Result<Json> Confirm(const std::string& id, const Json& body);
+  Result<Json> Allocate(const AllocationRequest& req, const Caller& caller = {});
+  Result<Json> Confirm(const std::string& id, const SessionConfirmation& conf);
   Result<Json> Renew(const std::string& id, const Caller& caller = {});
   // `server`: the server that says its session ended ("server" in the query, as oriond sends it).
   // A client's "client_exited" release of an active allocation (a session serves it) keeps its
@@ -129,7 +131,7 @@ class Service {
   Json ListAllocations(const std::string& host, const std::string& kind, const Caller& caller = {});
 
   // Standing assignments for VMs, keyed by VM (libvirt domain) name.
-  Result<Json> Assign(const std::string& vm, const Json& body);
+  Result<Json> Assign(const std::string& vm, const AssignmentRequest& req);
   Result<Json> Unassign(const std::string& vm);
 
   Json Summary();
@@ -143,7 +145,7 @@ class Service {
   // lease expiries). At most kMaxWatchers wait at once (kOutOfRange beyond: the caller relies on
   // heartbeats).
   static constexpr int kMaxWatchers = 16;
-  Result<Json> WatchRevoked(const std::string& server, const std::vector<std::string>& ids, uint64_t timeout_ms);
+  Result<Json> WatchRevoked(const std::string& server, const WatchRequest& watch);
   const Store& store() const { return *store_; }
   // Releases expired leases and withholds silent servers. Returns what it did, for the log.
   std::vector<std::string> Sweep(uint64_t now_ms);
@@ -223,10 +225,11 @@ class Service {
   const pool::VgpuPool& PoolOf(const Server& s) const;  // pools_'s entry (empty if none)
   // Every server's pool (or only `only`'s), from one pass over the allocations.
   std::map<std::string, pool::VgpuPool> Pools(const std::string& only = "") const;
-  Result<Allocation> Place(const Json& body, const std::string& server, const std::string& kind);
+  Result<Allocation> Place(const PlacementRequest& req, const std::string& kind);
   // Stores a new allocation or assignment (placed by Place, reserved in pools_). Retries placement
   // from a fresh read when another controller took a guarded key first.
-  Result<Json> PlaceAndStore(const Json& body, const std::string& server, const std::string& kind, const Caller& caller,
+  // `req`: an assignment's carries only its PlacementRequest part.
+  Result<Json> PlaceAndStore(const AllocationRequest& req, const std::string& kind, const Caller& caller,
                              const std::string& vm);
   Status ReleaseLocked(const std::string& id);
   Status ReleaseManyLocked(const std::vector<std::string>& ids);
@@ -237,7 +240,7 @@ class Service {
   // etcd: its requests/ key exists; SQLite: it is in recent_requests_.
   // `vm`'s assignment when it has one (the same request again: it; another shape: kResourceExhausted),
   // else kNotFound.
-  Result<Json> ExistingAssignmentLocked(const std::string& vm, const Json& body, const std::string& server);
+  Result<Json> ExistingAssignmentLocked(const std::string& vm, const PlacementRequest& req);
   bool RequestSeenLocked(const std::string& request_id);
   // etcd: the lease idempotency keys are put on, granted afresh when the current one is older than
   // half of kRequestMemoryMs (so every key lives between half of it and all of it).
