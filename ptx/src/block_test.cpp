@@ -1,12 +1,14 @@
 // The executor's instruction units without a parse or a launch: instructions are decoded from
 // their opcode text alone (decode.h), given their operands by hand, and run by one Block
 // (block.h) of 32 threads on test memory. Each lane computes from its %tid.x and stores its result,
-// so every lane's value is checked against the PTX ISA's definition of the operation.
+// so every lane's value is checked against the PTX ISA's definition of the operation. The units
+// without block state (alu.h: Compare, Convert, FEval) are called directly.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -143,6 +145,66 @@ TEST(Block, FloatArithmeticRoundsAsAsked) {
   const auto rp = Lanes({I("div.rp.f32", {R(1), F32Imm(1.0f), F32Imm(3.0f)})}, 1);
   EXPECT_EQ(rp[0], rz[0] + 1);
   EXPECT_LT(std::bit_cast<float>(rz[0]), 1.0f / 3.0f + 1e-7f);
+}
+
+// alu.h's units take the decoded instruction and raw register bits: no block, no lanes.
+uint64_t Bits(float f) { return std::bit_cast<uint32_t>(f); }
+
+TEST(Alu, ComparisonsOrderNanAndSignAsThePtxIsaSays) {
+  using exec::Compare;
+  const uint64_t nan = Bits(std::nanf("")), one = Bits(1.0f), two = Bits(2.0f);
+  EXPECT_TRUE(Compare(Cmp::kLt, Ty::kF32, one, two));
+  EXPECT_FALSE(Compare(Cmp::kLt, Ty::kF32, nan, two));  // ordered: false with a NaN
+  EXPECT_TRUE(Compare(Cmp::kLtu, Ty::kF32, nan, two));  // unordered: true with a NaN
+  EXPECT_FALSE(Compare(Cmp::kNe, Ty::kF32, nan, nan));
+  EXPECT_TRUE(Compare(Cmp::kNan, Ty::kF32, one, nan));
+  EXPECT_TRUE(Compare(Cmp::kNum, Ty::kF32, one, two));
+  // 0xffffffff is -1 as .s32 and 4294967295 as .u32; only the low 4 bytes count.
+  EXPECT_TRUE(Compare(Cmp::kLt, Ty::kS32, 0xffffffffu, 0));
+  EXPECT_FALSE(Compare(Cmp::kLt, Ty::kU32, 0xffffffffu, 0));
+  EXPECT_TRUE(Compare(Cmp::kHi, Ty::kU32, 0xffffffffu, 0));
+  EXPECT_TRUE(Compare(Cmp::kEq, Ty::kU32, 0x1'00000005ull, 5));
+  EXPECT_TRUE(Compare(Cmp::kLt, Ty::kS16, 0x8000, 0x7fff));  // -32768 < 32767
+}
+
+TEST(Alu, ConversionsRoundSaturateAndSendNanToZero) {
+  auto cvt = [](const char* opcode, uint64_t v) {
+    Ins ins;
+    std::string why;
+    EXPECT_TRUE(detail::Decode(opcode, &ins, &why)) << opcode << ": " << why;
+    return exec::Convert(ins, v);
+  };
+  EXPECT_EQ(cvt("cvt.rzi.s32.f32", Bits(-2.7f)), 0xfffffffeu);  // toward zero: -2
+  EXPECT_EQ(cvt("cvt.rmi.s32.f32", Bits(-2.2f)), 0xfffffffdu);  // toward -inf: -3
+  EXPECT_EQ(cvt("cvt.rni.s32.f32", Bits(2.5f)), 2u);            // to nearest even
+  EXPECT_EQ(cvt("cvt.rzi.s32.f32", Bits(std::nanf(""))), 0u);   // NaN: 0
+  EXPECT_EQ(cvt("cvt.rzi.s32.f32", Bits(3e9f)), 0x7fffffffu);   // saturates to INT32_MAX
+  EXPECT_EQ(cvt("cvt.rzi.u8.f32", Bits(-1.0f)), 0u);            // and to 0 for an unsigned type
+  EXPECT_EQ(cvt("cvt.sat.u8.s32", 0xffffff00u), 0u);            // -256 clamps to 0
+  EXPECT_EQ(cvt("cvt.sat.s8.s32", 300), 127u);
+  EXPECT_EQ(cvt("cvt.s64.s32", 0xffffffffu), 0xffffffffffffffffull);  // sign-extended
+  EXPECT_EQ(cvt("cvt.rn.f16.f32", Bits(1.0f)), 0x3c00u);
+  EXPECT_EQ(cvt("cvt.f32.f16", 0xc000u), Bits(-2.0f));
+  EXPECT_EQ(cvt("cvt.rn.bf16.f32", Bits(1.0f)), 0x3f80u);
+  // 2^24 + 1 is not a float: .rz goes down, .rp up.
+  EXPECT_EQ(cvt("cvt.rz.f32.u32", 16777217u), Bits(16777216.0f));
+  EXPECT_EQ(cvt("cvt.rp.f32.u32", 16777217u), Bits(16777218.0f));
+}
+
+TEST(Alu, FloatOperationsFlushAndSaturateOnRequest) {
+  auto eval = [](const char* opcode, uint64_t a, uint64_t b) {
+    Ins ins;
+    std::string why;
+    EXPECT_TRUE(detail::Decode(opcode, &ins, &why)) << opcode << ": " << why;
+    return exec::FEval(ins, a, b, 0, [](auto x, auto y, auto) { return x + y; });
+  };
+  const float tiny = std::numeric_limits<float>::denorm_min();
+  EXPECT_EQ(eval("add.f32", Bits(tiny), Bits(tiny)), Bits(2 * tiny));
+  EXPECT_EQ(eval("add.ftz.f32", Bits(tiny), Bits(tiny)), Bits(0.0f));  // subnormal inputs flushed
+  EXPECT_EQ(eval("add.sat.f32", Bits(0.75f), Bits(0.5f)), Bits(1.0f));
+  EXPECT_EQ(eval("add.sat.f32", Bits(std::nanf("")), Bits(1.0f)), Bits(0.0f));  // .sat: NaN is 0
+  // f16x2: each half on its own (1 + 2 = 3 low, -1 + 0.5 = -0.5 high).
+  EXPECT_EQ(eval("add.f16x2", 0xbc00'3c00u, 0x3800'4000u), 0xb800'4200u);
 }
 
 }  // namespace

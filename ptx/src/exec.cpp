@@ -1,7 +1,7 @@
 // ptx/src/exec.cpp — runs a lowered Kernel: blocks on a pool of host threads, warps of 32 lanes in
 // lockstep inside a block. See ptx.h for the semantics and ir.h for the instruction form.
 //
-// The block itself (scheduling, memory, the instruction units) is in block.h.
+// The block itself is block.h (state, scheduling) with block_memory.h, block_units.h and alu.h.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
