@@ -147,6 +147,23 @@ TEST(Block, FloatArithmeticRoundsAsAsked) {
   EXPECT_LT(std::bit_cast<float>(rz[0]), 1.0f / 3.0f + 1e-7f);
 }
 
+TEST(Block, WarpVotesTellAllAnyAndUniformApart) {
+  // %r10 = (tid < k); vote.sync.MODE.pred %r11, %r10, 0xffffffff. `uni` is also a branch hint
+  // (bra.uni): in a vote it is the mode, "the predicate is the same in every active thread".
+  auto vote = [](const char* mode, uint32_t k) {
+    return Lanes({I("setp.lt.u32", {R(10), R(0), Imm(k)}),
+                  I(std::string("vote.sync.") + mode + ".pred", {R(11), R(10), Imm(0xffffffffu)})},
+                 11)[0];
+  };
+  EXPECT_EQ(vote("uni", 0), 1u);   // false everywhere: uniform
+  EXPECT_EQ(vote("uni", 32), 1u);  // true everywhere: uniform
+  EXPECT_EQ(vote("uni", 5), 0u);
+  EXPECT_EQ(vote("all", 0), 0u);
+  EXPECT_EQ(vote("all", 32), 1u);
+  EXPECT_EQ(vote("any", 0), 0u);
+  EXPECT_EQ(vote("any", 5), 1u);
+}
+
 // alu.h's units take the decoded instruction and raw register bits: no block, no lanes.
 uint64_t Bits(float f) { return std::bit_cast<uint32_t>(f); }
 

@@ -301,6 +301,132 @@ const Modifier* CommonModifier(std::string_view m) {
   return nullptr;
 }
 
+// The modifiers one op family gives its own meaning (PTX ISA 9.0, each instruction's syntax). They
+// are looked up before the common ones: in `vote.sync.uni` the word is the vote's mode, in
+// `bra.uni` a hint.
+enum class Family : uint8_t {
+  kNone,
+  kBar,
+  kSetp,
+  kMul,
+  kAtom,
+  kShfl,
+  kVote,
+  kMatch,
+  kRedux,
+  kBfind,
+  kShf,
+  kPrmt,
+  kTestp
+};
+Family FamilyOf(Op op) {
+  switch (op) {
+    case Op::kBar:
+    case Op::kBarRed: return Family::kBar;
+    case Op::kSetp:
+    case Op::kSet: return Family::kSetp;
+    case Op::kMul:
+    case Op::kMad:
+    case Op::kMul24:
+    case Op::kMad24:
+    case Op::kMadc: return Family::kMul;
+    case Op::kAtom:
+    case Op::kRed: return Family::kAtom;
+    case Op::kShfl: return Family::kShfl;
+    case Op::kVote: return Family::kVote;
+    case Op::kMatch: return Family::kMatch;
+    case Op::kRedux: return Family::kRedux;
+    case Op::kBfind: return Family::kBfind;
+    case Op::kShf: return Family::kShf;
+    case Op::kPrmt: return Family::kPrmt;
+    case Op::kTestp: return Family::kTestp;
+    default: return Family::kNone;
+  }
+}
+struct FamilyModifier {
+  enum Field : uint8_t { kSub, kMul, kBoolOp, kOp };  // the Ins field it sets
+  Family family;
+  std::string_view name;
+  Field field;
+  uint16_t value;
+  void Apply(Ins* ins) const {
+    switch (field) {
+      case kSub: ins->sub = static_cast<uint8_t>(value); break;
+      case kMul: ins->mul = static_cast<MulMode>(value); break;
+      case kBoolOp: ins->boolop = static_cast<BoolOp>(value); break;
+      case kOp: ins->op = static_cast<Op>(value); break;
+    }
+  }
+};
+template <typename E>
+constexpr uint16_t V(E e) {
+  return static_cast<uint16_t>(e);
+}
+const FamilyModifier* FamilyModifierOf(Op op, std::string_view m) {
+  using F = FamilyModifier;
+  static constexpr FamilyModifier kModifiers[] = {
+      {Family::kBar, "red", F::kOp, V(Op::kBarRed)},
+      {Family::kBar, "arrive", F::kOp, V(Op::kBarArrive)},
+      {Family::kBar, "warp", F::kOp, V(Op::kBarWarp)},
+      {Family::kBar, "popc", F::kSub, 0},  // bar.red's operation
+      {Family::kBar, "and", F::kSub, 1},
+      {Family::kBar, "or", F::kSub, 2},
+      {Family::kSetp, "and", F::kBoolOp, V(BoolOp::kAnd)},
+      {Family::kSetp, "or", F::kBoolOp, V(BoolOp::kOr)},
+      {Family::kSetp, "xor", F::kBoolOp, V(BoolOp::kXor)},
+      {Family::kMul, "lo", F::kMul, V(MulMode::kLo)},
+      {Family::kMul, "hi", F::kMul, V(MulMode::kHi)},
+      {Family::kMul, "wide", F::kMul, V(MulMode::kWide)},
+      {Family::kAtom, "add", F::kSub, V(AtomOp::kAdd)},
+      {Family::kAtom, "inc", F::kSub, V(AtomOp::kInc)},
+      {Family::kAtom, "dec", F::kSub, V(AtomOp::kDec)},
+      {Family::kAtom, "min", F::kSub, V(AtomOp::kMin)},
+      {Family::kAtom, "max", F::kSub, V(AtomOp::kMax)},
+      {Family::kAtom, "and", F::kSub, V(AtomOp::kAnd)},
+      {Family::kAtom, "or", F::kSub, V(AtomOp::kOr)},
+      {Family::kAtom, "xor", F::kSub, V(AtomOp::kXor)},
+      {Family::kAtom, "exch", F::kSub, V(AtomOp::kExch)},
+      {Family::kAtom, "cas", F::kSub, V(AtomOp::kCas)},
+      {Family::kShfl, "up", F::kSub, V(ShflMode::kUp)},
+      {Family::kShfl, "down", F::kSub, V(ShflMode::kDown)},
+      {Family::kShfl, "bfly", F::kSub, V(ShflMode::kBfly)},
+      {Family::kShfl, "idx", F::kSub, V(ShflMode::kIdx)},
+      {Family::kVote, "all", F::kSub, V(VoteMode::kAll)},
+      {Family::kVote, "any", F::kSub, V(VoteMode::kAny)},
+      {Family::kVote, "uni", F::kSub, V(VoteMode::kUni)},
+      {Family::kVote, "ballot", F::kSub, V(VoteMode::kBallot)},
+      {Family::kMatch, "any", F::kSub, 0},
+      {Family::kMatch, "all", F::kSub, 1},
+      {Family::kRedux, "add", F::kSub, 0},
+      {Family::kRedux, "min", F::kSub, 1},
+      {Family::kRedux, "max", F::kSub, 2},
+      {Family::kRedux, "and", F::kSub, 3},
+      {Family::kRedux, "or", F::kSub, 4},
+      {Family::kRedux, "xor", F::kSub, 5},
+      {Family::kBfind, "shiftamt", F::kSub, 1},
+      {Family::kShf, "l", F::kSub, 0},
+      {Family::kShf, "r", F::kSub, 1},
+      {Family::kPrmt, "f4e", F::kSub, 1},  // prmt's mode (0: the default, a generic permute)
+      {Family::kPrmt, "b4e", F::kSub, 2},
+      {Family::kPrmt, "rc8", F::kSub, 3},
+      {Family::kPrmt, "ecl", F::kSub, 4},
+      {Family::kPrmt, "ecr", F::kSub, 5},
+      {Family::kPrmt, "rc16", F::kSub, 6},
+      {Family::kTestp, "finite", F::kSub, 0},
+      {Family::kTestp, "infinite", F::kSub, 1},
+      {Family::kTestp, "number", F::kSub, 2},
+      {Family::kTestp, "notanumber", F::kSub, 3},
+      {Family::kTestp, "normal", F::kSub, 4},
+      {Family::kTestp, "subnormal", F::kSub, 5},
+  };
+  const Family family = FamilyOf(op);
+  if (family == Family::kNone) return nullptr;
+  for (const FamilyModifier& mod : kModifiers) {
+    if (mod.family == family && mod.name == m) return &mod;
+  }
+  return nullptr;
+}
+
 // Opcode text -> Ins fields. False (with `why`) for what the executor does not implement.
 bool Decode(const std::string& text, Ins* ins, std::string* why) {
   auto parts = SplitDots(text);
@@ -436,178 +562,23 @@ bool Decode(const std::string& text, Ins* ins, std::string* why) {
       ins->space = Space::kParam;
       continue;
     }
+    if (const FamilyModifier* mod = FamilyModifierOf(ins->op, m)) {
+      mod->Apply(ins);
+      continue;
+    }
+    if ((ins->op == Op::kSetp || ins->op == Op::kSet) && !seen_cmp) {
+      if (auto c = CmpOf(m)) {
+        ins->cmp = *c;
+        seen_cmp = true;
+        continue;
+      }
+    }
     if (const Modifier* mod = CommonModifier(m)) {
       mod->apply(ins);
       continue;
     }
     if (m.starts_with("L1::") || m.starts_with("L2::")) continue;  // cache and eviction hints
-    if (ins->op == Op::kBar || ins->op == Op::kBarRed) {
-      if (m == "red") {
-        ins->op = Op::kBarRed;
-        continue;
-      }
-      if (m == "arrive") {
-        ins->op = Op::kBarArrive;
-        continue;
-      }
-      if (m == "warp") {
-        ins->op = Op::kBarWarp;
-        continue;
-      }
-      if (m == "popc") {
-        ins->sub = 0;
-        continue;
-      }
-      if (m == "and") {
-        ins->sub = 1;
-        continue;
-      }
-      if (m == "or") {
-        ins->sub = 2;
-        continue;
-      }
-    }
-    if (ins->op == Op::kSetp || ins->op == Op::kSet) {
-      if (!seen_cmp) {
-        if (auto c = CmpOf(m)) {
-          ins->cmp = *c;
-          seen_cmp = true;
-          continue;
-        }
-      }
-      if (m == "and") {
-        ins->boolop = BoolOp::kAnd;
-        continue;
-      }
-      if (m == "or") {
-        ins->boolop = BoolOp::kOr;
-        continue;
-      }
-      if (m == "xor") {
-        ins->boolop = BoolOp::kXor;
-        continue;
-      }
-    }
-    if (ins->op == Op::kSlct) continue;  // slct.dtype.s32/f32 handled by types
-    if (ins->op == Op::kMul || ins->op == Op::kMad || ins->op == Op::kMul24 || ins->op == Op::kMad24 ||
-        ins->op == Op::kMadc) {
-      if (m == "lo") {
-        ins->mul = MulMode::kLo;
-        continue;
-      }
-      if (m == "hi") {
-        ins->mul = MulMode::kHi;
-        continue;
-      }
-      if (m == "wide") {
-        ins->mul = MulMode::kWide;
-        continue;
-      }
-    }
-    if (ins->op == Op::kAtom || ins->op == Op::kRed) {
-      static const char* const kA[] = {"add", "inc", "dec", "min", "max", "and", "or", "xor", "exch", "cas"};
-      bool hit = false;
-      for (size_t k = 0; k < std::size(kA); ++k) {
-        if (m == kA[k]) {
-          ins->sub = static_cast<uint8_t>(k);
-          hit = true;
-        }
-      }
-      if (hit) continue;
-    }
-    if (ins->op == Op::kShfl) {
-      if (m == "up") {
-        ins->sub = 0;
-        continue;
-      }
-      if (m == "down") {
-        ins->sub = 1;
-        continue;
-      }
-      if (m == "bfly") {
-        ins->sub = 2;
-        continue;
-      }
-      if (m == "idx") {
-        ins->sub = 3;
-        continue;
-      }
-    }
-    if (ins->op == Op::kVote) {
-      if (m == "all") {
-        ins->sub = 0;
-        continue;
-      }
-      if (m == "any") {
-        ins->sub = 1;
-        continue;
-      }
-      if (m == "uni") {
-        ins->sub = 2;
-        continue;
-      }
-      if (m == "ballot") {
-        ins->sub = 3;
-        continue;
-      }
-    }
-    if (ins->op == Op::kMatch) {
-      if (m == "any") {
-        ins->sub = 0;
-        continue;
-      }
-      if (m == "all") {
-        ins->sub = 1;
-        continue;
-      }
-    }
-    if (ins->op == Op::kRedux) {
-      static const char* const kR[] = {"add", "min", "max", "and", "or", "xor"};
-      bool hit = false;
-      for (size_t k = 0; k < std::size(kR); ++k) {
-        if (m == kR[k]) {
-          ins->sub = static_cast<uint8_t>(k);
-          hit = true;
-        }
-      }
-      if (hit) continue;
-    }
-    if (ins->op == Op::kBfind && m == "shiftamt") {
-      ins->sub = 1;
-      continue;
-    }
-    if (ins->op == Op::kShf) {
-      if (m == "l") {
-        ins->sub = 0;
-        continue;
-      }
-      if (m == "r") {
-        ins->sub = 1;
-        continue;
-      }
-    }
-    if (ins->op == Op::kPrmt) {
-      static const char* const kP[] = {"", "f4e", "b4e", "rc8", "ecl", "ecr", "rc16"};
-      bool hit = false;
-      for (size_t k = 1; k < std::size(kP); ++k) {
-        if (m == kP[k]) {
-          ins->sub = static_cast<uint8_t>(k);
-          hit = true;
-        }
-      }
-      if (hit) continue;
-    }
-    if (ins->op == Op::kTestp) {
-      static const char* const kT[] = {"finite", "infinite", "number", "notanumber", "normal", "subnormal"};
-      bool hit = false;
-      for (size_t k = 0; k < std::size(kT); ++k) {
-        if (m == kT[k]) {
-          ins->sub = static_cast<uint8_t>(k);
-          hit = true;
-        }
-      }
-      if (hit) continue;
-    }
+    if (ins->op == Op::kSlct) continue;                            // slct.dtype.s32/f32 handled by types
     if (ins->op == Op::kMembar || ins->op == Op::kPrefetch || ins->op == Op::kIsspacep) continue;
     if (ins->op == Op::kCvta && (m == "global" || m == "shared" || m == "local" || m == "const" || m == "param"))
       continue;
