@@ -77,11 +77,8 @@ class Oriond:
             self.stderr = open(self.tmp / "oriond.stderr", "a")
         starts = self.log().count("Orion Server listens")
         self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=self.stderr)
-        deadline = time.time() + 20
-        while self.log().count("Orion Server listens") == starts:
-            assert self.proc.poll() is None, f"oriond exited: {self.read_stderr()}"
-            assert time.time() < deadline, "oriond did not start"
-            time.sleep(0.05)
+        wait_until(lambda: self.log().count("Orion Server listens") > starts, 20,
+                   lambda: f"oriond did not start: {self.read_stderr()}", alive=lambda: self.proc.poll() is None)
 
     def log(self) -> str:
         p = self.logs / "server.log"
@@ -251,14 +248,19 @@ def tcp_oriond(tmp_path):
     d.stop()
 
 
-def wait_until(condition, timeout=10.0, what=None, interval=0.05):
+def wait_until(condition, timeout=10.0, what=None, interval=0.05, alive=None):
     """Polls `condition()` until it returns a true value (returned) or `timeout` seconds pass: the
-    test then fails with `what` (a string, or a callable called then: a log's tail)."""
+    test then fails with `what` (a string, or a callable called then: a log's tail). `alive`: a
+    callable asked after each poll that found the condition false; when it returns false (the process that would make the
+    condition true has died) the test fails at once, with `what`."""
     deadline = time.monotonic() + timeout
     while True:
         value = condition()
         if value:
             return value
+        if alive is not None and not alive():
+            detail = what() if callable(what) else what
+            raise AssertionError(f"died while waiting: {detail if detail is not None else condition}")
         if time.monotonic() >= deadline:
             detail = what() if callable(what) else what
             raise AssertionError(f"not within {timeout} s: {detail if detail is not None else condition}")

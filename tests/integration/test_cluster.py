@@ -200,10 +200,8 @@ class Pool:
 
     def wait_up(self, n, timeout=20):
         for c in self.live():
-            deadline = time.time() + timeout
-            while c.get("/v1/status")["servers_up"] != n:
-                assert time.time() < deadline, (c.get("/v1/status"), c.log()[-2000:])
-                time.sleep(0.1)
+            wait_until(lambda: c.get("/v1/status")["servers_up"] == n, timeout,
+                       lambda: (c.get("/v1/status"), c.log()[-2000:]), interval=0.1)
 
     def env(self, controllers=None, **extra):
         env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")}
@@ -405,10 +403,8 @@ def test_a_late_repeat_from_a_stalled_controller_places_nothing(pool):
         r = pool.run("device_props", ORION_VGPU=1, ORION_GMEM=1000, timeout=60)
         assert_passed(r)
         assert f"Orion Controller {pool.ctls[1].addr} placed" in r.stderr, r.stderr[-2000:]
-        deadline = time.time() + 10  # released by oriond when the session ended
-        while pool.ctls[1].get("/v1/allocations?kind=process"):
-            assert time.time() < deadline, pool.ctls[1].get("/v1/allocations?kind=process")
-            time.sleep(0.1)
+        wait_until(lambda: not pool.ctls[1].get("/v1/allocations?kind=process"), 10,  # released by oriond when
+                   lambda: pool.ctls[1].get("/v1/allocations?kind=process"), interval=0.1)  # the session ended
     finally:
         os.kill(pool.ctls[0].proc.pid, signal.SIGCONT)
     def counted():  # the woken controller's decisions so far: placements made and requests refused
@@ -510,10 +506,7 @@ def test_killed_client_allocation_expires_by_its_etcd_lease(tmp_path):
         for c in p.ctls:
             c.kill()
         t0 = time.time()
-        deadline = t0 + 15
-        while p.etcd.ctl("get", key, "--keys-only").stdout.strip():
-            assert time.time() < deadline
-            time.sleep(0.2)
+        wait_until(lambda: not p.etcd.ctl("get", key, "--keys-only").stdout.strip(), 15, key, interval=0.2)
         gone = time.time() - t0
         assert gone <= 2 + 2.5, gone  # the 2 s lease (renewed at most ~0.3 s before the freeze)
         assert p.etcd.ctl("get", "--prefix", f"/orion/vgpus/{server}/", "--keys-only").stdout.strip() == ""
@@ -566,10 +559,8 @@ def test_a_release_through_another_controller_reaches_oriond_through_the_watch(t
         assert "Orion Controller watch:" not in d.log()  # the watch is open, not refused
         t0 = time.time()
         assert http(p.ctls[2].addr, "DELETE", f"/v1/allocations/{a['id']}?reason=admin")[0] == 200
-        deadline = t0 + 5
-        while f"no longer holds allocation {a['id']}; ending it" not in d.log():
-            assert time.time() < deadline, (d.log()[-2000:], p.ctls[0].log()[-2000:])
-            time.sleep(0.02)
+        wait_until(lambda: f"no longer holds allocation {a['id']}; ending it" in d.log(), 5,
+                   lambda: (d.log()[-2000:], p.ctls[0].log()[-2000:]), interval=0.02)
         took = time.time() - t0
         assert took < 2, took
         sleeper.kill()

@@ -4,12 +4,11 @@ session exports another opens, through tickets checked by oriond (host/include/o
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, TEST_BIN, assert_passed, checks, run_pair
+from conftest import ROOT, TEST_BIN, assert_passed, checks, run_pair, wait_until
 
 MIB = 1 << 20
 
@@ -134,10 +133,7 @@ def test_ipc_memory_stays_charged_while_an_importer_maps_it(oriond):
         # pays from then on, and opens nothing more past its quota.
         handle, q = share(exporter, importer, p)
         exporter.end()
-        deadline = time.monotonic() + 10
-        while importer.free_bytes() != 64 * MIB and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert importer.free_bytes() == 64 * MIB
+        wait_until(lambda: importer.free_bytes() == 64 * MIB, 10, importer.free_bytes, interval=0.1)
         assert importer.ask("alloc 128")[0] == "2"
         assert re.search(r"IPC import 0x[0-9a-f]+ \(192 MB\) outlived its exporter's session: charged to this "
                          r"session's quota", oriond.session_logs())

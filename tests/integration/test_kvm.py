@@ -19,7 +19,7 @@ import time
 import pytest
 
 import vm
-from conftest import PREFIX, ROOT, TEST_BIN, Oriond, assert_launches_logged, assert_passed, wait_ready
+from conftest import PREFIX, ROOT, TEST_BIN, Oriond, assert_launches_logged, assert_passed, wait_ready, wait_until
 from harness.vm_host import VmHost, running, session_waits, worker_cpu
 
 PROGRAMS = ["device_props", "kernel_params", "driver_api", "memory", "threads", "two_clients", "vadd_shared",
@@ -312,10 +312,8 @@ def boot_across(event, kernel, initrd, programs, h, **boot):
 
     t = threading.Thread(target=guest)
     t.start()
-    deadline = time.time() + 240
-    while "exits (client exited)" not in h.log():
-        assert t.is_alive() and time.time() < deadline, result.get("console", "")[-3000:]
-        time.sleep(0.2)
+    wait_until(lambda: "exits (client exited)" in h.log(), 240, lambda: result.get("console", "")[-3000:], interval=0.2,
+               alive=t.is_alive)
     event()
     t.join()
     return result["console"]
@@ -364,10 +362,8 @@ def test_a_guest_rings_oriond_through_the_ivshmem_doorbell(tmp_path, kernel, ini
 
         t = threading.Thread(target=guest)
         t.start()
-        deadline = time.time() + 240
-        while h.log().count("Creating session") < 3:
-            assert t.is_alive() and time.time() < deadline, result.get("console", "")[-3000:]
-            time.sleep(0.2)
+        wait_until(lambda: h.log().count("Creating session") >= 3, 240, lambda: result.get("console", "")[-3000:],
+                   interval=0.2, alive=t.is_alive)
         time.sleep(3)  # the idle client is connected: past its first frames and the spin phase
         cpu, wakeups = worker_cpu(h.proc.pid, 5.0)
         t.join()
@@ -433,10 +429,7 @@ def test_a_guest_keeps_its_doorbell_across_an_oriond_crash(tmp_path, kernel, ini
         assert h.hook("vm1", "release", doorbell=True).returncode == 0
         keepers = h.keepers()
         h.stop(final=False)
-        deadline = time.time() + 10
-        while any(running(pid) for pid in keepers) and time.time() < deadline:
-            time.sleep(0.1)
-        assert not any(running(pid) for pid in keepers), "the keeper outlived its last VM"
+        wait_until(lambda: not any(running(pid) for pid in keepers), 10, "the keeper outlived its last VM", interval=0.1)
     finally:
         h.stop()
 

@@ -8,7 +8,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -27,11 +26,8 @@ def start_oriond(d):
     proc = subprocess.Popen([PREFIX / "bin" / "oriond", "--config", d / "server.conf", "--backend", "sim", "--log-dir",
                              d / "logs", "--cache-dir", d / "cache", "-p", "0"], stdout=subprocess.DEVNULL,
                             stderr=open(d / "oriond.err", "a"))
-    deadline = time.time() + 20
-    while (log.read_text().count("Orion Server listens") if log.exists() else 0) == starts:
-        assert proc.poll() is None, (d / "oriond.err").read_text()
-        assert time.time() < deadline, "oriond did not start"
-        time.sleep(0.05)
+    wait_until(lambda: (log.read_text().count("Orion Server listens") if log.exists() else 0) > starts, 20,
+               lambda: f"oriond did not start: {(d / 'oriond.err').read_text()}", alive=lambda: proc.poll() is None)
     ORIOND["proc"] = proc
 
 
@@ -126,10 +122,7 @@ def define(lab, name, run, limits="orion.gmem=256"):
 
 
 def wait_off(name, timeout=120):
-    deadline = time.time() + timeout
-    while "shut off" not in virsh("domstate", name).stdout:
-        assert time.time() < deadline, f"{name} did not power off"
-        time.sleep(0.5)
+    wait_until(lambda: "shut off" in virsh("domstate", name).stdout, timeout, f"{name} did not power off", interval=0.5)
 
 
 def test_domain_gets_its_vgpu_through_the_hook(lab):

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import Oriond, assert_passed
+from conftest import Oriond, assert_passed, wait_until
 
 DRIVER = r'''
 import ctypes, sys
@@ -146,10 +146,9 @@ def test_a_killed_clients_running_kernel_ends_with_it(tmp_path, transport):
         now = int(time.time() * 1000)
         p = subprocess.Popen([str(TEST_BIN / "spin"), str(now), str(now + 3600_000), "1000000000"], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        deadline = time.time() + 30
-        while not any("burn" in l["kernel"] for l in d.launches()):  # the warm-up kernel ran (logged when done)
-            assert p.poll() is None and time.time() < deadline, p.communicate()
-            time.sleep(0.1)
+        # The warm-up kernel ran (it is logged when done).
+        wait_until(lambda: any("burn" in l["kernel"] for l in d.launches()), 30, p.communicate, interval=0.1,
+                   alive=lambda: p.poll() is None)
         time.sleep(1.5)  # the long kernel is running now
         p.kill()
         p.wait()
@@ -163,9 +162,8 @@ def test_a_killed_clients_running_kernel_ends_with_it(tmp_path, transport):
             assert line.startswith("ok "), line
             return json.loads(line[3:])
 
-        while sessions():
-            assert time.time() - killed < 6, (sessions(), d.session_logs()[-2000:])
-            time.sleep(0.1)
+        wait_until(lambda: not sessions(), 6 - (time.time() - killed), lambda: (sessions(), d.session_logs()[-2000:]),
+                   interval=0.1)
         assert "while the worker was busy" in d.session_logs(), d.session_logs()[-2000:]
         r = d.run("device_props", ORION_VGPU=4, ORION_GMEM=64)
         assert_passed(r)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, TEST_BIN, assert_computed, read_launch_log
+from conftest import ROOT, TEST_BIN, assert_computed, read_launch_log, wait_until
 from harness.debian import ENV, Roots, alive, field, run
 
 VERSION = re.search(r"project\(orion VERSION (\S+)", (ROOT / "CMakeLists.txt").read_text()).group(1)
@@ -144,11 +144,9 @@ def server(roots, debs):
     p = subprocess.Popen(["chroot", roots.path["server"], "/usr/bin/oriond", "--backend", "sim", "-p", "0",
                           "--sim-launch-log", "/tmp/launch.log"], env=ENV, stdout=subprocess.DEVNULL, stderr=err)
     roots.procs.append(p)
-    deadline = time.time() + 30
-    while "Orion Server listens" not in (log.read_text() if log.exists() else ""):
-        assert p.poll() is None, (roots.tmp / "oriond.stderr").read_text()
-        assert time.time() < deadline, "oriond did not start"
-        time.sleep(0.1)
+    wait_until(lambda: "Orion Server listens" in (log.read_text() if log.exists() else ""), 30,
+               lambda: f"oriond did not start: {(roots.tmp / 'oriond.stderr').read_text()}", interval=0.1,
+               alive=lambda: p.poll() is None)
     return p
 
 

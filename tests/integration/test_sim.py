@@ -377,11 +377,8 @@ def test_a_tenant_truncating_its_region_ends_only_its_sessions(tmp_path, how):
         # oriond then recycles the channel, touching the truncated pages.
         a.kill()
         a.wait()
-        deadline = time.time() + 10
-        while "no longer served" not in d.log():
-            assert d.alive(), f"oriond died: {d.proc.returncode} {d.read_stderr()[-2000:]}"
-            assert time.time() < deadline, d.log()[-3000:]
-            time.sleep(0.1)
+        wait_until(lambda: "no longer served" in d.log(), 10,
+                   lambda: (d.proc.returncode, d.read_stderr()[-2000:], d.log()[-3000:]), interval=0.1, alive=d.alive)
         assert re.search(r"region .*orionsock0.*(truncated|overwritten)", d.log()), d.log()[-2000:]
         time.sleep(0.5)
         assert d.alive()
@@ -410,10 +407,8 @@ def test_an_overwritten_region_header_is_formatted_afresh(oriond):
         wait_ready(a)
         with open(oriond.region, "r+b") as f:
             f.write(b"\xff" * 64)  # over the magic, layout version and sizes
-        deadline = time.time() + 10
-        while "formatted afresh after a tenant broke it; served again" not in oriond.log():
-            assert oriond.alive() and time.time() < deadline, oriond.log()[-3000:]
-            time.sleep(0.1)
+        wait_until(lambda: "formatted afresh after a tenant broke it; served again" in oriond.log(), 10,
+                   lambda: oriond.log()[-3000:], interval=0.1, alive=oriond.alive)
         log = oriond.log()
         assert re.search(r"region .*orionsock0 was overwritten .* ending its 1 session", log), log[-3000:]
         assert log.index("was overwritten") < log.index("formatted afresh after")

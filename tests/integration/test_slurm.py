@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PREFIX, TEST_BIN, free_port
+from conftest import PREFIX, TEST_BIN, free_port, wait_until
 from harness.controller import CLIENT, Cluster
 
 SLURMCTLD = shutil.which("slurmctld")
@@ -90,10 +90,8 @@ NodeName=node2 NodeHostname=localhost NodeAddr=127.0.0.1 Port={self.ports['node2
 PartitionName=main Nodes=node1,node2 Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 """)
         self.env = {**os.environ, "SLURM_CONF": str(d / "slurm.conf")}
-        deadline = time.time() + 10
-        while not self.munge_sock.exists():
-            assert self.munged.poll() is None and time.time() < deadline, (d / "munged.log").read_text()
-            time.sleep(0.05)
+        wait_until(self.munge_sock.exists, 10, lambda: (d / "munged.log").read_text(),
+                   alive=lambda: self.munged.poll() is None)
         self.ctld = subprocess.Popen([SLURMCTLD, "-D", "-i"], env=self.env, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
         self.slurmd = {}
@@ -217,10 +215,8 @@ def job_allocations(c):
 
 
 def wait_no_job_allocations(c, timeout=15):
-    deadline = time.time() + timeout
-    while job_allocations(c):
-        assert time.time() < deadline, (job_allocations(c), c.ctl.log()[-2000:], c.slurm.node_logs()[-3000:])
-        time.sleep(0.1)
+    wait_until(lambda: not job_allocations(c), timeout,
+               lambda: (job_allocations(c), c.ctl.log()[-2000:], c.slurm.node_logs()[-3000:]), interval=0.1)
 
 
 def assert_programs_passed(r, programs):
@@ -256,16 +252,6 @@ def test_srun_runs_a_cuda_program_on_the_jobs_vgpus_and_releases_them(pool):
     j = s.job(jobid)
     assert j["Comment"] == "orion: 2 vGPU(s) of 3000 MiB", j
     assert j["Licenses"] == "orion_vgpu:2", j
-
-
-def wait_for(what, cond, timeout=30, step=0.1):
-    deadline = time.time() + timeout
-    while True:
-        v = cond()
-        if v:
-            return v
-        assert time.time() < deadline, what() if callable(what) else what
-        time.sleep(step)
 
 
 def sbatch(s, env, *args):
@@ -306,8 +292,8 @@ def test_scancel_and_a_dead_node_release_the_jobs_vgpus(pool):
     a = sbatch(s, env, "-w", "node1", "--orion-vgpus=2", "-o", str(s.dir / "a.out"), "--wrap", sleep)
     b = sbatch(s, env, "-w", "node2", "--orion-vgpus=3", "-o", str(s.dir / "b.out"), "--wrap", sleep)
     for jobid, out in ((a, "a.out"), (b, "b.out")):
-        wait_for(lambda: (s.job(jobid), s.node_logs()[-2000:]),
-                 lambda: (s.dir / out).exists() and "READY" in (s.dir / out).read_text(), timeout=120)
+        wait_until(lambda: (s.dir / out).exists() and "READY" in (s.dir / out).read_text(), 120,
+                   lambda: (s.job(jobid), s.node_logs()[-2000:]), interval=0.1)
     held = {x["job"].split("@")[0]: x for x in job_allocations(c)}
     assert set(held) == {f"slurm/{a}.batch", f"slurm/{b}.batch"}, held
     assert held[f"slurm/{b}.batch"]["vgpus"] == 3 and held[f"slurm/{b}.batch"]["state"] == "held"
@@ -315,8 +301,8 @@ def test_scancel_and_a_dead_node_release_the_jobs_vgpus(pool):
     assert used_before == 5
     # scancel: the batch step ends, its slurmstepd releases the allocation.
     s.cmd("scancel", a)
-    wait_for(lambda: job_allocations(c), lambda: f"slurm/{a}.batch" not in
-             {x["job"].split("@")[0] for x in job_allocations(c)}, timeout=30)
+    wait_until(lambda: f"slurm/{a}.batch" not in {x["job"].split("@")[0] for x in job_allocations(c)}, 30,
+               lambda: job_allocations(c), interval=0.1)
     assert s.wait_job(a, ("CANCELLED",))["JobState"] == "CANCELLED"
     # node2 dies: its slurmd, the job's slurmstepd and its task, all SIGKILLed. Nobody releases the
     # allocation; nobody renews its lease either (lease_ttl_s 2), and the controller drops it.
@@ -324,7 +310,7 @@ def test_scancel_and_a_dead_node_release_the_jobs_vgpus(pool):
     s.slurmd["node2"].wait()
     assert kill_job_processes(b, s.dir), "no process of the job was found"
     t0 = time.time()
-    wait_for(lambda: (job_allocations(c), c.ctl.log()[-2000:]), lambda: not job_allocations(c), timeout=20)
+    wait_until(lambda: not job_allocations(c), 20, lambda: (job_allocations(c), c.ctl.log()[-2000:]), interval=0.1)
     assert time.time() - t0 < 10
     assert c.ctl.get("/v1/status")["vgpus_used"] == 0
     assert re.search(r"expired: nobody renewed its lease", c.ctl.log()), c.ctl.log()[-2000:]
@@ -337,8 +323,8 @@ def test_a_job_asking_more_than_the_pool_has_waits_in_the_queue(pool):
     # 16 vGPUs in the pool (= the orion_vgpu licenses): two jobs of 8 take them all.
     first = [sbatch(s, env, "--orion-vgpus=8", "-o", str(s.dir / f"q{i}.out"), "--wrap", sleep) for i in range(2)]
     for i in range(2):
-        wait_for(lambda: s.node_logs()[-2000:],
-                 lambda: (s.dir / f"q{i}.out").exists() and "READY" in (s.dir / f"q{i}.out").read_text(), timeout=120)
+        wait_until(lambda: (s.dir / f"q{i}.out").exists() and "READY" in (s.dir / f"q{i}.out").read_text(), 120,
+                   lambda: s.node_logs()[-2000:], interval=0.1)
     third = sbatch(s, env, "--orion-vgpus=4", "-o", str(s.dir / "q2.out"), "--wrap", sleep)
     time.sleep(3)
     j = s.job(third)
@@ -349,8 +335,8 @@ def test_a_job_asking_more_than_the_pool_has_waits_in_the_queue(pool):
     assert len(job_allocations(c)) == 2  # it asked the controller for nothing while it waited
     s.cmd("scancel", first[0])
     j = s.wait_job(third, ("RUNNING",), timeout=60)
-    wait_for(lambda: s.node_logs()[-2000:],
-             lambda: (s.dir / "q2.out").exists() and "READY" in (s.dir / "q2.out").read_text(), timeout=120)
+    wait_until(lambda: (s.dir / "q2.out").exists() and "READY" in (s.dir / "q2.out").read_text(), 120,
+               lambda: s.node_logs()[-2000:], interval=0.1)
     held = {x["job"].split("@")[0]: x["vgpus"] for x in job_allocations(c)}
     assert held == {f"slurm/{first[1]}.batch": 8, f"slurm/{third}.batch": 4}, held
 
