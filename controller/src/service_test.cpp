@@ -14,31 +14,29 @@ namespace orion::controller {
 namespace {
 
 // The REST layer's path for a body: decoded by its type's FromJson (requests.h), then the service.
-Result<Json> RegisterServer(Service& s, const std::string& id, const Json& body) {
-  auto r = ServerRegistration::FromJson(body);
+template <typename Req, typename Call>
+Result<Json> Decoded(const Json& body, Call call) {
+  auto r = Req::FromJson(body);
   if (!r.ok()) return r.status();
-  return s.RegisterServer(id, *r);
+  return call(*r);
+}
+Result<Json> RegisterServer(Service& s, const std::string& id, const Json& body) {
+  return Decoded<ServerRegistration>(body, [&](const auto& r) { return s.RegisterServer(id, r); });
 }
 Result<Json> Heartbeat(Service& s, const std::string& id, const Json& body) {
-  auto r = ServerHeartbeat::FromJson(body);
-  if (!r.ok()) return r.status();
-  return s.Heartbeat(id, *r);
+  return Decoded<ServerHeartbeat>(body, [&](const auto& r) { return s.Heartbeat(id, r); });
 }
 Result<Json> Allocate(Service& s, const Json& body, const std::string& server, const Caller& caller = {}) {
-  auto r = AllocationRequest::FromJson(body);
-  if (!r.ok()) return r.status();
-  r->server = server;
-  return s.Allocate(*r, caller);
+  return Decoded<AllocationRequest>(body, [&](AllocationRequest r) {
+    r.server = server;
+    return s.Allocate(r, caller);
+  });
 }
 Result<Json> Confirm(Service& s, const std::string& id, const Json& body) {
-  auto r = SessionConfirmation::FromJson(body);
-  if (!r.ok()) return r.status();
-  return s.Confirm(id, *r);
+  return Decoded<SessionConfirmation>(body, [&](const auto& r) { return s.Confirm(id, r); });
 }
 Result<Json> Assign(Service& s, const std::string& vm, const Json& body) {
-  auto r = AssignmentRequest::FromJson(body);
-  if (!r.ok()) return r.status();
-  return s.Assign(vm, *r);
+  return Decoded<AssignmentRequest>(body, [&](const auto& r) { return s.Assign(vm, r); });
 }
 
 class ServiceTest : public ::testing::Test {
