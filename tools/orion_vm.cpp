@@ -12,7 +12,9 @@
 //        path='<shm_path_base>orionsock-DOMAIN.sock'/>, <msi vectors='P' ioeventfd='on'/>; a guest
 //        process then wakes oriond's worker instead of oriond polling for it. R (1..100) is the VM's
 //        compute share, percent of each of its physical GPUs (all its processes are one tenant;
-//        share: at least R% when it has work, cap: at most R%); without it the VM is best effort
+//        share: at least R% when it has work, cap: at most R%); without it the VM is best effort.
+//        Enabling again changes only the options given: the others keep the domain's values (it
+//        says which), so `--doorbell on` or `--processes P` alone keeps the VM's vGPUs
 //   orion-vm disable DOMAIN [-c URI]      removes both
 //   orion-vm status DOMAIN [-c URI]       the request, the region, oriond's view
 //   orion-vm hook DOMAIN OP SUBOP [EXTRA] (installed as /etc/libvirt/hooks/qemu; domain XML on stdin)
@@ -298,28 +300,66 @@ int Hook(const orion::host::ServerConfig& conf, const std::string& domain, const
   return 0;
 }
 
-int Enable(const orion::host::ServerConfig& conf, const std::string& uri, const std::string& domain, uint32_t vgpus,
-           uint64_t gmem, uint64_t shm_mib, uint32_t processes, bool doorbell, uint32_t ratio,
-           const std::string& ratio_policy) {
+// What `orion-vm enable` was given. An option not given keeps the domain's current value when it
+// has Orion vGPUs already, else takes its default: enabling the doorbell on a VM of 2 vGPUs leaves
+// it 2 vGPUs.
+struct EnableOptions {
+  std::optional<uint32_t> vgpus, processes, ratio;
+  std::optional<uint64_t> gmem, shm_mib;
+  std::optional<bool> doorbell;
+  std::optional<std::string> ratio_policy;
+};
+
+int Enable(const orion::host::ServerConfig& conf, const std::string& uri, const std::string& domain,
+           const EnableOptions& given) {
   if (!SafeName(domain)) {
     std::cerr << "orion-vm: domain name '" << domain << "' has characters Orion cannot use in a file name\n";
-    return 1;
-  }
-  // One channel per CUDA process, each about shm_buffer_size (its staging and pinned memory).
-  if (shm_mib == 0) shm_mib = Pow2Ceil(uint64_t{processes} * conf.shm_buffer_size_mib);
-  if ((shm_mib & (shm_mib - 1)) != 0) {
-    std::cerr << "orion-vm: --shm-mib must be a power of two (an ivshmem BAR)\n";
-    return 1;
-  }
-  if (((shm_mib << 20) - 4096) / processes < (kMinChannelMib << 20)) {
-    std::cerr << "orion-vm: a region of " << shm_mib << " MiB is too small for " << processes
-              << " processes (each needs at least " << kMinChannelMib << " MiB)\n";
     return 1;
   }
   int rc = 0;
   const std::string xml = Run({"virsh", "-c", uri, "dumpxml", "--inactive", domain}, &rc);
   if (rc != 0) {
     std::cerr << "orion-vm: " << xml;
+    return 1;
+  }
+  std::optional<Shmem> now_shm;
+  VgpuRequest now;
+  std::string parse_err;
+  const bool had = ParseDomain(xml, &now_shm, &now, &parse_err) && now_shm.has_value();
+  std::string kept;  // the options that keep the domain's values, as they would be written
+  auto keep = [&](auto given_value, auto current, auto fallback, const std::string& flag) {
+    if (given_value) return *given_value;
+    if (!had) return fallback;
+    std::ostringstream o;
+    o << " " << flag << " " << current;
+    kept += o.str();
+    return current;
+  };
+  const uint32_t vgpus = keep(given.vgpus, now.count, uint32_t{1}, "--vgpus");
+  const uint64_t gmem = keep(given.gmem, now.gmem_mib, uint64_t{0}, "--gmem");
+  const uint32_t processes = keep(given.processes, now.processes != 0 ? now.processes : 4u, 4u, "--processes");
+  const bool doorbell = given.doorbell ? *given.doorbell : had ? now_shm->doorbell : conf.kvm_doorbell;
+  if (!given.doorbell && had) kept += doorbell ? " --doorbell on" : " --doorbell off";
+  const uint32_t ratio = given.ratio ? *given.ratio : had ? now.ratio : 0;
+  if (!given.ratio && had && now.ratio != 0) kept += " --ratio " + std::to_string(now.ratio);
+  const std::string ratio_policy = given.ratio_policy ? *given.ratio_policy : had ? now.ratio_policy : "share";
+  if (!given.ratio_policy && had && ratio != 0) kept += " --ratio-policy " + ratio_policy;
+  // One channel per CUDA process, each about shm_buffer_size (its staging and pinned memory). The
+  // region keeps its size unless the processes change.
+  uint64_t shm_mib = Pow2Ceil(uint64_t{processes} * conf.shm_buffer_size_mib);
+  if (given.shm_mib) {
+    shm_mib = *given.shm_mib;
+  } else if (had && !given.processes && now_shm->bytes != 0) {
+    shm_mib = now_shm->bytes >> 20;
+    kept += " --shm-mib " + std::to_string(shm_mib);
+  }
+  if (shm_mib == 0 || (shm_mib & (shm_mib - 1)) != 0) {
+    std::cerr << "orion-vm: --shm-mib must be a power of two (an ivshmem BAR)\n";
+    return 1;
+  }
+  if (((shm_mib << 20) - 4096) / processes < (kMinChannelMib << 20)) {
+    std::cerr << "orion-vm: a region of " << shm_mib << " MiB is too small for " << processes
+              << " processes (each needs at least " << kMinChannelMib << " MiB)\n";
     return 1;
   }
   xmlDocPtr doc = xmlReadMemory(xml.data(), static_cast<int>(xml.size()), "domain.xml", nullptr, XML_PARSE_NONET);
@@ -395,6 +435,7 @@ int Enable(const orion::host::ServerConfig& conf, const std::string& uri, const 
             << (ratio != 0 ? std::to_string(ratio) + "% of each GPU's compute (" + ratio_policy + ")"
                            : std::string("best-effort compute"))
             << "; takes effect at the next start\n";
+  if (!kept.empty()) std::cout << "Options not given keep the domain's current values:" << kept << "\n";
   return 0;
 }
 
@@ -459,13 +500,14 @@ static int Main(int argc, char** argv) {
   std::string domain, op, subop, extra;
   uint32_t vgpus = 1;
   uint64_t gmem = 0, shm_mib = 0;
-  uint32_t processes = 4;
+  uint32_t processes = 4;  // the defaults of a domain that has no Orion vGPUs yet
   auto* en = app.add_subcommand("enable", "give DOMAIN vGPUs");
   en->add_option("domain", domain)->required();
-  en->add_option("--vgpus", vgpus, "number of vGPUs")->check(CLI::Range(1, 16));
-  en->add_option("--gmem", gmem, "MiB per vGPU (0: the server's default)");
-  en->add_option("--processes", processes, "CUDA processes that may run in the VM at once (one channel each)")
-      ->check(CLI::Range(1u, kMaxProcesses));
+  auto* vgpus_opt = en->add_option("--vgpus", vgpus, "number of vGPUs (default 1)")->check(CLI::Range(1, 16));
+  auto* gmem_opt = en->add_option("--gmem", gmem, "MiB per vGPU (0, the default: the server's default size)");
+  auto* processes_opt =
+      en->add_option("--processes", processes, "CUDA processes that may run in the VM at once (one channel each; 4)")
+          ->check(CLI::Range(1u, kMaxProcesses));
   std::string doorbell_opt;
   en->add_option("--doorbell", doorbell_opt,
                  "on: an ivshmem-doorbell device whose server is oriond (guest processes wake oriond); off: "
@@ -473,12 +515,16 @@ static int Main(int argc, char** argv) {
       ->check(CLI::IsMember({"on", "off"}));
   uint32_t ratio = 0;
   std::string ratio_policy = "share";
-  en->add_option("--ratio", ratio, "the VM's compute share: percent of each of its GPUs (default: best effort)")
-      ->check(CLI::Range(1u, 100u));
-  en->add_option("--ratio-policy", ratio_policy, "share: at least the ratio when it has work; cap: at most")
-      ->check(CLI::IsMember({"share", "cap"}));
-  en->add_option("--shm-mib", shm_mib,
-                 "size of the ivshmem region, a power of two (default: processes x shm_buffer_size, rounded up)");
+  auto* ratio_opt =
+      en->add_option("--ratio", ratio, "the VM's compute share: percent of each of its GPUs (default: best effort)")
+          ->check(CLI::Range(1u, 100u));
+  auto* policy_opt =
+      en->add_option("--ratio-policy", ratio_policy, "share: at least the ratio when it has work; cap: at most")
+          ->check(CLI::IsMember({"share", "cap"}));
+  auto* shm_opt =
+      en->add_option("--shm-mib", shm_mib,
+                     "size of the ivshmem region, a power of two (default: processes x shm_buffer_size, rounded up)");
+  en->footer("Options not given keep the domain's current values (a domain enabled before), else their defaults.");
   auto* dis = app.add_subcommand("disable", "remove DOMAIN's vGPUs");
   dis->add_option("domain", domain)->required();
   auto* st = app.add_subcommand("status", "show DOMAIN's vGPUs");
@@ -498,8 +544,15 @@ static int Main(int argc, char** argv) {
   }
   const orion::host::ServerConfig c = conf.ok() ? *conf : orion::host::ServerConfig{};
   if (en->parsed()) {
-    return Enable(c, uri, domain, vgpus, gmem, shm_mib, processes,
-                  doorbell_opt.empty() ? c.kvm_doorbell : doorbell_opt == "on", ratio, ratio_policy);
+    EnableOptions given;
+    if (vgpus_opt->count() != 0) given.vgpus = vgpus;
+    if (gmem_opt->count() != 0) given.gmem = gmem;
+    if (processes_opt->count() != 0) given.processes = processes;
+    if (ratio_opt->count() != 0) given.ratio = ratio;
+    if (policy_opt->count() != 0) given.ratio_policy = ratio_policy;
+    if (shm_opt->count() != 0) given.shm_mib = shm_mib;
+    if (!doorbell_opt.empty()) given.doorbell = doorbell_opt == "on";
+    return Enable(c, uri, domain, given);
   }
   if (dis->parsed()) return Disable(uri, domain);
   if (st->parsed()) return Status(c, uri, domain);

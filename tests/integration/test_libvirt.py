@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -148,6 +149,42 @@ def test_domain_gets_its_vgpu_through_the_hook(lab):
     st = subprocess.run([PREFIX / "bin" / "orion-vm", "status", "orion-test-a"], capture_output=True, text=True,
                         env=dict(os.environ, ORION_SERVER_CONF=str(lab / "server.conf")))
     assert "1 vGPU(s)" in st.stdout and "vgpus_free=1" in st.stdout, st.stdout + st.stderr
+
+
+def test_enabling_again_keeps_the_options_not_given(lab):
+    # Issue #25: `orion-vm enable D --doorbell on` on a domain enabled with 2 vGPUs of 3000 MiB made
+    # it 1 vGPU of the default size, and the runtime's own hint (`--processes N`) did the same and
+    # turned the doorbell off. Options not given keep the domain's values, and the tool says so.
+    define(lab, "orion-test-a", "device_props")
+    env = dict(os.environ, ORION_SERVER_CONF=str(lab / "server.conf"))
+
+    def enable(*args):
+        r = subprocess.run([PREFIX / "bin" / "orion-vm", "enable", "orion-test-a", *args], capture_output=True,
+                           text=True, env=env)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.splitlines()
+
+    def request():
+        root = ET.fromstring(virsh("dumpxml", "--inactive", "orion-test-a").stdout)
+        vgpu = root.find("metadata/{http://orion-vgpu.org/xmlns/libvirt/1.0}vgpu")
+        shmem = [d for d in root.find("devices").findall("shmem") if d.get("name").startswith("orionsock")]
+        assert len(shmem) == 1, [d.get("name") for d in shmem]
+        return dict(vgpu.attrib), shmem[0].find("model").get("type")
+
+    out = enable("--vgpus", "2", "--gmem", "3000", "--processes", "6", "--ratio", "40")
+    assert len(out) == 1, out  # nothing kept: the domain had no Orion vGPUs
+    assert request() == ({"count": "2", "gmem": "3000", "processes": "6", "shm_mib": "128", "ratio": "40",
+                          "ratio_policy": "share"}, "ivshmem-plain")
+    out = enable("--doorbell", "on")
+    assert out[1] == ("Options not given keep the domain's current values: --vgpus 2 --gmem 3000 --processes 6 "
+                      "--ratio 40 --ratio-policy share --shm-mib 128"), out
+    assert request() == ({"count": "2", "gmem": "3000", "processes": "6", "shm_mib": "128", "ratio": "40",
+                          "ratio_policy": "share"}, "ivshmem-doorbell")
+    out = enable("--processes", "2")  # the region is sized afresh for 2 (2 x 16 MiB); the doorbell stays on
+    assert out[1] == ("Options not given keep the domain's current values: --vgpus 2 --gmem 3000 --doorbell on "
+                      "--ratio 40 --ratio-policy share"), out
+    assert request() == ({"count": "2", "gmem": "3000", "processes": "2", "shm_mib": "32", "ratio": "40",
+                          "ratio_policy": "share"}, "ivshmem-doorbell")
 
 
 def test_start_is_refused_without_free_vgpus(lab):
