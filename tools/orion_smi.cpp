@@ -172,11 +172,16 @@ int RegionView(bool json, const std::string& oriond_why) {
                                    .c_str());
   }
   std::printf("%s\n", bar.c_str());
-  if (!oriond_why.empty()) {
+  if (vm) {
+    // Inside a VM guest there is no oriond to ask: it runs on the host, which serves this region.
     std::printf(
-        "oriond was not asked (%s): for every process's vGPUs and memory, run orion-smi where "
-        "oriond's control socket can be read (--oriond), or use a controller.\n",
-        oriond_why.c_str());
+        "This is a VM: its oriond runs on the host. For every process's vGPUs and memory, run orion-smi on the "
+        "host, or use a controller; the VM's vGPUs are set there (orion-vm enable).\n");
+  } else if (!oriond_why.empty()) {
+    std::printf(
+        "oriond's control socket was not asked (%s)%s: for every process's vGPUs and memory, run orion-smi "
+        "where it can be read (--oriond), or use a controller.\n",
+        oriond_why.c_str(), served ? ", though an oriond serves this region" : "");
   }
   return 0;
 }

@@ -20,7 +20,10 @@
 #include "version.h"
 
 namespace orion::guest {
+
 namespace {
+// Appended to a VM guest's region errors: what only the host can change.
+constexpr const char* kGuestNote = "; this is a VM: its region and vGPUs are set on the host (orion-vm enable)";
 
 using ivshmem::ChannelLayout;
 using ivshmem::kChannelClaimed;
@@ -213,8 +216,12 @@ CUresult Client::ConnectLocked() {
     return HandshakeNetworkLocked(placed, tls_all, vgpus, gmem);
   }
   if (!where.ok()) {
-    LogError("cannot use Orion region: " + where.status().message() +
-             " (set ORION_SHM or ORION_SERVER, or create a region with orion-shm and start oriond)");
+    // In a VM guest (an ivshmem device is here) the host's tools are out of reach: the discovery's
+    // message already says what the guest can do.
+    const bool guest = where.status().code() == Code::kFailedPrecondition;
+    LogError(
+        "cannot use Orion region: " + where.status().message() +
+        (guest ? kGuestNote : " (set ORION_SHM or ORION_SERVER, or create a region with orion-shm and start oriond)"));
     return CUDA_ERROR_NO_DEVICE;
   }
   return ConnectRegionLocked(*where, vgpus_set, vgpus, gmem);
@@ -286,8 +293,14 @@ CUresult Client::ConnectRegionLocked(const ivshmem::RegionLocation& where, bool 
   peer_ = "oriond on " + path;
   auto region = ivshmem::MappedRegion::Open(path);
   if (!region.ok()) {
+    // In a VM guest the region is the ivshmem device's BAR2: what the guest can change is who may
+    // map the device.
+    const bool guest = where.source.rfind("ivshmem", 0) == 0;
     LogError("cannot use Orion region: " + region.status().message() +
-             " (set ORION_SHM, or create it with orion-shm and start oriond)");
+             (guest ? std::string(" (run as root, or as a member of group 'orion': install-client's udev rule gives it "
+                                  "the device)") +
+                          kGuestNote
+                    : std::string(" (set ORION_SHM, or create it with orion-shm and start oriond)")));
     return CUDA_ERROR_NO_DEVICE;
   }
   region_ = std::make_unique<ivshmem::MappedRegion>(std::move(*region));

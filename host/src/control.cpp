@@ -23,7 +23,9 @@ Result<std::string> ControlRequest(const std::string& socket_path, const std::st
       return Status(Code::kPermissionDenied, "cannot connect to " + socket_path + ": " + std::strerror(e) +
                                                  " (oriond's control socket is root-only)");
     }
-    return Unavailable("oriond is not running (cannot connect to " + socket_path + ": " + std::strerror(e) + ")");
+    // ENOENT or ECONNREFUSED: no oriond listens there (it is not running, or its control_socket is
+    // another path, or this is a VM guest or a container that does not see it).
+    return Unavailable("no oriond answers on " + socket_path + ": " + std::strerror(e));
   }
   const std::string msg = line + "\n";
   std::string reply;

@@ -50,7 +50,7 @@ std::string ReadSmall(const std::string& path) {
 // A VM's Orion region: an ivshmem-plain PCI device (1af4:1110, QEMU docs/specs/ivshmem-spec.rst)
 // whose BAR2 (sysfs resource2) holds the Orion magic. Enables the device if needed (root, or the
 // udev rule install-client installs). Returns the resource2 path, or "" with *why set.
-std::string FindIvshmem(const std::string& sysfs, std::string* why) {
+std::string FindIvshmem(const std::string& sysfs, std::string* why, bool* device) {
   std::vector<std::string> devices;
   if (DIR* d = opendir(sysfs.c_str()); d != nullptr) {
     while (dirent* e = readdir(d)) {
@@ -65,6 +65,7 @@ std::string FindIvshmem(const std::string& sysfs, std::string* why) {
     *why = "no ivshmem device (PCI 1af4:1110) in " + sysfs;
     return "";
   }
+  *device = true;
   for (const std::string& dev : devices) {
     if (ReadSmall(dev + "/enable") == "0") {
       if (FILE* f = std::fopen((dev + "/enable").c_str(), "w")) {
@@ -102,7 +103,7 @@ std::string FindIvshmem(const std::string& sysfs, std::string* why) {
 
 // Region path: $ORION_SHM; else the first orionsock* under [client-shm] shm_path_base of
 // /etc/orion/client.conf < $HOME/.orion/client.conf; else a VM's ivshmem device.
-std::string FindRegionPath(std::string* why, std::string* source) {
+std::string FindRegionPath(std::string* why, std::string* source, bool* device) {
   if (const char* e = std::getenv("ORION_SHM"); e != nullptr && *e != '\0') {
     *source = "ORION_SHM";
     return e;
@@ -127,7 +128,7 @@ std::string FindRegionPath(std::string* why, std::string* source) {
     return found.front();
   }
   const char* sysfs = std::getenv("ORION_SYSFS_PCI");  // tests point this at a fake tree
-  std::string bar = FindIvshmem(sysfs != nullptr ? sysfs : "/sys/bus/pci/devices", why);
+  std::string bar = FindIvshmem(sysfs != nullptr ? sysfs : "/sys/bus/pci/devices", why, device);
   if (!bar.empty()) {
     *source = "ivshmem " + bar.substr(0, bar.rfind('/'));
     return bar;
@@ -141,8 +142,9 @@ std::string FindRegionPath(std::string* why, std::string* source) {
 Result<RegionLocation> FindClientRegion() {
   std::string why;
   std::string source;
-  const std::string path = FindRegionPath(&why, &source);
-  if (path.empty()) return NotFound(why);
+  bool device = false;
+  const std::string path = FindRegionPath(&why, &source, &device);
+  if (path.empty()) return device ? Status(Code::kFailedPrecondition, why) : NotFound(why);
   RegionLocation where{path, source, ""};
   // An ivshmem device's registers sit beside its memory: BAR0 next to BAR2.
   if (source.rfind("ivshmem", 0) == 0) where.doorbell = path.substr(0, path.rfind('/')) + "/resource0";

@@ -66,6 +66,16 @@ def test_a_vm_process_needs_no_orion_vgpu_or_gmem(vm_host):
     assert r.returncode == 0, r.stdout + r.stderr
     assert re.search(r"vGPUs of this VM :\s+2 x 3000 MiB", r.stdout), r.stdout
     assert re.search(r"Channels :\s+4 \(\d in use; one per CUDA process\)", r.stdout), r.stdout
+    # orion-smi in the guest: no oriond to ask there. It shows the region, and says what a guest can
+    # do, not what a host would (issue #25: it said "oriond is not running" under "serves it: yes").
+    r = subprocess.run([PREFIX / "bin" / "orion-smi", "--oriond", "/nonexistent/oriond.sock"], env=vm_host.env("vm1"),
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = [line.strip("| ") for line in r.stdout.splitlines()]
+    assert "oriond serves it: yes" in lines and "vGPUs of this VM: 2 x 3000 MiB" in lines, r.stdout
+    assert lines[-1] == ("This is a VM: its oriond runs on the host. For every process's vGPUs and memory, run "
+                         "orion-smi on the host, or use a controller; the VM's vGPUs are set there (orion-vm "
+                         "enable)."), r.stdout
 
 
 def test_oriond_restart_changes_nothing_a_vm_sees(vm_host):
@@ -263,6 +273,27 @@ def test_programs_run_in_a_guest_over_ivshmem(vm_oriond, kernel, initrd, tmp_pat
     # DEVICEMAP registration in a guest: the pages move into BAR2 (the sysfs resource2 mapping).
     assert "CHECK kernel_writes_seen_by_host ok" in out["mapped_register"][1]
     assert len(re.findall(r"Session \d+ exits \(client exited\)", vm_oriond.log())) >= 7
+
+
+def test_a_guest_user_without_access_to_the_device_is_told_what_a_guest_can_do(vm_oriond, kernel, tmp_path):
+    # Issue #25: a guest process that may not map the ivshmem device was told to set ORION_SHM or
+    # ORION_SERVER and run orion-shm, a host's tools. It is told what the guest itself can change.
+    setup = "echo 'root:x:0:0::/:/bin/sh' > /etc/passwd; echo 'user:x:1000:1000::/tmp:/bin/sh' >> /etc/passwd\n" \
+            "echo 'root:x:0:' > /etc/group; echo 'user:x:1000:' >> /etc/group"
+    initrd = vm.build_initramfs(tmp_path / "initrd.gz", PREFIX, [TEST_BIN / "device_props"], setup=setup,
+                                applets=("su",))
+    console = vm.boot(kernel, initrd, ["su:user:-c:/opt/device_props"], region=vm_oriond.region)
+    rc, text = vm.outputs(console)["su"]
+    assert rc != 0, text
+    errors = [line for line in text.splitlines() if "cannot use Orion region" in line]
+    assert len(errors) == 1, text
+    device = re.search(r"ivshmem device (/sys/bus/pci/devices/[0-9a-f:.]+) ", errors[0])
+    assert device, errors[0]
+    assert errors[0] == (f"[error] cannot use Orion region: no /dev/shm/orionsock* region and ivshmem device "
+                         f"{device[1]} is not enabled and this user cannot enable it (run 'echo 1 > {device[1]}/enable' "
+                         "as root, or install the udev rule from install-client); this is a VM: its region and vGPUs "
+                         "are set on the host (orion-vm enable)"), errors[0]
+    assert "orion-shm" not in text and "ORION_SERVER" not in text, text
 
 
 def test_guest_without_the_device_gets_a_clear_error(kernel, initrd, tmp_path):

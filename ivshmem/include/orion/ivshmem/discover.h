@@ -21,6 +21,9 @@ struct RegionLocation {
   std::string doorbell;  // ivshmem: the device's BAR0 registers (.../resource0); else ""
 };
 
+// kNotFound: no region and no ivshmem device. kFailedPrecondition: a VM guest whose ivshmem device
+// this process cannot use (not enabled, no access, no Orion region in it); the message says which
+// and how to fix it from inside the guest.
 Result<RegionLocation> FindClientRegion();
 
 // The controller a client asks for vGPUs when it has no region: $ORION_CONTROLLER, else
