@@ -106,6 +106,17 @@ std::string Run(const std::vector<std::string>& argv, int* rc) {
   return out;
 }
 
+// The domain's XML (`inactive`: the persistent definition, as the next start will use it), or
+// false with virsh's message printed.
+bool DumpXml(const std::string& uri, const std::string& domain, bool inactive, std::string* xml) {
+  int rc = 0;
+  *xml = inactive ? Run({"virsh", "-c", uri, "dumpxml", "--inactive", domain}, &rc)
+                  : Run({"virsh", "-c", uri, "dumpxml", domain}, &rc);
+  if (rc == 0) return true;
+  std::cerr << "orion-vm: " << *xml;
+  return false;
+}
+
 uint64_t SizeBytes(const std::string& value, const std::string& unit) {
   const uint64_t v = std::strtoull(value.c_str(), nullptr, 10);
   if (unit == "b" || unit == "bytes") return v;
@@ -316,12 +327,8 @@ int Enable(const orion::host::ServerConfig& conf, const std::string& uri, const 
     std::cerr << "orion-vm: domain name '" << domain << "' has characters Orion cannot use in a file name\n";
     return 1;
   }
-  int rc = 0;
-  const std::string xml = Run({"virsh", "-c", uri, "dumpxml", "--inactive", domain}, &rc);
-  if (rc != 0) {
-    std::cerr << "orion-vm: " << xml;
-    return 1;
-  }
+  std::string xml;
+  if (!DumpXml(uri, domain, true, &xml)) return 1;
   std::optional<Shmem> now_shm;
   VgpuRequest now;
   std::string parse_err;
@@ -440,12 +447,8 @@ int Enable(const orion::host::ServerConfig& conf, const std::string& uri, const 
 }
 
 int Disable(const std::string& uri, const std::string& domain) {
-  int rc = 0;
-  const std::string xml = Run({"virsh", "-c", uri, "dumpxml", "--inactive", domain}, &rc);
-  if (rc != 0) {
-    std::cerr << "orion-vm: " << xml;
-    return 1;
-  }
+  std::string xml;
+  if (!DumpXml(uri, domain, true, &xml)) return 1;
   xmlDocPtr doc = xmlReadMemory(xml.data(), static_cast<int>(xml.size()), "domain.xml", nullptr, XML_PARSE_NONET);
   if (doc == nullptr) return 1;
   xmlXPathContextPtr ctx = xmlXPathNewContext(doc);
@@ -465,12 +468,8 @@ int Disable(const std::string& uri, const std::string& domain) {
 }
 
 int Status(const orion::host::ServerConfig& conf, const std::string& uri, const std::string& domain) {
-  int rc = 0;
-  const std::string xml = Run({"virsh", "-c", uri, "dumpxml", domain}, &rc);
-  if (rc != 0) {
-    std::cerr << "orion-vm: " << xml;
-    return 1;
-  }
+  std::string xml;
+  if (!DumpXml(uri, domain, false, &xml)) return 1;
   std::optional<Shmem> shm;
   VgpuRequest req;
   std::string err;
