@@ -148,17 +148,21 @@ uint64_t ComputeGate::Weight(uint64_t now) const {
   return weight_;
 }
 
-// A cap tenant's bucket, refilled to now: ratio% of the wall time since the last refill, up to
-// kComputeCapBurstNs. Returns the tokens.
-int64_t ComputeGate::Refill() {
+// A cap tenant's bucket, refilled to now and less `spent`: ratio% of the wall time since the last
+// refill, the sum at most `bound` so that a tenant cannot hoard while it idles. The bound applies to
+// what is left after `spent`, so the tokens a long kernel earns while it runs pay for it (bounding
+// first lost them: a 30% cap of 80 ms kernels got 25%). After a rest the tenant owed, the bound is
+// kComputeCapRestBoundNs: a rest the machine made longer than asked (a loaded or stolen CPU) was
+// not idleness, and what it earned meanwhile stays, up to that. Returns the tokens.
+int64_t ComputeGate::Refill(int64_t spent, int64_t bound) {
   ComputeSlot& me = gpu_->slots[slot_];
   const uint64_t now = NowNs();
   const uint64_t last = me.cap_refilled.exchange(now, std::memory_order_acq_rel);
   const auto gained = static_cast<int64_t>(last == 0 ? 0 : (now - last) * me.ratio / 100);  // starts empty
-  int64_t t = me.cap_tokens.fetch_add(gained, std::memory_order_acq_rel) + gained;
-  if (t > kComputeCapBurstNs) {
-    me.cap_tokens.fetch_sub(t - kComputeCapBurstNs, std::memory_order_acq_rel);
-    t = kComputeCapBurstNs;
+  int64_t t = me.cap_tokens.fetch_add(gained - spent, std::memory_order_acq_rel) + gained - spent;
+  if (t > bound) {
+    me.cap_tokens.fetch_sub(t - bound, std::memory_order_acq_rel);
+    t = bound;
   }
   return t;
 }
@@ -171,7 +175,7 @@ void ComputeGate::Enter() {
     // Owing device time: rest until the bucket holds kComputeCapResumeNs again.
     if (int64_t t = Refill(); t < 0) {
       SleepNs(static_cast<uint64_t>(kComputeCapResumeNs - t) * 100 / me.ratio);
-      (void)Refill();
+      (void)Refill(0, kComputeCapRestBoundNs);
       ready = NowNs();
     }
   }
@@ -243,8 +247,7 @@ void ComputeGate::Leave() {
   gpu_->wake.fetch_add(1);
   if (gpu_->sleepers.load() != 0) FutexWakeAll(&gpu_->wake);
   if (me.policy == kPolicyCap && me.ratio != 0 && me.ratio < 100) {
-    (void)Refill();
-    me.cap_tokens.fetch_sub(static_cast<int64_t>(used), std::memory_order_acq_rel);  // a ceiling: spent
+    (void)Refill(static_cast<int64_t>(used));  // a ceiling: spent
   }
 }
 

@@ -104,6 +104,40 @@ TEST(ComputeTurnsTest, FourTenantsGetTheirRatios) {
     EXPECT_NEAR(s[i], want[i], 4) << "tenant " << want[i] << "%: " << s[0] << "/" << s[1] << "/" << s[2] << "/" << s[3];
 }
 
+// A cap tenant alone gets its ratio of the device, whatever its kernels' length: the tokens a long
+// kernel earns while it runs count against what it spends. (Before, the bucket was clamped to its
+// burst before the kernel's time was taken off, so a kernel longer than (burst - resume) / ratio,
+// 33 ms at 30%, lost what it earned past that: 80 ms kernels got 25.5% at a 30% cap. CI's slower
+// sim kernels showed it as a cap of 21%.) Sim-style: one Enter/Leave per kernel.
+TEST(ComputeGateTest, ACapHoldsForShortAndLongKernels) {
+  for (const int kernel_ms : {10, 80}) {
+    auto gpu = std::make_unique<ComputeGpu>();
+    const int slot = TakeComputeSlot(gpu.get(), 30, kPolicyCap, 1);
+    ASSERT_GE(slot, 0);
+    ComputeGate gate(gpu.get(), slot);
+    // Device time of every kernel but the last, over the span from the first kernel's start to the
+    // last one's: the tokens earned over the span less those held at the last start (0..burst).
+    Clock::time_point first{}, last{};
+    int64_t device_ns = 0, last_ns = 0;
+    const Clock::time_point end = Clock::now() + std::chrono::milliseconds(3000);
+    while (Clock::now() < end) {
+      gate.Enter();
+      last = Clock::now();
+      if (first == Clock::time_point{}) first = last;
+      std::this_thread::sleep_for(std::chrono::milliseconds(kernel_ms));
+      last_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - last).count();
+      device_ns += last_ns;
+      gate.Leave();
+    }
+    const double span_ns =
+        static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(last - first).count());
+    const double share = 100.0 * static_cast<double>(device_ns - last_ns) / span_ns;
+    EXPECT_GE(share, 30.0 - 100.0 * static_cast<double>(kComputeCapBurstNs) / span_ns - 0.5)
+        << kernel_ms << " ms kernels";
+    EXPECT_LE(share, 30.5) << kernel_ms << " ms kernels";
+  }
+}
+
 // A tenant that holds the device does not keep it while a kernel of its own waits on another
 // tenant's work: a turn whose work has not finished 100 ms after its slice ends anyway.
 TEST(ComputeTurnsTest, ATurnWhoseWorkNeverFinishesEndsAfterTheGrace) {

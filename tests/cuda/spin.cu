@@ -8,6 +8,9 @@
 //   UTIL <gpu %> <memory %>        (or UTIL error <nvmlReturn_t>)
 // With SPIN_TRACE=FILE it writes one line per kernel of the window: its launch and its completion
 // as seen by the program (µs since the epoch), for latency and transition figures (bench/).
+// With SPIN_WARM=1 it launches the same kernels, uncounted, from its start until START instead of
+// sleeping: a tenant already saturating when the window opens (a cap's token bucket in its steady
+// state rather than full from the idle wait), so short windows measure the steady rate.
 // Usage: spin START_MS STOP_MS ITERS [nvml]
 #include <dlfcn.h>
 
@@ -15,6 +18,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <thread>
 
 #include "orion_test.h"
@@ -46,6 +50,13 @@ int main(int argc, char** argv) {
   CUDA_OK(cudaMalloc(&d, 4 * 128 * sizeof(float)));
   burn<<<4, 128>>>(d, 1);  // module loaded and first launch done before the window
   CUDA_OK(cudaDeviceSynchronize());
+  const char* warm = std::getenv("SPIN_WARM");
+  if (warm != nullptr && std::string(warm) == "1") {
+    while (NowMs() < start) {
+      burn<<<4, 128>>>(d, iters);
+      CUDA_OK(cudaDeviceSynchronize());
+    }
+  }
   while (NowMs() < start) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   const char* trace_path = std::getenv("SPIN_TRACE");
   FILE* trace = trace_path != nullptr ? std::fopen(trace_path, "w") : nullptr;

@@ -49,6 +49,9 @@ inline constexpr uint64_t kComputeAnticipateNs = 2000000;
 
 inline constexpr int64_t kComputeCapBurstNs = 40000000;   // a cap tenant's bucket: 40 ms of device time
 inline constexpr int64_t kComputeCapResumeNs = 30000000;  // owing, it rests until it has 30 ms again
+// What a rest the machine made longer than asked may leave in the bucket: the tokens of up to
+// (80 - 30) ms / ratio of oversleep are kept (166 ms at 30%), not bounded to the 40 ms burst.
+inline constexpr int64_t kComputeCapRestBoundNs = 2 * kComputeCapBurstNs;
 
 enum ComputePolicy : uint32_t { kPolicyShare = 0, kPolicyCap = 1 };
 
@@ -120,7 +123,7 @@ class ComputeGate {
 
  private:
   uint64_t Weight(uint64_t now) const;
-  int64_t Refill();
+  int64_t Refill(int64_t spent = 0, int64_t bound = kComputeCapBurstNs);
   ComputeGpu* gpu_;
   int slot_;
   uint64_t entered_ns_ = 0;
