@@ -95,7 +95,7 @@ void PrintTables(const nlohmann::json& list, const std::string& source, const st
       const unsigned ratio = k.value("ratio", 0u);
       std::string want = ratio == 0 ? std::string("best effort")
                                     : std::to_string(ratio) + "% " + k.value("policy", std::string("share"));
-      if (!k.value("enforced", false)) want += " (off)";  // the cuda backend does not enforce ratios yet
+      if (!k.value("enforced", false)) want += " (off)";  // placed but not enforced (an oriond without the scheduler)
       std::printf("| %-21s %4u %4u %8u  %-14s %8s %8s %9.1fs |\n", Fit(p.value("server", ""), 21).c_str(),
                   p.value("pgpu", 0u), p.value("vgpu", 0u), c.value("pid", 0u), want.c_str(),
                   pct(k.value("share_1s", nlohmann::json())).c_str(),

@@ -9,6 +9,9 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
 
 namespace orion::host {
 namespace {
@@ -26,6 +29,46 @@ void FutexWait(std::atomic<uint32_t>* word, uint32_t seen) {
 }
 void FutexWakeAll(std::atomic<uint32_t>* word) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+// ORION_COMPUTE_TRACE=<dir> (oriond's environment, a diagnostic): each worker writes
+// <dir>/compute-<pid>.txt, a line per turn taken and ended (TraceTake, TraceLeave). Null: off.
+FILE* TraceFile() {
+  static FILE* f = [] {
+    const char* dir = std::getenv("ORION_COMPUTE_TRACE");
+    if (dir == nullptr || *dir == '\0') return static_cast<FILE*>(nullptr);
+    const std::string path = std::string(dir) + "/compute-" + std::to_string(getpid()) + ".txt";
+    FILE* file = std::fopen(path.c_str(), "a");
+    if (file != nullptr) std::setvbuf(file, nullptr, _IOLBF, 0);  // whole lines, also if the worker _exits
+    return file;
+  }();
+  return f;
+}
+
+// "take <ns> <slot> <ratio> <vtime> | <slot>:<ratio>:<vtime>:<waiting>:<idle µs> ..." for the other
+// tenants, or "leave <ns> <slot> <used ns> <vtime after>".
+void TraceTake(const ComputeGpu* gpu, int slot, uint64_t now) {
+  FILE* f = TraceFile();
+  if (f == nullptr) return;
+  const ComputeSlot& me = gpu->slots[slot];
+  std::fprintf(f, "take %llu %d %u %llu |", static_cast<unsigned long long>(now), slot, me.ratio,
+               static_cast<unsigned long long>(me.vtime.load()));
+  const uint32_t limit = std::min(gpu->slot_limit.load(), kComputeSlots);
+  for (uint32_t i = 0; i < limit; ++i) {
+    const ComputeSlot& s = gpu->slots[i];
+    if (static_cast<int>(i) == slot || s.used.load() == 0) continue;
+    const uint64_t idle = s.idle_since.load();
+    std::fprintf(f, " %u:%u:%llu:%u:%lld", i, s.ratio, static_cast<unsigned long long>(s.vtime.load()),
+                 s.waiting.load(), idle == 0 ? -1LL : static_cast<long long>((now - idle) / 1000));
+  }
+  std::fputc('\n', f);
+}
+
+void TraceLeave(const ComputeGpu* gpu, int slot, uint64_t now, uint64_t used) {
+  FILE* f = TraceFile();
+  if (f == nullptr) return;
+  std::fprintf(f, "leave %llu %d %llu %llu\n", static_cast<unsigned long long>(now), slot,
+               static_cast<unsigned long long>(used), static_cast<unsigned long long>(gpu->slots[slot].vtime.load()));
 }
 
 void SleepNs(uint64_t ns) {
@@ -68,6 +111,7 @@ int TakeComputeSlot(ComputeGpu* g, uint32_t ratio, uint32_t policy, uint32_t ses
     s.vtime.store(0);
     s.busy_ns.store(0);
     s.throttled_ns.store(0);
+    s.turns.store(0);
     s.idle_since.store(0);
     s.cap_tokens.store(0);
     s.cap_refilled.store(0);
@@ -212,6 +256,7 @@ void ComputeGate::Enter() {
     uint32_t free = 0;
     if (mine && gpu_->holder.compare_exchange_strong(free, self, std::memory_order_acq_rel)) {
       entered_ns_ = first ? ready : NowNs();  // taken at once: no second clock read
+      TraceTake(gpu_, slot_, entered_ns_);
       break;
     }
     // Counted before the wait (seq_cst, against Leave's bump of `wake` then read of `sleepers`):
@@ -240,7 +285,9 @@ void ComputeGate::Leave() {
   const uint64_t now = NowNs();
   const uint64_t used = now - entered_ns_;
   me.busy_ns.fetch_add(used, std::memory_order_relaxed);
+  me.turns.fetch_add(1, std::memory_order_relaxed);
   me.vtime.fetch_add(used * 100 / Weight(now), std::memory_order_relaxed);
+  TraceLeave(gpu_, slot_, now, used);
   me.idle_since.store(now, std::memory_order_relaxed);
   me.waiting.fetch_sub(1, std::memory_order_acq_rel);
   gpu_->holder.store(0, std::memory_order_release);

@@ -100,6 +100,7 @@ TEST(ComputeTurnsTest, FourTenantsGetTheirRatios) {
   const auto s = RunTenants({{10, kPolicyShare}, {20, kPolicyShare}, {30, kPolicyShare}, {40, kPolicyShare}},
                             std::chrono::milliseconds(4000), std::chrono::microseconds(2000));
   const double want[] = {10, 20, 30, 40};
+  std::printf("shares %.1f/%.1f/%.1f/%.1f\n", s[0], s[1], s[2], s[3]);
   for (size_t i = 0; i < 4; ++i)
     EXPECT_NEAR(s[i], want[i], 4) << "tenant " << want[i] << "%: " << s[0] << "/" << s[1] << "/" << s[2] << "/" << s[3];
 }

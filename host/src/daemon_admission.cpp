@@ -343,9 +343,10 @@ nlohmann::json Daemon::ComputeJson(uint32_t pgpu, const std::map<uint32_t, int>&
   const ComputeSlot& s = compute_[pgpu].slots[it->second];
   nlohmann::json j = {{"ratio", s.ratio},
                       {"policy", ComputePolicyName(s.policy)},
-                      {"enforced", backend_ == BackendKind::kSim},
+                      {"enforced", true},  // both backends gate compute (GatesCompute); off: no scheduler, null
                       {"device_s", static_cast<double>(s.busy_ns.load()) / 1e9},
-                      {"wait_s", static_cast<double>(s.throttled_ns.load()) / 1e9}};
+                      {"wait_s", static_cast<double>(s.throttled_ns.load()) / 1e9},
+                      {"turns", s.turns.load()}};
   auto h = compute_history_.find(pgpu * kComputeSlots + static_cast<uint32_t>(it->second));
   auto share = [&](size_t back) -> nlohmann::json {
     if (h == compute_history_.end() || h->second.samples.size() <= back) return nullptr;

@@ -379,7 +379,7 @@ std::string Daemon::MetricsText() const {
                    "gauge",
                    "Sum of the compute ratios promised on the physical GPU (at most 100)",
                    {}};
-  const bool measured = backend_ == BackendKind::kSim;  // the cuda backend does not schedule compute yet
+  const bool measured = compute_ != nullptr;  // both backends gate and measure compute when the scheduler is on
   auto num = [](double v) {
     char b[64];
     std::snprintf(b, sizeof b, " %.9g\n", v);

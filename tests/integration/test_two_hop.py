@@ -69,3 +69,58 @@ def test_cuda_ipc_through_the_cuda_backend(two_hop):
     assert_passed(producer, expect_checks=2)
     assert checks(producer.stdout)["producer_sees_consumer_kernel"] == "ok"
     assert a.alive() and b.alive()
+
+
+def test_the_cuda_backend_enforces_and_reports_compute_shares(tmp_path, monkeypatch):
+    """ORION_RATIO on the cuda backend (its turns, ComputeTurns): two saturating tenants 30/70 through
+    A get their ratios of the device within 3 points, and A's `sessions` (orion-smi) reports the
+    shares as enforced and measured (it said "(off)" for the cuda backend before). B runs without a
+    scheduler (--compute-share off), so only A's turns order the kernels."""
+    import json
+    import os
+    import re
+    import subprocess
+    import time
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a").mkdir()
+    b = Oriond(tmp_path / "b", conf_text="[server]\n    vgpu_count = 16\n[server-shm]\n    shm_buffer_size = 16\n",
+               extra_args=("--compute-share", "off"))
+    for k, v in (("ORION_SHM", str(b.region)), ("ORION_VGPU", "1"), ("ORION_GMEM", "1024"),
+                 ("ORION_LOG_LEVEL", "WARNING")):
+        monkeypatch.setenv(k, v)
+    a = Oriond(tmp_path / "a", extra_args=("--cuda-driver", str(PREFIX / "lib" / "orion" / "libcuda.so.1")),
+               backend="cuda")
+    for k in ("ORION_SHM", "ORION_VGPU", "ORION_GMEM", "ORION_LOG_LEVEL"):
+        monkeypatch.delenv(k)
+    try:
+        start = int(time.time() * 1000) + 2500
+        procs = [subprocess.Popen([str(TEST_BIN / "spin"), str(start), str(start + 5000), "400"],
+                                  env=a.env(ORION_GMEM=256, ORION_RATIO=r), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for r in (30, 70)]
+        time.sleep(max(0.0, (start + 3500) / 1000 - time.time()))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")}
+        env["HOME"] = str(a.tmp)
+        smi = subprocess.run([str(PREFIX / "bin" / "orion-smi"), "--oriond", str(a.tmp / "oriond.sock"), "--json"],
+                             env=env, capture_output=True, text=True, timeout=30)
+        counts = []
+        for p in procs:
+            out, err = p.communicate(timeout=120)
+            m = re.search(r"^KERNELS (\d+) MS \d+ CHECK (\w+)$", out, re.M)
+            assert p.returncode == 0 and m and m.group(2) == "ok", out + err
+            counts.append(int(m.group(1)))
+        share = counts[0] / sum(counts)
+        print(f"cuda backend 30/70: {counts}, {share:.3f}")
+        assert 0.27 <= share <= 0.33, counts
+        assert smi.returncode == 0, smi.stderr
+        got = {}
+        for s in json.loads(smi.stdout):
+            k = s["placements"][0]["compute"]
+            got[k["ratio"]] = k
+        assert set(got) == {30, 70}, smi.stdout
+        for ratio, k in got.items():
+            assert k["enforced"] is True and k["policy"] == "share", k
+            assert abs(k["share_1s"] - ratio / 100) <= 0.10 and k["device_s"] > 0 and k["turns"] > 0, got
+        assert "gets 30% (share) of its compute" in a.session_logs()
+    finally:
+        a.stop()
+        b.stop()

@@ -20,6 +20,10 @@
 // (a device that has rested starts slower: the sim's executor by about a tenth).
 // A running kernel is never preempted: one long kernel can exceed a share for its own duration.
 //
+// Diagnostics: with ORION_COMPUTE_TRACE=<dir> in oriond's environment each worker writes
+// <dir>/compute-<pid>.txt, one line per turn taken (the other tenants' virtual times, whether they
+// wait, how long ago they left the device) and ended (its device time).
+//
 // Memory: ComputeGpu is plain data (atomics only) at a fixed place in the shared mapping; a worker
 // killed while it holds the device is cleared by oriond (Release with its pid).
 #pragma once
@@ -65,6 +69,7 @@ struct ComputeSlot {
   std::atomic<uint64_t> vtime{0};         // virtual time (ns × 100 / weight)
   std::atomic<uint64_t> busy_ns{0};       // device time its kernels used
   std::atomic<uint64_t> throttled_ns{0};  // time its workers waited for the device or a cap
+  std::atomic<uint64_t> turns{0};         // times it took the device (a sim kernel; a cuda backend turn)
   // cap: device time it may still use (ns; negative: owed), refilled at ratio% of wall time.
   std::atomic<int64_t> cap_tokens{0};
   std::atomic<uint64_t> cap_refilled{0};  // when the tokens were last refilled (monotonic ns)
