@@ -1,0 +1,165 @@
+"""Containers in a real engine (issue #25): podman (Debian's, scripts/deps installs it) runs images
+that hold nothing of Orion, and `orion-cdi generate` makes Orion's vGPUs CDI devices for it.
+
+On these machines podman needs `--runtime runc` (the cgroup layout is hybrid, which crun refuses) and
+ulimits within the host's hard limits; the tests set that in a containers.conf of their own
+(CONTAINERS_CONF) and on the command line, never on the system. podman 4.3 reads CDI specs only
+from /etc/cdi and /var/run/cdi (its containers.conf has no cdi_spec_dirs yet), so a test writes its
+spec to /var/run/cdi (the directory for generated specs) under a kind of its own
+(orion-test-<pid>.dev/vgpu, `orion-cdi --kind`), never touching a user's orion.dev/vgpu, and
+removes it after.
+
+The image: a plain nvcc program (tests/cuda/device_props: cudart linked statically, which dlopens
+libcuda.so.1) with the libraries ldd names and nothing else; imported from a tarball (no registry)."""
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from conftest import PREFIX, TEST_BIN, Oriond, checks
+
+PODMAN = shutil.which("podman")
+
+
+def ulimits():
+    """--ulimit values within the host's hard limits (podman's defaults exceed them here)."""
+    import resource
+    out = []
+    for name, which in (("nofile", resource.RLIMIT_NOFILE), ("nproc", resource.RLIMIT_NPROC)):
+        hard = resource.getrlimit(which)[1]
+        v = 1024 if hard == resource.RLIM_INFINITY else min(1024, hard)
+        out += ["--ulimit", f"{name}={v}:{v}"]
+    return out
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    """podman with a containers.conf of the tests' own; yields a function running podman."""
+    if PODMAN is None:
+        pytest.fail("podman is not installed: scripts/deps installs it (Debian's podman and runc)")
+    d = tmp_path_factory.mktemp("podman")
+    conf = d / "containers.conf"
+    conf.write_text('[engine]\nruntime = "runc"\n[containers]\nnetns = "none"\n')
+
+    def podman(*args, timeout=120):
+        env = dict(os.environ, CONTAINERS_CONF=str(conf))
+        env = {k: v for k, v in env.items() if not k.startswith("ORION_") and k != "LD_LIBRARY_PATH"}
+        return subprocess.run([PODMAN, *map(str, args)], env=env, capture_output=True, text=True, timeout=timeout)
+    return podman
+
+
+@pytest.fixture(scope="module")
+def image(engine, tmp_path_factory):
+    """A minimal image: device_props and the libraries it links (no libcuda.so.1, no Orion)."""
+    root = tmp_path_factory.mktemp("rootfs")
+    prog = TEST_BIN / "device_props"
+    files = [prog]
+    for line in subprocess.run(["ldd", str(prog)], capture_output=True, text=True, check=True).stdout.splitlines():
+        m = re.search(r"(/\S+) \(0x", line)
+        if m:
+            files.append(Path(m.group(1)))
+    for f in files:
+        dst = root / str(f).lstrip("/") if f != prog else root / "usr/bin/device_props"
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(f.resolve(), dst)
+    for d in ("etc", "tmp", "dev/shm"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    tar = tmp_path_factory.mktemp("image") / "rootfs.tar"
+    with tarfile.open(tar, "w") as t:
+        t.add(root, arcname=".")
+    name = f"localhost/orion-test-plain:{os.getpid()}"
+    r = engine("import", tar, name)
+    assert r.returncode == 0, r.stderr
+    assert not any("libcuda" in str(f) for f in files)
+    yield name
+    engine("rmi", "-f", name)
+
+
+@pytest.fixture
+def served(tmp_path):
+    d = Oriond(tmp_path)
+    yield d
+    d.stop()
+
+
+@pytest.fixture
+def cdi_kind():
+    """A CDI kind of this test's own, its spec in /var/run/cdi; removed after."""
+    kind = f"orion-test-{os.getpid()}.dev/vgpu"
+    spec = Path("/var/run/cdi") / f"orion-test-{os.getpid()}.yaml"
+    spec.parent.mkdir(parents=True, exist_ok=True)
+    yield kind, spec
+    spec.unlink(missing_ok=True)
+
+
+def test_generate_writes_one_device_per_region_and_the_client(tmp_path, served):
+    """The spec: CDI 0.5.0, kind orion.dev/vgpu, a device per region (its mount at its own path,
+    ORION_SHM) and `all`; the client libraries and tools mounted read-only for every device."""
+    import yaml
+    r = subprocess.run([PREFIX / "bin/orion-cdi", "generate", "--shm-dir", tmp_path, "--output", "-"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    spec = yaml.safe_load(r.stdout)
+    assert spec["cdiVersion"] == "0.5.0" and spec["kind"] == "orion.dev/vgpu"
+    region = str(served.region)
+    devs = {d["name"]: d["containerEdits"] for d in spec["devices"]}
+    assert set(devs) == {"0", "all"}
+    assert devs["0"]["env"] == [f"ORION_SHM={region}"]
+    assert [(m["hostPath"], m["containerPath"]) for m in devs["0"]["mounts"]] == [(region, region)]
+    assert "rw" in devs["0"]["mounts"][0]["options"]
+    assert [m["hostPath"] for m in devs["all"]["mounts"]] == [region]
+    common = {m["containerPath"]: m for m in spec["containerEdits"]["mounts"]}
+    lib = PREFIX / "lib/orion"
+    assert common["/usr/lib/x86_64-linux-gnu/libcuda.so.1"]["hostPath"] == str(lib / "libcuda.so.1")
+    assert common["/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"]["hostPath"] == str(lib / "libnvidia-ml.so.1")
+    assert common["/usr/bin/orion-smi"]["hostPath"] == str(lib / "orion-smi")
+    assert all("ro" in m["options"] for m in common.values())
+    # Not a region: named and left out; no region at all: an error that says so.
+    (tmp_path / "orionsock7").write_bytes(b"not a region" + bytes(4084))
+    r = subprocess.run([PREFIX / "bin/orion-cdi", "generate", "--shm-dir", tmp_path, "--output", "-"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and "orionsock7 left out" in r.stderr
+    assert {d["name"] for d in yaml.safe_load(r.stdout)["devices"]} == {"0", "all"}
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = subprocess.run([PREFIX / "bin/orion-cdi", "generate", "--shm-dir", empty, "--output", "-"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and "no Orion region in" in r.stderr
+
+
+def test_a_plain_image_runs_on_a_vgpu_through_cdi(tmp_path, engine, image, served, cdi_kind):
+    """`podman run --device orion-test-<pid>.dev/vgpu=0` of an image holding only a plain nvcc
+    program and its libc: the program sees Orion's vGPU (no LD_LIBRARY_PATH, no mounts typed)."""
+    kind, spec = cdi_kind
+    r = subprocess.run([PREFIX / "bin/orion-cdi", "generate", "--shm-dir", tmp_path, "--output", spec,
+                        "--kind", kind], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    r = engine("run", "--rm", *ulimits(), "--device", f"{kind}=0", "-e", "ORION_VGPU=1", "-e", "ORION_GMEM=256",
+               image, "/usr/bin/device_props")
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = checks(r.stdout)
+    assert got and all(v == "ok" for v in got.values()), r.stdout
+    m = re.search(r"Using Orion resource \(standalone\) session-(\d+) : (\S+)/0/0$", r.stderr, re.M)
+    assert m and m.group(2) == str(served.region), r.stderr
+    assert list((served.logs / "session").glob(f"*-{m.group(1)}.log")), served.log()  # served here
+    # Without the device the same image has no CUDA driver at all.
+    r = engine("run", "--rm", *ulimits(), image, "/usr/bin/device_props")
+    assert r.returncode != 0
+
+
+def test_the_guides_way_with_manual_mounts(tmp_path, engine, image, served):
+    """Orion's guide: the region bound at its path and ORION_* set by hand (`-v REGION:REGION:rw -e
+    ORION_SHM=...`), the client from the host's lib/orion (-v ...:/usr/lib/orion:ro with
+    LD_LIBRARY_PATH, since this image holds no Orion client)."""
+    region = str(served.region)
+    lib = PREFIX / "lib/orion"
+    r = engine("run", "--rm", *ulimits(), "-v", f"{region}:{region}:rw", "-v", f"{lib}:/usr/lib/orion:ro",
+               "-e", "LD_LIBRARY_PATH=/usr/lib/orion", "-e", f"ORION_SHM={region}", "-e", "ORION_VGPU=1",
+               "-e", "ORION_GMEM=256", image, "/usr/bin/device_props")
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = checks(r.stdout)
+    assert got and all(v == "ok" for v in got.values()), r.stdout
