@@ -51,12 +51,15 @@ class Oriond:
     """One oriond process serving one region in its own temporary directory."""
 
     def __init__(self, tmp: Path, region_mib=256, channel_mib=16, conf_text=None, extra_args=(), tcp_port=0,
-                 netns=None, backend="sim"):
+                 netns=None, backend="sim", region_dir=None, region_index=0):
         self.tmp = tmp
-        self.region = tmp / "orionsock0"
+        # The region: <region_dir or tmp>/orionsock<region_index> (two oriond may keep theirs side by side).
+        region_dir = region_dir or tmp
+        self.region = region_dir / f"orionsock{region_index}"
         self.logs = tmp / "logs"
         self.launch_log = tmp / "launch.log"
-        out = subprocess.run([PREFIX / "bin" / "orion-shm", "-i", "0", "-s", str(region_mib), "-d", tmp],
+        out = subprocess.run([PREFIX / "bin" / "orion-shm", "-i", str(region_index), "-s", str(region_mib), "-d",
+                              region_dir],
                              capture_output=True, text=True, check=True)
         assert "is successfully created." in out.stdout
         conf = tmp / "server.conf"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PREFIX, TEST_BIN, Oriond, checks
+from conftest import PREFIX, TEST_BIN, Oriond, checks, wait_until
 
 PODMAN = shutil.which("podman")
 
@@ -54,16 +54,18 @@ def engine(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def image(engine, tmp_path_factory):
-    """A minimal image: device_props and the libraries it links (no libcuda.so.1, no Orion)."""
+    """A minimal image: device_props and sleeper and the libraries they link (no libcuda.so.1, no
+    Orion)."""
     root = tmp_path_factory.mktemp("rootfs")
-    prog = TEST_BIN / "device_props"
-    files = [prog]
-    for line in subprocess.run(["ldd", str(prog)], capture_output=True, text=True, check=True).stdout.splitlines():
-        m = re.search(r"(/\S+) \(0x", line)
-        if m:
-            files.append(Path(m.group(1)))
+    progs = [TEST_BIN / "device_props", TEST_BIN / "sleeper"]
+    files = list(progs)
+    for prog in progs:
+        for line in subprocess.run(["ldd", str(prog)], capture_output=True, text=True, check=True).stdout.splitlines():
+            m = re.search(r"(/\S+) \(0x", line)
+            if m and Path(m.group(1)) not in files:
+                files.append(Path(m.group(1)))
     for f in files:
-        dst = root / str(f).lstrip("/") if f != prog else root / "usr/bin/device_props"
+        dst = root / str(f).lstrip("/") if f not in progs else root / "usr/bin" / f.name
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(f.resolve(), dst)
     for d in ("etc", "tmp", "dev/shm"):
@@ -163,3 +165,58 @@ def test_the_guides_way_with_manual_mounts(tmp_path, engine, image, served):
     assert r.returncode == 0, r.stdout + r.stderr
     got = checks(r.stdout)
     assert got and all(v == "ok" for v in got.values()), r.stdout
+
+
+def sessions(d):
+    """oriond's sessions (its control socket's `sessions`, as orion-smi --json gets them)."""
+    import json
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")}
+    env["HOME"] = str(d.tmp)
+    r = subprocess.run([str(PREFIX / "bin/orion-smi"), "--oriond", str(d.tmp / "oriond.sock"), "--json"], env=env,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_two_containers_on_two_regions_are_isolated(tmp_path, engine, image, cdi_kind):
+    """Two regions (two oriond) and a container on each (`--device KIND=0`, `=1`): each container
+    has only its own region (the other's path does not exist in it), and killing one frees its vGPU
+    at its oriond while the other's session runs on."""
+    kind, spec = cdi_kind
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = Oriond(tmp_path / "a", region_dir=shm, region_index=0)
+    b = Oriond(tmp_path / "b", region_dir=shm, region_index=1)
+    names = [f"orion-test-{os.getpid()}-{i}" for i in (0, 1)]
+    try:
+        r = subprocess.run([PREFIX / "bin/orion-cdi", "generate", "--shm-dir", shm, "--output", spec, "--kind", kind],
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        for name, index in zip(names, (0, 1)):
+            r = engine("run", "-d", "--name", name, *ulimits(), "--device", f"{kind}={index}", "-e", "ORION_VGPU=1",
+                       "-e", "ORION_GMEM=128", image, "/usr/bin/sleeper", "16")
+            assert r.returncode == 0, r.stderr
+        for name in names:
+            wait_until(lambda: "READY" in engine("logs", name).stdout, 30, f"{name} never got its vGPU")
+        assert len(sessions(a)) == 1 and len(sessions(b)) == 1
+        # Container 1 has region 1 and not region 0: a client there pointed at region 0 finds no file.
+        r = engine("exec", "-e", f"ORION_SHM={a.region}", "-e", "ORION_VGPU=1", "-e", "ORION_GMEM=64", names[1],
+                   "/usr/bin/device_props")
+        assert r.returncode != 0 and str(a.region) in r.stderr, r.stdout + r.stderr
+        # (podman exec does not carry the CDI device's environment: ORION_SHM again. At /dev/shm, a
+        # region's usual place, the client finds it without.)
+        r = engine("exec", "-e", f"ORION_SHM={b.region}", "-e", "ORION_VGPU=1", "-e", "ORION_GMEM=64", names[1],
+                   "/usr/bin/device_props")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert re.search(r"Using Orion resource \(standalone\) session-\d+ : " + re.escape(str(b.region)), r.stderr)
+        # Killing container 0 frees its vGPU at oriond A (the lease lapses: 1 s here); B's runs on.
+        assert engine("kill", names[0]).returncode == 0
+        wait_until(lambda: sessions(a) == [], 20, "oriond A kept the killed container's session")
+        assert len(sessions(b)) == 1
+    finally:
+        for name in names:
+            engine("rm", "-f", name)
+        a.stop()
+        b.stop()
