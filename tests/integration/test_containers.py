@@ -220,3 +220,16 @@ def test_two_containers_on_two_regions_are_isolated(tmp_path, engine, image, cdi
             engine("rm", "-f", name)
         a.stop()
         b.stop()
+
+
+def test_a_container_reaches_a_remote_oriond_over_tcp(engine, image, tcp_oriond):
+    """The guide's remote way: no region in the container, `--net host` and ORION_SERVER naming
+    oriond's TCP address; the client from the host's lib/orion. The session is served over TCP."""
+    lib = PREFIX / "lib/orion"
+    r = engine("run", "--rm", *ulimits(), "--network", "host", "-v", f"{lib}:/usr/lib/orion:ro",
+               "-e", "LD_LIBRARY_PATH=/usr/lib/orion", "-e", f"ORION_SERVER=127.0.0.1:{tcp_oriond.port}",
+               "-e", "ORION_VGPU=1", "-e", "ORION_GMEM=256", image, "/usr/bin/device_props")
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = checks(r.stdout)
+    assert got and all(v == "ok" for v in got.values()), r.stdout
+    assert re.search(r"Using Orion resource .*127\.0\.0\.1:" + str(tcp_oriond.port), r.stderr), r.stderr
