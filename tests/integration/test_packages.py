@@ -22,7 +22,7 @@ from conftest import ROOT, TEST_BIN, assert_computed, read_launch_log, wait_unti
 from harness.debian import ENV, Roots, alive, field, run
 
 VERSION = re.search(r"project\(orion VERSION (\S+)", (ROOT / "CMakeLists.txt").read_text()).group(1)
-SERVER_FILES = ["/usr/bin/oriond", "/usr/bin/orion-shm", "/usr/bin/orion-vm", "/usr/bin/orion-check",
+SERVER_FILES = ["/usr/bin/oriond", "/usr/bin/orion-shm", "/usr/bin/orion-vm", "/usr/bin/orion-check", "/usr/bin/orion-cdi",
                 "/usr/bin/orion-controller", "/usr/bin/orion-smi", "/etc/libvirt/hooks/qemu.d/orion",
                 "/etc/orion/server.conf", "/etc/orion/controller.yaml", "/lib/systemd/system/oriond.service",
                 "/lib/systemd/system/orion-controller.service", "/var/lib/orion/", "/usr/lib/orion/libcuda.so.1",
@@ -159,6 +159,7 @@ def test_server_package_installs_into_a_clean_root(roots, server):
     assert (roots.path["server"] / "var" / "lib" / "orion").is_dir()
     unit = (roots.path["server"] / "lib" / "systemd" / "system" / "oriond.service").read_text()
     assert "ExecStart=/usr/bin/oriond --config /etc/orion/server.conf" in unit
+    assert "ExecStartPost=-/usr/bin/orion-cdi generate --output /run/cdi/orion.yaml" in unit
     hook = roots.path["server"] / "etc" / "libvirt" / "hooks" / "qemu.d" / "orion"
     assert os.access(hook, os.X_OK)
     # The hook finds the packaged orion-vm (no ORION_VM set): a domain without Orion metadata passes.
@@ -168,6 +169,12 @@ def test_server_package_installs_into_a_clean_root(roots, server):
     # Its oriond, from the installed files and the packaged config, says what it serves.
     r = roots.ok("server", "orion-check", "runtime", "server")
     assert re.search(r"Enable SHM\s+\[Yes\]", r.stdout) and "vGPU are free now" in r.stdout, r.stdout
+    # The packaged orion-cdi: the region it serves as a CDI device, the packaged client mounted.
+    import yaml
+    spec = yaml.safe_load(roots.ok("server", "orion-cdi", "generate", "--output", "-").stdout)
+    assert spec["kind"] == "orion.dev/vgpu" and "0" in {d["name"] for d in spec["devices"]}, spec
+    mounts = {m["containerPath"]: m["hostPath"] for m in spec["containerEdits"]["mounts"]}
+    assert mounts["/usr/lib/x86_64-linux-gnu/libcuda.so.1"] == "/usr/lib/orion/libcuda.so.1", mounts
     # A second oriond -d says on the terminal why it cannot serve (it used to print nothing).
     r = roots.chroot("server", "oriond", "-d", "--backend", "sim", "-p", "0")
     assert r.returncode == 1 and "is already served by another oriond" in r.stderr, r.stdout + r.stderr
