@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PREFIX, TEST_BIN, Oriond, checks, wait_until
+from conftest import PREFIX, ROOT, TEST_BIN, Oriond, checks, wait_until
 
 PODMAN = shutil.which("podman")
 
@@ -233,3 +233,33 @@ def test_a_container_reaches_a_remote_oriond_over_tcp(engine, image, tcp_oriond)
     got = checks(r.stdout)
     assert got and all(v == "ok" for v in got.values()), r.stdout
     assert re.search(r"Using Orion resource .*127\.0\.0\.1:" + str(tcp_oriond.port), r.stderr), r.stderr
+
+
+@pytest.fixture(scope="module")
+def client_image(engine):
+    """scripts/image: Debian minbase + the orion-client package + python3, imported into podman."""
+    name = f"localhost/orion-client:test-{os.getpid()}"
+    r = subprocess.run([str(ROOT / "scripts/image"), "--tag", name], capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    assert r.stdout.splitlines()[0] == name, r.stdout
+    yield name
+    engine("rmi", "-f", name)
+
+
+def test_the_client_image_runs_a_program_and_python_on_a_vgpu(engine, client_image, served):
+    """The orion-client image, as Orion's guide uses its own (`-v` of the region, `-e ORION_*`): a
+    plain nvcc program passes on a vGPU, and Python finds libcuda.so.1 (the package's ld.so.conf.d
+    entry) and counts ORION_VGPU devices."""
+    region = str(served.region)
+    common = [*ulimits(), "-v", f"{region}:{region}:rw", "-e", f"ORION_SHM={region}", "-e", "ORION_VGPU=2",
+              "-e", "ORION_GMEM=256"]
+    r = engine("run", "--rm", *common, "-v", f"{TEST_BIN / 'device_props'}:/usr/local/bin/device_props:ro",
+               client_image, "device_props")
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = checks(r.stdout)
+    assert got and all(v == "ok" for v in got.values()), r.stdout
+    py = ("import ctypes; c = ctypes.CDLL('libcuda.so.1'); n = ctypes.c_int(); "
+          "assert c.cuInit(0) == 0; assert c.cuDeviceGetCount(ctypes.byref(n)) == 0; print('DEVICES', n.value)")
+    r = engine("run", "--rm", *common, client_image, "python3", "-c", py)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"^DEVICES (\d+)$", r.stdout, re.M).group(1) == "2", r.stdout
