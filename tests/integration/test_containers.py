@@ -263,3 +263,31 @@ def test_the_client_image_runs_a_program_and_python_on_a_vgpu(engine, client_ima
     r = engine("run", "--rm", *common, client_image, "python3", "-c", py)
     assert r.returncode == 0, r.stdout + r.stderr
     assert re.search(r"^DEVICES (\d+)$", r.stdout, re.M).group(1) == "2", r.stdout
+
+
+def test_pytorch_in_the_client_image_spawns_ranks_on_its_vgpus(engine, client_image, tmp_path):
+    """The Orion PyTorch guide in a container: `--shm-size` as it says, ORION_VGPU=2, the parent
+    counts the devices and spawns two gloo ranks, each on its own vGPU of the parent's share
+    (tests/frameworks/spawn_ranks_probe.py, as test_frameworks runs it on the host). PyTorch is this
+    test run's own venv, mounted at its path (the image's python3 is the one it was made with), so
+    no 3 GB image is built; skipped without it, like test_frameworks (CI installs it)."""
+    import sys
+    pytest.importorskip("torch", reason="PyTorch not installed: scripts/venv --frameworks")
+    d = Oriond(tmp_path, conf_text="[server]\n    vgpu_count = 2\n[server-shm]\n    shm_buffer_size = 16\n",
+               extra_args=("--sim-gpus", "1", "--sim-gpu-mem", "2048"))
+    try:
+        region, venv, probes = str(d.region), Path(sys.prefix), ROOT / "tests/frameworks"
+        r = engine("run", "--rm", *ulimits(), "--shm-size", "1g", "-v", f"{region}:{region}:rw",
+                   "-v", f"{venv}:{venv}:ro", "-v", f"{probes}:{probes}:ro", "-e", f"ORION_SHM={region}",
+                   "-e", "ORION_VGPU=2", "-e", "ORION_GMEM=0", client_image, f"{venv}/bin/python",
+                   probes / "spawn_ranks_probe.py", "29517", timeout=600)
+        out = r.stdout + r.stderr
+        assert r.returncode == 0, out[-4000:]
+        assert re.findall(r"^PARENT count=(\d+)$", r.stdout, re.M) == ["2"], out[-4000:]
+        seen = {int(m.group(1)): (int(m.group(2)), m.group(3)) for m in
+                re.finditer(r"^RANK (\d+) device=(\d+) sum=(\w+)$", r.stdout, re.M)}
+        assert seen == {0: (0, "True"), 1: (1, "True")}, out[-4000:]
+        started = re.findall(r"Starting vGPU share ([0-9a-f]{8}) ", d.log())
+        assert len(started) == 1 and re.findall(r"Joining vGPU share ([0-9a-f]{8}) ", d.log()) == started, d.log()[-3000:]
+    finally:
+        d.stop()
