@@ -447,6 +447,10 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
   bool MapAtClientAddress(uint8_t* host, uint64_t bytes, uint64_t want);
 
   uint64_t TakeAddress(uint64_t bytes, uint64_t alignment = 0);
+  // [addr, addr + Granules(bytes)) itself, when it is free: granule-aligned, in the sim's address
+  // space, and neither handed out nor window memory. False (nothing taken) otherwise. For
+  // cuMemAddressReserve's fixed address, and a migrated session's ranges (docs/design/migration.md).
+  bool TakeAddressAt(uint64_t addr, uint64_t bytes);
   void GiveAddress(uint64_t addr, uint64_t bytes);
 
   SimOptions opt_;

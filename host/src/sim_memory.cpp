@@ -270,12 +270,15 @@ CUresult SimBackend::Memset(uint64_t dst, uint32_t value, uint32_t elem, uint64_
   return CUDA_SUCCESS;
 }
 
-CUresult SimBackend::MemAddressReserve(uint64_t bytes, uint64_t alignment, uint64_t, uint64_t* addr) {
-  // The fixed address is a hint (CUDA: "fixed starting address range requested"); addresses
-  // here come from the same 2 MiB-granular space as cuMemAlloc's.
+CUresult SimBackend::MemAddressReserve(uint64_t bytes, uint64_t alignment, uint64_t fixed_addr, uint64_t* addr) {
+  // The fixed address is a hint (CUDA: "fixed starting address range requested"): taken when that
+  // range is free and meets the alignment, else the range comes from the same 2 MiB-granular space
+  // as cuMemAlloc's, as the driver answers.
   void* p = ::mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
-  *addr = TakeAddress(bytes, alignment);
+  const bool fixed = fixed_addr != 0 && (alignment == 0 || fixed_addr % alignment == 0) &&
+                     TakeAddressAt(fixed_addr, bytes);
+  *addr = fixed ? fixed_addr : TakeAddress(bytes, alignment);
   reservations_[*addr] = SimReservation{bytes, static_cast<uint8_t*>(p)};
   return CUDA_SUCCESS;
 }
@@ -501,6 +504,32 @@ uint64_t SimBackend::TakeAddress(uint64_t bytes, uint64_t alignment) {
   if (addr > next_addr_) GiveAddress(next_addr_, addr - next_addr_);
   next_addr_ = addr + span;
   return addr;
+}
+
+bool SimBackend::TakeAddressAt(uint64_t addr, uint64_t bytes) {
+  constexpr uint64_t kGranule = 2ull << 20;
+  constexpr uint64_t kSimTop = 1ull << 47;  // the end of x86-64's user half: no device address beyond
+  const uint64_t span = Granules(bytes);
+  if (bytes == 0 || addr % kGranule != 0 || addr < kSimBase || span > kSimTop - addr) return false;
+  // Not over window memory mapped at a client's address (blocks beyond next_addr_).
+  auto b = blocks_.lower_bound(addr);
+  if (b != blocks_.end() && b->first < addr + span) return false;
+  if (b != blocks_.begin() && std::prev(b)->first + std::prev(b)->second.bytes > addr) return false;
+  if (addr >= next_addr_) {  // above everything handed out: the gap below it becomes free
+    if (addr > next_addr_) GiveAddress(next_addr_, addr - next_addr_);
+    next_addr_ = addr + span;
+    return true;
+  }
+  // Inside one free range: what is left on either side stays free.
+  auto it = free_addrs_.upper_bound(addr);
+  if (it == free_addrs_.begin()) return false;
+  --it;
+  const uint64_t start = it->first, len = it->second;
+  if (addr + span > start + len) return false;
+  free_addrs_.erase(it);
+  if (addr > start) free_addrs_[start] = addr - start;
+  if (start + len > addr + span) free_addrs_[addr + span] = start + len - (addr + span);
+  return true;
 }
 
 void SimBackend::GiveAddress(uint64_t addr, uint64_t bytes) {

@@ -156,6 +156,23 @@ int main() {
   CU_OK(cuMemAddressFree(base, reserve));
   ot::check("all_returned_to_quota", FreeBytes() == free0, ot::fmt("%zu vs %zu", FreeBytes(), free0));
 
+  // A fixed address (cuMemAddressReserve's `addr`, a hint): a free range is given where asked; one
+  // that is taken, or off the granularity, gives a usable range elsewhere, never an error.
+  CUdeviceptr at = 0, again_at = 0, off = 0;
+  CU_OK(cuMemAddressReserve(&at, 2 * gran, 0, base + gran, 0));
+  ot::check("reserve_at_free_fixed_address", at == base + gran,
+            ot::fmt("asked 0x%llx got 0x%llx", (unsigned long long)(base + gran), (unsigned long long)at));
+  CU_OK(cuMemAddressReserve(&again_at, gran, 0, at, 0));
+  ot::check("reserve_at_taken_address_goes_elsewhere",
+            again_at != 0 && again_at % gran == 0 && (again_at + gran <= at || again_at >= at + 2 * gran),
+            ot::fmt("0x%llx", (unsigned long long)again_at));
+  CU_OK(cuMemAddressReserve(&off, gran, 0, base + 4096, 0));
+  ot::check("reserve_at_unaligned_address_goes_elsewhere", off != 0 && off % gran == 0 && off != at,
+            ot::fmt("0x%llx", (unsigned long long)off));
+  CU_OK(cuMemAddressFree(at, 2 * gran));
+  CU_OK(cuMemAddressFree(again_at, gran));
+  CU_OK(cuMemAddressFree(off, gran));
+
   // Stream-ordered pools: the default pool counts what it hands out; a pool with maxSize is bounded.
   cudaMemPool_t def;
   CUDA_OK(cudaDeviceGetDefaultMemPool(&def, 0));
