@@ -276,8 +276,8 @@ CUresult SimBackend::MemAddressReserve(uint64_t bytes, uint64_t alignment, uint6
   // as cuMemAlloc's, as the driver answers.
   void* p = ::mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
-  const bool fixed = fixed_addr != 0 && (alignment == 0 || fixed_addr % alignment == 0) &&
-                     TakeAddressAt(fixed_addr, bytes);
+  const bool fixed =
+      fixed_addr != 0 && (alignment == 0 || fixed_addr % alignment == 0) && TakeAddressAt(fixed_addr, bytes);
   *addr = fixed ? fixed_addr : TakeAddress(bytes, alignment);
   reservations_[*addr] = SimReservation{bytes, static_cast<uint8_t*>(p)};
   return CUDA_SUCCESS;
