@@ -22,7 +22,8 @@
 //
 // Diagnostics: with ORION_COMPUTE_TRACE=<dir> in oriond's environment each worker writes
 // <dir>/compute-<pid>.txt, one line per turn taken (the other tenants' virtual times, whether they
-// wait, how long ago they left the device) and ended (its device time).
+// wait, how long ago they left the device) and ended (its device time); scripts/compute-trace
+// summarises them.
 //
 // Memory: ComputeGpu is plain data (atomics only) at a fixed place in the shared mapping; a worker
 // killed while it holds the device is cleared by oriond (Release with its pid).
