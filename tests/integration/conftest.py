@@ -251,6 +251,29 @@ def tcp_oriond(tmp_path):
     d.stop()
 
 
+def spin_kernels(procs, timeout=120):
+    """The kernel counts of tests/cuda/spin processes (Popen, text pipes), in order, once each ends
+    with its check passed ("KERNELS n MS w CHECK ok")."""
+    counts = []
+    for p in procs:
+        out, err = p.communicate(timeout=timeout)
+        m = re.search(r"^KERNELS (\d+) MS \d+ CHECK (\w+)$", out, re.M)
+        assert p.returncode == 0 and m and m.group(2) == "ok", out + err
+        counts.append(int(m.group(1)))
+    return counts
+
+
+def smi_json(d):
+    """`orion-smi --json` against oriond `d`'s control socket (its `sessions`), parsed."""
+    import json
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")}
+    env["HOME"] = str(d.tmp)
+    r = subprocess.run([str(PREFIX / "bin" / "orion-smi"), "--oriond", str(d.tmp / "oriond.sock"), "--json"], env=env,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
 def wait_until(condition, timeout=10.0, what=None, interval=0.05, alive=None):
     """Polls `condition()` until it returns a true value (returned) or `timeout` seconds pass: the
     test then fails with `what` (a string, or a callable called then: a log's tail). `alive`: a

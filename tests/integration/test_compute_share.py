@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import TEST_BIN, Oriond, wait_ready
+from conftest import TEST_BIN, Oriond, spin_kernels, wait_ready
 
 ITERS = 4000  # ~20-25 ms per kernel on the sim executor on 2 cores
 
@@ -40,13 +40,7 @@ def start_spins(oriond, tenants, window_ms, *extra):
 def spin(oriond, tenants, window_ms=5000):
     """Runs the tenants' spins in one shared window; returns their kernel counts, in order."""
     _, procs = start_spins(oriond, tenants, window_ms)
-    counts = []
-    for p in procs:
-        out, err = p.communicate(timeout=120)
-        m = re.search(r"^KERNELS (\d+) MS \d+ CHECK (\w+)$", out, re.M)
-        assert p.returncode == 0 and m and m.group(2) == "ok", out + err
-        counts.append(int(m.group(1)))
-    return counts
+    return spin_kernels(procs)
 
 
 def test_two_tenants_get_30_and_70_percent(one_gpu):

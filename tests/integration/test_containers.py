@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PREFIX, ROOT, TEST_BIN, Oriond, checks, wait_until
+from conftest import PREFIX, ROOT, TEST_BIN, Oriond, checks, smi_json, wait_until
 
 PODMAN = shutil.which("podman")
 
@@ -82,13 +82,6 @@ def image(engine, tmp_path_factory):
 
 
 @pytest.fixture
-def served(tmp_path):
-    d = Oriond(tmp_path)
-    yield d
-    d.stop()
-
-
-@pytest.fixture
 def cdi_kind():
     """A CDI kind of this test's own, its spec in /var/run/cdi; removed after."""
     kind = f"orion-test-{os.getpid()}.dev/vgpu"
@@ -98,7 +91,7 @@ def cdi_kind():
     spec.unlink(missing_ok=True)
 
 
-def test_generate_writes_one_device_per_region_and_the_client(tmp_path, served):
+def test_generate_writes_one_device_per_region_and_the_client(tmp_path, oriond):
     """The spec: CDI 0.5.0, kind orion.dev/vgpu, a device per region (its mount at its own path,
     ORION_SHM) and `all`; the client libraries and tools mounted read-only for every device."""
     import yaml
@@ -107,7 +100,7 @@ def test_generate_writes_one_device_per_region_and_the_client(tmp_path, served):
     assert r.returncode == 0, r.stderr
     spec = yaml.safe_load(r.stdout)
     assert spec["cdiVersion"] == "0.5.0" and spec["kind"] == "orion.dev/vgpu"
-    region = str(served.region)
+    region = str(oriond.region)
     devs = {d["name"]: d["containerEdits"] for d in spec["devices"]}
     assert set(devs) == {"0", "all"}
     assert devs["0"]["env"] == [f"ORION_SHM={region}"]
@@ -133,7 +126,7 @@ def test_generate_writes_one_device_per_region_and_the_client(tmp_path, served):
     assert r.returncode == 1 and "no Orion region in" in r.stderr
 
 
-def test_a_plain_image_runs_on_a_vgpu_through_cdi(tmp_path, engine, image, served, cdi_kind):
+def test_a_plain_image_runs_on_a_vgpu_through_cdi(tmp_path, engine, image, oriond, cdi_kind):
     """`podman run --device orion-test-<pid>.dev/vgpu=0` of an image holding only a plain nvcc
     program and its libc: the program sees Orion's vGPU (no LD_LIBRARY_PATH, no mounts typed)."""
     kind, spec = cdi_kind
@@ -146,18 +139,18 @@ def test_a_plain_image_runs_on_a_vgpu_through_cdi(tmp_path, engine, image, serve
     got = checks(r.stdout)
     assert got and all(v == "ok" for v in got.values()), r.stdout
     m = re.search(r"Using Orion resource \(standalone\) session-(\d+) : (\S+)/0/0$", r.stderr, re.M)
-    assert m and m.group(2) == str(served.region), r.stderr
-    assert list((served.logs / "session").glob(f"*-{m.group(1)}.log")), served.log()  # served here
+    assert m and m.group(2) == str(oriond.region), r.stderr
+    assert list((oriond.logs / "session").glob(f"*-{m.group(1)}.log")), oriond.log()  # its session log is here
     # Without the device the same image has no CUDA driver at all.
     r = engine("run", "--rm", *ulimits(), image, "/usr/bin/device_props")
     assert r.returncode != 0
 
 
-def test_the_guides_way_with_manual_mounts(tmp_path, engine, image, served):
+def test_the_guides_way_with_manual_mounts(tmp_path, engine, image, oriond):
     """Orion's guide: the region bound at its path and ORION_* set by hand (`-v REGION:REGION:rw -e
     ORION_SHM=...`), the client from the host's lib/orion (-v ...:/usr/lib/orion:ro with
     LD_LIBRARY_PATH, since this image holds no Orion client)."""
-    region = str(served.region)
+    region = str(oriond.region)
     lib = PREFIX / "lib/orion"
     r = engine("run", "--rm", *ulimits(), "-v", f"{region}:{region}:rw", "-v", f"{lib}:/usr/lib/orion:ro",
                "-e", "LD_LIBRARY_PATH=/usr/lib/orion", "-e", f"ORION_SHM={region}", "-e", "ORION_VGPU=1",
@@ -165,17 +158,6 @@ def test_the_guides_way_with_manual_mounts(tmp_path, engine, image, served):
     assert r.returncode == 0, r.stdout + r.stderr
     got = checks(r.stdout)
     assert got and all(v == "ok" for v in got.values()), r.stdout
-
-
-def sessions(d):
-    """oriond's sessions (its control socket's `sessions`, as orion-smi --json gets them)."""
-    import json
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")}
-    env["HOME"] = str(d.tmp)
-    r = subprocess.run([str(PREFIX / "bin/orion-smi"), "--oriond", str(d.tmp / "oriond.sock"), "--json"], env=env,
-                       capture_output=True, text=True, timeout=30)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
 
 
 def test_two_containers_on_two_regions_are_isolated(tmp_path, engine, image, cdi_kind):
@@ -200,7 +182,7 @@ def test_two_containers_on_two_regions_are_isolated(tmp_path, engine, image, cdi
             assert r.returncode == 0, r.stderr
         for name in names:
             wait_until(lambda: "READY" in engine("logs", name).stdout, 30, f"{name} never got its vGPU")
-        assert len(sessions(a)) == 1 and len(sessions(b)) == 1
+        assert len(smi_json(a)) == 1 and len(smi_json(b)) == 1
         # Container 1 has region 1 and not region 0: a client there pointed at region 0 finds no file.
         r = engine("exec", "-e", f"ORION_SHM={a.region}", "-e", "ORION_VGPU=1", "-e", "ORION_GMEM=64", names[1],
                    "/usr/bin/device_props")
@@ -213,8 +195,8 @@ def test_two_containers_on_two_regions_are_isolated(tmp_path, engine, image, cdi
         assert re.search(r"Using Orion resource \(standalone\) session-\d+ : " + re.escape(str(b.region)), r.stderr)
         # Killing container 0 frees its vGPU at oriond A (the lease lapses: 1 s here); B's runs on.
         assert engine("kill", names[0]).returncode == 0
-        wait_until(lambda: sessions(a) == [], 20, "oriond A kept the killed container's session")
-        assert len(sessions(b)) == 1
+        wait_until(lambda: smi_json(a) == [], 20, "oriond A kept the killed container's session")
+        assert len(smi_json(b)) == 1
     finally:
         for name in names:
             engine("rm", "-f", name)
@@ -224,7 +206,7 @@ def test_two_containers_on_two_regions_are_isolated(tmp_path, engine, image, cdi
 
 def test_a_container_reaches_a_remote_oriond_over_tcp(engine, image, tcp_oriond):
     """The guide's remote way: no region in the container, `--net host` and ORION_SERVER naming
-    oriond's TCP address; the client from the host's lib/orion. The session is served over TCP."""
+    oriond's TCP address; the client from the host's lib/orion. The session is oriond over TCP."""
     lib = PREFIX / "lib/orion"
     r = engine("run", "--rm", *ulimits(), "--network", "host", "-v", f"{lib}:/usr/lib/orion:ro",
                "-e", "LD_LIBRARY_PATH=/usr/lib/orion", "-e", f"ORION_SERVER=127.0.0.1:{tcp_oriond.port}",
@@ -246,11 +228,11 @@ def client_image(engine):
     engine("rmi", "-f", name)
 
 
-def test_the_client_image_runs_a_program_and_python_on_a_vgpu(engine, client_image, served):
+def test_the_client_image_runs_a_program_and_python_on_a_vgpu(engine, client_image, oriond):
     """The orion-client image, as Orion's guide uses its own (`-v` of the region, `-e ORION_*`): a
     plain nvcc program passes on a vGPU, and Python finds libcuda.so.1 (the package's ld.so.conf.d
     entry) and counts ORION_VGPU devices."""
-    region = str(served.region)
+    region = str(oriond.region)
     common = [*ulimits(), "-v", f"{region}:{region}:rw", "-e", f"ORION_SHM={region}", "-e", "ORION_VGPU=2",
               "-e", "ORION_GMEM=256"]
     r = engine("run", "--rm", *common, "-v", f"{TEST_BIN / 'device_props'}:/usr/local/bin/device_props:ro",

@@ -5,7 +5,7 @@ modules, launches, streams, events, the quota) then meets a complete driver-API 
 and the results that B's PTX executor computes come back through both hops."""
 import pytest
 
-from conftest import PREFIX, TEST_BIN, Oriond, assert_passed, checks, launched, outcomes_of
+from conftest import PREFIX, TEST_BIN, Oriond, assert_passed, checks, launched, outcomes_of, smi_json, spin_kernels
 
 
 @pytest.fixture
@@ -76,9 +76,6 @@ def test_the_cuda_backend_enforces_and_reports_compute_shares(tmp_path, monkeypa
     A get their ratios of the device within 3 points, and A's `sessions` (orion-smi) reports the
     shares as enforced and measured (it said "(off)" for the cuda backend before). B runs without a
     scheduler (--compute-share off), so only A's turns order the kernels."""
-    import json
-    import os
-    import re
     import subprocess
     import time
     (tmp_path / "b").mkdir()
@@ -98,25 +95,16 @@ def test_the_cuda_backend_enforces_and_reports_compute_shares(tmp_path, monkeypa
                                   env=a.env(ORION_GMEM=256, ORION_RATIO=r), stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True) for r in (30, 70)]
         time.sleep(max(0.0, (start + 3500) / 1000 - time.time()))
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ORION_")}
-        env["HOME"] = str(a.tmp)
-        smi = subprocess.run([str(PREFIX / "bin" / "orion-smi"), "--oriond", str(a.tmp / "oriond.sock"), "--json"],
-                             env=env, capture_output=True, text=True, timeout=30)
-        counts = []
-        for p in procs:
-            out, err = p.communicate(timeout=120)
-            m = re.search(r"^KERNELS (\d+) MS \d+ CHECK (\w+)$", out, re.M)
-            assert p.returncode == 0 and m and m.group(2) == "ok", out + err
-            counts.append(int(m.group(1)))
+        smi = smi_json(a)
+        counts = spin_kernels(procs)
         share = counts[0] / sum(counts)
         print(f"cuda backend 30/70: {counts}, {share:.3f}")
         assert 0.27 <= share <= 0.33, counts
-        assert smi.returncode == 0, smi.stderr
         got = {}
-        for s in json.loads(smi.stdout):
+        for s in smi:
             k = s["placements"][0]["compute"]
             got[k["ratio"]] = k
-        assert set(got) == {30, 70}, smi.stdout
+        assert set(got) == {30, 70}, smi
         for ratio, k in got.items():
             assert k["enforced"] is True and k["policy"] == "share", k
             assert abs(k["share_1s"] - ratio / 100) <= 0.10 and k["device_s"] > 0 and k["turns"] > 0, got
