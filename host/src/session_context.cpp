@@ -11,7 +11,9 @@ CUresult Session::OnCtxCreate(const CtxCreateReq& q, Call& c) {
   void* ctx = nullptr;
   r = b_->CtxCreate(q.device, q.flags, &ctx);
   if (r == CUDA_SUCCESS) {
-    const uint64_t id = AddHandle({Kind::kCtx, ctx, q.device, 0, {}});
+    Obj o{Kind::kCtx, ctx, q.device, 0, {}};
+    o.flags = q.flags;
+    const uint64_t id = AddHandle(std::move(o));
     c.Put(HandleRep{id});
     cur_ctx_ = id;
     cur_dev_ = q.device;
@@ -26,6 +28,7 @@ CUresult Session::OnCtxDestroy(const HandleReq& q, Call& /*c*/) {
   r = b_->CtxDestroy(o->backend);
   if (r == CUDA_SUCCESS) {
     handles_.Erase(q.handle);
+    ctx_limits_.erase(q.handle);
     if (cur_ctx_ == q.handle) cur_ctx_ = 0;
   }
   return r;
@@ -52,7 +55,11 @@ CUresult Session::OnPrimaryCtxRetain(const DeviceReq& q, Call& c) {
   r = b_->PrimaryCtxRetain(q.device, &ctx);
   if (r == CUDA_SUCCESS) {
     uint64_t& id = primary_ids_[ctx];
-    if (id == 0 || Find(id, Kind::kCtx) == nullptr) id = AddHandle({Kind::kCtx, ctx, q.device, 0, {}});
+    if (id == 0 || Find(id, Kind::kCtx) == nullptr) {
+      Obj o{Kind::kCtx, ctx, q.device, 0, {}};
+      o.primary = true;
+      id = AddHandle(std::move(o));
+    }
     c.Put(HandleRep{id});
     if (cur_ctx_ == 0) {
       cur_ctx_ = id;
@@ -115,7 +122,10 @@ CUresult Session::OnPrimaryCtxReset(const DeviceReq& q, Call& /*c*/) {
 }
 
 CUresult Session::OnCtxSetLimit(const LimitReq& q, Call& /*c*/) {
-  return cur_ctx_ == 0 ? CUDA_ERROR_INVALID_CONTEXT : b_->CtxSetLimit(q.limit, q.value);
+  if (cur_ctx_ == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  const CUresult r = b_->CtxSetLimit(q.limit, q.value);
+  if (r == CUDA_SUCCESS) ctx_limits_[cur_ctx_][q.limit] = q.value;  // a migration sets it again
+  return r;
 }
 
 CUresult Session::OnCtxGetLimit(const LimitReq& q, Call& c) {

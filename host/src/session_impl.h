@@ -27,6 +27,7 @@
 
 #include "module_images.h"
 #include "session_state.h"
+#include "snapshot_stream.h"
 #include "orion/common/clock.h"
 #include "orion/common/text.h"
 #include "orion/fatbin/fatbin.h"
@@ -121,6 +122,21 @@ class Session : private SessionState {
   // the reply's status and *reply its payload.
   bool Dispatch(const FrameHeader& h, const uint8_t* payload, std::vector<uint8_t>* reply, int32_t* status,
                 std::string* why);
+  // Live migration (issue #24; docs/design/migration.md; session_snapshot.cpp), between frames.
+  // Snapshot: drains the session (every context synchronized) and writes its state to `out`: its
+  // contexts with their limits, device allocations with their bytes, VMM reservations, physical
+  // allocations and mappings, modules with their images and device variables, functions with the
+  // attributes set on them, streams, events, and its launch scratch charge. False, with why, when
+  // it holds what cannot move (IPC memory or events, mapped host memory, CUDA arrays and texture
+  // objects, an unmapped physical allocation's bytes, a context with a pending error, a module
+  // image the cache no longer has) or `out` breaks; the session is unchanged and serves on.
+  bool Snapshot(SnapshotWriter& out, std::string* why);
+  // Restore: makes this session, started and still empty, the one `in` describes: every object
+  // at the same device address and with the same handle, charged to this session's quota. `in` is
+  // hostile input, checked as frames are. False, with why, at the first thing wrong; the session
+  // is then partly restored and must end (its worker exits, and everything goes with it).
+  bool Restore(SnapshotReader& in, std::string* why);
+
   // The session's last log line on how it waited while idle.
   void LogWaits() const {
     const std::string w = ch_->WaitStats();
@@ -208,6 +224,30 @@ class Session : private SessionState {
     }
     return encode(rep->opaque);
   }
+  // cuEventElapsedTime when either event was recorded before this session moved here.
+  CUresult MovedElapsedTime(uint64_t start, uint64_t end, float* ms);
+  // Snapshot and Restore, record by record (session_snapshot.cpp).
+  bool CanMove(std::string* why);
+  bool SnapshotBody(SnapshotWriter& out, const std::map<uint64_t, void*>& marks, std::string* why);
+  bool SnapshotMemory(SnapshotWriter& out, std::string* why);
+  bool SnapshotModules(SnapshotWriter& out, std::string* why);
+  bool RestoreRecord(uint32_t kind, std::span<const uint8_t> body, uint64_t contents, SnapshotReader& in,
+                     std::string* why);
+  bool RestoreAlloc(std::span<const uint8_t> body, uint64_t contents, SnapshotReader& in, std::string* why);
+  bool RestoreVmm(uint32_t kind, std::span<const uint8_t> body, uint64_t contents, SnapshotReader& in,
+                  std::string* why);
+  bool RestoreModule(uint32_t kind, std::span<const uint8_t> body, uint64_t contents, SnapshotReader& in,
+                     std::string* why);
+  bool RestoreQueue(uint32_t kind, std::span<const uint8_t> body, std::string* why);
+  bool UseContextOf(uint64_t ctx, std::string* why);
+  // Restore's bookkeeping: the snapshot's header was read, and the module variables placed (their
+  // ranges: the only ones an uncounted allocation record may name).
+  bool restore_header_ = false;
+  uint64_t restore_next_handle_ = 0;
+  uint64_t restore_cur_ctx_ = 0;
+  uint32_t restore_cur_dev_ = 0;
+  std::map<uint64_t, uint64_t> restore_globals_;
+
   // Checks one side of a MemcpyArray and fills the backend's view of it.
   bool CopySideOk(uint32_t side, uint64_t at, uint64_t pitch, uint64_t x, uint64_t y, uint64_t z, uint64_t width,
                   uint64_t height, Backend::CopySide* out);

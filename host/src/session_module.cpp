@@ -126,7 +126,11 @@ CUresult Session::OnModuleLoad(const ModuleLoadReq& q, Call& c) {
   void* mod = nullptr;
   r = b_->ModuleLoad(std::span<const uint8_t>(img->data(), img->size()), &mod);
   if (r == CUDA_SUCCESS) {
-    c.Put(ModuleLoadRep{AddHandle({Kind::kModule, mod, cur_dev_, cur_ctx_, {}}), 0, 0});
+    Obj o{Kind::kModule, mod, cur_dev_, cur_ctx_, {}};
+    o.hash_lo = q.hash_lo;
+    o.hash_hi = q.hash_hi;
+    o.image_bytes = q.image_bytes;
+    c.Put(ModuleLoadRep{AddHandle(std::move(o)), 0, 0});
     // It parsed: into the host's cache, and out of this worker's memory (the backend has it).
     const std::string hex = ModuleImages::Hex(q.hash_lo, q.hash_hi);
     images_.Cache(hex, *img);
@@ -178,6 +182,7 @@ CUresult Session::OnModuleUnload(const HandleReq& q, Call& /*c*/) {
     for (uint64_t fid : mf->second) {
       if (const Obj* fn = handles_.Find(fid); fn != nullptr) {
         function_ids_.erase(fn->backend);
+        func_attrs_.erase(fid);
         handles_.Erase(fid);
       }
     }
@@ -222,7 +227,9 @@ CUresult Session::OnModuleGetFunction(const ModuleSymbolReq& q, Call& c) {
   if (auto known = function_ids_.find(fn); known != function_ids_.end()) id = known->second;
   if (id == 0 && HandlesFull()) return CUDA_ERROR_OUT_OF_MEMORY;
   if (id == 0) {
-    id = AddHandle({Kind::kFunction, fn, o->dev, q.module, layout});
+    Obj f{Kind::kFunction, fn, o->dev, q.module, layout};
+    f.name = name;
+    id = AddHandle(std::move(f));
     function_ids_[fn] = id;
     module_functions_[q.module].push_back(id);
   }
@@ -266,7 +273,10 @@ CUresult Session::OnFuncGetAttribute(const FuncAttributeReq& q, Call& c) {
 
 CUresult Session::OnFuncSetAttribute(const FuncAttributeReq& q, Call& /*c*/) {
   Obj* o = Find(q.function, Kind::kFunction);
-  return o == nullptr ? CUDA_ERROR_INVALID_HANDLE : b_->FuncSetAttribute(o->backend, q.attribute, q.value);
+  if (o == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  const CUresult r = b_->FuncSetAttribute(o->backend, q.attribute, q.value);
+  if (r == CUDA_SUCCESS) func_attrs_[q.function][q.attribute] = q.value;  // a migration sets it again
+  return r;
 }
 
 CUresult Session::OnLaunchKernel(const LaunchReq& q, Call& c) {

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <set>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -27,6 +28,15 @@ struct Obj {
   uint64_t owner = 0;   // function: its module; module/stream/event: its context
   KernelLayout layout;  // functions
   uint64_t bytes = 0;   // physical allocations (cuMemCreate): size, charged to the quota
+  // What re-creates the object elsewhere (live migration, session_snapshot.cpp): the flags it was
+  // created with (contexts, streams, events), a stream's priority, whether a context is its
+  // device's primary one, a module's image (XXH3-128 hash and size: the host's module cache holds
+  // the bytes), a function's name.
+  uint32_t flags = 0;
+  int32_t priority = 0;
+  bool primary = false;
+  uint64_t hash_lo = 0, hash_hi = 0, image_bytes = 0;
+  std::string name{};
 };
 
 // Virtual memory management: a reserved address range, and a mapping of a physical allocation
@@ -40,6 +50,9 @@ struct Mapping {
   uint64_t bytes;
   uint64_t physical;        // key of physicals_
   bool accessible = false;  // cuMemSetAccess granted: a device range for copies and launches
+  uint64_t offset = 0;      // where in the physical allocation the mapping starts (cuMemMap's offset)
+  uint32_t access_dev = 0;  // the device and CUmemAccess_flags cuMemSetAccess last granted
+  uint32_t access_flags = 0;
 };
 struct Physical {
   void* backend;
@@ -237,6 +250,24 @@ struct SessionState {
   std::vector<uint64_t> scratch_;   // per device: local and shared memory charged for launches (LaunchScratchBytes)
   uint64_t cur_ctx_ = 0;
   uint32_t cur_dev_ = 0;
+  // What the backend holds and a migration must set again (session_snapshot.cpp): limits set per
+  // context (cuCtxSetLimit), attributes set per function (cuFuncSetAttribute), attributes set per
+  // stream (cuStreamSetAttribute: the 64-byte CUstreamAttrValue).
+  std::map<uint64_t, std::map<uint32_t, uint64_t>> ctx_limits_;
+  std::map<uint64_t, std::map<int, int>> func_attrs_;
+  std::map<std::pair<uint64_t, uint32_t>, std::vector<uint8_t>> stream_attrs_;
+  // Events recorded before this session moved here (Restore): each one's time before the snapshot
+  // (ms), or the CUresult cuEventElapsedTime gave for it there (never recorded, or no timing).
+  // cuEventElapsedTime between two of them is their difference; between one of them and an event
+  // recorded here it adds the move's gap (wall clock) and the time since `moved_base_`, an event
+  // recorded at the restore.
+  struct MovedEvent {
+    double ms_before = 0;
+    CUresult timing = CUDA_SUCCESS;
+  };
+  std::unordered_map<uint64_t, MovedEvent> moved_events_;
+  void* moved_base_ = nullptr;
+  double moved_gap_ms_ = 0;
 };
 
 }  // namespace orion::host::detail

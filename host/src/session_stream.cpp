@@ -34,7 +34,12 @@ CUresult Session::OnStreamCreate(const StreamCreateReq& q, Call& c) {
   if (HandlesFull()) return CUDA_ERROR_OUT_OF_MEMORY;
   void* s = nullptr;
   r = b_->StreamCreate(q.flags, q.priority, &s);
-  if (r == CUDA_SUCCESS) c.Put(HandleRep{AddHandle({Kind::kStream, s, cur_dev_, cur_ctx_, {}})});
+  if (r == CUDA_SUCCESS) {
+    Obj o{Kind::kStream, s, cur_dev_, cur_ctx_, {}};
+    o.flags = q.flags;
+    o.priority = q.priority;
+    c.Put(HandleRep{AddHandle(std::move(o))});
+  }
   return r;
 }
 
@@ -42,7 +47,11 @@ CUresult Session::OnStreamDestroy(const HandleReq& q, Call& /*c*/) {
   void* s = nullptr;
   if (q.handle == 0 || !Stream(q.handle, &s)) return CUDA_ERROR_INVALID_HANDLE;  // the null stream stays
   const CUresult r = b_->StreamDestroy(s);
-  if (r == CUDA_SUCCESS) handles_.Erase(q.handle);
+  if (r == CUDA_SUCCESS) {
+    handles_.Erase(q.handle);
+    stream_attrs_.erase({q.handle, CU_STREAM_ATTRIBUTE_ACCESS_POLICY_WINDOW});
+    stream_attrs_.erase({q.handle, CU_STREAM_ATTRIBUTE_SYNCHRONIZATION_POLICY});
+  }
   return r;
 }
 
@@ -74,6 +83,7 @@ CUresult Session::OnStreamAttribute(const StreamAttrReq& q, Call& c) {
   if (q.set > 1 || !StreamAttrValid(q.attr, q.set != 0, rep.value)) return CUDA_ERROR_INVALID_VALUE;
   r = b_->StreamAttribute(s, q.attr, q.set != 0, rep.value);
   if (r == CUDA_SUCCESS) c.Put(rep);
+  if (r == CUDA_SUCCESS && q.set != 0) stream_attrs_[{q.stream, q.attr}].assign(q.value, q.value + sizeof q.value);
   return r;
 }
 
@@ -83,7 +93,11 @@ CUresult Session::OnEventCreate(const EventCreateReq& q, Call& c) {
   if (HandlesFull()) return CUDA_ERROR_OUT_OF_MEMORY;
   void* e = nullptr;
   r = b_->EventCreate(q.flags, &e);
-  if (r == CUDA_SUCCESS) c.Put(HandleRep{AddHandle({Kind::kEvent, e, cur_dev_, cur_ctx_, {}})});
+  if (r == CUDA_SUCCESS) {
+    Obj o{Kind::kEvent, e, cur_dev_, cur_ctx_, {}};
+    o.flags = q.flags;
+    c.Put(HandleRep{AddHandle(std::move(o))});
+  }
   return r;
 }
 
@@ -94,6 +108,7 @@ CUresult Session::OnEventDestroy(const HandleReq& q, Call& /*c*/) {
   if (r == CUDA_SUCCESS) {
     handles_.Erase(q.handle);
     ipc_event_exports_.erase(q.handle);
+    moved_events_.erase(q.handle);
   }
   return r;
 }
@@ -112,7 +127,9 @@ CUresult Session::OnEventRecord(const EventRecordReq& q, Call& /*c*/) {
   Obj* e = Find(q.event, Kind::kEvent);
   void* s = nullptr;
   if (e == nullptr || !Stream(q.stream, &s)) return CUDA_ERROR_INVALID_HANDLE;
-  return b_->EventRecord(e->backend, s);
+  const CUresult r = b_->EventRecord(e->backend, s);
+  if (r == CUDA_SUCCESS) moved_events_.erase(q.event);  // recorded here now
+  return r;
 }
 
 CUresult Session::OnEventElapsedTime(const EventElapsedReq& q, Call& c) {
@@ -121,7 +138,11 @@ CUresult Session::OnEventElapsedTime(const EventElapsedReq& q, Call& c) {
   Obj* b = Find(q.end, Kind::kEvent);
   if (a == nullptr || b == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   F32Rep rep{0, 0};
-  r = b_->EventElapsedTime(a->backend, b->backend, &rep.ms);
+  if (!moved_events_.empty() && (moved_events_.count(q.start) != 0 || moved_events_.count(q.end) != 0)) {
+    r = MovedElapsedTime(q.start, q.end, &rep.ms);
+  } else {
+    r = b_->EventElapsedTime(a->backend, b->backend, &rep.ms);
+  }
   c.Put(rep);
   return r;
 }

@@ -7,8 +7,10 @@
 
 #include <array>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #define XXH_INLINE_ALL
@@ -135,6 +137,7 @@ class SessionTest : public ::testing::Test {
     EXPECT_EQ(Status(Op::kBlobPut, BlobPutReq{h.low64, h.high64, image.size(), 0, 0, image.size()}), CUDA_SUCCESS);
     const Outcome m = Send(Op::kModuleLoad, ModuleLoadReq{h.low64, h.high64, image.size()});
     EXPECT_TRUE(m.served && m.status == CUDA_SUCCESS) << m.why << " " << m.status;
+    module_ = m.As<ModuleLoadRep>().module;
     std::vector<uint8_t> get(sizeof(ModuleSymbolReq) + name.size() + 1);
     const ModuleSymbolReq q{m.As<ModuleLoadRep>().module, static_cast<uint32_t>(name.size() + 1), 0};
     std::memcpy(get.data(), &q, sizeof q);
@@ -144,10 +147,36 @@ class SessionTest : public ::testing::Test {
     return f.As<FunctionRep>().function;
   }
 
+  // Starts another session (the fixture's requests go to it from now on) and returns the one it
+  // served until now, which lives on.
+  std::unique_ptr<Session> Replace(uint64_t quota) {
+    auto old = std::move(session_);
+    Open(quota);
+    return old;
+  }
+  // A symbol request (ModuleGetFunction, ModuleGetGlobal) of `name` in `module`.
+  Outcome Symbol(Op op, uint64_t module, const std::string& name) {
+    std::vector<uint8_t> get(sizeof(ModuleSymbolReq) + name.size() + 1);
+    const ModuleSymbolReq q{module, static_cast<uint32_t>(name.size() + 1), 0};
+    std::memcpy(get.data(), &q, sizeof q);
+    std::memcpy(get.data() + sizeof q, name.c_str(), name.size() + 1);
+    return Raw(static_cast<uint16_t>(op), get.data(), static_cast<uint32_t>(get.size()));
+  }
+  // `bytes` of device memory at `dptr`, read through the window.
+  std::vector<uint8_t> Read(uint64_t dptr, uint64_t bytes) {
+    EXPECT_EQ(Status(Op::kMemcpyDtoH, MemcpyReq{0, dptr, bytes, 0}), CUDA_SUCCESS);
+    return std::vector<uint8_t>(channel_->window(), channel_->window() + bytes);
+  }
+  void Write(uint64_t dptr, const std::vector<uint8_t>& bytes) {
+    std::memcpy(channel_->window(), bytes.data(), bytes.size());
+    EXPECT_EQ(Status(Op::kMemcpyHtoD, MemcpyReq{dptr, 0, bytes.size(), 0}), CUDA_SUCCESS);
+  }
+
   SessionParams params_;
   MemoryChannel* channel_ = nullptr;
   std::unique_ptr<Session> session_;
   uint32_t seq_ = 0;
+  uint64_t module_ = 0;  // the module Function loaded last
 };
 
 // Every row of ops.def reaches a handler of its own. A request of the row's shape, all zeros, is
@@ -342,6 +371,259 @@ TEST_F(SessionTest, SymbolLookupsCheckTheirNameAndModule) {
     EXPECT_TRUE(o.served) << o.why;
     EXPECT_EQ(o.status, CUDA_ERROR_INVALID_HANDLE);
   }
+}
+
+// ---- Live migration, step 1 (issue #24): a session's snapshot restored into another session ----
+
+// A kernel that adds 1 to p[tid] and counts its threads in a module variable (initially 7).
+constexpr char kBumpPtx[] =
+    ".version 8.0\n.target sm_90\n.address_size 64\n"
+    ".visible .global .align 4 .u32 calls = 7;\n"
+    ".visible .entry bump(.param .u64 p)\n{\n"
+    "  .reg .u64 %rd<4>;\n  .reg .u32 %r<4>;\n"
+    "  ld.param.u64 %rd1, [p];\n  cvta.to.global.u64 %rd1, %rd1;\n"
+    "  mov.u32 %r1, %tid.x;\n  mul.wide.u32 %rd2, %r1, 4;\n  add.u64 %rd1, %rd1, %rd2;\n"
+    "  ld.global.u32 %r2, [%rd1];\n  add.u32 %r2, %r2, 1;\n  st.global.u32 [%rd1], %r2;\n"
+    "  atom.global.add.u32 %r3, [calls], 1;\n  ret;\n}\n";
+
+class MigrationTest : public SessionTest {
+ protected:
+  void SetUp() override {
+    cache_ = std::filesystem::temp_directory_path() / ("orion-snapshot-test-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(cache_);
+    params_.cache_dir = cache_.string();
+    Open(64 * kMiB);
+  }
+  void TearDown() override { std::filesystem::remove_all(cache_); }
+
+  CUresult Bump(uint64_t fn, uint64_t stream, uint64_t p, uint32_t threads) {
+    std::vector<uint8_t> frame(sizeof(LaunchReq) + sizeof p);
+    LaunchReq q{};
+    q.function = fn;
+    q.stream = stream;
+    q.grid[0] = q.grid[1] = q.grid[2] = 1;
+    q.block[0] = threads;
+    q.block[1] = q.block[2] = 1;
+    q.param_bytes = sizeof p;
+    std::memcpy(frame.data(), &q, sizeof q);
+    std::memcpy(frame.data() + sizeof q, &p, sizeof p);
+    const Outcome o = Raw(static_cast<uint16_t>(Op::kLaunchKernel), frame.data(), static_cast<uint32_t>(frame.size()));
+    EXPECT_TRUE(o.served) << o.why;
+    return o.status;
+  }
+  static uint32_t Word(const std::vector<uint8_t>& b, size_t i) {
+    uint32_t v = 0;
+    std::memcpy(&v, b.data() + 4 * i, 4);
+    return v;
+  }
+  static std::vector<uint8_t> Pattern(size_t bytes, uint8_t seed) {
+    std::vector<uint8_t> v(bytes);
+    for (size_t i = 0; i < bytes; ++i) v[i] = static_cast<uint8_t>(i * 7 + seed + (i >> 12));
+    return v;
+  }
+
+  std::filesystem::path cache_;
+};
+
+// Everything the program holds works after the restore, under the same handles and at the same
+// device addresses, with the same bytes and the same quota charge; the handles it gets next
+// collide with none of them.
+TEST_F(MigrationTest, ARestoredSessionServesTheSameHandlesAddressesAndBytes) {
+  const uint64_t ctx = Context();
+  const uint64_t fn = Function(kBumpPtx, "bump");
+  ASSERT_NE(fn, 0u);
+  const uint64_t a = Alloc(3 * kMiB + 100);
+  const std::vector<uint8_t> a_bytes = Pattern(3 * kMiB + 100, 1);
+  Write(a, a_bytes);
+  const Outcome created = Send(Op::kStreamCreate, StreamCreateReq{CU_STREAM_NON_BLOCKING, -1});
+  ASSERT_EQ(created.status, CUDA_SUCCESS);
+  const uint64_t stream = created.As<HandleRep>().handle;
+  ASSERT_EQ(Bump(fn, stream, a, 256), CUDA_SUCCESS);
+  const Outcome ev = Send(Op::kEventCreate, EventCreateReq{CU_EVENT_DEFAULT, 0});
+  const uint64_t before = ev.As<HandleRep>().handle;
+  ASSERT_EQ(Status(Op::kEventRecord, EventRecordReq{before, stream}), CUDA_SUCCESS);
+  // The module variable, as cudaMemcpyFromSymbol finds it.
+  const uint64_t module = module_;
+  const Outcome g = Symbol(Op::kModuleGetGlobal, module, "calls");
+  ASSERT_EQ(g.status, CUDA_SUCCESS);
+  const GlobalRep calls = g.As<GlobalRep>();
+  ASSERT_EQ(calls.bytes, 4u);
+  // VMM: a reservation with a physical allocation mapped at its start, released while mapped.
+  const uint64_t res = Send(Op::kMemAddressReserve, MemReserveReq{2 * kVmmGranularity, 0, 0}).As<U64Rep>().value;
+  const uint64_t phys = Send(Op::kMemCreate, MemCreateReq{kVmmGranularity, 0, 0}).As<HandleRep>().handle;
+  ASSERT_EQ(Status(Op::kMemMap, MemMapReq{res, kVmmGranularity, 0, phys}), CUDA_SUCCESS);
+  ASSERT_EQ(Status(Op::kMemSetAccess, MemSetAccessReq{res, kVmmGranularity, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE}),
+            CUDA_SUCCESS);
+  const std::vector<uint8_t> v_bytes = Pattern(kVmmGranularity, 9);
+  Write(res, v_bytes);
+  ASSERT_EQ(Status(Op::kMemRelease, HandleReq{phys}), CUDA_SUCCESS);
+  ASSERT_EQ(Status(Op::kCtxSetLimit, LimitReq{CU_LIMIT_STACK_SIZE, 0, 4096}), CUDA_SUCCESS);
+  const DeviceMemoryRep charged = Send(Op::kDeviceMemoryInfo, DeviceReq{0, 0}).As<DeviceMemoryRep>();
+
+  VectorWriter snap;
+  std::string why;
+  ASSERT_TRUE(session_->Snapshot(snap, &why)) << why;
+  EXPECT_GT(snap.bytes().size(), 3 * kMiB + kVmmGranularity);  // both allocations' bytes are in it
+
+  const std::unique_ptr<Session> source = Replace(64 * kMiB);
+  SpanReader in(snap.bytes());
+  ASSERT_TRUE(session_->Restore(in, &why)) << why;
+
+  // The same charge on the target's quota.
+  const DeviceMemoryRep now = Send(Op::kDeviceMemoryInfo, DeviceReq{0, 0}).As<DeviceMemoryRep>();
+  EXPECT_EQ(now.allocated, charged.allocated);
+  // The same bytes at the same addresses, then the same function on the same stream.
+  EXPECT_EQ(Read(a, 3 * kMiB + 100)[4 * 256 + 5], a_bytes[4 * 256 + 5]);
+  ASSERT_EQ(Bump(fn, stream, a, 256), CUDA_SUCCESS);
+  ASSERT_EQ(Status(Op::kStreamSynchronize, HandleReq{stream}), CUDA_SUCCESS);
+  const std::vector<uint8_t> after = Read(a, 3 * kMiB + 100);
+  for (size_t i = 0; i < 256; ++i) EXPECT_EQ(Word(after, i), Word(a_bytes, i) + 2) << i;
+  EXPECT_EQ(Word(after, 256), Word(a_bytes, 256));
+  EXPECT_EQ(after.back(), a_bytes.back());
+  EXPECT_EQ(Read(res, kVmmGranularity), v_bytes);
+  // The module variable: at its address, counting on from where it was (7 + 256 + 256).
+  EXPECT_EQ(Word(Read(calls.dptr, 4), 0), 7u + 512u);
+  const GlobalRep again = Symbol(Op::kModuleGetGlobal, module, "calls").As<GlobalRep>();
+  EXPECT_EQ(again.dptr, calls.dptr);
+  EXPECT_EQ(Status(Op::kEventQuery, HandleReq{before}), CUDA_SUCCESS);
+  const Outcome lim = Send(Op::kCtxGetLimit, LimitReq{CU_LIMIT_STACK_SIZE, 0, 0});
+  EXPECT_EQ(lim.As<U64Rep>().value, 4096u);
+  // New handles and addresses collide with none of the restored ones.
+  const uint64_t b = Alloc(kMiB);
+  EXPECT_TRUE(b >= a + 3 * kMiB + 100 || b + kMiB <= a) << std::hex << a << " " << b;
+  const uint64_t s2 = Send(Op::kStreamCreate, StreamCreateReq{0, 0}).As<HandleRep>().handle;
+  EXPECT_GT(s2, std::max({ctx, fn, stream, before}));
+  // The objects go as they would have at the source.
+  EXPECT_EQ(Status(Op::kMemUnmap, MemRangeReq{res, kVmmGranularity}), CUDA_SUCCESS);
+  EXPECT_EQ(Status(Op::kMemAddressFree, MemRangeReq{res, 2 * kVmmGranularity}), CUDA_SUCCESS);
+  EXPECT_EQ(Status(Op::kMemFree, MemFreeReq{a}), CUDA_SUCCESS);
+  EXPECT_EQ(Status(Op::kStreamDestroy, HandleReq{stream}), CUDA_SUCCESS);
+}
+
+// What cannot move is refused before anything changes, with the reason; the session serves on.
+TEST_F(MigrationTest, WhatCannotMoveIsRefusedWithItsReason) {
+  Context();
+  const uint64_t a = Alloc(kMiB);
+  const Outcome arr = Send(Op::kArrayCreate, ArrayCreateReq{64, 64, 0, CU_AD_FORMAT_FLOAT, 1, 0, 0});
+  ASSERT_EQ(arr.status, CUDA_SUCCESS);
+  VectorWriter snap;
+  std::string why;
+  EXPECT_FALSE(session_->Snapshot(snap, &why));
+  EXPECT_EQ(why, "it holds CUDA arrays or texture or surface objects, which do not move yet");
+  EXPECT_TRUE(snap.bytes().empty());
+  EXPECT_EQ(Status(Op::kArrayDestroy, HandleReq{arr.As<HandleRep>().handle}), CUDA_SUCCESS);
+  // Once the array is gone it moves.
+  why.clear();
+  EXPECT_TRUE(session_->Snapshot(snap, &why)) << why;
+  EXPECT_EQ(Status(Op::kMemFree, MemFreeReq{a}), CUDA_SUCCESS);  // the source serves on
+}
+
+// The target charges what it restores to its own quota: a smaller vGPU refuses the session.
+TEST_F(MigrationTest, ATargetWithTooSmallAQuotaRefuses) {
+  Context();
+  Alloc(40 * kMiB);
+  VectorWriter snap;
+  std::string why;
+  ASSERT_TRUE(session_->Snapshot(snap, &why)) << why;
+  const auto source = Replace(32 * kMiB);
+  SpanReader in(snap.bytes());
+  EXPECT_FALSE(session_->Restore(in, &why));
+  EXPECT_EQ(why, "its memory exceeds this vGPU's quota");
+}
+
+// cuEventElapsedTime across a move: between two events recorded before it, the time the source
+// measured; from one recorded before to one recorded after, at least the time that passed.
+TEST_F(MigrationTest, EventTimesCarryAcrossTheMove) {
+  Context();
+  const uint64_t e1 = Send(Op::kEventCreate, EventCreateReq{CU_EVENT_DEFAULT, 0}).As<HandleRep>().handle;
+  const uint64_t e2 = Send(Op::kEventCreate, EventCreateReq{CU_EVENT_DEFAULT, 0}).As<HandleRep>().handle;
+  const uint64_t never = Send(Op::kEventCreate, EventCreateReq{CU_EVENT_DEFAULT, 0}).As<HandleRep>().handle;
+  ASSERT_EQ(Status(Op::kEventRecord, EventRecordReq{e1, 0}), CUDA_SUCCESS);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_EQ(Status(Op::kEventRecord, EventRecordReq{e2, 0}), CUDA_SUCCESS);
+  ASSERT_EQ(Status(Op::kEventSynchronize, HandleReq{e2}), CUDA_SUCCESS);
+  const Outcome there = Send(Op::kEventElapsedTime, EventElapsedReq{e1, e2});
+  ASSERT_EQ(there.status, CUDA_SUCCESS);
+  const Outcome unrecorded = Send(Op::kEventElapsedTime, EventElapsedReq{e1, never});
+  ASSERT_NE(unrecorded.status, CUDA_SUCCESS);
+  VectorWriter snap;
+  std::string why;
+  ASSERT_TRUE(session_->Snapshot(snap, &why)) << why;
+  const auto source = Replace(64 * kMiB);
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  SpanReader in(snap.bytes());
+  ASSERT_TRUE(session_->Restore(in, &why)) << why;
+  const Outcome here = Send(Op::kEventElapsedTime, EventElapsedReq{e1, e2});
+  ASSERT_EQ(here.status, CUDA_SUCCESS);
+  EXPECT_NEAR(here.As<F32Rep>().ms, there.As<F32Rep>().ms, 0.01);
+  EXPECT_EQ(Send(Op::kEventElapsedTime, EventElapsedReq{e1, never}).status, unrecorded.status);
+  const uint64_t e3 = Send(Op::kEventCreate, EventCreateReq{CU_EVENT_DEFAULT, 0}).As<HandleRep>().handle;
+  ASSERT_EQ(Status(Op::kEventRecord, EventRecordReq{e3, 0}), CUDA_SUCCESS);
+  ASSERT_EQ(Status(Op::kEventSynchronize, HandleReq{e3}), CUDA_SUCCESS);
+  const Outcome across = Send(Op::kEventElapsedTime, EventElapsedReq{e2, e3});
+  ASSERT_EQ(across.status, CUDA_SUCCESS);
+  EXPECT_GE(across.As<F32Rep>().ms, 30.0f);
+  EXPECT_LT(across.As<F32Rep>().ms, 30000.0f);
+  const Outcome backwards = Send(Op::kEventElapsedTime, EventElapsedReq{e3, e1});
+  EXPECT_NEAR(backwards.As<F32Rep>().ms, -(across.As<F32Rep>().ms + here.As<F32Rep>().ms), 0.05);
+  // Recorded again here, an event times as any other.
+  ASSERT_EQ(Status(Op::kEventRecord, EventRecordReq{e1, 0}), CUDA_SUCCESS);
+  ASSERT_EQ(Status(Op::kEventSynchronize, HandleReq{e1}), CUDA_SUCCESS);
+  const Outcome fresh = Send(Op::kEventElapsedTime, EventElapsedReq{e3, e1});
+  ASSERT_EQ(fresh.status, CUDA_SUCCESS);
+  EXPECT_GE(fresh.As<F32Rep>().ms, 0.0f);
+  EXPECT_LT(fresh.As<F32Rep>().ms, 30.0f);
+}
+
+// The snapshot is hostile input to the target: cut short anywhere, or with a byte of a record's
+// head or struct changed, the restore fails with a reason (never a crash, never a session that
+// serves half of it).
+TEST_F(MigrationTest, ABrokenSnapshotIsRefused) {
+  Context();
+  Function(kBumpPtx, "bump");
+  const uint64_t a = Alloc(kMiB);
+  Write(a, Pattern(kMiB, 3));
+  ASSERT_EQ(Send(Op::kStreamCreate, StreamCreateReq{0, 0}).status, CUDA_SUCCESS);
+  ASSERT_EQ(Send(Op::kEventCreate, EventCreateReq{0, 0}).status, CUDA_SUCCESS);
+  VectorWriter snap;
+  std::string why;
+  ASSERT_TRUE(session_->Snapshot(snap, &why)) << why;
+  const std::vector<uint8_t>& whole = snap.bytes();
+  const auto source = Replace(64 * kMiB);
+  // Cut short: at every 4 KiB, and every byte of the first records.
+  std::vector<size_t> cuts;
+  for (size_t at = 0; at < 600; ++at) cuts.push_back(at);
+  for (size_t at = 600; at < whole.size(); at += 4096) cuts.push_back(at);
+  cuts.push_back(whole.size() - 1);
+  for (size_t cut : cuts) {
+    Replace(64 * kMiB);
+    SpanReader in(std::span<const uint8_t>(whole.data(), cut));
+    why.clear();
+    EXPECT_FALSE(session_->Restore(in, &why)) << cut;
+    EXPECT_FALSE(why.empty()) << cut;
+  }
+  // Every byte of the header record and the context record changed (the records' fixed parts),
+  // but for the header's counters and clock: any larger handle or physical-allocation counter is
+  // as good (bytes 49..55 and 56..63), and the clock only times the move's gap (80..87).
+  for (size_t at = 0; at < 24 + sizeof(uint64_t) * 8 + 24 + 24; ++at) {
+    if ((at >= 49 && at < 64) || (at >= 80 && at < 88)) continue;
+    std::vector<uint8_t> bad = whole;
+    bad[at] ^= 0x5a;
+    Replace(64 * kMiB);
+    SpanReader in(bad);
+    why.clear();
+    if (session_->Restore(in, &why)) {
+      ADD_FAILURE() << "byte " << at << " changed and the restore took it";
+    }
+  }
+  // Whole, it restores.
+  Replace(64 * kMiB);
+  SpanReader in(whole);
+  EXPECT_TRUE(session_->Restore(in, &why)) << why;
+  // And a second restore into the same session is refused.
+  SpanReader again(whole);
+  EXPECT_FALSE(session_->Restore(again, &why));
+  EXPECT_EQ(why, "the session restored into is not empty");
 }
 
 }  // namespace

@@ -91,7 +91,9 @@ CUresult Session::OnMemMap(const MemMapReq& q, Call& /*c*/) {
   const uint64_t pid = o->owner;
   r = b_->MemMap(q.addr, q.bytes, q.offset, o->backend);
   if (r != CUDA_SUCCESS) return r;
-  mappings_[q.addr] = Mapping{q.bytes, pid};
+  Mapping m{q.bytes, pid};
+  m.offset = q.offset;
+  mappings_[q.addr] = m;
   ++res->second.mappings;
   ++physicals_.Known(pid).mappings;
   return r;
@@ -126,6 +128,8 @@ CUresult Session::OnMemSetAccess(const MemSetAccessReq& q, Call& /*c*/) {
   const bool on = q.flags != CU_MEM_ACCESS_FLAGS_PROT_NONE;
   for (auto m = first; m != it; ++m) {
     m->second.accessible = on;
+    m->second.access_dev = q.device;
+    m->second.access_flags = q.flags;
     if (on) {
       Alloc a{m->second.bytes, physicals_.Known(m->second.physical).dev, false};
       a.vmm = true;

@@ -278,6 +278,9 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
   CUresult ModuleGetFunction(void* module, const char* name, void** function, KernelLayout* layout) override;
   CUresult ModuleFunctionNames(void* module, std::vector<std::string>* names) override;
   CUresult ModuleGetGlobal(void* module, const char* name, uint64_t* dptr, uint64_t* bytes) override;
+  CUresult MemAllocAt(uint64_t bytes, uint64_t addr) override;
+  CUresult ModuleGlobals(void* module, std::vector<ModuleGlobal>* out) override;
+  CUresult ModulePlaceGlobal(void* module, const ModuleGlobal& g) override;
   CUresult FuncGetAttribute(void* function, int attribute, int* value) override;
   CUresult FuncSetAttribute(void* function, int attribute, int value) override;
 

@@ -16,6 +16,20 @@ CUresult SimBackend::MemAlloc(uint64_t bytes, uint64_t* dptr) {
   return CUDA_SUCCESS;
 }
 
+CUresult SimBackend::MemAllocAt(uint64_t bytes, uint64_t addr) {
+  if (sticky_ != CUDA_SUCCESS) return sticky_;
+  if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  const uint64_t span = (bytes + kSimAlign - 1) & ~(kSimAlign - 1);
+  if (!TakeAddressAt(addr, span)) return CUDA_ERROR_ALREADY_MAPPED;
+  void* p = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {
+    GiveAddress(addr, span);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  blocks_[addr] = Block{span, static_cast<uint8_t*>(p), true};
+  return CUDA_SUCCESS;
+}
+
 CUresult SimBackend::MemFree(uint64_t dptr) {
   (void)FlushBlocking(true);  // cuMemFree synchronizes the device; a fault stays sticky
   auto it = blocks_.find(dptr);

@@ -132,6 +132,29 @@ CUresult SimBackend::ModuleFunctionNames(void* module, std::vector<std::string>*
   return CUDA_SUCCESS;
 }
 
+CUresult SimBackend::ModuleGlobals(void* module, std::vector<ModuleGlobal>* out) {
+  out->clear();
+  for (const auto& [name, addr] : static_cast<SimModule*>(module)->globals) {
+    auto b = blocks_.find(addr);
+    if (b == blocks_.end()) return CUDA_ERROR_ILLEGAL_STATE;
+    out->push_back({name, addr, b->second.bytes});
+  }
+  return CUDA_SUCCESS;
+}
+
+// A restore: the variable gets the address it had, and as many bytes as its declaration can take
+// (the size MemAlloc rounds it to), never more; before the first launch or lookup places it.
+CUresult SimBackend::ModulePlaceGlobal(void* module, const ModuleGlobal& g) {
+  auto* m = static_cast<SimModule*>(module);
+  const fatbin::Global* decl = m->info.FindGlobal(g.name);
+  if (decl == nullptr) return CUDA_ERROR_NOT_FOUND;
+  const uint64_t span = (std::max<uint64_t>(decl->size, 1) + kSimAlign - 1) & ~(kSimAlign - 1);
+  if (g.bytes != span || m->globals.count(g.name) != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = MemAllocAt(g.bytes, g.addr); r != CUDA_SUCCESS) return r;
+  m->globals.emplace(g.name, g.addr);
+  return CUDA_SUCCESS;
+}
+
 CUresult SimBackend::ModuleGetGlobal(void* module, const char* name, uint64_t* dptr, uint64_t* bytes) {
   auto* m = static_cast<SimModule*>(module);
   const fatbin::Global* g = m->info.FindGlobal(name);

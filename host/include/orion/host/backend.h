@@ -249,6 +249,34 @@ class Backend {
   virtual CUresult EventSynchronize(void* event) = 0;
   virtual CUresult EventQuery(void* event) = 0;
   virtual CUresult EventElapsedTime(void* start, void* end, float* ms) = 0;
+
+  // Live migration (issue #24; host/src/session_snapshot.cpp): a restored session gets its memory
+  // back at the device addresses its program holds. A backend that cannot place memory answers
+  // CUDA_ERROR_NOT_SUPPORTED, and a session on it cannot move.
+  //  - MemAllocAt: cuMemAlloc's memory, `bytes` long, at exactly `addr`; CUDA_ERROR_ALREADY_MAPPED
+  //    when the range is not free.
+  //  - ModuleGlobals: the device variables of `module` that have an address so far, with the bytes
+  //    that address spans (what a copy of their contents reads).
+  //  - ModulePlaceGlobal: gives variable `g.name` of `module`, loaded and not launched or looked up
+  //    yet, the address `g.addr` and `g.bytes` of memory, as ModuleGlobals described it elsewhere;
+  //    CUDA_ERROR_NOT_FOUND for a name the module does not have.
+  struct ModuleGlobal {
+    std::string name;
+    uint64_t addr = 0;
+    uint64_t bytes = 0;
+  };
+  virtual CUresult MemAllocAt(uint64_t bytes, uint64_t addr) {
+    (void)bytes, (void)addr;
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  virtual CUresult ModuleGlobals(void* module, std::vector<ModuleGlobal>* out) {
+    (void)module, (void)out;
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  virtual CUresult ModulePlaceGlobal(void* module, const ModuleGlobal& g) {
+    (void)module, (void)g;
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
 };
 
 // Simulator: no GPU. Memory is host RAM at device-like addresses; modules are parsed; launches are
