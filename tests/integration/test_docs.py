@@ -122,8 +122,9 @@ def functions_of(path):
 
 def test_every_block_is_classified_and_every_shell_block_names_the_tests_that_run_it():
     problems = []
-    # What a named test uses: its own file, the shared fixtures, and the scripts its guests run.
-    shared = (HERE / "conftest.py").read_text() + "".join(p.read_text() for p in (HERE / "guest").glob("*"))
+    # What a named test uses: its own file, the shared fixtures and harness, the scripts its guests run.
+    helpers = [HERE / "conftest.py", HERE / "vm.py", *(HERE / "harness").glob("*.py"), *(HERE / "guest").glob("*")]
+    shared = "".join(p.read_text() for p in helpers if p.is_file())
     for page in PAGES:
         where = page.relative_to(ROOT)
         for start, info, body in fences(page):
