@@ -489,7 +489,11 @@ bool Session::RestoreRecord(uint32_t kind, std::span<const uint8_t> body, uint64
       next_physical_ = hr.next_physical;
       restore_cur_ctx_ = hr.cur_ctx;
       restore_cur_dev_ = hr.cur_dev;
-      moved_gap_ms_ = std::max(0.0, static_cast<double>(RealtimeNs() - hr.realtime_ns) / 1e6);
+      // The move's gap by the two hosts' clocks: none when the source's is ahead (or the stamp is
+      // no time at all: hostile input, and no subtraction may overflow).
+      const int64_t now_ns = RealtimeNs();
+      moved_gap_ms_ =
+          hr.realtime_ns > 0 && hr.realtime_ns < now_ns ? static_cast<double>(now_ns - hr.realtime_ns) / 1e6 : 0;
       return true;
     }
     case kRecContext: {
