@@ -128,7 +128,7 @@ CUresult Session::OnEventRecord(const EventRecordReq& q, Call& /*c*/) {
   void* s = nullptr;
   if (e == nullptr || !Stream(q.stream, &s)) return CUDA_ERROR_INVALID_HANDLE;
   const CUresult r = b_->EventRecord(e->backend, s);
-  if (r == CUDA_SUCCESS) moved_events_.erase(q.event);  // recorded here now
+  if (r == CUDA_SUCCESS && !moved_events_.empty()) moved_events_.erase(q.event);  // recorded here now
   return r;
 }
 
