@@ -9,7 +9,8 @@
 #   scripts/gpu-e2e.sh --prepare  on the dev machine: build a prefix to carry to the GPU machine (below)
 #
 # Output (OUTDIR): summary.txt (environment + tables), <prog>.native.txt / <prog>.orion.txt (each
-# run's stdout+stderr), torch.*.txt / cupy.*.txt, bin/ (the programs and their build logs),
+# run's stdout+stderr), torch.*.txt / cupy.*.txt, green.txt (the green-context probe), bin/ (the
+# programs and their build logs),
 # orion-build.log, oriond-logs/ (server.log, session/*.log, oriond's stderr), console.txt.
 # Exit status: 0 when every program passed both natively and through Orion, else 1 (the summary is
 # written either way). The PyTorch/CuPy checks are informational and never change the status.
@@ -370,6 +371,11 @@ write_summary() {
     if [ -s "${SUITETABLE:-/nonexistent}" ]; then
       echo "tests/cuda programs (ORION_E2E_SUITE; informational, written against the sim):"
       cat "$SUITETABLE"
+      echo
+    fi
+    if [ -s "${GREENTABLE:-/nonexistent}" ]; then
+      echo "green contexts (bench/gpu/green_split.cu; informational, native):"
+      cat "$GREENTABLE"
       echo
     fi
     if [ -s "$FAILS" ]; then
@@ -742,6 +748,18 @@ for p in "${PROGRAMS[@]}"; do
   RES[$p.native]=$(classify "$p" native)
   show "$p" native
 done
+# Green contexts (issue #21 item 3; informational, native, before oriond): whether this GPU and driver
+# confine a kernel to a green context's SMs (bench/gpu/green_split.cu says what it measures), the
+# ground a `cap` session's spatial partition would stand on.
+GREENTABLE=$OUT/green.txt
+if [ "$SELFTEST" != 1 ] && [ "$(left)" -gt 120 ]; then
+  if "$NVCC" -O2 -arch="$ARCH" -o "$BIN/green_split" "$ROOT/bench/gpu/green_split.cu" -lcuda >"$BIN/green_split.build.txt" 2>&1; then
+    timeout "$(limit_for 60)" env -u ORION_SHM "$BIN/green_split" >"$GREENTABLE" 2>&1 || echo "exit status $?" >>"$GREENTABLE"
+  else
+    { echo "green_split did not build:"; tail -5 "$BIN/green_split.build.txt"; } >"$GREENTABLE"
+  fi
+  say "green contexts: $(tail -1 "$GREENTABLE")"
+fi
 PY_CHECKS=()
 if ! command -v python3 >/dev/null; then
   echo "Python checks: no python3 here" >"$PYTABLE"
