@@ -5,6 +5,12 @@ function(orion_warnings target)
   if(ORION_WERROR)
     target_compile_options(${target} PRIVATE -Werror)
   endif()
+  # In a unity build each source is #included into a generated one, so GCC no longer sees a class
+  # with a member of a file-local type as defined in the main file and warns (-Wsubobject-linkage)
+  # where the separate build does not; the separate build keeps the warning.
+  if(CMAKE_UNITY_BUILD AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+    target_compile_options(${target} PRIVATE -Wno-subobject-linkage)
+  endif()
   if(ORION_SANITIZE)
     string(REPLACE ";" "," _san "${ORION_SANITIZE}")
     target_compile_options(${target} PRIVATE -fsanitize=${_san} -fno-omit-frame-pointer)
