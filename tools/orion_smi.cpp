@@ -9,6 +9,10 @@
 //     this client's Orion region: its channels in use, the VM's vGPUs, whether oriond serves it.
 //
 //   orion-smi [--all] [--json] [--controller ip:port] [--oriond SOCKET]
+//   orion-smi migrate SESSION --to HOST:PORT [--oriond SOCKET]
+//     moves a session (an id from the listing) of the local oriond, while its program runs, to the
+//     oriond listening at HOST:PORT (issue #24; docs/migration.md says what can move). Prints
+//     oriond's answer; exit status 0 when the session moved.
 // Controller: --controller, else $ORION_CONTROLLER, else client.conf [controller] controller_addr.
 // Key: $ORION_CONTROLLER_KEY, else $ORION_KEY. oriond: --oriond, else /run/orion/oriond.sock
 // (server.conf's control_socket default). Exit status 1 when nothing could be asked.
@@ -196,7 +200,24 @@ static int Main(int argc, char** argv) {
   app.add_flag("--json", json, "print the allocations (or sessions, or region) as JSON");
   app.add_option("--controller", addr, "the Orion Controller (ip:port)");
   app.add_option("--oriond", oriond, "standalone: oriond's control socket (server.conf control_socket)");
+  CLI::App* migrate = app.add_subcommand("migrate", "move a session of this oriond to another oriond, live");
+  uint32_t session = 0;
+  std::string to;
+  migrate->add_option("SESSION", session, "the session's id (orion-smi lists them)")->required();
+  migrate->add_option("--to", to, "the target oriond's TCP address, HOST:PORT")->required();
+  migrate->add_option("--oriond", oriond, "the serving oriond's control socket (server.conf control_socket)");
   CLI11_PARSE(app, argc, argv);
+  if (*migrate) {
+    // The move finishes at the program's next synchronous call, and its state travels meanwhile.
+    auto reply = orion::host::ControlRequest(oriond, "migrate " + std::to_string(session) + " " + to, 600000);
+    if (!reply.ok()) {
+      std::fprintf(stderr, "orion-smi: oriond at %s: %s\n", oriond.c_str(), reply.status().message().c_str());
+      return 1;
+    }
+    const bool ok = reply->rfind("ok ", 0) == 0;
+    std::fprintf(ok ? stdout : stderr, "%s\n", reply->substr(reply->find(' ') + 1).c_str());
+    return ok ? 0 : 1;
+  }
   if (addr.empty()) addr = orion::ivshmem::ClientControllerAddr();
   if (addr.empty()) {
     // Standalone: the local oriond, else this client's region.

@@ -61,12 +61,12 @@ bool Check(CUresult r, const char* what) {
   std::printf("error: %s -> %s (%d)\n", what, name ? name : "?", static_cast<int>(r));
   return false;
 }
-#define CK(x)                   \
-  do {                          \
-    if (!Check((x), #x)) {      \
+#define CK(x)                            \
+  do {                                   \
+    if (!Check((x), #x)) {               \
       std::printf("DONE FAIL %s\n", #x); \
-      return 1;                 \
-    }                           \
+      return 1;                          \
+    }                                    \
   } while (0)
 
 struct Part {
@@ -156,8 +156,8 @@ int main() {
     }
     const double expect = static_cast<double>(all.sm.smCount) / p.sms;
     const double seen = ms / full_ms;
-    std::printf("context=green pct=%u asked=%u sms=%u ms=%.3f slowdown=%.2f expected=%.2f\n", pct, want, p.sms, ms, seen,
-                expect);
+    std::printf("context=green pct=%u asked=%u sms=%u ms=%.3f slowdown=%.2f expected=%.2f\n", pct, want, p.sms, ms,
+                seen, expect);
     if (std::fabs(seen - expect) / expect > 0.25) ok = false;
     // What a program that never heard of green contexts does with the converted context current:
     // cuStreamCreate, and the NULL stream. Informational: whether the cuda backend can hand a

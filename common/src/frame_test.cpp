@@ -30,6 +30,10 @@ TEST(FrameLayout, PayloadsArePinned) {
   EXPECT_EQ(offsetof(HelloReq, key), 88u);
   EXPECT_EQ(offsetof(HelloReq, gmem_mib), 8u);
   EXPECT_EQ(offsetof(HelloReq, process_name), 24u);
+  EXPECT_EQ(offsetof(HelloReq, kind), 22u);
+  EXPECT_EQ(sizeof(MovedRep), 104u);
+  EXPECT_EQ(offsetof(MovedRep, token), 64u);
+  EXPECT_NE(kStatusMoved, kStatusNeedBytes);
   EXPECT_EQ(sizeof(DeviceInfo), 952u);
   EXPECT_EQ(offsetof(DeviceInfo, total_mem), 272u);
   EXPECT_EQ(offsetof(DeviceInfo, attributes), 280u);

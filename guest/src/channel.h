@@ -72,6 +72,14 @@ class TcpFrameChannel final : public FrameChannel {
   ~TcpFrameChannel() override;
   // Lays out the data window once the server said how big the channel is (Welcome).
   bool SetWindow(uint64_t window_bytes) noexcept;
+  // Takes `from`'s window, bytes and all (a session moved to another oriond: issue #24); `from`
+  // has none after.
+  void TakeWindow(TcpFrameChannel& from) noexcept {
+    window_ = from.window_;
+    window_bytes_ = from.window_bytes_;
+    from.window_ = nullptr;
+    from.window_bytes_ = 0;
+  }
   uint8_t* window() noexcept { return window_; }
   ivshmem::ChannelDesc* desc() noexcept { return &desc_; }
   ivshmem::RegionHeader* header() noexcept { return &header_; }

@@ -30,7 +30,8 @@ using ivshmem::kChannelClaimed;
 using ivshmem::kChannelFree;
 
 // HandshakeLocked: oriond chose RDMA but this end could not set it up; connect again over TCP.
-constexpr auto kRetryOverTcp = static_cast<CUresult>(1002);  // private, never returned to applications
+constexpr auto kRetryOverTcp =
+    static_cast<CUresult>(1010);  // private, never returned to applications (nor on the wire)
 
 uint64_t EnvU64(const char* name, uint64_t dflt, bool* bad) {
   const char* e = std::getenv(name);
@@ -644,5 +645,83 @@ void Client::Shutdown() noexcept {
 // At exit: say goodbye to oriond so the vGPU is released at once rather than at lease expiry.
 // (Here, not in log.cpp: libnvidia-ml.so.1 shares log.cpp and has no Client.)
 __attribute__((destructor)) static void ReleaseAtExit() { Client::Get().Shutdown(); }
+
+CUresult Client::ResumeLocked(const ivshmem::FrameView& f) noexcept {
+  if (tcp_ == nullptr || tcp_->secure() || f.header.payload_len != sizeof(MovedRep)) {
+    return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, (peer_ + " sent a move this connection cannot follow").c_str());
+  }
+  MovedRep moved{};
+  std::memcpy(&moved, f.payload, sizeof moved);
+  moved.address[sizeof moved.address - 1] = '\0';
+  moved.token[sizeof moved.token - 1] = '\0';
+  if (!ValidShareToken(moved.token, sizeof moved.token) || strnlen(moved.token, sizeof moved.token) != kShareTokenLen ||
+      last_call_.size() < sizeof(FrameHeader)) {
+    return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, (peer_ + " sent a malformed move").c_str());
+  }
+  const std::string to = moved.address;
+  auto tcp = TcpFrameChannel::Connect(to, false, "");
+  if (!tcp.ok()) {
+    return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, ("the session moved to oriond at " + LogSafe(to) +
+                                                  ", which cannot be reached: " + LogSafe(tcp.status().message()))
+                                                     .c_str());
+  }
+  (*tcp)->SetStallLimit(stall_ms_);
+  (*tcp)->TakeWindow(*tcp_);  // the program's pinned buffers and copies in flight keep their bytes
+  const std::vector<uint8_t> call = std::move(last_call_);
+  last_call_.clear();
+  tcp_ = tcp->get();
+  desc_ = tcp_->desc();
+  header_ = tcp_->header();
+  chan_ = std::move(*tcp);  // the old connection closes
+  const std::string from = peer_;
+  peer_ = "oriond at " + LogSafe(to);
+  HelloReq hello{};
+  hello.protocol_version = kProtocolVersion;
+  hello.transports = kTransportTcp;
+  hello.kind = kHelloResume;
+  std::memcpy(hello.share, moved.token, kShareTokenLen);
+  hello.pid = static_cast<uint32_t>(getpid());
+  std::snprintf(hello.process_name, sizeof hello.process_name, "%s", ProcessName().c_str());
+  if (const char* key = std::getenv("ORION_KEY"); key != nullptr) std::strncpy(hello.key, key, sizeof hello.key - 1);
+  gethostname(hello.hostname, sizeof hello.hostname - 1);
+  const FrameHeader h = MakeHeader(Op::kHello, sizeof hello, true);
+  if (CUresult r = PushLocked(h, &hello, sizeof hello, nullptr, 0); r != CUDA_SUCCESS) return r;
+  std::vector<uint8_t> rep(sizeof(WelcomeRep) + kMaxDevices * sizeof(DeviceInfo) + 1024);
+  uint32_t rep_len = 0;
+  if (CUresult r = WaitReplyLocked(h.seq, Op::kHello, rep.data(), static_cast<uint32_t>(rep.size()), &rep_len);
+      r != CUDA_SUCCESS) {
+    std::string reason(reinterpret_cast<const char*>(rep.data()), std::min<size_t>(rep_len, rep.size()));
+    reason.resize(strnlen(reason.c_str(), reason.size()));
+    return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE,
+                  ("the session moved to " + peer_ + ", which refused it: " + LogSafe(reason)).c_str());
+  }
+  WelcomeRep w{};
+  if (rep_len >= sizeof w) std::memcpy(&w, rep.data(), sizeof w);
+  if (rep_len < sizeof w || w.device_count != welcome_.device_count || w.channel_bytes != welcome_.channel_bytes ||
+      w.transport != kTransportTcp) {
+    return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE,
+                  ("the session moved to " + peer_ + ", whose Welcome does not match the session").c_str());
+  }
+  if (rep_len < sizeof w + w.device_count * sizeof(DeviceInfo)) {
+    return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE,
+                  ("the session moved to " + peer_ + ", whose Welcome is short").c_str());
+  }
+  LogInfo("Orion: the session moved from " + from + " to " + peer_ + " (session " + std::to_string(w.session_id) +
+          " there)");
+  welcome_.session_id = w.session_id;
+  // Where each vGPU is now (the devices keep what the program was told about them).
+  allocation_text_ = "(standalone) session-" + std::to_string(w.session_id) + " :";
+  for (uint32_t d = 0; d < w.device_count; ++d) {
+    DeviceInfo info{};
+    std::memcpy(&info, rep.data() + sizeof w + d * sizeof info, sizeof info);
+    devices_[d].pgpu = info.pgpu;
+    devices_[d].vgpu = info.vgpu;
+    allocation_text_ += " " + LogSafe(to) + "/" + std::to_string(info.pgpu) + "/" + std::to_string(info.vgpu);
+  }
+  // The request the source did not execute, again (its seq unchanged: the reply answers it).
+  FrameHeader again{};
+  std::memcpy(&again, call.data(), sizeof again);
+  return PushLocked(again, call.data() + sizeof again, static_cast<uint32_t>(call.size() - sizeof again), nullptr, 0);
+}
 
 }  // namespace orion::guest

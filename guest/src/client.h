@@ -121,6 +121,10 @@ class Client {
   // (rep_len == nullptr), at least rep_cap bytes. Anything else, or no reply within the op's
   // deadline (ReplyDeadlineMs), breaks the session with CUDA_ERROR_DEVICE_UNAVAILABLE.
   CUresult WaitReplyLocked(uint32_t seq, Op op, void* rep, uint32_t rep_cap, uint32_t* rep_len) noexcept;
+  // A kStatusMoved reply `f` (TCP only; issue #24): connects to the oriond it names, resumes the
+  // session there with its token (the window and its bytes carried over), and sends the request the
+  // source did not execute (last_call_) again. Anything wrong breaks the session.
+  CUresult ResumeLocked(const ivshmem::FrameView& f) noexcept;
   // How long the reply to `op` may take (ms, 0: no limit): the handshake deadline for Hello and
   // RdmaConnect; none (ORION_SYNC_TIMEOUT_MS) for ops that wait for device work, and for any op sent
   // after asynchronous frames that oriond may still be executing; the reply deadline otherwise.
@@ -206,8 +210,9 @@ class Client {
   uint64_t sync_ms_ = 0;
   uint64_t alive_ms_ = 10000;  // TCP: a wait for a reply ends when oriond sends nothing this long
   uint64_t stall_ms_ = 30000;
-  bool async_unanswered_ = false;  // asynchronous frames were sent since the last reply
-  std::string peer_;               // oriond's address or region, for log lines
+  bool async_unanswered_ = false;   // asynchronous frames were sent since the last reply
+  std::string peer_;                // oriond's address or region, for log lines
+  std::vector<uint8_t> last_call_;  // TCP: the last request that awaits a reply, header included
   uint64_t current_ctx_sent_ = 0;
 
   struct StageEntry {

@@ -123,6 +123,9 @@ CUresult Client::PushLocked(const FrameHeader& h, const void* req, uint32_t req_
   std::memcpy(p, &h, sizeof h);
   if (req_len != 0) std::memcpy(p + sizeof h, req, req_len);
   if (tail_len != 0) std::memcpy(p + sizeof h + req_len, tail, tail_len);
+  // Over TCP a session may move (issue #24): a request the source answers kStatusMoved goes again
+  // to the target, so the last one awaiting a reply is kept (its window bytes stay in the window).
+  if (tcp_ != nullptr && (h.flags & kFlagWantsReply) != 0) last_call_.assign(p, p + sizeof h + req_len + tail_len);
   if (!chan_->Commit()) {
     return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE,
                   tcp_ != nullptr && !tcp_->why().empty() ? tcp_->why().c_str() : "the connection to oriond broke");
@@ -174,7 +177,8 @@ bool Client::ReplyValidLocked(const FrameHeader& h, uint32_t seq, Op op) noexcep
     bad = "a reply for op " + std::to_string(h.op) + " to " + OpName(static_cast<uint16_t>(op));
   } else if ((h.flags & ~kFlagOutputPending) != 0 || h.payload_len > kMaxPayload) {
     bad = "a reply with unknown flags or an impossible length";
-  } else if (!KnownResult(h.status) && !(h.status == kStatusNeedBytes && op == Op::kModuleLoad)) {
+  } else if (!KnownResult(h.status) && !(h.status == kStatusNeedBytes && op == Op::kModuleLoad) &&
+             !(h.status == kStatusMoved && network_ && op != Op::kHello)) {
     bad = "a reply with status " + std::to_string(h.status) + ", which is no CUresult";
   } else if (!KnownResult(h.deferred)) {
     bad = "a reply with deferred status " + std::to_string(h.deferred) + ", which is no CUresult";
@@ -203,6 +207,14 @@ CUresult Client::WaitReplyLocked(uint32_t seq, Op op, void* rep, uint32_t rep_ca
     if (!s.ok()) return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, s.message().c_str());
     if (got) {
       if (!ReplyValidLocked(f.header, seq, op)) return broken_;
+      if (f.header.status == kStatusMoved) {
+        // The session moved to another oriond, which holds it now: this request was not executed;
+        // it goes again, there, after the resume (issue #24).
+        if (CUresult r = ResumeLocked(f); r != CUDA_SUCCESS) return r;
+        backoff = Backoff(20000, 200, 200);
+        last_beat = last_change = 0;
+        continue;
+      }
       if (f.header.status == CUDA_SUCCESS && rep != nullptr && rep_len == nullptr && f.header.payload_len < rep_cap) {
         return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE,
                       (peer_ + " sent a short reply to " + OpName(f.header.op) + " (" +

@@ -471,7 +471,10 @@ void Daemon::Reap() {
                  code == kExitGoodbye      ? "client exited"
                  : code == kExitViolation  ? "protocol violation"
                  : code == kExitClientGone ? "client disconnected"
+                 : code == kExitMoved      ? "moved to another oriond"
                                            : "worker ended");
+      if (it->control >= 0) ::close(it->control);
+      if (it->route >= 0) ::close(it->route);
       net_sessions_.erase(it);
       break;
     }
@@ -525,6 +528,12 @@ void Daemon::Reap() {
 void Daemon::InWorker(int keep) {
   for (Region& r : regions_) {
     if (r.bell) r.bell->CloseInChild(keep);
+  }
+  // Other sessions' control and routing sockets are oriond's alone.
+  for (NetSession& n : net_sessions_) {
+    if (n.control >= 0) ::close(n.control);
+    if (n.route >= 0) ::close(n.route);
+    n.control = n.route = -1;
   }
   if (keeper_) keeper_->CloseInChild();
 }

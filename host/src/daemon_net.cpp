@@ -31,6 +31,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "orion/common/clock.h"
 #include "orion/host/session.h"
 #include "orion/host/vm_state.h"
 #include "orion/ivshmem/ring.h"
@@ -309,7 +310,20 @@ void Daemon::Handshake(Pending& p) {
                                          "next frame only after the Welcome (it names the transport)");
     return;
   }
-  const uint16_t transport = ChooseTransport(p, hello);
+  if (hello.kind == kHelloResume) {
+    Resume(p, h, hello);
+    return;
+  }
+  if (hello.kind != kHelloClient && hello.kind != kHelloMigrateIn) {
+    refuse(CUDA_ERROR_NOT_SUPPORTED, "a Hello of kind " + std::to_string(hello.kind) + " is not known here");
+    return;
+  }
+  const bool moving_in = hello.kind == kHelloMigrateIn;
+  if (moving_in && (p.stream->secure() || (hello.transports & kTransportTcp) == 0)) {
+    refuse(CUDA_ERROR_NOT_SUPPORTED, "a session moves in over plain TCP only");
+    return;
+  }
+  const uint16_t transport = moving_in ? kTransportTcp : ChooseTransport(p, hello);
   if (transport == 0) {
     refuse(CUDA_ERROR_NOT_SUPPORTED, "the client offers no transport this oriond can use (TCP)");
     return;
@@ -332,9 +346,43 @@ void Daemon::Handshake(Pending& p) {
     return;
   }
   const int slot = TakeStatSlot();
-  log_->info("Creating session {} for '{}' (pid {}) from {} over {}", session, hello.process_name, hello.pid, p.peer,
-             transport == kTransportRdma ? "RDMA" : "TCP");
+  if (moving_in) {
+    log_->info("Creating session {} for '{}' (pid {}), moving in from the oriond at {}", session, hello.process_name,
+               hello.pid, p.peer);
+  } else {
+    log_->info("Creating session {} for '{}' (pid {}) from {} over {}", session, hello.process_name, hello.pid, p.peer,
+               transport == kTransportRdma ? "RDMA" : "TCP");
+  }
   auto slog = SessionLogger(session);
+  // The worker's control socketpair (a move is asked for on it), or, for a session moving in, the
+  // one its program's connection is handed over on. [0] stays here, [1] is the worker's.
+  int pair[2] = {-1, -1};
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0) {
+    log_->warn("session {}: no control socketpair ({}): it cannot be moved", session, std::strerror(errno));
+    if (moving_in) {
+      FreeCompute(&compute);
+      Finish(*placements, admitted->allocation_id, -1, "socketpair_failed", admitted->hold);
+      refuse(CUDA_ERROR_OUT_OF_MEMORY, std::string("no socketpair: ") + std::strerror(errno));
+      return;
+    }
+  }
+  std::string token;
+  if (moving_in) {
+    uint8_t raw[kShareTokenLen / 2];
+    if (getentropy(raw, sizeof raw) != 0) {
+      ::close(pair[0]);
+      ::close(pair[1]);
+      FreeCompute(&compute);
+      Finish(*placements, admitted->allocation_id, -1, "entropy_failed", admitted->hold);
+      refuse(CUDA_ERROR_UNKNOWN, "no entropy for a resume token");
+      return;
+    }
+    static const char kHex[] = "0123456789abcdef";
+    for (uint8_t b : raw) {
+      token += kHex[b >> 4];
+      token += kHex[b & 15];
+    }
+  }
   const int fd = p.fd.release();  // the worker's from now on; closed here after the fork
   const pid_t pid = fork();
   if (pid < 0) {
@@ -342,6 +390,7 @@ void Daemon::Handshake(Pending& p) {
     Finish(*placements, admitted->allocation_id, slot, "fork_failed", admitted->hold);
     log_->error("cannot fork a worker: {}", std::strerror(errno));
     ::close(fd);
+    if (pair[0] >= 0) ::close(pair[0]), ::close(pair[1]);
     return;
   }
   if (pid == 0) {
@@ -351,6 +400,7 @@ void Daemon::Handshake(Pending& p) {
     listen_fd_.reset();  // the worker's copies
     control_fd_.reset();
     InWorker(-1);
+    if (pair[0] >= 0) ::close(pair[0]);
     if (!p.stream->secure()) {  // TLS streams poll a non-blocking socket
       const int flags = fcntl(fd, F_GETFL);
       fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
@@ -362,7 +412,11 @@ void Daemon::Handshake(Pending& p) {
       _exit(kExitBackendFailed);
     }
     SessionParams sp = BaseParams(session, *placements, slog);
-    sp.socket_fd = fd;
+    sp.socket_fd = moving_in ? -1 : fd;
+    sp.migrate_fd = moving_in ? fd : -1;
+    sp.control_fd = moving_in ? -1 : pair[1];
+    sp.route_fd = moving_in ? pair[1] : -1;
+    sp.resume_token = token;
     sp.allocation_id = admitted->allocation_id;
     sp.used_out = StatSlot(slot);
     sp.share = admitted->share;
@@ -377,6 +431,7 @@ void Daemon::Handshake(Pending& p) {
     _exit(code);
   }
   ::close(fd);
+  if (pair[1] >= 0) ::close(pair[1]);
   if (link_ && !admitted->allocation_id.empty()) {
     // A hold's allocation is shared by its sessions: no one session's memory figures stand for it.
     link_->Track(admitted->allocation_id, !admitted->hold.empty() ? nullptr : StatSlot(slot),
@@ -391,8 +446,75 @@ void Daemon::Handshake(Pending& p) {
                            {hello.pid, hello.process_name, client_host.empty() ? p.source : client_host,
                             transport == kTransportRdma ? "rdma" : "tcp"},
                            admitted->hold,
-                           std::move(compute)});
+                           std::move(compute),
+                           -1,
+                           -1,
+                           {},
+                           0});
+  NetSession& added = net_sessions_.back();
+  if (moving_in) {
+    added.route = pair[0];
+    added.token = token;
+    added.token_deadline_ms = MonotonicMs() + 120000;  // the restore, then the program's arrival
+  } else {
+    added.control = pair[0];
+  }
   ++serving_;
+}
+
+void Daemon::Resume(Pending& p, const FrameHeader& h, const HelloReq& hello) {
+  auto refuse = [&](CUresult code, const std::string& why) {
+    log_->warn("client {}: resume refused for '{}' (pid {}): {}", p.peer, hello.process_name, hello.pid, why);
+    SendHandshakeReply(*p.stream, h, code, why);
+    p.fd.reset();
+  };
+  if (p.stream->secure()) {
+    refuse(CUDA_ERROR_NOT_SUPPORTED, "a moved session resumes over plain TCP only");
+    return;
+  }
+  const size_t n = strnlen(hello.share, sizeof hello.share);
+  if (n != kShareTokenLen || !ValidShareToken(hello.share, sizeof hello.share)) {
+    refuse(CUDA_ERROR_INVALID_VALUE, "a resume Hello needs its token (32 hex digits)");
+    return;
+  }
+  const uint64_t now = MonotonicMs();
+  for (NetSession& ns : net_sessions_) {
+    if (ns.token.size() != kShareTokenLen || ns.route < 0) continue;
+    uint8_t diff = 0;  // constant time: the token is the only credential
+    for (size_t i = 0; i < kShareTokenLen; ++i) diff |= static_cast<uint8_t>(ns.token[i] ^ hello.share[i]);
+    if (diff != 0) continue;
+    if (now > ns.token_deadline_ms) break;
+    const int fd = p.fd.get();
+    char cbuf[CMSG_SPACE(sizeof(int))] = {};
+    FrameHeader copy = h;
+    iovec iov{&copy, sizeof copy};
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = cbuf;
+    m.msg_controllen = sizeof cbuf;
+    cmsghdr* c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
+    const bool sent = ::sendmsg(ns.route, &m, MSG_DONTWAIT | MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof copy);
+    ns.token.clear();  // once
+    // From now on the socketpair is the worker's control socket: the session can move on.
+    ns.control = ns.route;
+    ns.route = -1;
+    if (!sent) {
+      refuse(CUDA_ERROR_DEVICE_UNAVAILABLE, "the moved session's worker is gone");
+      return;
+    }
+    const std::string host(hello.hostname, strnlen(hello.hostname, sizeof hello.hostname));
+    ns.client = {hello.pid, std::string(hello.process_name, strnlen(hello.process_name, sizeof hello.process_name)),
+                 host.empty() ? p.source : host, "tcp"};
+    log_->info("client {}: '{}' (pid {}) resumes session {} here", p.peer, hello.process_name, hello.pid, ns.session);
+    p.fd.reset();  // the worker has its own copy
+    return;
+  }
+  refuse(CUDA_ERROR_NOT_FOUND, "no moved session waits for this resume token here (used, or expired)");
 }
 
 }  // namespace orion::host

@@ -231,7 +231,16 @@ void Daemon::ServeControl() {
       line.append(buf, static_cast<size_t>(n));
     }
     if (auto nl = line.find('\n'); nl != std::string::npos) line.resize(nl);
-    std::string reply = Control(line) + "\n";
+    // A move is answered by the session's worker, on this connection, once it is made or refused.
+    if (line.starts_with("migrate ")) {
+      const std::string err = HandOffMove(line, c);
+      if (err.empty()) {
+        ::close(c);  // the worker has its own copy
+        continue;
+      }
+      line = err;
+    }
+    std::string reply = line.starts_with("error ") ? line + "\n" : Control(line) + "\n";
     // All of it (a `sessions` listing can be long), each write bounded by the socket's send timeout.
     timeval tv{1, 0};
     setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
@@ -304,7 +313,48 @@ std::string Daemon::Control(const std::string& line) {
     return out;
   }
   if (cmd == "sessions") return "ok " + SessionsJson();
-  return "error unknown command '" + cmd + "' (attach, detach, status, sessions)";
+  return "error unknown command '" + cmd + "' (attach, detach, status, sessions, migrate)";
+}
+
+std::string Daemon::HandOffMove(const std::string& line, int conn) {
+  std::istringstream in(line);
+  std::string cmd, id, to;
+  if (!(in >> cmd >> id >> to) || id.empty() || id.size() > 10 ||
+      id.find_first_not_of("0123456789") != std::string::npos || to.size() > 60) {
+    return "error usage: migrate SESSION HOST:PORT";
+  }
+  const auto session = static_cast<uint32_t>(std::stoul(id));
+  for (const Region& r : regions_) {
+    for (uint32_t i = 0; i < r.channel_count; ++i) {
+      if (r.channels[i].state == Channel::kServing && r.channels[i].session == session) {
+        return "error session " + id + " uses shared memory; only a session over TCP can move yet";
+      }
+    }
+  }
+  for (const NetSession& n : net_sessions_) {
+    if (n.session != session) continue;
+    if (n.control < 0) return "error session " + id + " cannot be asked to move (it is itself arriving)";
+    const std::string msg = "migrate " + to;
+    char cbuf[CMSG_SPACE(sizeof(int))] = {};
+    iovec iov{const_cast<char*>(msg.data()), msg.size()};
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = cbuf;
+    m.msg_controllen = sizeof cbuf;
+    cmsghdr* c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &conn, sizeof conn);
+    if (::sendmsg(n.control, &m, MSG_DONTWAIT | MSG_NOSIGNAL) != static_cast<ssize_t>(msg.size())) {
+      return "error session " + id + "'s worker does not take requests: " + std::strerror(errno);
+    }
+    kill(n.pid, SIGUSR2);
+    log_->info("Session {}: a move to {} is asked for", session, to);
+    return "";
+  }
+  return "error no session " + id + " here ('sessions' lists them)";
 }
 
 std::string Daemon::SessionsJson() const {

@@ -31,7 +31,7 @@ class TcpSessionChannel final : public SessionChannel {
   }
   ~TcpSessionChannel() override {
     if (window_ != nullptr) munmap(window_, layout_.window_bytes);
-    ::close(fd_);
+    if (fd_ >= 0) ::close(fd_);
   }
   uint8_t* window() override { return window_; }
   const ivshmem::ChannelLayout& layout() const override { return layout_; }
@@ -135,6 +135,15 @@ class TcpSessionChannel final : public SessionChannel {
     if (stream_->Buffered()) return true;
     pollfd pfd{fd_, POLLIN, 0};
     poll(&pfd, 1, timeout_ms);
+    return true;
+  }
+  bool Adopt(int fd) override {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+    stream_ = tls::Stream::Plain(fd);
+    in_.clear();
+    at_ = 0;
+    partial_bytes_ = 0;
     return true;
   }
   void Serving() override {}

@@ -151,19 +151,27 @@ void ClampServedFeatures(DeviceInfo* info, bool network, bool same_address) {
 }
 
 int Session::Run(const FrameHeader& hello_header, const HelloReq& hello) {
-  (void)hello;
+  hello_ = hello;
   int code = 0;
   if (!Start(hello_header, &code)) return code;
   return Serve();
 }
 
 bool Session::Start(const FrameHeader& hello_header, int* exit_code) {
+  std::string why;
+  if (!StartBackend(&why)) {
+    Reply(hello_header, CUDA_ERROR_NO_DEVICE, why.data(), static_cast<uint32_t>(why.size()));
+    *exit_code = kExitBackendFailed;
+    return false;
+  }
+  return Welcome(hello_header, exit_code);
+}
+
+bool Session::StartBackend(std::string* why) {
   auto& log = *p_.log;
   if (Status s = b_->Init(p_.placements); !s.ok()) {
     log.error("sess={} backend {} failed to start: {}", p_.session_id, b_->name(), s.ToString());
-    const std::string msg = "oriond backend failed: " + s.message();
-    Reply(hello_header, CUDA_ERROR_NO_DEVICE, msg.data(), static_cast<uint32_t>(msg.size()));
-    *exit_code = kExitBackendFailed;
+    *why = "oriond backend failed: " + s.message();
     return false;
   }
   b_->RegisterWindow(window_ + layout_.staging_bytes, layout_.window_bytes - layout_.staging_bytes);
@@ -184,7 +192,8 @@ bool Session::Start(const FrameHeader& hello_header, int* exit_code) {
                p_.session_id, d, share, p_.placements[d].pgpu, b_->name());
     }
   }
-  std::vector<uint8_t> welcome(sizeof(WelcomeRep) + p_.placements.size() * sizeof(DeviceInfo));
+  std::vector<uint8_t>& welcome = welcome_;
+  welcome.assign(sizeof(WelcomeRep) + p_.placements.size() * sizeof(DeviceInfo), 0);
   WelcomeRep w{};
   w.session_id = p_.session_id;
   w.device_count = static_cast<uint32_t>(p_.placements.size());
@@ -216,7 +225,11 @@ bool Session::Start(const FrameHeader& hello_header, int* exit_code) {
     PublishUsed(d);
     std::memcpy(welcome.data() + sizeof w + d * sizeof info, &info, sizeof info);
   }
-  if (!Reply(hello_header, CUDA_SUCCESS, welcome.data(), static_cast<uint32_t>(welcome.size()))) {
+  return true;
+}
+
+bool Session::Welcome(const FrameHeader& hello_header, int* exit_code) {
+  if (!Reply(hello_header, CUDA_SUCCESS, welcome_.data(), static_cast<uint32_t>(welcome_.size()))) {
     *exit_code = violation_ ? kExitViolation : kExitLeaseExpired;
     return false;
   }
@@ -302,6 +315,7 @@ int Session::Serve() {
     }
   } dog_stop_at_return{dog_mu, dog_cv, dog_stop, dog};
   for (;;) {
+    if (MoveAsked()) TakeMoveRequest();
     ivshmem::FrameView f{};
     bool got = false;
     if (Status s = ch_->Pop(&f, &scratch, &got); !s.ok()) {
@@ -345,6 +359,11 @@ int Session::Serve() {
     if (!OpKnown(h.op) || static_cast<Op>(h.op) == Op::kWindowData) {
       return violation("unknown op " + std::to_string(h.op));
     }
+    // A move asked for happens at a frame the client waits on: everything before it has executed,
+    // and nothing comes after it until its reply (the client's lock spans the call).
+    if (!move_to_.empty() && (h.flags & kFlagWantsReply) != 0) {
+      if (const int moved = MoveOut(h); moved >= 0) return moved;
+    }
     int32_t status = 0;
     std::string why;
     busy_op.store(h.op, std::memory_order_relaxed);
@@ -380,6 +399,14 @@ int Session::Serve() {
 
 int RunSession(const SessionParams& params, std::unique_ptr<Backend> backend, const FrameHeader& hello_header,
                const HelloReq& hello) {
+  if (params.migrate_fd >= 0) {  // a moved session: its client's connection comes later (Adopt)
+    detail::Session s(params, std::move(backend),
+                      MakeTcpSessionChannel(-1, nullptr, params.channel_bytes, params.net_stall_ms));
+    const int code = s.MigrateIn(hello_header);
+    s.LogWaits();
+    return code;
+  }
+  detail::WatchMoveRequests(params.control_fd);
   std::unique_ptr<SessionChannel> ch =
       params.socket_fd < 0
           ? MakeShmSessionChannel(params.region, params.channel_bytes, params.channel, params.generation,

@@ -102,6 +102,12 @@ struct LaunchLimits {
   }
 };
 
+// Live migration (session_move.cpp): SIGUSR2 from oriond says a move is asked for on the worker's
+// control socket (`control_fd`; -1: none, nothing is installed). MoveAsked is a relaxed load.
+void WatchMoveRequests(int control_fd);
+extern std::atomic<bool> g_move_asked;
+inline bool MoveAsked() { return g_move_asked.load(std::memory_order_relaxed); }
+
 // A session: its state (SessionState: what a migration carries), the backend that executes its
 // requests, the channel they come over, and one handler per wire op.
 class Session : private SessionState {
@@ -116,6 +122,19 @@ class Session : private SessionState {
   // Starts the backend and the compute gates and answers the Hello with the Welcome (the devices
   // as this session sees them). False, with the worker's exit code, when the session cannot go on.
   bool Start(const FrameHeader& hello_header, int* exit_code);
+  // Start's two halves: the backend, the compute gates and the devices as this session sees them
+  // (false, with why, when the backend cannot start); then the Welcome that answers the Hello.
+  bool StartBackend(std::string* why);
+  bool Welcome(const FrameHeader& hello_header, int* exit_code);
+  // Live migration between two oriond (issue #24, session_move.cpp). The source: a move asked for
+  // on params' control_fd is taken between frames (TakeMoveRequest) and made at the next frame that
+  // wants a reply, before it executes (MoveOut): kExitMoved once the target serves the session,
+  // else -1, with the session unchanged here and the asker told why. The target: MigrateIn starts
+  // the backend, restores what the source sends on migrate_fd, waits for the client's connection
+  // on route_fd, welcomes it and serves; its exit code.
+  void TakeMoveRequest();
+  int MoveOut(const FrameHeader& frame);
+  int MigrateIn(const FrameHeader& hello_header);
   // Serves frames until the session ends (Goodbye, the client gone, a violation); its exit code.
   int Serve();
   // Executes one frame. Returns false on a protocol violation (message in *why); else *status is
@@ -253,6 +272,10 @@ class Session : private SessionState {
                   uint64_t height, Backend::CopySide* out);
 
   SessionParams p_;
+  HelloReq hello_{};              // the client's Hello (informational fields travel with a move)
+  std::vector<uint8_t> welcome_;  // the Welcome's payload (StartBackend)
+  std::string move_to_;           // a move asked for: host:port of the target ("" none)
+  int move_asker_ = -1;           // the asker's connection (orion-smi via oriond), answered once
   std::unique_ptr<Backend> b_;
   std::unique_ptr<SessionChannel> ch_;
   uint64_t naps_ = 0;  // idle naps (a client that cannot ring)

@@ -100,6 +100,7 @@ constexpr uint32_t FrameSpan(uint32_t payload_len) noexcept {
 // Private CUresult-space status codes used only on the wire (never returned to applications).
 inline constexpr int32_t kStatusNeedBytes = 1001;  // ModuleLoad: send the image with BlobPut (no
                                                    // CUresult has this value; inside the enum's range)
+inline constexpr int32_t kStatusMoved = 1002;      // the session moved: MovedRep says where (issue #24)
 
 // ---- Payloads -------------------------------------------------------------------------------
 // Naming: <Op>Req is the request payload, <Op>Rep the reply payload. Handles (contexts, modules,
@@ -129,16 +130,33 @@ struct HelloReq {
   uint32_t pid;               // informational only (PIDs differ across namespaces and VMs)
   uint8_t ratio;              // ORION_RATIO: percent of a GPU's compute per vGPU, 1..100; 0: best effort
   uint8_t policy;             // ORION_RATIO_POLICY: 0 share (a minimum), 1 cap (a ceiling)
-  uint16_t reserved1;
-  char process_name[64];   // NUL-padded, informational
-  char key[32];            // network transports: the shared client key (ORION_KEY), NUL-padded
-  char allocation_id[40];  // the controller's allocation the client holds ("" = oriond admits it)
-  char hostname[64];       // informational: the client's host name (orion-smi lists by it)
+  uint16_t kind;              // kHelloClient, or (live migration, issue #24) kHelloMigrateIn / kHelloResume
+  char process_name[64];      // NUL-padded, informational
+  char key[32];               // network transports: the shared client key (ORION_KEY), NUL-padded
+  char allocation_id[40];     // the controller's allocation the client holds ("" = oriond admits it)
+  char hostname[64];          // informational: the client's host name (orion-smi lists by it)
   // The vGPU share this process joins (ORION_SHARE, inherited from the process that first took the
   // vGPUs): kShareTokenLen lowercase hex digits, NUL-padded; "" = take vGPUs of its own.
   char share[40];
 };
 ORION_WIRE_STRUCT(HelloReq, 264);
+
+// HelloReq::kind. A program's session starts with kHelloClient. Live migration (issue #24,
+// docs/design/migration.md): the oriond serving a session opens a connection to the target oriond
+// with kHelloMigrateIn (the hello describes the session: vGPUs, memory per vGPU, compute ratio; the
+// session's snapshot follows the target's ready reply); the program's client, told kStatusMoved,
+// connects to the target with kHelloResume and the token the reply carried in `share`.
+inline constexpr uint16_t kHelloClient = 0;
+inline constexpr uint16_t kHelloMigrateIn = 1;
+inline constexpr uint16_t kHelloResume = 2;
+
+// The reply that moves a client (status kStatusMoved, to a frame the source did not execute): send
+// that frame again to `address` after a kHelloResume with `token`. NUL-terminated strings.
+struct MovedRep {
+  char address[64];  // host:port of the target oriond
+  char token[40];    // kShareTokenLen lowercase hex digits: the resume token, valid once and briefly
+};
+ORION_WIRE_STRUCT(MovedRep, 104);
 
 // A share token: a random UUID's 32 lowercase hex digits (122 random bits). Whoever knows it joins
 // the share.

@@ -288,7 +288,20 @@ class Daemon {
     ClientInfo client;
     std::string hold;
     std::map<uint32_t, int> compute;
+    // Live migration (issue #24): `control`, oriond's end of the worker's control socketpair (a
+    // move is asked for on it); for a worker restoring a moved session, `route`, where the
+    // program's connection goes once a kHelloResume brings `token` (until `token_deadline_ms`).
+    int control = -1;
+    int route = -1;
+    std::string token;
+    uint64_t token_deadline_ms = 0;
   };
+  // `migrate SESSION HOST:PORT` on the control socket: hands the request and the asker's
+  // connection `conn` to the session's worker, which answers it; "" then, else the error line.
+  std::string HandOffMove(const std::string& line, int conn);
+  // A kHelloResume: the program of a moved session arrives; its connection goes to the worker
+  // that restored the session.
+  void Resume(Pending& p, const FrameHeader& h, const HelloReq& hello);
   Status OpenListener();
   void AcceptClients(uint64_t now_ms);
   void Handshake(Pending& p);

@@ -75,6 +75,13 @@ class SessionChannel {
   virtual uint64_t MessagesSent() const { return 0; }
   // How the session waited, for its last log line ("" when there is nothing to say).
   virtual std::string WaitStats() const { return ""; }
+  // Live migration's target (issue #24): the restored session's client arrives on connection `fd`
+  // (owned from now on; plain TCP) and the channel serves it from now on. False where the channel
+  // cannot change its connection (shared memory, RDMA).
+  virtual bool Adopt(int fd) {
+    (void)fd;
+    return false;
+  }
   virtual void Serving() = 0;                // the session is served (shm: state ACTIVE)
   virtual void Closing(int32_t reason) = 0;  // the session ends on a violation
 };
@@ -129,6 +136,16 @@ struct SessionParams {
   // oriond and the GPU's other workers) and this tenant's slot there; empty when not scheduled.
   std::vector<ComputeGpu*> compute_gpu;
   std::vector<int> compute_slot;
+  // Live migration (issue #24, session_move.cpp). `control_fd`: this worker's end of a socketpair
+  // with oriond, on which a move is asked for (with SIGUSR2; the asker's connection comes along,
+  // SCM_RIGHTS); -1 when none. A worker that restores a moved session (a kHelloMigrateIn) has
+  // `migrate_fd`, the connection from the source oriond (owned), `route_fd`, on which oriond hands
+  // it the client's connection once a kHelloResume with `resume_token` arrives (owned), and
+  // `resume_address`, the host:port the source tells the client to go to.
+  int control_fd = -1;
+  int migrate_fd = -1;
+  int route_fd = -1;
+  std::string resume_token;
 };
 
 // Exit codes of a session worker.
@@ -138,6 +155,7 @@ enum SessionExit : int {
   kExitViolation = 3,      // protocol violation: hostile or broken client
   kExitBackendFailed = 4,  // the backend could not start
   kExitClientGone = 5,     // the client closed its connection without Goodbye
+  kExitMoved = 6,          // the session moved to another oriond, which now serves it (issue #24)
 };
 
 // Serves the session until it ends; returns a SessionExit code.

@@ -1,0 +1,401 @@
+// session_move.cpp — a session moved to another oriond while its program runs (issue #24, step 3;
+// docs/design/migration.md, "The move, step by step"). Both halves of a move live here:
+//
+//   source worker                      target oriond (parent, then a worker it forks)
+//   -------------                      ----------------------------------------------
+//   oriond passes `migrate HOST:PORT`
+//   and the asker's connection on the
+//   control socketpair, then SIGUSR2.
+//   At the next frame the client waits
+//   on (nothing follows it: the client
+//   holds its lock until the reply):
+//     connect, Hello kHelloMigrateIn   -> admitted like a program's Hello (vGPUs, memory, ratio);
+//                                         a worker starts its backend and answers "ready"
+//     Snapshot (drains first)          -> Restore; answers "restored" with the resume token
+//     the frame's reply: kStatusMoved
+//     {HOST:PORT, token}
+//                                      <- the client connects, Hello kHelloResume + token: oriond
+//                                         hands that connection to the worker (SCM_RIGHTS), which
+//                                         sends the Welcome, tells the source "committed" and
+//                                         serves; the client sends the frame again
+//     exits kExitMoved; the asker hears "ok"
+//
+// Failure: until the source sends kStatusMoved, nothing has changed at the source: a refusal, an
+// unreachable target, a snapshot that cannot be taken or restored leaves the session serving where
+// it was, and the asker hears why. After kStatusMoved the source's copy is stale; it waits for
+// "committed" (kCommitMs) and exits either way; the target drops a session whose client does not
+// come within kResumeMs. Not built yet (the issue's later steps): moving a shared-memory, RDMA or
+// TLS session or a session on a controller allocation, a vGPU share moving together (a session on
+// one moves alone), and the client's retry at the source when it cannot reach the target.
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+
+#include <cerrno>
+
+#include "session_impl.h"
+
+namespace orion::host::detail {
+
+std::atomic<bool> g_move_asked{false};
+
+namespace {
+
+constexpr int kConnectMs = 5000;     // the target must accept within this
+constexpr int kStepMs = 120000;      // each step of the transfer: ready, restored (the bytes stream meanwhile)
+constexpr int kCommitMs = 30000;     // the client must reach the target within this
+constexpr int kResumeMs = 30000;     // the target waits this long for the client
+constexpr int kIoMs = 30000;         // one read or write of the snapshot stream may stall this long
+constexpr uint32_t kMaxText = 4096;  // a refusal's text
+
+int g_control_fd = -1;
+
+void OnMoveSignal(int) { g_move_asked.store(true, std::memory_order_relaxed); }
+
+// Waits until `fd` is ready for `events`, at most `ms`; false on timeout or error.
+bool WaitFd(int fd, short events, int ms) {
+  pollfd p{fd, events, 0};
+  for (;;) {
+    const int r = poll(&p, 1, ms);
+    if (r < 0 && errno == EINTR) continue;  // SIGUSR2 and the like
+    return r == 1 && (p.revents & (events | POLLHUP | POLLERR)) != 0 && (p.revents & POLLNVAL) == 0;
+  }
+}
+
+bool SendAll(int fd, const void* data, size_t bytes) {
+  const auto* b = static_cast<const uint8_t*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::send(fd, b, bytes, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      b += n;
+      bytes -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && WaitFd(fd, POLLOUT, kIoMs)) continue;
+    return false;
+  }
+  return true;
+}
+
+bool RecvAll(int fd, void* data, size_t bytes, int ms) {
+  auto* b = static_cast<uint8_t*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::recv(fd, b, bytes, MSG_DONTWAIT);
+    if (n > 0) {
+      b += n;
+      bytes -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n == 0) return false;
+    if (errno == EINTR) continue;
+    if ((errno == EAGAIN || errno == EWOULDBLOCK) && WaitFd(fd, POLLIN, ms)) continue;
+    return false;
+  }
+  return true;
+}
+
+// The snapshot stream over the migration connection, each way.
+class SocketWriter final : public SnapshotWriter {
+ public:
+  explicit SocketWriter(int fd) : fd_(fd) {}
+  bool Write(const void* data, size_t bytes) override {
+    bytes_ += bytes;
+    return SendAll(fd_, data, bytes);
+  }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  int fd_;
+  uint64_t bytes_ = 0;
+};
+
+class SocketReader final : public SnapshotReader {
+ public:
+  explicit SocketReader(int fd) : fd_(fd) {}
+  bool Read(void* data, size_t bytes) override { return RecvAll(fd_, data, bytes, kIoMs); }
+
+ private:
+  int fd_;
+};
+
+// A frame on the migration connection: header and payload.
+bool SendFrame(int fd, const FrameHeader& h, const void* payload) {
+  return SendAll(fd, &h, sizeof h) && (h.payload_len == 0 || SendAll(fd, payload, h.payload_len));
+}
+
+// A reply on the migration connection: false when none came within `ms`, or it is malformed.
+bool RecvReply(int fd, uint16_t op, int ms, FrameHeader* h, std::string* payload) {
+  if (!RecvAll(fd, h, sizeof *h, ms)) return false;
+  if (h->magic != kFrameMagic || h->version != kProtocolVersion || h->op != op || h->payload_len > kMaxText)
+    return false;
+  payload->assign(h->payload_len, '\0');
+  return h->payload_len == 0 || RecvAll(fd, payload->data(), h->payload_len, kIoMs);
+}
+
+// Connects to "host:port" (a name or a numeric address; IPv6 as [addr]:port), within kConnectMs.
+int ConnectTo(const std::string& where, std::string* why) {
+  const size_t colon = where.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == where.size()) {
+    *why = "'" + where + "' is not HOST:PORT";
+    return -1;
+  }
+  std::string host = where.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  const std::string port = where.substr(colon + 1);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (const int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &res); rc != 0) {
+    *why = "cannot resolve " + where + ": " + gai_strerror(rc);
+    return -1;
+  }
+  int fd = -1;
+  for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
+    fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0 ||
+        (errno == EINPROGRESS && WaitFd(fd, POLLOUT, kConnectMs) && [&] {
+          int err = 0;
+          socklen_t len = sizeof err;
+          getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+          errno = err;
+          return err == 0;
+        }())) {
+      break;
+    }
+    *why = "cannot connect to " + where + ": " + std::strerror(errno != 0 ? errno : ETIMEDOUT);
+    ::close(fd);
+    fd = -1;
+  }
+  freeaddrinfo(res);
+  if (fd >= 0) {
+    const int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  }
+  return fd;
+}
+
+// One line to whoever asked for the move (orion-smi through oriond's control socket), then closed.
+void Answer(int* asker, const std::string& line) {
+  if (*asker < 0) return;
+  const std::string text = line + "\n";
+  (void)SendAll(*asker, text.data(), text.size());
+  ::close(*asker);
+  *asker = -1;
+}
+
+}  // namespace
+
+void WatchMoveRequests(int control_fd) {
+  g_control_fd = control_fd;
+  if (control_fd < 0) return;
+  struct sigaction sa {};
+  sa.sa_handler = OnMoveSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;  // no SA_RESTART: a blocking wait returns, and the loop sees the request at once
+  sigaction(SIGUSR2, &sa, nullptr);
+}
+
+void Session::TakeMoveRequest() {
+  g_move_asked.store(false, std::memory_order_relaxed);
+  for (;;) {
+    char text[512];
+    char cbuf[CMSG_SPACE(sizeof(int))] = {};
+    iovec iov{text, sizeof text - 1};
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = cbuf;
+    m.msg_controllen = sizeof cbuf;
+    const ssize_t n = ::recvmsg(g_control_fd, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n <= 0) return;
+    text[n] = '\0';
+    int asker = -1;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&m); c != nullptr; c = CMSG_NXTHDR(&m, c)) {
+      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) std::memcpy(&asker, CMSG_DATA(c), sizeof asker);
+    }
+    const std::string line(text, static_cast<size_t>(n));
+    if (!line.starts_with("migrate ") || line.size() <= 8) {
+      Answer(&asker, "error the worker does not know '" + line + "'");
+      continue;
+    }
+    if (!move_to_.empty()) {
+      Answer(&asker, "error session " + std::to_string(p_.session_id) + " is already moving to " + move_to_);
+      continue;
+    }
+    move_to_ = line.substr(8);
+    move_asker_ = asker;
+    p_.log->info("sess={} move to {} asked for: at the next call the program waits on", p_.session_id, move_to_);
+  }
+}
+
+int Session::MoveOut(const FrameHeader& frame) {
+  auto& log = *p_.log;
+  const std::string to = move_to_;
+  move_to_.clear();
+  const std::string sess = "session " + std::to_string(p_.session_id);
+  auto refuse = [&](const std::string& why) {
+    log.warn("sess={} not moved to {}: {}", p_.session_id, to, why);
+    Answer(&move_asker_, "error " + sess + " not moved: " + why);
+    return -1;
+  };
+  if (p_.socket_fd < 0 || p_.transport != kTransportTcp) {
+    return refuse(std::string("only a session over TCP can move yet; this one uses ") +
+                  (p_.socket_fd < 0 ? "shared memory" : "RDMA"));
+  }
+  if (p_.stream != nullptr && p_.stream->secure()) return refuse("a session over TLS cannot move yet");
+  if (!p_.allocation_id.empty()) return refuse("a session on a controller's allocation cannot move yet");
+  // A session on a vGPU share (ORION_SHARE: every program's first session names one) moves alone:
+  // at the target it has its vGPUs and quota to itself; the share's other sessions stay here.
+  if (static_cast<Op>(frame.op) == Op::kGoodbye) return refuse("the program is ending");
+  const uint64_t t0 = MonotonicMs();
+  std::string why;
+  const int fd = ConnectTo(to, &why);
+  if (fd < 0) return refuse(why);
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+
+  // The session as the target's admission sees it: its vGPUs, memory per vGPU, compute share, and
+  // the program's informational fields.
+  HelloReq hello{};
+  hello.protocol_version = kProtocolVersion;
+  hello.transports = kTransportTcp;
+  hello.kind = kHelloMigrateIn;
+  hello.vgpu_count = static_cast<uint32_t>(p_.placements.size());
+  uint64_t quota = 0;
+  for (const Placement& pl : p_.placements) quota = std::max(quota, pl.quota_bytes);
+  hello.gmem_mib = (quota + (uint64_t{1} << 20) - 1) >> 20;
+  for (const auto& g : gates_) {
+    if (g == nullptr) continue;
+    hello.ratio = static_cast<uint8_t>(g->ratio());
+    hello.policy = static_cast<uint8_t>(g->policy());
+    break;
+  }
+  hello.pid = hello_.pid;
+  std::memcpy(hello.process_name, hello_.process_name, sizeof hello.process_name);
+  std::memcpy(hello.hostname, hello_.hostname, sizeof hello.hostname);
+  FrameHeader h = MakeFrameHeader(static_cast<uint16_t>(Op::kHello), 1, sizeof hello);
+  h.flags = kFlagWantsReply;
+  FrameHeader rh{};
+  std::string text;
+  if (!SendFrame(fd, h, &hello)) return refuse("the target " + to + " closed the connection");
+  if (!RecvReply(fd, static_cast<uint16_t>(Op::kHello), kStepMs, &rh, &text)) {
+    return refuse("the target " + to + " did not answer (is it an oriond of this version?)");
+  }
+  if (rh.status != 0) return refuse("the target refused it: " + std::string(text.c_str()));
+
+  // Snapshot drains first: every frame before this one has executed, and its work completed.
+  SocketWriter out(fd);
+  if (!Snapshot(out, &why)) return refuse(why);
+  if (!RecvReply(fd, static_cast<uint16_t>(Op::kHello), kStepMs, &rh, &text)) {
+    return refuse("the target " + to + " did not confirm the restore");
+  }
+  if (rh.status != 0) return refuse("the target could not restore it: " + std::string(text.c_str()));
+  if (text.size() != kShareTokenLen || !ValidShareToken(text.c_str(), kShareTokenLen + 1)) {
+    return refuse("the target answered a malformed resume token");
+  }
+
+  // From here on the target holds the session: the client is told to go there.
+  MovedRep moved{};
+  std::snprintf(moved.address, sizeof moved.address, "%s", to.c_str());
+  std::snprintf(moved.token, sizeof moved.token, "%s", text.c_str());
+  const uint64_t sent_ms = MonotonicMs();
+  if (!Reply(frame, kStatusMoved, &moved, sizeof moved)) {
+    log.warn("sess={} the client went away during its move to {}", p_.session_id, to);
+    Answer(&move_asker_, "error " + sess + ": the program went away during the move");
+    return kExitClientGone;
+  }
+  const bool committed = RecvReply(fd, static_cast<uint16_t>(Op::kHello), kCommitMs, &rh, &text) && rh.status == 0;
+  const uint64_t t1 = MonotonicMs();
+  if (!committed) {
+    log.error("sess={} moved to {}, but the target did not confirm the client within {} ms", p_.session_id, to,
+              kCommitMs);
+    Answer(&move_asker_, "error " + sess + " was sent to " + to + ", but the program did not arrive there");
+    return kExitMoved;
+  }
+  log.info("sess={} moved to {}: {} bytes of state in {} ms; the program resumed there in {} ms", p_.session_id, to,
+           out.bytes(), sent_ms - t0, t1 - sent_ms);
+  Answer(&move_asker_, "ok " + sess + " moved to " + to + " (" + std::to_string(out.bytes()) + " bytes in " +
+                           std::to_string(t1 - t0) + " ms)");
+  return kExitMoved;
+}
+
+int Session::MigrateIn(const FrameHeader& hello_header) {
+  auto& log = *p_.log;
+  const int fd = p_.migrate_fd;
+  struct Closer {
+    int fd;
+    ~Closer() {
+      if (fd >= 0) ::close(fd);
+    }
+  } closer{fd}, route{p_.route_fd};
+  auto fail = [&](int32_t status, const std::string& why, int code) {
+    log.error("sess={} the move in failed: {}", p_.session_id, why);
+    const FrameHeader h =
+        ReplyHeader(hello_header, status, static_cast<uint32_t>(std::min<size_t>(why.size(), kMaxText)));
+    (void)SendFrame(fd, h, why.data());
+    return code;
+  };
+  std::string why;
+  if (!StartBackend(&why)) return fail(CUDA_ERROR_NO_DEVICE, why, kExitBackendFailed);
+  if (!SendFrame(fd, ReplyHeader(hello_header, 0, 0), nullptr)) return kExitClientGone;  // ready
+  const uint64_t t0 = MonotonicMs();
+  SocketReader in(fd);
+  if (!Restore(in, &why)) return fail(CUDA_ERROR_INVALID_VALUE, why, kExitViolation);
+  const std::string& token = p_.resume_token;
+  if (!SendFrame(fd, ReplyHeader(hello_header, 0, static_cast<uint32_t>(token.size())), token.data())) {
+    log.warn("sess={} the source went away before the program was sent here", p_.session_id);
+    return kExitClientGone;
+  }
+  log.info("sess={} restored in {} ms; waiting for the program", p_.session_id, MonotonicMs() - t0);
+
+  // The program's connection, from oriond once its kHelloResume carried the token: the Hello's
+  // header with the descriptor.
+  FrameHeader client_hello{};
+  int client = -1;
+  if (WaitFd(p_.route_fd, POLLIN, kResumeMs)) {
+    char cbuf[CMSG_SPACE(sizeof(int))] = {};
+    iovec iov{&client_hello, sizeof client_hello};
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = cbuf;
+    m.msg_controllen = sizeof cbuf;
+    const ssize_t n = ::recvmsg(p_.route_fd, &m, MSG_CMSG_CLOEXEC);
+    for (cmsghdr* c = CMSG_FIRSTHDR(&m); n == static_cast<ssize_t>(sizeof client_hello) && c != nullptr;
+         c = CMSG_NXTHDR(&m, c)) {
+      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) std::memcpy(&client, CMSG_DATA(c), sizeof client);
+    }
+  }
+  if (client < 0) {
+    log.warn("sess={} the program did not come within {} ms; the moved session ends", p_.session_id, kResumeMs);
+    return kExitClientGone;
+  }
+  const int flags = fcntl(client, F_GETFL);
+  fcntl(client, F_SETFL, flags & ~O_NONBLOCK);
+  // The socketpair the connection came on is this worker's control socket from now on (oriond
+  // uses it so too): the session can move on, or back.
+  route.fd = -1;
+  p_.control_fd = p_.route_fd;
+  p_.route_fd = -1;
+  WatchMoveRequests(p_.control_fd);
+  ch_->Adopt(client);
+  p_.socket_fd = client;
+  int code = 0;
+  if (!Welcome(client_hello, &code)) return code;
+  (void)SendFrame(fd, ReplyHeader(hello_header, 0, 0), nullptr);  // committed: the source may go
+  ::close(fd);
+  closer.fd = -1;
+  log.info("sess={} the program resumed here", p_.session_id);
+  return Serve();
+}
+
+}  // namespace orion::host::detail

@@ -1,0 +1,82 @@
+// move_loop.cu — a program that computes in a loop while its session may move to another oriond
+// (issue #24): its device memory, a stream, two events, a module variable and a kernel are made
+// before the loop and used across it. Each iteration adds i to every element on the stream, copies
+// a slice back and checks it, and synchronizes (a call the program waits on: where a move happens),
+// then sleeps PAUSE_MS. The results do not depend on where each iteration ran.
+//
+// Usage: move_loop [ITERATIONS=40] [PAUSE_MS=50]
+// Output: "READY" after the setup, "ITER <i> <sum of the slice>" per iteration, CHECK lines, DONE.
+#include <cuda_runtime.h>
+#include <unistd.h>
+
+#include <vector>
+
+#include "orion_test.h"
+
+__device__ unsigned long long calls;
+
+__global__ void add(int* a, int n, int v) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) a[i] += v;
+  if (i == 0) atomicAdd(&calls, 1ull);
+}
+
+int main(int argc, char** argv) {
+  ot::init_output();
+  ot::detect_device();
+  const int iterations = argc > 1 ? atoi(argv[1]) : 40;
+  const int pause_ms = argc > 2 ? atoi(argv[2]) : 50;
+  const int n = 1 << 16;
+  int* a = nullptr;
+  CUDA_OK(cudaMalloc(&a, n * sizeof(int)));
+  CUDA_OK(cudaMemset(a, 0, n * sizeof(int)));
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaEvent_t start, stop;
+  CUDA_OK(cudaEventCreate(&start));
+  CUDA_OK(cudaEventCreate(&stop));
+  const unsigned long long zero = 0;
+  CUDA_OK(cudaMemcpyToSymbol(calls, &zero, sizeof zero));
+  CUDA_OK(cudaEventRecord(start, s));
+  CUDA_OK(cudaStreamSynchronize(s));
+  printf("READY\n");
+  std::vector<int> slice(256);
+  bool each_ok = true;
+  for (int i = 1; i <= iterations; ++i) {
+    add<<<(n + 255) / 256, 256, 0, s>>>(a, n, i);
+    CUDA_OK(cudaGetLastError());
+    CUDA_OK(cudaMemcpyAsync(slice.data(), a + (i * 997) % (n - 256), slice.size() * sizeof(int), cudaMemcpyDeviceToHost,
+                            s));
+    CUDA_OK(cudaStreamSynchronize(s));
+    long long sum = 0;
+    const int want = i * (i + 1) / 2;
+    for (int v : slice) {
+      sum += v;
+      if (v != want) each_ok = false;
+    }
+    printf("ITER %d %lld\n", i, sum);
+    usleep(pause_ms * 1000);
+  }
+  CUDA_OK(cudaEventRecord(stop, s));
+  CUDA_OK(cudaEventSynchronize(stop));
+  float ms = -1;
+  const cudaError_t elapsed = cudaEventElapsedTime(&ms, start, stop);
+  std::vector<int> all(n);
+  CUDA_OK(cudaMemcpy(all.data(), a, n * sizeof(int), cudaMemcpyDeviceToHost));
+  const int want = iterations * (iterations + 1) / 2;
+  int wrong = 0;
+  for (int v : all) wrong += v != want;
+  unsigned long long got_calls = 0;
+  CUDA_OK(cudaMemcpyFromSymbol(&got_calls, calls, sizeof got_calls));
+  ot::check("every_iteration_read_back_its_sum", each_ok);
+  ot::check("all_elements_hold_the_sum", wrong == 0, ot::fmt("%d of %d wrong (want %d)", wrong, n, want));
+  ot::check("module_variable_counts_every_launch", got_calls == static_cast<unsigned long long>(iterations),
+            ot::fmt("calls=%llu want %d", got_calls, iterations));
+  ot::check("events_across_the_loop", elapsed == cudaSuccess && ms >= 0,
+            ot::fmt("cudaEventElapsedTime: %s, %.3f ms", cudaGetErrorString(elapsed), ms));
+  CUDA_OK(cudaEventDestroy(start));
+  CUDA_OK(cudaEventDestroy(stop));
+  CUDA_OK(cudaStreamDestroy(s));
+  CUDA_OK(cudaFree(a));
+  return ot::finish();
+}

@@ -1,0 +1,170 @@
+"""Live migration (issue #24, step 3): `orion-smi migrate SESSION --to HOST:PORT` moves a session of
+one oriond to another while its program runs (docs/migration.md). tests/cuda/move_loop computes in
+a loop (device memory, a stream, events and a module variable kept across it) and checks every
+value; it must finish the same wherever its iterations ran. Each failure before the program is told
+to go leaves the session where it was: the program finishes there, unaware."""
+import os
+import re
+import socket
+import struct
+import subprocess
+
+import pytest
+
+from conftest import PREFIX, TEST_BIN, Oriond, assert_passed, free_port, smi_json, wait_until
+from fake_peers import HDR, MAGIC, OP, PROTOCOL
+
+
+@pytest.fixture
+def two(tmp_path):
+    """Two oriond (sim) listening on TCP: a source and a target."""
+    ds = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        port = free_port()
+        d = Oriond(tmp_path / name, tcp_port=port)
+        d.port = port
+        ds.append(d)
+    yield ds
+    for d in ds:
+        d.stop()
+
+
+def start_loop(d, iterations, pause_ms, shm=False):
+    """move_loop against oriond `d` (over TCP, or its region), once its setup is done (READY)."""
+    env = d.env(ORION_GMEM=256)
+    if not shm:
+        env.pop("ORION_SHM")
+        env["ORION_SERVER"] = f"127.0.0.1:{d.port}"
+    p = subprocess.Popen([str(TEST_BIN / "move_loop"), str(iterations), str(pause_ms)], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in p.stdout:
+        if line.strip() == "READY":
+            return p
+    raise AssertionError(p.stderr.read())
+
+
+def migrate(d, session, to):
+    return subprocess.run([str(PREFIX / "bin" / "orion-smi"), "migrate", str(session), "--to", to, "--oriond",
+                           str(d.tmp / "oriond.sock")], capture_output=True, text=True, timeout=300)
+
+
+def only_session(d):
+    sessions = smi_json(d)
+    assert len(sessions) == 1, sessions
+    return sessions[0]["session"]
+
+
+def finish(p):
+    out, err = p.communicate(timeout=120)
+    r = subprocess.CompletedProcess(p.args, p.returncode, out, err)
+    assert_passed(r, expect_checks=4)
+    iters = [int(m) for m in re.findall(r"^ITER (\d+) ", out, re.M)]
+    assert iters == list(range(1, len(iters) + 1)) and iters, out[-2000:]
+    return r
+
+
+def test_a_running_program_moves_to_another_oriond_and_back(two):
+    """Moved mid-loop from A to B, then from B back to A: the program's values are all right, each
+    oriond lists the session only while it serves it, and the program's log says where it went."""
+    a, b = two
+    p = start_loop(a, 40, 50)
+    first = only_session(a)
+    r = migrate(a, first, f"127.0.0.1:{b.port}")
+    assert r.returncode == 0, r.stderr
+    m = re.fullmatch(rf"session {first} moved to 127\.0\.0\.1:{b.port} \((\d+) bytes in (\d+) ms\)\n", r.stdout)
+    assert m, r.stdout
+    assert int(m.group(1)) > 256 << 10  # the 256 KiB array, at least
+    assert smi_json(a) == []
+    moved = only_session(b)
+    assert smi_json(b)[0]["client"]["process"] == "move_loop"
+    r = migrate(b, moved, f"127.0.0.1:{a.port}")
+    assert r.returncode == 0, r.stderr
+    assert smi_json(b) == []
+    result = finish(p)
+    assert result.stderr.count("the session moved from") == 2, result.stderr
+    assert f"Session {first} exits (moved to another oriond)." in a.log()
+    assert f"Session {moved} exits (moved to another oriond)." in b.log()
+
+
+def test_an_unreachable_or_refusing_target_leaves_the_session_where_it_was(two, tmp_path):
+    """Nothing listens at the address; the target wants a client key the source does not have: both
+    refused with the reason, and the program runs on at A as if nothing happened."""
+    a, b = two
+    (tmp_path / "c").mkdir()
+    port = free_port()
+    keyed = Oriond(tmp_path / "c", tcp_port=port,
+                   conf_text="[server]\n    vgpu_count = 4\n[server-shm]\n    shm_buffer_size = 16\n"
+                             "[orion]\n    client_key = s3cret\n")
+    try:
+        p = start_loop(a, 30, 50)
+        sess = only_session(a)
+        dead = free_port()
+        r = migrate(a, sess, f"127.0.0.1:{dead}")
+        assert r.returncode == 1
+        assert r.stderr.startswith(f"session {sess} not moved: cannot connect to 127.0.0.1:{dead}: "), r.stderr
+        r = migrate(a, sess, f"127.0.0.1:{port}")
+        assert r.returncode == 1
+        assert r.stderr == (f"session {sess} not moved: the target refused it: "
+                            "authentication failed: wrong or missing ORION_KEY\n"), r.stderr
+        assert only_session(a) == sess
+        result = finish(p)
+        assert "moved" not in result.stderr
+        assert smi_json(keyed) == []
+    finally:
+        keyed.stop()
+
+
+def test_a_shared_memory_session_is_refused_before_anything_pauses(two):
+    a, b = two
+    p = start_loop(a, 10, 20, shm=True)
+    sess = only_session(a)
+    r = migrate(a, sess, f"127.0.0.1:{b.port}")
+    assert r.returncode == 1
+    assert r.stderr == f"session {sess} uses shared memory; only a session over TCP can move yet\n"
+    finish(p)
+    r = migrate(a, 999, f"127.0.0.1:{b.port}")
+    assert r.returncode == 1 and r.stderr == "no session 999 here ('sessions' lists them)\n", r.stderr
+
+
+def raw_hello(kind, share=b""):
+    """A Hello frame as a hostile peer writes it (frame.h: FrameHeader, HelloReq with `kind`)."""
+    hello = struct.pack("<HHIQIBBH64s32s40s64s40s", PROTOCOL, 2, 1, 256, os.getpid(), 0, 0, kind, b"raw-peer", b"", b"",
+                        b"raw-host", share)
+    return HDR.pack(MAGIC, PROTOCOL, OP["Hello"], 1, len(hello), 0, 0, 1, 0) + hello
+
+
+def refusal(port, frame, then=b""):
+    """Sends `frame` (and `then`) to oriond at `port`; its reply's status and text."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(frame)
+        if then:
+            s.recv(32, socket.MSG_WAITALL)  # ready
+            try:
+                s.sendall(then)
+                s.shutdown(socket.SHUT_WR)
+            except OSError:  # the worker may have refused and closed before all of it was sent
+                pass
+        h = s.recv(32, socket.MSG_WAITALL)
+        status, plen = struct.unpack_from("<i", h, 16)[0], struct.unpack_from("<I", h, 12)[0]
+        return status, s.recv(plen, socket.MSG_WAITALL).decode(errors="replace")
+
+
+def test_hostile_resume_and_move_in_hellos_end_only_their_connection(two):
+    """A guessed resume token, a Hello of a kind that does not exist, and a move-in whose snapshot
+    is garbage: each refused with its reason (the last by the worker that tried to restore it, which
+    then ends); the target serves a program normally afterwards and holds no vGPU for them."""
+    a, b = two
+    assert refusal(b.port, raw_hello(2, b"0123456789abcdef" * 2)) == (
+        500, "no moved session waits for this resume token here (used, or expired)")
+    assert refusal(b.port, raw_hello(2, b"not-a-token")) == (1, "a resume Hello needs its token (32 hex digits)")
+    assert refusal(b.port, raw_hello(7)) == (801, "a Hello of kind 7 is not known here")
+    assert refusal(b.port, raw_hello(1), then=b"ORIONSNP" + bytes(range(256)) * 16) == (
+        1, "a record's head is malformed")
+    wait_until(lambda: smi_json(b) == [], 10)
+    assert "the move in failed: a record's head is malformed" in b.session_logs()
+    r = subprocess.run([str(TEST_BIN / "move_loop"), "3", "0"],
+                       env={**{k: v for k, v in b.env().items() if k != "ORION_SHM"},
+                            "ORION_SERVER": f"127.0.0.1:{b.port}"},
+                       capture_output=True, text=True, timeout=120)
+    assert_passed(r, expect_checks=4)
