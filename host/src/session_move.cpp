@@ -66,7 +66,15 @@ bool WaitFd(int fd, short events, int ms) {
   }
 }
 
-bool SendAll(int fd, const void* data, size_t bytes) {
+// The ms left until `deadline_ms` (monotonic), at least 0.
+int MsLeft(uint64_t deadline_ms) {
+  const uint64_t now = MonotonicMs();
+  return now >= deadline_ms ? 0 : static_cast<int>(deadline_ms - now);
+}
+
+// All of [data, data+bytes) within `ms` in all (a peer that drips a byte at a time is bounded too).
+bool SendAll(int fd, const void* data, size_t bytes, int ms = kIoMs) {
+  const uint64_t deadline = MonotonicMs() + static_cast<uint64_t>(ms);
   const auto* b = static_cast<const uint8_t*>(data);
   while (bytes > 0) {
     const ssize_t n = ::send(fd, b, bytes, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -76,13 +84,16 @@ bool SendAll(int fd, const void* data, size_t bytes) {
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && WaitFd(fd, POLLOUT, kIoMs)) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && MsLeft(deadline) > 0 &&
+        WaitFd(fd, POLLOUT, MsLeft(deadline)))
+      continue;
     return false;
   }
   return true;
 }
 
 bool RecvAll(int fd, void* data, size_t bytes, int ms) {
+  const uint64_t deadline = MonotonicMs() + static_cast<uint64_t>(ms);
   auto* b = static_cast<uint8_t*>(data);
   while (bytes > 0) {
     const ssize_t n = ::recv(fd, b, bytes, MSG_DONTWAIT);
@@ -93,34 +104,59 @@ bool RecvAll(int fd, void* data, size_t bytes, int ms) {
     }
     if (n == 0) return false;
     if (errno == EINTR) continue;
-    if ((errno == EAGAIN || errno == EWOULDBLOCK) && WaitFd(fd, POLLIN, ms)) continue;
+    if ((errno == EAGAIN || errno == EWOULDBLOCK) && MsLeft(deadline) > 0 && WaitFd(fd, POLLIN, MsLeft(deadline)))
+      continue;
     return false;
   }
   return true;
 }
 
-// The snapshot stream over the migration connection, each way.
+// The snapshot stream over the migration connection, each way. A peer that stalls is bounded per
+// read or write (kIoMs) and in all: kStepMs plus one second per MiB so far (a link of 1 MiB/s at
+// least), so that a hostile or broken one cannot hold a worker, its vGPUs or a paused program.
+class StreamBudget {
+ public:
+  StreamBudget() : start_ms_(MonotonicMs()) {}
+  // The ms a step of the stream may still wait, 0 when the budget is spent.
+  int Left(uint64_t bytes_so_far) const {
+    const uint64_t allowed = kStepMs + (bytes_so_far >> 20) * 1000;
+    const uint64_t used = MonotonicMs() - start_ms_;
+    return used >= allowed ? 0 : static_cast<int>(std::min<uint64_t>(allowed - used, kIoMs));
+  }
+
+ private:
+  uint64_t start_ms_;
+};
+
 class SocketWriter final : public SnapshotWriter {
  public:
   explicit SocketWriter(int fd) : fd_(fd) {}
   bool Write(const void* data, size_t bytes) override {
     bytes_ += bytes;
-    return SendAll(fd_, data, bytes);
+    const int ms = budget_.Left(bytes_);
+    return ms > 0 && SendAll(fd_, data, bytes, ms);
   }
   uint64_t bytes() const { return bytes_; }
 
  private:
   int fd_;
   uint64_t bytes_ = 0;
+  StreamBudget budget_;
 };
 
 class SocketReader final : public SnapshotReader {
  public:
   explicit SocketReader(int fd) : fd_(fd) {}
-  bool Read(void* data, size_t bytes) override { return RecvAll(fd_, data, bytes, kIoMs); }
+  bool Read(void* data, size_t bytes) override {
+    const int ms = budget_.Left(bytes_);
+    bytes_ += bytes;
+    return ms > 0 && RecvAll(fd_, data, bytes, ms);
+  }
 
  private:
   int fd_;
+  uint64_t bytes_ = 0;
+  StreamBudget budget_;
 };
 
 // A frame on the migration connection: header and payload.
