@@ -359,16 +359,17 @@ int Session::Serve() {
     if (!OpKnown(h.op) || static_cast<Op>(h.op) == Op::kWindowData) {
       return violation("unknown op " + std::to_string(h.op));
     }
-    // A move asked for happens at a frame the client waits on: everything before it has executed,
-    // and nothing comes after it until its reply (the client's lock spans the call).
-    if (!move_to_.empty() && (h.flags & kFlagWantsReply) != 0) {
-      if (const int moved = MoveOut(h); moved >= 0) return moved;
-    }
     int32_t status = 0;
     std::string why;
     busy_op.store(h.op, std::memory_order_relaxed);
     // Only this thread writes busy_seq: plain stores, no locked instruction per frame.
     busy_seq.store(busy_seq.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);  // odd: executing
+    // A move asked for happens at a frame the client waits on: everything before it has executed,
+    // and nothing comes after it until its reply (the client's lock spans the call). Meanwhile the
+    // watchdog keeps the client told that oriond lives (the state may take seconds to travel).
+    if (!move_to_.empty() && (h.flags & kFlagWantsReply) != 0) {
+      if (const int moved = MoveOut(h, &busy_seq); moved >= 0) return moved;
+    }
     const bool dispatched = Dispatch(h, f.payload, &reply, &status, &why);
     busy_seq.store(busy_seq.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     if (!dispatched) return violation(std::string(OpName(h.op)) + ": " + why);

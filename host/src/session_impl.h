@@ -133,7 +133,9 @@ class Session : private SessionState {
   // the backend, restores what the source sends on migrate_fd, waits for the client's connection
   // on route_fd, welcomes it and serves; its exit code.
   void TakeMoveRequest();
-  int MoveOut(const FrameHeader& frame);
+  // `busy`: the watchdog's frame counter (odd while a frame executes: it sends keepalives then);
+  // made even once the client is told to go, whose connection then closes.
+  int MoveOut(const FrameHeader& frame, std::atomic<uint64_t>* busy);
   int MigrateIn(const FrameHeader& hello_header);
   // Serves frames until the session ends (Goodbye, the client gone, a violation); its exit code.
   int Serve();

@@ -271,7 +271,7 @@ void Session::TakeMoveRequest() {
   }
 }
 
-int Session::MoveOut(const FrameHeader& frame) {
+int Session::MoveOut(const FrameHeader& frame, std::atomic<uint64_t>* busy) {
   auto& log = *p_.log;
   const std::string to = move_to_;
   move_to_.clear();
@@ -344,7 +344,9 @@ int Session::MoveOut(const FrameHeader& frame) {
   std::snprintf(moved.address, sizeof moved.address, "%s", to.c_str());
   std::snprintf(moved.token, sizeof moved.token, "%s", text.c_str());
   const uint64_t sent_ms = MonotonicMs();
-  if (!Reply(frame, kStatusMoved, &moved, sizeof moved)) {
+  const bool told = Reply(frame, kStatusMoved, &moved, sizeof moved);
+  busy->store(busy->load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);  // the client goes now
+  if (!told) {
     log.warn("sess={} the client went away during its move to {}", p_.session_id, to);
     Answer(&move_asker_, "error " + sess + ": the program went away during the move");
     return kExitClientGone;

@@ -8,6 +8,7 @@ import re
 import socket
 import struct
 import subprocess
+import sys
 
 import pytest
 
@@ -168,3 +169,65 @@ def test_hostile_resume_and_move_in_hellos_end_only_their_connection(two):
                             "ORION_SERVER": f"127.0.0.1:{b.port}"},
                        capture_output=True, text=True, timeout=120)
     assert_passed(r, expect_checks=4)
+
+
+TORCH_LOOP = """
+import sys, time, torch
+x = torch.arange(1 << 20, dtype=torch.float32)
+d = x.cuda()
+model = torch.nn.Linear(64, 64).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for i in range(int(sys.argv[1])):
+    y = model(torch.ones(8, 64, device="cuda"))
+    y.sum().backward()
+    opt.step()
+    opt.zero_grad()
+    torch.cuda.synchronize()
+    print("ITER", i, torch.cuda.memory_allocated(), d.data_ptr(), model.weight.data_ptr(), flush=True)
+    time.sleep(0.1)
+print("AFTER", torch.equal(d.cpu(), x), flush=True)
+"""
+
+
+def test_a_pytorch_training_loop_moves_api_level(tmp_path):
+    """PyTorch (API level: --sim-unexecutable skip, so its kernels are accepted and not run, and no
+    value they compute is checked) moved mid-loop: its tensors keep their device pointers and bytes,
+    and its allocator's count does not change across the move."""
+    pytest.importorskip("torch", reason="PyTorch not installed: scripts/venv --frameworks")
+    iterations = 40
+    ds = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        port = free_port()
+        d = Oriond(tmp_path / name, tcp_port=port, extra_args=("--sim-unexecutable", "skip"))
+        d.port = port
+        ds.append(d)
+    a, b = ds
+    try:
+        env = {k: v for k, v in a.env(ORION_GMEM=4096).items() if k != "ORION_SHM"}
+        env["ORION_SERVER"] = f"127.0.0.1:{a.port}"
+        p = subprocess.Popen([sys.executable, "-c", TORCH_LOOP, str(iterations)], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        lines = []
+        for line in p.stdout:
+            lines.append(line)
+            if line.startswith("ITER 2 "):
+                break
+        assert lines and lines[-1].startswith("ITER 2 "), "".join(lines) + p.stderr.read()[-3000:]
+        r = migrate(a, only_session(a), f"127.0.0.1:{b.port}")
+        assert r.returncode == 0, r.stderr
+        out, err = p.communicate(timeout=300)
+        lines += out.splitlines(keepends=True)
+        assert p.returncode == 0, err[-3000:]
+        assert "the session moved from" in err, err[-3000:]
+        iters = [l.split()[1:] for l in lines if l.startswith("ITER ")]
+        assert [int(i[0]) for i in iters] == list(range(iterations)), lines
+        # After the first step (which allocates the gradients) nothing changes: not the allocator's
+        # count, not a pointer, wherever the step ran.
+        assert len({tuple(i[1:]) for i in iters[1:]}) == 1, iters
+        assert lines[-1] == "AFTER True\n", lines[-3:]
+        assert "Session 1 exits (moved to another oriond)." in a.log()
+        assert re.search(r"resumes session \d+ here", b.log()), b.log()[-2000:]
+    finally:
+        for d in ds:
+            d.stop()
