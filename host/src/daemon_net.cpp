@@ -32,6 +32,7 @@
 #include <sstream>
 
 #include "orion/common/clock.h"
+#include "orion/common/fd_passing.h"
 #include "orion/host/session.h"
 #include "orion/host/vm_state.h"
 #include "orion/ivshmem/ring.h"
@@ -484,21 +485,7 @@ void Daemon::Resume(Pending& p, const FrameHeader& h, const HelloReq& hello) {
     for (size_t i = 0; i < kShareTokenLen; ++i) diff |= static_cast<uint8_t>(ns.token[i] ^ hello.share[i]);
     if (diff != 0) continue;
     if (now > ns.token_deadline_ms) break;
-    const int fd = p.fd.get();
-    char cbuf[CMSG_SPACE(sizeof(int))] = {};
-    FrameHeader copy = h;
-    iovec iov{&copy, sizeof copy};
-    msghdr m{};
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    m.msg_control = cbuf;
-    m.msg_controllen = sizeof cbuf;
-    cmsghdr* c = CMSG_FIRSTHDR(&m);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
-    const bool sent = ::sendmsg(ns.route, &m, MSG_DONTWAIT | MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof copy);
+    const bool sent = SendWithFd(ns.route, &h, sizeof h, p.fd.get());
     ns.token.clear();  // once
     // From now on the socketpair is the worker's control socket: the session can move on.
     ns.control = ns.route;

@@ -31,6 +31,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "orion/common/fd_passing.h"
 #include "orion/host/session.h"
 #include "orion/host/vm_state.h"
 #include "orion/ivshmem/ring.h"
@@ -335,19 +336,7 @@ std::string Daemon::HandOffMove(const std::string& line, int conn) {
     if (n.session != session) continue;
     if (n.control < 0) return "error session " + id + " cannot be asked to move (it is itself arriving)";
     const std::string msg = "migrate " + to;
-    char cbuf[CMSG_SPACE(sizeof(int))] = {};
-    iovec iov{const_cast<char*>(msg.data()), msg.size()};
-    msghdr m{};
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    m.msg_control = cbuf;
-    m.msg_controllen = sizeof cbuf;
-    cmsghdr* c = CMSG_FIRSTHDR(&m);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &conn, sizeof conn);
-    if (::sendmsg(n.control, &m, MSG_DONTWAIT | MSG_NOSIGNAL) != static_cast<ssize_t>(msg.size())) {
+    if (!SendWithFd(n.control, msg.data(), msg.size(), conn)) {
       return "error session " + id + "'s worker does not take requests: " + std::strerror(errno);
     }
     kill(n.pid, SIGUSR2);

@@ -37,6 +37,7 @@
 
 #include <cerrno>
 
+#include "orion/common/fd_passing.h"
 #include "session_impl.h"
 
 namespace orion::host::detail {
@@ -242,20 +243,10 @@ void Session::TakeMoveRequest() {
   g_move_asked.store(false, std::memory_order_relaxed);
   for (;;) {
     char text[512];
-    char cbuf[CMSG_SPACE(sizeof(int))] = {};
-    iovec iov{text, sizeof text - 1};
-    msghdr m{};
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    m.msg_control = cbuf;
-    m.msg_controllen = sizeof cbuf;
-    const ssize_t n = ::recvmsg(g_control_fd, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    int asker = -1;
+    const ssize_t n = RecvWithFd(g_control_fd, text, sizeof text - 1, &asker, MSG_DONTWAIT);
     if (n <= 0) return;
     text[n] = '\0';
-    int asker = -1;
-    for (cmsghdr* c = CMSG_FIRSTHDR(&m); c != nullptr; c = CMSG_NXTHDR(&m, c)) {
-      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) std::memcpy(&asker, CMSG_DATA(c), sizeof asker);
-    }
     const std::string line(text, static_cast<size_t>(n));
     if (!line.starts_with("migrate ") || line.size() <= 8) {
       Answer(&asker, "error the worker does not know '" + line + "'");
@@ -399,19 +390,10 @@ int Session::MigrateIn(const FrameHeader& hello_header) {
   // header with the descriptor.
   FrameHeader client_hello{};
   int client = -1;
-  if (WaitFd(p_.route_fd, POLLIN, kResumeMs)) {
-    char cbuf[CMSG_SPACE(sizeof(int))] = {};
-    iovec iov{&client_hello, sizeof client_hello};
-    msghdr m{};
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    m.msg_control = cbuf;
-    m.msg_controllen = sizeof cbuf;
-    const ssize_t n = ::recvmsg(p_.route_fd, &m, MSG_CMSG_CLOEXEC);
-    for (cmsghdr* c = CMSG_FIRSTHDR(&m); n == static_cast<ssize_t>(sizeof client_hello) && c != nullptr;
-         c = CMSG_NXTHDR(&m, c)) {
-      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) std::memcpy(&client, CMSG_DATA(c), sizeof client);
-    }
+  if (WaitFd(p_.route_fd, POLLIN, kResumeMs) &&
+      RecvWithFd(p_.route_fd, &client_hello, sizeof client_hello, &client, 0) != sizeof client_hello && client >= 0) {
+    ::close(client);
+    client = -1;
   }
   if (client < 0) {
     log.warn("sess={} the program did not come within {} ms; the moved session ends", p_.session_id, kResumeMs);

@@ -1,5 +1,7 @@
 #include "orion/ivshmem/doorbell.h"
 
+#include "orion/common/fd_passing.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -22,21 +24,7 @@ std::string Err(const std::string& what) { return what + ": " + std::strerror(er
 bool SendMsg(int sock, int64_t value, int fd) noexcept {
   uint8_t bytes[8];
   for (int i = 0; i < 8; ++i) bytes[i] = static_cast<uint8_t>(static_cast<uint64_t>(value) >> (8 * i));
-  iovec iov{bytes, sizeof bytes};
-  msghdr m{};
-  m.msg_iov = &iov;
-  m.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  if (fd >= 0) {
-    m.msg_control = control;
-    m.msg_controllen = sizeof control;
-    cmsghdr* c = CMSG_FIRSTHDR(&m);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
-  }
-  return sendmsg(sock, &m, MSG_NOSIGNAL | MSG_DONTWAIT) == static_cast<ssize_t>(sizeof bytes);
+  return SendWithFd(sock, bytes, sizeof bytes, fd);
 }
 
 }  // namespace
