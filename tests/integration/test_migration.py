@@ -69,7 +69,7 @@ def test_a_running_program_moves_to_another_oriond_and_back(two):
     """Moved mid-loop from A to B, then from B back to A: the program's values are all right, each
     oriond lists the session only while it serves it, and the program's log says where it went."""
     a, b = two
-    p = start_loop(a, 40, 50)
+    p = start_loop(a, 80, 50)
     first = only_session(a)
     r = migrate(a, first, f"127.0.0.1:{b.port}")
     assert r.returncode == 0, r.stderr
@@ -99,7 +99,7 @@ def test_an_unreachable_or_refusing_target_leaves_the_session_where_it_was(two, 
                    conf_text="[server]\n    vgpu_count = 4\n[server-shm]\n    shm_buffer_size = 16\n"
                              "[orion]\n    client_key = s3cret\n")
     try:
-        p = start_loop(a, 30, 50)
+        p = start_loop(a, 60, 50)
         sess = only_session(a)
         dead = free_port()
         r = migrate(a, sess, f"127.0.0.1:{dead}")
@@ -119,7 +119,7 @@ def test_an_unreachable_or_refusing_target_leaves_the_session_where_it_was(two, 
 
 def test_a_shared_memory_session_is_refused_before_anything_pauses(two):
     a, b = two
-    p = start_loop(a, 10, 20, shm=True)
+    p = start_loop(a, 50, 20, shm=True)
     sess = only_session(a)
     r = migrate(a, sess, f"127.0.0.1:{b.port}")
     assert r.returncode == 1
