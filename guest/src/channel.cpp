@@ -17,6 +17,7 @@
 #include <map>
 #include <mutex>
 
+#include "orion/common/net.h"
 #include "orion/common/text.h"
 
 namespace orion::guest {
@@ -34,46 +35,13 @@ constexpr uint64_t kMinBytesPerSecond = 1ull << 20;  // a message in progress mu
 
 Result<std::unique_ptr<TcpFrameChannel>> TcpFrameChannel::Connect(const std::string& address, bool tls,
                                                                   const std::string& tls_ca) {
-  const auto colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
-    return InvalidArgument("ORION_SERVER='" + address + "' is not host:port");
-  }
-  std::string host = address.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  const std::string port = address.substr(colon + 1);
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  if (int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &res); rc != 0) {
-    return Unavailable("cannot resolve " + address + ": " + gai_strerror(rc));
-  }
-  int fd = -1;
-  std::string err = "no address";
-  for (addrinfo* a = res; a != nullptr && fd < 0; a = a->ai_next) {
-    // Non-blocking connect with a 5 s limit: an unreachable host is an error, not a long hang.
-    fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) continue;
-    int rc = connect(fd, a->ai_addr, a->ai_addrlen);
-    if (rc != 0 && errno == EINPROGRESS) {
-      pollfd pfd{fd, POLLOUT, 0};
-      int so_error = ETIMEDOUT;
-      socklen_t len = sizeof so_error;
-      if (poll(&pfd, 1, 5000) == 1) getsockopt(fd, SOL_SOCKET, SO_ERROR, &so_error, &len);
-      errno = so_error;
-      rc = so_error == 0 ? 0 : -1;
-    }
-    if (rc != 0) {
-      err = std::strerror(errno);
-      ::close(fd);
-      fd = -1;
-    }
-  }
-  freeaddrinfo(res);
-  if (fd < 0) return Unavailable("cannot connect to oriond at " + address + ": " + err);
+  std::string host, port;
+  if (!SplitHostPort(address, &host, &port)) return InvalidArgument("ORION_SERVER='" + address + "' is not host:port");
+  auto connected = ConnectTcp(address, 5000, "oriond at ");  // an unreachable host is an error, not a hang
+  if (!connected.ok()) return connected.status();
+  const int fd = *connected;
   // The socket stays non-blocking: the stream's calls return at once and the channel polls.
   const int one = 1, idle = 10, intvl = 2, cnt = 3;  // a dead server is noticed in ~16 s
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);

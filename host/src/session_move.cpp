@@ -27,9 +27,6 @@
 // come within kResumeMs. Not built yet (the later steps): moving a shared-memory, RDMA or
 // TLS session or a session on a controller allocation, a vGPU share moving together (a session on
 // one moves alone), and the client's retry at the source when it cannot reach the target.
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -38,6 +35,7 @@
 #include <cerrno>
 
 #include "orion/common/fd_passing.h"
+#include "orion/common/net.h"
 #include "session_impl.h"
 
 namespace orion::host::detail {
@@ -174,50 +172,6 @@ bool RecvReply(int fd, uint16_t op, int ms, FrameHeader* h, std::string* payload
   return h->payload_len == 0 || RecvAll(fd, payload->data(), h->payload_len, kIoMs);
 }
 
-// Connects to "host:port" (a name or a numeric address; IPv6 as [addr]:port), within kConnectMs.
-int ConnectTo(const std::string& where, std::string* why) {
-  const size_t colon = where.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == where.size()) {
-    *why = "'" + where + "' is not HOST:PORT";
-    return -1;
-  }
-  std::string host = where.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  const std::string port = where.substr(colon + 1);
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  if (const int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &res); rc != 0) {
-    *why = "cannot resolve " + where + ": " + gai_strerror(rc);
-    return -1;
-  }
-  int fd = -1;
-  for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
-    fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) continue;
-    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0 ||
-        (errno == EINPROGRESS && WaitFd(fd, POLLOUT, kConnectMs) && [&] {
-          int err = 0;
-          socklen_t len = sizeof err;
-          getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-          errno = err;
-          return err == 0;
-        }())) {
-      break;
-    }
-    *why = "cannot connect to " + where + ": " + std::strerror(errno != 0 ? errno : ETIMEDOUT);
-    ::close(fd);
-    fd = -1;
-  }
-  freeaddrinfo(res);
-  if (fd >= 0) {
-    const int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  }
-  return fd;
-}
-
 // One line to whoever asked for the move (orion-smi through oriond's control socket), then closed.
 void Answer(int* asker, const std::string& line) {
   if (*asker < 0) return;
@@ -283,8 +237,9 @@ int Session::MoveOut(const FrameHeader& frame, std::atomic<uint64_t>* busy) {
   if (static_cast<Op>(frame.op) == Op::kGoodbye) return refuse("the program is ending");
   const uint64_t t0 = MonotonicMs();
   std::string why;
-  const int fd = ConnectTo(to, &why);
-  if (fd < 0) return refuse(why);
+  auto connected = ConnectTcp(to, kConnectMs);
+  if (!connected.ok()) return refuse(connected.status().message());
+  const int fd = *connected;
   struct Closer {
     int fd;
     ~Closer() { ::close(fd); }
