@@ -11,6 +11,8 @@
 // With SPIN_WARM=1 it launches the same kernels, uncounted, from its start until START instead of
 // sleeping: a tenant already saturating when the window opens (a cap's token bucket in its steady
 // state rather than full from the idle wait), so short windows measure the steady rate.
+// With SPIN_GAP_MS=N it sleeps N ms before each kernel of the window, the device idle meanwhile (on
+// the sim, a CPU that idled runs the next kernel slower: scripts/bench-compute's figure).
 // Usage: spin START_MS STOP_MS ITERS [nvml]
 #include <dlfcn.h>
 
@@ -61,7 +63,10 @@ int main(int argc, char** argv) {
   const char* trace_path = std::getenv("SPIN_TRACE");
   FILE* trace = trace_path != nullptr ? std::fopen(trace_path, "w") : nullptr;
   long long kernels = 0;
+  const char* gap = std::getenv("SPIN_GAP_MS");
+  const int gap_ms = gap != nullptr ? std::atoi(gap) : 0;
   while (true) {
+    if (gap_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(gap_ms));
     const long long t0 = NowUs();
     burn<<<4, 128>>>(d, iters);
     CUDA_OK(cudaDeviceSynchronize());

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import TEST_BIN, Oriond, spin_kernels, wait_ready
+from conftest import TEST_BIN, Oriond, smi_json, spin_kernels, wait_ready
 
 ITERS = 4000  # ~20-25 ms per kernel on the sim executor on 2 cores
 
@@ -62,28 +62,70 @@ def test_four_tenants_get_10_20_30_40_percent(one_gpu):
         assert abs(got - want) <= 0.03, (counts, shares)
 
 
+def charged_device_s(oriond, pid):
+    """(when, device seconds): the device time oriond has charged the tenant of client process
+    `pid` so far (orion-smi --json, `compute.device_s`), and the wall time it was read at (time.time(),
+    the middle of the call)."""
+    t0 = time.time()
+    sessions = smi_json(oriond)
+    t1 = time.time()
+    mine = [s for s in sessions if s["client"]["pid"] == pid]
+    assert len(mine) == 1, sessions
+    return (t0 + t1) / 2, mine[0]["placements"][0]["compute"]["device_s"]
+
+
+def pooled_slope(rounds):
+    """The least-squares slope of y over x through several rounds of (x, y) points, each round with
+    its own intercept."""
+    num = den = 0.0
+    for pts in rounds:
+        mx = sum(x for x, _ in pts) / len(pts)
+        my = sum(y for _, y in pts) / len(pts)
+        num += sum((x - mx) * (y - my) for x, y in pts)
+        den += sum((x - mx) ** 2 for x, _ in pts)
+    return num / den
+
+
 def test_share_is_work_conserving_and_cap_is_a_ceiling(one_gpu):
     """Alone, a 30% `share` tenant runs as fast as a tenant with no ratio (the unused 70% is lent to
-    it); a 30% `cap` tenant runs at 30% of that rate, even on an idle GPU.
+    it); a 30% `cap` tenant gets 30% of the device's time, even on an idle GPU, and never more than
+    30% of the no-ratio tenant's work.
 
     Each tenant saturates from its start (SPIN_WARM=1), so the window measures a cap's steady state,
-    not the burst (kComputeCapBurstNs) its bucket holds after an idle wait; its device time over a
-    window W is then 0.30 W within one kernel (~30 ms) at each end, and the no-ratio tenant's count
-    includes its launch gaps (~2%): about 0.306 expected. The runs alternate in four rounds of 2.5 s
-    windows (the same 30 s of windows as two rounds of 5 s), so that a slow phase of the machine
-    (CI's 2 cores are shared) lands on each kind alike rather than on one kind's window. CI once saw
-    0.211 here: the bucket was bounded to its burst before a kernel's time was taken off, so kernels
-    longer than 33 ms (a loaded machine's) lost the tokens they earned while running
-    (compute_share_test's ACapHoldsForShortAndLongKernels)."""
+    not the burst (kComputeCapBurstNs) its bucket holds after an idle wait. The runs alternate in
+    four rounds of 2.5 s windows, so that a slow phase of the machine (CI's 2 cores are shared) lands
+    on each kind alike rather than on one kind's window.
+
+    The cap's share is its device time over wall time, read from oriond (orion-smi's `device_s`, ~10
+    ms a read) twelve times in each window and fitted (a least-squares slope, one intercept per
+    round): the counter moves a kernel (~30-50 ms) at a time, after rests of ~100-150 ms, so one
+    round's slope is 0.30 ± 0.02 and the four rounds' 0.30 ± 0.005 (8 rounds measured here). Its kernel
+    count is not the measure of its share on the sim: there a kernel that follows an idle device
+    often runs slower (in some oriond instances and not others, 40-45 ms against 30 ms back to back
+    for a no-ratio tenant that pauses 100 ms before each kernel, SPIN_GAP_MS; the executor alone,
+    outside oriond, does not show it: a finding for issue #26), and a cap tenant rests ~100-150 ms
+    before most kernels. CI twice counted 0.21 of the no-ratio tenant's kernels; here, rounds that
+    counted 0.20-0.27 had 0.300 of the device's time in the scheduler's trace (issue #21's notes).
+    So the count is held to the ceiling only (<= 0.33); the device time to 0.30 ± 0.03."""
     free, shared, capped = 0, 0, 0
+    cap_rounds = []
     warm = {"SPIN_WARM": 1}
     for _ in range(4):
         free += spin(one_gpu, [warm], window_ms=2500)[0]
-        capped += spin(one_gpu, [{"ORION_RATIO": 30, "ORION_RATIO_POLICY": "cap", **warm}], window_ms=2500)[0]
+        start, procs = start_spins(one_gpu, [{"ORION_RATIO": 30, "ORION_RATIO_POLICY": "cap", **warm}], 2500)
+        pts = []
+        for k in range(12):  # from 0.1 s into the window to 0.1 s before its end
+            time.sleep(max(0.0, (start + 100 + 210 * k) / 1000 - time.time()))
+            pts.append(charged_device_s(one_gpu, procs[0].pid))
+        cap_rounds.append(pts)
+        capped += spin_kernels(procs)[0]
         shared += spin(one_gpu, [{"ORION_RATIO": 30, **warm}], window_ms=2500)[0]
-    print(f"alone: no ratio {free}, share 30 {shared} ({shared / free:.3f}), cap 30 {capped} ({capped / free:.3f})")
+    device_share = pooled_slope(cap_rounds)
+    print(f"alone: no ratio {free}, share 30 {shared} ({shared / free:.3f}), cap 30 {capped} ({capped / free:.3f}) "
+          f"with {device_share:.3f} of the device's time")
     assert shared / free >= 0.95, (free, shared)
-    assert 0.27 <= capped / free <= 0.33, (free, capped)
+    assert 0.27 <= device_share <= 0.33, (device_share, cap_rounds)
+    assert capped / free <= 0.33, (free, capped)
 
 
 def test_ratios_on_a_gpu_add_up_to_at_most_100(one_gpu):
