@@ -248,6 +248,7 @@ class SimBackend final : public Backend, private ptx::GlobalMemory {
   CUresult MemGetInfo(uint64_t* free, uint64_t* total) override;
   CUresult MemcpyHtoD(uint64_t dst, const void* src, uint64_t bytes, void* stream) override;
   CUresult MemcpyDtoH(void* dst, uint64_t src, uint64_t bytes, void* stream, bool) override;
+  uint8_t* HostView(uint64_t dptr, uint64_t bytes) override;
   CUresult MemcpyDtoD(uint64_t dst, uint64_t src, uint64_t bytes, void* stream) override;
   CUresult Memcpy2D(uint64_t dst, void* dst_host, uint64_t dst_pitch, uint64_t src, const void* src_host,
                     uint64_t src_pitch, uint64_t width, uint64_t height, void* stream) override;

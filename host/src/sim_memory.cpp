@@ -158,6 +158,11 @@ CUresult SimBackend::MemcpyDtoH(void* dst, uint64_t src, uint64_t bytes, void* s
   return CUDA_SUCCESS;
 }
 
+uint8_t* SimBackend::HostView(uint64_t dptr, uint64_t bytes) {
+  if (FlushBlocking(true) != CUDA_SUCCESS || sticky_ != CUDA_SUCCESS) return nullptr;
+  return Host(dptr, bytes);
+}
+
 CUresult SimBackend::MemcpyDtoD(uint64_t dst, uint64_t src, uint64_t bytes, void* stream) {
   if (CUresult r = FlushFor(stream); r != CUDA_SUCCESS) return r;
   if (sticky_ != CUDA_SUCCESS) return sticky_;

@@ -2,13 +2,17 @@
 // (issue #24): its device memory, a stream, two events, a module variable and a kernel are made
 // before the loop and used across it. Each iteration adds i to every element on the stream, copies
 // a slice back and checks it, and synchronizes (a call the program waits on: where a move happens),
-// then sleeps PAUSE_MS. The results do not depend on where each iteration ran.
+// then sleeps PAUSE_MS. The results do not depend on where each iteration ran. EXTRA_MIB more device
+// memory is state for a move to carry (scripts/bench-migration): each 64 MiB chunk of it is set to
+// its own byte value before the loop, and one 4 KiB slice per chunk is checked after it.
 //
-// Usage: move_loop [ITERATIONS=40] [PAUSE_MS=50]
-// Output: "READY" after the setup, "ITER <i> <sum of the slice>" per iteration, CHECK lines, DONE.
+// Usage: move_loop [ITERATIONS=40] [PAUSE_MS=50] [EXTRA_MIB=0]
+// Output: "READY" after the setup, "ITER <i> <sum of the slice> <µs its calls took>" per iteration
+// (the longest is a move's pause as the program sees it), CHECK lines (a fifth with EXTRA_MIB), DONE.
 #include <cuda_runtime.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <vector>
 
 #include "orion_test.h"
@@ -26,6 +30,14 @@ int main(int argc, char** argv) {
   ot::detect_device();
   const int iterations = argc > 1 ? atoi(argv[1]) : 40;
   const int pause_ms = argc > 2 ? atoi(argv[2]) : 50;
+  const size_t extra = (argc > 3 ? strtoull(argv[3], nullptr, 10) : 0) << 20;
+  constexpr size_t kChunk = 64 << 20;
+  unsigned char* big = nullptr;
+  if (extra != 0) {
+    CUDA_OK(cudaMalloc(&big, extra));
+    for (size_t off = 0; off < extra; off += kChunk)
+      CUDA_OK(cudaMemset(big + off, static_cast<int>(off / kChunk * 37 + 11) & 0xff, std::min(kChunk, extra - off)));
+  }
   const int n = 1 << 16;
   int* a = nullptr;
   CUDA_OK(cudaMalloc(&a, n * sizeof(int)));
@@ -43,18 +55,21 @@ int main(int argc, char** argv) {
   std::vector<int> slice(256);
   bool each_ok = true;
   for (int i = 1; i <= iterations; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
     add<<<(n + 255) / 256, 256, 0, s>>>(a, n, i);
     CUDA_OK(cudaGetLastError());
     CUDA_OK(cudaMemcpyAsync(slice.data(), a + (i * 997) % (n - 256), slice.size() * sizeof(int), cudaMemcpyDeviceToHost,
                             s));
     CUDA_OK(cudaStreamSynchronize(s));
+    const long long us =
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
     long long sum = 0;
     const int want = i * (i + 1) / 2;
     for (int v : slice) {
       sum += v;
       if (v != want) each_ok = false;
     }
-    printf("ITER %d %lld\n", i, sum);
+    printf("ITER %d %lld %lld\n", i, sum, us);
     usleep(pause_ms * 1000);
   }
   CUDA_OK(cudaEventRecord(stop, s));
@@ -72,6 +87,24 @@ int main(int argc, char** argv) {
   ot::check("all_elements_hold_the_sum", wrong == 0, ot::fmt("%d of %d wrong (want %d)", wrong, n, want));
   ot::check("module_variable_counts_every_launch", got_calls == static_cast<unsigned long long>(iterations),
             ot::fmt("calls=%llu want %d", got_calls, iterations));
+  if (extra != 0) {
+    std::vector<unsigned char> got(4096);
+    size_t bad_chunks = 0;
+    for (size_t off = 0; off < extra; off += kChunk) {
+      const size_t at = off + (std::min(kChunk, extra - off) - got.size()) / 2;
+      CUDA_OK(cudaMemcpy(got.data(), big + at, got.size(), cudaMemcpyDeviceToHost));
+      const auto want_byte = static_cast<unsigned char>((off / kChunk * 37 + 11) & 0xff);
+      for (unsigned char b : got) {
+        if (b != want_byte) {
+          ++bad_chunks;
+          break;
+        }
+      }
+    }
+    ot::check("extra_memory_kept_its_bytes", bad_chunks == 0,
+              ot::fmt("%zu of %zu chunks wrong", bad_chunks, (extra + kChunk - 1) / kChunk));
+    CUDA_OK(cudaFree(big));
+  }
   ot::check("events_across_the_loop", elapsed == cudaSuccess && ms >= 0,
             ot::fmt("cudaEventElapsedTime: %s, %.3f ms", cudaGetErrorString(elapsed), ms));
   CUDA_OK(cudaEventDestroy(start));

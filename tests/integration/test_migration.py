@@ -31,13 +31,14 @@ def two(tmp_path):
         d.stop()
 
 
-def start_loop(d, iterations, pause_ms, shm=False):
-    """move_loop against oriond `d` (over TCP, or its region), once its setup is done (READY)."""
+def start_loop(d, iterations, pause_ms, shm=False, extra_mib=0):
+    """move_loop against oriond `d` (over TCP, or its region), once its setup is done (READY);
+    `extra_mib` more device memory, in chunks of their own byte values, checked at its end."""
     env = d.env(ORION_GMEM=256)
     if not shm:
         env.pop("ORION_SHM")
         env["ORION_SERVER"] = f"127.0.0.1:{d.port}"
-    p = subprocess.Popen([str(TEST_BIN / "move_loop"), str(iterations), str(pause_ms)], env=env,
+    p = subprocess.Popen([str(TEST_BIN / "move_loop"), str(iterations), str(pause_ms), str(extra_mib)], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in p.stdout:
         if line.strip() == "READY":
@@ -56,26 +57,27 @@ def only_session(d):
     return sessions[0]["session"]
 
 
-def finish(p):
+def finish(p, checks=4):
     out, err = p.communicate(timeout=120)
     r = subprocess.CompletedProcess(p.args, p.returncode, out, err)
-    assert_passed(r, expect_checks=4)
+    assert_passed(r, expect_checks=checks)
     iters = [int(m) for m in re.findall(r"^ITER (\d+) ", out, re.M)]
     assert iters == list(range(1, len(iters) + 1)) and iters, out[-2000:]
     return r
 
 
 def test_a_running_program_moves_to_another_oriond_and_back(two):
-    """Moved mid-loop from A to B, then from B back to A: the program's values are all right, each
-    oriond lists the session only while it serves it, and the program's log says where it went."""
+    """Moved mid-loop from A to B, then from B back to A: the program's values are all right (its 96
+    MiB more, in 64 MiB chunks of their own byte values, too), each oriond lists the session only
+    while it serves it, and the program's log says where it went."""
     a, b = two
-    p = start_loop(a, 80, 50)
+    p = start_loop(a, 80, 50, extra_mib=96)
     first = only_session(a)
     r = migrate(a, first, f"127.0.0.1:{b.port}")
     assert r.returncode == 0, r.stderr
     m = re.fullmatch(rf"session {first} moved to 127\.0\.0\.1:{b.port} \((\d+) bytes in (\d+) ms\)\n", r.stdout)
     assert m, r.stdout
-    assert int(m.group(1)) > 256 << 10  # the 256 KiB array, at least
+    assert int(m.group(1)) > (96 << 20) + (256 << 10)  # the 96 MiB and the 256 KiB array, at least
     # The source's worker has answered and exits; oriond lists the session until it reaps it.
     wait_until(lambda: smi_json(a) == [], 10)
     moved = only_session(b)
@@ -83,7 +85,7 @@ def test_a_running_program_moves_to_another_oriond_and_back(two):
     r = migrate(b, moved, f"127.0.0.1:{a.port}")
     assert r.returncode == 0, r.stderr
     wait_until(lambda: smi_json(b) == [], 10)
-    result = finish(p)
+    result = finish(p, checks=5)
     assert result.stderr.count("the session moved from") == 2, result.stderr
     assert f"Session {first} exits (moved to another oriond)." in a.log()
     assert f"Session {moved} exits (moved to another oriond)." in b.log()

@@ -97,6 +97,11 @@ class Backend {
   // `async`: completes in stream order (destination in the window); else before returning.
   virtual CUresult MemcpyDtoH(void* dst, uint64_t src, uint64_t bytes, void* stream, bool async) = 0;
   virtual CUresult MemcpyDtoD(uint64_t dst, uint64_t src, uint64_t bytes, void* stream) = 0;
+  // Device memory [dptr, dptr+bytes) as host memory the caller may read and write in place, every
+  // stream's work before it finished; nullptr when the backend's memory is not the host's (a GPU's),
+  // the range is not one mapping, or a stream failed. Valid until the memory is freed or a stream
+  // runs again. A move streams a session's memory from and into it without a staging copy (issue #24).
+  virtual uint8_t* HostView(uint64_t /*dptr*/, uint64_t /*bytes*/) { return nullptr; }
   // 2D copy; a side is a device address, or a host address inside the window (`*_host` non-null).
   virtual CUresult Memcpy2D(uint64_t dst, void* dst_host, uint64_t dst_pitch, uint64_t src, const void* src_host,
                             uint64_t src_pitch, uint64_t width, uint64_t height, void* stream) = 0;
