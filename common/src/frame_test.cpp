@@ -31,8 +31,9 @@ TEST(FrameLayout, PayloadsArePinned) {
   EXPECT_EQ(offsetof(HelloReq, gmem_mib), 8u);
   EXPECT_EQ(offsetof(HelloReq, process_name), 24u);
   EXPECT_EQ(offsetof(HelloReq, kind), 22u);
-  EXPECT_EQ(sizeof(MovedRep), 104u);
+  EXPECT_EQ(sizeof(MovedRep), 144u);
   EXPECT_EQ(offsetof(MovedRep, token), 64u);
+  EXPECT_EQ(offsetof(MovedRep, back_token), 104u);
   EXPECT_NE(kStatusMoved, kStatusNeedBytes);
   EXPECT_EQ(sizeof(DeviceInfo), 952u);
   EXPECT_EQ(offsetof(DeviceInfo, total_mem), 272u);

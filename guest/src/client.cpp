@@ -654,32 +654,67 @@ CUresult Client::ResumeLocked(const ivshmem::FrameView& f) noexcept {
   std::memcpy(&moved, f.payload, sizeof moved);
   moved.address[sizeof moved.address - 1] = '\0';
   moved.token[sizeof moved.token - 1] = '\0';
+  moved.back_token[sizeof moved.back_token - 1] = '\0';
+  const size_t back_len = strnlen(moved.back_token, sizeof moved.back_token);
   if (!ValidShareToken(moved.token, sizeof moved.token) || strnlen(moved.token, sizeof moved.token) != kShareTokenLen ||
+      (back_len != 0 && (back_len != kShareTokenLen || !ValidShareToken(moved.back_token, sizeof moved.back_token))) ||
       last_call_.size() < sizeof(FrameHeader)) {
     return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, (peer_ + " sent a malformed move").c_str());
   }
-  const std::string to = moved.address;
-  auto tcp = TcpFrameChannel::Connect(to, false, "");
+  const std::vector<uint8_t> call = std::move(last_call_);
+  last_call_.clear();
+  const std::string source = tcp_->address(), from = peer_, to = moved.address;
+  resuming_ = true;
+  resume_failure_.clear();
+  CUresult r = ResumeAt(to, moved.token);
+  if (r == CUDA_SUCCESS) {
+    LogInfo("Orion: the session moved from " + from + " to " + peer_ + " (session " +
+            std::to_string(welcome_.session_id) + " there)");
+  } else if (back_len != 0) {
+    // The target cannot be reached or refused the program: the source still holds the session
+    // until the target confirms it, and takes the program back.
+    const std::string failure = resume_failure_;
+    broken_ = CUDA_SUCCESS;
+    resume_failure_.clear();
+    r = ResumeAt(source, moved.back_token);
+    if (r == CUDA_SUCCESS) {
+      LogWarn("Orion: the session could not follow its move to oriond at " + LogSafe(to) + " (" + failure +
+              "); it continues at " + peer_);
+    } else {
+      resume_failure_ = failure + "; and back at oriond at " + LogSafe(source) + ": " + resume_failure_;
+    }
+  }
+  resuming_ = false;
+  if (r != CUDA_SUCCESS) {
+    broken_ = CUDA_SUCCESS;
+    return Broken(
+        CUDA_ERROR_DEVICE_UNAVAILABLE,
+        ("the session moved to oriond at " + LogSafe(to) + ", but could not resume: " + resume_failure_).c_str());
+  }
+  // The request the source did not execute, again (its seq unchanged: the reply answers it).
+  FrameHeader again{};
+  std::memcpy(&again, call.data(), sizeof again);
+  return PushLocked(again, call.data() + sizeof again, static_cast<uint32_t>(call.size() - sizeof again), nullptr, 0);
+}
+
+CUresult Client::ResumeAt(const std::string& address, const char* token) noexcept {
+  auto tcp = TcpFrameChannel::Connect(address, false, "");
   if (!tcp.ok()) {
-    return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, ("the session moved to oriond at " + LogSafe(to) +
-                                                  ", which cannot be reached: " + LogSafe(tcp.status().message()))
-                                                     .c_str());
+    resume_failure_ = "it cannot be reached: " + LogSafe(tcp.status().message());
+    return CUDA_ERROR_DEVICE_UNAVAILABLE;
   }
   (*tcp)->SetStallLimit(stall_ms_);
   (*tcp)->TakeWindow(*tcp_);  // the program's pinned buffers and copies in flight keep their bytes
-  const std::vector<uint8_t> call = std::move(last_call_);
-  last_call_.clear();
   tcp_ = tcp->get();
   desc_ = tcp_->desc();
   header_ = tcp_->header();
-  chan_ = std::move(*tcp);  // the old connection closes
-  const std::string from = peer_;
-  peer_ = "oriond at " + LogSafe(to);
+  chan_ = std::move(*tcp);  // the previous connection closes
+  peer_ = "oriond at " + LogSafe(address);
   HelloReq hello{};
   hello.protocol_version = kProtocolVersion;
   hello.transports = kTransportTcp;
   hello.kind = kHelloResume;
-  std::memcpy(hello.share, moved.token, kShareTokenLen);
+  std::memcpy(hello.share, token, kShareTokenLen);
   hello.pid = static_cast<uint32_t>(getpid());
   std::snprintf(hello.process_name, sizeof hello.process_name, "%s", ProcessName().c_str());
   if (const char* key = std::getenv("ORION_KEY"); key != nullptr) std::strncpy(hello.key, key, sizeof hello.key - 1);
@@ -690,24 +725,24 @@ CUresult Client::ResumeLocked(const ivshmem::FrameView& f) noexcept {
   uint32_t rep_len = 0;
   if (CUresult r = WaitReplyLocked(h.seq, Op::kHello, rep.data(), static_cast<uint32_t>(rep.size()), &rep_len);
       r != CUDA_SUCCESS) {
-    std::string reason(reinterpret_cast<const char*>(rep.data()), std::min<size_t>(rep_len, rep.size()));
-    reason.resize(strnlen(reason.c_str(), reason.size()));
-    return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE,
-                  ("the session moved to " + peer_ + ", which refused it: " + LogSafe(reason)).c_str());
+    if (broken_ == CUDA_SUCCESS) {  // a refusal, with its reason
+      std::string reason(reinterpret_cast<const char*>(rep.data()), std::min<size_t>(rep_len, rep.size()));
+      reason.resize(strnlen(reason.c_str(), reason.size()));
+      resume_failure_ = "it refused the session: " + LogSafe(reason);
+    }
+    return CUDA_ERROR_DEVICE_UNAVAILABLE;
   }
   WelcomeRep w{};
   if (rep_len >= sizeof w) std::memcpy(&w, rep.data(), sizeof w);
   if (rep_len < sizeof w || w.device_count != welcome_.device_count || w.channel_bytes != welcome_.channel_bytes ||
       w.transport != kTransportTcp) {
-    return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE,
-                  ("the session moved to " + peer_ + ", whose Welcome does not match the session").c_str());
+    resume_failure_ = "its Welcome does not match the session";
+    return CUDA_ERROR_DEVICE_UNAVAILABLE;
   }
   if (rep_len < sizeof w + w.device_count * sizeof(DeviceInfo)) {
-    return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE,
-                  ("the session moved to " + peer_ + ", whose Welcome is short").c_str());
+    resume_failure_ = "its Welcome is short";
+    return CUDA_ERROR_DEVICE_UNAVAILABLE;
   }
-  LogInfo("Orion: the session moved from " + from + " to " + peer_ + " (session " + std::to_string(w.session_id) +
-          " there)");
   welcome_.session_id = w.session_id;
   // Where each vGPU is now (the devices keep what the program was told about them).
   allocation_text_ = "(standalone) session-" + std::to_string(w.session_id) + " :";
@@ -716,12 +751,9 @@ CUresult Client::ResumeLocked(const ivshmem::FrameView& f) noexcept {
     std::memcpy(&info, rep.data() + sizeof w + d * sizeof info, sizeof info);
     devices_[d].pgpu = info.pgpu;
     devices_[d].vgpu = info.vgpu;
-    allocation_text_ += " " + LogSafe(to) + "/" + std::to_string(info.pgpu) + "/" + std::to_string(info.vgpu);
+    allocation_text_ += " " + LogSafe(address) + "/" + std::to_string(info.pgpu) + "/" + std::to_string(info.vgpu);
   }
-  // The request the source did not execute, again (its seq unchanged: the reply answers it).
-  FrameHeader again{};
-  std::memcpy(&again, call.data(), sizeof again);
-  return PushLocked(again, call.data() + sizeof again, static_cast<uint32_t>(call.size() - sizeof again), nullptr, 0);
+  return CUDA_SUCCESS;
 }
 
 }  // namespace orion::guest

@@ -125,6 +125,10 @@ class Client {
   // session there with its token (the window and its bytes carried over), and sends the request the
   // source did not execute (last_call_) again. Anything wrong breaks the session.
   CUresult ResumeLocked(const ivshmem::FrameView& f) noexcept;
+  // One attempt of a resume: connects to `address` (the window moves along), says kHelloResume with
+  // `token`, checks the Welcome. A failure is recorded in resume_failure_, not fatal: ResumeLocked
+  // then tries the way back, or breaks the session.
+  CUresult ResumeAt(const std::string& address, const char* token) noexcept;
   // How long the reply to `op` may take (ms, 0: no limit): the handshake deadline for Hello and
   // RdmaConnect; none (ORION_SYNC_TIMEOUT_MS) for ops that wait for device work, and for any op sent
   // after asynchronous frames that oriond may still be executing; the reply deadline otherwise.
@@ -212,6 +216,8 @@ class Client {
   uint64_t stall_ms_ = 30000;
   bool async_unanswered_ = false;   // asynchronous frames were sent since the last reply
   std::string peer_;                // oriond's address or region, for log lines
+  bool resuming_ = false;           // a resume attempt runs: Broken records, ResumeLocked decides
+  std::string resume_failure_;      // what broke the last resume attempt
   std::vector<uint8_t> last_call_;  // TCP: the last request that awaits a reply, header included
   uint64_t current_ctx_sent_ = 0;
 

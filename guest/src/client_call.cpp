@@ -69,8 +69,12 @@ FrameHeader Client::MakeHeader(Op op, uint32_t payload_len, bool wants_reply) no
 
 CUresult Client::Broken(CUresult why, const char* what) noexcept {
   if (broken_ == CUDA_SUCCESS) {
-    LogError(std::string("Orion session lost: ") + what);
     broken_ = why;
+    if (resuming_) {  // one attempt of a resume failed: ResumeLocked may try the way back
+      resume_failure_ = what;
+      return broken_;
+    }
+    LogError(std::string("Orion session lost: ") + what);
     GiveBackLocked();
   }
   return broken_;

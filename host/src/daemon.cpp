@@ -69,6 +69,18 @@ std::string TimeStamp() {
   return b;
 }
 
+std::string NewResumeToken() {
+  uint8_t raw[kShareTokenLen / 2];
+  if (getentropy(raw, sizeof raw) != 0) return "";
+  static const char kHex[] = "0123456789abcdef";
+  std::string token;
+  for (uint8_t b : raw) {
+    token += kHex[b >> 4];
+    token += kHex[b & 15];
+  }
+  return token;
+}
+
 // The CUresult a refused Hello gets for an admission error.
 CUresult RefusalCode(Code c) {
   switch (c) {

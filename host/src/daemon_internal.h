@@ -37,5 +37,8 @@ struct LockHolder {
   bool oriond = true;
 };
 LockHolder RegionLockHolder(const std::string& path);
+// A resume token for a moving session (kShareTokenLen lowercase hex digits from getentropy), or ""
+// when the system has no entropy to give.
+std::string NewResumeToken();
 
 }  // namespace orion::host::daemon_detail

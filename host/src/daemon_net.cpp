@@ -369,19 +369,14 @@ void Daemon::Handshake(Pending& p) {
   }
   std::string token;
   if (moving_in) {
-    uint8_t raw[kShareTokenLen / 2];
-    if (getentropy(raw, sizeof raw) != 0) {
+    token = NewResumeToken();
+    if (token.empty()) {
       ::close(pair[0]);
       ::close(pair[1]);
       FreeCompute(&compute);
       Finish(*placements, admitted->allocation_id, -1, "entropy_failed", admitted->hold);
       refuse(CUDA_ERROR_UNKNOWN, "no entropy for a resume token");
       return;
-    }
-    static const char kHex[] = "0123456789abcdef";
-    for (uint8_t b : raw) {
-      token += kHex[b >> 4];
-      token += kHex[b & 15];
     }
   }
   const int fd = p.fd.release();  // the worker's from now on; closed here after the fork
@@ -479,11 +474,28 @@ void Daemon::Resume(Pending& p, const FrameHeader& h, const HelloReq& hello) {
     return;
   }
   const uint64_t now = MonotonicMs();
-  for (NetSession& ns : net_sessions_) {
-    if (ns.token.size() != kShareTokenLen || ns.route < 0) continue;
+  auto matches = [&](const std::string& token) {
+    if (token.size() != kShareTokenLen) return false;
     uint8_t diff = 0;  // constant time: the token is the only credential
-    for (size_t i = 0; i < kShareTokenLen; ++i) diff |= static_cast<uint8_t>(ns.token[i] ^ hello.share[i]);
-    if (diff != 0) continue;
+    for (size_t i = 0; i < kShareTokenLen; ++i) diff |= static_cast<uint8_t>(token[i] ^ hello.share[i]);
+    return diff == 0;
+  };
+  for (NetSession& ns : net_sessions_) {
+    // The way back: a session this oriond is moving away, whose program could not follow it. Its
+    // worker waits for the program on its control socket until the target confirms it.
+    if (ns.control >= 0 && matches(ns.back_token)) {
+      ns.back_token.clear();  // once
+      if (now > ns.back_deadline_ms) break;
+      if (!SendWithFd(ns.control, &h, sizeof h, p.fd.get())) {
+        refuse(CUDA_ERROR_DEVICE_UNAVAILABLE, "the session's worker is gone");
+        return;
+      }
+      log_->info("client {}: '{}' (pid {}) comes back to session {}: its move did not reach the target", p.peer,
+                 hello.process_name, hello.pid, ns.session);
+      p.fd.reset();  // the worker has its own copy
+      return;
+    }
+    if (ns.route < 0 || !matches(ns.token)) continue;
     if (now > ns.token_deadline_ms) break;
     const bool sent = SendWithFd(ns.route, &h, sizeof h, p.fd.get());
     ns.token.clear();  // once

@@ -31,6 +31,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "orion/common/clock.h"
 #include "orion/common/fd_passing.h"
 #include "orion/host/session.h"
 #include "orion/host/vm_state.h"
@@ -332,13 +333,18 @@ std::string Daemon::HandOffMove(const std::string& line, int conn) {
       }
     }
   }
-  for (const NetSession& n : net_sessions_) {
+  for (NetSession& n : net_sessions_) {
     if (n.session != session) continue;
     if (n.control < 0) return "error session " + id + " cannot be asked to move (it is itself arriving)";
-    const std::string msg = "migrate " + to;
+    // The way back, should the program not reach the target: a token it resumes here with.
+    const std::string back = NewResumeToken();
+    if (back.empty()) return "error no entropy for a resume token";
+    const std::string msg = "migrate " + to + " " + back;
     if (!SendWithFd(n.control, msg.data(), msg.size(), conn)) {
       return "error session " + id + "'s worker does not take requests: " + std::strerror(errno);
     }
+    n.back_token = back;
+    n.back_deadline_ms = MonotonicMs() + kMoveBackMs;
     kill(n.pid, SIGUSR2);
     log_->info("Session {}: a move to {} is asked for", session, to);
     return "";

@@ -368,7 +368,9 @@ int Session::Serve() {
     // and nothing comes after it until its reply (the client's lock spans the call). Meanwhile the
     // watchdog keeps the client told that oriond lives (the state may take seconds to travel).
     if (!move_to_.empty() && (h.flags & kFlagWantsReply) != 0) {
-      if (const int moved = MoveOut(h, &busy_seq); moved >= 0) return moved;
+      const int moved = MoveOut(h, &busy_seq);
+      if (moved >= 0) return moved;
+      if (moved == kMoveCameBack) continue;  // answered kStatusMoved: the client sends it again
     }
     const bool dispatched = Dispatch(h, f.payload, &reply, &status, &why);
     busy_seq.store(busy_seq.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);

@@ -128,13 +128,16 @@ class Session : private SessionState {
   bool Welcome(const FrameHeader& hello_header, int* exit_code);
   // Live migration between two oriond (issue #24, session_move.cpp). The source: a move asked for
   // on params' control_fd is taken between frames (TakeMoveRequest) and made at the next frame that
-  // wants a reply, before it executes (MoveOut): kExitMoved once the target serves the session,
-  // else -1, with the session unchanged here and the asker told why. The target: MigrateIn starts
+  // wants a reply, before it executes (MoveOut): kExitMoved once the target serves the session;
+  // kMoveRefused with the session unchanged here (the frame then executes) and the asker told why;
+  // kMoveCameBack when the program was told to go but could not resume at the target and came back
+  // on its back token (its connection adopted, welcomed: it sends the frame again). The target: MigrateIn starts
   // the backend, restores what the source sends on migrate_fd, waits for the client's connection
   // on route_fd, welcomes it and serves; its exit code.
   void TakeMoveRequest();
   // `busy`: the watchdog's frame counter (odd while a frame executes: it sends keepalives then);
   // made even once the client is told to go, whose connection then closes.
+  static constexpr int kMoveRefused = -1, kMoveCameBack = -2;
   int MoveOut(const FrameHeader& frame, std::atomic<uint64_t>* busy);
   int MigrateIn(const FrameHeader& hello_header);
   // Serves frames until the session ends (Goodbye, the client gone, a violation); its exit code.
@@ -277,6 +280,7 @@ class Session : private SessionState {
   HelloReq hello_{};              // the client's Hello (informational fields travel with a move)
   std::vector<uint8_t> welcome_;  // the Welcome's payload (StartBackend)
   std::string move_to_;           // a move asked for: host:port of the target ("" none)
+  std::string move_back_;         // its way back: the token the program resumes here with ("" none)
   int move_asker_ = -1;           // the asker's connection (orion-smi via oriond), answered once
   std::unique_ptr<Backend> b_;
   std::unique_ptr<SessionChannel> ch_;

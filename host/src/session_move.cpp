@@ -22,11 +22,14 @@
 //
 // Failure: until the source sends kStatusMoved, nothing has changed at the source: a refusal, an
 // unreachable target, a snapshot that cannot be taken or restored leaves the session serving where
-// it was, and the asker hears why. After kStatusMoved the source's copy is stale; it waits for
-// "committed" (kCommitMs) and exits either way; the target drops a session whose client does not
-// come within kResumeMs. Not built yet (the later steps): moving a shared-memory, RDMA or
-// TLS session or a session on a controller allocation, a vGPU share moving together (a session on
-// one moves alone), and the client's retry at the source when it cannot reach the target.
+// it was, and the asker hears why. kStatusMoved carries a back token (oriond's, with the request):
+// a client that cannot reach the target or is refused there resumes at the source with it, and the
+// source, which keeps the session until the target's "committed" (kCommitMs), adopts its
+// connection and serves on; it closes the migration connection, and the target's copy ends at
+// once. The source exits when the target commits, or after kCommitMs with neither; the target
+// drops a session whose client does not come within kResumeMs. Not built yet (the later
+// steps): moving a shared-memory, RDMA or TLS session or a session on a controller allocation, and
+// a vGPU share moving together (a session on one moves alone).
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -181,6 +184,59 @@ void Answer(int* asker, const std::string& line) {
   *asker = -1;
 }
 
+// How a move ends once the program was told to go: the target's "committed" (`committed`), or the
+// program back here (`client`, its connection, with its kHelloResume's header), or neither.
+struct Outcome {
+  bool committed = false;
+  int client = -1;
+  FrameHeader hello{};
+};
+
+// Waits up to kCommitMs for the target's confirmation on `target` and, when `control` >= 0, for
+// the program's connection on the worker's control socket (oriond routes a kHelloResume with the
+// session's back token there). A target that closes or answers no stops being waited on; the program
+// may still come back. A `migrate` request meanwhile is answered that the session is moving.
+Outcome AwaitOutcome(int target, int control) {
+  Outcome out;
+  const uint64_t deadline = MonotonicMs() + kCommitMs;
+  for (;;) {
+    const uint64_t now = MonotonicMs();
+    if (now >= deadline || (target < 0 && control < 0)) return out;
+    pollfd p[2] = {{target, POLLIN, 0}, {control, POLLIN, 0}};
+    if (::poll(p, 2, static_cast<int>(deadline - now)) < 0 && errno != EINTR) return out;
+    if (target >= 0 && p[0].revents != 0) {
+      FrameHeader rh{};
+      std::string text;
+      if (RecvReply(target, static_cast<uint16_t>(Op::kHello), kIoMs, &rh, &text) && rh.status == 0) {
+        out.committed = true;
+        return out;
+      }
+      target = -1;  // closed or refused: only the program's return is left
+    }
+    if (control >= 0 && p[1].revents != 0) {
+      char buf[512];
+      int fd = -1;
+      const ssize_t n = RecvWithFd(control, buf, sizeof buf - 1, &fd, MSG_DONTWAIT);
+      if (n == 0) {
+        control = -1;  // oriond is gone
+        continue;
+      }
+      if (n < 0) continue;
+      FrameHeader h{};
+      if (static_cast<size_t>(n) == sizeof h && fd >= 0) {
+        std::memcpy(&h, buf, sizeof h);
+        if (h.magic == kFrameMagic && h.op == static_cast<uint16_t>(Op::kHello)) {
+          out.client = fd;
+          out.hello = h;
+          return out;
+        }
+      }
+      buf[n] = '\0';
+      Answer(&fd, "error the session is moving now");
+    }
+  }
+}
+
 }  // namespace
 
 void WatchMoveRequests(int control_fd) {
@@ -210,7 +266,16 @@ void Session::TakeMoveRequest() {
       Answer(&asker, "error session " + std::to_string(p_.session_id) + " is already moving to " + move_to_);
       continue;
     }
-    move_to_ = line.substr(8);
+    // "migrate HOST:PORT [BACK_TOKEN]": oriond adds the token the program comes back with when it
+    // cannot reach the target.
+    const std::string args = line.substr(8);
+    const size_t space = args.find(' ');
+    move_to_ = args.substr(0, space);
+    move_back_.clear();
+    if (space != std::string::npos) {
+      const std::string back = args.substr(space + 1);
+      if (back.size() == kShareTokenLen && ValidShareToken(back.c_str(), back.size() + 1)) move_back_ = back;
+    }
     move_asker_ = asker;
     p_.log->info("sess={} move to {} asked for: at the next call the program waits on", p_.session_id, move_to_);
   }
@@ -219,12 +284,14 @@ void Session::TakeMoveRequest() {
 int Session::MoveOut(const FrameHeader& frame, std::atomic<uint64_t>* busy) {
   auto& log = *p_.log;
   const std::string to = move_to_;
+  const std::string back = move_back_;
   move_to_.clear();
+  move_back_.clear();
   const std::string sess = "session " + std::to_string(p_.session_id);
   auto refuse = [&](const std::string& why) {
     log.warn("sess={} not moved to {}: {}", p_.session_id, to, why);
     Answer(&move_asker_, "error " + sess + " not moved: " + why);
-    return -1;
+    return kMoveRefused;
   };
   if (p_.socket_fd < 0 || p_.transport != kTransportTcp) {
     return refuse(std::string("only a session over TCP can move yet; this one uses ") +
@@ -289,6 +356,7 @@ int Session::MoveOut(const FrameHeader& frame, std::atomic<uint64_t>* busy) {
   MovedRep moved{};
   std::snprintf(moved.address, sizeof moved.address, "%s", to.c_str());
   std::snprintf(moved.token, sizeof moved.token, "%s", text.c_str());
+  std::snprintf(moved.back_token, sizeof moved.back_token, "%s", back.c_str());
   const uint64_t sent_ms = MonotonicMs();
   const bool told = Reply(frame, kStatusMoved, &moved, sizeof moved);
   busy->store(busy->load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);  // the client goes now
@@ -297,9 +365,24 @@ int Session::MoveOut(const FrameHeader& frame, std::atomic<uint64_t>* busy) {
     Answer(&move_asker_, "error " + sess + ": the program went away during the move");
     return kExitClientGone;
   }
-  const bool committed = RecvReply(fd, static_cast<uint16_t>(Op::kHello), kCommitMs, &rh, &text) && rh.status == 0;
+  // The target confirms the program, or the program comes back (it could not reach the target, or
+  // the target refused it): this worker still holds the whole session until then.
+  const Outcome outcome = AwaitOutcome(fd, back.empty() ? -1 : p_.control_fd);
   const uint64_t t1 = MonotonicMs();
-  if (!committed) {
+  if (outcome.client >= 0) {
+    ::close(fd);  // the target's copy ends: its worker sees the connection close
+    closer.fd = -1;
+    ch_->Adopt(outcome.client);
+    p_.socket_fd = outcome.client;
+    int code = 0;
+    if (!Welcome(outcome.hello, &code)) return code;
+    log.warn("sess={} not moved to {}: the program could not resume there and came back after {} ms", p_.session_id, to,
+             t1 - sent_ms);
+    Answer(&move_asker_,
+           "error " + sess + " not moved: the program could not resume at " + to + " and runs here again");
+    return kMoveCameBack;
+  }
+  if (!outcome.committed) {
     log.error("sess={} moved to {}, but the target did not confirm the client within {} ms", p_.session_id, to,
               kCommitMs);
     Answer(&move_asker_, "error " + sess + " was sent to " + to + ", but the program did not arrive there");
@@ -343,9 +426,17 @@ int Session::MigrateIn(const FrameHeader& hello_header) {
 
   // The program's connection, from oriond once its kHelloResume carried the token: the Hello's
   // header with the descriptor.
+  // Meanwhile the source's connection stays quiet; it closes when the program went back there
+  // (it could not reach this oriond), and this copy then ends at once.
   FrameHeader client_hello{};
   int client = -1;
-  if (WaitFd(p_.route_fd, POLLIN, kResumeMs) &&
+  pollfd wait[2] = {{p_.route_fd, POLLIN, 0}, {fd, POLLIN, 0}};
+  const int ready = ::poll(wait, 2, kResumeMs);
+  if (ready > 0 && wait[1].revents != 0 && wait[0].revents == 0) {
+    log.warn("sess={} the program went back to the source; the moved session ends here", p_.session_id);
+    return kExitClientGone;
+  }
+  if (ready > 0 && wait[0].revents != 0 &&
       RecvWithFd(p_.route_fd, &client_hello, sizeof client_hello, &client, 0) != sizeof client_hello && client >= 0) {
     ::close(client);
     client = -1;

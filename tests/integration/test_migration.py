@@ -9,11 +9,12 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 
 import pytest
 
 from conftest import PREFIX, TEST_BIN, Oriond, assert_passed, free_port, smi_json, wait_until
-from fake_peers import HDR, MAGIC, OP, PROTOCOL
+from fake_peers import HDR, MAGIC, OP, PROTOCOL, header, recv_exact
 
 
 @pytest.fixture
@@ -129,6 +130,76 @@ def test_a_shared_memory_session_is_refused_before_anything_pauses(two):
     finish(p)
     r = migrate(a, 999, f"127.0.0.1:{b.port}")
     assert r.returncode == 1 and r.stderr == "no session 999 here ('sessions' lists them)\n", r.stderr
+
+
+class FailingTarget:
+    """A target oriond that fails a move at a chosen step: it listens, answers the source's
+    kHelloMigrateIn `ready`, then either closes after `drop_after` bytes of the snapshot, or reads
+    all of it (until the source waits, quiet for 1 s), answers `restored` with a resume token, and
+    vanishes (its listener closed: the program cannot reach it)."""
+
+    def __init__(self, drop_after=None):
+        self.drop_after = drop_after
+        self.srv = socket.create_server(("127.0.0.1", 0))
+        self.port = self.srv.getsockname()[1]
+        self.received = 0
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        conn, _ = self.srv.accept()
+        with conn:
+            h = HDR.unpack(recv_exact(conn, HDR.size))
+            recv_exact(conn, h[4])  # the HelloReq
+            conn.sendall(header(OP["Hello"], h[3], 0))  # ready
+            conn.settimeout(1.0)
+            try:
+                while self.drop_after is None or self.received < self.drop_after:
+                    chunk = conn.recv(1 << 16)
+                    if not chunk:
+                        return
+                    self.received += len(chunk)
+            except socket.timeout:
+                pass
+            if self.drop_after is None:
+                token = b"5f" * 16
+                conn.sendall(header(OP["Hello"], h[3], len(token)) + token)  # restored
+            self.srv.close()
+
+
+def test_a_program_that_cannot_reach_the_target_comes_back_to_the_source(two):
+    """The target restores the session and vanishes before the program arrives: the program, told
+    to go, cannot connect there and resumes at the source with the back token it was given; the
+    source still held the session and serves it on. The move is refused with that reason, and the
+    program finishes with every value right (its 16 MiB more kept too)."""
+    a, _ = two
+    target = FailingTarget()
+    p = start_loop(a, 60, 50, extra_mib=16)
+    sess = only_session(a)
+    r = migrate(a, sess, f"127.0.0.1:{target.port}")
+    assert r.returncode == 1
+    assert r.stderr == (f"session {sess} not moved: the program could not resume at 127.0.0.1:{target.port} "
+                        "and runs here again\n"), r.stderr
+    assert target.received > 16 << 20  # the whole snapshot went there
+    assert only_session(a) == sess
+    result = finish(p, checks=5)
+    assert f"the session could not follow its move to oriond at 127.0.0.1:{target.port}" in result.stderr
+    assert f"comes back to session {sess}: its move did not reach the target" in a.log()
+
+
+def test_a_target_that_breaks_mid_snapshot_leaves_the_session_at_the_source(two):
+    """The target closes its connection 1 MiB into a 32 MiB snapshot: the move is refused (the
+    stream broke), the program is never told to go, and it finishes at the source unaware."""
+    a, _ = two
+    target = FailingTarget(drop_after=1 << 20)
+    p = start_loop(a, 60, 50, extra_mib=32)
+    sess = only_session(a)
+    r = migrate(a, sess, f"127.0.0.1:{target.port}")
+    assert r.returncode == 1
+    assert r.stderr == f"session {sess} not moved: the stream to the target broke\n", r.stderr
+    assert only_session(a) == sess
+    result = finish(p, checks=5)
+    assert "moved" not in result.stderr
 
 
 def raw_hello(kind, share=b""):

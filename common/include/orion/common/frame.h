@@ -151,12 +151,16 @@ inline constexpr uint16_t kHelloMigrateIn = 1;
 inline constexpr uint16_t kHelloResume = 2;
 
 // The reply that moves a client (status kStatusMoved, to a frame the source did not execute): send
-// that frame again to `address` after a kHelloResume with `token`. NUL-terminated strings.
+// that frame again to `address` after a kHelloResume with `token`. When `address` cannot be reached
+// or refuses, a kHelloResume with `back_token` to the oriond the client was connected to resumes
+// the session there instead (the source keeps it until the target confirms the client, about 30 s).
+// NUL-terminated strings; `back_token` may be empty (no way back).
 struct MovedRep {
-  char address[64];  // host:port of the target oriond
-  char token[40];    // kShareTokenLen lowercase hex digits: the resume token, valid once and briefly
+  char address[64];     // host:port of the target oriond
+  char token[40];       // kShareTokenLen lowercase hex digits: the resume token, valid once and briefly
+  char back_token[40];  // the same at the source, for the way back
 };
-ORION_WIRE_STRUCT(MovedRep, 104);
+ORION_WIRE_STRUCT(MovedRep, 144);
 
 // A share token: a random UUID's 32 lowercase hex digits (122 random bits). Whoever knows it joins
 // the share.

@@ -295,7 +295,15 @@ class Daemon {
     int route = -1;
     std::string token;
     uint64_t token_deadline_ms = 0;
+    // For a session being moved away: the token its program comes back with when it cannot reach
+    // the target (MovedRep::back_token), until `back_deadline_ms`; its connection goes to the worker
+    // on `control`.
+    std::string back_token;
+    uint64_t back_deadline_ms = 0;
   };
+  // How long a moving session's way back stays open: the transfer's budget and the worker's wait
+  // for the target's confirmation (session_move.cpp) fit well within it.
+  static constexpr uint64_t kMoveBackMs = 15 * 60 * 1000;
   // `migrate SESSION HOST:PORT` on the control socket: hands the request and the asker's
   // connection `conn` to the session's worker, which answers it; "" then, else the error line.
   std::string HandOffMove(const std::string& line, int conn);
