@@ -666,7 +666,12 @@ CUresult Client::ResumeLocked(const ivshmem::FrameView& f) noexcept {
   const std::string source = tcp_->address(), from = peer_, to = moved.address;
   resuming_ = true;
   resume_failure_.clear();
+  // The target's answer is bounded well inside the source's wait for it (30 s, session_move.cpp):
+  // a target that accepts but never answers leaves time for the way back.
+  const uint64_t handshake_ms = handshake_ms_;
+  if (back_len != 0 && (handshake_ms_ == 0 || handshake_ms_ > kResumeAnswerMs)) handshake_ms_ = kResumeAnswerMs;
   CUresult r = ResumeAt(to, moved.token);
+  handshake_ms_ = handshake_ms;
   if (r == CUDA_SUCCESS) {
     LogInfo("Orion: the session moved from " + from + " to " + peer_ + " (session " +
             std::to_string(welcome_.session_id) + " there)");

@@ -214,9 +214,12 @@ class Client {
   uint64_t sync_ms_ = 0;
   uint64_t alive_ms_ = 10000;  // TCP: a wait for a reply ends when oriond sends nothing this long
   uint64_t stall_ms_ = 30000;
-  bool async_unanswered_ = false;   // asynchronous frames were sent since the last reply
-  std::string peer_;                // oriond's address or region, for log lines
-  bool resuming_ = false;           // a resume attempt runs: Broken records, ResumeLocked decides
+  bool async_unanswered_ = false;  // asynchronous frames were sent since the last reply
+  std::string peer_;               // oriond's address or region, for log lines
+  bool resuming_ = false;          // a resume attempt runs: Broken records, ResumeLocked decides
+  // The longest a moved session's target may take to answer its kHelloResume when there is a way
+  // back (ms): with the connect's 5 s, well inside the source's 30 s wait for the program.
+  static constexpr uint64_t kResumeAnswerMs = 10000;
   std::string resume_failure_;      // what broke the last resume attempt
   std::vector<uint8_t> last_call_;  // TCP: the last request that awaits a reply, header included
   uint64_t current_ctx_sent_ = 0;

@@ -136,10 +136,12 @@ class FailingTarget:
     """A target oriond that fails a move at a chosen step: it listens, answers the source's
     kHelloMigrateIn `ready`, then either closes after `drop_after` bytes of the snapshot, or reads
     all of it (until the source waits, quiet for 1 s), answers `restored` with a resume token, and
-    vanishes (its listener closed: the program cannot reach it)."""
+    vanishes (its listener closed: the program cannot reach it) or, `mute`, takes the program's
+    connection and never answers it."""
 
-    def __init__(self, drop_after=None):
+    def __init__(self, drop_after=None, mute=False):
         self.drop_after = drop_after
+        self.mute = mute
         self.srv = socket.create_server(("127.0.0.1", 0))
         self.port = self.srv.getsockname()[1]
         self.received = 0
@@ -164,6 +166,15 @@ class FailingTarget:
             if self.drop_after is None:
                 token = b"5f" * 16
                 conn.sendall(header(OP["Hello"], h[3], len(token)) + token)  # restored
+            if self.mute:
+                client, _ = self.srv.accept()
+                with client:
+                    client.settimeout(60)
+                    try:
+                        while client.recv(4096):  # until the program gives up and closes it
+                            pass
+                    except OSError:
+                        pass
             self.srv.close()
 
 
@@ -185,6 +196,22 @@ def test_a_program_that_cannot_reach_the_target_comes_back_to_the_source(two):
     result = finish(p, checks=5)
     assert f"the session could not follow its move to oriond at 127.0.0.1:{target.port}" in result.stderr
     assert f"comes back to session {sess}: its move did not reach the target" in a.log()
+
+
+def test_a_program_whose_target_never_answers_comes_back_to_the_source(two):
+    """The target restores the session, takes the program's connection and never answers it: the
+    program gives up on it after 10 s (inside the source's 30 s wait) and resumes at the source."""
+    a, _ = two
+    target = FailingTarget(mute=True)
+    p = start_loop(a, 60, 50)
+    sess = only_session(a)
+    r = migrate(a, sess, f"127.0.0.1:{target.port}")
+    assert r.returncode == 1
+    assert r.stderr == (f"session {sess} not moved: the program could not resume at 127.0.0.1:{target.port} "
+                        "and runs here again\n"), r.stderr
+    result = finish(p)
+    assert f"the session could not follow its move to oriond at 127.0.0.1:{target.port} (no reply to Hello" in \
+        result.stderr, result.stderr[-2000:]
 
 
 def test_a_target_that_breaks_mid_snapshot_leaves_the_session_at_the_source(two):
