@@ -135,7 +135,7 @@ def test_a_shared_memory_session_is_refused_before_anything_pauses(two):
 class FailingTarget:
     """A target oriond that fails a move at a chosen step: it listens, answers the source's
     kHelloMigrateIn `ready`, then either closes after `drop_after` bytes of the snapshot, or reads
-    all of it (until the source waits, quiet for 1 s), answers `restored` with a resume token, and
+    all of it (its records, to the end record), answers `restored` with a resume token, and
     vanishes (its listener closed: the program cannot reach it) or, `mute`, takes the program's
     connection and never answers it."""
 
@@ -154,16 +154,28 @@ class FailingTarget:
             h = HDR.unpack(recv_exact(conn, HDR.size))
             recv_exact(conn, h[4])  # the HelloReq
             conn.sendall(header(OP["Hello"], h[3], 0))  # ready
-            conn.settimeout(1.0)
-            try:
-                while self.drop_after is None or self.received < self.drop_after:
+            conn.settimeout(60)
+            if self.drop_after is not None:
+                while self.received < self.drop_after:
                     chunk = conn.recv(1 << 16)
                     if not chunk:
                         return
                     self.received += len(chunk)
-            except socket.timeout:
-                pass
-            if self.drop_after is None:
+            else:
+                # The snapshot's records (session_snapshot.cpp): a RecordHead {kind u32, flags u32,
+                # meta u64, contents u64}, then meta and contents bytes; kind 13 ends it.
+                while True:
+                    kind, _, meta, contents = struct.unpack("<IIQQ", recv_exact(conn, 24))
+                    self.received += 24
+                    for left in (meta, contents):
+                        while left > 0:
+                            chunk = conn.recv(min(left, 1 << 20))
+                            if not chunk:
+                                return
+                            left -= len(chunk)
+                            self.received += len(chunk)
+                    if kind == 13:
+                        break
                 token = b"5f" * 16
                 conn.sendall(header(OP["Hello"], h[3], len(token)) + token)  # restored
             if self.mute:
