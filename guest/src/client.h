@@ -123,7 +123,9 @@ class Client {
   CUresult WaitReplyLocked(uint32_t seq, Op op, void* rep, uint32_t rep_cap, uint32_t* rep_len) noexcept;
   // A kStatusMoved reply `f` (TCP only; issue #24): connects to the oriond it names, resumes the
   // session there with its token (the window and its bytes carried over), and sends the request the
-  // source did not execute (last_call_) again. Anything wrong breaks the session.
+  // source did not execute (last_call_) again. When the target cannot be reached, refuses, or does
+  // not answer within kResumeAnswerMs, it resumes at the source with the back token instead; only
+  // when both fail is the session broken.
   CUresult ResumeLocked(const ivshmem::FrameView& f) noexcept;
   // One attempt of a resume: connects to `address` (the window moves along), says kHelloResume with
   // `token`, checks the Welcome. A failure is recorded in resume_failure_, not fatal: ResumeLocked

@@ -216,7 +216,7 @@ Outcome AwaitOutcome(int target, int control) {
     if (control >= 0 && p[1].revents != 0) {
       char buf[512];
       int fd = -1;
-      const ssize_t n = RecvWithFd(control, buf, sizeof buf - 1, &fd, MSG_DONTWAIT);
+      const ssize_t n = RecvWithFd(control, buf, sizeof buf, &fd, MSG_DONTWAIT);
       if (n == 0) {
         control = -1;  // oriond is gone
         continue;
@@ -231,7 +231,6 @@ Outcome AwaitOutcome(int target, int control) {
           return out;
         }
       }
-      buf[n] = '\0';
       Answer(&fd, "error the session is moving now");
     }
   }
@@ -425,9 +424,8 @@ int Session::MigrateIn(const FrameHeader& hello_header) {
   log.info("sess={} restored in {} ms; waiting for the program", p_.session_id, MonotonicMs() - t0);
 
   // The program's connection, from oriond once its kHelloResume carried the token: the Hello's
-  // header with the descriptor.
-  // Meanwhile the source's connection stays quiet; it closes when the program went back there
-  // (it could not reach this oriond), and this copy then ends at once.
+  // header with the descriptor. Meanwhile the source's connection stays quiet; it closes when the
+  // program went back there (it could not reach this oriond), and this copy then ends at once.
   FrameHeader client_hello{};
   int client = -1;
   pollfd wait[2] = {{p_.route_fd, POLLIN, 0}, {fd, POLLIN, 0}};

@@ -549,13 +549,13 @@ namespace {
 // backend's is the host's (sim), else through a buffer.
 bool ReadContents(Backend& b, SnapshotReader& in, uint64_t addr, uint64_t bytes, std::string* why) {
   if (uint8_t* host = bytes != 0 ? b.HostView(addr, bytes) : nullptr; host != nullptr) {
+    // Fresh memory is committed before the socket copies into it, not by page faults inside
+    // recv()'s copy: 1 GiB moved in 0.6-1.1 s (median 0.73) so, 0.75-1.9 s (median 1.4) without,
+    // scripts/bench-migration on a 2-core VM. Best effort: a kernel without MADV_POPULATE_WRITE
+    // (Linux < 5.14) faults in recv() instead.
+    const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
     for (uint64_t off = 0; off < bytes; off += kChunk) {
       const uint64_t n = std::min(kChunk, bytes - off);
-      // Fresh memory is committed before the socket copies into it, not by page faults inside
-      // recv()'s copy: 1 GiB moved in 0.6-1.1 s (median 0.73) so, 0.75-1.9 s (median 1.4) without,
-      // scripts/bench-migration on a 2-core VM. Best effort: a kernel without MADV_POPULATE_WRITE
-      // (Linux < 5.14) faults in recv() instead.
-      const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
       const auto first = reinterpret_cast<uintptr_t>(host + off) & ~(page - 1);
       (void)madvise(reinterpret_cast<void*>(first), reinterpret_cast<uintptr_t>(host + off + n) - first,
                     kMadvPopulateWrite);
