@@ -446,6 +446,8 @@ void Daemon::Handshake(Pending& p) {
                            -1,
                            -1,
                            {},
+                           0,
+                           {},
                            0});
   NetSession& added = net_sessions_.back();
   if (moving_in) {
