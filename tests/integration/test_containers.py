@@ -247,29 +247,56 @@ def test_the_client_image_runs_a_program_and_python_on_a_vgpu(engine, client_ima
     assert re.search(r"^DEVICES (\d+)$", r.stdout, re.M).group(1) == "2", r.stdout
 
 
-def test_pytorch_in_the_client_image_spawns_ranks_on_its_vgpus(engine, client_image, tmp_path):
-    """The Orion PyTorch guide in a container: `--shm-size` as it says, ORION_VGPU=2, the parent
-    counts the devices and spawns two gloo ranks, each on its own vGPU of the parent's share
-    (tests/frameworks/spawn_ranks_probe.py, as test_frameworks runs it on the host). PyTorch is this
-    test run's own venv, mounted at its path (the image's python3 is the one it was made with), so
-    no 3 GB image is built; skipped without it, like test_frameworks (CI installs it)."""
+@pytest.fixture(scope="module")
+def pytorch_image(engine, client_image):
+    """scripts/image --pytorch: the client image plus a layer with the pinned PyTorch (copied from
+    this test run's venv: torch and what it requires). Skipped where that venv has no PyTorch, like
+    test_frameworks (CI installs it)."""
     import sys
     pytest.importorskip("torch", reason="PyTorch not installed: scripts/venv --frameworks")
+    name = f"localhost/orion-client:pytorch-test-{os.getpid()}"
+    r = subprocess.run([str(ROOT / "scripts/image"), "--pytorch", "--from", client_image, "--tag", name],
+                       capture_output=True, text=True, timeout=1800, env=dict(os.environ, ORION_VENV=sys.prefix))
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    assert r.stdout.splitlines()[0] == name, r.stdout
+    yield name
+    engine("rmi", "-f", name)
+
+
+def test_pytorch_in_the_client_image_spawns_ranks_on_its_vgpus(engine, pytorch_image, tmp_path):
+    """The Orion PyTorch guide in a container of the orion-client:pytorch image (its own python3 and
+    PyTorch, nothing mounted but the region and the probe), once with `--shm-size` and once with
+    `--ipc=host` as the guide says, ORION_VGPU=2: the parent counts the devices and spawns two gloo
+    ranks, each on its own vGPU of the parent's share (tests/frameworks/spawn_ranks_probe.py, as
+    test_frameworks runs it on the host). A DDP model is not built: its constructor flattens parameters with a kernel of the
+    torch wheel, SASS the sim cannot run (it fails with CUDA's no-kernel-image error, never a silent
+    success); the gradients' all_reduce DDP would do is what the ranks run."""
     d = Oriond(tmp_path, conf_text="[server]\n    vgpu_count = 2\n[server-shm]\n    shm_buffer_size = 16\n",
                extra_args=("--sim-gpus", "1", "--sim-gpu-mem", "2048"))
     try:
-        region, venv, probes = str(d.region), Path(sys.prefix), ROOT / "tests/frameworks"
-        r = engine("run", "--rm", *ulimits(), "--shm-size", "1g", "-v", f"{region}:{region}:rw",
-                   "-v", f"{venv}:{venv}:ro", "-v", f"{probes}:{probes}:ro", "-e", f"ORION_SHM={region}",
-                   "-e", "ORION_VGPU=2", "-e", "ORION_GMEM=0", client_image, f"{venv}/bin/python",
-                   probes / "spawn_ranks_probe.py", "29517", timeout=600)
-        out = r.stdout + r.stderr
-        assert r.returncode == 0, out[-4000:]
-        assert re.findall(r"^PARENT count=(\d+)$", r.stdout, re.M) == ["2"], out[-4000:]
-        seen = {int(m.group(1)): (int(m.group(2)), m.group(3)) for m in
-                re.finditer(r"^RANK (\d+) device=(\d+) sum=(\w+)$", r.stdout, re.M)}
-        assert seen == {0: (0, "True"), 1: (1, "True")}, out[-4000:]
+        region, probes = str(d.region), ROOT / "tests/frameworks"
+        # The guide's two ways to give the ranks' shared memory room (podman takes one or the other).
+        for i, ipc in enumerate((["--shm-size", "1g"], ["--ipc", "host"])):
+            r = engine("run", "--rm", *ulimits(), *ipc, "-v", f"{region}:{region}:rw", "-v", f"{probes}:/probes:ro",
+                       "-e", f"ORION_SHM={region}", "-e", "ORION_VGPU=2", "-e", "ORION_GMEM=0", pytorch_image,
+                       "python3", "/probes/spawn_ranks_probe.py", 29517 + i, timeout=600)
+            out = r.stdout + r.stderr
+            assert r.returncode == 0, (ipc, out[-4000:])
+            assert re.findall(r"^PARENT count=(\d+)$", r.stdout, re.M) == ["2"], (ipc, out[-4000:])
+            seen = {int(m.group(1)): (int(m.group(2)), m.group(3)) for m in
+                    re.finditer(r"^RANK (\d+) device=(\d+) sum=(\w+)$", r.stdout, re.M)}
+            assert seen == {0: (0, "True"), 1: (1, "True")}, (ipc, out[-4000:])
+        # Each run took its two vGPUs once: the parent's share, which its second rank joined.
         started = re.findall(r"Starting vGPU share ([0-9a-f]{8}) ", d.log())
-        assert len(started) == 1 and re.findall(r"Joining vGPU share ([0-9a-f]{8}) ", d.log()) == started, d.log()[-3000:]
+        joined = re.findall(r"Joining vGPU share ([0-9a-f]{8}) ", d.log())
+        assert len(set(started)) == 2 and joined == started, d.log()[-3000:]
+        # The PyTorch that ran is the image's own, the version the venv pins.
+        r = engine("run", "--rm", *ulimits(), pytorch_image, "python3", "-c",
+                   "import torch, sys; print('TORCH', torch.__version__, torch.__file__, sys.executable)")
+        assert r.returncode == 0, r.stdout + r.stderr
+        version, path, exe = re.search(r"^TORCH (\S+) (\S+) (\S+)$", r.stdout, re.M).groups()
+        import importlib.metadata
+        assert version.split("+")[0] == importlib.metadata.version("torch").split("+")[0], r.stdout
+        assert path.startswith("/usr/local/lib/python3") and exe == "/usr/bin/python3", r.stdout
     finally:
         d.stop()
