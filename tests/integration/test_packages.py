@@ -6,7 +6,7 @@ it). A "host" root gets orion-server: its oriond, started from the installed fil
 ORION_VGPU and ORION_GMEM set: the loader finds the installed libcuda.so.1 through the package's
 ld.so.conf.d entry and the runtime finds the region through the package's client.conf.
 Needs root (chroot, mounts) and the Debian mirror (apt installs the packages' Depends; downloads are
-kept in build/debian-root/archives)."""
+kept beside that root, in debian-root/archives)."""
 import os
 import re
 import shutil
