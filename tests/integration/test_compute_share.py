@@ -87,44 +87,48 @@ def pooled_slope(rounds):
 
 
 def test_share_is_work_conserving_and_cap_is_a_ceiling(one_gpu):
-    """Alone, a 30% `share` tenant runs as fast as a tenant with no ratio (the unused 70% is lent to
-    it); a 30% `cap` tenant gets 30% of the device's time, even on an idle GPU, and never more than
-    30% of the no-ratio tenant's work.
+    """Alone, a 30% `share` tenant holds the device as much of the time as a tenant with no ratio
+    (the unused 70% is lent to it); a 30% `cap` tenant holds it 30% of the time, even on an idle GPU,
+    and never runs more than 30% of the no-ratio tenant's work.
 
     Each tenant saturates from its start (SPIN_WARM=1), so the window measures a cap's steady state,
     not the burst (kComputeCapBurstNs) its bucket holds after an idle wait. The runs alternate in
     four rounds of 2.5 s windows, so that a slow phase of the machine (CI's 2 cores are shared) lands
     on each kind alike rather than on one kind's window.
 
-    The cap's share is its device time over wall time, read from oriond (orion-smi's `device_s`, ~10
-    ms a read) twelve times in each window and fitted (a least-squares slope, one intercept per
-    round): the counter moves a kernel (~30-50 ms) at a time, after rests of ~100-150 ms, so one
-    round's slope is 0.30 ± 0.02 and the four rounds' 0.30 ± 0.005 (8 rounds measured here). Its kernel
-    count is not the measure of its share on the sim: there a kernel that follows an idle device
-    often runs slower (in some oriond instances and not others, 40-45 ms against 30 ms back to back
-    for a no-ratio tenant that pauses 100 ms before each kernel, SPIN_GAP_MS; the executor alone,
-    outside oriond, does not show it: a finding for issue #26), and a cap tenant rests ~100-150 ms
-    before most kernels. CI twice counted 0.21 of the no-ratio tenant's kernels; here, rounds that
-    counted 0.20-0.27 had 0.300 of the device's time in the scheduler's trace (issue #21's notes).
-    So the count is held to the ceiling only (<= 0.33); the device time to 0.30 ± 0.03."""
-    free, shared, capped = 0, 0, 0
-    cap_rounds = []
+    What is measured is the scheduler's: each tenant's device time over wall time, read from oriond
+    (orion-smi's `device_s`, ~10 ms a read) twelve times in each window and fitted (a least-squares
+    slope, one intercept per round). The counter moves a kernel (~30-50 ms) at a time, so one round's
+    slope is ±0.02 and the four rounds' ±0.005. Kernel counts are not the measure on the sim: each
+    tenant is a new worker process, and the executor's speed differs between processes by up to a
+    third (here, alone and holding the device 0.979-0.988 of the time, share 30 counted 0.79-1.10 of
+    the no-ratio tenant's kernels; CI once counted 0.867 and failed the count's old 0.95 bound), and
+    a kernel that follows an idle device often runs slower (a cap tenant rests ~100-150 ms before
+    most kernels: CI twice counted 0.21 for a cap whose device time was 0.30). Both are findings for
+    issue #26. So the count is held to the cap's ceiling only (<= 0.33)."""
+    counts = {"free": 0, "share": 0, "cap": 0}
+    rounds = {"free": [], "share": [], "cap": []}
     warm = {"SPIN_WARM": 1}
+    kinds = {"free": warm, "cap": {"ORION_RATIO": 30, "ORION_RATIO_POLICY": "cap", **warm},
+             "share": {"ORION_RATIO": 30, **warm}}
     for _ in range(4):
-        free += spin(one_gpu, [warm], window_ms=2500)[0]
-        start, procs = start_spins(one_gpu, [{"ORION_RATIO": 30, "ORION_RATIO_POLICY": "cap", **warm}], 2500)
-        pts = []
-        for k in range(12):  # from 0.1 s into the window to 0.1 s before its end
-            time.sleep(max(0.0, (start + 100 + 210 * k) / 1000 - time.time()))
-            pts.append(charged_device_s(one_gpu, procs[0].pid))
-        cap_rounds.append(pts)
-        capped += spin_kernels(procs)[0]
-        shared += spin(one_gpu, [{"ORION_RATIO": 30, **warm}], window_ms=2500)[0]
-    device_share = pooled_slope(cap_rounds)
-    print(f"alone: no ratio {free}, share 30 {shared} ({shared / free:.3f}), cap 30 {capped} ({capped / free:.3f}) "
-          f"with {device_share:.3f} of the device's time")
-    assert shared / free >= 0.95, (free, shared)
-    assert 0.27 <= device_share <= 0.33, (device_share, cap_rounds)
+        for kind, env in kinds.items():
+            start, procs = start_spins(one_gpu, [env], 2500)
+            pts = []
+            for k in range(12):  # from 0.1 s into the window to 0.1 s before its end
+                time.sleep(max(0.0, (start + 100 + 210 * k) / 1000 - time.time()))
+                pts.append(charged_device_s(one_gpu, procs[0].pid))
+            rounds[kind].append(pts)
+            counts[kind] += spin_kernels(procs)[0]
+    held = {kind: pooled_slope(r) for kind, r in rounds.items()}
+    free, shared, capped = counts["free"], counts["share"], counts["cap"]
+    print(f"alone: no ratio {free} kernels holding the device {held['free']:.3f} of the time; share 30 {shared} "
+          f"({shared / free:.3f}) holding it {held['share']:.3f}; cap 30 {capped} ({capped / free:.3f}) "
+          f"holding it {held['cap']:.3f}")
+    # Work-conserving: alone, a 30% share tenant holds the device as much of the time as a tenant with
+    # no ratio (the gaps between kernels, a launch and a synchronize, are the rest).
+    assert held["share"] >= 0.95 * held["free"], (held, rounds["share"], rounds["free"])
+    assert 0.27 <= held["cap"] <= 0.33, (held["cap"], rounds["cap"])
     assert capped / free <= 0.33, (free, capped)
 
 
