@@ -77,9 +77,11 @@ class TcpSessionChannel final : public SessionChannel {
       at_ += done;
       while (done < w.bytes) {
         const ssize_t n = RecvWait(window_ + w.offset + done, w.bytes - done);
-        if (n <= 0)
-          return n == 0 ? Unavailable("client closed the connection in a frame")
-                        : DataLoss("client stalled in a frame");
+        // Closed or reset (a client killed with replies unread resets its connection): the client
+        // is gone, as Fill says; only a client that stops sending mid-frame breaks the protocol.
+        if (n == 0) return Unavailable("client closed the connection in a frame");
+        if (n == tls::kError) return Unavailable("connection error in a frame: " + stream_->error());
+        if (n < 0) return DataLoss("client stalled in a frame");
         done += static_cast<uint64_t>(n);
       }
     }
@@ -182,10 +184,13 @@ class TcpSessionChannel final : public SessionChannel {
     }
   }
   // Reads some of [p, p+len), waiting up to the stall limit: > 0 bytes; 0 closed; < 0 stalled or failed.
+  // Reads up to `len` bytes, waiting at most stall_ms_ for each: the count; 0 when the client
+  // closed; tls::kError when the connection failed (stream_->error() says why); -1 when nothing came
+  // within stall_ms_.
   ssize_t RecvWait(uint8_t* p, uint64_t len) {
     for (;;) {
       const ssize_t n = stream_->Read(p, len);
-      if (n != tls::kAgain) return n == tls::kError ? -1 : n;
+      if (n != tls::kAgain) return n;
       pollfd pfd{fd_, stream_->wants(), 0};
       if (poll(&pfd, 1, stall_ms_) <= 0) return -1;
     }
