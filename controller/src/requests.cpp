@@ -178,6 +178,31 @@ Result<SessionConfirmation> SessionConfirmation::FromJson(const Json& body) {
   return c;
 }
 
+Result<MigrateRequest> MigrateRequest::FromJson(const Json& body) {
+  if (Status st = Object(body); !st.ok()) return st;
+  MigrateRequest m;
+  if (Status st = Str(body, "to", 300, &m.to); !st.ok()) return st;
+  if (m.to.empty()) return InvalidArgument("to must name the target server (its id, \"ip:port\")");
+  uint64_t wait_s = 0;
+  if (Status st = UInt(body, "wait_s", kMaxMigrateWaitMs / 1000, 0, &wait_s); !st.ok()) return st;
+  m.wait_ms = wait_s * 1000;
+  return m;
+}
+
+Result<MoveReport> MoveReport::FromJson(const Json& body) {
+  if (Status st = Object(body); !st.ok()) return st;
+  MoveReport r;
+  if (Status st = Str(body, "server", 300, &r.server); !st.ok()) return st;
+  if (r.server.empty()) return InvalidArgument("server must name the reporting server");
+  std::string state;
+  if (Status st = Str(body, "state", 16, &state); !st.ok()) return st;
+  if (state != "committed" && state != "failed") return InvalidArgument("state must be \"committed\" or \"failed\"");
+  r.committed = state == "committed";
+  if (Status st = UInt(body, "session", uint32_t{0xffffffffu}, &r.session); !st.ok()) return st;
+  if (Status st = Str(body, "error", 500, &r.error); !st.ok()) return st;
+  return r;
+}
+
 Result<WatchRequest> WatchRequest::FromJson(const Json& body) {
   if (Status st = Object(body); !st.ok()) return st;
   WatchRequest w;

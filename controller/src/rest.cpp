@@ -343,6 +343,36 @@ void Api::Routes(httplib::Server& s) {
            if (!body.ok()) return Reply(res, body.status());
            Reply(res, svc_->Confirm(req.matches[1], *body));
          }));
+  // Live migration (issue #24): an admin moves an allocation's session to another server; its
+  // servers report how the move ended.
+  s.Post(R"(/v1/allocations/([^/]+)/migrate)",
+         Wrap("migrate", kAdmin, [this](const httplib::Request& req, httplib::Response& res) {
+           if (!IdOk(req, res)) return;
+           auto body = Body<oc::MigrateRequest>(req);
+           if (!body.ok()) return Reply(res, body.status());
+           log_->info("allocation {}: a move to {} is asked for", std::string(req.matches[1]), body->to);
+           auto r = svc_->Migrate(req.matches[1], *body);
+           if (!r.ok())
+             log_->warn("allocation {}: no move to {}: {}", std::string(req.matches[1]), body->to,
+                        r.status().message());
+           // 202 while the move is under way; 200 once it committed (wait_s).
+           Reply(res, r, r.ok() && r->contains("move") ? 202 : 200);
+         }));
+  s.Post(R"(/v1/allocations/([^/]+)/move)",
+         Wrap("move", kServer, [this](const httplib::Request& req, httplib::Response& res) {
+           if (!IdOk(req, res)) return;
+           auto body = Body<oc::MoveReport>(req);
+           if (!body.ok()) return Reply(res, body.status());
+           if (!BoundServerMay(body->server, res)) return;
+           auto r = svc_->MoveOutcome(req.matches[1], *body);
+           if (r.ok()) {
+             log_->info("allocation {}: {}", std::string(req.matches[1]),
+                        body->committed
+                            ? "moved to " + body->server + " (session " + std::to_string(body->session) + ")"
+                            : "its move was given up: " + (*r)["last_move"].value("error", std::string()));
+           }
+           Reply(res, r);
+         }));
   s.Put(R"(/v1/allocations/([^/]+)/lease)",
         Wrap("renew", kClient | kServer, [this](const httplib::Request& req, httplib::Response& res) {
           if (!IdOk(req, res)) return;

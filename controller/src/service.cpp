@@ -288,6 +288,10 @@ Json Service::ToJson(const Allocation& a) const {
   if (!a.job.empty()) j["job"] = a.job;
   if (!a.owner.empty()) j["owner"] = a.owner;
   if (!a.request_id.empty()) j["request_id"] = a.request_id;
+  if (!a.move_to.empty())
+    j["move"] = {{"to", a.move_to}, {"reservation", a.move_reservation}, {"asked_ms", a.move_asked_ms}};
+  if (!a.move_of.empty()) j["move_of"] = a.move_of;
+  if (!a.last_move_to.empty()) j["last_move"] = {{"to", a.last_move_to}, {"error", a.last_move_error}};
   return j;
 }
 
@@ -353,6 +357,16 @@ Status Service::Absorb(const StoreState& st, bool initial) {
     a.client_process = c.value("process", "");
     a.owner = j.value("owner", "");
     a.request_id = j.value("request_id", "");
+    if (const Json m = j.value("move", Json::object()); m.is_object()) {
+      a.move_to = m.value("to", "");
+      a.move_reservation = m.value("reservation", "");
+      a.move_asked_ms = m.value("asked_ms", uint64_t{0});
+    }
+    a.move_of = j.value("move_of", "");
+    if (const Json m = j.value("last_move", Json::object()); m.is_object()) {
+      a.last_move_to = m.value("to", "");
+      a.last_move_error = m.value("error", "");
+    }
     a.lease_expires_ms = a.kind == "vm" ? 0 : j.value("lease_expires_ms", uint64_t{0});
     // Grace: whoever renews this lease gets a full period to reach the restarted controller.
     if (initial && a.kind != "vm") a.lease_expires_ms = std::max(a.lease_expires_ms, now + opts_.lease_ttl_ms);
@@ -363,6 +377,7 @@ Status Service::Absorb(const StoreState& st, bool initial) {
     if (auto old = allocs_.find(a.id); old != allocs_.end()) {
       // What this controller learnt from renewals and heartbeats (not written to the store).
       a.lease_expires_ms = std::max(a.lease_expires_ms, old->second.lease_expires_ms);
+      if (a.move_to == old->second.move_to) a.move_told_ms = old->second.move_told_ms;
       for (size_t i = 0; i < a.slots.size() && i < old->second.slots.size(); ++i) {
         a.slots[i].used_mib = old->second.slots[i].used_mib;
       }
@@ -527,12 +542,17 @@ Result<Json> Service::Heartbeat(const std::string& id, const ServerHeartbeat& be
   }
   s.last_seen_ms = now;
   s.up = true;
-  Json revoked = Json::array();
+  Json revoked = Json::array(), moves = Json::array();
   for (const ServerHeartbeat::Held& held : beat.allocations) {
     auto a = allocs_.find(held.id);
+    if (a != allocs_.end() && a->second.move_to == id) continue;  // the target of its move holds a copy
     if (a == allocs_.end() || a->second.server != id) {
       revoked.push_back(held.id);
       continue;
+    }
+    if (!a->second.move_to.empty()) {
+      moves.push_back({{"id", held.id}, {"to", a->second.move_to}});
+      a->second.move_told_ms = now;
     }
     if (a->second.kind == "process") {
       auto left = store_->KeepAlive(a->second.lease, opts_.lease_ttl_ms);
@@ -551,7 +571,7 @@ Result<Json> Service::Heartbeat(const std::string& id, const ServerHeartbeat& be
     c.put_servers.push_back(StoreDoc(s));
     if (Status st = Apply(c); !st.ok()) return st;
   }
-  return Json{{"server", id}, {"revoked", revoked}, {"back", was_down}};
+  return Json{{"server", id}, {"revoked", revoked}, {"moves", moves}, {"back", was_down}};
 }
 
 Result<Json> Service::DeregisterServer(const std::string& id) {
@@ -892,6 +912,17 @@ Result<Json> Service::Confirm(const std::string& id, const SessionConfirmation& 
     if (it == allocs_.end()) return NotFound("allocation " + id + " does not exist (released or expired)");
     Allocation& a = it->second;
     if (a.kind != "process") return InvalidArgument("allocation " + id + " is a VM assignment");
+    if (a.server != server && !a.move_to.empty() && a.move_to == server) {
+      // The target of the allocation's move admits the moving session: on the reservation's vGPUs.
+      // Nothing changes until it reports the program resumed there (MoveOutcome).
+      const Allocation* b = ReservationOf(a);
+      if (b == nullptr) return FailedPrecondition("allocation " + id + "'s move to " + server + " has no reservation");
+      Allocation view = a;
+      view.server = b->server;
+      view.slots = b->slots;
+      view.session = session;
+      return ToJson(view);
+    }
     if (a.server != server)
       return InvalidArgument("allocation " + id + " is placed on " + a.server + ", not " + server);
     if (a.state == "releasing")
@@ -921,6 +952,180 @@ Result<Json> Service::Confirm(const std::string& id, const SessionConfirmation& 
     a = next;
     return ToJson(a);
   });
+}
+
+Service::Allocation* Service::ReservationOf(const Allocation& a) {
+  if (a.move_reservation.empty()) return nullptr;
+  auto it = allocs_.find(a.move_reservation);
+  return it == allocs_.end() || it->second.move_of != a.id ? nullptr : &it->second;
+}
+
+Result<Json> Service::Migrate(const std::string& id, const MigrateRequest& req) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto asked = Transact([&](int) -> Result<Json> {
+    auto it = allocs_.find(id);
+    if (it == allocs_.end()) return NotFound("allocation " + id + " does not exist (released or expired)");
+    Allocation& a = it->second;
+    if (a.kind != "process")
+      return InvalidArgument("allocation " + id + " is VM " + a.vm + "'s assignment: a VM's vGPUs move with the VM");
+    if (!a.move_of.empty())
+      return InvalidArgument("allocation " + id + " is the reservation of allocation " + a.move_of + "'s move");
+    if (!a.job.empty())
+      return FailedPrecondition("allocation " + id + " is job " + a.job + "'s: a job's sessions cannot move yet");
+    if (a.state != "active" || a.session == 0)
+      return FailedPrecondition("allocation " + id + " is " + a.state +
+                                ": only an allocation a session serves can move");
+    if (!a.move_to.empty()) return FailedPrecondition("allocation " + id + " is moving to " + a.move_to + " already");
+    if (req.to == a.server) return InvalidArgument("allocation " + id + " is on " + a.server + " already");
+    if (auto t = servers_.find(req.to); t == servers_.end() || !t->second.up)
+      return FailedPrecondition("server " + req.to + " is not registered or not up");
+    // The same vGPUs at the target: as many, each with the memory it has here, the same compute ratio.
+    PlacementRequest where;
+    where.server = req.to;
+    where.vgpus = a.vgpus;
+    where.gmem_mib = a.slots.empty() ? a.gmem_mib : a.slots[0].gmem_mib;
+    where.ratio = a.ratio;
+    auto b = Place(where, "process");
+    if (!b.ok()) {
+      ++refusals_;
+      return FailedPrecondition("server " + req.to + " cannot take allocation " + id + ": " + b.status().message());
+    }
+    b->state = "moving";
+    b->move_of = id;
+    b->owner = a.owner;
+    b->client_host = a.client_host;
+    b->client_process = a.client_process;
+    b->client_pid = a.client_pid;
+    b->lease = a.lease;  // etcd: it lapses with the allocation it belongs to
+    b->lease_expires_ms = a.lease_expires_ms;
+    Allocation next = a;
+    next.move_to = req.to;
+    next.move_reservation = b->id;
+    next.move_asked_ms = WallMs();
+    next.move_told_ms = 0;
+    next.last_move_to.clear();
+    next.last_move_error.clear();
+    StoreChange c;
+    PlaceInto(*b, &c);
+    c.put_allocations.emplace_back(StoreDoc(next), next.lease);
+    if (store_->shared()) c.guards.emplace_back(AllocPath(id), Version(AllocPath(id)));
+    Status st = Apply(c);
+    if (!st.ok()) {
+      UnreserveLocked(*b);
+      if (st.code() == Code::kNotFound) return NotFound("allocation " + id + " expired (its lease lapsed)");
+      return st;
+    }
+    allocs_[b->id] = std::move(*b);
+    a = std::move(next);
+    ++moves_asked_;
+    NoteDeletionsLocked();  // its server's watch answers with the move
+    return ToJson(a);
+  });
+  if (!asked.ok() || req.wait_ms == 0) return asked;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(req.wait_ms);
+  for (;;) {
+    auto it = allocs_.find(id);
+    if (it == allocs_.end()) return NotFound("allocation " + id + " was released during its move");
+    const Allocation& a = it->second;
+    if (a.move_to != req.to) {
+      if (a.server == req.to) return ToJson(a);
+      return FailedPrecondition("the move of allocation " + id + " to " + req.to + " failed: " +
+                                (a.last_move_to == req.to ? a.last_move_error : std::string("it was given up")));
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline || stop_watch_.load()) return ToJson(a);  // still under way
+    const uint64_t seen = deletions_;
+    // etcd: another controller may take the server's report; look at the store every second.
+    deleted_.wait_until(lock, std::min(deadline, now + std::chrono::seconds(1)),
+                        [&] { return deletions_ != seen || stop_watch_.load(); });
+    if (store_->shared()) SyncForRead();
+  }
+}
+
+Result<Json> Service::MoveOutcome(const std::string& id, const MoveReport& report) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return Transact([&](int) -> Result<Json> {
+    auto it = allocs_.find(id);
+    if (it == allocs_.end()) return NotFound("allocation " + id + " does not exist (released or expired)");
+    Allocation& a = it->second;
+    if (a.move_to.empty()) {
+      // Over already: a report that crossed another one, or came again.
+      if (report.committed && a.server == report.server) return ToJson(a);
+      return FailedPrecondition("allocation " + id + " is not moving");
+    }
+    if (report.server != a.server && report.server != a.move_to) {
+      return Status(
+          Code::kPermissionDenied,
+          "server " + report.server + " is neither the source nor the target of allocation " + id + "'s move");
+    }
+    if (report.committed) {
+      if (report.server != a.move_to) return Status(Code::kPermissionDenied, "only the target of a move commits it");
+      if (Status st = CommitMoveLocked(a, report.session); !st.ok()) return st;
+    } else {
+      const std::string who = report.server == a.server ? "the source" : "the target";
+      if (Status st = CancelMoveLocked(a, who + ": " + (report.error.empty() ? "failed" : report.error)); !st.ok())
+        return st;
+    }
+    return ToJson(allocs_.at(id));
+  });
+}
+
+Status Service::CommitMoveLocked(Allocation& a, uint32_t session) {
+  Allocation* b = ReservationOf(a);
+  if (b == nullptr) return FailedPrecondition("allocation " + a.id + "'s move has no reservation");
+  Allocation next = a;
+  next.server = b->server;
+  next.slots = b->slots;
+  next.session = session;
+  next.move_to.clear();
+  next.move_reservation.clear();
+  next.move_asked_ms = next.move_told_ms = 0;
+  StoreChange c;
+  c.put_allocations.emplace_back(StoreDoc(next), next.lease);  // etcd: its vGPU keys at the target now name it
+  Json reservation = StoreDoc(*b);
+  reservation["placements"] = Json::array();  // so its erasure leaves those keys
+  c.erase_allocations.push_back(reservation);
+  for (const Slot& sl : a.slots) c.erase_paths.push_back(SlotPath(a.server, sl.pgpu, sl.vgpu));
+  if (store_->shared()) {
+    c.guards.emplace_back(AllocPath(a.id), Version(AllocPath(a.id)));
+    c.guards.emplace_back(AllocPath(b->id), Version(AllocPath(b->id)));
+  }
+  Status st = Apply(c);
+  if (st.code() == Code::kNotFound) return NotFound("allocation " + a.id + " expired (its lease lapsed)");
+  if (!st.ok()) return st;
+  UnreserveLocked(a);  // the source's vGPUs; the target's stay taken, by it now
+  const std::string reservation_id = b->id;
+  a = std::move(next);
+  allocs_.erase(reservation_id);
+  ++moves_done_;
+  NoteDeletionsLocked();  // the source's watch hears its allocation is gone from it
+  return Status();
+}
+
+Status Service::CancelMoveLocked(Allocation& a, const std::string& why) {
+  Allocation* b = ReservationOf(a);
+  Allocation next = a;
+  next.last_move_to = a.move_to;
+  next.last_move_error = why;
+  next.move_to.clear();
+  next.move_reservation.clear();
+  next.move_asked_ms = next.move_told_ms = 0;
+  StoreChange c;
+  c.put_allocations.emplace_back(StoreDoc(next), next.lease);
+  if (store_->shared()) c.guards.emplace_back(AllocPath(a.id), Version(AllocPath(a.id)));
+  if (b != nullptr) EraseInto(*b, &c);
+  Status st = Apply(c);
+  if (st.code() == Code::kNotFound) return NotFound("allocation " + a.id + " expired (its lease lapsed)");
+  if (!st.ok()) return st;
+  if (b != nullptr) {
+    const std::string reservation_id = b->id;
+    UnreserveLocked(*b);
+    allocs_.erase(reservation_id);
+  }
+  a = std::move(next);
+  ++moves_failed_;
+  NoteDeletionsLocked();
+  return Status();
 }
 
 Result<Json> Service::Renew(const std::string& id, const Caller& caller) {
@@ -981,18 +1186,29 @@ Status Service::ReleaseLocked(const std::string& id) { return ReleaseManyLocked(
 
 Status Service::ReleaseManyLocked(const std::vector<std::string>& ids) {
   StoreChange c;
+  std::vector<std::string> reservations;  // of moves under way: they go with their allocation
   for (const auto& id : ids) {
     auto it = allocs_.find(id);
     if (it == allocs_.end()) return NotFound("allocation " + id + " does not exist (released or expired)");
     EraseInto(it->second, &c);
+    if (const Allocation* b = ReservationOf(it->second);
+        b != nullptr && std::find(ids.begin(), ids.end(), b->id) == ids.end()) {
+      EraseInto(*b, &c);
+      reservations.push_back(b->id);
+    }
   }
   if (ids.empty()) return Status();
   // A guard failure: one of them changed or went (expired) since the read; the caller's next read
   // sees it.
   if (Status st = Apply(c); !st.ok()) return st;
+  for (const auto& id : reservations) {  // on the lease of the allocation they belong to
+    auto it = allocs_.find(id);
+    UnreserveLocked(it->second);
+    allocs_.erase(it);
+  }
   for (const auto& id : ids) {
     auto it = allocs_.find(id);
-    store_->Revoke(it->second.lease);
+    if (it->second.move_of.empty()) store_->Revoke(it->second.lease);
     UnreserveLocked(it->second);
     allocs_.erase(it);
   }
@@ -1013,6 +1229,25 @@ Result<Json> Service::Release(const std::string& id, const std::string& why, con
   return Transact([&](int) -> Result<Json> {
     auto it = allocs_.find(id);
     if (it == allocs_.end()) return NotFound("allocation " + id + " does not exist (released or expired)");
+    Allocation& a = it->second;
+    if (!server.empty() && a.server != server && !a.move_to.empty() && a.move_to == server) {
+      // The target's copy of a moving session ended before its program resumed there: the move is
+      // over, and the allocation stays where it is.
+      if (caller.kind == Caller::Kind::kServer && caller.server != server)
+        return Status(Code::kPermissionDenied, "a server key speaks for its own server only");
+      if (Status st =
+              CancelMoveLocked(a, "the session ended at " + server + " before its program resumed there (" + why + ")");
+          !st.ok())
+        return st;
+      return Json{{"id", id}, {"server", a.server}, {"state", a.state}, {"move", "given up"}};
+    }
+    if (!server.empty() && a.server != server && caller.kind == Caller::Kind::kOpen) {
+      // A server that no longer serves it (its session moved away) does not release it.
+      return Json{{"id", id}, {"server", a.server}, {"state", a.state}};
+    }
+    if (!a.move_of.empty())
+      return InvalidArgument("allocation " + id + " is the reservation of allocation " + a.move_of +
+                             "'s move: it ends with the move");
     if (Status st = MayTouch(it->second, caller, "release"); !st.ok()) return st;
     if (it->second.kind != "process")
       return InvalidArgument("allocation " + id + " is VM " + it->second.vm + "'s assignment");
@@ -1061,14 +1296,22 @@ Result<Json> Service::WatchRevoked(const std::string& server, const WatchRequest
       if (Status st = Sync(); !st.ok()) return st;
       deletions_read_ = seen;
     }
-    Json revoked = Json::array();
+    Json revoked = Json::array(), moves = Json::array();
+    const uint64_t now = WallMs();
     for (const auto& id : ids) {
       auto it = allocs_.find(id);
-      if (it == allocs_.end() || it->second.server != server) revoked.push_back(id);
+      if (it != allocs_.end() && it->second.move_to == server) continue;  // a moving session's target
+      if (it == allocs_.end() || it->second.server != server) {
+        revoked.push_back(id);
+      } else if (!it->second.move_to.empty() && now >= it->second.move_told_ms + kMoveAnnounceMs) {
+        moves.push_back({{"id", id}, {"to", it->second.move_to}});
+        it->second.move_told_ms = now;
+      }
     }
-    if (!revoked.empty() || std::chrono::steady_clock::now() >= deadline) return Json{{"revoked", revoked}};
+    if (!revoked.empty() || !moves.empty() || std::chrono::steady_clock::now() >= deadline)
+      return Json{{"revoked", revoked}, {"moves", moves}};
     deleted_.wait_until(lock, deadline, [&] { return deletions_ != seen || stop_watch_.load(); });
-    if (stop_watch_.load()) return Json{{"revoked", Json::array()}};
+    if (stop_watch_.load()) return Json{{"revoked", Json::array()}, {"moves", Json::array()}};
   }
 }
 
@@ -1208,6 +1451,10 @@ std::string Service::Metrics() {
          {num(replays_)});
   family("orion_allocations_expired_total", "counter", "allocations released because nobody renewed their lease",
          {num(expired_)});
+  family("orion_allocation_moves_total", "counter",
+         "live migrations of allocations' sessions (POST /v1/allocations/{id}/migrate) by how they ended",
+         {"{result=\"asked\"}" + num(moves_asked_), "{result=\"committed\"}" + num(moves_done_),
+          "{result=\"failed\"}" + num(moves_failed_)});
   family("orion_gpu_memory_total_mib", "gauge", "physical GPU memory", gpu_total);
   family("orion_gpu_memory_allocated_mib", "gauge", "vGPU quota placed on the GPU", gpu_alloc);
   family("orion_gpu_memory_used_mib", "gauge", "memory the GPU's sessions use (oriond's heartbeats)", gpu_used);
@@ -1277,14 +1524,19 @@ std::vector<std::string> Service::Sweep(uint64_t now_ms) {
         store_->shared() ? !s.up && present.count(id) == 0 : !s.up && now_ms > s.last_seen_ms + opts_.server_release_ms;
     if (gone) {
       for (const auto& [aid, a] : allocs_) {
-        if (a.server == id && a.kind == "process") {
+        if (a.server == id && a.kind == "process" && a.move_of.empty()) {
           drop.push_back(aid);
           did.push_back("allocation " + aid + " released: server " + id + " is gone");
         }
       }
     }
   }
+  std::vector<std::string> stale_moves;
   for (const auto& [aid, a] : allocs_) {
+    if (!a.move_to.empty() && now_ms > a.move_asked_ms + opts_.move_timeout_ms &&
+        std::find(drop.begin(), drop.end(), aid) == drop.end())
+      stale_moves.push_back(aid);
+    if (!a.move_of.empty()) continue;  // a move's reservation: it lives and ends with its move
     if (a.kind == "process" && a.state == "pending" && now_ms > a.created_ms + opts_.pending_ttl_ms &&
         std::find(drop.begin(), drop.end(), aid) == drop.end()) {
       drop.push_back(aid);
@@ -1300,6 +1552,13 @@ std::vector<std::string> Service::Sweep(uint64_t now_ms) {
       did.push_back("allocation " + aid + " (" + a.client_host + " pid " + std::to_string(a.client_pid) + " " +
                     a.client_process + ") expired: nobody renewed its lease");
     }
+  }
+  for (const auto& aid : stale_moves) {
+    Allocation& a = allocs_.at(aid);
+    const std::string to = a.move_to;
+    if (CancelMoveLocked(a, "it did not complete within " + std::to_string(opts_.move_timeout_ms / 1000) + " s").ok())
+      did.push_back("allocation " + aid + ": its move to " + to + " was given up after " +
+                    std::to_string(opts_.move_timeout_ms / 1000) + " s");
   }
   if (store_->shared()) {
     // One transaction; if another controller got there first it fails and the next sweep sees why.

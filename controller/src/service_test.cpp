@@ -743,5 +743,126 @@ TEST(ControllerConfig, ParsesKeysAndRejectsGarbage) {
   }
 }
 
+// Live migration (issue #24): an allocation moves to another server with its session. The target's
+// vGPUs are reserved when the move is asked for, the target confirms the moving session on them,
+// and its report commits the move; a failure, the target's copy ending first, or the timeout gives
+// it up, and the allocation stays where it was.
+TEST_F(ServiceTest, AMoveReservesTheTargetCommitsThereOrGivesUp) {
+  opts_.move_timeout_ms = 1000;
+  auto s = Open();
+  ASSERT_TRUE(RegisterServer(*s, "10.0.0.1:9960", TwoGpuServer("a")).ok());
+  ASSERT_TRUE(RegisterServer(*s, "10.0.0.2:9960", TwoGpuServer("b")).ok());
+  Json req = Req(2, 4096);
+  req["session"] = 5;  // oriond's own request for its session: active at once
+  auto a = Allocate(*s, req, "10.0.0.1:9960");
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  const std::string id = (*a)["id"];
+  auto migrate = [&](const std::string& to) {
+    MigrateRequest m;
+    m.to = to;
+    return s->Migrate(id, m);
+  };
+  auto report = [&](const std::string& server, bool committed, uint32_t session, const std::string& error = "") {
+    MoveReport r;
+    r.server = server;
+    r.committed = committed;
+    r.session = session;
+    r.error = error;
+    return s->MoveOutcome(id, r);
+  };
+  // Refused before anything is reserved: to where it is, to a server that does not exist.
+  EXPECT_EQ(migrate("10.0.0.1:9960").status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(migrate("10.0.0.9:9960").status().code(), Code::kFailedPrecondition);
+  EXPECT_EQ(s->Summary()["vgpus_used"], 2);
+
+  auto m = migrate("10.0.0.2:9960");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ((*m)["move"]["to"], "10.0.0.2:9960");
+  const std::string reservation = (*m)["move"]["reservation"];
+  EXPECT_EQ(s->Summary()["vgpus_used"], 4);                                        // the target's two are held for it
+  EXPECT_EQ(migrate("10.0.0.2:9960").status().code(), Code::kFailedPrecondition);  // under way already
+  // The source hears of it with its heartbeat; the target keeps the moving copy without a revocation.
+  auto beat = Heartbeat(*s, "10.0.0.1:9960", {{"boot_id", "b1"}, {"allocations", {{{"id", id}}}}});
+  ASSERT_TRUE(beat.ok());
+  EXPECT_EQ((*beat)["moves"], Json::array({{{"id", id}, {"to", "10.0.0.2:9960"}}}));
+  // The target confirms the moving session: on the reservation's vGPUs, and the allocation is unchanged.
+  auto c = Confirm(*s, id, {{"server", "10.0.0.2:9960"}, {"session", 7}});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ((*c)["server"], "10.0.0.2:9960");
+  ASSERT_EQ((*c)["placements"].size(), 2u);
+  EXPECT_EQ((*c)["placements"][0]["server"], "10.0.0.2:9960");
+  beat = Heartbeat(*s, "10.0.0.2:9960", {{"boot_id", "b1"}, {"allocations", {{{"id", id}}}}});
+  EXPECT_EQ((*beat)["revoked"], Json::array());
+  EXPECT_EQ(s->GetAllocation(id)->at("server"), "10.0.0.1:9960");
+  // Only the target commits; a third server is neither end.
+  EXPECT_EQ(report("10.0.0.1:9960", true, 3).status().code(), Code::kPermissionDenied);
+  EXPECT_EQ(report("10.0.0.3:9960", false, 0, "no").status().code(), Code::kPermissionDenied);
+  auto done = report("10.0.0.2:9960", true, 7);
+  ASSERT_TRUE(done.ok()) << done.status().ToString();
+  EXPECT_EQ((*done)["server"], "10.0.0.2:9960");
+  EXPECT_EQ((*done)["session"], 7);
+  EXPECT_FALSE(done->contains("move"));
+  EXPECT_EQ(s->GetAllocation(reservation).status().code(), Code::kNotFound);
+  EXPECT_EQ(s->Summary()["vgpus_used"], 2);  // the source's two are free
+  // The source no longer serves it: its heartbeat hears so, and its release (it says which server
+  // it is) does not release it.
+  beat = Heartbeat(*s, "10.0.0.1:9960", {{"boot_id", "b1"}, {"allocations", {{{"id", id}}}}});
+  EXPECT_EQ((*beat)["revoked"], Json::array({id}));
+  EXPECT_TRUE(s->Release(id, "session_ended", {}, "10.0.0.1:9960").ok());
+  EXPECT_EQ(s->GetAllocation(id)->at("server"), "10.0.0.2:9960");
+
+  // Back to the first server, and the source says it failed: given up, with the reason.
+  ASSERT_TRUE(migrate("10.0.0.1:9960").ok());
+  auto failed = report("10.0.0.2:9960", false, 0, "cannot connect");
+  ASSERT_TRUE(failed.ok());
+  EXPECT_EQ((*failed)["server"], "10.0.0.2:9960");
+  EXPECT_EQ((*failed)["last_move"]["to"], "10.0.0.1:9960");
+  EXPECT_EQ((*failed)["last_move"]["error"], "the source: cannot connect");
+  EXPECT_EQ(s->Summary()["vgpus_used"], 2);
+  // Again, and the target's copy ends before the program came: given up the same way.
+  ASSERT_TRUE(migrate("10.0.0.1:9960").ok());
+  auto ended = s->Release(id, "session_ended", {}, "10.0.0.1:9960");
+  ASSERT_TRUE(ended.ok());
+  EXPECT_EQ(s->GetAllocation(id)->at("server"), "10.0.0.2:9960");
+  EXPECT_EQ(s->GetAllocation(id)->at("last_move")["error"].get<std::string>().rfind("the session ended at", 0), 0u);
+  EXPECT_EQ(s->Summary()["vgpus_used"], 2);
+  // Again, and nobody reports: the sweep gives it up after move_timeout_ms.
+  ASSERT_TRUE(migrate("10.0.0.1:9960").ok());
+  EXPECT_EQ(s->Summary()["vgpus_used"], 4);
+  auto did = s->Sweep(WallMs() + 1500);
+  EXPECT_EQ(s->Summary()["vgpus_used"], 2);
+  EXPECT_EQ(s->GetAllocation(id)->at("last_move")["error"], "it did not complete within 1 s");
+  // Released while moving: the reservation goes with it.
+  ASSERT_TRUE(migrate("10.0.0.1:9960").ok());
+  ASSERT_TRUE(s->Release(id, "released").ok());
+  EXPECT_EQ(s->Summary()["vgpus_used"], 0);
+}
+
+TEST_F(ServiceTest, AMoveNeedsRoomAtTheTargetAndASessionServingIt) {
+  auto s = Open();
+  ASSERT_TRUE(RegisterServer(*s, "10.0.0.1:9960", TwoGpuServer("a")).ok());
+  ASSERT_TRUE(RegisterServer(*s, "10.0.0.2:9960", TwoGpuServer("b", 1)).ok());  // 2 vGPUs
+  Json req = Req(2, 1024);
+  req["session"] = 5;
+  auto big = Allocate(*s, req, "10.0.0.1:9960");
+  ASSERT_TRUE(big.ok());
+  ASSERT_TRUE(Allocate(*s, req, "10.0.0.2:9960").ok());  // the target's two vGPUs taken
+  MigrateRequest m;
+  m.to = "10.0.0.2:9960";
+  auto r = s->Migrate((*big)["id"], m);
+  EXPECT_EQ(r.status().code(), Code::kFailedPrecondition);
+  EXPECT_EQ(r.status().message().rfind("server 10.0.0.2:9960 cannot take allocation " +
+                                           (*big)["id"].get<std::string>() + ": no server has 2 free vGPU(s)",
+                                       0),
+            0u)
+      << r.status().message();
+  EXPECT_EQ(s->Summary()["vgpus_used"], 4);  // nothing reserved
+  // A client's allocation no server confirmed yet: no session to move.
+  auto pending = Allocate(*s, Req(1, 1024), "");
+  ASSERT_TRUE(pending.ok());
+  ASSERT_EQ((*pending)["state"], "pending");
+  EXPECT_EQ(s->Migrate((*pending)["id"], m).status().code(), Code::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace orion::controller

@@ -217,6 +217,7 @@ class EtcdStore final : public Store {
     for (const auto& [name, id] : c.put_vms) put("vms/" + name, id, 0);
     for (const auto& name : c.erase_vms) del("vms/" + name);
     for (const auto& path : c.touch) put(path, "", 0);
+    for (const auto& path : c.erase_paths) del(path);
     if (ops.empty()) return Status();
     auto r = Call("/v3/kv/txn", {{"compare", compare}, {"success", ops}});
     if (!r.ok()) return r.status();

@@ -12,6 +12,7 @@ namespace orion::host {
 
 // How many heartbeats a release is tried for before it is given up (logged).
 constexpr uint32_t kMaxReleaseTries = 120;
+constexpr size_t kMaxPendingMoves = 64;  // moves announced and not yet taken by the daemon
 
 using nlohmann::json;
 
@@ -98,6 +99,12 @@ void ControllerLink::WatchLoop(std::shared_ptr<WatchState> w, std::string server
         if (!id.is_string() || w->ids.erase(id.get<std::string>()) == 0) continue;
         w->revoked.push_back(id.get<std::string>());
       }
+      for (const auto& m : r->value("moves", json::array())) {
+        if (!m.is_object() || !m.value("id", json()).is_string() || !m.value("to", json()).is_string()) continue;
+        const std::string id = m["id"].get<std::string>();
+        if (w->ids.count(id) != 0 && w->moves.size() < kMaxPendingMoves)
+          w->moves.emplace_back(id, m["to"].get<std::string>());
+      }
       continue;
     }
     // A controller without the watch (404), too many watches open (429), or none reachable: the
@@ -135,8 +142,21 @@ void ControllerLink::Loop() {
   auto next_beat = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
-    cv_.wait_until(lock, next_beat, [&] { return stop_ || !releases_.empty(); });
+    cv_.wait_until(lock, next_beat, [&] { return stop_ || !releases_.empty() || !reports_.empty(); });
     if (stop_) break;
+    while (!reports_.empty()) {
+      auto [path, body] = reports_.front();
+      reports_.pop_front();
+      lock.unlock();
+      auto r = client_.Call("POST", path, body);
+      lock.lock();
+      if (!r.ok() && r.status().code() == Code::kUnavailable && ++release_tries_[path] < kMaxReleaseTries) {
+        reports_.emplace_front(path, body);  // with the next beat
+        break;
+      }
+      if (!r.ok()) log_->warn("Orion Controller: {} {}: {}", path, body.dump(), r.status().message());
+      release_tries_.erase(path);
+    }
     while (!releases_.empty()) {
       auto [path, why] = releases_.front();
       releases_.pop_front();
@@ -180,10 +200,15 @@ void ControllerLink::Loop() {
         } else {
           log_->warn("Orion Controller {}: heartbeat failed: {}", client_.endpoint().text(), r.status().message());
         }
-      } else if (r->contains("revoked") && !(*r)["revoked"].empty()) {
+      } else {
         std::lock_guard<std::mutex> g(mu_);
-        for (const auto& id : (*r)["revoked"]) {
+        for (const auto& id : r->value("revoked", json::array())) {
           if (id.is_string()) revoked_.push_back(id.get<std::string>());
+        }
+        for (const auto& m : r->value("moves", json::array())) {
+          if (!m.is_object() || !m.value("id", json()).is_string() || !m.value("to", json()).is_string()) continue;
+          if (active_.count(m["id"].get<std::string>()) != 0 && moves_.size() < kMaxPendingMoves)
+            moves_.emplace_back(m["id"].get<std::string>(), m["to"].get<std::string>());
         }
       }
     }
@@ -289,6 +314,37 @@ void ControllerLink::Release(const std::string& allocation_id, const std::string
   active_.erase(allocation_id);
   // ?server=: a server key may release only the allocations its own server serves.
   releases_.emplace_back("/v1/allocations/" + allocation_id + "?reason=" + why + "&server=" + opts_.server_id, why);
+  cv_.notify_all();
+}
+
+std::vector<std::pair<std::string, std::string>> ControllerLink::TakeMoves() {
+  std::vector<std::pair<std::string, std::string>> out;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    out = std::exchange(moves_, {});
+  }
+  if (watch_) {
+    std::lock_guard<std::mutex> lock(watch_->mu);
+    for (auto& m : watch_->moves) out.push_back(std::move(m));
+    watch_->moves.clear();
+  }
+  return out;
+}
+
+void ControllerLink::ReportMove(const std::string& allocation_id, bool committed, uint32_t session,
+                                const std::string& error) {
+  json body = {{"server", opts_.server_id}, {"state", committed ? "committed" : "failed"}};
+  if (committed) body["session"] = session;
+  if (!committed) {
+    // Printable ASCII only: the reason may carry a peer's words, and the body must be valid JSON.
+    std::string why = error.substr(0, 500);
+    for (char& c : why) {
+      if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) > 0x7e) c = '?';
+    }
+    body["error"] = why;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  reports_.emplace_back("/v1/allocations/" + allocation_id + "/move", std::move(body));
   cv_.notify_all();
 }
 

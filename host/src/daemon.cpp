@@ -477,8 +477,12 @@ void Daemon::Reap() {
       const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
       ReleaseDevices(pid, it->placements);
       FreeCompute(&it->compute);
-      Finish(it->placements, it->allocation_id, it->stat_slot, code == kExitGoodbye ? "client_exited" : "session_ended",
-             it->hold);
+      // A session that moved away with its program's own allocation: the allocation went with it
+      // (the target serves it now), so it is not released here.
+      const bool moved_away = code == kExitMoved && it->hold.empty() && !it->allocation_id.empty() && link_;
+      if (moved_away) link_->Untrack(it->allocation_id);
+      Finish(it->placements, moved_away ? std::string() : it->allocation_id, it->stat_slot,
+             code == kExitGoodbye ? "client_exited" : "session_ended", it->hold);
       log_->info("Session {} exits ({}).", it->session,
                  code == kExitGoodbye      ? "client exited"
                  : code == kExitViolation  ? "protocol violation"
@@ -604,6 +608,7 @@ int Daemon::Run() {
     }
     Reap();
     EndRevoked();
+    MoveForController();
     ServeControl();
     AcceptClients(now);
     for (Region& r : regions_) {

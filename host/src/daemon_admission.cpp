@@ -372,7 +372,11 @@ void Daemon::EndRevoked() {
   if (!link_) return;
   for (const std::string& id : link_->TakeRevoked()) {
     for (const NetSession& n : net_sessions_) {
-      if (n.allocation_id == id) {
+      // A session moving away: its allocation is the target's once the move committed, and the
+      // worker ends on its own then (or serves on here when the move failed).
+      const bool moving = std::any_of(controller_moves_.begin(), controller_moves_.end(),
+                                      [&](const ControllerMove& m) { return m.allocation_id == id; });
+      if (n.allocation_id == id && !moving) {
         log_->warn("Session {}: the Orion Controller no longer holds allocation {}; ending it", n.session, id);
         kill(n.pid, SIGTERM);
       }

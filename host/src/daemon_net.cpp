@@ -512,6 +512,9 @@ void Daemon::Resume(Pending& p, const FrameHeader& h, const HelloReq& hello) {
     ns.client = {hello.pid, std::string(hello.process_name, strnlen(hello.process_name, sizeof hello.process_name)),
                  host.empty() ? p.source : host, "tcp"};
     log_->info("client {}: '{}' (pid {}) resumes session {} here", p.peer, hello.process_name, hello.pid, ns.session);
+    // Its program's own controller allocation is served here from now on.
+    if (link_ && !ns.allocation_id.empty() && ns.hold.empty())
+      link_->ReportMove(ns.allocation_id, true, ns.session, "");
     p.fd.reset();  // the worker has its own copy
     return;
   }

@@ -352,6 +352,67 @@ std::string Daemon::HandOffMove(const std::string& line, int conn) {
   return "error no session " + id + " here ('sessions' lists them)";
 }
 
+void Daemon::MoveForController() {
+  if (!link_) return;
+  for (auto& [id, to] : link_->TakeMoves()) {
+    if (std::any_of(controller_moves_.begin(), controller_moves_.end(),
+                    [&](const ControllerMove& m) { return m.allocation_id == id; }))
+      continue;  // under way: the controller announces a move until it ends
+    std::string err;
+    const NetSession* n = nullptr;
+    for (const NetSession& x : net_sessions_) {
+      if (x.allocation_id == id && x.hold.empty()) n = &x;
+    }
+    if (n == nullptr) {
+      err = "no session of this oriond serves it over TCP";
+      for (const Region& r : regions_) {
+        for (uint32_t i = 0; i < r.channel_count; ++i) {
+          if (r.channels[i].state == Channel::kServing && r.channels[i].allocation_id == id)
+            err = "session " + std::to_string(r.channels[i].session) +
+                  " uses shared memory; only a session over TCP can move yet";
+        }
+      }
+    } else {
+      int pair[2] = {-1, -1};
+      if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) {
+        err = std::string("no socketpair: ") + std::strerror(errno);
+      } else {
+        err = HandOffMove("migrate " + std::to_string(n->session) + " " + to, pair[1]);
+        ::close(pair[1]);  // the worker has its own copy
+        if (err.empty()) {
+          fcntl(pair[0], F_SETFL, fcntl(pair[0], F_GETFL) | O_NONBLOCK);
+          log_->info("Session {}: the Orion Controller moves allocation {} to {}", n->session, id, to);
+          controller_moves_.push_back({pair[0], id, to, ""});
+          continue;
+        }
+        ::close(pair[0]);
+        if (err.starts_with("error ")) err = err.substr(6);
+      }
+    }
+    log_->warn("Allocation {}: not moved to {}: {}", id, to, err);
+    link_->ReportMove(id, false, 0, err);
+  }
+  // The workers' answers: "ok ..." once the target committed (it reports that), else why not.
+  for (auto it = controller_moves_.begin(); it != controller_moves_.end();) {
+    char buf[512];
+    const ssize_t r = ::read(it->fd, buf, sizeof buf);
+    if (r > 0 && it->answer.size() < 4096) it->answer.append(buf, static_cast<size_t>(r));
+    if (r > 0 || (r < 0 && (errno == EAGAIN || errno == EINTR))) {
+      ++it;
+      continue;
+    }
+    std::string answer = it->answer.substr(0, it->answer.find('\n'));
+    if (!answer.starts_with("ok ")) {
+      if (answer.starts_with("error ")) answer = answer.substr(6);
+      if (answer.empty()) answer = "the session's worker ended without an answer";
+      log_->warn("Allocation {}: not moved to {}: {}", it->allocation_id, it->to, answer);
+      link_->ReportMove(it->allocation_id, false, 0, answer);
+    }
+    ::close(it->fd);
+    it = controller_moves_.erase(it);
+  }
+}
+
 std::string Daemon::SessionsJson() const {
   nlohmann::json out = nlohmann::json::array();
   char host[256] = {};

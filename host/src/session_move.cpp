@@ -27,9 +27,12 @@
 // source, which keeps the session until the target's "committed" (kCommitMs), adopts its
 // connection and serves on; it closes the migration connection, and the target's copy ends at
 // once. The source exits when the target commits, or after kCommitMs with neither; the target
-// drops a session whose client does not come within kResumeMs. Not built yet (the later
-// steps): moving a shared-memory, RDMA or TLS session or a session on a controller allocation, and
-// a vGPU share moving together (a session on one moves alone).
+// drops a session whose client does not come within kResumeMs. A session on its program's own
+// controller allocation carries the allocation's id in its kHelloMigrateIn: the target confirms it
+// with the controller (which admits it only as the target of a move it was asked for) and, once
+// the program resumed there, reports the move committed (ControllerLink::ReportMove). Not built yet
+// (the later steps): moving a shared-memory, RDMA or TLS session, a session on a share's or
+// a job's allocation, and a vGPU share moving together (a session on one moves alone).
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -297,7 +300,12 @@ int Session::MoveOut(const FrameHeader& frame, std::atomic<uint64_t>* busy) {
                   (p_.socket_fd < 0 ? "shared memory" : "RDMA"));
   }
   if (p_.stream != nullptr && p_.stream->secure()) return refuse("a session over TLS cannot move yet");
-  if (!p_.allocation_id.empty()) return refuse("a session on a controller's allocation cannot move yet");
+  // A controller's allocation moves with its session when it is the program's own (its client
+  // brought it: the target confirms it with the controller as the move's target, and commits the
+  // move there once the program resumed). One a vGPU share or a job holds stays with them.
+  const bool own_allocation = !p_.allocation_id.empty() && p_.hold_used == nullptr && p_.share.empty();
+  if (!p_.allocation_id.empty() && !own_allocation)
+    return refuse("a session on a vGPU share's or a job's controller allocation cannot move yet");
   // A session on a vGPU share (ORION_SHARE: every program's first session names one) moves alone:
   // at the target it has its vGPUs and quota to itself; the share's other sessions stay here.
   if (static_cast<Op>(frame.op) == Op::kGoodbye) return refuse("the program is ending");
@@ -328,6 +336,7 @@ int Session::MoveOut(const FrameHeader& frame, std::atomic<uint64_t>* busy) {
     break;
   }
   hello.pid = hello_.pid;
+  if (own_allocation) std::snprintf(hello.allocation_id, sizeof hello.allocation_id, "%s", p_.allocation_id.c_str());
   std::memcpy(hello.process_name, hello_.process_name, sizeof hello.process_name);
   std::memcpy(hello.hostname, hello_.hostname, sizeof hello.hostname);
   FrameHeader h = MakeFrameHeader(static_cast<uint16_t>(Op::kHello), 1, sizeof hello);

@@ -3,6 +3,7 @@ one oriond to another while its program runs (docs/migration.md). tests/cuda/mov
 a loop (device memory, a stream, events and a module variable kept across it) and checks every
 value; it must finish the same wherever its iterations ran. Each failure before the program is told
 to go leaves the session where it was: the program finishes there, unaware."""
+import json
 import os
 import re
 import socket
@@ -15,6 +16,7 @@ import pytest
 
 from conftest import PREFIX, TEST_BIN, Oriond, assert_passed, free_port, smi_json, wait_until
 from fake_peers import HDR, MAGIC, OP, PROTOCOL, header, recv_exact
+from harness.controller import ADMIN, CLIENT, Cluster
 
 
 @pytest.fixture
@@ -344,3 +346,91 @@ def test_a_pytorch_training_loop_moves_api_level(tmp_path):
     finally:
         for d in ds:
             d.stop()
+
+
+def controller_loop(c, iterations, pause_ms, extra_mib=0, **env):
+    """move_loop as a client of the cluster's controller (ORION_CONTROLLER: its own allocation, over
+    TCP to the server it was placed on), once its setup is done; and that allocation."""
+    p = subprocess.Popen([str(TEST_BIN / "move_loop"), str(iterations), str(pause_ms), str(extra_mib)],
+                         env=c.env(ORION_GMEM=256, **env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in p.stdout:
+        if line.strip() == "READY":
+            break
+    else:
+        raise AssertionError(p.stderr.read())
+    allocations = c.allocations()
+    assert len(allocations) == 1 and allocations[0]["state"] == "active", allocations
+    return p, allocations[0]
+
+
+def test_the_controller_moves_an_allocation_with_its_running_session(tmp_path):
+    """POST /v1/allocations/{id}/migrate (admin) moves the allocation's session to the other server
+    while move_loop runs: the answer (wait_s) is the allocation on the target, in the session serving
+    it there; the program finishes with every value right; the source's vGPUs are free and only the
+    target lists the session; the source did not release the allocation."""
+    c = Cluster(tmp_path, servers=2, keys=True)
+    try:
+        p, a = controller_loop(c, 80, 50, extra_mib=32, ORION_CONTROLLER_KEY=CLIENT)
+        src = a["server"]
+        dst = next(s.id for s in c.servers if s.id != src)
+        source, target = (next(s for s in c.servers if s.id == x) for x in (src, dst))
+        code, body = c.ctl.call("POST", f"/v1/allocations/{a['id']}/migrate", {"to": dst}, key=CLIENT)
+        assert code == 403, body  # an administrator's
+        # As docs/migration.md says it: curl, with the admin key, waiting for the move's end.
+        r = subprocess.run(["curl", "-s", "-w", "\n%{http_code}", "-H", f"Authorization: Bearer {ADMIN}", "-X", "POST",
+                            "-d", json.dumps({"to": dst, "wait_s": 60}),
+                            f"http://{c.ctl.addr}/v1/allocations/{a['id']}/migrate"],
+                           capture_output=True, text=True, timeout=90)
+        text, _, code = r.stdout.rpartition("\n")
+        body = json.loads(text)
+        assert r.returncode == 0 and code == "200", (r, c.ctl.log()[-3000:], source.log()[-3000:], target.log()[-3000:])
+        assert body["server"] == dst and "move" not in body and "last_move" not in body, body
+        assert [(x["server"], x["gmem_mib"]) for x in body["placements"]] == [(dst, 256)], body
+        moved = body["session"]
+        assert [x["session"] for x in smi_json(target)] == [moved]
+        wait_until(lambda: smi_json(source) == [], 10)
+        st = c.ctl.get("/v1/status")
+        assert st["vgpus_used"] == 1, st  # the reservation is the allocation's now; the source's vGPU is free
+        result = finish(p)
+        assert result.stderr.count("the session moved from") == 1, result.stderr
+        assert "Session" in source.log() and "exits (moved to another oriond)." in source.log()
+        assert f"allocation {a['id']}: moved to {dst} (session {moved})" in c.ctl.log()
+        # Released once, when the program exited (at the target): the source did not release it.
+        wait_until(lambda: c.allocations() == [], 10)
+        assert re.findall(rf"allocation {a['id']} released \((\w+)\)", c.ctl.log()) == ["client_exited"], c.ctl.log()
+    finally:
+        c.stop()
+
+
+def test_a_controller_move_that_fails_leaves_the_allocation_and_its_program_where_they_were(tmp_path):
+    """Refused before anything is reserved: to the server it is on, to one that does not exist, with
+    no room at the target. A target that is gone (killed before its heartbeats stopped): the source
+    cannot reach it and says so; the answer is 409 with that reason, the allocation stays on the
+    source with "last_move", the reservation is gone, and the program runs on unaware."""
+    c = Cluster(tmp_path, servers=2)
+    try:
+        p, a = controller_loop(c, 60, 50)
+        src = a["server"]
+        dst = next(s.id for s in c.servers if s.id != src)
+        url = f"/v1/allocations/{a['id']}/migrate"
+        code, body = c.ctl.call("POST", url, {"to": src})
+        assert code == 400 and body["message"] == f"allocation {a['id']} is on {src} already", body
+        code, body = c.ctl.call("POST", url, {"to": "127.0.0.1:1"})
+        assert code == 409 and body["message"] == "server 127.0.0.1:1 is not registered or not up", body
+        code, body = c.ctl.call("POST", url, {})
+        assert code == 400, body
+        target = next(s for s in c.servers if s.id == dst)
+        target.proc.kill()
+        target.proc.wait()
+        code, body = c.ctl.call("POST", url, {"to": dst, "wait_s": 60})
+        assert code == 409, body
+        assert body["message"].startswith(f"the move of allocation {a['id']} to {dst} failed: the source: session "), body
+        assert f"cannot connect to {dst}" in body["message"], body
+        now = c.ctl.get(f"/v1/allocations/{a['id']}")
+        assert now["server"] == src and "move" not in now, now
+        assert now["last_move"]["to"] == dst and f"cannot connect to {dst}" in now["last_move"]["error"], now
+        assert [x for x in c.allocations() if x.get("move_of")] == []
+        result = finish(p)
+        assert "moved" not in result.stderr
+    finally:
+        c.stop()

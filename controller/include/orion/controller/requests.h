@@ -104,6 +104,26 @@ struct WatchRequest {
   static Result<WatchRequest> FromJson(const Json& body);
 };
 
+// POST /v1/allocations/{id}/migrate (admin): move the allocation's session to another server while
+// its program runs (live migration, issue #24; docs/migration.md).
+constexpr uint64_t kMaxMigrateWaitMs = 120000;  // the longest a request waits for its move's end
+struct MigrateRequest {
+  std::string to;        // the target server's id, "ip:port" (at most 300): its data-plane address
+  uint64_t wait_ms = 0;  // 0..kMaxMigrateWaitMs: answer once the move committed or failed, or after this
+  static Result<MigrateRequest> FromJson(const Json& body);
+};
+
+// POST /v1/allocations/{id}/move (server): how a move ended, as an oriond saw it. The target says
+// "committed" once the program resumed there; the source (or the target, for its copy) says
+// "failed" with the reason.
+struct MoveReport {
+  std::string server;      // the reporting server, "ip:port" (at most 300)
+  bool committed = false;  // "state": "committed" | "failed"
+  uint32_t session = 0;    // committed: the session serving it at the target
+  std::string error;       // failed: why (at most 500)
+  static Result<MoveReport> FromJson(const Json& body);
+};
+
 // A VM (libvirt domain) name as an assignment's key: 1..64 of [A-Za-z0-9._-].
 bool ValidVmName(const std::string& vm);
 

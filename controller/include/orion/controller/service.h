@@ -59,6 +59,9 @@ struct ServiceOptions {
   // suspended, the clock stepped) gives every lease and server a fresh period before expiring
   // anything. 0: off (the REST layer sets it from its sweep period).
   uint64_t clock_gap_ms = 0;
+  // A move (POST /v1/allocations/{id}/migrate) that has neither committed nor failed this long
+  // after it was asked for is given up: its reservation at the target is released.
+  uint64_t move_timeout_ms = 120000;
 };
 
 // Who makes a request (the REST layer fills it from the key).
@@ -145,7 +148,30 @@ class Service {
   // lease expiries). At most kMaxWatchers wait at once (kOutOfRange beyond: the caller relies on
   // heartbeats).
   static constexpr int kMaxWatchers = 16;
+  // Answers as soon as one of `ids` is revoked, or, for the allocations `server` serves, a move was
+  // asked for ({"revoked": [...], "moves": [{"id": ..., "to": ...}]}: each move is announced once
+  // per kMoveAnnounceMs, so a server that does not act on it is told again, not flooded).
   Result<Json> WatchRevoked(const std::string& server, const WatchRequest& watch);
+  static constexpr uint64_t kMoveAnnounceMs = 5000;
+
+  // Live migration (issue #24; docs/migration.md). Migrate (admin) asks for the allocation's
+  // session to move to server `req.to` while its program runs: the target's vGPUs are reserved at
+  // once (a reservation: an allocation in state "moving", "move_of" the moving one; refused with
+  // the placement's reason when the target has no room), the allocation records "move": {"to"},
+  // and its server learns of it from its watch or heartbeat and moves the session there. The
+  // target's confirmation of the moving session gets the reservation's vGPUs; its report that the
+  // program resumed there commits the move (the allocation is then the target's, on the
+  // reservation's vGPUs, and the source's vGPUs are free); a failure report from either end, the
+  // target's copy ending first, or move_timeout_ms gives it up (the allocation stays where it was,
+  // with "last_move": {"to", "error"}). `req.wait_ms` > 0: answers once it committed (the
+  // allocation) or failed (kFailedPrecondition with the reason), or with the allocation still
+  // moving after wait_ms. kFailedPrecondition also for an allocation that no session serves, a
+  // job's, one already moving, or a target that is not up; kInvalidArgument for a VM's assignment
+  // or a move to where it is.
+  Result<Json> Migrate(const std::string& id, const MigrateRequest& req);
+  // A server's report of how a move ended (MoveReport). kPermissionDenied for a server that is
+  // neither end of the move (or a source that says committed).
+  Result<Json> MoveOutcome(const std::string& id, const MoveReport& report);
   const Store& store() const { return *store_; }
   // Releases expired leases and withholds silent servers. Returns what it did, for the log.
   std::vector<std::string> Sweep(uint64_t now_ms);
@@ -192,6 +218,12 @@ class Service {
     // again with it (the answer was lost, the controller died) gets this allocation, not another.
     std::string request_id;
     std::vector<Slot> slots;
+    // A move under way (Migrate): the target server and the reservation there (an allocation of
+    // its own, whose move_of is this one); when it was asked for; when a server was last told.
+    std::string move_to, move_reservation, move_of;
+    uint64_t move_asked_ms = 0;
+    uint64_t move_told_ms = 0;                  // not stored: each controller tells its own watchers
+    std::string last_move_to, last_move_error;  // the last move that failed, and why
   };
 
   Service(ServiceOptions opts, std::unique_ptr<Store> store) : opts_(std::move(opts)), store_(std::move(store)) {}
@@ -232,6 +264,9 @@ class Service {
   Result<Json> PlaceAndStore(const AllocationRequest& req, const std::string& kind, const Caller& caller,
                              const std::string& vm);
   Status ReleaseLocked(const std::string& id);
+  Allocation* ReservationOf(const Allocation& a);  // the reservation of a's move, if it has one
+  Status CommitMoveLocked(Allocation& a, uint32_t session);
+  Status CancelMoveLocked(Allocation& a, const std::string& why);
   Status ReleaseManyLocked(const std::vector<std::string>& ids);
   // kPermissionDenied unless `c` may renew or release `a` (see Ownership above).
   static Status MayTouch(const Allocation& a, const Caller& c, const char* what);
@@ -269,6 +304,7 @@ class Service {
   std::map<std::string, pool::VgpuPool> pools_;  // per server: slots taken by allocs_ (kept in step)
   std::map<std::string, int64_t> versions_;      // etcd: path -> mod_revision at the last read
   uint64_t allocations_made_ = 0, refusals_ = 0, expired_ = 0, replays_ = 0;
+  uint64_t moves_asked_ = 0, moves_done_ = 0, moves_failed_ = 0;
   uint64_t conflicts_ = 0, store_errors_ = 0;  // lost races (retried), failed store reads/writes
   bool store_ok_ = true;
   std::string store_error_;

@@ -62,6 +62,9 @@ struct StoreChange {
   // etcd: paths written (empty value) only to move their version: gpus/<server>/<pgpu>, bumped by
   // every placement on that GPU, so a placement guarded on it fails if another one got there first.
   std::vector<std::string> touch;
+  // etcd: keys deleted as they are (a committed move's vGPU keys at its source; SQLite keeps no
+  // such keys).
+  std::vector<std::string> erase_paths;
   // etcd: idempotency keys, requests/<request_id> = allocation id, each on `lease` (the controller's
   // request-memory lease, not the allocation's: the key outlives the allocation, so a repeat of the
   // request that arrives after the allocation was released is recognized and places nothing).

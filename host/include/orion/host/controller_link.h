@@ -79,6 +79,13 @@ class ControllerLink {
   // Allocations the controller no longer holds (revoked by an administrator, or released while
   // this server was unreachable): the daemon ends their sessions.
   std::vector<std::string> TakeRevoked();
+  // Moves the controller asks for (POST /v1/allocations/{id}/migrate, issue #24): (allocation id,
+  // target server "ip:port") for allocations this server serves. A move is announced again every
+  // few seconds until it ends: the daemon ignores one it is making.
+  std::vector<std::pair<std::string, std::string>> TakeMoves();
+  // How a move ended, for the controller (queued): `committed` (this server is the target and the
+  // program resumed here, in `session`), else failed with `error`.
+  void ReportMove(const std::string& allocation_id, bool committed, uint32_t session, const std::string& error);
   bool registered() const { return registered_.load(); }
 
  private:
@@ -104,6 +111,8 @@ class ControllerLink {
   std::deque<std::pair<std::string, std::string>> releases_;  // (method+path, why)
   std::unordered_map<std::string, uint32_t> release_tries_;   // path -> failed attempts so far
   std::vector<std::string> revoked_;
+  std::vector<std::pair<std::string, std::string>> moves_;      // from heartbeats
+  std::deque<std::pair<std::string, nlohmann::json>> reports_;  // (path, body): POSTed by the thread
   std::thread thread_;
 
   // The watch (POST /v1/servers/{id}/watch, a long poll): the controller answers as soon as an
@@ -115,8 +124,9 @@ class ControllerLink {
     std::mutex mu;
     std::condition_variable cv;
     bool stop = false;
-    std::set<std::string> ids;         // served now
-    std::vector<std::string> revoked;  // the controller said they are gone
+    std::set<std::string> ids;                               // served now
+    std::vector<std::string> revoked;                        // the controller said they are gone
+    std::vector<std::pair<std::string, std::string>> moves;  // the controller asks them moved
     controller::ControllerClient client;
   };
   std::shared_ptr<WatchState> watch_;

@@ -307,6 +307,16 @@ class Daemon {
   // `migrate SESSION HOST:PORT` on the control socket: hands the request and the asker's
   // connection `conn` to the session's worker, which answers it; "" then, else the error line.
   std::string HandOffMove(const std::string& line, int conn);
+  // Moves the Orion Controller asks for (ControllerLink::TakeMoves): each handed to its session's
+  // worker as a `migrate` is, with an asker connection of oriond's own, `fd`, on which the worker
+  // answers; a refusal or failure is reported back (ControllerLink::ReportMove). The target
+  // reports the commit.
+  struct ControllerMove {
+    int fd = -1;
+    std::string allocation_id, to, answer;
+  };
+  std::vector<ControllerMove> controller_moves_;
+  void MoveForController();
   // A kHelloResume: the program of a moved session arrives; its connection goes to the worker
   // that restored the session.
   void Resume(Pending& p, const FrameHeader& h, const HelloReq& hello);
