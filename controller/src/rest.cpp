@@ -358,6 +358,31 @@ void Api::Routes(httplib::Server& s) {
            // 202 while the move is under way; 200 once it committed (wait_s).
            Reply(res, r, r.ok() && r->contains("move") ? 202 : 200);
          }));
+  // Drain a server (admin): it takes no new sessions, and every allocation a session serves there
+  // moves where the pool has room. DELETE ends the drain. ?wait_s=N waits for the moves (<= 120).
+  s.Post(R"(/v1/servers/([^/]+)/drain)",
+         Wrap("drain", kAdmin, [this](const httplib::Request& req, httplib::Response& res) {
+           uint64_t wait_s = 0;
+           const std::string w = req.get_param_value("wait_s");
+           if (!w.empty()) {
+             if (w.size() > 3 || w.find_first_not_of("0123456789") != std::string::npos || std::stoull(w) > 120)
+               return SendError(res, 400, "wait_s must be 0..120");
+             wait_s = std::stoull(w);
+           }
+           log_->info("server {}: drain asked for", std::string(req.matches[1]));
+           auto r = svc_->Drain(req.matches[1], true, wait_s * 1000);
+           if (r.ok()) {
+             log_->info("server {} drains: {} move(s), {} allocation(s) stay", std::string(req.matches[1]),
+                        (*r)["moves"].size(), (*r)["staying"].size());
+           }
+           Reply(res, r);
+         }));
+  s.Delete(R"(/v1/servers/([^/]+)/drain)",
+           Wrap("undrain", kAdmin, [this](const httplib::Request& req, httplib::Response& res) {
+             auto r = svc_->Drain(req.matches[1], false, 0);
+             if (r.ok()) log_->info("server {} takes sessions again", std::string(req.matches[1]));
+             Reply(res, r);
+           }));
   s.Post(R"(/v1/allocations/([^/]+)/move)",
          Wrap("move", kServer, [this](const httplib::Request& req, httplib::Response& res) {
            if (!IdOk(req, res)) return;

@@ -246,7 +246,8 @@ Json Service::ToJson(const Server& s) {
           {"gpus", gpus},
           {"up", s.up},
           {"last_seen_ms", s.last_seen_ms},
-          {"registered_ms", s.registered_ms}};
+          {"registered_ms", s.registered_ms},
+          {"draining", s.draining}};
 }
 
 Json Service::ToJson(const Allocation& a) const {
@@ -323,6 +324,7 @@ Status Service::Absorb(const StoreState& st, bool initial) {
     s.registered_ms = j.value("registered_ms", uint64_t{0});
     s.alive_lease = j.value("alive_lease", int64_t{0});
     s.present_lease = j.value("present_lease", int64_t{0});
+    s.draining = j.value("draining", false);
     // Grace after a controller restart: servers have server_timeout_ms to be heard from again.
     s.last_seen_ms = now;
     if (shared) {
@@ -437,6 +439,7 @@ Result<Json> Service::RegisterServer(const std::string& id, const ServerRegistra
     s.last_seen_ms = now;
     auto old = servers_.find(id);
     s.registered_ms = old != servers_.end() ? old->second.registered_ms : now;
+    s.draining = old != servers_.end() && old->second.draining;  // until an administrator ends it
     const int64_t old_alive = old != servers_.end() ? old->second.alive_lease : 0;
     const int64_t old_present = old != servers_.end() ? old->second.present_lease : 0;
     StoreChange c;
@@ -457,9 +460,14 @@ Result<Json> Service::RegisterServer(const std::string& id, const ServerRegistra
     // A (re)starting oriond holds only the sessions it lists: its other clients' allocations are gone.
     std::vector<std::string> drop;
     for (const auto& [aid, x] : allocs_) {
-      if (x.server == id && x.kind == "process" && x.state != "pending" && x.job.empty() && !active.count(aid)) {
+      if (x.server == id && x.kind == "process" && x.state != "pending" && x.job.empty() && x.move_of.empty() &&
+          !active.count(aid)) {
         drop.push_back(aid);  // a job's allocation outlives its sessions: its holder still renews it
       }
+    }
+    const size_t own = drop.size();
+    for (size_t i = 0; i < own; ++i) {
+      if (const Allocation* b = ReservationOf(allocs_[drop[i]]); b != nullptr) drop.push_back(b->id);  // its move's
     }
     for (const auto& aid : drop) EraseInto(allocs_[aid], &c);
     c.put_servers.push_back(StoreDoc(s));
@@ -471,9 +479,11 @@ Result<Json> Service::RegisterServer(const std::string& id, const ServerRegistra
     if (old_alive != 0) store_->Revoke(old_alive);
     if (old_present != 0) store_->Revoke(old_present);
     for (const auto& aid : drop) {
-      store_->Revoke(allocs_[aid].lease);
+      if (allocs_[aid].move_of.empty()) {
+        store_->Revoke(allocs_[aid].lease);
+        released.push_back(aid);
+      }
       allocs_.erase(aid);
-      released.push_back(aid);
     }
     return Status();
   });
@@ -623,16 +633,20 @@ Json Service::Servers() {
   return out;
 }
 
-Result<Service::Allocation> Service::Place(const PlacementRequest& req, const std::string& kind) {
+Result<Service::Allocation> Service::Place(const PlacementRequest& req, const std::string& kind,
+                                           const std::string& exclude) {
   const std::string& server = req.server;
   const uint64_t vgpus = req.vgpus, gmem = req.gmem_mib, ratio = req.ratio;
   Allocation a;
   std::vector<const Server*> cands;
   for (const auto& [id, s] : servers_) {
-    if (s.up && (server.empty() || id == server)) cands.push_back(&s);
+    if (s.up && !s.draining && id != exclude && (server.empty() || id == server)) cands.push_back(&s);
   }
   if (cands.empty()) {
-    return Unavailable(server.empty() ? "no Orion server is up" : "server " + server + " is not registered or not up");
+    if (!server.empty() && servers_.count(server) != 0 && servers_.at(server).draining)
+      return Unavailable("server " + server + " is draining (POST /v1/servers/{id}/drain): it takes no new sessions");
+    return Unavailable(server.empty() ? (exclude.empty() ? "no Orion server is up" : "no other Orion server is up")
+                                      : "server " + server + " is not registered or not up");
   }
   uint64_t largest_gpu = 0, largest_server_mem = 0;
   uint32_t largest_server_vgpus = 0;
@@ -960,9 +974,8 @@ Service::Allocation* Service::ReservationOf(const Allocation& a) {
   return it == allocs_.end() || it->second.move_of != a.id ? nullptr : &it->second;
 }
 
-Result<Json> Service::Migrate(const std::string& id, const MigrateRequest& req) {
-  std::unique_lock<std::mutex> lock(mu_);
-  auto asked = Transact([&](int) -> Result<Json> {
+Result<Json> Service::AskMoveLocked(const std::string& id, const std::string& to, const std::string& from) {
+  return Transact([&](int) -> Result<Json> {
     auto it = allocs_.find(id);
     if (it == allocs_.end()) return NotFound("allocation " + id + " does not exist (released or expired)");
     Allocation& a = it->second;
@@ -976,19 +989,27 @@ Result<Json> Service::Migrate(const std::string& id, const MigrateRequest& req) 
       return FailedPrecondition("allocation " + id + " is " + a.state +
                                 ": only an allocation a session serves can move");
     if (!a.move_to.empty()) return FailedPrecondition("allocation " + id + " is moving to " + a.move_to + " already");
-    if (req.to == a.server) return InvalidArgument("allocation " + id + " is on " + a.server + " already");
-    if (auto t = servers_.find(req.to); t == servers_.end() || !t->second.up)
-      return FailedPrecondition("server " + req.to + " is not registered or not up");
-    // The same vGPUs at the target: as many, each with the memory it has here, the same compute ratio.
+    if (!from.empty() && a.server != from)
+      return FailedPrecondition("allocation " + id + " is on " + a.server + " now");
+    if (to == a.server) return InvalidArgument("allocation " + id + " is on " + a.server + " already");
+    if (!to.empty()) {
+      auto t = servers_.find(to);
+      if (t == servers_.end() || !t->second.up)
+        return FailedPrecondition("server " + to + " is not registered or not up");
+    }
+    // The same vGPUs at the target: as many, each with the memory it has here, the same compute
+    // ratio. No target named (a drain): wherever the placement policy finds room, not here.
     PlacementRequest where;
-    where.server = req.to;
+    where.server = to;
     where.vgpus = a.vgpus;
     where.gmem_mib = a.slots.empty() ? a.gmem_mib : a.slots[0].gmem_mib;
     where.ratio = a.ratio;
-    auto b = Place(where, "process");
+    auto b = Place(where, "process", a.server);
     if (!b.ok()) {
       ++refusals_;
-      return FailedPrecondition("server " + req.to + " cannot take allocation " + id + ": " + b.status().message());
+      return FailedPrecondition((to.empty() ? std::string("no other server can take allocation ")
+                                            : "server " + to + " cannot take allocation ") +
+                                id + ": " + b.status().message());
     }
     b->state = "moving";
     b->move_of = id;
@@ -999,7 +1020,7 @@ Result<Json> Service::Migrate(const std::string& id, const MigrateRequest& req) 
     b->lease = a.lease;  // etcd: it lapses with the allocation it belongs to
     b->lease_expires_ms = a.lease_expires_ms;
     Allocation next = a;
-    next.move_to = req.to;
+    next.move_to = b->server;
     next.move_reservation = b->id;
     next.move_asked_ms = WallMs();
     next.move_told_ms = 0;
@@ -1021,6 +1042,11 @@ Result<Json> Service::Migrate(const std::string& id, const MigrateRequest& req) 
     NoteDeletionsLocked();  // its server's watch answers with the move
     return ToJson(a);
   });
+}
+
+Result<Json> Service::Migrate(const std::string& id, const MigrateRequest& req) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto asked = AskMoveLocked(id, req.to, "");
   if (!asked.ok() || req.wait_ms == 0) return asked;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(req.wait_ms);
   for (;;) {
@@ -1040,6 +1066,72 @@ Result<Json> Service::Migrate(const std::string& id, const MigrateRequest& req) 
                         [&] { return deletions_ != seen || stop_watch_.load(); });
     if (store_->shared()) SyncForRead();
   }
+}
+
+Result<Json> Service::Drain(const std::string& server, bool on, uint64_t wait_ms) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto marked = Transact([&](int) -> Result<Json> {
+    auto it = servers_.find(server);
+    if (it == servers_.end()) return NotFound("server " + server + " is not registered");
+    if (it->second.draining == on) return Json::object();
+    Server next = it->second;
+    next.draining = on;
+    StoreChange c;
+    c.put_servers.push_back(StoreDoc(next));
+    if (store_->shared()) c.guards.emplace_back("servers/" + server, Version("servers/" + server));
+    if (Status st = Apply(c); !st.ok()) return st;
+    it->second = next;
+    return Json::object();
+  });
+  if (!marked.ok()) return marked;
+  Json out = {{"server", server}, {"draining", on}, {"moves", Json::array()}, {"staying", Json::array()}};
+  if (!on) return out;
+  // Every allocation a session serves here moves where the pool has room; the others stay, and
+  // the answer says why (a VM's assignment, a job's, a pending one, one moving already).
+  std::vector<std::string> ids;
+  for (const auto& [id, a] : allocs_) {
+    if (a.server == server && a.move_of.empty()) ids.push_back(id);
+  }
+  std::map<std::string, std::string> moving;  // id -> target
+  for (const auto& id : ids) {
+    auto r = AskMoveLocked(id, "", server);
+    if (r.ok()) {
+      moving[id] = (*r)["move"]["to"].get<std::string>();
+    } else if (r.status().code() != Code::kNotFound) {  // gone meanwhile: nothing to move
+      out["staying"].push_back({{"id", id}, {"why", r.status().message()}});
+    }
+  }
+  // wait_ms: until each move committed or was given up.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
+  for (;;) {
+    bool under_way = false;
+    for (const auto& [id, to] : moving) {
+      auto it = allocs_.find(id);
+      under_way = under_way || (it != allocs_.end() && it->second.move_to == to);
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (!under_way || now >= deadline || stop_watch_.load()) break;
+    const uint64_t seen = deletions_;
+    deleted_.wait_until(lock, std::min(deadline, now + std::chrono::seconds(1)),
+                        [&] { return deletions_ != seen || stop_watch_.load(); });
+    if (store_->shared()) SyncForRead();
+  }
+  for (const auto& [id, to] : moving) {
+    auto it = allocs_.find(id);
+    Json m = {{"id", id}, {"to", to}};
+    if (it == allocs_.end()) {
+      m["state"] = "released";
+    } else if (it->second.move_to == to) {
+      m["state"] = "moving";
+    } else if (it->second.server == to) {
+      m["state"] = "moved";
+    } else {
+      m["state"] = "failed";
+      m["error"] = it->second.last_move_to == to ? it->second.last_move_error : std::string("it was given up");
+    }
+    out["moves"].push_back(m);
+  }
+  return out;
 }
 
 Result<Json> Service::MoveOutcome(const std::string& id, const MoveReport& report) {

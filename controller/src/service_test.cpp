@@ -864,5 +864,44 @@ TEST_F(ServiceTest, AMoveNeedsRoomAtTheTargetAndASessionServingIt) {
   EXPECT_EQ(s->Migrate((*pending)["id"], m).status().code(), Code::kFailedPrecondition);
 }
 
+TEST_F(ServiceTest, ADrainMovesEverySessionElsewhereAndTakesNoNewOnes) {
+  auto s = Open();
+  ASSERT_TRUE(RegisterServer(*s, "10.0.0.1:9960", TwoGpuServer("a")).ok());
+  ASSERT_TRUE(RegisterServer(*s, "10.0.0.2:9960", TwoGpuServer("b")).ok());
+  Json req = Req(1, 1024);
+  req["session"] = 5;
+  std::vector<std::string> served;
+  for (int i = 0; i < 3; ++i) served.push_back((*Allocate(*s, req, "10.0.0.1:9960"))["id"]);
+  Json job = Req(1, 1024);
+  job["job"] = "slurm/7.0@n1";
+  auto held = Allocate(*s, job, "10.0.0.1:9960");
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  auto d = s->Drain("10.0.0.1:9960", true, 0);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  ASSERT_EQ((*d)["moves"].size(), 3u) << d->dump();
+  for (const Json& m : (*d)["moves"]) {
+    EXPECT_EQ(m["to"], "10.0.0.2:9960");
+    EXPECT_EQ(m["state"], "moving");
+    EXPECT_NE(std::find(served.begin(), served.end(), m["id"].get<std::string>()), served.end());
+  }
+  ASSERT_EQ((*d)["staying"].size(), 1u);
+  EXPECT_EQ((*d)["staying"][0]["id"], (*held)["id"]);
+  EXPECT_NE((*d)["staying"][0]["why"].get<std::string>().find("a job's sessions cannot move yet"), std::string::npos);
+  // Draining: no new placement there, not even oriond's own; elsewhere as usual.
+  EXPECT_EQ(Allocate(*s, req, "10.0.0.1:9960").status().code(), Code::kUnavailable);
+  auto elsewhere = Allocate(*s, Req(1, 1024), "");
+  ASSERT_TRUE(elsewhere.ok());
+  EXPECT_EQ((*elsewhere)["server"], "10.0.0.2:9960");
+  bool listed = false;
+  for (const Json& srv : s->Servers()) listed |= srv["id"] == "10.0.0.1:9960" && srv["draining"] == true;
+  EXPECT_TRUE(listed);
+  // A drained server that registers again (oriond restarted) still drains; DELETE ends it.
+  ASSERT_TRUE(RegisterServer(*s, "10.0.0.1:9960", TwoGpuServer("a")).ok());
+  EXPECT_EQ(Allocate(*s, req, "10.0.0.1:9960").status().code(), Code::kUnavailable);
+  ASSERT_TRUE(s->Drain("10.0.0.1:9960", false, 0).ok());
+  EXPECT_TRUE(Allocate(*s, req, "10.0.0.1:9960").ok());
+  EXPECT_EQ(s->Drain("10.0.0.9:9960", true, 0).status().code(), Code::kNotFound);
+}
+
 }  // namespace
 }  // namespace orion::controller

@@ -348,16 +348,20 @@ def test_a_pytorch_training_loop_moves_api_level(tmp_path):
             d.stop()
 
 
-def controller_loop(c, iterations, pause_ms, extra_mib=0, **env):
+def start_controller_loop(c, iterations, pause_ms, extra_mib=0, **env):
     """move_loop as a client of the cluster's controller (ORION_CONTROLLER: its own allocation, over
-    TCP to the server it was placed on), once its setup is done; and that allocation."""
+    TCP to the server it was placed on), once its setup is done."""
     p = subprocess.Popen([str(TEST_BIN / "move_loop"), str(iterations), str(pause_ms), str(extra_mib)],
                          env=c.env(ORION_GMEM=256, **env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in p.stdout:
         if line.strip() == "READY":
-            break
-    else:
-        raise AssertionError(p.stderr.read())
+            return p
+    raise AssertionError(p.stderr.read())
+
+
+def controller_loop(c, iterations, pause_ms, extra_mib=0, **env):
+    """start_controller_loop, the pool's only allocation; and that allocation."""
+    p = start_controller_loop(c, iterations, pause_ms, extra_mib, **env)
     allocations = c.allocations()
     assert len(allocations) == 1 and allocations[0]["state"] == "active", allocations
     return p, allocations[0]
@@ -433,4 +437,49 @@ def test_a_controller_move_that_fails_leaves_the_allocation_and_its_program_wher
         result = finish(p)
         assert "moved" not in result.stderr
     finally:
+        c.stop()
+
+
+def test_a_drain_moves_three_running_sessions_and_the_server_takes_no_new_ones(tmp_path):
+    """POST /v1/servers/{id}/drain?wait_s=60 (admin) with three move_loop sessions on the server:
+    each moves to the other server while it runs (orion-smi, before and after, shows where each
+    allocation is), each finishes with every value right; the drained server takes no new session
+    until DELETE .../drain, and GET /v1/servers says it drains."""
+    c = Cluster(tmp_path, servers=2)
+    procs = []
+    try:
+        procs = [start_controller_loop(c, 90, 50) for _ in range(3)]
+        smi = json.loads(c.tool("orion-smi", "--json").stdout)
+        servers = {x["placements"][0]["server"] for x in smi}
+        assert len(smi) == 3 and len(servers) == 1, smi  # pack: all three on one server
+        src = servers.pop()
+        dst = next(s.id for s in c.servers if s.id != src)
+        code, body = c.ctl.call("POST", f"/v1/servers/{src}/drain?wait_s=60")
+        assert code == 200, (body, c.ctl.log()[-3000:])
+        assert body["server"] == src and body["draining"] is True and body["staying"] == [], body
+        assert sorted(m["id"] for m in body["moves"]) == sorted(x["id"] for x in smi), body
+        assert {(m["to"], m["state"]) for m in body["moves"]} == {(dst, "moved")}, body
+        smi = json.loads(c.tool("orion-smi", "--json").stdout)
+        assert len(smi) == 3 and {x["placements"][0]["server"] for x in smi} == {dst}, smi
+        assert [s["draining"] for s in c.ctl.get("/v1/servers") if s["id"] == src] == [True]
+        source = next(s for s in c.servers if s.id == src)
+        wait_until(lambda: smi_json(source) == [], 10)
+        # A new program goes to the other server; one that comes to the drained server itself (no
+        # controller of its own: oriond asks for it) is refused there with the reason.
+        assert_passed(c.run("device_props"))
+        assert re.findall(r"'device_props': 1 x 512 MiB: (\S+)/\d+/\d+$", c.ctl.log(), re.M) == [dst], c.ctl.log()
+        env = {k: v for k, v in c.env().items() if k != "ORION_CONTROLLER"}
+        r = subprocess.run([str(TEST_BIN / "device_props")], env=dict(env, ORION_SERVER=src), capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode != 0 and f"server {src} is draining" in r.stderr, r.stderr
+        for p in procs:
+            result = finish(p)
+            assert result.stderr.count("the session moved from") == 1, result.stderr
+        code, body = c.ctl.call("DELETE", f"/v1/servers/{src}/drain")
+        assert code == 200 and body["draining"] is False, body
+        assert [s["draining"] for s in c.ctl.get("/v1/servers") if s["id"] == src] == [False]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
         c.stop()

@@ -169,6 +169,14 @@ class Service {
   // job's, one already moving, or a target that is not up; kInvalidArgument for a VM's assignment
   // or a move to where it is.
   Result<Json> Migrate(const std::string& id, const MigrateRequest& req);
+  // POST /v1/servers/{id}/drain (admin): `on` marks the server draining (it takes no new
+  // placements, through any controller, until DELETE .../drain; kept across its re-registration)
+  // and asks every allocation a session serves there to move wherever the pool has room (Migrate,
+  // without a target). Answers {"server", "draining", "moves": [{"id", "to", "state": moving |
+  // moved | failed | released, "error"}], "staying": [{"id", "why"}]} (what cannot move: VM
+  // assignments, a job's, pending ones, or no room elsewhere), after waiting up to `wait_ms` for the
+  // moves to end. `on` false: the server takes placements again.
+  Result<Json> Drain(const std::string& server, bool on, uint64_t wait_ms);
   // A server's report of how a move ended (MoveReport). kPermissionDenied for a server that is
   // neither end of the move (or a source that says committed).
   Result<Json> MoveOutcome(const std::string& id, const MoveReport& report);
@@ -193,6 +201,7 @@ class Service {
     uint64_t last_seen_ms = 0;
     uint64_t registered_ms = 0;
     int64_t alive_lease = 0, present_lease = 0;  // etcd (store.h)
+    bool draining = false;                       // Drain: no new placements here; stored, kept across re-registration
   };
   struct Slot {
     uint32_t pgpu = 0, vgpu = 0;
@@ -257,7 +266,11 @@ class Service {
   const pool::VgpuPool& PoolOf(const Server& s) const;  // pools_'s entry (empty if none)
   // Every server's pool (or only `only`'s), from one pass over the allocations.
   std::map<std::string, pool::VgpuPool> Pools(const std::string& only = "") const;
-  Result<Allocation> Place(const PlacementRequest& req, const std::string& kind);
+  // `exclude`: a server not to place on (a move's source). Draining servers take nothing.
+  Result<Allocation> Place(const PlacementRequest& req, const std::string& kind, const std::string& exclude = "");
+  // Migrate's first half: reserves `to` (empty: wherever Place finds room, not the allocation's
+  // server) and records the move; `from` non-empty: only if the allocation is still there.
+  Result<Json> AskMoveLocked(const std::string& id, const std::string& to, const std::string& from);
   // Stores a new allocation or assignment (placed by Place, reserved in pools_). Retries placement
   // from a fresh read when another controller took a guarded key first.
   // `req`: an assignment's carries only its PlacementRequest part.
