@@ -354,7 +354,9 @@ std::string Daemon::HandOffMove(const std::string& line, int conn) {
 
 void Daemon::MoveForController() {
   if (!link_) return;
-  for (auto& [id, to] : link_->TakeMoves()) {
+  for (const auto& move : link_->TakeMoves()) {
+    const std::string& id = move.first;  // (a structured binding cannot be captured before C++20 in clang 14)
+    const std::string& to = move.second;
     if (std::any_of(controller_moves_.begin(), controller_moves_.end(),
                     [&](const ControllerMove& m) { return m.allocation_id == id; }))
       continue;  // under way: the controller announces a move until it ends
