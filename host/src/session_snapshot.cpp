@@ -13,6 +13,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <thread>
+
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
@@ -24,7 +27,8 @@ namespace {
 constexpr char kMagic[8] = {'O', 'R', 'I', 'O', 'N', 'S', 'N', 'P'};
 constexpr uint32_t kVersion = 1;
 constexpr uint64_t kChunk = uint64_t{4} << 20;  // device memory moves in pieces of this size
-constexpr int kMadvPopulateWrite = 23;          // MADV_POPULATE_WRITE (Linux 5.14; glibc 2.36 names it)
+constexpr uint64_t kAheadChunks = 4;    // allocations of this many chunks or more are committed ahead (ReadContents)
+constexpr int kMadvPopulateWrite = 23;  // MADV_POPULATE_WRITE (Linux 5.14; glibc 2.36 names it)
 constexpr uint64_t kMaxMeta = fatbin::kMaxDecompressedBytes + (uint64_t{1} << 20);
 constexpr uint32_t kMaxName = 4 * kNameLen;
 
@@ -550,16 +554,40 @@ namespace {
 bool ReadContents(Backend& b, SnapshotReader& in, uint64_t addr, uint64_t bytes, std::string* why) {
   if (uint8_t* host = bytes != 0 ? b.HostView(addr, bytes) : nullptr; host != nullptr) {
     // Fresh memory is committed before the socket copies into it, not by page faults inside
-    // recv()'s copy: 1 GiB moved in 0.6-1.1 s (median 0.73) so, 0.75-1.9 s (median 1.4) without,
-    // scripts/bench-migration on a 2-core VM. Best effort: a kernel without MADV_POPULATE_WRITE
+    // recv()'s copy (1 GiB in 0.6-1.1 s so, 0.75-1.9 s without, on a 2-core VM), and by a thread of
+    // its own, a chunk or more ahead of the socket: committing (zeroing) costs about what the copy
+    // does, and the two then overlap. Each chunk is committed once, by whichever of the two claims
+    // it first, so the socket never waits for it. Best effort: a kernel without MADV_POPULATE_WRITE
     // (Linux < 5.14) faults in recv() instead.
     const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-    for (uint64_t off = 0; off < bytes; off += kChunk) {
-      const uint64_t n = std::min(kChunk, bytes - off);
+    const uint64_t chunks = (bytes + kChunk - 1) / kChunk;
+    std::atomic<uint64_t> next{0};  // the first chunk nobody has claimed to commit
+    auto commit = [&](uint64_t i) {
+      const uint64_t off = i * kChunk, n = std::min(kChunk, bytes - off);
       const auto first = reinterpret_cast<uintptr_t>(host + off) & ~(page - 1);
       (void)madvise(reinterpret_cast<void*>(first), reinterpret_cast<uintptr_t>(host + off + n) - first,
                     kMadvPopulateWrite);
-      if (!in.Read(host + off, n)) return Fail(why, "the snapshot ended inside device memory");
+    };
+    struct Ahead {
+      std::atomic<uint64_t>* next;
+      uint64_t chunks;
+      std::thread t;
+      ~Ahead() {  // every way out: nothing is left to commit, and the thread is gone
+        next->store(chunks);
+        if (t.joinable()) t.join();
+      }
+    } ahead{&next, chunks, {}};
+    if (chunks >= kAheadChunks) {
+      ahead.t = std::thread([&] {
+        for (uint64_t i; (i = next.fetch_add(1)) < chunks;) commit(i);
+      });
+    }
+    for (uint64_t i = 0; i < chunks; ++i) {
+      uint64_t mine = i;
+      if (next.compare_exchange_strong(mine, i + 1)) commit(i);  // not claimed yet: this one, now
+      const uint64_t off = i * kChunk;
+      if (!in.Read(host + off, std::min(kChunk, bytes - off)))
+        return Fail(why, "the snapshot ended inside device memory");
     }
     return true;
   }
