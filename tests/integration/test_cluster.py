@@ -300,6 +300,39 @@ def test_placements_through_any_controller(pool):
     assert 'orion_controller_store_conflicts_total{store="etcd"}' in metrics
 
 
+def test_a_move_asked_through_one_controller_rehomes_the_allocation_for_all(pool):
+    """Live migration on etcd (issue #24): move_loop's allocation is moved through a controller its
+    oriond does not speak to first (the source hears of it with its heartbeat, reading etcd). Every
+    controller then sees it at the target and no reservation; while it runs there, no vGPU key of
+    it is left at the source (the source's 8 vGPUs can be placed whole, through another
+    controller); and the program finishes right."""
+    c0, c1, c2 = pool.ctls
+    p = subprocess.Popen([str(TEST_BIN / "move_loop"), "150", "50", "0"], env=pool.env(ORION_GMEM=256),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in p.stdout:
+        if line.strip() == "READY":
+            break
+    else:
+        raise AssertionError(p.stderr.read())
+    [a] = c0.get("/v1/allocations?kind=process")
+    src = a["server"]
+    dst = next(d.id for d in pool.servers if d.id != src)
+    code, body = c2.call("POST", f"/v1/allocations/{a['id']}/migrate", {"to": dst, "wait_s": 60})
+    assert code == 200 and body["server"] == dst, (code, body, c2.log()[-3000:])
+    for c in pool.ctls:
+        [view] = c.get("/v1/allocations?kind=process")
+        assert view["id"] == a["id"] and view["server"] == dst and "move" not in view, view
+        assert [x["server"] for x in view["placements"]] == [dst], view
+    code, whole = c1.call("POST", "/v1/allocations", {"vgpus": 8, "gmem_mib": 1000, "server": src,
+                                                      "client": {"host": "h", "pid": 1}})
+    assert code == 201, whole
+    assert p.poll() is None  # the moved allocation still lives
+    assert c0.call("DELETE", f"/v1/allocations/{whole['id']}")[0] == 200
+    out, err = p.communicate(timeout=120)
+    assert_passed(subprocess.CompletedProcess(p.args, p.returncode, out, err), expect_checks=4)
+    assert err.count("the session moved from") == 1, err
+
+
 def test_200_concurrent_allocations_never_double_book(tmp_path):
     # 2 servers x 2 GPUs x 32 vGPUs = 128 slots of up to 512 MiB each (32 x 512 = 16384: memory and
     # slots run out together); 200 requests of 1 or 2 vGPUs ask ~300 slots: the pool fills up, the
