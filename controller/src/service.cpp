@@ -1044,28 +1044,42 @@ Result<Json> Service::AskMoveLocked(const std::string& id, const std::string& to
   });
 }
 
+template <typename Done>
+void Service::WaitLocked(std::unique_lock<std::mutex>& lock, std::chrono::steady_clock::time_point deadline,
+                         Done done) {
+  for (;;) {
+    const auto now = std::chrono::steady_clock::now();
+    if (done() || now >= deadline || stop_watch_.load()) return;
+    const uint64_t seen = deletions_;
+    deleted_.wait_until(lock, std::min(deadline, now + std::chrono::seconds(1)),
+                        [&] { return deletions_ != seen || stop_watch_.load(); });
+    if (store_->shared()) SyncForRead();  // etcd: another controller may have taken the server's report
+  }
+}
+
+Json Service::MoveStateLocked(const std::string& id, const std::string& to) const {
+  auto it = allocs_.find(id);
+  if (it == allocs_.end()) return {{"state", "released"}};
+  const Allocation& a = it->second;
+  if (a.move_to == to) return {{"state", "moving"}};
+  if (a.server == to) return {{"state", "moved"}};
+  return {{"state", "failed"}, {"error", a.last_move_to == to ? a.last_move_error : std::string("it was given up")}};
+}
+
 Result<Json> Service::Migrate(const std::string& id, const MigrateRequest& req) {
   std::unique_lock<std::mutex> lock(mu_);
   auto asked = AskMoveLocked(id, req.to, "");
   if (!asked.ok() || req.wait_ms == 0) return asked;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(req.wait_ms);
-  for (;;) {
+  WaitLocked(lock, std::chrono::steady_clock::now() + std::chrono::milliseconds(req.wait_ms), [&] {
     auto it = allocs_.find(id);
-    if (it == allocs_.end()) return NotFound("allocation " + id + " was released during its move");
-    const Allocation& a = it->second;
-    if (a.move_to != req.to) {
-      if (a.server == req.to) return ToJson(a);
-      return FailedPrecondition("the move of allocation " + id + " to " + req.to + " failed: " +
-                                (a.last_move_to == req.to ? a.last_move_error : std::string("it was given up")));
-    }
-    const auto now = std::chrono::steady_clock::now();
-    if (now >= deadline || stop_watch_.load()) return ToJson(a);  // still under way
-    const uint64_t seen = deletions_;
-    // etcd: another controller may take the server's report; look at the store every second.
-    deleted_.wait_until(lock, std::min(deadline, now + std::chrono::seconds(1)),
-                        [&] { return deletions_ != seen || stop_watch_.load(); });
-    if (store_->shared()) SyncForRead();
-  }
+    return it == allocs_.end() || it->second.move_to != req.to;
+  });
+  const Json m = MoveStateLocked(id, req.to);
+  if (m["state"] == "released") return NotFound("allocation " + id + " was released during its move");
+  if (m["state"] == "failed")
+    return FailedPrecondition("the move of allocation " + id + " to " + req.to +
+                              " failed: " + m["error"].get<std::string>());
+  return ToJson(allocs_.at(id));  // at the target, or (wait_s ran out) still moving
 }
 
 Result<Json> Service::Drain(const std::string& server, bool on, uint64_t wait_ms) {
@@ -1101,34 +1115,14 @@ Result<Json> Service::Drain(const std::string& server, bool on, uint64_t wait_ms
       out["staying"].push_back({{"id", id}, {"why", r.status().message()}});
     }
   }
-  // wait_ms: until each move committed or was given up.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
-  for (;;) {
-    bool under_way = false;
-    for (const auto& [id, to] : moving) {
-      auto it = allocs_.find(id);
-      under_way = under_way || (it != allocs_.end() && it->second.move_to == to);
-    }
-    const auto now = std::chrono::steady_clock::now();
-    if (!under_way || now >= deadline || stop_watch_.load()) break;
-    const uint64_t seen = deletions_;
-    deleted_.wait_until(lock, std::min(deadline, now + std::chrono::seconds(1)),
-                        [&] { return deletions_ != seen || stop_watch_.load(); });
-    if (store_->shared()) SyncForRead();
-  }
+  WaitLocked(lock, std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms), [&] {
+    return std::none_of(moving.begin(), moving.end(),
+                        [&](const auto& m) { return MoveStateLocked(m.first, m.second)["state"] == "moving"; });
+  });
   for (const auto& [id, to] : moving) {
-    auto it = allocs_.find(id);
-    Json m = {{"id", id}, {"to", to}};
-    if (it == allocs_.end()) {
-      m["state"] = "released";
-    } else if (it->second.move_to == to) {
-      m["state"] = "moving";
-    } else if (it->second.server == to) {
-      m["state"] = "moved";
-    } else {
-      m["state"] = "failed";
-      m["error"] = it->second.last_move_to == to ? it->second.last_move_error : std::string("it was given up");
-    }
+    Json m = MoveStateLocked(id, to);
+    m["id"] = id;
+    m["to"] = to;
     out["moves"].push_back(m);
   }
   return out;

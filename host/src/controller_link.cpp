@@ -27,6 +27,17 @@ std::vector<controller::Endpoint> EndpointsOr(const std::string& addr) {
   auto eps = controller::ParseEndpoints(addr);
   return eps.ok() ? *eps : std::vector<controller::Endpoint>{{addr, controller::kDefaultPort}};
 }
+
+// The well-formed entries of a watch's or heartbeat's "moves" ({"id", "to"}) for allocations in
+// `served`, into `out` (at most kMaxPendingMoves waiting).
+template <typename Served>
+void TakeMovesFrom(const json& answer, const Served& served, std::vector<std::pair<std::string, std::string>>* out) {
+  for (const auto& m : answer.value("moves", json::array())) {
+    if (!m.is_object() || !m.value("id", json()).is_string() || !m.value("to", json()).is_string()) continue;
+    const std::string id = m["id"].get<std::string>();
+    if (served.count(id) != 0 && out->size() < kMaxPendingMoves) out->emplace_back(id, m["to"].get<std::string>());
+  }
+}
 }  // namespace
 
 ControllerLink::ControllerLink(ControllerLinkOptions opts, std::shared_ptr<spdlog::logger> log)
@@ -99,12 +110,7 @@ void ControllerLink::WatchLoop(std::shared_ptr<WatchState> w, std::string server
         if (!id.is_string() || w->ids.erase(id.get<std::string>()) == 0) continue;
         w->revoked.push_back(id.get<std::string>());
       }
-      for (const auto& m : r->value("moves", json::array())) {
-        if (!m.is_object() || !m.value("id", json()).is_string() || !m.value("to", json()).is_string()) continue;
-        const std::string id = m["id"].get<std::string>();
-        if (w->ids.count(id) != 0 && w->moves.size() < kMaxPendingMoves)
-          w->moves.emplace_back(id, m["to"].get<std::string>());
-      }
+      TakeMovesFrom(*r, w->ids, &w->moves);
       continue;
     }
     // A controller without the watch (404), too many watches open (429), or none reachable: the
@@ -131,7 +137,7 @@ void ControllerLink::Stop() {
     watch_->cv.notify_all();
   }
   // Flush what is queued, then say goodbye.
-  for (const auto& [path, why] : releases_) (void)client_.Call("DELETE", path);
+  for (const Queued& q : queued_) (void)client_.Call(q.method, q.path, q.body);
   if (registered_.load()) {
     auto r = client_.Call("DELETE", "/v1/servers/" + opts_.server_id);
     if (r.ok()) log_->info("Deregistered from Orion Controller {}", client_.endpoint().text());
@@ -142,40 +148,32 @@ void ControllerLink::Loop() {
   auto next_beat = std::chrono::steady_clock::now();
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
-    cv_.wait_until(lock, next_beat, [&] { return stop_ || !releases_.empty() || !reports_.empty(); });
+    cv_.wait_until(lock, next_beat, [&] { return stop_ || !queued_.empty(); });
     if (stop_) break;
-    while (!reports_.empty()) {
-      auto [path, body] = reports_.front();
-      reports_.pop_front();
+    // Releases and move reports, in the order they were made (a move's commit before the release
+    // of the session that ended after it).
+    while (!queued_.empty()) {
+      Queued q = queued_.front();
+      queued_.pop_front();
       lock.unlock();
-      auto r = client_.Call("POST", path, body);
-      lock.lock();
-      if (!r.ok() && r.status().code() == Code::kUnavailable && ++release_tries_[path] < kMaxReleaseTries) {
-        reports_.emplace_front(path, body);  // with the next beat
-        break;
-      }
-      if (!r.ok()) log_->warn("Orion Controller: {} {}: {}", path, body.dump(), r.status().message());
-      release_tries_.erase(path);
-    }
-    while (!releases_.empty()) {
-      auto [path, why] = releases_.front();
-      releases_.pop_front();
-      lock.unlock();
-      auto r = client_.Call("DELETE", path);
+      auto r = client_.Call(q.method, q.path, q.body);
       lock.lock();
       // Every controller away (kUnavailable), or one that failed inside (kInternal: its store
       // faltered mid-request, e.g. an etcd member killed under it): try again with the next beat, a
       // bounded number of times. A release that is dropped leaves the allocation holding its
       // vGPUs for as long as this server is alive. Any other answer (gone already, refused) is final.
       const bool retry = !r.ok() && (r.status().code() == Code::kUnavailable || r.status().code() == Code::kInternal);
-      if (retry && ++release_tries_[path] < kMaxReleaseTries) {
-        releases_.emplace_front(path, why);
+      if (retry && ++tries_[q.path] < kMaxReleaseTries) {
+        queued_.push_front(std::move(q));
         break;
       }
-      if (retry)
-        log_->warn("Orion Controller: giving up releasing {} after {} tries: {}", path, kMaxReleaseTries,
+      if (retry) {
+        log_->warn("Orion Controller: giving up on {} {} after {} tries: {}", q.method, q.path, kMaxReleaseTries,
                    r.status().message());
-      release_tries_.erase(path);
+      } else if (!r.ok() && q.method == "POST") {
+        log_->warn("Orion Controller: {} {}: {}", q.path, q.body.dump(), r.status().message());
+      }
+      tries_.erase(q.path);
     }
     if (std::chrono::steady_clock::now() < next_beat) continue;
     next_beat = std::chrono::steady_clock::now() + std::chrono::milliseconds(opts_.heartbeat_ms);
@@ -205,11 +203,7 @@ void ControllerLink::Loop() {
         for (const auto& id : r->value("revoked", json::array())) {
           if (id.is_string()) revoked_.push_back(id.get<std::string>());
         }
-        for (const auto& m : r->value("moves", json::array())) {
-          if (!m.is_object() || !m.value("id", json()).is_string() || !m.value("to", json()).is_string()) continue;
-          if (active_.count(m["id"].get<std::string>()) != 0 && moves_.size() < kMaxPendingMoves)
-            moves_.emplace_back(m["id"].get<std::string>(), m["to"].get<std::string>());
-        }
+        TakeMovesFrom(*r, active_, &moves_);
       }
     }
     lock.lock();
@@ -277,7 +271,7 @@ Result<ControllerGrant> ControllerLink::Assign(const std::string& vm, uint32_t v
 
 void ControllerLink::Unassign(const std::string& vm) {
   std::lock_guard<std::mutex> lock(mu_);
-  releases_.emplace_back("/v1/assignments/" + vm, "detached");
+  queued_.push_back({"DELETE", "/v1/assignments/" + vm, nullptr});
   cv_.notify_all();
 }
 
@@ -313,7 +307,8 @@ void ControllerLink::Release(const std::string& allocation_id, const std::string
   std::lock_guard<std::mutex> lock(mu_);
   active_.erase(allocation_id);
   // ?server=: a server key may release only the allocations its own server serves.
-  releases_.emplace_back("/v1/allocations/" + allocation_id + "?reason=" + why + "&server=" + opts_.server_id, why);
+  queued_.push_back(
+      {"DELETE", "/v1/allocations/" + allocation_id + "?reason=" + why + "&server=" + opts_.server_id, nullptr});
   cv_.notify_all();
 }
 
@@ -344,7 +339,7 @@ void ControllerLink::ReportMove(const std::string& allocation_id, bool committed
     body["error"] = why;
   }
   std::lock_guard<std::mutex> lock(mu_);
-  reports_.emplace_back("/v1/allocations/" + allocation_id + "/move", std::move(body));
+  queued_.push_back({"POST", "/v1/allocations/" + allocation_id + "/move", std::move(body)});
   cv_.notify_all();
 }
 

@@ -27,6 +27,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -271,6 +272,12 @@ class Service {
   // Migrate's first half: reserves `to` (empty: wherever Place finds room, not the allocation's
   // server) and records the move; `from` non-empty: only if the allocation is still there.
   Result<Json> AskMoveLocked(const std::string& id, const std::string& to, const std::string& from);
+  // How `id`'s move to `to` stands: {"state": moving | moved | failed (with "error") | released}.
+  Json MoveStateLocked(const std::string& id, const std::string& to) const;
+  // Waits (mu_ released meanwhile) until done() or `deadline`: woken by this controller's changes,
+  // and on etcd reading the store every second (another controller may make them).
+  template <typename Done>
+  void WaitLocked(std::unique_lock<std::mutex>& lock, std::chrono::steady_clock::time_point deadline, Done done);
   // Stores a new allocation or assignment (placed by Place, reserved in pools_). Retries placement
   // from a fresh read when another controller took a guarded key first.
   // `req`: an assignment's carries only its PlacementRequest part.

@@ -108,11 +108,15 @@ class ControllerLink {
     uint32_t devices = 0;
   };
   std::map<std::string, Tracked> active_;
-  std::deque<std::pair<std::string, std::string>> releases_;  // (method+path, why)
-  std::unordered_map<std::string, uint32_t> release_tries_;   // path -> failed attempts so far
+  // Requests the link's thread makes in order: releases (DELETE) and move reports (POST).
+  struct Queued {
+    std::string method, path;
+    nlohmann::json body;
+  };
+  std::deque<Queued> queued_;
+  std::unordered_map<std::string, uint32_t> tries_;  // path -> failed attempts so far
   std::vector<std::string> revoked_;
-  std::vector<std::pair<std::string, std::string>> moves_;      // from heartbeats
-  std::deque<std::pair<std::string, nlohmann::json>> reports_;  // (path, body): POSTed by the thread
+  std::vector<std::pair<std::string, std::string>> moves_;  // from heartbeats
   std::thread thread_;
 
   // The watch (POST /v1/servers/{id}/watch, a long poll): the controller answers as soon as an
