@@ -375,6 +375,8 @@ CUresult Client::ConnectRegionLocked(const ivshmem::RegionLocation& where, bool 
     rings = ivshmem::kRingsNone;
   }
   desc_->client_rings.store(rings, std::memory_order_relaxed);
+  host_region_ = rings == ivshmem::kRingsFutex;
+  channel_bytes_ = channel_bytes;
   layout_ = ChannelLayout::Compute(channel_bytes);
   uint8_t* chan = ivshmem::ChannelBase(region_->data(), channel_bytes, channel_index_);
   const uint32_t generation = desc_->generation;  // published before the channel was freed (R0/K0)
@@ -384,12 +386,14 @@ CUresult Client::ConnectRegionLocked(const ivshmem::RegionLocation& where, bool 
   window_ = chan + layout_.window_offset;
   pinned_free_.clear();
   pinned_free_[layout_.staging_bytes] = layout_.window_bytes - layout_.staging_bytes;
-  lease_thread_ = std::thread([this] {
+  // The channel's own descriptor (desc_ changes when the session moves to TCP; the region stays
+  // mapped for as long as the process lives).
+  lease_thread_ = std::thread([this, desc = desc_] {
     while (!stop_lease_.load(std::memory_order_relaxed)) {
       timespec ts{0, static_cast<long>(ivshmem::kLeasePeriodMs) * 1000000L};
       nanosleep(&ts, nullptr);
       // L0: liveness only; oriond compares successive values (no data is published by it).
-      desc_->client_lease.fetch_add(1, std::memory_order_relaxed);
+      if (!stop_lease_.load(std::memory_order_relaxed)) desc->client_lease.fetch_add(1, std::memory_order_relaxed);
     }
   });
   lease_thread_.detach();
@@ -491,6 +495,7 @@ CUresult Client::HandshakeLocked(uint64_t vgpus, uint64_t gmem, const std::strin
       return Broken(CUDA_ERROR_UNKNOWN, "oriond announced an impossible channel size");
     }
     layout_ = ChannelLayout::Compute(welcome_.channel_bytes);
+    channel_bytes_ = welcome_.channel_bytes;
     if (welcome_.transport == kTransportRdma) {
       if (rdma_port_ == nullptr)
         return Broken(CUDA_ERROR_UNKNOWN, "oriond chose RDMA, which this client did not offer");
@@ -647,7 +652,9 @@ void Client::Shutdown() noexcept {
 __attribute__((destructor)) static void ReleaseAtExit() { Client::Get().Shutdown(); }
 
 CUresult Client::ResumeLocked(const ivshmem::FrameView& f) noexcept {
-  if (tcp_ == nullptr || tcp_->secure() || f.header.payload_len != sizeof(MovedRep)) {
+  // A region session moves too (to TCP at the target) when its region is a file on this host.
+  const bool shm = !network_ && host_region_ && region_ != nullptr && tcp_ == nullptr;
+  if ((!shm && (tcp_ == nullptr || tcp_->secure())) || f.header.payload_len != sizeof(MovedRep)) {
     return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, (peer_ + " sent a move this connection cannot follow").c_str());
   }
   MovedRep moved{};
@@ -656,23 +663,43 @@ CUresult Client::ResumeLocked(const ivshmem::FrameView& f) noexcept {
   moved.token[sizeof moved.token - 1] = '\0';
   moved.back_token[sizeof moved.back_token - 1] = '\0';
   const size_t back_len = strnlen(moved.back_token, sizeof moved.back_token);
+  std::vector<uint8_t> call = std::move(last_call_);
+  last_call_.clear();
+  if (shm && last_call_at_ != nullptr) call.assign(last_call_at_, last_call_at_ + last_call_len_);
   if (!ValidShareToken(moved.token, sizeof moved.token) || strnlen(moved.token, sizeof moved.token) != kShareTokenLen ||
       (back_len != 0 && (back_len != kShareTokenLen || !ValidShareToken(moved.back_token, sizeof moved.back_token))) ||
-      last_call_.size() < sizeof(FrameHeader)) {
+      call.size() < sizeof(FrameHeader)) {
     return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE, (peer_ + " sent a malformed move").c_str());
   }
-  const std::vector<uint8_t> call = std::move(last_call_);
-  last_call_.clear();
-  const std::string source = tcp_->address(), from = peer_, to = moved.address;
+  const std::string source = shm ? std::string() : tcp_->address(), from = peer_, to = moved.address;
   resuming_ = true;
   resume_failure_.clear();
   // The target's answer is bounded well inside the source's wait for it (30 s, session_move.cpp):
   // a target that accepts but never answers leaves time for the way back.
   const uint64_t handshake_ms = handshake_ms_;
   if (back_len != 0 && (handshake_ms_ == 0 || handshake_ms_ > kResumeAnswerMs)) handshake_ms_ = kResumeAnswerMs;
-  CUresult r = ResumeAt(to, moved.token);
+  // A region session keeps its channel for the way back until the target has it.
+  std::unique_ptr<FrameChannel> ring;
+  ivshmem::ChannelDesc* ring_desc = desc_;
+  ivshmem::RegionHeader* ring_header = header_;
+  CUresult r = CUDA_ERROR_DEVICE_UNAVAILABLE;
+  if (shm && !window_mappings_.empty()) {
+    // Those pages are the region's (MapIntoWindow): over TCP the device could no longer see them.
+    resume_failure_ = "it holds host memory registered for the device (cuMemHostRegister), which stays with this host";
+  } else if (shm && !PrivateWindowLocked()) {
+    resume_failure_ = std::string("its data window cannot be made private memory: ") + std::strerror(errno);
+  } else {
+    if (shm) ring = std::move(chan_);
+    r = ResumeAt(to, moved.token);
+  }
   handshake_ms_ = handshake_ms;
   if (r == CUDA_SUCCESS) {
+    if (shm) {
+      // The region's channel is the source's to free: no lease, no wake-ups, no bytes there.
+      stop_lease_.store(true, std::memory_order_relaxed);
+      network_ = true;
+      ring.reset();
+    }
     LogInfo("Orion: the session moved from " + from + " to " + peer_ + " (session " +
             std::to_string(welcome_.session_id) + " there)");
   } else if (back_len != 0) {
@@ -681,15 +708,35 @@ CUresult Client::ResumeLocked(const ivshmem::FrameView& f) noexcept {
     const std::string failure = resume_failure_;
     broken_ = CUDA_SUCCESS;
     resume_failure_.clear();
-    r = ResumeAt(source, moved.back_token);
+    if (!shm) {
+      r = ResumeAt(source, moved.back_token);
+    } else {
+      // Back on the region's channel, the window shared with the source's worker again.
+      if (ring != nullptr) {
+        if (tcp_ != nullptr) tcp_->ReleaseWindow();
+        tcp_ = nullptr;
+        chan_ = std::move(ring);
+        desc_ = ring_desc;
+        header_ = ring_header;
+        peer_ = from;
+        if (!SharedWindowLocked()) {
+          resume_failure_ = std::string("its data window cannot be shared again: ") + std::strerror(errno);
+        } else {
+          r = ResumeHelloLocked(moved.back_token, welcome_.transport, welcome_.channel_bytes, "");
+        }
+      } else {
+        r = ResumeHelloLocked(moved.back_token, welcome_.transport, welcome_.channel_bytes, "");
+      }
+    }
     if (r == CUDA_SUCCESS) {
       LogWarn("Orion: the session could not follow its move to oriond at " + LogSafe(to) + " (" + failure +
               "); it continues at " + peer_);
     } else {
-      resume_failure_ = failure + "; and back at oriond at " + LogSafe(source) + ": " + resume_failure_;
+      resume_failure_ = failure + "; and back at " + from + ": " + resume_failure_;
     }
   }
   resuming_ = false;
+  if (chan_ == nullptr && ring != nullptr) chan_ = std::move(ring);  // no way back: a channel to fail on
   if (r != CUDA_SUCCESS) {
     broken_ = CUDA_SUCCESS;
     return Broken(
@@ -709,23 +756,37 @@ CUresult Client::ResumeAt(const std::string& address, const char* token) noexcep
     return CUDA_ERROR_DEVICE_UNAVAILABLE;
   }
   (*tcp)->SetStallLimit(stall_ms_);
-  (*tcp)->TakeWindow(*tcp_);  // the program's pinned buffers and copies in flight keep their bytes
+  // The program's pinned buffers and copies in flight keep their bytes: the window moves along
+  // (a region's, made private, from a region session).
+  if (tcp_ != nullptr) {
+    (*tcp)->TakeWindow(*tcp_);
+  } else {
+    (*tcp)->AdoptWindow(window_, layout_.window_bytes);
+  }
   tcp_ = tcp->get();
   desc_ = tcp_->desc();
   header_ = tcp_->header();
   chan_ = std::move(*tcp);  // the previous connection closes
   peer_ = "oriond at " + LogSafe(address);
+  return ResumeHelloLocked(token, kTransportTcp, channel_bytes_, address);
+}
+
+CUresult Client::ResumeHelloLocked(const char* token, uint16_t transport, uint64_t channel_bytes,
+                                   const std::string& address) noexcept {
   HelloReq hello{};
   hello.protocol_version = kProtocolVersion;
-  hello.transports = kTransportTcp;
+  hello.transports = transport;
   hello.kind = kHelloResume;
   std::memcpy(hello.share, token, kShareTokenLen);
   hello.pid = static_cast<uint32_t>(getpid());
   std::snprintf(hello.process_name, sizeof hello.process_name, "%s", ProcessName().c_str());
-  if (const char* key = std::getenv("ORION_KEY"); key != nullptr) std::strncpy(hello.key, key, sizeof hello.key - 1);
+  if (const char* key = std::getenv("ORION_KEY"); key != nullptr && transport != kTransportShm) {
+    std::strncpy(hello.key, key, sizeof hello.key - 1);
+  }
   gethostname(hello.hostname, sizeof hello.hostname - 1);
   const FrameHeader h = MakeHeader(Op::kHello, sizeof hello, true);
   if (CUresult r = PushLocked(h, &hello, sizeof hello, nullptr, 0); r != CUDA_SUCCESS) return r;
+  RingDoorbell(true);
   std::vector<uint8_t> rep(sizeof(WelcomeRep) + kMaxDevices * sizeof(DeviceInfo) + 1024);
   uint32_t rep_len = 0;
   if (CUresult r = WaitReplyLocked(h.seq, Op::kHello, rep.data(), static_cast<uint32_t>(rep.size()), &rep_len);
@@ -739,8 +800,8 @@ CUresult Client::ResumeAt(const std::string& address, const char* token) noexcep
   }
   WelcomeRep w{};
   if (rep_len >= sizeof w) std::memcpy(&w, rep.data(), sizeof w);
-  if (rep_len < sizeof w || w.device_count != welcome_.device_count || w.channel_bytes != welcome_.channel_bytes ||
-      w.transport != kTransportTcp) {
+  if (rep_len < sizeof w || w.device_count != welcome_.device_count || w.channel_bytes != channel_bytes ||
+      w.transport != transport) {
     resume_failure_ = "its Welcome does not match the session";
     return CUDA_ERROR_DEVICE_UNAVAILABLE;
   }
@@ -748,7 +809,10 @@ CUresult Client::ResumeAt(const std::string& address, const char* token) noexcep
     resume_failure_ = "its Welcome is short";
     return CUDA_ERROR_DEVICE_UNAVAILABLE;
   }
+  if (address.empty()) return CUDA_SUCCESS;  // back where it was: nothing changed
   welcome_.session_id = w.session_id;
+  welcome_.transport = w.transport;
+  welcome_.channel_bytes = w.channel_bytes;
   // Where each vGPU is now (the devices keep what the program was told about them).
   allocation_text_ = "(standalone) session-" + std::to_string(w.session_id) + " :";
   for (uint32_t d = 0; d < w.device_count; ++d) {

@@ -121,16 +121,28 @@ class Client {
   // (rep_len == nullptr), at least rep_cap bytes. Anything else, or no reply within the op's
   // deadline (ReplyDeadlineMs), breaks the session with CUDA_ERROR_DEVICE_UNAVAILABLE.
   CUresult WaitReplyLocked(uint32_t seq, Op op, void* rep, uint32_t rep_cap, uint32_t* rep_len) noexcept;
-  // A kStatusMoved reply `f` (TCP only; issue #24): connects to the oriond it names, resumes the
-  // session there with its token (the window and its bytes carried over), and sends the request the
-  // source did not execute (last_call_) again. When the target cannot be reached, refuses, or does
-  // not answer within kResumeAnswerMs, it resumes at the source with the back token instead; only
-  // when both fail is the session broken.
+  // A kStatusMoved reply `f` (plain TCP, or a region file on this host; issue #24): connects to the
+  // oriond it names, resumes the session there with its token (the window and its bytes carried
+  // over; a region's window first becomes private memory at the same address), and sends the
+  // request the source did not execute (last_call_) again. When the target cannot be reached,
+  // refuses, or does not answer within kResumeAnswerMs, it resumes at the source with the back
+  // token instead (over TCP, or on its own channel of the region); only when both fail is the
+  // session broken.
   CUresult ResumeLocked(const ivshmem::FrameView& f) noexcept;
   // One attempt of a resume: connects to `address` (the window moves along), says kHelloResume with
   // `token`, checks the Welcome. A failure is recorded in resume_failure_, not fatal: ResumeLocked
   // then tries the way back, or breaks the session.
   CUresult ResumeAt(const std::string& address, const char* token) noexcept;
+  // Says kHelloResume with `token` on the channel now in chan_ and checks the Welcome against the
+  // session (`transport`, `channel_bytes` as that oriond announces them); failures as ResumeAt.
+  CUresult ResumeHelloLocked(const char* token, uint16_t transport, uint64_t channel_bytes,
+                             const std::string& address) noexcept;
+  // A region session moving to TCP: the window's pages become private memory at the same address,
+  // holding the same bytes (mremap over it), so the region's channel can be reused by others while
+  // the program's pinned buffers keep their place. SharedWindowLocked undoes it (the way back):
+  // the region's pages again, holding what the private ones held. False when that fails.
+  bool PrivateWindowLocked() noexcept;
+  bool SharedWindowLocked() noexcept;
   // How long the reply to `op` may take (ms, 0: no limit): the handshake deadline for Hello and
   // RdmaConnect; none (ORION_SYNC_TIMEOUT_MS) for ops that wait for device work, and for any op sent
   // after asynchronous frames that oriond may still be executing; the reply deadline otherwise.
@@ -205,6 +217,8 @@ class Client {
   std::unique_ptr<FrameChannel> chan_;     // the rings of a region channel, or a TCP connection
   TcpFrameChannel* tcp_ = nullptr;         // chan_, while it is TCP
   bool network_ = false;                   // ORION_SERVER: TCP, or RDMA after the Welcome
+  bool host_region_ = false;               // a region file on this host (not a VM's ivshmem): it may move
+  uint64_t channel_bytes_ = 0;             // the size the window's layout comes from
   std::unique_ptr<rdma::Port> rdma_port_;  // the RDMA port this client offers (null: TCP only)
   std::string rdma_why_;                   // why it offers no RDMA
   std::vector<uint8_t> scratch_;
@@ -222,8 +236,10 @@ class Client {
   // The longest a moved session's target may take to answer its kHelloResume when there is a way
   // back (ms): with the connect's 5 s, well inside the source's 30 s wait for the program.
   static constexpr uint64_t kResumeAnswerMs = 10000;
-  std::string resume_failure_;      // what broke the last resume attempt
-  std::vector<uint8_t> last_call_;  // TCP: the last request that awaits a reply, header included
+  std::string resume_failure_;             // what broke the last resume attempt
+  std::vector<uint8_t> last_call_;         // TCP: the last request that awaits a reply, header included
+  const uint8_t* last_call_at_ = nullptr;  // a region's: where that request lies in the request ring
+  uint32_t last_call_len_ = 0;
   uint64_t current_ctx_sent_ = 0;
 
   struct StageEntry {

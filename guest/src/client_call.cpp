@@ -129,7 +129,16 @@ CUresult Client::PushLocked(const FrameHeader& h, const void* req, uint32_t req_
   if (tail_len != 0) std::memcpy(p + sizeof h + req_len, tail, tail_len);
   // Over TCP a session may move (issue #24): a request the source answers kStatusMoved goes again
   // to the target, so the last one awaiting a reply is kept (its window bytes stay in the window).
-  if (tcp_ != nullptr && (h.flags & kFlagWantsReply) != 0) last_call_.assign(p, p + sizeof h + req_len + tail_len);
+  // A region session's stays where it is in the request ring (nothing is written there until its
+  // reply): only where it is is kept, no copy on the synchronous call's path.
+  if ((h.flags & kFlagWantsReply) != 0) {
+    if (tcp_ != nullptr) {
+      last_call_.assign(p, p + sizeof h + req_len + tail_len);
+    } else if (host_region_) {
+      last_call_at_ = p;
+      last_call_len_ = static_cast<uint32_t>(sizeof h + req_len + tail_len);
+    }
+  }
   if (!chan_->Commit()) {
     return Broken(CUDA_ERROR_DEVICE_UNAVAILABLE,
                   tcp_ != nullptr && !tcp_->why().empty() ? tcp_->why().c_str() : "the connection to oriond broke");
@@ -182,7 +191,7 @@ bool Client::ReplyValidLocked(const FrameHeader& h, uint32_t seq, Op op) noexcep
   } else if ((h.flags & ~kFlagOutputPending) != 0 || h.payload_len > kMaxPayload) {
     bad = "a reply with unknown flags or an impossible length";
   } else if (!KnownResult(h.status) && !(h.status == kStatusNeedBytes && op == Op::kModuleLoad) &&
-             !(h.status == kStatusMoved && network_ && op != Op::kHello)) {
+             !(h.status == kStatusMoved && (network_ || host_region_) && op != Op::kHello)) {
     bad = "a reply with status " + std::to_string(h.status) + ", which is no CUresult";
   } else if (!KnownResult(h.deferred)) {
     bad = "a reply with deferred status " + std::to_string(h.deferred) + ", which is no CUresult";

@@ -479,3 +479,44 @@ int64_t Client::WindowOffset(const void* p, uint64_t bytes) const noexcept {
 }
 
 }  // namespace orion::guest
+
+namespace orion::guest {
+
+bool Client::PrivateWindowLocked() noexcept {
+  const uint64_t bytes = layout_.window_bytes;
+  void* copy = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (copy == MAP_FAILED) return false;
+  std::memcpy(copy, window_, bytes);
+  // Atomically over the region's pages: no moment where the window's addresses are unmapped.
+  if (mremap(copy, bytes, bytes, MREMAP_MAYMOVE | MREMAP_FIXED, window_) == MAP_FAILED) {
+    const int e = errno;
+    munmap(copy, bytes);
+    errno = e;
+    return false;
+  }
+  return true;
+}
+
+bool Client::SharedWindowLocked() noexcept {
+  const uint64_t bytes = layout_.window_bytes;
+  const auto file_offset = static_cast<off_t>(window_ - region_->data());
+  const int fd = ::open(region_->path().c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return false;
+  void* shared = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, file_offset);
+  const int e = errno;
+  ::close(fd);
+  if (shared == MAP_FAILED) {
+    errno = e;
+    return false;
+  }
+  std::memcpy(shared, window_, bytes);
+  if (mremap(shared, bytes, bytes, MREMAP_MAYMOVE | MREMAP_FIXED, window_) == MAP_FAILED) {
+    const int e2 = errno;
+    munmap(shared, bytes);
+    errno = e2;
+    return false;
+  }
+  return true;
+}
+
+}  // namespace orion::guest

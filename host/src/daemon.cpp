@@ -471,6 +471,10 @@ void Daemon::Reap() {
     int status = 0;
     const pid_t pid = waitpid(-1, &status, WNOHANG);
     if (pid <= 0) return;
+    if (auto ctl = shm_controls_.find(pid); ctl != shm_controls_.end()) {
+      ::close(ctl->second);
+      shm_controls_.erase(ctl);
+    }
     for (auto it = net_sessions_.begin(); it != net_sessions_.end(); ++it) {
       if (it->pid != pid) continue;
       --serving_;
@@ -502,9 +506,12 @@ void Daemon::Reap() {
         const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
         ReleaseDevices(pid, c.placements);
         FreeCompute(&c.compute);
+        // A session that moved away with its program's own allocation: the target serves it now.
+        const bool moved_away = code == kExitMoved && c.hold.empty() && !c.allocation_id.empty() && link_;
+        if (moved_away) link_->Untrack(c.allocation_id);
         if (r.vm.empty()) {
-          Finish(c.placements, c.allocation_id, c.stat_slot, code == kExitGoodbye ? "client_exited" : "session_ended",
-                 c.hold);
+          Finish(c.placements, moved_away ? std::string() : c.allocation_id, c.stat_slot,
+                 code == kExitGoodbye ? "client_exited" : "session_ended", c.hold);
         } else {
           // A VM's vGPUs stay reserved for it; the session's memory leaves the VM's meter, which
           // goes with the VM's last session.
@@ -526,6 +533,7 @@ void Daemon::Reap() {
                           : code == kExitViolation     ? "protocol violation"
                           : code == kExitBackendFailed ? "backend failed"
                           : code == kExitClientGone    ? "client disconnected"
+                          : code == kExitMoved         ? "moved to another oriond"
                                                        : "worker crashed";
         if (WIFSIGNALED(status) && !r.severed) {
           log_->error("Session {} worker died with signal {}", c.session, WTERMSIG(status));
@@ -551,6 +559,8 @@ void Daemon::InWorker(int keep) {
     if (n.route >= 0) ::close(n.route);
     n.control = n.route = -1;
   }
+  for (const auto& [pid, fd] : shm_controls_) ::close(fd);
+  shm_controls_.clear();
   if (keeper_) keeper_->CloseInChild();
 }
 

@@ -246,8 +246,16 @@ void Daemon::Admit(Region& r, uint32_t index) {
              where_placed);
   ivshmem::Header(base)->channels[index].session_id = session;
   auto slog = SessionLogger(session);
+  // The worker's control socketpair (a move is asked for on it; not a VM's session, which stays
+  // with its VM). [0] stays here, [1] is the worker's.
+  int pair[2] = {-1, -1};
+  if (r.vm.empty() && socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0) {
+    log_->warn("session {}: no control socketpair ({}): it cannot be moved", session, std::strerror(errno));
+    pair[0] = pair[1] = -1;
+  }
   const pid_t pid = fork();
   if (pid < 0) {
+    if (pair[0] >= 0) ::close(pair[0]), ::close(pair[1]);
     FreeCompute(&compute);
     if (r.vm.empty()) {
       Finish(*placements, allocation_id, slot, "fork_failed", hold);
@@ -264,6 +272,7 @@ void Daemon::Admit(Region& r, uint32_t index) {
     // A VM with the doorbell: this channel's vector wakes the worker (channel i rings vector i).
     const int bell_fd = r.bell ? r.bell->vector_fd(index) : -1;
     InWorker(bell_fd);
+    if (pair[0] >= 0) ::close(pair[0]);
     auto backend = MakeBackend(session);
     if (!backend.ok()) {
       slog->error("sess={} cannot load the CUDA driver: {}", session, backend.status().message());
@@ -279,6 +288,8 @@ void Daemon::Admit(Region& r, uint32_t index) {
     sp.generation = gen;
     sp.request_position = rc.position();
     sp.doorbell_fd = bell_fd;
+    sp.vm = !r.vm.empty();
+    sp.control_fd = pair[1];
     sp.allocation_id = allocation_id;
     sp.used_out = StatSlot(slot);
     sp.share = share;
@@ -292,6 +303,10 @@ void Daemon::Admit(Region& r, uint32_t index) {
     const int code = RunSession(sp, std::move(*backend), f.header, hello);
     slog->flush();
     _exit(code);
+  }
+  if (pair[1] >= 0) {
+    ::close(pair[1]);
+    shm_controls_[pid] = pair[0];
   }
   Channel& c = r.channels[index];
   c.state = Channel::kServing;

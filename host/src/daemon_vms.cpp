@@ -328,9 +328,25 @@ std::string Daemon::HandOffMove(const std::string& line, int conn) {
   const auto session = static_cast<uint32_t>(std::stoul(id));
   for (const Region& r : regions_) {
     for (uint32_t i = 0; i < r.channel_count; ++i) {
-      if (r.channels[i].state == Channel::kServing && r.channels[i].session == session) {
-        return "error session " + id + " uses shared memory; only a session over TCP can move yet";
+      const Channel& c = r.channels[i];
+      if (c.state != Channel::kServing || c.session != session) continue;
+      if (!r.vm.empty()) {
+        return "error session " + id + " is VM " + r.vm +
+               "'s; its ivshmem channel stays with the VM on this host, so it cannot move";
       }
+      const auto ctl = shm_controls_.find(c.pid);
+      if (ctl == shm_controls_.end()) return "error session " + id + "'s worker has no control socket";
+      // The way back, should the program not reach the target: it resumes on its own channel
+      // with this token, which the worker checks.
+      const std::string back = NewResumeToken();
+      if (back.empty()) return "error no entropy for a resume token";
+      const std::string msg = "migrate " + to + " " + back;
+      if (!SendWithFd(ctl->second, msg.data(), msg.size(), conn)) {
+        return "error session " + id + "'s worker does not take requests: " + std::strerror(errno);
+      }
+      kill(c.pid, SIGUSR2);
+      log_->info("Session {}: a move to {} is asked for", session, to);
+      return "";
     }
   }
   for (NetSession& n : net_sessions_) {
@@ -361,29 +377,28 @@ void Daemon::MoveForController() {
                     [&](const ControllerMove& m) { return m.allocation_id == id; }))
       continue;  // under way: the controller announces a move until it ends
     std::string err;
-    const NetSession* n = nullptr;
+    uint32_t session = 0;
     for (const NetSession& x : net_sessions_) {
-      if (x.allocation_id == id && x.hold.empty()) n = &x;
+      if (x.allocation_id == id && x.hold.empty()) session = x.session;
     }
-    if (n == nullptr) {
-      err = "no session of this oriond serves it over TCP";
-      for (const Region& r : regions_) {
-        for (uint32_t i = 0; i < r.channel_count; ++i) {
-          if (r.channels[i].state == Channel::kServing && r.channels[i].allocation_id == id)
-            err = "session " + std::to_string(r.channels[i].session) +
-                  " uses shared memory; only a session over TCP can move yet";
-        }
+    for (const Region& r : regions_) {
+      for (uint32_t i = 0; i < r.channel_count; ++i) {
+        const Channel& c = r.channels[i];
+        if (c.state == Channel::kServing && c.allocation_id == id && c.hold.empty()) session = c.session;
       }
+    }
+    if (session == 0) {
+      err = "no session of this oriond serves it";
     } else {
       int pair[2] = {-1, -1};
       if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) {
         err = std::string("no socketpair: ") + std::strerror(errno);
       } else {
-        err = HandOffMove("migrate " + std::to_string(n->session) + " " + to, pair[1]);
+        err = HandOffMove("migrate " + std::to_string(session) + " " + to, pair[1]);
         ::close(pair[1]);  // the worker has its own copy
         if (err.empty()) {
           fcntl(pair[0], F_SETFL, fcntl(pair[0], F_GETFL) | O_NONBLOCK);
-          log_->info("Session {}: the Orion Controller moves allocation {} to {}", n->session, id, to);
+          log_->info("Session {}: the Orion Controller moves allocation {} to {}", session, id, to);
           controller_moves_.push_back({pair[0], id, to, ""});
           continue;
         }

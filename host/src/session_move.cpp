@@ -30,15 +30,23 @@
 // drops a session whose client does not come within kResumeMs. A session on its program's own
 // controller allocation carries the allocation's id in its kHelloMigrateIn: the target confirms it
 // with the controller (which admits it only as the target of a move it was asked for) and, once
-// the program resumed there, reports the move committed (ControllerLink::ReportMove). Not built yet
-// (the later steps): moving a shared-memory, RDMA or TLS session, a session on a share's or
-// a job's allocation, and a vGPU share moving together (a session on one moves alone).
+// the program resumed there, reports the move committed (ControllerLink::ReportMove).
+//
+// A session on shared memory (a program on this host, not a VM's) moves the same way and continues
+// over TCP at the target: its client first makes its data window private memory at the same
+// address (its pinned buffers keep their place), then resumes as a TCP client does. Its way back is
+// its own channel, which this worker keeps until the target commits: a kHelloResume with the back
+// token on the request ring. Not built yet (the later steps): moving an RDMA or TLS session,
+// a VM's, a session on a share's or a job's allocation, and a vGPU share moving together (a session
+// on one moves alone).
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 
 #include <cerrno>
+#include <charconv>
+#include <functional>
 
 #include "orion/common/fd_passing.h"
 #include "orion/common/net.h"
@@ -192,21 +200,37 @@ void Answer(int* asker, const std::string& line) {
 struct Outcome {
   bool committed = false;
   int client = -1;
+  bool on_ring = false;  // a shared-memory session's program came back on its own channel
+  bool violation = false;
   FrameHeader hello{};
 };
+
+// A shared-memory session's way back: polls its channel for the program's kHelloResume. 1: it came
+// (the header is filled); 0: nothing yet; -1: anything else arrived (a protocol violation).
+using RingCheck = std::function<int(FrameHeader*)>;
 
 // Waits up to kCommitMs for the target's confirmation on `target` and, when `control` >= 0, for
 // the program's connection on the worker's control socket (oriond routes a kHelloResume with the
 // session's back token there). A target that closes or answers no stops being waited on; the program
-// may still come back. A `migrate` request meanwhile is answered that the session is moving.
-Outcome AwaitOutcome(int target, int control) {
+// may still come back. A `migrate` request meanwhile is answered that the session is moving. A
+// shared-memory session's program comes back on its channel instead (`ring`, looked at every 5 ms).
+Outcome AwaitOutcome(int target, int control, const RingCheck& ring) {
   Outcome out;
   const uint64_t deadline = MonotonicMs() + kCommitMs;
   for (;;) {
     const uint64_t now = MonotonicMs();
-    if (now >= deadline || (target < 0 && control < 0)) return out;
+    if (now >= deadline || (target < 0 && control < 0 && !ring)) return out;
+    if (ring) {
+      const int back = ring(&out.hello);
+      if (back != 0) {
+        out.on_ring = back > 0;
+        out.violation = back < 0;
+        return out;
+      }
+    }
     pollfd p[2] = {{target, POLLIN, 0}, {control, POLLIN, 0}};
-    if (::poll(p, 2, static_cast<int>(deadline - now)) < 0 && errno != EINTR) return out;
+    const int wait_ms = static_cast<int>(deadline - now);
+    if (::poll(p, 2, ring ? std::min(wait_ms, 5) : wait_ms) < 0 && errno != EINTR) return out;
     if (target >= 0 && p[0].revents != 0) {
       FrameHeader rh{};
       std::string text;
@@ -295,9 +319,10 @@ int Session::MoveOut(const FrameHeader& frame, std::atomic<uint64_t>* busy) {
     Answer(&move_asker_, "error " + sess + " not moved: " + why);
     return kMoveRefused;
   };
-  if (p_.socket_fd < 0 || p_.transport != kTransportTcp) {
-    return refuse(std::string("only a session over TCP can move yet; this one uses ") +
-                  (p_.socket_fd < 0 ? "shared memory" : "RDMA"));
+  const bool shm = p_.socket_fd < 0;
+  if (shm && p_.vm) return refuse("a VM's session cannot move: its ivshmem channel stays with the VM on this host");
+  if (!shm && p_.transport != kTransportTcp) {
+    return refuse("only a session over TCP or shared memory can move yet; this one uses RDMA");
   }
   if (p_.stream != nullptr && p_.stream->secure()) return refuse("a session over TLS cannot move yet");
   // A controller's allocation moves with its session when it is the program's own (its client
@@ -348,6 +373,18 @@ int Session::MoveOut(const FrameHeader& frame, std::atomic<uint64_t>* busy) {
     return refuse("the target " + to + " did not answer (is it an oriond of this version?)");
   }
   if (rh.status != 0) return refuse("the target refused it: " + std::string(text.c_str()));
+  // The program's pinned buffers keep their place in its data window: the target's must be laid
+  // out alike (its ready answer names its channel size; a shared-memory session's is its region's).
+  uint64_t target_channel = 0;
+  const auto [end, err] = std::from_chars(text.data(), text.data() + text.size(), target_channel);
+  if (err != std::errc() || end != text.data() + text.size() || text.empty()) {
+    return refuse("the target " + to + " did not say how its data window is laid out");
+  }
+  if (target_channel != p_.channel_bytes) {
+    return refuse("the target's data window is laid out for channels of " + std::to_string(target_channel >> 20) +
+                  " MiB and this session's for " + std::to_string(p_.channel_bytes >> 20) +
+                  " MiB (shm_buffer_size must match, and a region's channel size)");
+  }
 
   // Snapshot drains first: every frame before this one has executed, and its work completed.
   SocketWriter out(fd);
@@ -375,8 +412,51 @@ int Session::MoveOut(const FrameHeader& frame, std::atomic<uint64_t>* busy) {
   }
   // The target confirms the program, or the program comes back (it could not reach the target, or
   // the target refused it): this worker still holds the whole session until then.
-  const Outcome outcome = AwaitOutcome(fd, back.empty() ? -1 : p_.control_fd);
+  // A shared-memory session's program comes back on its channel, with the back token in a
+  // kHelloResume; anything else there ends the session.
+  RingCheck ring;
+  std::vector<uint8_t> scratch;
+  if (shm && !back.empty()) {
+    ring = [&](FrameHeader* came) {
+      ivshmem::FrameView f{};
+      bool got = false;
+      if (Status s = ch_->Pop(&f, &scratch, &got); !s.ok()) return -1;
+      if (!got) return 0;
+      HelloReq back_hello{};
+      if (f.header.op != static_cast<uint16_t>(Op::kHello) || f.header.payload_len != sizeof back_hello ||
+          (f.header.flags & kFlagWantsReply) == 0)
+        return -1;
+      std::memcpy(&back_hello, f.payload, sizeof back_hello);
+      if (back_hello.kind != kHelloResume || back_hello.share[kShareTokenLen] != '\0' ||
+          std::memcmp(back_hello.share, back.data(), kShareTokenLen) != 0)
+        return -1;
+      if (!ch_->Done(f.header, f.payload).ok()) return -1;
+      *came = f.header;
+      return 1;
+    };
+  }
+  const Outcome outcome = AwaitOutcome(fd, shm || back.empty() ? -1 : p_.control_fd, ring);
   const uint64_t t1 = MonotonicMs();
+  if (outcome.violation) {
+    ::close(fd);  // the target's copy ends
+    closer.fd = -1;
+    log.error("sess={} protocol violation: the program sent something other than its way back during its move",
+              p_.session_id);
+    Answer(&move_asker_, "error " + sess + ": the program broke its move");
+    ch_->Closing(CUDA_ERROR_ILLEGAL_STATE);
+    return kExitViolation;
+  }
+  if (outcome.on_ring) {
+    ::close(fd);  // the target's copy ends: its worker sees the connection close
+    closer.fd = -1;
+    int code = 0;
+    if (!Welcome(outcome.hello, &code)) return code;
+    log.warn("sess={} not moved to {}: the program could not resume there and came back after {} ms", p_.session_id, to,
+             t1 - sent_ms);
+    Answer(&move_asker_,
+           "error " + sess + " not moved: the program could not resume at " + to + " and runs here again");
+    return kMoveCameBack;
+  }
   if (outcome.client >= 0) {
     ::close(fd);  // the target's copy ends: its worker sees the connection close
     closer.fd = -1;
@@ -421,7 +501,10 @@ int Session::MigrateIn(const FrameHeader& hello_header) {
   };
   std::string why;
   if (!StartBackend(&why)) return fail(CUDA_ERROR_NO_DEVICE, why, kExitBackendFailed);
-  if (!SendFrame(fd, ReplyHeader(hello_header, 0, 0), nullptr)) return kExitClientGone;  // ready
+  // Ready, with the channel size its window is laid out for (the source checks it is its own).
+  const std::string channel = std::to_string(p_.channel_bytes);
+  if (!SendFrame(fd, ReplyHeader(hello_header, 0, static_cast<uint32_t>(channel.size())), channel.data()))
+    return kExitClientGone;
   const uint64_t t0 = MonotonicMs();
   SocketReader in(fd);
   if (!Restore(in, &why)) return fail(CUDA_ERROR_INVALID_VALUE, why, kExitViolation);

@@ -11,6 +11,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -72,7 +73,8 @@ def finish(p, checks=4):
 def test_a_running_program_moves_to_another_oriond_and_back(two):
     """Moved mid-loop from A to B, then from B back to A: the program's values are all right (its 96
     MiB more, in 64 MiB chunks of their own byte values, too), each oriond lists the session only
-    while it serves it, and the program's log says where it went."""
+    while it serves it, the program's log says where it went, and its output is that of a run that
+    did not move."""
     a, b = two
     p = start_loop(a, 80, 50, extra_mib=96)
     first = only_session(a)
@@ -92,6 +94,12 @@ def test_a_running_program_moves_to_another_oriond_and_back(two):
     assert result.stderr.count("the session moved from") == 2, result.stderr
     assert f"Session {first} exits (moved to another oriond)." in a.log()
     assert f"Session {moved} exits (moved to another oriond)." in b.log()
+    unmoved = subprocess.run([str(TEST_BIN / "move_loop"), "80", "0", "96"],
+                             env={**{k: v for k, v in a.env(ORION_GMEM=256).items() if k != "ORION_SHM"},
+                                  "ORION_SERVER": f"127.0.0.1:{a.port}"},
+                             capture_output=True, text=True, timeout=120)
+    assert_passed(unmoved, expect_checks=5)
+    assert iterations(result.stdout) == iterations(unmoved.stdout)
 
 
 def test_an_unreachable_or_refusing_target_leaves_the_session_where_it_was(two, tmp_path):
@@ -122,14 +130,70 @@ def test_an_unreachable_or_refusing_target_leaves_the_session_where_it_was(two, 
         keyed.stop()
 
 
-def test_a_shared_memory_session_is_refused_before_anything_pauses(two):
+def iterations(out):
+    """A move_loop run's (iteration, sum) pairs and CHECK lines: what does not depend on timing."""
+    return re.findall(r"^ITER (\d+) (\d+) ", out, re.M), re.findall(r"^CHECK .*$", out, re.M)
+
+
+def test_a_shared_memory_session_moves_to_another_oriond_over_tcp(two, tmp_path):
+    """A program on the region of an oriond with one channel moves mid-loop to B, where it continues
+    over TCP: its values are all right (its 32 MiB more too), and its output is that of a run that
+    did not move. Its data window became private memory at the same address, so the one channel is
+    free for the next program once the source's worker is gone and its lease stale."""
+    _, b = two
+    (tmp_path / "one").mkdir()
+    port = free_port()
+    a = Oriond(tmp_path / "one", region_mib=32, tcp_port=port)
+    a.port = port
+    try:
+        p = start_loop(a, 60, 50, shm=True, extra_mib=32)
+        first = only_session(a)
+        assert smi_json(a)[0]["transport"] == "shm"
+        r = migrate(a, first, f"127.0.0.1:{b.port}")
+        assert r.returncode == 0, r.stderr
+        m = re.fullmatch(rf"session {first} moved to 127\.0\.0\.1:{b.port} \((\d+) bytes in (\d+) ms\)\n",
+                         r.stdout)
+        assert m and int(m.group(1)) > 32 << 20, r.stdout
+        wait_until(lambda: smi_json(a) == [], 10)
+        moved = smi_json(b)
+        assert len(moved) == 1 and moved[0]["transport"] == "tcp", moved
+        result = finish(p, checks=5)
+        assert re.search(rf"the session moved from oriond on \S+ to oriond at 127\.0\.0\.1:{b.port} ",
+                         result.stderr), result.stderr[-2000:]
+        assert f"Session {first} exits (moved to another oriond)." in a.log()
+        unmoved = None
+        for _ in range(40):  # the channel is freed when the moved program's lease is stale (3 s)
+            unmoved = subprocess.run([str(TEST_BIN / "move_loop"), "60", "0", "32"], env=a.env(ORION_GMEM=256),
+                                     capture_output=True, text=True, timeout=120)
+            if "are in use by other CUDA processes" not in unmoved.stderr:
+                break
+            time.sleep(0.5)
+        assert_passed(unmoved, expect_checks=5)
+        assert iterations(result.stdout) == iterations(unmoved.stdout)
+    finally:
+        a.stop()
+
+
+def test_a_shared_memory_session_is_refused_where_it_cannot_move(two, tmp_path):
+    """The target's TCP window is laid out for other channels than the session's region: refused
+    before anything pauses, with both sizes. An unknown session id: refused."""
     a, b = two
-    p = start_loop(a, 50, 20, shm=True)
-    sess = only_session(a)
-    r = migrate(a, sess, f"127.0.0.1:{b.port}")
-    assert r.returncode == 1
-    assert r.stderr == f"session {sess} uses shared memory; only a session over TCP can move yet\n"
-    finish(p)
+    (tmp_path / "w").mkdir()
+    port = free_port()
+    wide = Oriond(tmp_path / "w", tcp_port=port, channel_mib=32)
+    try:
+        p = start_loop(a, 40, 20, shm=True)
+        sess = only_session(a)
+        r = migrate(a, sess, f"127.0.0.1:{port}")
+        assert r.returncode == 1
+        assert r.stderr == (f"session {sess} not moved: the target's data window is laid out for channels of 32 MiB "
+                            "and this session's for 16 MiB (shm_buffer_size must match, and a region's channel "
+                            "size)\n"), r.stderr
+        result = finish(p)
+        assert "moved" not in result.stderr
+        assert smi_json(wide) == []
+    finally:
+        wide.stop()
     r = migrate(a, 999, f"127.0.0.1:{b.port}")
     assert r.returncode == 1 and r.stderr == "no session 999 here ('sessions' lists them)\n", r.stderr
 
@@ -155,7 +219,8 @@ class FailingTarget:
         with conn:
             h = HDR.unpack(recv_exact(conn, HDR.size))
             recv_exact(conn, h[4])  # the HelloReq
-            conn.sendall(header(OP["Hello"], h[3], 0))  # ready
+            ready = str(16 << 20).encode()  # the channel size its window has: the fixture's oriond's
+            conn.sendall(header(OP["Hello"], h[3], len(ready)) + ready)
             conn.settimeout(60)
             if self.drop_after is not None:
                 while self.received < self.drop_after:
@@ -212,6 +277,28 @@ def test_a_program_that_cannot_reach_the_target_comes_back_to_the_source(two):
     assert f"comes back to session {sess}: its move did not reach the target" in a.log()
 
 
+def test_a_shared_memory_program_that_cannot_reach_the_target_comes_back_on_its_channel(two):
+    """The same for a program on A's region: told to go, it cannot connect to the target, shares its
+    data window with A again and resumes on its own channel with the back token. It then moves to
+    B for real, and finishes there with every value right."""
+    a, b = two
+    target = FailingTarget()
+    p = start_loop(a, 80, 50, shm=True, extra_mib=16)
+    sess = only_session(a)
+    r = migrate(a, sess, f"127.0.0.1:{target.port}")
+    assert r.returncode == 1
+    assert r.stderr == (f"session {sess} not moved: the program could not resume at 127.0.0.1:{target.port} "
+                        "and runs here again\n"), r.stderr
+    assert target.received > 16 << 20
+    assert only_session(a) == sess and smi_json(a)[0]["transport"] == "shm"
+    r = migrate(a, sess, f"127.0.0.1:{b.port}")
+    assert r.returncode == 0, r.stderr
+    result = finish(p, checks=5)
+    assert f"the session could not follow its move to oriond at 127.0.0.1:{target.port} (it cannot be reached" in \
+        result.stderr, result.stderr[-2000:]
+    assert f"to oriond at 127.0.0.1:{b.port} (session" in result.stderr
+
+
 def test_a_program_whose_target_never_answers_comes_back_to_the_source(two):
     """The target restores the session, takes the program's connection and never answers it: the
     program gives up on it after 10 s (inside the source's 30 s wait) and resumes at the source."""
@@ -255,7 +342,8 @@ def refusal(port, frame, then=b""):
     with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
         s.sendall(frame)
         if then:
-            s.recv(32, socket.MSG_WAITALL)  # ready
+            ready = s.recv(32, socket.MSG_WAITALL)  # ready, with the channel size its window has
+            s.recv(struct.unpack_from("<I", ready, 12)[0], socket.MSG_WAITALL)
             try:
                 s.sendall(then)
                 s.shutdown(socket.SHUT_WR)

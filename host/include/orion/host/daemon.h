@@ -316,6 +316,10 @@ class Daemon {
     std::string allocation_id, to, answer;
   };
   std::vector<ControllerMove> controller_moves_;
+  // Shared-memory sessions' workers (not a VM's): oriond's end of each one's control socketpair,
+  // by worker pid, closed when it is reaped. A move is asked for there as for a network session;
+  // the program's way back is its own channel (session_move.cpp).
+  std::map<pid_t, int> shm_controls_;
   void MoveForController();
   // A kHelloResume: the program of a moved session arrives; its connection goes to the worker
   // that restored the session.

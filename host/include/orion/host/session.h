@@ -118,6 +118,7 @@ struct SessionParams {
   uint32_t generation = 0;        // the channel's generation (oriond's own record)
   uint64_t request_position = 0;  // where the request stream continues after the Hello
   int doorbell_fd = -1;           // a VM region with the doorbell: this channel's eventfd
+  bool vm = false;                // a VM's region: its channel stays with the VM (cannot move)
   std::vector<Placement> placements;
   std::string cache_dir;                         // content-addressed module cache ("" = memory only)
   uint64_t cache_max_bytes = uint64_t{2} << 30;  // the cache's size bound: oldest entries go first
