@@ -35,6 +35,10 @@ namespace orion::ptx::exec {
 
 constexpr uint32_t kFull = 0xffffffffu;
 
+// Whether the fast paths (block_fast.h) run: yes unless ORION_PTX_FAST=0 (the general units alone,
+// the reference, to compare). Read once (exec.cpp).
+bool FastPaths();
+
 // Lanes in a mask, without relying on a POPCNT instruction (the baseline x86-64 has none).
 inline uint64_t LaneCount(uint32_t m) {
   m = m - ((m >> 1) & 0x55555555u);
@@ -77,7 +81,7 @@ class Block {
  public:
   Block(const Kernel& k, const LaunchConfig& cfg, GlobalMemory& mem, std::atomic<bool>& stop,
         std::chrono::steady_clock::time_point deadline)
-      : k_(k), cfg_(cfg), mem_(mem), stop_(stop), deadline_(deadline) {
+      : k_(k), cfg_(cfg), mem_(mem), stop_(stop), deadline_(deadline), fast_(FastPaths()) {
     threads_ = cfg.block[0] * cfg.block[1] * cfg.block[2];
     nwarps_ = (threads_ + 31) / 32;
     shared_.resize(k.shared_static + cfg.dynamic_smem);
@@ -310,12 +314,12 @@ class Block {
 
   // Runs `group` (all at `pc`) until its lanes leave straight-line code. False on a fault.
   bool Step(Warp& w, uint32_t group, uint32_t pc, bool force) {
-    const uint32_t others = [&] {
-      uint32_t m = 0;
-      for (int l = 0; l < 32; ++l)
-        if (w.state[l] == kRun && !((group >> l) & 1)) m |= 1u << l;
-      return m;
-    }();
+    // The group reconverges where the first of the warp's other runnable lanes waits (all of them
+    // wait above `pc`, which is the lowest): their PCs do not change while the group runs. The
+    // group's own PCs are written when its straight-line run ends, not after every instruction.
+    uint32_t meet = UINT32_MAX;
+    for (int l = 0; l < 32; ++l)
+      if (w.state[l] == kRun && !((group >> l) & 1)) meet = std::min(meet, w.pc[l]);
     for (;;) {
       if (pc >= k_.code.size()) {
         SetFault(CUDA_ERROR_LAUNCH_FAILED, "ran past the end of the kernel");
@@ -432,16 +436,15 @@ class Block {
           }
           break;
         default:
-          if (mask != 0 && !Exec(w, mask, ins)) return false;
+          if (mask != 0 && !(ins.fast != 0 && fast_ && ExecFast(w, mask, ins)) && !Exec(w, mask, ins)) return false;
           break;
       }
       ++pc;
-      for (int l = 0; l < 32; ++l)
-        if ((group >> l) & 1) w.pc[l] = pc;
       // Reconverge with lanes already waiting here.
-      if (others != 0) {
+      if (pc == meet) {
         for (int l = 0; l < 32; ++l)
-          if ((others >> l) & 1 && w.pc[l] == pc) return true;
+          if ((group >> l) & 1) w.pc[l] = pc;
+        return true;
       }
     }
   }
@@ -644,6 +647,10 @@ class Block {
   // ---- the instruction units (block_units.h) ----
   // Runs `ins` on the lanes of `mask`; false with the fault set if the launch must end.
   bool Exec(Warp& w, uint32_t mask, const Ins& ins);
+  // The fast paths (block_fast.h): false when `ins` is left to Exec, untouched.
+  bool ExecFast(Warp& w, uint32_t mask, const Ins& ins);
+  const uint64_t* Row(const Warp& w, const Operand& o, uint32_t mask, uint64_t* tmp) const;
+  bool NearSpan(uint64_t addr);
   bool ExecFloat(Warp& w, uint32_t mask, const Ins& ins);
   // The integer unit: `n` bytes, `sg` signed.
   bool ExecInt(Warp& w, uint32_t mask, const Ins& ins, int n, bool sg);
@@ -729,12 +736,15 @@ class Block {
   GlobalMemory& mem_;
   std::atomic<bool>& stop_;
   std::chrono::steady_clock::time_point deadline_;
+  bool fast_;  // the fast paths run (FastPaths)
   uint32_t threads_ = 0, nwarps_ = 0;
   uint32_t ctaid_[3] = {};
   std::vector<uint8_t> shared_, local_, fparam_;
   std::vector<Warp> warps_;
   std::vector<uint8_t> red_vals_;
   GlobalMemory::Span span_{0, 0, nullptr};
+  GlobalMemory::Span recent_[4] = {};  // allocations hit recently (NearSpan), round robin
+  uint32_t recent_next_ = 0;
   std::vector<ImageSlot> images_;  // texture / surface views resolved in this launch
   Fault* fault_ = nullptr;
   std::string* printf_ = nullptr;
@@ -747,3 +757,4 @@ class Block {
 // The block's inline parts by job (each needs the class above).
 #include "block_memory.h"  // IWYU pragma: export
 #include "block_units.h"   // IWYU pragma: export
+#include "block_fast.h"    // IWYU pragma: export

@@ -14,6 +14,7 @@
 
 #include "block.h"
 #include "decode.h"
+#include "fast.h"
 #include "test_memory.h"
 
 namespace orion::ptx {
@@ -222,6 +223,168 @@ TEST(Alu, FloatOperationsFlushAndSaturateOnRequest) {
   EXPECT_EQ(eval("add.sat.f32", Bits(std::nanf("")), Bits(1.0f)), Bits(0.0f));  // .sat: NaN is 0
   // f16x2: each half on its own (1 + 2 = 3 low, -1 + 0.5 = -0.5 high).
   EXPECT_EQ(eval("add.f16x2", 0xbc00'3c00u, 0x3800'4000u), 0xb800'4200u);
+}
+
+// ---- the fast paths (block_fast.h) against the general units -------------------------------------
+
+namespace fastdiff {
+
+// Inputs a unit must get right: edges of each width and float class, then pseudo-random values.
+std::vector<uint64_t> Inputs(uint64_t seed) {
+  const uint64_t edges[] = {0,
+                            1,
+                            ~uint64_t{0},
+                            0x7fffffffu,
+                            0x80000000u,
+                            0xffffffffu,
+                            0x8000000000000000u,
+                            0x7fffffffffffffffu,
+                            std::bit_cast<uint32_t>(std::numeric_limits<float>::quiet_NaN()),
+                            std::bit_cast<uint32_t>(std::numeric_limits<float>::infinity()),
+                            std::bit_cast<uint32_t>(-std::numeric_limits<float>::infinity()),
+                            std::bit_cast<uint32_t>(std::numeric_limits<float>::denorm_min()),
+                            std::bit_cast<uint32_t>(-0.0f),
+                            std::bit_cast<uint32_t>(1.5f),
+                            31,
+                            32,
+                            63,
+                            64,
+                            65};
+  std::vector<uint64_t> v(32);
+  uint64_t x = seed * 0x9e3779b97f4a7c15u + 1;
+  for (size_t l = 0; l < 32; ++l) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;  // xorshift64
+    const uint64_t e = edges[(l + seed) % std::size(edges)];
+    v[l] = (l + seed) % 3 == 0 ? e : (l + seed) % 3 == 1 ? (x & 0xffffffffu) : x;
+    if ((l + seed) % 5 == 0)
+      v[l] = std::bit_cast<uint32_t>(static_cast<float>(static_cast<int64_t>(x % 2001) - 1000) / 7);
+  }
+  return v;
+}
+
+// Runs `op` (destination %r10; its sources among %r1..%r3, which hold `in[0..2]`, and %r4, an
+// address of 32 * 8 bytes of global memory holding in[0]) in a block of 32 threads: %r10 starts
+// as in[3]. With `odd_only`, a guard predicate leaves the even lanes out. Every instruction is
+// marked for its fast path (as Lower marks it) when `fast`, else for none. Returns %r10 per lane.
+std::vector<uint64_t> Run(Ins op, const std::vector<std::vector<uint64_t>>& in, bool odd_only, bool fast) {
+  TestMemory mem;
+  const uint64_t out = mem.Alloc(32 * 8);
+  std::vector<uint64_t> arrays;
+  for (const auto& v : in) arrays.push_back(mem.Upload(v));
+  Kernel k;
+  k.name = "fastdiff";
+  k.nregs = 64;
+  k.shared_static = 32 * 8;
+  k.code.push_back(I("mov.u32", {R(0), TidX()}));
+  k.code.push_back(I("mul.wide.u32", {R(61), R(0), Imm(8)}));
+  const uint32_t regs[4] = {1, 2, 3, 10};
+  for (size_t i = 0; i < 4; ++i) {
+    k.code.push_back(I("mov.u64", {R(62), Imm(arrays[i])}));
+    k.code.push_back(I("add.s64", {R(63), R(62), R(61)}));
+    k.code.push_back(I("ld.global.u64", {R(regs[i]), At(63)}));
+    if (i == 0) k.code.push_back(I("mov.u64", {R(4), R(63)}));
+  }
+  // Shared memory holds in[1] too, at tid * 8 (%r5).
+  k.code.push_back(I("mov.u64", {R(5), R(61)}));
+  k.code.push_back(I("st.shared.u64", {At(5), R(2)}));
+  k.code.push_back(I("and.b32", {R(20), R(0), Imm(1)}));
+  k.code.push_back(I("setp.ne.u32", {R(21), R(20), Imm(0)}));
+  if (odd_only) op.pred = 21;
+  k.code.push_back(op);
+  k.code.push_back(I("mov.u64", {R(62), Imm(out)}));
+  k.code.push_back(I("add.s64", {R(60), R(62), R(61)}));
+  k.code.push_back(I("st.global.u64", {At(60), R(10)}));
+  k.code.push_back(I("exit", {}));
+  for (Ins& ins : k.code) {
+    ins.fast = fast ? FastFormOf(ins) : kFastNone;
+    ins.fast_bytes = static_cast<uint8_t>(TyBytes(ins.type));
+  }
+  EXPECT_TRUE(!fast || k.code[k.code.size() - 5].fast != kFastNone || op.fast != kFastNone ||
+              FastFormOf(op) != kFastNone);
+  LaunchConfig cfg;
+  cfg.block[0] = 32;
+  std::atomic<bool> stop{false};
+  exec::Block block(k, cfg, mem, stop, std::chrono::steady_clock::now() + std::chrono::seconds(10));
+  exec::Fault fault;
+  std::string printed;
+  uint64_t warp_ins = 0, lane_ins = 0;
+  const uint32_t ctaid[3] = {0, 0, 0};
+  EXPECT_TRUE(block.Run(ctaid, &fault, &printed, &warp_ins, &lane_ins)) << fault.message;
+  return mem.Download<uint64_t>(out, 32);
+}
+
+Operand Not(Operand o) {
+  o.neg = true;
+  return o;
+}
+
+}  // namespace fastdiff
+
+TEST(Block, FastPathsMeanWhatTheGeneralUnitsMean) {
+  using fastdiff::Inputs;
+  using fastdiff::Not;
+  using fastdiff::Run;
+  std::vector<Ins> ops;
+  for (const char* t : {"s32", "u32", "s64", "u64"}) {
+    const std::string ty = t;
+    for (const char* op : {"add", "sub", "mul.lo"}) ops.push_back(I(op + ("." + ty), {R(10), R(1), R(2)}));
+    ops.push_back(I("add." + ty, {R(10), R(1), Imm(0xfffffff7u)}));
+    ops.push_back(I("mad.lo." + ty, {R(10), R(1), R(2), R(3)}));
+    ops.push_back(I("shr." + ty, {R(10), R(1), R(3)}));
+    ops.push_back(I("mov." + ty, {R(10), R(2)}));
+    for (const char* cmp : {"eq", "ne", "lt", "le", "gt", "ge"})
+      ops.push_back(I(std::string("setp.") + cmp + "." + ty, {R(10), R(1), R(2)}));
+    ops.push_back(I("ld.global." + ty, {R(10), At(4)}));
+    ops.push_back(I("ld.shared." + ty, {R(10), At(5)}));
+  }
+  for (const char* cmp : {"lo", "ls", "hi", "hs"}) {
+    ops.push_back(I(std::string("setp.") + cmp + ".u32", {R(10), R(1), R(2)}));
+    ops.push_back(I(std::string("setp.") + cmp + ".u64", {R(10), R(1), R(2)}));
+  }
+  for (const char* b : {"b32", "b64"}) {
+    const std::string ty = b;
+    for (const char* op : {"and", "or", "xor", "shl", "shr"}) ops.push_back(I(op + ("." + ty), {R(10), R(1), R(3)}));
+  }
+  ops.push_back(I("mul.wide.s32", {R(10), R(1), R(2)}));
+  ops.push_back(I("mul.wide.u32", {R(10), R(1), Imm(4)}));
+  ops.push_back(I("cvta.to.global.u64", {R(10), R(1)}));
+  ops.push_back(I("mov.u32", {R(10), TidX()}));
+  for (const char* f : {"add", "sub", "mul", "add.rn", "mul.rn"})
+    ops.push_back(I(f + std::string(".f32"), {R(10), R(1), R(2)}));
+  ops.push_back(I("fma.rn.f32", {R(10), R(1), R(2), R(3)}));
+  ops.push_back(I("mad.rn.f32", {R(10), R(1), R(2), F32Imm(0.25f)}));
+  ops.push_back(I("mov.f32", {R(10), F32Imm(-2.5f)}));
+  ops.push_back(I("ld.global.f32", {R(10), At(4)}));
+  for (const char* cmp : {"eq", "ne", "lt", "le", "gt", "ge", "equ", "neu", "ltu", "geu", "num", "nan"})
+    ops.push_back(I(std::string("setp.") + cmp + ".f32", {R(10), R(1), R(2)}));
+  for (const char* op : {"and", "or", "xor"}) {
+    ops.push_back(I(op + std::string(".pred"), {R(10), R(1), R(2)}));
+    ops.push_back(I(op + std::string(".pred"), {R(10), Not(R(1)), R(2)}));
+    ops.push_back(I(op + std::string(".pred"), {R(10), R(1), Not(R(2))}));
+  }
+  ops.push_back(I("st.global.u32", {At(4), R(2)}));  // then %r10 stays in[3]: the store must not fault
+  size_t seed = 0, marked = 0;
+  for (const Ins& op : ops) {
+    marked += FastFormOf(op) != kFastNone;
+    ++seed;
+    std::vector<std::vector<uint64_t>> in = {Inputs(seed), Inputs(seed + 100), Inputs(seed + 200), Inputs(seed + 300)};
+    if (op.type == Ty::kPred) {
+      for (auto& v : in)
+        for (auto& x : v) x &= 1;
+    }
+    if (op.op == Op::kShl || op.op == Op::kShr) {
+      for (auto& x : in[2]) x %= 70;  // shift counts below, at and past the width
+    }
+    for (bool odd : {false, true}) {
+      const auto fast = Run(op, in, odd, true);
+      const auto general = Run(op, in, odd, false);
+      for (uint32_t l = 0; l < 32; ++l)
+        ASSERT_EQ(fast[l], general[l]) << OpName(op.op) << " (form " << seed << " of the list), lane " << l
+                                       << (odd ? ", odd lanes only" : "") << ": in " << std::hex << in[0][l] << " "
+                                       << in[1][l] << " " << in[2][l];
+    }
+  }
+  EXPECT_EQ(marked, ops.size()) << "every form listed has a fast path";
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 // The block itself is block.h (state, scheduling) with block_memory.h, block_units.h and alu.h.
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -11,6 +12,14 @@
 #include "block.h"
 
 namespace orion::ptx {
+
+bool exec::FastPaths() {
+  static const bool on = [] {
+    const char* e = std::getenv("ORION_PTX_FAST");
+    return e == nullptr || std::strcmp(e, "0") != 0;
+  }();
+  return on;
+}
 
 using exec::Block;
 using exec::Fault;

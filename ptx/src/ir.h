@@ -254,6 +254,8 @@ struct Ins {
   bool pred_neg = false;
   uint32_t pred = kNoReg;  // guard predicate register
   uint8_t nops = 0;
+  uint8_t fast = 0;        // its FastForm (fast.h), set by Lower: 0 runs it on the general units only
+  uint8_t fast_bytes = 0;  // with `fast`: TyBytes(type)
   Operand o[6];
   uint32_t line = 0;  // PTX source line
   uint32_t aux = 0;   // kCall: index into Kernel::calls

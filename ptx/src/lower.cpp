@@ -8,6 +8,7 @@
 #include <set>
 #include <string>
 
+#include "fast.h"
 #include "ir.h"
 
 namespace orion::ptx {
@@ -225,6 +226,8 @@ Result<std::shared_ptr<const Kernel>> Lower(const Program& p, uint32_t kfunc) {
           if (Status s = fold(ins.o[i], f, ins); !s.ok()) return s;
         }
       }
+      ins.fast = FastFormOf(ins);
+      ins.fast_bytes = static_cast<uint8_t>(TyBytes(ins.type));
       k->code.push_back(ins);
     }
     Ins ret;

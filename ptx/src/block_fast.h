@@ -1,0 +1,253 @@
+// ptx/src/block_fast.h — the fast paths of the block's units (fast.h says which forms): each runs
+// one instruction on a mask of lanes over whole register rows, without the per-lane operand
+// decoding of the general units, and means exactly what they mean (block_units.h is the
+// reference; the unit tests run both). Part of block.h (included at its end); not to be included
+// alone.
+#pragma once
+
+#include "block.h"
+#include "fast.h"
+
+namespace orion::ptx::exec {
+
+// The 32 lanes' values of source operand `o`: a register's row, or `tmp` filled (an immediate, a
+// special register, a symbol's address) for the lanes in `mask`.
+inline const uint64_t* Block::Row(const Warp& w, const Operand& o, uint32_t mask, uint64_t* tmp) const {
+  if (o.kind == Operand::kReg) return &w.regs[o.reg * 32];
+  if (o.kind == Operand::kImm) {
+    for (int l = 0; l < 32; ++l) tmp[l] = o.imm;
+    return tmp;
+  }
+  if (o.kind == Operand::kSpecial && o.reg == kTidX && cfg_.block[1] == 1 && cfg_.block[2] == 1) {
+    // A one-dimensional block: %tid.x is the thread's index (Special's t % ntid.x, no division).
+    const uint64_t first = uint64_t{w.index} * 32;
+    for (int l = 0; l < 32; ++l) tmp[l] = first + static_cast<uint64_t>(l);
+    return tmp;
+  }
+  for (uint32_t m = mask; m != 0; m &= m - 1) {
+    const int l = std::countr_zero(m);
+    tmp[l] = Val(w, o, l);
+  }
+  return tmp;
+}
+
+// `f(l)` for each lane of `mask`: a plain loop over all 32 when every lane is in it (the compiler
+// vectorizes it), else over the mask's bits.
+template <class F>
+inline void ForLanes(uint32_t mask, F f) {
+  if (mask == kFull) {
+    for (int l = 0; l < 32; ++l) f(l);
+  } else {
+    for (; mask != 0; mask &= mask - 1) f(std::countr_zero(mask));
+  }
+}
+
+// Makes the allocation containing `addr` the last one hit (span_): one of the few recently hit, or
+// the session's table's. False when no allocation contains it (the general unit then faults).
+inline bool Block::NearSpan(uint64_t addr) {
+  for (const GlobalMemory::Span& s : recent_) {
+    if (addr - s.base < s.bytes) {
+      span_ = s;
+      return true;
+    }
+  }
+  GlobalMemory::Span s;
+  if (!mem_.Find(addr, &s) || addr - s.base >= s.bytes) return false;
+  recent_[recent_next_++ % std::size(recent_)] = s;
+  span_ = s;
+  return true;
+}
+
+// True when it ran `ins` (Ins::fast) on `mask`; false when it did not touch anything and the
+// general units must run it (a load or store some lane of which is not inside the allocation the
+// last access hit, or not aligned).
+inline bool Block::ExecFast(Warp& w, uint32_t mask, const Ins& ins) {
+  uint64_t ta[32], tb[32], tc[32];
+  uint64_t* d = ins.o[0].kind == Operand::kReg ? &w.regs[ins.o[0].reg * 32] : nullptr;
+  const int n = ins.fast_bytes;
+  const uint64_t keep = n >= 8 ? ~uint64_t{0} : (uint64_t{1} << (8 * n)) - 1;
+  switch (static_cast<FastForm>(ins.fast)) {
+    case kFastMov: {
+      const uint64_t* a = Row(w, ins.o[1], mask, ta);
+      ForLanes(mask, [&](int l) { d[l] = a[l] & keep; });
+      return true;
+    }
+    case kFastAdd:
+    case kFastSub:
+    case kFastMulLo:
+    case kFastAnd:
+    case kFastOr:
+    case kFastXor: {
+      const uint64_t* a = Row(w, ins.o[1], mask, ta);
+      const uint64_t* b = Row(w, ins.o[2], mask, tb);
+      switch (static_cast<FastForm>(ins.fast)) {
+        case kFastAdd: ForLanes(mask, [&](int l) { d[l] = (a[l] + b[l]) & keep; }); break;
+        case kFastSub: ForLanes(mask, [&](int l) { d[l] = (a[l] - b[l]) & keep; }); break;
+        case kFastMulLo: ForLanes(mask, [&](int l) { d[l] = (a[l] * b[l]) & keep; }); break;
+        case kFastAnd: ForLanes(mask, [&](int l) { d[l] = (a[l] & b[l]) & keep; }); break;
+        case kFastOr: ForLanes(mask, [&](int l) { d[l] = (a[l] | b[l]) & keep; }); break;
+        default: ForLanes(mask, [&](int l) { d[l] = (a[l] ^ b[l]) & keep; }); break;
+      }
+      return true;
+    }
+    case kFastShl:
+    case kFastShr:
+    case kFastSar: {
+      const uint64_t* a = Row(w, ins.o[1], mask, ta);
+      const uint64_t* b = Row(w, ins.o[2], mask, tb);
+      const uint64_t bits = 8 * static_cast<uint64_t>(n);
+      if (ins.fast == kFastShl) {
+        ForLanes(mask, [&](int l) {
+          const uint64_t sh = b[l] & 0xffffffffu;
+          d[l] = sh >= bits ? 0 : (a[l] << sh) & keep;
+        });
+      } else if (ins.fast == kFastShr) {
+        ForLanes(mask, [&](int l) {
+          const uint64_t sh = b[l] & 0xffffffffu;
+          d[l] = sh >= bits ? 0 : (a[l] & keep) >> sh;
+        });
+      } else {
+        ForLanes(mask, [&](int l) {
+          const uint64_t sh = std::min<uint64_t>(b[l] & 0xffffffffu, 63);
+          d[l] = static_cast<uint64_t>(SExt(a[l], n) >> sh) & keep;
+        });
+      }
+      return true;
+    }
+    case kFastPredAnd:
+    case kFastPredOr:
+    case kFastPredXor: {
+      const uint64_t* a = Row(w, ins.o[1], mask, ta);
+      const uint64_t* b = Row(w, ins.o[2], mask, tb);
+      const uint64_t na = ins.o[1].neg ? 1 : 0, nb = ins.o[2].neg ? 1 : 0;
+      if (ins.fast == kFastPredAnd) {
+        ForLanes(mask, [&](int l) { d[l] = ((a[l] & 1) ^ na) & ((b[l] & 1) ^ nb); });
+      } else if (ins.fast == kFastPredOr) {
+        ForLanes(mask, [&](int l) { d[l] = ((a[l] & 1) ^ na) | ((b[l] & 1) ^ nb); });
+      } else {
+        ForLanes(mask, [&](int l) { d[l] = ((a[l] & 1) ^ na) ^ ((b[l] & 1) ^ nb); });
+      }
+      return true;
+    }
+    case kFastMadLo: {
+      const uint64_t* a = Row(w, ins.o[1], mask, ta);
+      const uint64_t* b = Row(w, ins.o[2], mask, tb);
+      const uint64_t* c = Row(w, ins.o[3], mask, tc);
+      ForLanes(mask, [&](int l) { d[l] = (a[l] * b[l] + c[l]) & keep; });
+      return true;
+    }
+    case kFastMulWide: {
+      const uint64_t* a = Row(w, ins.o[1], mask, ta);
+      const uint64_t* b = Row(w, ins.o[2], mask, tb);
+      if (TySigned(ins.type)) {
+        ForLanes(mask, [&](int l) {
+          d[l] = static_cast<uint64_t>(int64_t{static_cast<int32_t>(a[l])} * int64_t{static_cast<int32_t>(b[l])});
+        });
+      } else {
+        ForLanes(mask, [&](int l) { d[l] = (a[l] & 0xffffffffu) * (b[l] & 0xffffffffu); });
+      }
+      return true;
+    }
+    case kFastAddF32:
+    case kFastSubF32:
+    case kFastMulF32: {
+      const uint64_t* a = Row(w, ins.o[1], mask, ta);
+      const uint64_t* b = Row(w, ins.o[2], mask, tb);
+      switch (static_cast<FastForm>(ins.fast)) {
+        case kFastAddF32: ForLanes(mask, [&](int l) { d[l] = B32(F32(a[l]) + F32(b[l])); }); break;
+        case kFastSubF32: ForLanes(mask, [&](int l) { d[l] = B32(F32(a[l]) - F32(b[l])); }); break;
+        default: ForLanes(mask, [&](int l) { d[l] = B32(F32(a[l]) * F32(b[l])); }); break;
+      }
+      return true;
+    }
+    case kFastFmaF32: {
+      const uint64_t* a = Row(w, ins.o[1], mask, ta);
+      const uint64_t* b = Row(w, ins.o[2], mask, tb);
+      const uint64_t* c = Row(w, ins.o[3], mask, tc);
+      ForLanes(mask, [&](int l) { d[l] = B32(std::fma(F32(a[l]), F32(b[l]), F32(c[l]))); });
+      return true;
+    }
+    case kFastSetp: {
+      const uint64_t* a = Row(w, ins.o[1], mask, ta);
+      const uint64_t* b = Row(w, ins.o[2], mask, tb);
+      const Cmp cmp = ins.cmp;
+      const Ty t = ins.type2;
+      // 4-byte integers (the commonest, loop bounds and indices): the comparison chosen once.
+      if (t == Ty::kS32 || t == Ty::kU32 || t == Ty::kB32) {
+        auto run = [&](auto op) {
+          if (t == Ty::kS32) {
+            ForLanes(mask, [&](int l) { d[l] = op(static_cast<int32_t>(a[l]), static_cast<int32_t>(b[l])) ? 1 : 0; });
+          } else {
+            ForLanes(mask, [&](int l) { d[l] = op(static_cast<uint32_t>(a[l]), static_cast<uint32_t>(b[l])) ? 1 : 0; });
+          }
+        };
+        switch (cmp) {
+          case Cmp::kEq: run([](auto x, auto y) { return x == y; }); return true;
+          case Cmp::kNe: run([](auto x, auto y) { return x != y; }); return true;
+          case Cmp::kLt: run([](auto x, auto y) { return x < y; }); return true;
+          case Cmp::kLe: run([](auto x, auto y) { return x <= y; }); return true;
+          case Cmp::kGt: run([](auto x, auto y) { return x > y; }); return true;
+          case Cmp::kGe: run([](auto x, auto y) { return x >= y; }); return true;
+          default: break;  // lo, ls, hi, hs and the rest: Compare itself
+        }
+      }
+      ForLanes(mask, [&](int l) { d[l] = Compare(cmp, t, a[l], b[l]) ? 1 : 0; });
+      return true;
+    }
+    case kFastLd:
+    case kFastSt: {
+      // Every lane's address first: inside the allocation the last access hit, and aligned;
+      // otherwise nothing is done here and the general unit runs it (and finds the allocation,
+      // or faults naming the lane).
+      const bool load = ins.fast == kFastLd;
+      const Operand& at = ins.o[load ? 1 : 0];
+      const auto bytes = static_cast<uint64_t>(n);
+      // The range the addresses must fall in (Mem's rules): the allocation the last global access
+      // hit; the block's shared memory; the kernel's parameter buffer, where alignment is not
+      // required (a constant bank on a GPU), and not a .func's parameters.
+      uint64_t base = span_.base, size = span_.bytes;
+      uint8_t* host0 = span_.host;
+      uint64_t align = bytes - 1;
+      if (ins.space == Space::kShared) {
+        base = 0, size = shared_.size(), host0 = shared_.data();
+      } else if (ins.space == Space::kParam) {
+        base = 0, size = cfg_.param_bytes, host0 = const_cast<uint8_t*>(cfg_.params), align = 0;
+      }
+      const bool global = ins.space == Space::kGlobal || ins.space == Space::kGeneric;
+      uint8_t* host[32];
+      for (uint32_t m = mask; m != 0; m &= m - 1) {
+        const int l = std::countr_zero(m);
+        const uint64_t addr = Address(w, at, l);
+        uint64_t off = addr - base;
+        if ((addr & align) != 0) return false;
+        if (off >= size || bytes > size - off) {
+          // Global: perhaps another allocation of the session (a kernel reading two arrays).
+          if (!global || !NearSpan(addr)) return false;
+          base = span_.base, size = span_.bytes, host0 = span_.host;
+          off = addr - base;
+          if (bytes > size - off) return false;
+        }
+        host[l] = host0 + off;
+      }
+      if (load) {
+        const bool sg = TySigned(ins.type);
+        for (uint32_t m = mask; m != 0; m &= m - 1) {
+          const int l = std::countr_zero(m);
+          uint64_t v = Load(host[l], n);
+          if (sg) v = static_cast<uint64_t>(SExt(v, n));
+          d[l] = v;
+        }
+      } else {
+        const uint64_t* a = Row(w, ins.o[1], mask, ta);
+        for (uint32_t m = mask; m != 0; m &= m - 1) {
+          const int l = std::countr_zero(m);
+          Store(host[l], a[l], n);
+        }
+      }
+      return true;
+    }
+    default: return false;
+  }
+}
+
+}  // namespace orion::ptx::exec
