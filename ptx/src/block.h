@@ -344,9 +344,8 @@ class Block {
       if (ins.pred != kNoReg) {
         uint32_t m = 0;
         const uint64_t* pr = &w.regs[ins.pred * 32];
-        for (int l = 0; l < 32; ++l)
-          if (((group >> l) & 1) && (((pr[l] & 1) != 0) != ins.pred_neg)) m |= 1u << l;
-        mask = m;
+        for (int l = 0; l < 32; ++l) m |= static_cast<uint32_t>(pr[l] & 1) << l;
+        mask = group & (ins.pred_neg ? ~m : m);
       }
       lane_ins_ += LaneCount(mask);
       // Control flow ends the group's straight-line run.

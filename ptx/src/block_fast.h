@@ -24,6 +24,12 @@ inline const uint64_t* Block::Row(const Warp& w, const Operand& o, uint32_t mask
     for (int l = 0; l < 32; ++l) tmp[l] = first + static_cast<uint64_t>(l);
     return tmp;
   }
+  if (o.kind == Operand::kSpecial && ((o.reg >= kNtidX && o.reg <= kNctaidZ) || o.reg == kWarpid)) {
+    // The same for every lane of the warp (%ntid, %ctaid, %nctaid, %warpid): read once.
+    const uint64_t v = Special(w, o.reg, 0);
+    for (int l = 0; l < 32; ++l) tmp[l] = v;
+    return tmp;
+  }
   for (uint32_t m = mask; m != 0; m &= m - 1) {
     const int l = std::countr_zero(m);
     tmp[l] = Val(w, o, l);
@@ -214,20 +220,63 @@ inline bool Block::ExecFast(Warp& w, uint32_t mask, const Ins& ins) {
         base = 0, size = cfg_.param_bytes, host0 = const_cast<uint8_t*>(cfg_.params), align = 0;
       }
       const bool global = ins.space == Space::kGlobal || ins.space == Space::kGeneric;
+      // Commonly every lane falls in that one range: offsets from it, checked all at once, then
+      // moves of the access's fixed size.
+      const uint64_t* reg = at.reg != kNoReg ? &w.regs[at.reg * 32] : nullptr;
+      const uint64_t disp = at.imm + (at.sym != kNoSym ? cfg_.var_addrs[at.sym] : 0);
+      uint64_t off[32];
+      uint64_t bad = 0;
+      ForLanes(mask, [&](int l) {
+        const uint64_t addr = (reg != nullptr ? reg[l] : 0) + disp;
+        const uint64_t o = addr - base;
+        bad |= (addr & align) | static_cast<uint64_t>(o >= size) | static_cast<uint64_t>(bytes > size - o);
+        off[l] = o;
+      });
+      if (bad == 0) {
+        if (load) {
+          if (n == 4 && TySigned(ins.type)) {
+            ForLanes(mask, [&](int l) {
+              int32_t v;
+              std::memcpy(&v, host0 + off[l], 4);
+              d[l] = static_cast<uint64_t>(int64_t{v});
+            });
+          } else if (n == 4) {
+            ForLanes(mask, [&](int l) {
+              uint32_t v;
+              std::memcpy(&v, host0 + off[l], 4);
+              d[l] = v;
+            });
+          } else {
+            ForLanes(mask, [&](int l) { std::memcpy(&d[l], host0 + off[l], 8); });
+          }
+        } else {
+          const uint64_t* a = Row(w, ins.o[1], mask, ta);
+          if (n == 4) {
+            ForLanes(mask, [&](int l) {
+              const auto v = static_cast<uint32_t>(a[l]);
+              std::memcpy(host0 + off[l], &v, 4);
+            });
+          } else {
+            ForLanes(mask, [&](int l) { std::memcpy(host0 + off[l], &a[l], 8); });
+          }
+        }
+        return true;
+      }
+      // Some lane elsewhere: lane by lane, each global one perhaps in another allocation.
       uint8_t* host[32];
       for (uint32_t m = mask; m != 0; m &= m - 1) {
         const int l = std::countr_zero(m);
         const uint64_t addr = Address(w, at, l);
-        uint64_t off = addr - base;
+        uint64_t at_off = addr - base;
         if ((addr & align) != 0) return false;
-        if (off >= size || bytes > size - off) {
+        if (at_off >= size || bytes > size - at_off) {
           // Global: perhaps another allocation of the session (a kernel reading two arrays).
           if (!global || !NearSpan(addr)) return false;
           base = span_.base, size = span_.bytes, host0 = span_.host;
-          off = addr - base;
-          if (bytes > size - off) return false;
+          at_off = addr - base;
+          if (bytes > size - at_off) return false;
         }
-        host[l] = host0 + off;
+        host[l] = host0 + at_off;
       }
       if (load) {
         const bool sg = TySigned(ins.type);
