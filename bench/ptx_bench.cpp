@@ -1,6 +1,7 @@
 // ptx_bench — speed of the sim backend's PTX executor on one and on all cores: lane-instructions
 // per second on nvcc-compiled kernels (tests/data/ptx_kernels.cu): a vector add of N elements and
-// a tiled SGEMM of M^3. Results are checked against the host so a fast wrong executor cannot pass.
+// a tiled SGEMM of M^3, and the cost of a small launch (1024 elements, 2000 times). Results are
+// checked against the host so a fast wrong executor cannot pass (the small launches' are not).
 //
 //   ptx_bench [--n 16777216] [--m 512] [--workers 2]
 #include <chrono>
@@ -89,6 +90,36 @@ int main(int argc, char** argv) {
           return std::fprintf(stderr, "vadd wrong at %llu\n", (unsigned long long)i), 1;
       std::printf("%-34s %8u %10.3f %14llu %12.1f\n", ("vadd n=" + std::to_string(n)).c_str(), w, fig.seconds,
                   static_cast<unsigned long long>(fig.lanes), static_cast<double>(fig.lanes) / fig.seconds / 1e6);
+    }
+  }
+  // Small launches: a vector add of 1024 elements (4 blocks), launched many times; what each
+  // launch costs beyond its instructions (host threads, blocks' state).
+  {
+    const uint64_t small = 1024;
+    const uint64_t a = mem.Alloc(small * 4), b = mem.Alloc(small * 4), c = mem.Alloc(small * 4);
+    uint8_t params[28];
+    const int ni = static_cast<int>(small);
+    std::memcpy(params, &a, 8), std::memcpy(params + 8, &b, 8), std::memcpy(params + 16, &c, 8);
+    std::memcpy(params + 24, &ni, 4);
+    for (uint32_t w : {1u, workers}) {
+      LaunchConfig cfg;
+      cfg.grid[0] = static_cast<uint32_t>(small / 256);
+      cfg.block[0] = 256;
+      cfg.params = params;
+      cfg.param_bytes = 28;
+      cfg.var_addrs = vars.data();
+      cfg.workers = w;
+      constexpr int kLaunches = 2000;
+      double seconds = 0;
+      uint64_t lanes = 0;
+      for (int i = 0; i < kLaunches; ++i) {
+        const Figure fig = Time(**prog, "_Z4vaddPKfS0_Pfi", cfg, mem);
+        seconds += fig.seconds;
+        lanes += fig.lanes;
+      }
+      std::printf("%-34s %8u %10.3f %14llu %12.1f   %.1f us/launch\n", "vadd n=1024 x2000 launches", w, seconds,
+                  static_cast<unsigned long long>(lanes), static_cast<double>(lanes) / seconds / 1e6,
+                  seconds / kLaunches * 1e6);
     }
   }
   // Tiled SGEMM (16x16 tiles in shared memory, __syncthreads).

@@ -3,11 +3,17 @@
 //
 // The block itself is block.h (state, scheduling) with block_memory.h, block_units.h and alu.h.
 #include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <functional>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <thread>
+
+#include <pthread.h>
+#include <unistd.h>
 
 #include "block.h"
 
@@ -23,6 +29,106 @@ bool exec::FastPaths() {
 
 using exec::Block;
 using exec::Fault;
+
+namespace {
+
+// Host threads that run a launch's blocks beside the launching thread, kept between launches (a
+// thread started per launch cost ~35 us each: more than a small kernel's work). Threads are
+// started as launches need them, with small stacks (the executor keeps its state on the heap), and
+// wait for work on a condition variable; they belong to the process that started them (a fork
+// starts its own).
+class BlockPool {
+ public:
+  // Runs `work` on the calling thread and on up to `extra` pool threads at once, and returns once
+  // every run has returned. `work` takes blocks until none is left, so a pool run that has not
+  // started by the time the caller's run returns is not needed any more (and when no pool thread
+  // can be started, the caller's run does all the work).
+  void Run(const std::function<void()>& work, uint64_t extra) {
+    Job job{&work, extra, 0};
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (pid_ != getpid()) {  // a forked child: its parent's threads are not here
+        pid_ = getpid();
+        threads_ = idle_ = 0;
+        jobs_.clear();
+      }
+      while (idle_ < Waiting() + extra && threads_ < kMaxThreads) {
+        if (!Start()) break;
+      }
+      jobs_.push_back(&job);
+    }
+    cv_.notify_all();
+    work();
+    std::unique_lock<std::mutex> lock(mu_);
+    // Runs not started yet are not needed: the blocks are all taken.
+    if (job.to_start > 0) {
+      job.to_start = 0;
+      jobs_.erase(std::remove(jobs_.begin(), jobs_.end(), &job), jobs_.end());
+    }
+    done_.wait(lock, [&] { return job.running == 0; });
+  }
+
+ private:
+  struct Job {
+    const std::function<void()>* work;
+    uint64_t to_start;  // pool runs still to begin
+    uint64_t running;   // pool runs under way
+  };
+  static constexpr uint64_t kMaxThreads = 256;
+
+  uint64_t Waiting() const {
+    uint64_t n = 0;
+    for (const Job* j : jobs_) n += j->to_start;
+    return n;
+  }
+  bool Start() {  // mu_ held
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, 1 << 20);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_t t;
+    const bool ok = pthread_create(
+                        &t, &attr,
+                        [](void* self) -> void* {
+                          static_cast<BlockPool*>(self)->Loop();
+                          return nullptr;
+                        },
+                        this) == 0;
+    pthread_attr_destroy(&attr);
+    if (ok) ++threads_, ++idle_;
+    return ok;
+  }
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    const pid_t mine = pid_;
+    for (;;) {
+      cv_.wait(lock, [&] { return !jobs_.empty() || pid_ != mine; });
+      if (pid_ != mine) return;
+      Job* job = jobs_.front();
+      if (--job->to_start == 0) jobs_.pop_front();
+      ++job->running;
+      --idle_;
+      lock.unlock();
+      (*job->work)();
+      lock.lock();
+      ++idle_;
+      if (--job->running == 0 && job->to_start == 0) done_.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_, done_;
+  std::deque<Job*> jobs_;
+  uint64_t threads_ = 0, idle_ = 0;
+  pid_t pid_ = getpid();
+};
+
+BlockPool& Pool() {
+  static BlockPool* pool = new BlockPool();  // leaked: its threads may outlive static destructors
+  return *pool;
+}
+
+}  // namespace
 
 Status Prepare(Program& p, std::string_view kernel) {
   auto k = p.GetKernel(kernel);
@@ -114,6 +220,8 @@ LaunchResult Launch(Program& p, std::string_view kernel, const LaunchConfig& cfg
   const uint64_t host_threads = cfg.cooperative ? blocks : workers;
   if (host_threads <= 1) {
     work();
+  } else if (!cfg.cooperative) {
+    Pool().Run(work, host_threads - 1);
   } else {
     std::function<void()> fn = work;
     auto entry = [](void* arg) -> void* {

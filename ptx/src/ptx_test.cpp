@@ -689,6 +689,35 @@ TEST_F(Nvcc, VectorAdd) {
   for (int i = 0; i < n; ++i) ASSERT_EQ(c[i], a[i] + b[i]) << i;
 }
 
+TEST_F(Nvcc, ManyLaunchesFromTwoThreadsShareTheBlockPool) {
+  // Launches on several host threads each (the pool's threads, kept between launches), from two
+  // launching threads at once: every one computes its own sum.
+  const int n = 1500;  // 6 blocks
+  std::vector<float> a(n), b(n);
+  for (int i = 0; i < n; ++i) a[i] = static_cast<float>(i), b[i] = 0.25f;
+  const uint64_t da = mem_.Upload(a), db = mem_.Upload(b), dc[2] = {mem_.Alloc(n * 4), mem_.Alloc(n * 4)};
+  Params first;
+  first.Add(da).Add(db).Add(dc[0]).Add(n);
+  ASSERT_EQ(run_.Go(mem_, "_Z4vaddPKfS0_Pfi", {(n + 255) / 256, 1, 1}, {256, 1, 1}, first).code, CUDA_SUCCESS);
+  std::atomic<int> wrong{0};
+  auto launcher = [&](int t) {
+    for (int k = 0; k < 100; ++k) {
+      Params p;
+      p.Add(da).Add(t == 0 ? db : da).Add(dc[t]).Add(n);
+      auto* c = reinterpret_cast<float*>(mem_.Host(dc[t]));
+      std::fill(c, c + n, -1.0f);
+      auto r = run_.Go(mem_, "_Z4vaddPKfS0_Pfi", {(n + 255) / 256, 1, 1}, {256, 1, 1}, p, 0, nullptr, 3 + t);
+      if (r.code != CUDA_SUCCESS) ++wrong;
+      for (int i = 0; i < n; ++i)
+        if (c[i] != a[i] + (t == 0 ? 0.25f : a[i])) ++wrong;
+    }
+  };
+  std::thread t0(launcher, 0), t1(launcher, 1);
+  t0.join();
+  t1.join();
+  EXPECT_EQ(wrong.load(), 0);
+}
+
 TEST_F(Nvcc, TiledMatmulWithSharedMemoryAndBarriers) {
   const int n = 40;  // not a multiple of the tile: edge blocks diverge
   std::vector<float> A(n * n), B(n * n);
