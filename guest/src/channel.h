@@ -180,17 +180,6 @@ class RdmaFrameChannel final : public FrameChannel {
   static Result<std::unique_ptr<RdmaFrameChannel>> Connect(int fd, const rdma::Port& port, std::string address,
                                                            uint64_t window_bytes, const FrameHeader& connect);
   ~RdmaFrameChannel() override;
-  // Takes the private mapping [p, p+bytes) as its window (a shared-memory session moving to TCP:
-  // Client::PrivateWindowLocked made it), unmapped at destruction unless released first.
-  void AdoptWindow(uint8_t* p, uint64_t bytes) noexcept {
-    window_ = p;
-    window_bytes_ = bytes;
-  }
-  // Gives the window up without unmapping it (the way back to shared memory).
-  void ReleaseWindow() noexcept {
-    window_ = nullptr;
-    window_bytes_ = 0;
-  }
   uint8_t* window() noexcept { return window_; }
   ivshmem::ChannelDesc* desc() noexcept { return &desc_; }
   ivshmem::RegionHeader* header() noexcept { return &header_; }

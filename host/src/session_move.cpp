@@ -446,22 +446,13 @@ int Session::MoveOut(const FrameHeader& frame, std::atomic<uint64_t>* busy) {
     ch_->Closing(CUDA_ERROR_ILLEGAL_STATE);
     return kExitViolation;
   }
-  if (outcome.on_ring) {
+  if (outcome.on_ring || outcome.client >= 0) {
     ::close(fd);  // the target's copy ends: its worker sees the connection close
     closer.fd = -1;
-    int code = 0;
-    if (!Welcome(outcome.hello, &code)) return code;
-    log.warn("sess={} not moved to {}: the program could not resume there and came back after {} ms", p_.session_id, to,
-             t1 - sent_ms);
-    Answer(&move_asker_,
-           "error " + sess + " not moved: the program could not resume at " + to + " and runs here again");
-    return kMoveCameBack;
-  }
-  if (outcome.client >= 0) {
-    ::close(fd);  // the target's copy ends: its worker sees the connection close
-    closer.fd = -1;
-    ch_->Adopt(outcome.client);
-    p_.socket_fd = outcome.client;
+    if (outcome.client >= 0) {  // over TCP: its new connection (else its own channel)
+      ch_->Adopt(outcome.client);
+      p_.socket_fd = outcome.client;
+    }
     int code = 0;
     if (!Welcome(outcome.hello, &code)) return code;
     log.warn("sess={} not moved to {}: the program could not resume there and came back after {} ms", p_.session_id, to,

@@ -63,6 +63,20 @@ Ins I(const std::string& opcode, std::vector<Operand> ops) {
   return ins;
 }
 
+// Runs kernel `k` as one block of 32 threads on `mem`; the lane-instructions it ran.
+uint64_t RunBlock(const Kernel& k, TestMemory& mem) {
+  LaunchConfig cfg;
+  cfg.block[0] = 32;
+  std::atomic<bool> stop{false};
+  exec::Block block(k, cfg, mem, stop, std::chrono::steady_clock::now() + std::chrono::seconds(10));
+  exec::Fault fault;
+  std::string printed;
+  uint64_t warp_ins = 0, lane_ins = 0;
+  const uint32_t ctaid[3] = {0, 0, 0};
+  EXPECT_TRUE(block.Run(ctaid, &fault, &printed, &warp_ins, &lane_ins)) << fault.message;
+  return lane_ins;
+}
+
 // Runs `body` in one block of 32 threads, %r0 = %tid.x on entry; each lane then stores the 32-bit
 // register `result` at out[tid]. Returns out.
 std::vector<uint32_t> Lanes(const std::vector<Ins>& body, uint32_t result) {
@@ -79,16 +93,7 @@ std::vector<uint32_t> Lanes(const std::vector<Ins>& body, uint32_t result) {
   k.code.push_back(I("add.s64", {R(60), R(62), R(61)}));
   k.code.push_back(I("st.global.u32", {At(60), R(result)}));
   k.code.push_back(I("exit", {}));
-  LaunchConfig cfg;
-  cfg.block[0] = 32;
-  std::atomic<bool> stop{false};
-  exec::Block block(k, cfg, mem, stop, std::chrono::steady_clock::now() + std::chrono::seconds(10));
-  exec::Fault fault;
-  std::string printed;
-  uint64_t warp_ins = 0, lane_ins = 0;
-  const uint32_t ctaid[3] = {0, 0, 0};
-  EXPECT_TRUE(block.Run(ctaid, &fault, &printed, &warp_ins, &lane_ins)) << fault.message;
-  EXPECT_EQ(lane_ins, 32u * k.code.size());  // every lane ran every instruction
+  EXPECT_EQ(RunBlock(k, mem), 32u * k.code.size());  // every lane ran every instruction
   return mem.Download<uint32_t>(out, 32);
 }
 
@@ -299,17 +304,7 @@ std::vector<uint64_t> Run(Ins op, const std::vector<std::vector<uint64_t>>& in, 
     ins.fast = fast ? FastFormOf(ins) : kFastNone;
     ins.fast_bytes = static_cast<uint8_t>(TyBytes(ins.type));
   }
-  EXPECT_TRUE(!fast || k.code[k.code.size() - 5].fast != kFastNone || op.fast != kFastNone ||
-              FastFormOf(op) != kFastNone);
-  LaunchConfig cfg;
-  cfg.block[0] = 32;
-  std::atomic<bool> stop{false};
-  exec::Block block(k, cfg, mem, stop, std::chrono::steady_clock::now() + std::chrono::seconds(10));
-  exec::Fault fault;
-  std::string printed;
-  uint64_t warp_ins = 0, lane_ins = 0;
-  const uint32_t ctaid[3] = {0, 0, 0};
-  EXPECT_TRUE(block.Run(ctaid, &fault, &printed, &warp_ins, &lane_ins)) << fault.message;
+  RunBlock(k, mem);
   return mem.Download<uint64_t>(out, 32);
 }
 
