@@ -711,7 +711,9 @@ CUresult Client::ResumeLocked(const ivshmem::FrameView& f) noexcept {
     if (!shm) {
       r = ResumeAt(source, moved.back_token);
     } else {
-      // Back on the region's channel, the window shared with the source's worker again.
+      // Back on the region's channel (if it was handed over), the window shared with the source's
+      // worker again.
+      bool shared = true;
       if (ring != nullptr) {
         if (tcp_ != nullptr) tcp_->ReleaseWindow();
         tcp_ = nullptr;
@@ -719,14 +721,10 @@ CUresult Client::ResumeLocked(const ivshmem::FrameView& f) noexcept {
         desc_ = ring_desc;
         header_ = ring_header;
         peer_ = from;
-        if (!SharedWindowLocked()) {
-          resume_failure_ = std::string("its data window cannot be shared again: ") + std::strerror(errno);
-        } else {
-          r = ResumeHelloLocked(moved.back_token, welcome_.transport, welcome_.channel_bytes, "");
-        }
-      } else {
-        r = ResumeHelloLocked(moved.back_token, welcome_.transport, welcome_.channel_bytes, "");
+        shared = SharedWindowLocked();
+        if (!shared) resume_failure_ = std::string("its data window cannot be shared again: ") + std::strerror(errno);
       }
+      if (shared) r = ResumeHelloLocked(moved.back_token, welcome_.transport, welcome_.channel_bytes, "");
     }
     if (r == CUDA_SUCCESS) {
       LogWarn("Orion: the session could not follow its move to oriond at " + LogSafe(to) + " (" + failure +
@@ -786,7 +784,6 @@ CUresult Client::ResumeHelloLocked(const char* token, uint16_t transport, uint64
   gethostname(hello.hostname, sizeof hello.hostname - 1);
   const FrameHeader h = MakeHeader(Op::kHello, sizeof hello, true);
   if (CUresult r = PushLocked(h, &hello, sizeof hello, nullptr, 0); r != CUDA_SUCCESS) return r;
-  RingDoorbell(true);
   std::vector<uint8_t> rep(sizeof(WelcomeRep) + kMaxDevices * sizeof(DeviceInfo) + 1024);
   uint32_t rep_len = 0;
   if (CUresult r = WaitReplyLocked(h.seq, Op::kHello, rep.data(), static_cast<uint32_t>(rep.size()), &rep_len);

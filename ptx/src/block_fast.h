@@ -48,22 +48,6 @@ inline void ForLanes(uint32_t mask, F f) {
   }
 }
 
-// Makes the allocation containing `addr` the last one hit (span_): one of the few recently hit, or
-// the session's table's. False when no allocation contains it (the general unit then faults).
-inline bool Block::NearSpan(uint64_t addr) {
-  for (const GlobalMemory::Span& s : recent_) {
-    if (addr - s.base < s.bytes) {
-      span_ = s;
-      return true;
-    }
-  }
-  GlobalMemory::Span s;
-  if (!mem_.Find(addr, &s) || addr - s.base >= s.bytes) return false;
-  recent_[recent_next_++ % std::size(recent_)] = s;
-  span_ = s;
-  return true;
-}
-
 // True when it ran `ins` (Ins::fast) on `mask`; false when it did not touch anything and the
 // general units must run it (a load or store some lane of which is not inside the allocation the
 // last access hit, or not aligned).

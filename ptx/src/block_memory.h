@@ -9,6 +9,22 @@
 
 namespace orion::ptx::exec {
 
+// Makes the allocation containing `addr` the last one hit (span_): one of the few recently hit, or
+// the session's table's. False when no allocation contains it (the general unit then faults).
+inline bool Block::NearSpan(uint64_t addr) {
+  for (const GlobalMemory::Span& s : recent_) {
+    if (addr - s.base < s.bytes) {
+      span_ = s;
+      return true;
+    }
+  }
+  GlobalMemory::Span s;
+  if (!mem_.Find(addr, &s) || addr - s.base >= s.bytes) return false;
+  recent_[recent_next_++ % std::size(recent_)] = s;
+  span_ = s;
+  return true;
+}
+
 // Host address of [addr, addr+bytes) in `sp`, or nullptr with the fault set.
 inline uint8_t* Block::Mem(Space sp, uint64_t addr, uint32_t bytes, const Warp& w, int lane, bool write,
                            const Ins& ins) {
@@ -53,13 +69,8 @@ inline uint8_t* Block::Mem(Space sp, uint64_t addr, uint32_t bytes, const Warp& 
     case Space::kGlobal:
     case Space::kConst:
     case Space::kGeneric: {
-      if (addr - span_.base < span_.bytes && bytes <= span_.bytes - (addr - span_.base))
+      if ((addr - span_.base < span_.bytes || NearSpan(addr)) && bytes <= span_.bytes - (addr - span_.base))
         return span_.host + (addr - span_.base);
-      GlobalMemory::Span s;
-      if (mem_.Find(addr, &s) && addr - s.base < s.bytes && bytes <= s.bytes - (addr - s.base)) {
-        span_ = s;
-        return s.host + (addr - s.base);
-      }
       break;
     }
   }

@@ -50,6 +50,7 @@ inline bool FastSource(const Operand& o) {
 inline FastForm FastFormOf(const Ins& ins) {
   const int n = TyBytes(ins.type);
   const bool integer = !TyFloat(ins.type) && ins.type != Ty::kPred && (n == 4 || n == 8);
+  const bool moved = integer || ins.type == Ty::kF32 || ins.type == Ty::kF64;  // mov, ld, st: bits as they are
   const bool dst = ins.nops >= 1 && ins.o[0].kind == Operand::kReg && ins.o[0].n == 0;
   auto sources = [&](int first, int count) {
     if (ins.nops != first + count) return false;
@@ -58,8 +59,7 @@ inline FastForm FastFormOf(const Ins& ins) {
     return true;
   };
   switch (ins.op) {
-    case Op::kMov:
-      return (integer || ins.type == Ty::kF32 || ins.type == Ty::kF64) && dst && sources(1, 1) ? kFastMov : kFastNone;
+    case Op::kMov: return moved && dst && sources(1, 1) ? kFastMov : kFastNone;
     case Op::kCvta: return integer && dst && ins.space == Space::kGlobal && sources(1, 1) ? kFastMov : kFastNone;
     case Op::kAdd:
     case Op::kSub:
@@ -104,15 +104,13 @@ inline FastForm FastFormOf(const Ins& ins) {
                  : kFastNone;
     }
     case Op::kLd:
-      return (integer || ins.type == Ty::kF32 || ins.type == Ty::kF64) && dst && ins.nops == 2 &&
-                     ins.o[1].kind == Operand::kMem && ins.vec == 1 &&
+      return moved && dst && ins.nops == 2 && ins.o[1].kind == Operand::kMem && ins.vec == 1 &&
                      (ins.space == Space::kGlobal || ins.space == Space::kGeneric || ins.space == Space::kShared ||
                       ins.space == Space::kParam)
                  ? kFastLd
                  : kFastNone;
     case Op::kSt:
-      return (integer || ins.type == Ty::kF32 || ins.type == Ty::kF64) && ins.nops == 2 &&
-                     ins.o[0].kind == Operand::kMem && FastSource(ins.o[1]) && ins.vec == 1 &&
+      return moved && ins.nops == 2 && ins.o[0].kind == Operand::kMem && FastSource(ins.o[1]) && ins.vec == 1 &&
                      (ins.space == Space::kGlobal || ins.space == Space::kGeneric || ins.space == Space::kShared)
                  ? kFastSt
                  : kFastNone;
