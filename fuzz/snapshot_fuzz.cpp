@@ -7,9 +7,10 @@
 // may crash, leak, hang or touch memory the session does not own.
 //
 // Input: a snapshot as Session::Snapshot writes it (records of {kind, flags, meta bytes, contents
-// bytes}). Seeds (fuzz/corpus/snapshot_fuzz): snapshots of real sessions, written by this program
-// with SNAPSHOT_FUZZ_SEEDS=DIR (a context, allocations with bytes, a PTX module with a variable, a
-// function, streams, events, VMM reservations and mappings, limits and attributes).
+// bytes}, the contents as raw, zero or lz4 chunks: snapshot_chunks.h). Seeds
+// (fuzz/corpus/snapshot_fuzz/seed-*): snapshots of real sessions, written by this program with
+// SNAPSHOT_FUZZ_SEEDS=DIR (a context, allocations with bytes in each chunk form, a PTX module with a
+// variable, a function, streams, events, VMM reservations and mappings, limits and attributes).
 // SNAPSHOT_FUZZ_TRACE=1 prints whether each input restored, or why not.
 #include <spdlog/logger.h>
 #include <spdlog/sinks/null_sink.h>
@@ -127,7 +128,7 @@ constexpr char kPtx[] =
 
 // SNAPSHOT_FUZZ_SEEDS=DIR: writes snapshots of a few real sessions there, then exits.
 void WriteSeeds(const char* dir) {
-  for (int variant = 0; variant < 3; ++variant) {
+  for (int variant = 0; variant < 4; ++variant) {
     const std::string cache = std::string(dir) + "/.cache";  // snapshots take module images from it
     std::filesystem::create_directories(cache);
     Target t(cache);
@@ -135,7 +136,15 @@ void WriteSeeds(const char* dir) {
     (void)t.Call(Op::kPrimaryCtxRetain, DeviceReq{0, 0});
     (void)t.Call(Op::kMemAlloc, MemAllocReq{variant == 0 ? 4096u : 20000u}, &rep);
     const uint64_t a = Target::As<U64Rep>(rep).value;
-    std::memset(t.channel->window(), 0x5a + variant, 4096);
+    std::memset(t.channel->window(), 0x5a + variant, 4096);  // a chunk lz4 compresses
+    if (variant == 3) {                                      // one it does not, and one of zeros
+      uint32_t x = 2463534242u;
+      for (size_t i = 0; i < 4096; ++i) {
+        x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+        t.channel->window()[i] = static_cast<uint8_t>(x);
+      }
+      (void)t.Call(Op::kMemAlloc, MemAllocReq{8192});
+    }
     (void)t.Call(Op::kMemcpyHtoD, MemcpyReq{a, 0, 4096, 0});
     if (variant >= 1) {
       const std::vector<uint8_t> image(kPtx, kPtx + sizeof kPtx);

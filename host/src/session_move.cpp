@@ -467,10 +467,15 @@ int Session::MoveOut(const FrameHeader& frame, std::atomic<uint64_t>* busy) {
     Answer(&move_asker_, "error " + sess + " was sent to " + to + ", but the program did not arrive there");
     return kExitMoved;
   }
-  log.info("sess={} moved to {}: {} bytes of state in {} ms; the program resumed there in {} ms", p_.session_id, to,
-           out.bytes(), sent_ms - t0, t1 - sent_ms);
+  // What the device memory became on the wire (snapshot_chunks.h): chunks sent as they are, all
+  // zero (nothing but a head), and lz4-compressed.
+  const ChunkCounts& c = out.chunks;
+  const std::string memory = std::to_string(c.memory) + " bytes of device memory: " + std::to_string(c.raw) + " raw, " +
+                             std::to_string(c.zero) + " zero, " + std::to_string(c.lz4) + " lz4 chunks";
+  log.info("sess={} moved to {}: {} bytes of state in {} ms ({}); the program resumed there in {} ms", p_.session_id,
+           to, out.bytes(), sent_ms - t0, memory, t1 - sent_ms);
   Answer(&move_asker_, "ok " + sess + " moved to " + to + " (" + std::to_string(out.bytes()) + " bytes in " +
-                           std::to_string(t1 - t0) + " ms)");
+                           std::to_string(t1 - t0) + " ms; " + memory + ")");
   return kExitMoved;
 }
 

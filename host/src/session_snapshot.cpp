@@ -3,10 +3,10 @@
 // it in", step 1). Session::Snapshot and Session::Restore (session_impl.h).
 //
 // The stream: a sequence of records, each a RecordHead, then `meta` bytes (a fixed struct of its
-// kind, then names, images, attribute lists), then `contents` bytes (device memory, 4 MiB at a
-// time; never held whole). Snapshot writes them in dependency order: the header, contexts,
-// device allocations, VMM reservations, physical allocations, mappings, modules, their variables,
-// functions, module-variable table entries, streams, events, launch scratch, the end. Restore
+// kind, then names, images, attribute lists), then `contents` bytes of device memory, as chunks of
+// 4 MiB, each raw, all zero, or lz4-compressed (snapshot_chunks.h; never held whole). Snapshot writes them in
+// dependency order: the header, contexts, device allocations, VMM reservations, physical allocations, mappings,
+// modules, their variables, functions, module-variable table entries, streams, events, launch scratch, the end. Restore
 // checks each as hostile input: sizes against its kind, handles against the header and its own
 // tables, devices against its placements, memory against its quota.
 #include <sys/mman.h>
@@ -20,13 +20,14 @@
 #include <xxhash.h>
 
 #include "session_impl.h"
+#include "snapshot_chunks.h"
 
 namespace orion::host::detail {
 namespace {
 
 constexpr char kMagic[8] = {'O', 'R', 'I', 'O', 'N', 'S', 'N', 'P'};
-constexpr uint32_t kVersion = 1;
-constexpr uint64_t kChunk = uint64_t{4} << 20;  // device memory moves in pieces of this size
+constexpr uint32_t kVersion = 2;  // 2: device memory in chunks, raw, zero or lz4 (snapshot_chunks.h)
+constexpr uint64_t kChunk = kSnapshotChunk;
 constexpr uint64_t kAheadChunks = 4;    // allocations of this many chunks or more are committed ahead (ReadContents)
 constexpr int kMadvPopulateWrite = 23;  // MADV_POPULATE_WRITE (Linux 5.14; glibc 2.36 names it)
 constexpr uint64_t kMaxMeta = fatbin::kMaxDecompressedBytes + (uint64_t{1} << 20);
@@ -52,7 +53,7 @@ struct RecordHead {
   uint32_t kind;
   uint32_t flags;     // 0 (reserved)
   uint64_t meta;      // bytes of the record's struct and its variable parts
-  uint64_t contents;  // bytes of device memory after them
+  uint64_t contents;  // bytes of device memory after them (as chunks: snapshot_chunks.h)
 };
 struct HeaderRec {
   char magic[8];
@@ -315,13 +316,14 @@ bool Session::SnapshotBody(SnapshotWriter& out, const std::map<uint64_t, void*>&
 
 namespace {
 
-// Device memory [addr, addr+bytes) into `out`, a chunk at a time: from the memory itself where the
+// Device memory [addr, addr+bytes) into `enc`, a chunk at a time: from the memory itself where the
 // backend's is the host's (sim), else through `buf`.
-bool WriteContents(Backend& b, SnapshotWriter& out, uint64_t addr, uint64_t bytes, std::vector<uint8_t>* buf,
+bool WriteContents(Backend& b, ChunkEncoder& enc, uint64_t addr, uint64_t bytes, std::vector<uint8_t>* buf,
                    std::string* why) {
   if (const uint8_t* host = bytes != 0 ? b.HostView(addr, bytes) : nullptr; host != nullptr) {
     for (uint64_t off = 0; off < bytes; off += kChunk) {
-      if (!out.Write(host + off, std::min(kChunk, bytes - off))) return Fail(why, "the stream to the target broke");
+      if (!enc.Write(host + off, static_cast<uint32_t>(std::min(kChunk, bytes - off))))
+        return Fail(why, "the stream to the target broke");
     }
     return true;
   }
@@ -330,7 +332,7 @@ bool WriteContents(Backend& b, SnapshotWriter& out, uint64_t addr, uint64_t byte
     const uint64_t n = std::min(kChunk, bytes - off);
     if (const CUresult r = b.MemcpyDtoH(buf->data(), addr + off, n, nullptr, false); r != CUDA_SUCCESS)
       return Fail(why, "reading device memory failed (" + std::to_string(r) + ")");
-    if (!out.Write(buf->data(), n)) return Fail(why, "the stream to the target broke");
+    if (!enc.Write(buf->data(), static_cast<uint32_t>(n))) return Fail(why, "the stream to the target broke");
   }
   return true;
 }
@@ -340,11 +342,12 @@ bool WriteContents(Backend& b, SnapshotWriter& out, uint64_t addr, uint64_t byte
 bool Session::SnapshotMemory(SnapshotWriter& out, std::string* why) {
   const std::string broken = "the stream to the target broke";
   std::vector<uint8_t> meta, buf;
+  ChunkEncoder enc(out);
   for (const auto& [addr, a] : allocs_) {
     if (!a.counted || a.vmm) continue;  // module variables go with their module; VMM with its mapping
     meta.clear();
     Append(&meta, AllocRec{addr, a.bytes, a.dev, 1});
-    if (!WriteRecord(out, kRecAlloc, meta, a.bytes) || !WriteContents(*b_, out, addr, a.bytes, &buf, why))
+    if (!WriteRecord(out, kRecAlloc, meta, a.bytes) || !WriteContents(*b_, enc, addr, a.bytes, &buf, why))
       return why->empty() ? Fail(why, broken) : false;
   }
   for (const auto& [addr, r] : reservations_) {
@@ -369,7 +372,7 @@ bool Session::SnapshotMemory(SnapshotWriter& out, std::string* why) {
            MappingRec{addr, m.bytes, m.physical, m.offset, m.accessible ? 1u : 0u, m.access_dev, m.access_flags, 0});
     const uint64_t contents = m.accessible ? m.bytes : 0;
     if (!WriteRecord(out, kRecMapping, meta, contents)) return Fail(why, broken);
-    if (contents != 0 && !WriteContents(*b_, out, addr, contents, &buf, why)) return false;
+    if (contents != 0 && !WriteContents(*b_, enc, addr, contents, &buf, why)) return false;
   }
   return true;
 }
@@ -377,6 +380,7 @@ bool Session::SnapshotMemory(SnapshotWriter& out, std::string* why) {
 bool Session::SnapshotModules(SnapshotWriter& out, std::string* why) {
   const std::string broken = "the stream to the target broke";
   std::vector<uint8_t> meta, buf;
+  ChunkEncoder enc(out);
   for (auto& [id, o] : handles_) {
     if (o.kind != Kind::kModule) continue;
     const std::vector<uint8_t>* img = images_.Find(o.hash_lo, o.hash_hi, o.image_bytes);
@@ -396,7 +400,7 @@ bool Session::SnapshotModules(SnapshotWriter& out, std::string* why) {
       Append(&meta, GlobalRec{id, g.addr, g.bytes, static_cast<uint32_t>(g.name.size()), 0});
       AppendBytes(&meta, g.name.data(), g.name.size());
       if (!WriteRecord(out, kRecGlobal, meta, g.bytes)) return Fail(why, broken);
-      if (!WriteContents(*b_, out, g.addr, g.bytes, &buf, why)) return false;
+      if (!WriteContents(*b_, enc, g.addr, g.bytes, &buf, why)) return false;
     }
   }
   for (auto& [id, o] : handles_) {
@@ -582,19 +586,19 @@ bool ReadContents(Backend& b, SnapshotReader& in, uint64_t addr, uint64_t bytes,
         for (uint64_t i; (i = next.fetch_add(1)) < chunks;) commit(i);
       });
     }
+    std::vector<uint8_t> scratch;
     for (uint64_t i = 0; i < chunks; ++i) {
       uint64_t mine = i;
       if (next.compare_exchange_strong(mine, i + 1)) commit(i);  // not claimed yet: this one, now
       const uint64_t off = i * kChunk;
-      if (!in.Read(host + off, std::min(kChunk, bytes - off)))
-        return Fail(why, "the snapshot ended inside device memory");
+      if (!ReadChunk(in, host + off, static_cast<uint32_t>(std::min(kChunk, bytes - off)), &scratch, why)) return false;
     }
     return true;
   }
-  std::vector<uint8_t> buf(std::min(bytes, kChunk));
+  std::vector<uint8_t> buf(std::min(bytes, kChunk)), scratch;
   for (uint64_t off = 0; off < bytes; off += kChunk) {
     const uint64_t n = std::min(kChunk, bytes - off);
-    if (!in.Read(buf.data(), n)) return Fail(why, "the snapshot ended inside device memory");
+    if (!ReadChunk(in, buf.data(), static_cast<uint32_t>(n), &scratch, why)) return false;
     if (const CUresult r = b.MemcpyHtoD(addr + off, buf.data(), n, nullptr); r != CUDA_SUCCESS)
       return Fail(why, "writing device memory failed (" + std::to_string(r) + ")");
   }

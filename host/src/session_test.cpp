@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -17,6 +18,7 @@
 #include <xxhash.h>
 
 #include "session_impl.h"
+#include "snapshot_chunks.h"
 
 namespace orion::host::detail {
 namespace {
@@ -463,7 +465,7 @@ TEST_F(MigrationTest, ARestoredSessionServesTheSameHandlesAddressesAndBytes) {
   VectorWriter snap;
   std::string why;
   ASSERT_TRUE(session_->Snapshot(snap, &why)) << why;
-  EXPECT_GT(snap.bytes().size(), 3 * kMiB + kVmmGranularity);  // both allocations' bytes are in it
+  EXPECT_GE(snap.chunks.memory, 3 * kMiB + 100 + kVmmGranularity + 4);  // both allocations' bytes, and the variable's
 
   const std::unique_ptr<Session> source = Replace(64 * kMiB);
   SpanReader in(snap.bytes());
@@ -573,6 +575,49 @@ TEST_F(MigrationTest, EventTimesCarryAcrossTheMove) {
   ASSERT_EQ(fresh.status, CUDA_SUCCESS);
   EXPECT_GE(fresh.As<F32Rep>().ms, 0.0f);
   EXPECT_LT(fresh.As<F32Rep>().ms, 30.0f);
+}
+
+// Device memory moves in chunks, each as it is, all zero, or lz4-compressed (snapshot_chunks.h):
+// whichever the source chose, the target holds the same bytes at the same address, also where it
+// commits its fresh memory ahead of the stream (an allocation of 4 chunks or more).
+TEST_F(MigrationTest, MemoryMovesTheSameRawZeroOrCompressed) {
+  Context();
+  constexpr uint64_t kChunk = kSnapshotChunk, bytes = 5 * kChunk + 1000;
+  const uint64_t a = Alloc(bytes);
+  std::vector<uint8_t> want(bytes, 0);  // chunks 0 and 4 stay zero
+  std::fill(want.begin() + kChunk, want.begin() + 2 * kChunk, 0x5a);
+  std::mt19937 gen(7);
+  for (uint64_t i = 2 * kChunk; i < 3 * kChunk; ++i) want[i] = static_cast<uint8_t>(gen());
+  const std::vector<uint8_t> pattern = Pattern(kChunk, 4);
+  std::copy(pattern.begin(), pattern.end(), want.begin() + 3 * kChunk);
+  for (uint64_t i = 5 * kChunk; i < bytes; ++i) want[i] = static_cast<uint8_t>(gen());
+  auto write_all = [&] {
+    for (uint64_t off = 0; off < bytes; off += kMiB)
+      Write(a + off, std::vector<uint8_t>(want.begin() + off, want.begin() + std::min(bytes, off + kMiB)));
+  };
+  write_all();
+  for (const Compression mode : {Compression::kOff, Compression::kWhenItPays, Compression::kAlways}) {
+    VectorWriter snap(mode);
+    std::string why;
+    ASSERT_TRUE(session_->Snapshot(snap, &why)) << why;
+    EXPECT_EQ(snap.chunks.memory, bytes);
+    if (mode == Compression::kOff) {
+      EXPECT_EQ(snap.chunks.raw, 6u);
+      EXPECT_GT(snap.bytes().size(), bytes);
+    } else {
+      EXPECT_EQ(snap.chunks.zero, 2u) << static_cast<int>(mode);
+      EXPECT_GE(snap.chunks.lz4, 1u) << static_cast<int>(mode);  // at least the 0x5a one
+      EXPECT_LT(snap.bytes().size(), 3 * kChunk) << static_cast<int>(mode);
+    }
+    const auto source = Replace(64 * kMiB);
+    SpanReader in(snap.bytes());
+    ASSERT_TRUE(session_->Restore(in, &why)) << why;
+    for (uint64_t off = 0; off < bytes; off += kMiB) {
+      const uint64_t n = std::min(kMiB, bytes - off);
+      ASSERT_TRUE(Read(a + off, n) == std::vector<uint8_t>(want.begin() + off, want.begin() + off + n))
+          << static_cast<int>(mode) << " at " << off;
+    }
+  }
 }
 
 // The snapshot is hostile input to the target: cut short anywhere, or with a byte of a record's

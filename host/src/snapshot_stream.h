@@ -19,12 +19,26 @@
 
 namespace orion::host::detail {
 
+// How device memory goes into a snapshot (snapshot_chunks.h): as it is (zero chunks too), lz4 where
+// that saves time on the stream (what a move uses), or lz4 wherever it makes a chunk smaller.
+enum class Compression { kOff, kWhenItPays, kAlways };
+
+// What a snapshot's device memory became on the stream: chunks by form, and bytes.
+struct ChunkCounts {
+  uint64_t raw = 0, zero = 0, lz4 = 0;  // chunks
+  uint64_t memory = 0, stored = 0;      // bytes of device memory, and what went on the stream for them
+};
+
 // The bytes of a snapshot, in order. Write returns false when the stream is broken (the move then
 // fails; the source keeps its session).
 class SnapshotWriter {
  public:
+  explicit SnapshotWriter(Compression mode = Compression::kWhenItPays) : compression(mode) {}
   virtual ~SnapshotWriter() = default;
   virtual bool Write(const void* data, size_t bytes) = 0;
+
+  const Compression compression;
+  ChunkCounts chunks;  // kept by the snapshot's ChunkEncoders
 };
 
 // The bytes of a snapshot, in order. Read fills exactly `bytes` or returns false (the stream ended
@@ -38,6 +52,7 @@ class SnapshotReader {
 // A snapshot kept in memory.
 class VectorWriter final : public SnapshotWriter {
  public:
+  explicit VectorWriter(Compression mode = Compression::kWhenItPays) : SnapshotWriter(mode) {}
   bool Write(const void* data, size_t bytes) override {
     const auto* b = static_cast<const uint8_t*>(data);
     bytes_.insert(bytes_.end(), b, b + bytes);

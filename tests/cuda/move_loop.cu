@@ -3,16 +3,20 @@
 // before the loop and used across it. Each iteration adds i to every element on the stream, copies
 // a slice back and checks it, and synchronizes (a call the program waits on: where a move happens),
 // then sleeps PAUSE_MS. The results do not depend on where each iteration ran. EXTRA_MIB more device
-// memory is state for a move to carry (scripts/bench-migration): each 64 MiB chunk of it is set to
-// its own byte value before the loop, and one 4 KiB slice per chunk is checked after it.
+// memory is state for a move to carry (scripts/bench-migration): with FILL "bytes" each 64 MiB chunk
+// of it is set to its own byte value before the loop (a move compresses it to almost nothing), with
+// "random" to pseudo-random bytes (splitmix64 of the 8-byte word's index: nothing compresses them);
+// one 4 KiB slice per chunk is checked after the loop.
 //
-// Usage: move_loop [ITERATIONS=40] [PAUSE_MS=50] [EXTRA_MIB=0]
+// Usage: move_loop [ITERATIONS=40] [PAUSE_MS=50] [EXTRA_MIB=0] [FILL=bytes|random]
 // Output: "READY" after the setup, "ITER <i> <sum of the slice> <µs its calls took>" per iteration
 // (the longest is a move's pause as the program sees it), CHECK lines (a fifth with EXTRA_MIB), DONE.
 #include <cuda_runtime.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
+#include <string>
 #include <vector>
 
 #include "orion_test.h"
@@ -25,18 +29,45 @@ __global__ void add(int* a, int n, int v) {
   if (i == 0) atomicAdd(&calls, 1ull);
 }
 
+// The random fill's 8-byte word at index k (splitmix64: any word computed on its own).
+uint64_t RandomWord(uint64_t k) {
+  uint64_t z = (k + 1) * 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// The byte the extra memory holds at `at` (kChunk: the size of a chunk of one byte value).
+unsigned char ExtraByte(bool random, size_t at, size_t chunk) {
+  if (random) return static_cast<unsigned char>(RandomWord(at / 8) >> (8 * (at % 8)));
+  return static_cast<unsigned char>((at / chunk * 37 + 11) & 0xff);
+}
+
 int main(int argc, char** argv) {
   ot::init_output();
   ot::detect_device();
   const int iterations = argc > 1 ? atoi(argv[1]) : 40;
   const int pause_ms = argc > 2 ? atoi(argv[2]) : 50;
   const size_t extra = (argc > 3 ? strtoull(argv[3], nullptr, 10) : 0) << 20;
+  const bool random = argc > 4 && std::string(argv[4]) == "random";
+  if (argc > 4 && !random && std::string(argv[4]) != "bytes") {
+    fprintf(stderr, "move_loop: FILL is bytes or random, not %s\n", argv[4]);
+    return 2;
+  }
   constexpr size_t kChunk = 64 << 20;
   unsigned char* big = nullptr;
   if (extra != 0) {
     CUDA_OK(cudaMalloc(&big, extra));
-    for (size_t off = 0; off < extra; off += kChunk)
-      CUDA_OK(cudaMemset(big + off, static_cast<int>(off / kChunk * 37 + 11) & 0xff, std::min(kChunk, extra - off)));
+    std::vector<uint64_t> words(random ? kChunk / 8 : 0);
+    for (size_t off = 0; off < extra; off += kChunk) {
+      const size_t bytes = std::min(kChunk, extra - off);
+      if (!random) {
+        CUDA_OK(cudaMemset(big + off, ExtraByte(false, off, kChunk), bytes));
+        continue;
+      }
+      for (size_t w = 0; w < bytes / 8; ++w) words[w] = RandomWord(off / 8 + w);
+      CUDA_OK(cudaMemcpy(big + off, words.data(), bytes, cudaMemcpyHostToDevice));
+    }
   }
   const int n = 1 << 16;
   int* a = nullptr;
@@ -93,9 +124,8 @@ int main(int argc, char** argv) {
     for (size_t off = 0; off < extra; off += kChunk) {
       const size_t at = off + (std::min(kChunk, extra - off) - got.size()) / 2;
       CUDA_OK(cudaMemcpy(got.data(), big + at, got.size(), cudaMemcpyDeviceToHost));
-      const auto want_byte = static_cast<unsigned char>((off / kChunk * 37 + 11) & 0xff);
-      for (unsigned char b : got) {
-        if (b != want_byte) {
+      for (size_t j = 0; j < got.size(); ++j) {
+        if (got[j] != ExtraByte(random, at + j, kChunk)) {
           ++bad_chunks;
           break;
         }

@@ -101,6 +101,8 @@ def commands(body):
     after any VAR=value assignments and wrappers; `export VAR=...` is the variable's name."""
     joined, out = "\n".join(body).replace("\\\n", " "), []
     for line in joined.splitlines():
+        if line.lstrip().startswith("#"):  # a comment line (a program's output): its `;` and `|` are text
+            continue
         for part in re.split(r"&&|\|\||;|\|", line):
             try:
                 words = shlex.split(part, comments=True)

@@ -35,14 +35,15 @@ def two(tmp_path):
         d.stop()
 
 
-def start_loop(d, iterations, pause_ms, shm=False, extra_mib=0):
+def start_loop(d, iterations, pause_ms, shm=False, extra_mib=0, fill="bytes"):
     """move_loop against oriond `d` (over TCP, or its region), once its setup is done (READY);
-    `extra_mib` more device memory, in chunks of their own byte values, checked at its end."""
+    `extra_mib` more device memory, in chunks of their own byte values (`fill` "bytes") or random
+    bytes ("random"), checked at its end."""
     env = d.env(ORION_GMEM=256)
     if not shm:
         env.pop("ORION_SHM")
         env["ORION_SERVER"] = f"127.0.0.1:{d.port}"
-    p = subprocess.Popen([str(TEST_BIN / "move_loop"), str(iterations), str(pause_ms), str(extra_mib)], env=env,
+    p = subprocess.Popen([str(TEST_BIN / "move_loop"), str(iterations), str(pause_ms), str(extra_mib), fill], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in p.stdout:
         if line.strip() == "READY":
@@ -59,6 +60,15 @@ def only_session(d):
     sessions = smi_json(d)
     assert len(sessions) == 1, sessions
     return sessions[0]["session"]
+
+
+def move_answer(r, session, port):
+    """orion-smi migrate's answer, parsed: bytes sent, ms, and what the device memory became on the
+    wire (bytes of it; chunks sent raw, as all zero, lz4-compressed)."""
+    m = re.fullmatch(rf"session {session} moved to 127\.0\.0\.1:{port} \((\d+) bytes in (\d+) ms; (\d+) bytes of "
+                     r"device memory: (\d+) raw, (\d+) zero, (\d+) lz4 chunks\)\n", r.stdout)
+    assert r.returncode == 0 and m, (r.stdout, r.stderr)
+    return dict(zip(("sent", "ms", "memory", "raw", "zero", "lz4"), map(int, m.groups())))
 
 
 def finish(p, checks=4):
@@ -78,11 +88,11 @@ def test_a_running_program_moves_to_another_oriond_and_back(two):
     a, b = two
     p = start_loop(a, 80, 50, extra_mib=96)
     first = only_session(a)
-    r = migrate(a, first, f"127.0.0.1:{b.port}")
-    assert r.returncode == 0, r.stderr
-    m = re.fullmatch(rf"session {first} moved to 127\.0\.0\.1:{b.port} \((\d+) bytes in (\d+) ms\)\n", r.stdout)
-    assert m, r.stdout
-    assert int(m.group(1)) > (96 << 20) + (256 << 10)  # the 96 MiB and the 256 KiB array, at least
+    went = move_answer(migrate(a, first, f"127.0.0.1:{b.port}"), first, b.port)
+    assert went["memory"] >= (96 << 20) + (256 << 10), went  # the 96 MiB and the 256 KiB array, at least
+    # Each 64 MiB of one byte value goes lz4-compressed (24 chunks of 4 MiB), so the move sends a
+    # small part of it.
+    assert went["lz4"] >= 24 and went["sent"] < went["memory"] // 10, went
     # The source's worker has answered and exits; oriond lists the session until it reaps it.
     wait_until(lambda: smi_json(a) == [], 10)
     moved = only_session(b)
@@ -149,11 +159,8 @@ def test_a_shared_memory_session_moves_to_another_oriond_over_tcp(two, tmp_path)
         p = start_loop(a, 60, 50, shm=True, extra_mib=32)
         first = only_session(a)
         assert smi_json(a)[0]["transport"] == "shm"
-        r = migrate(a, first, f"127.0.0.1:{b.port}")
-        assert r.returncode == 0, r.stderr
-        m = re.fullmatch(rf"session {first} moved to 127\.0\.0\.1:{b.port} \((\d+) bytes in (\d+) ms\)\n",
-                         r.stdout)
-        assert m and int(m.group(1)) > 32 << 20, r.stdout
+        went = move_answer(migrate(a, first, f"127.0.0.1:{b.port}"), first, b.port)
+        assert went["memory"] > 32 << 20 and went["lz4"] >= 8, went
         wait_until(lambda: smi_json(a) == [], 10)
         moved = smi_json(b)
         assert len(moved) == 1 and moved[0]["transport"] == "tcp", moved
@@ -211,6 +218,7 @@ class FailingTarget:
         self.srv = socket.create_server(("127.0.0.1", 0))
         self.port = self.srv.getsockname()[1]
         self.received = 0
+        self.memory = 0  # bytes of device memory the snapshot's records said they hold
         self.thread = threading.Thread(target=self.run, daemon=True)
         self.thread.start()
 
@@ -230,19 +238,24 @@ class FailingTarget:
                     self.received += len(chunk)
             else:
                 # The snapshot's records (session_snapshot.cpp): a RecordHead {kind u32, flags u32,
-                # meta u64, contents u64}, then meta and contents bytes; kind 13 ends it.
-                while True:
-                    kind, _, meta, contents = struct.unpack("<IIQQ", recv_exact(conn, 24))
-                    self.received += 24
-                    for left in (meta, contents):
-                        while left > 0:
-                            chunk = conn.recv(min(left, 1 << 20))
-                            if not chunk:
-                                return
-                            left -= len(chunk)
-                            self.received += len(chunk)
-                    if kind == 13:
-                        break
+                # meta u64, contents u64}, then meta bytes, then `contents` bytes of device memory
+                # as chunks of up to 4 MiB, each a ChunkHead {form u32, stored u32} and `stored`
+                # bytes (snapshot_chunks.h); kind 13 ends it.
+                try:
+                    while True:
+                        kind, _, meta, contents = struct.unpack("<IIQQ", recv_exact(conn, 24))
+                        self.received += 24 + meta
+                        recv_exact(conn, meta)
+                        self.memory += contents
+                        while contents > 0:
+                            _, stored = struct.unpack("<II", recv_exact(conn, 8))
+                            recv_exact(conn, stored)
+                            self.received += 8 + stored
+                            contents -= min(contents, 4 << 20)
+                        if kind == 13:
+                            break
+                except ConnectionError:  # the source gave up
+                    return
                 token = b"5f" * 16
                 conn.sendall(header(OP["Hello"], h[3], len(token)) + token)  # restored
             if self.mute:
@@ -270,7 +283,7 @@ def test_a_program_that_cannot_reach_the_target_comes_back_to_the_source(two):
     assert r.returncode == 1
     assert r.stderr == (f"session {sess} not moved: the program could not resume at 127.0.0.1:{target.port} "
                         "and runs here again\n"), r.stderr
-    assert target.received > 16 << 20  # the whole snapshot went there
+    assert target.memory > 16 << 20  # the whole snapshot went there
     assert only_session(a) == sess
     result = finish(p, checks=5)
     assert f"the session could not follow its move to oriond at 127.0.0.1:{target.port}" in result.stderr
@@ -289,7 +302,7 @@ def test_a_shared_memory_program_that_cannot_reach_the_target_comes_back_on_its_
     assert r.returncode == 1
     assert r.stderr == (f"session {sess} not moved: the program could not resume at 127.0.0.1:{target.port} "
                         "and runs here again\n"), r.stderr
-    assert target.received > 16 << 20
+    assert target.memory > 16 << 20
     assert only_session(a) == sess and smi_json(a)[0]["transport"] == "shm"
     r = migrate(a, sess, f"127.0.0.1:{b.port}")
     assert r.returncode == 0, r.stderr
@@ -316,11 +329,12 @@ def test_a_program_whose_target_never_answers_comes_back_to_the_source(two):
 
 
 def test_a_target_that_breaks_mid_snapshot_leaves_the_session_at_the_source(two):
-    """The target closes its connection 1 MiB into a 32 MiB snapshot: the move is refused (the
-    stream broke), the program is never told to go, and it finishes at the source unaware."""
+    """The target closes its connection 1 MiB into a 32 MiB snapshot (random bytes: they go as they
+    are, so the stream is that long): the move is refused (the stream broke), the program is never
+    told to go, and it finishes at the source unaware."""
     a, _ = two
     target = FailingTarget(drop_after=1 << 20)
-    p = start_loop(a, 60, 50, extra_mib=32)
+    p = start_loop(a, 60, 50, extra_mib=32, fill="random")
     sess = only_session(a)
     r = migrate(a, sess, f"127.0.0.1:{target.port}")
     assert r.returncode == 1
