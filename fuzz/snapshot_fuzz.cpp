@@ -128,7 +128,7 @@ constexpr char kPtx[] =
 
 // SNAPSHOT_FUZZ_SEEDS=DIR: writes snapshots of a few real sessions there, then exits.
 void WriteSeeds(const char* dir) {
-  for (int variant = 0; variant < 4; ++variant) {
+  for (int variant = 0; variant < 5; ++variant) {
     const std::string cache = std::string(dir) + "/.cache";  // snapshots take module images from it
     std::filesystem::create_directories(cache);
     Target t(cache);
@@ -165,6 +165,36 @@ void WriteSeeds(const char* dir) {
       (void)t.Call(Op::kEventCreate, EventCreateReq{0, 0}, &rep);
       (void)t.Call(Op::kEventRecord, EventRecordReq{Target::As<HandleRep>(rep).handle, 0});
       (void)t.Call(Op::kCtxSetLimit, LimitReq{CU_LIMIT_STACK_SIZE, 0, 2048});
+    }
+    if (variant == 4) {  // CUDA arrays, a mipmapped array with a level asked for, texture and surface objects
+      (void)t.Call(Op::kArrayCreate, ArrayCreateReq{16, 4, 0, CU_AD_FORMAT_FLOAT, 1, CUDA_ARRAY3D_SURFACE_LDST, 0},
+                   &rep);
+      const uint64_t arr = Target::As<HandleRep>(rep).handle;
+      ArrayCopyReq up{};
+      up.src_pitch = 64;
+      up.dst = arr;
+      up.width_bytes = 64;
+      up.height = 4;
+      up.src_side = kSideWindow;
+      up.dst_side = kSideArray;
+      (void)t.Call(Op::kMemcpyArray, up);
+      (void)t.Call(Op::kMipmappedArrayCreate, MipmapCreateReq{{8, 8, 0, CU_AD_FORMAT_UNSIGNED_INT8, 4, 0, 0}, 2, 0},
+                   &rep);
+      (void)t.Call(Op::kMipmappedArrayGetLevel, MipmapLevelReq{Target::As<HandleRep>(rep).handle, 1, 0});
+      TexObjectReq tex{};
+      tex.res = arr;
+      tex.res_type = CU_RESOURCE_TYPE_ARRAY;
+      (void)t.Call(Op::kTexObjectCreate, tex);
+      tex.surface = 1;
+      (void)t.Call(Op::kTexObjectCreate, tex);
+      tex = TexObjectReq{};
+      tex.res = a;
+      tex.res_type = CU_RESOURCE_TYPE_LINEAR;
+      tex.format = CU_AD_FORMAT_FLOAT;
+      tex.channels = 1;
+      tex.width = 1024;
+      (void)t.Call(Op::kTexObjectCreate, tex);
+      (void)t.Call(Op::kArrayDestroy, HandleReq{arr});  // lives on for its objects
     }
     if (variant == 2) {
       (void)t.Call(Op::kMemAddressReserve, MemReserveReq{2 * kVmmGranularity, 0, 0}, &rep);

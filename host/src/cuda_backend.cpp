@@ -827,6 +827,7 @@ class CudaBackend final : public Backend {
   }
 
   CUresult TexObjectCreate(const TexSpec& t, uint64_t* object) override {
+    if (*object != 0) return CUDA_ERROR_NOT_SUPPORTED;  // the driver chooses the value
     CUDA_RESOURCE_DESC rd;
     std::memset(&rd, 0, sizeof rd);
     rd.resType = static_cast<CUresourcetype>(t.res_type);

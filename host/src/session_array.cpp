@@ -97,8 +97,15 @@ bool Session::CopySideOk(uint32_t side, uint64_t at, uint64_t pitch, uint64_t x,
 }
 
 CUresult Session::OnArrayCreate(const ArrayCreateReq& q, Call& c) {
-  CUresult r = CUDA_SUCCESS;
   if (cur_ctx_ == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  uint64_t id = 0;
+  const CUresult r = CreateArray(q, 0, &id);
+  if (r == CUDA_SUCCESS) c.Put(HandleRep{id});
+  return r;
+}
+
+CUresult Session::CreateArray(const ArrayCreateReq& q, uint64_t want, uint64_t* id) {
+  CUresult r = CUDA_SUCCESS;
   if (r = CheckArrayDesc(q, "ArrayCreate"); r != CUDA_SUCCESS) return r;
   if (HandlesFull()) return CUDA_ERROR_OUT_OF_MEMORY;
   ArrayRec a = ArrayGeometry(q.format, q.channels, q.flags, q.width, q.height, q.depth);
@@ -113,9 +120,8 @@ CUresult Session::OnArrayCreate(const ArrayCreateReq& q, Call& c) {
     Uncharge(cur_dev_, a.charged);
     return r;
   }
-  const uint64_t id = NewId();
-  arrays_.Add(id, a);
-  c.Put(HandleRep{id});
+  *id = want != 0 ? want : NewId();
+  arrays_.Add(*id, a);
   return r;
 }
 
@@ -143,8 +149,15 @@ CUresult Session::OnMemcpyArray(const ArrayCopyReq& q, Call& /*c*/) {
 }
 
 CUresult Session::OnTexObjectCreate(const TexObjectReq& q, Call& c) {
-  CUresult r = CUDA_SUCCESS;
   if (cur_ctx_ == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  uint64_t object = 0;
+  const CUresult r = CreateTexObject(q, &object);
+  if (r == CUDA_SUCCESS) c.Put(U64Rep{object});
+  return r;
+}
+
+CUresult Session::CreateTexObject(const TexObjectReq& q, uint64_t* object) {
+  CUresult r = CUDA_SUCCESS;
   Backend::TexSpec t;
   t.res_type = q.res_type;
   t.surface = q.surface != 0;
@@ -218,17 +231,15 @@ CUresult Session::OnTexObjectCreate(const TexObjectReq& q, Call& c) {
   }
   if (!ok) return CUDA_ERROR_INVALID_VALUE;
   if (HandlesFull()) return CUDA_ERROR_OUT_OF_MEMORY;
-  uint64_t object = 0;
-  r = b_->TexObjectCreate(t, &object);
+  r = b_->TexObjectCreate(t, object);
   if (r != CUDA_SUCCESS) return r;
-  if (!texobjs_.Add({object, t.surface}, TexRec{array_id, mipmap_id, cur_dev_})) {
-    p_.log->error("sess={} op=TexObjectCreate: the backend returned object {:#x} twice", p_.session_id, object);
-    (void)b_->TexObjectDestroy(object, t.surface);
+  if (!texobjs_.Add({*object, t.surface}, TexRec{array_id, mipmap_id, cur_dev_, q})) {
+    p_.log->error("sess={} op=TexObjectCreate: the backend returned object {:#x} twice", p_.session_id, *object);
+    (void)b_->TexObjectDestroy(*object, t.surface);
     return CUDA_ERROR_UNKNOWN;
   }
   if (array_id != 0) ++arrays_.Known(array_id).objects;
   if (mipmap_id != 0) ++mipmaps_.Known(mipmap_id).objects;
-  c.Put(U64Rep{object});
   return r;
 }
 
@@ -252,8 +263,15 @@ CUresult Session::OnTexObjectDestroy(const ObjectReq& q, Call& /*c*/) {
 }
 
 CUresult Session::OnMipmappedArrayCreate(const MipmapCreateReq& q, Call& c) {
-  CUresult r = CUDA_SUCCESS;
   if (cur_ctx_ == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  uint64_t id = 0;
+  const CUresult r = CreateMipmap(q, 0, &id);
+  if (r == CUDA_SUCCESS) c.Put(HandleRep{id});
+  return r;
+}
+
+CUresult Session::CreateMipmap(const MipmapCreateReq& q, uint64_t want, uint64_t* id) {
+  CUresult r = CUDA_SUCCESS;
   const ArrayCreateReq& a = q.array;
   const uint64_t fb = FormatBytes(a.format);
   if ((a.flags & (CUDA_ARRAY3D_LAYERED | CUDA_ARRAY3D_CUBEMAP)) != 0) {
@@ -290,30 +308,36 @@ CUresult Session::OnMipmappedArrayCreate(const MipmapCreateReq& q, Call& c) {
     Uncharge(cur_dev_, m.charged);
     return r;
   }
-  const uint64_t id = NewId();
-  mipmaps_.Add(id, std::move(m));
-  c.Put(HandleRep{id});
+  *id = want != 0 ? want : NewId();
+  mipmaps_.Add(*id, std::move(m));
   return r;
 }
 
 CUresult Session::OnMipmappedArrayGetLevel(const MipmapLevelReq& q, Call& c) {
+  uint64_t id = 0;
+  const CUresult r = q.reserved != 0 ? CUDA_ERROR_INVALID_HANDLE : MipmapLevel(q.mipmap, q.level, 0, &id);
+  if (r == CUDA_SUCCESS) c.Put(HandleRep{id});
+  return r;
+}
+
+CUresult Session::MipmapLevel(uint64_t mipmap, uint32_t level, uint64_t want, uint64_t* id) {
   CUresult r = CUDA_SUCCESS;
-  MipmapRec* m = LiveMipmap(q.mipmap);
-  if (m == nullptr || q.reserved != 0) return CUDA_ERROR_INVALID_HANDLE;
-  if (q.level >= m->levels) return CUDA_ERROR_INVALID_VALUE;
-  if (m->level_ids[q.level] == 0) {
-    ArrayRec a = ArrayGeometry(m->format, m->channels, m->flags, std::max<uint64_t>(m->width >> q.level, 1),
-                               m->height != 0 ? std::max<uint64_t>(m->height >> q.level, 1) : 0,
-                               m->depth != 0 ? std::max<uint64_t>(m->depth >> q.level, 1) : 0);
-    r = b_->MipmappedArrayGetLevel(m->backend, q.level, &a.backend);
+  MipmapRec* m = LiveMipmap(mipmap);
+  if (m == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (level >= m->levels) return CUDA_ERROR_INVALID_VALUE;
+  if (m->level_ids[level] == 0) {
+    ArrayRec a = ArrayGeometry(m->format, m->channels, m->flags, std::max<uint64_t>(m->width >> level, 1),
+                               m->height != 0 ? std::max<uint64_t>(m->height >> level, 1) : 0,
+                               m->depth != 0 ? std::max<uint64_t>(m->depth >> level, 1) : 0);
+    r = b_->MipmappedArrayGetLevel(m->backend, level, &a.backend);
     if (r != CUDA_SUCCESS) return r;
     a.dev = m->dev;
-    a.mipmap = q.mipmap;
-    const uint64_t id = NewId();
-    arrays_.Add(id, a);
-    m->level_ids[q.level] = id;
+    a.mipmap = mipmap;
+    const uint64_t made = want != 0 ? want : NewId();
+    arrays_.Add(made, a);
+    m->level_ids[level] = made;
   }
-  c.Put(HandleRep{m->level_ids[q.level]});
+  *id = m->level_ids[level];
   return r;
 }
 

@@ -236,6 +236,14 @@ class Session : private SessionState {
   // A CUDA array descriptor Orion serves: CUDA_ERROR_NOT_SUPPORTED (logged) for a format or flags it
   // does not, CUDA_ERROR_INVALID_VALUE for extents or channels no GPU takes.
   CUresult CheckArrayDesc(const ArrayCreateReq& q, const char* op);
+  // The creations behind ArrayCreate, MipmappedArrayCreate, MipmappedArrayGetLevel and
+  // TexObjectCreate, on the current device, with every check the client's request gets; a restore
+  // makes the moved objects again through them. `want`: the handle to give (the restore's, checked
+  // free by it), 0 for a new one; *object in: the object value to give (0: the backend's choice).
+  CUresult CreateArray(const ArrayCreateReq& q, uint64_t want, uint64_t* id);
+  CUresult CreateMipmap(const MipmapCreateReq& q, uint64_t want, uint64_t* id);
+  CUresult MipmapLevel(uint64_t mipmap, uint32_t level, uint64_t want, uint64_t* id);
+  CUresult CreateTexObject(const TexObjectReq& q, uint64_t* object);
   // A tensor map whose parameters were checked (`ok`; else `bad` says why) and whose global address
   // must be the session's device memory, encoded into `*rep` by `encode` (op: the entry point's name).
   template <typename Encode>
@@ -263,7 +271,13 @@ class Session : private SessionState {
   bool RestoreModule(uint32_t kind, std::span<const uint8_t> body, uint64_t contents, SnapshotReader& in,
                      std::string* why);
   bool RestoreQueue(uint32_t kind, std::span<const uint8_t> body, std::string* why);
+  bool SnapshotArrays(SnapshotWriter& out, std::string* why);
+  bool RestoreArrays(uint32_t kind, std::span<const uint8_t> body, uint64_t contents, SnapshotReader& in,
+                     std::string* why);
   bool UseContextOf(uint64_t ctx, std::string* why);
+  // Makes a context of device `dev` current (its primary one where it has one) for what a record
+  // restores there.
+  bool UseDevice(uint32_t dev, std::string* why);
   // Restore's bookkeeping: the snapshot's header was read, and the module variables placed (their
   // ranges: the only ones an uncounted allocation record may name).
   bool restore_header_ = false;
@@ -271,6 +285,7 @@ class Session : private SessionState {
   uint64_t restore_cur_ctx_ = 0;
   uint32_t restore_cur_dev_ = 0;
   std::map<uint64_t, uint64_t> restore_globals_;
+  std::vector<std::pair<uint64_t, bool>> restore_destroyed_;  // arrays (mipmapped: true) the program destroyed
 
   // Checks one side of a MemcpyArray and fills the backend's view of it.
   bool CopySideOk(uint32_t side, uint64_t at, uint64_t pitch, uint64_t x, uint64_t y, uint64_t z, uint64_t width,

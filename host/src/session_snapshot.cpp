@@ -47,6 +47,9 @@ enum RecKind : uint32_t {
   kRecEvent,
   kRecScratch,
   kRecEnd,
+  kRecMipmap,     // 14: a mipmapped array, its level handles, the bytes of every level
+  kRecArray,      // 15: a CUDA array that is no level, and its bytes
+  kRecTexObject,  // 16: a texture or surface object, as the client asked for it
 };
 
 struct RecordHead {
@@ -54,6 +57,24 @@ struct RecordHead {
   uint32_t flags;     // 0 (reserved)
   uint64_t meta;      // bytes of the record's struct and its variable parts
   uint64_t contents;  // bytes of device memory after them (as chunks: snapshot_chunks.h)
+};
+// A CUDA array (kRecArray) or mipmapped array (kRecMipmap, then `desc.levels` uint64 level handles,
+// 0 for a level never asked for), as created; `destroyed`: destroyed by the program, alive for the
+// texture or surface objects that use it.
+struct ArrayObjRec {
+  uint64_t id;
+  uint32_t dev, destroyed;
+  ArrayCreateReq desc;
+};
+struct MipmapObjRec {
+  uint64_t id;
+  uint32_t dev, destroyed;
+  MipmapCreateReq desc;
+};
+struct TexObjRec {
+  uint64_t object;
+  uint32_t dev, surface;
+  TexObjectReq req;
 };
 struct HeaderRec {
   char magic[8];
@@ -186,8 +207,6 @@ bool Fail(std::string* why, std::string msg) {
 // ---- Snapshot ----
 
 bool Session::CanMove(std::string* why) {
-  if (arrays_.size() != 0 || mipmaps_.size() != 0 || texobjs_.size() != 0)
-    return Fail(why, "it holds CUDA arrays or texture or surface objects, which do not move yet");
   if (!ipc_exports_.empty() || !ipc_imports_.empty() || !ipc_event_exports_.empty() || !lingering_.empty() ||
       !adopted_.empty())
     return Fail(why, "it shares memory or events with another process through CUDA IPC");
@@ -270,7 +289,7 @@ bool Session::SnapshotBody(SnapshotWriter& out, const std::map<uint64_t, void*>&
       if (!WriteRecord(out, kRecContext, meta, 0)) return Fail(why, broken);
     }
   }
-  if (!SnapshotMemory(out, why) || !SnapshotModules(out, why)) return false;
+  if (!SnapshotMemory(out, why) || !SnapshotModules(out, why) || !SnapshotArrays(out, why)) return false;
   for (auto& [id, o] : handles_) {
     if (o.kind == Kind::kStream) {
       meta.clear();
@@ -428,7 +447,8 @@ bool Session::SnapshotModules(SnapshotWriter& out, std::string* why) {
 // ---- Restore ----
 
 bool Session::Restore(SnapshotReader& in, std::string* why) {
-  if (handles_.size() != 0 || !allocs_.empty() || !reservations_.empty() || physicals_.size() != 0)
+  if (handles_.size() != 0 || !allocs_.empty() || !reservations_.empty() || physicals_.size() != 0 ||
+      arrays_.size() != 0 || mipmaps_.size() != 0 || texobjs_.size() != 0)
     return Fail(why, "the session restored into is not empty");
   std::vector<uint8_t> meta;
   for (;;) {
@@ -443,6 +463,17 @@ bool Session::Restore(SnapshotReader& in, std::string* why) {
       break;
     }
     if (!RestoreRecord(h.kind, meta, h.contents, in, why)) return false;
+  }
+  // Arrays the program destroyed live on for their texture and surface objects (made again above
+  // while the arrays were live), as at the source.
+  for (const auto& [id, mipmap] : restore_destroyed_) {
+    if (mipmap) {
+      if (MipmapRec* m = mipmaps_.Find(id); m != nullptr) m->destroyed = true;
+      MaybeFreeMipmap(id);
+    } else {
+      if (ArrayRec* a = arrays_.Find(id); a != nullptr) a->destroyed = true;
+      MaybeFreeArray(id);
+    }
   }
   // A released physical allocation lives for its mappings (they followed it in the snapshot).
   for (auto& [pid, ph] : physicals_) {
@@ -480,7 +511,8 @@ bool Session::RestoreRecord(uint32_t kind, std::span<const uint8_t> body, uint64
                             std::string* why) {
   Cursor cur(body);
   // Device memory follows only the records that carry it, and exactly as much as they say.
-  const bool takes_contents = kind == kRecAlloc || kind == kRecMapping || kind == kRecGlobal;
+  const bool takes_contents =
+      kind == kRecAlloc || kind == kRecMapping || kind == kRecGlobal || kind == kRecArray || kind == kRecMipmap;
   if (contents != 0 && !takes_contents) return Fail(why, "a record carries memory its kind has none of");
   switch (kind) {
     case kRecHeader: {
@@ -547,6 +579,9 @@ bool Session::RestoreRecord(uint32_t kind, std::span<const uint8_t> body, uint64
     case kRecStream:
     case kRecEvent:
     case kRecScratch: return RestoreQueue(kind, body, why);
+    case kRecMipmap:
+    case kRecArray:
+    case kRecTexObject: return RestoreArrays(kind, body, contents, in, why);
     default: return Fail(why, "the snapshot has a record of unknown kind " + std::to_string(kind));
   }
 }
@@ -867,6 +902,200 @@ CUresult Session::MovedElapsedTime(uint64_t start, uint64_t end, float* ms) {
   }
   *ms = static_cast<float>(t[1] - t[0]);
   return CUDA_SUCCESS;
+}
+
+}  // namespace orion::host::detail
+
+// ---- CUDA arrays, mipmapped arrays, texture and surface objects ----
+
+namespace orion::host::detail {
+namespace {
+
+// The rows of an array level or array: bytes per row, rows per slice, slices (CUDA's convention:
+// height 0 = 1D, depth 0 = 2D).
+struct Rows {
+  uint64_t row_bytes, rows, slices;
+};
+Rows RowsOf(uint32_t format, uint32_t channels, uint64_t width, uint64_t height, uint64_t depth) {
+  return {width * ArrayFormatBytes(format) * channels, std::max<uint64_t>(height, 1), std::max<uint64_t>(depth, 1)};
+}
+// Level `l` of a mipmapped array: each dimension halved per level, never below 1.
+Rows LevelRows(const MipmapCreateReq& q, uint32_t l) {
+  const ArrayCreateReq& a = q.array;
+  return RowsOf(a.format, a.channels, std::max<uint64_t>(a.width >> l, 1),
+                a.height != 0 ? std::max<uint64_t>(a.height >> l, 1) : 0,
+                a.depth != 0 ? std::max<uint64_t>(a.depth >> l, 1) : 0);
+}
+
+// An array's bytes go as runs of whole rows, each at most one snapshot chunk (a row is at most
+// 2 MiB: 2^17 texels of 16 bytes), in the same order on both sides: fn(z, y, rows) for each.
+template <typename Fn>
+bool ForRuns(const Rows& g, Fn fn) {
+  const uint64_t per = std::max<uint64_t>(1, kChunk / std::max<uint64_t>(g.row_bytes, 1));
+  for (uint64_t z = 0; z < g.slices; ++z) {
+    for (uint64_t y = 0; y < g.rows; y += per) {
+      if (!fn(z, y, std::min(per, g.rows - y))) return false;
+    }
+  }
+  return true;
+}
+
+// The bytes of backend array `array` (of geometry `g`) into `enc`, or from `in`, through `buf`.
+bool WriteArray(Backend& b, ChunkEncoder& enc, void* array, const Rows& g, std::vector<uint8_t>* buf,
+                std::string* why) {
+  return ForRuns(g, [&](uint64_t z, uint64_t y, uint64_t rows) {
+    buf->resize(rows * g.row_bytes);
+    const Backend::CopySide dst{kSideWindow, 0, buf->data(), nullptr, g.row_bytes, 0, 0, 0};
+    const Backend::CopySide src{kSideArray, 0, nullptr, array, 0, 0, y, z};
+    if (b.MemcpyArray(dst, src, g.row_bytes, rows, nullptr) != CUDA_SUCCESS || b.CtxSynchronize() != CUDA_SUCCESS)
+      return Fail(why, "reading a CUDA array failed");
+    return enc.Write(buf->data(), static_cast<uint32_t>(buf->size())) || Fail(why, "the stream to the target broke");
+  });
+}
+bool ReadArray(Backend& b, SnapshotReader& in, void* array, const Rows& g, std::string* why) {
+  std::vector<uint8_t> buf, scratch;
+  return ForRuns(g, [&](uint64_t z, uint64_t y, uint64_t rows) {
+    buf.resize(rows * g.row_bytes);
+    if (!ReadChunk(in, buf.data(), static_cast<uint32_t>(buf.size()), &scratch, why)) return false;
+    const Backend::CopySide dst{kSideArray, 0, nullptr, array, 0, 0, y, z};
+    const Backend::CopySide src{kSideWindow, 0, buf.data(), nullptr, g.row_bytes, 0, 0, 0};
+    if (b.MemcpyArray(dst, src, g.row_bytes, rows, nullptr) != CUDA_SUCCESS || b.CtxSynchronize() != CUDA_SUCCESS)
+      return Fail(why, "writing a CUDA array failed");
+    return true;
+  });
+}
+
+template <typename Table>
+std::vector<uint64_t> SortedIds(Table& t) {
+  std::vector<uint64_t> ids;
+  for (auto& [id, rec] : t) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+}  // namespace
+
+bool Session::SnapshotArrays(SnapshotWriter& out, std::string* why) {
+  const std::string broken = "the stream to the target broke";
+  std::vector<uint8_t> meta, buf;
+  ChunkEncoder enc(out);
+  for (const uint64_t id : SortedIds(mipmaps_)) {
+    const MipmapRec& m = mipmaps_.Known(id);
+    MipmapObjRec r{id, m.dev, m.destroyed ? 1u : 0u, {}};
+    r.desc.array = ArrayCreateReq{m.width, m.height, m.depth, m.format, m.channels, m.flags, 0};
+    r.desc.levels = m.levels;
+    uint64_t bytes = 0;
+    for (uint32_t l = 0; l < m.levels; ++l) {
+      const Rows g = LevelRows(r.desc, l);
+      bytes += g.row_bytes * g.rows * g.slices;
+    }
+    meta.clear();
+    Append(&meta, r);
+    for (const uint64_t level : m.level_ids) Append(&meta, level);
+    if (!WriteRecord(out, kRecMipmap, meta, bytes)) return Fail(why, broken);
+    for (uint32_t l = 0; l < m.levels; ++l) {
+      void* level = nullptr;
+      if (b_->MipmappedArrayGetLevel(m.backend, l, &level) != CUDA_SUCCESS)
+        return Fail(why, "reading a mipmapped array's level failed");
+      if (!WriteArray(*b_, enc, level, LevelRows(r.desc, l), &buf, why)) return false;
+    }
+  }
+  for (const uint64_t id : SortedIds(arrays_)) {
+    const ArrayRec& a = arrays_.Known(id);
+    if (a.mipmap != 0) continue;  // a level: with its mipmapped array
+    const ArrayObjRec r{id, a.dev, a.destroyed ? 1u : 0u,
+                        ArrayCreateReq{a.width, a.height, a.depth, a.format, a.channels, a.flags, 0}};
+    meta.clear();
+    Append(&meta, r);
+    if (!WriteRecord(out, kRecArray, meta, a.row_bytes * a.rows * a.slices) ||
+        !WriteArray(*b_, enc, a.backend, Rows{a.row_bytes, a.rows, a.slices}, &buf, why))
+      return why->empty() ? Fail(why, broken) : false;
+  }
+  for (auto& [key, t] : texobjs_) {
+    meta.clear();
+    Append(&meta, TexObjRec{key.first, t.dev, key.second ? 1u : 0u, t.req});
+    if (!WriteRecord(out, kRecTexObject, meta, 0)) return Fail(why, broken);
+  }
+  return true;
+}
+
+bool Session::UseDevice(uint32_t dev, std::string* why) {
+  Obj* ctx = nullptr;
+  for (auto& [id, o] : handles_) {
+    if (o.kind == Kind::kCtx && o.dev == dev && (ctx == nullptr || o.primary)) ctx = &o;
+  }
+  if (ctx == nullptr || b_->SetCurrent(ctx->backend) != CUDA_SUCCESS)
+    return Fail(why, "a record's device has no context");
+  cur_dev_ = dev;
+  return true;
+}
+
+bool Session::RestoreArrays(uint32_t kind, std::span<const uint8_t> body, uint64_t contents, SnapshotReader& in,
+                            std::string* why) {
+  Cursor cur(body);
+  // A handle the snapshot gives: one the source could have made, and no object's here yet.
+  auto fresh = [&](uint64_t id) {
+    return id != 0 && id % 0x10 == 0 && id < restore_next_handle_ && handles_.Find(id) == nullptr &&
+           arrays_.Find(id) == nullptr && mipmaps_.Find(id) == nullptr;
+  };
+  if (kind == kRecTexObject) {
+    TexObjRec t{};
+    if (!cur.Get(&t) || !cur.Done() || t.surface != t.req.surface || t.object == 0 || t.object >= (uint64_t{1} << 48))
+      return Fail(why, "a texture object record is malformed");
+    if (!UseDevice(t.dev, why)) return false;
+    uint64_t object = t.object;
+    if (const CUresult r = CreateTexObject(t.req, &object); r != CUDA_SUCCESS || object != t.object)
+      return Fail(why, "making a texture or surface object again failed (" + std::to_string(r) + ")");
+    return true;
+  }
+  if (kind == kRecArray) {
+    ArrayObjRec a{};
+    if (!cur.Get(&a) || !cur.Done() || a.destroyed > 1 || !fresh(a.id))
+      return Fail(why, "an array record is malformed or its handle taken");
+    if (!UseDevice(a.dev, why)) return false;
+    uint64_t id = 0;
+    if (const CUresult r = CreateArray(a.desc, a.id, &id); r != CUDA_SUCCESS)
+      return Fail(why, "making a CUDA array again failed (" + std::to_string(r) + ")");
+    const ArrayRec& made = arrays_.Known(id);
+    const Rows g{made.row_bytes, made.rows, made.slices};
+    if (contents != g.row_bytes * g.rows * g.slices) return Fail(why, "an array record's bytes are not its size");
+    if (a.destroyed != 0) restore_destroyed_.emplace_back(id, false);
+    return ReadArray(*b_, in, made.backend, g, why);
+  }
+  MipmapObjRec m{};
+  constexpr uint32_t kMaxLevels = 64;  // CreateMipmap checks the levels against the extents
+  if (!cur.Get(&m) || m.destroyed > 1 || m.desc.levels == 0 || m.desc.levels > kMaxLevels || !fresh(m.id))
+    return Fail(why, "a mipmapped array record is malformed or its handle taken");
+  std::vector<uint64_t> levels(m.desc.levels);
+  for (uint64_t& l : levels) {
+    if (!cur.Get(&l)) return Fail(why, "a mipmapped array record is malformed");
+  }
+  if (!cur.Done()) return Fail(why, "a mipmapped array record is malformed");
+  if (!UseDevice(m.dev, why)) return false;
+  uint64_t id = 0;
+  if (const CUresult r = CreateMipmap(m.desc, m.id, &id); r != CUDA_SUCCESS)
+    return Fail(why, "making a mipmapped array again failed (" + std::to_string(r) + ")");
+  uint64_t bytes = 0;
+  for (uint32_t l = 0; l < m.desc.levels; ++l) {
+    const Rows g = LevelRows(m.desc, l);
+    bytes += g.row_bytes * g.rows * g.slices;
+  }
+  if (contents != bytes) return Fail(why, "a mipmapped array record's bytes are not its size");
+  void* backend = mipmaps_.Known(id).backend;
+  for (uint32_t l = 0; l < m.desc.levels; ++l) {
+    void* level = nullptr;
+    if (b_->MipmappedArrayGetLevel(backend, l, &level) != CUDA_SUCCESS)
+      return Fail(why, "a mipmapped array's level is missing");
+    if (!ReadArray(*b_, in, level, LevelRows(m.desc, l), why)) return false;
+  }
+  for (uint32_t l = 0; l < m.desc.levels; ++l) {
+    uint64_t got = 0;
+    if (levels[l] == 0) continue;
+    if (!fresh(levels[l]) || MipmapLevel(id, l, levels[l], &got) != CUDA_SUCCESS || got != levels[l])
+      return Fail(why, "a mipmapped array's level handle is malformed or taken");
+  }
+  if (m.destroyed != 0) restore_destroyed_.emplace_back(id, true);
+  return true;
 }
 
 }  // namespace orion::host::detail

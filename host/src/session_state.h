@@ -102,6 +102,7 @@ struct TexRec {
   uint64_t array = 0;   // its array's id (0: linear or pitched memory, or a mipmapped array)
   uint64_t mipmap = 0;  // the mipmapped array it uses, itself or through one of its levels
   uint32_t dev = 0;
+  TexObjectReq req{};  // as the client asked for it (checked): what a move makes it again from
 };
 
 // One table of a session's objects by key (a handle from SessionState::NewId; for texture and

@@ -506,18 +506,128 @@ TEST_F(MigrationTest, ARestoredSessionServesTheSameHandlesAddressesAndBytes) {
 TEST_F(MigrationTest, WhatCannotMoveIsRefusedWithItsReason) {
   Context();
   const uint64_t a = Alloc(kMiB);
-  const Outcome arr = Send(Op::kArrayCreate, ArrayCreateReq{64, 64, 0, CU_AD_FORMAT_FLOAT, 1, 0, 0});
-  ASSERT_EQ(arr.status, CUDA_SUCCESS);
+  // Pinned memory (the window past its staging part) mapped for the device.
+  ASSERT_EQ(Status(Op::kHostGetDevicePointer, WindowRangeReq{channel_->layout().staging_bytes, 4096, 0}), CUDA_SUCCESS);
   VectorWriter snap;
   std::string why;
   EXPECT_FALSE(session_->Snapshot(snap, &why));
-  EXPECT_EQ(why, "it holds CUDA arrays or texture or surface objects, which do not move yet");
+  EXPECT_EQ(why, "it maps host memory for the device, which stays with this host");
   EXPECT_TRUE(snap.bytes().empty());
-  EXPECT_EQ(Status(Op::kArrayDestroy, HandleReq{arr.As<HandleRep>().handle}), CUDA_SUCCESS);
-  // Once the array is gone it moves.
-  why.clear();
-  EXPECT_TRUE(session_->Snapshot(snap, &why)) << why;
   EXPECT_EQ(Status(Op::kMemFree, MemFreeReq{a}), CUDA_SUCCESS);  // the source serves on
+}
+
+// CUDA arrays, mipmapped arrays, texture and surface objects move: the same handles and object
+// values, the same texels, the same quota charge. An array the program destroyed lives on at the
+// target for the texture object that uses it, and goes with that object, as at the source.
+TEST_F(MigrationTest, ArraysAndTextureObjectsMoveWithTheirTexels) {
+  Context();
+  auto make = [&](Op op, const auto& q) {
+    const Outcome o = Send(op, q);
+    EXPECT_EQ(o.status, CUDA_SUCCESS) << OpName(static_cast<uint16_t>(op));
+    return o.status == CUDA_SUCCESS ? o.As<HandleRep>().handle : 0;
+  };
+  auto copy = [&](uint64_t array, uint64_t row_bytes, uint64_t rows, uint64_t z, bool to_array) {
+    ArrayCopyReq q{};
+    (to_array ? q.dst : q.src) = array;
+    (to_array ? q.src_pitch : q.dst_pitch) = row_bytes;
+    (to_array ? q.dst_z : q.src_z) = z;
+    q.width_bytes = row_bytes;
+    q.height = rows;
+    q.src_side = to_array ? kSideWindow : kSideArray;
+    q.dst_side = to_array ? kSideArray : kSideWindow;
+    return Status(Op::kMemcpyArray, q);
+  };
+  struct Texels {
+    uint64_t array, row_bytes, rows, slices;
+    std::vector<std::vector<uint8_t>> bytes;  // per slice
+  };
+  std::vector<Texels> arrays;
+  auto fill = [&](uint64_t array, uint64_t row_bytes, uint64_t rows, uint64_t slices, uint8_t seed) {
+    Texels t{array, row_bytes, rows, slices, {}};
+    for (uint64_t z = 0; z < slices; ++z) {
+      t.bytes.push_back(Pattern(row_bytes * rows, static_cast<uint8_t>(seed + z)));
+      std::memcpy(channel_->window(), t.bytes.back().data(), row_bytes * rows);
+      EXPECT_EQ(copy(array, row_bytes, rows, z, true), CUDA_SUCCESS);
+    }
+    arrays.push_back(std::move(t));
+  };
+  const uint64_t flat = make(Op::kArrayCreate, ArrayCreateReq{300, 70, 0, CU_AD_FORMAT_FLOAT, 1, 0, 0});
+  const uint64_t line =
+      make(Op::kArrayCreate, ArrayCreateReq{1000, 0, 0, CU_AD_FORMAT_SIGNED_INT32, 1, CUDA_ARRAY3D_SURFACE_LDST, 0});
+  const uint64_t cube = make(Op::kArrayCreate, ArrayCreateReq{16, 8, 4, CU_AD_FORMAT_UNSIGNED_INT8, 4, 0, 0});
+  const uint64_t mip = make(Op::kMipmappedArrayCreate, MipmapCreateReq{{32, 32, 0, CU_AD_FORMAT_FLOAT, 2, 0, 0}, 3, 0});
+  const uint64_t level1 = make(Op::kMipmappedArrayGetLevel, MipmapLevelReq{mip, 1, 0});
+  fill(line, 4000, 1, 1, 3);
+  fill(cube, 64, 8, 4, 5);
+  fill(level1, 16 * 8, 16, 1, 7);
+  fill(flat, 1200, 70, 1, 9);
+  const uint64_t linear = Alloc(4096);
+  std::vector<std::pair<uint64_t, bool>> objects;  // value, surface
+  auto object = [&](TexObjectReq q) {
+    const Outcome o = Send(Op::kTexObjectCreate, q);
+    EXPECT_EQ(o.status, CUDA_SUCCESS);
+    objects.emplace_back(o.As<U64Rep>().value, q.surface != 0);
+    return objects.back().first;
+  };
+  TexObjectReq q{};
+  q.res_type = CU_RESOURCE_TYPE_ARRAY;
+  q.res = flat;
+  q.filter_mode = CU_TR_FILTER_MODE_LINEAR;
+  q.flags = CU_TRSF_NORMALIZED_COORDINATES;
+  q.address_mode[0] = q.address_mode[1] = CU_TR_ADDRESS_MODE_CLAMP;
+  const uint64_t on_flat = object(q);
+  q = TexObjectReq{};
+  q.res_type = CU_RESOURCE_TYPE_ARRAY;
+  q.res = line;
+  q.surface = 1;
+  const uint64_t surface = object(q);
+  q = TexObjectReq{};
+  q.res_type = CU_RESOURCE_TYPE_MIPMAPPED_ARRAY;
+  q.res = mip;
+  q.max_level = 0x40000000;  // 2.0f
+  object(q);
+  q = TexObjectReq{};
+  q.res_type = CU_RESOURCE_TYPE_LINEAR;
+  q.res = linear;
+  q.format = CU_AD_FORMAT_FLOAT;
+  q.channels = 1;
+  q.width = 1024;
+  object(q);
+  ASSERT_EQ(Status(Op::kArrayDestroy, HandleReq{flat}), CUDA_SUCCESS);  // lives on for on_flat
+  const DeviceMemoryRep charged = Send(Op::kDeviceMemoryInfo, DeviceReq{0, 0}).As<DeviceMemoryRep>();
+
+  VectorWriter snap;
+  std::string why;
+  ASSERT_TRUE(session_->Snapshot(snap, &why)) << why;
+  const auto source = Replace(64 * kMiB);
+  SpanReader in(snap.bytes());
+  ASSERT_TRUE(session_->Restore(in, &why)) << why;
+
+  EXPECT_EQ(Send(Op::kDeviceMemoryInfo, DeviceReq{0, 0}).As<DeviceMemoryRep>().allocated, charged.allocated);
+  for (const Texels& t : arrays) {
+    if (t.array == flat) continue;  // destroyed: the program cannot copy from it
+    for (uint64_t z = 0; z < t.slices; ++z) {
+      ASSERT_EQ(copy(t.array, t.row_bytes, t.rows, z, false), CUDA_SUCCESS) << t.array;
+      EXPECT_TRUE(std::equal(t.bytes[z].begin(), t.bytes[z].end(), channel_->window())) << t.array << " slice " << z;
+    }
+  }
+  EXPECT_EQ(copy(flat, 1200, 70, 0, false), CUDA_ERROR_INVALID_VALUE);  // destroyed, as at the source
+  EXPECT_EQ(make(Op::kMipmappedArrayGetLevel, MipmapLevelReq{mip, 1, 0}), level1);
+  // A new object's value is none of the moved ones'; each moved one is destroyed by its value.
+  q = TexObjectReq{};
+  q.res_type = CU_RESOURCE_TYPE_ARRAY;
+  q.res = cube;
+  const Outcome fresh = Send(Op::kTexObjectCreate, q);
+  ASSERT_EQ(fresh.status, CUDA_SUCCESS);
+  for (const auto& [value, is_surface] : objects) EXPECT_NE(fresh.As<U64Rep>().value, value);
+  EXPECT_EQ(Status(Op::kTexObjectDestroy, ObjectReq{surface, 0, 0}), CUDA_ERROR_INVALID_VALUE);  // a surface
+  for (const auto& [value, is_surface] : objects)
+    EXPECT_EQ(Status(Op::kTexObjectDestroy, ObjectReq{value, is_surface ? 1u : 0u, 0}), CUDA_SUCCESS) << value;
+  // The destroyed array went with its last object: its charge is given back.
+  constexpr uint64_t kFlatCharge = (300 * 70 * 4 + kAllocGranularity - 1) / kAllocGranularity * kAllocGranularity;
+  EXPECT_EQ(Send(Op::kDeviceMemoryInfo, DeviceReq{0, 0}).As<DeviceMemoryRep>().allocated,
+            charged.allocated - kFlatCharge);
+  (void)on_flat;
 }
 
 // The target charges what it restores to its own quota: a smaller vGPU refuses the session.

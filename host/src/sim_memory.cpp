@@ -263,7 +263,14 @@ CUresult SimBackend::TexObjectCreate(const TexSpec& spec, uint64_t* object) {
   if (spec.res_type == CU_RESOURCE_TYPE_ARRAY && arrays_.count(spec.array) == 0) return CUDA_ERROR_INVALID_HANDLE;
   if (spec.res_type == CU_RESOURCE_TYPE_MIPMAPPED_ARRAY && mipmaps_.count(spec.mipmap) == 0)
     return CUDA_ERROR_INVALID_HANDLE;
-  const uint64_t id = next_object_++;
+  uint64_t id = *object;
+  if (id == 0) {
+    id = next_object_++;
+  } else if (textures_.count(id) != 0 || surfaces_.count(id) != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  } else {
+    next_object_ = std::max(next_object_, id + 1);  // values stay unique across both kinds
+  }
   (spec.surface ? surfaces_ : textures_)[id] = spec;
   *object = id;
   return CUDA_SUCCESS;

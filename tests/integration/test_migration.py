@@ -35,15 +35,17 @@ def two(tmp_path):
         d.stop()
 
 
-def start_loop(d, iterations, pause_ms, shm=False, extra_mib=0, fill="bytes"):
+def start_loop(d, iterations, pause_ms, shm=False, extra_mib=0, fill="bytes", program="move_loop"):
     """move_loop against oriond `d` (over TCP, or its region), once its setup is done (READY);
     `extra_mib` more device memory, in chunks of their own byte values (`fill` "bytes") or random
-    bytes ("random"), checked at its end."""
+    bytes ("random"), checked at its end. `program` "move_texture": that one instead (its arrays
+    and texture objects; no extra memory)."""
     env = d.env(ORION_GMEM=256)
     if not shm:
         env.pop("ORION_SHM")
         env["ORION_SERVER"] = f"127.0.0.1:{d.port}"
-    p = subprocess.Popen([str(TEST_BIN / "move_loop"), str(iterations), str(pause_ms), str(extra_mib), fill], env=env,
+    args = [str(iterations), str(pause_ms)] + ([str(extra_mib), fill] if program == "move_loop" else [])
+    p = subprocess.Popen([str(TEST_BIN / program), *args], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in p.stdout:
         if line.strip() == "READY":
@@ -112,6 +114,25 @@ def test_a_running_program_moves_to_another_oriond_and_back(two):
     assert iterations(result.stdout) == iterations(unmoved.stdout)
 
 
+def test_a_program_with_arrays_and_texture_objects_moves_and_samples_them_there(two):
+    """move_texture makes its CUDA arrays, a texture object and a surface object before its loop:
+    moved from A to B mid-loop, its kernels go on sampling the one and writing the other there, with
+    the same object values. Every value is right, and its output is that of a run that did not move."""
+    a, b = two
+    p = start_loop(a, 30, 50, program="move_texture")
+    first = only_session(a)
+    went = move_answer(migrate(a, first, f"127.0.0.1:{b.port}"), first, b.port)
+    assert went["memory"] >= 2 * 64 * 32 * 4, went  # both arrays' texels
+    result = finish(p, checks=3)
+    assert result.stderr.count("the session moved from") == 1, result.stderr[-2000:]
+    unmoved = subprocess.run([str(TEST_BIN / "move_texture"), "30", "0"],
+                             env={**{k: v for k, v in a.env(ORION_GMEM=256).items() if k != "ORION_SHM"},
+                                  "ORION_SERVER": f"127.0.0.1:{a.port}"},
+                             capture_output=True, text=True, timeout=120)
+    assert_passed(unmoved, expect_checks=3)
+    assert len(iterations(result.stdout)[0]) == 30 and iterations(result.stdout) == iterations(unmoved.stdout)
+
+
 def test_an_unreachable_or_refusing_target_leaves_the_session_where_it_was(two, tmp_path):
     """Nothing listens at the address; the target wants a client key the source does not have: both
     refused with the reason, and the program runs on at A as if nothing happened."""
@@ -141,8 +162,9 @@ def test_an_unreachable_or_refusing_target_leaves_the_session_where_it_was(two, 
 
 
 def iterations(out):
-    """A move_loop run's (iteration, sum) pairs and CHECK lines: what does not depend on timing."""
-    return re.findall(r"^ITER (\d+) (\d+) ", out, re.M), re.findall(r"^CHECK .*$", out, re.M)
+    """A move_loop (or move_texture) run's (iteration, sum) pairs and CHECK lines: what does not
+    depend on timing."""
+    return re.findall(r"^ITER (\d+) (\d+)\b", out, re.M), re.findall(r"^CHECK .*$", out, re.M)
 
 
 def test_a_shared_memory_session_moves_to_another_oriond_over_tcp(two, tmp_path):
@@ -240,7 +262,8 @@ class FailingTarget:
                 # The snapshot's records (session_snapshot.cpp): a RecordHead {kind u32, flags u32,
                 # meta u64, contents u64}, then meta bytes, then `contents` bytes of device memory
                 # as chunks of up to 4 MiB, each a ChunkHead {form u32, stored u32} and `stored`
-                # bytes (snapshot_chunks.h); kind 13 ends it.
+                # bytes (snapshot_chunks.h); kind 13 ends it. (A CUDA array's texels go in runs of
+                # whole rows instead: the sessions moved to this fake hold none.)
                 try:
                     while True:
                         kind, _, meta, contents = struct.unpack("<IIQQ", recv_exact(conn, 24))

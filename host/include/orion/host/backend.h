@@ -183,6 +183,9 @@ class Backend {
   virtual CUresult MipmappedArrayCreate(const ArraySpec& spec, uint32_t levels, void** mipmap) = 0;
   virtual CUresult MipmappedArrayGetLevel(void* mipmap, uint32_t level, void** array) = 0;
   virtual CUresult MipmappedArrayDestroy(void* mipmap) = 0;
+  // *object in: the value the object must have (a moved session's, issue #24), or 0 for the
+  // backend's choice; out: its value. A value taken, or one the backend cannot give (a GPU's
+  // driver chooses its own): CUDA_ERROR_INVALID_VALUE, or CUDA_ERROR_NOT_SUPPORTED.
   virtual CUresult TexObjectCreate(const TexSpec& spec, uint64_t* object) = 0;
   virtual CUresult TexObjectDestroy(uint64_t object, bool surface) = 0;
 
