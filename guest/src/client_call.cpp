@@ -203,12 +203,15 @@ bool Client::ReplyValidLocked(const FrameHeader& h, uint32_t seq, Op op) noexcep
 
 CUresult Client::WaitReplyLocked(uint32_t seq, Op op, void* rep, uint32_t rep_cap, uint32_t* rep_len) noexcept {
   // Spinning ~1 ms catches a busy worker's reply; one we just woke may need this CPU first (the
-  // kernel wakes it on the waker's CPU), so we yield at once. Over the network we cannot see it
-  // sleep: a pause of over a millisecond since the last reply says so, and there every poll is a
-  // recv system call (200 of them kept a worker woken on our CPU waiting ~0.1 ms).
+  // kernel wakes it on the waker's CPU), so we yield at once: on shared memory 200 spins first
+  // (26 ns each here) held it off for ~10 us of a ~50 us first call after idle (perf sched; the
+  // idle-call p50 went 50-57 to 46-47 us, bench/results/2026-11-29-idle-call-yield.txt). Over the
+  // network we cannot see it sleep: a pause of over a millisecond since the last reply says so,
+  // and there every poll is a recv system call (200 of them kept a worker woken on our CPU
+  // waiting ~0.1 ms).
   const uint64_t start = NowNs();
   if (network_ && start - last_reply_ns_ > 1000000) woke_ = true;
-  Backoff backoff(woke_ ? (network_ ? 0 : 200) : 20000, woke_ ? 2000 : 200, 200);
+  Backoff backoff(woke_ ? 0 : 20000, woke_ ? 2000 : 200, 200);
   woke_ = false;
   uint64_t last_beat = 0;
   uint64_t last_change = 0;
