@@ -10,7 +10,8 @@
 // bytes}, the contents as raw, zero or lz4 chunks: snapshot_chunks.h). Seeds
 // (fuzz/corpus/snapshot_fuzz/seed-*): snapshots of real sessions, written by this program with
 // SNAPSHOT_FUZZ_SEEDS=DIR (a context, allocations with bytes in each chunk form, a PTX module with a
-// variable, a function, streams, events, VMM reservations and mappings, limits and attributes).
+// variable, a function, streams, events, VMM reservations and mappings, limits and attributes;
+// one begins with a move's manifest).
 // SNAPSHOT_FUZZ_TRACE=1 prints whether each input restored, or why not.
 #include <spdlog/logger.h>
 #include <spdlog/sinks/null_sink.h>
@@ -207,6 +208,11 @@ void WriteSeeds(const char* dir) {
     }
     VectorWriter w;
     std::string why;
+    // Variant 3 as a move sends it: the manifest first (when the move is asked for), then the rest.
+    if (variant == 3 && !t.session->SnapshotManifest(w, &why)) {
+      std::fprintf(stderr, "snapshot_fuzz: seed %d: %s\n", variant, why.c_str());
+      std::exit(1);
+    }
     if (!t.session->Snapshot(w, &why)) {
       std::fprintf(stderr, "snapshot_fuzz: seed %d: %s\n", variant, why.c_str());
       std::exit(1);

@@ -367,7 +367,10 @@ int Session::Serve() {
     // A move asked for happens at a frame the client waits on: everything before it has executed,
     // and nothing comes after it until its reply (the client's lock spans the call). Meanwhile the
     // watchdog keeps the client told that oriond lives (the state may take seconds to travel).
-    if (!move_to_.empty() && (h.flags & kFlagWantsReply) != 0) {
+    // (Before the target prepared it, the move waits for a later such frame; a program that ends
+    // meanwhile has its move refused, and the asker told so.)
+    if (!move_to_.empty() && (h.flags & kFlagWantsReply) != 0 &&
+        (static_cast<Op>(h.op) == Op::kGoodbye || MoveReady())) {
       const int moved = MoveOut(h, &busy_seq);
       if (moved >= 0) return moved;
       if (moved == kMoveCameBack) continue;  // answered kStatusMoved: the client sends it again

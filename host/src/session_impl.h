@@ -139,6 +139,12 @@ class Session : private SessionState {
   // made even once the client is told to go, whose connection then closes.
   static constexpr int kMoveRefused = -1, kMoveCameBack = -2;
   int MoveOut(const FrameHeader& frame, std::atomic<uint64_t>* busy);
+  // At the request (TakeMoveRequest): the checks, the connection and the target's admission, then
+  // the manifest; false (the asker told why, nothing changed) when the move cannot happen.
+  bool PrepareMove();
+  // Whether a move asked for may happen now: the target said "prepared", or kPrepareMs passed.
+  // False also when the target refused the manifest or went away (the move is then called off).
+  bool MoveReady();
   int MigrateIn(const FrameHeader& hello_header);
   // Serves frames until the session ends (Goodbye, the client gone, a violation); its exit code.
   int Serve();
@@ -160,6 +166,10 @@ class Session : private SessionState {
   // hostile input, checked as frames are. False, with why, at the first thing wrong; the session
   // is then partly restored and must end (its worker exits, and everything goes with it).
   bool Restore(SnapshotReader& in, std::string* why);
+  // The manifest (sent when a move is asked for, before the program pauses): the allocations the
+  // target allocates and commits while the program still runs here, a record Restore takes before
+  // the snapshot's header. False, with why, when the session cannot move (CanMove) or `out` broke.
+  bool SnapshotManifest(SnapshotWriter& out, std::string* why);
 
   // The session's last log line on how it waited while idle.
   void LogWaits() const {
@@ -272,6 +282,11 @@ class Session : private SessionState {
                      std::string* why);
   bool RestoreQueue(uint32_t kind, std::span<const uint8_t> body, std::string* why);
   bool SnapshotArrays(SnapshotWriter& out, std::string* why);
+  // At the target: allocates and commits what a manifest lists (hostile input: within the quota of
+  // each device, no overlaps); the restore then takes each allocation that is still there.
+  bool PrepareManifest(std::span<const uint8_t> body, std::string* why);
+  // Frees prepared memory overlapping [addr, addr+bytes) (all of it: 0, UINT64_MAX).
+  void ReleasePrepared(uint64_t addr, uint64_t bytes);
   bool RestoreArrays(uint32_t kind, std::span<const uint8_t> body, uint64_t contents, SnapshotReader& in,
                      std::string* why);
   bool UseContextOf(uint64_t ctx, std::string* why);
@@ -285,7 +300,9 @@ class Session : private SessionState {
   uint64_t restore_cur_ctx_ = 0;
   uint32_t restore_cur_dev_ = 0;
   std::map<uint64_t, uint64_t> restore_globals_;
-  std::vector<std::pair<uint64_t, bool>> restore_destroyed_;  // arrays (mipmapped: true) the program destroyed
+  std::vector<std::pair<uint64_t, bool>> restore_destroyed_;    // arrays (mipmapped: true) the program destroyed
+  bool restore_prepared_ = false;                               // a manifest was read
+  std::map<uint64_t, std::pair<uint64_t, uint32_t>> prepared_;  // manifest memory: addr -> (bytes, device)
 
   // Checks one side of a MemcpyArray and fills the backend's view of it.
   bool CopySideOk(uint32_t side, uint64_t at, uint64_t pitch, uint64_t x, uint64_t y, uint64_t z, uint64_t width,
@@ -297,6 +314,9 @@ class Session : private SessionState {
   std::string move_to_;           // a move asked for: host:port of the target ("" none)
   std::string move_back_;         // its way back: the token the program resumes here with ("" none)
   int move_asker_ = -1;           // the asker's connection (orion-smi via oriond), answered once
+  int move_fd_ = -1;              // the connection to the target, from the request (PrepareMove) to the move
+  bool move_prepared_ = false;    // the target said "prepared"
+  uint64_t move_asked_ms_ = 0;
   std::unique_ptr<Backend> b_;
   std::unique_ptr<SessionChannel> ch_;
   uint64_t naps_ = 0;  // idle naps (a client that cannot ring)

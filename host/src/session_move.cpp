@@ -6,12 +6,17 @@
 //   oriond passes `migrate HOST:PORT`
 //   and the asker's connection on the
 //   control socketpair, then SIGUSR2.
-//   At the next frame the client waits
-//   on (nothing follows it: the client
-//   holds its lock until the reply):
+//   Between frames (PrepareMove):
 //     connect, Hello kHelloMigrateIn   -> admitted like a program's Hello (vGPUs, memory, ratio);
 //                                         a worker starts its backend and answers "ready"
-//     Snapshot (drains first)          -> Restore; answers "restored" with the resume token
+//     the manifest (its allocations)   -> allocates and commits them; answers "prepared"
+//   The program runs on meanwhile. At
+//   the first frame it waits on after
+//   "prepared" (nothing follows it: the
+//   client holds its lock until the
+//   reply; kPrepareMs at most):
+//     the snapshot (drains first)      -> Restore into the prepared memory; answers "restored"
+//                                         with the resume token
 //     the frame's reply: kStatusMoved
 //     {HOST:PORT, token}
 //                                      <- the client connects, Hello kHelloResume + token: oriond
@@ -63,6 +68,8 @@ constexpr int kStepMs = 120000;      // each step of the transfer: ready, restor
 constexpr int kCommitMs = 30000;     // the client must reach the target within this
 constexpr int kResumeMs = 30000;     // the target waits this long for the client
 constexpr int kIoMs = 30000;         // one read or write of the snapshot stream may stall this long
+constexpr int kPrepareMs = 10000;    // the source waits this long for the target's "prepared", then moves anyway
+constexpr int kHoldMs = 60000;       // the target holds prepared memory this long for the program's pause
 constexpr uint32_t kMaxText = 4096;  // a refusal's text
 
 int g_control_fd = -1;
@@ -159,15 +166,31 @@ class SocketWriter final : public SnapshotWriter {
 
 class SocketReader final : public SnapshotReader {
  public:
-  explicit SocketReader(int fd) : fd_(fd) {}
+  // `prepared`: tells the source its manifest was prepared (false: it could not be told).
+  SocketReader(int fd, std::function<bool()> prepared) : fd_(fd), prepared_(std::move(prepared)) {}
   bool Read(void* data, size_t bytes) override {
+    if (holding_) {
+      // The rest of the snapshot comes at the program's pause: its first bytes may take up to
+      // kHoldMs, and the budget for the stream starts then.
+      holding_ = false;
+      if (!RecvAll(fd_, data, bytes, kHoldMs)) return false;
+      budget_ = StreamBudget();
+      bytes_ = bytes;
+      return true;
+    }
     const int ms = budget_.Left(bytes_);
     bytes_ += bytes;
     return ms > 0 && RecvAll(fd_, data, bytes, ms);
   }
+  bool Prepared() override {
+    holding_ = true;
+    return prepared_();
+  }
 
  private:
   int fd_;
+  std::function<bool()> prepared_;
+  bool holding_ = false;
   uint64_t bytes_ = 0;
   StreamBudget budget_;
 };
@@ -304,20 +327,24 @@ void Session::TakeMoveRequest() {
     }
     move_asker_ = asker;
     p_.log->info("sess={} move to {} asked for: at the next call the program waits on", p_.session_id, move_to_);
+    PrepareMove();
   }
 }
 
-int Session::MoveOut(const FrameHeader& frame, std::atomic<uint64_t>* busy) {
+// Everything that can refuse a move before the program pauses, at once: the session's kind, the
+// target's admission and window layout, what the session holds (CanMove). Then the manifest: the
+// target allocates and commits the session's memory while the program still runs here, and says
+// "prepared" (MoveReady waits for that before the pause, kPrepareMs at most).
+bool Session::PrepareMove() {
   auto& log = *p_.log;
   const std::string to = move_to_;
-  const std::string back = move_back_;
-  move_to_.clear();
-  move_back_.clear();
   const std::string sess = "session " + std::to_string(p_.session_id);
   auto refuse = [&](const std::string& why) {
     log.warn("sess={} not moved to {}: {}", p_.session_id, to, why);
     Answer(&move_asker_, "error " + sess + " not moved: " + why);
-    return kMoveRefused;
+    move_to_.clear();
+    move_back_.clear();
+    return false;
   };
   const bool shm = p_.socket_fd < 0;
   if (shm && p_.vm) return refuse("a VM's session cannot move: its ivshmem channel stays with the VM on this host");
@@ -333,15 +360,16 @@ int Session::MoveOut(const FrameHeader& frame, std::atomic<uint64_t>* busy) {
     return refuse("a session on a vGPU share's or a job's controller allocation cannot move yet");
   // A session on a vGPU share (ORION_SHARE: every program's first session names one) moves alone:
   // at the target it has its vGPUs and quota to itself; the share's other sessions stay here.
-  if (static_cast<Op>(frame.op) == Op::kGoodbye) return refuse("the program is ending");
-  const uint64_t t0 = MonotonicMs();
   std::string why;
+  if (!CanMove(&why)) return refuse(why);
   auto connected = ConnectTcp(to, kConnectMs);
   if (!connected.ok()) return refuse(connected.status().message());
   const int fd = *connected;
   struct Closer {
     int fd;
-    ~Closer() { ::close(fd); }
+    ~Closer() {
+      if (fd >= 0) ::close(fd);
+    }
   } closer{fd};
 
   // The session as the target's admission sees it: its vGPUs, memory per vGPU, compute share, and
@@ -385,13 +413,78 @@ int Session::MoveOut(const FrameHeader& frame, std::atomic<uint64_t>* busy) {
                   " MiB and this session's for " + std::to_string(p_.channel_bytes >> 20) +
                   " MiB (shm_buffer_size must match, and a region's channel size)");
   }
+  SocketWriter manifest(fd);
+  if (!SnapshotManifest(manifest, &why)) return refuse(why);
+  move_fd_ = fd;
+  closer.fd = -1;
+  move_prepared_ = false;
+  move_asked_ms_ = MonotonicMs();
+  return true;
+}
+
+bool Session::MoveReady() {
+  if (move_prepared_ || move_fd_ < 0) return true;
+  if (!WaitFd(move_fd_, POLLIN, 0)) return MonotonicMs() - move_asked_ms_ >= static_cast<uint64_t>(kPrepareMs);
+  FrameHeader rh{};
+  std::string text;
+  if (RecvReply(move_fd_, static_cast<uint16_t>(Op::kHello), kIoMs, &rh, &text) && rh.status == 0 &&
+      text == "prepared") {
+    move_prepared_ = true;
+    p_.log->info("sess={} the target prepared the move in {} ms", p_.session_id, MonotonicMs() - move_asked_ms_);
+    return true;
+  }
+  const std::string why = rh.status != 0 ? "the target refused it: " + std::string(text.c_str())
+                                         : "the target " + move_to_ + " broke the connection while preparing";
+  p_.log->warn("sess={} not moved to {}: {}", p_.session_id, move_to_, why);
+  Answer(&move_asker_, "error session " + std::to_string(p_.session_id) + " not moved: " + why);
+  ::close(move_fd_);
+  move_fd_ = -1;
+  move_to_.clear();
+  move_back_.clear();
+  return false;
+}
+
+int Session::MoveOut(const FrameHeader& frame, std::atomic<uint64_t>* busy) {
+  auto& log = *p_.log;
+  const std::string to = move_to_;
+  const std::string back = move_back_;
+  move_to_.clear();
+  move_back_.clear();
+  // Connected, admitted and prepared at the request (PrepareMove): what remains is the pause.
+  const int fd = move_fd_;
+  move_fd_ = -1;
+  struct Closer {
+    int fd;
+    ~Closer() {
+      if (fd >= 0) ::close(fd);
+    }
+  } closer{fd};
+  const std::string sess = "session " + std::to_string(p_.session_id);
+  auto refuse = [&](const std::string& why) {
+    log.warn("sess={} not moved to {}: {}", p_.session_id, to, why);
+    Answer(&move_asker_, "error " + sess + " not moved: " + why);
+    return kMoveRefused;
+  };
+  const bool shm = p_.socket_fd < 0;
+  if (fd < 0) return refuse("the move was not prepared");
+  if (!move_prepared_) {
+    log.info("sess={} moving before the target said it prepared the move ({} ms since the request)", p_.session_id,
+             MonotonicMs() - move_asked_ms_);
+  }
+  if (static_cast<Op>(frame.op) == Op::kGoodbye) return refuse("the program is ending");
+  const uint64_t t0 = MonotonicMs();
+  std::string why;
+  FrameHeader rh{};
+  std::string text;
 
   // Snapshot drains first: every frame before this one has executed, and its work completed.
   SocketWriter out(fd);
   if (!Snapshot(out, &why)) return refuse(why);
-  if (!RecvReply(fd, static_cast<uint16_t>(Op::kHello), kStepMs, &rh, &text)) {
-    return refuse("the target " + to + " did not confirm the restore");
-  }
+  // A target slower than kPrepareMs to prepare says so first, then confirms the restore.
+  bool confirmed = RecvReply(fd, static_cast<uint16_t>(Op::kHello), kStepMs, &rh, &text);
+  if (confirmed && !move_prepared_ && rh.status == 0 && text == "prepared")
+    confirmed = RecvReply(fd, static_cast<uint16_t>(Op::kHello), kStepMs, &rh, &text);
+  if (!confirmed) return refuse("the target " + to + " did not confirm the restore");
   if (rh.status != 0) return refuse("the target could not restore it: " + std::string(text.c_str()));
   if (text.size() != kShareTokenLen || !ValidShareToken(text.c_str(), kShareTokenLen + 1)) {
     return refuse("the target answered a malformed resume token");
@@ -502,7 +595,11 @@ int Session::MigrateIn(const FrameHeader& hello_header) {
   if (!SendFrame(fd, ReplyHeader(hello_header, 0, static_cast<uint32_t>(channel.size())), channel.data()))
     return kExitClientGone;
   const uint64_t t0 = MonotonicMs();
-  SocketReader in(fd);
+  SocketReader in(fd, [&] {
+    static constexpr char kPrepared[] = "prepared";
+    log.info("sess={} prepared the manifest's memory in {} ms", p_.session_id, MonotonicMs() - t0);
+    return SendFrame(fd, ReplyHeader(hello_header, 0, sizeof kPrepared - 1), kPrepared);
+  });
   if (!Restore(in, &why)) return fail(CUDA_ERROR_INVALID_VALUE, why, kExitViolation);
   const std::string& token = p_.resume_token;
   if (!SendFrame(fd, ReplyHeader(hello_header, 0, static_cast<uint32_t>(token.size())), token.data())) {

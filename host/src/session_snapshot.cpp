@@ -50,6 +50,7 @@ enum RecKind : uint32_t {
   kRecMipmap,     // 14: a mipmapped array, its level handles, the bytes of every level
   kRecArray,      // 15: a CUDA array that is no level, and its bytes
   kRecTexObject,  // 16: a texture or surface object, as the client asked for it
+  kRecManifest,   // 17: before the header, sent when the move is asked for: the allocations to prepare
 };
 
 struct RecordHead {
@@ -75,6 +76,12 @@ struct TexObjRec {
   uint64_t object;
   uint32_t dev, surface;
   TexObjectReq req;
+};
+// One allocation of the manifest: the target allocates and commits it while the program still
+// runs at the source (the restore then fills it); `pad` 0.
+struct ManifestEntry {
+  uint64_t addr, bytes;
+  uint32_t dev, pad;
 };
 struct HeaderRec {
   char magic[8];
@@ -455,15 +462,25 @@ bool Session::Restore(SnapshotReader& in, std::string* why) {
     RecordHead h{};
     if (!in.Read(&h, sizeof h)) return Fail(why, "the snapshot ended before its end record");
     if (h.flags != 0 || h.meta > kMaxMeta) return Fail(why, "a record's head is malformed");
-    if (!restore_header_ && h.kind != kRecHeader) return Fail(why, "the snapshot does not start with its header");
+    if (!restore_header_ && h.kind != kRecHeader && !(h.kind == kRecManifest && !restore_prepared_))
+      return Fail(why, "the snapshot does not start with its header");
     meta.resize(h.meta);
     if (!in.Read(meta.data(), meta.size())) return Fail(why, "the snapshot ended inside a record");
+    if (h.kind == kRecManifest && !restore_header_ && !restore_prepared_ && h.contents == 0) {
+      // Sent when the move was asked for: prepared while the program still runs at the source,
+      // then the rest of the snapshot comes at the call where it moves.
+      restore_prepared_ = true;
+      if (!PrepareManifest(meta, why)) return false;
+      if (!in.Prepared()) return Fail(why, "the source went away while its move was prepared");
+      continue;
+    }
     if (h.kind == kRecEnd) {
       if (!meta.empty()) return Fail(why, "the end record is malformed");
       break;
     }
     if (!RestoreRecord(h.kind, meta, h.contents, in, why)) return false;
   }
+  ReleasePrepared(0, UINT64_MAX);  // prepared for allocations the program freed since the manifest
   // Arrays the program destroyed live on for their texture and surface objects (made again above
   // while the arrays were live), as at the source.
   for (const auto& [id, mipmap] : restore_destroyed_) {
@@ -590,8 +607,15 @@ namespace {
 
 // `bytes` of device memory from `in` to [addr, addr+bytes): into the memory itself where the
 // backend's is the host's (sim), else through a buffer.
-bool ReadContents(Backend& b, SnapshotReader& in, uint64_t addr, uint64_t bytes, std::string* why) {
-  if (uint8_t* host = bytes != 0 ? b.HostView(addr, bytes) : nullptr; host != nullptr) {
+bool ReadContents(Backend& b, SnapshotReader& in, uint64_t addr, uint64_t bytes, std::string* why,
+                  bool committed = false) {
+  if (uint8_t* host = bytes != 0 ? b.HostView(addr, bytes) : nullptr; host != nullptr && committed) {
+    std::vector<uint8_t> scratch;  // memory the manifest prepared: committed already
+    for (uint64_t off = 0; off < bytes; off += kChunk) {
+      if (!ReadChunk(in, host + off, static_cast<uint32_t>(std::min(kChunk, bytes - off)), &scratch, why)) return false;
+    }
+    return true;
+  } else if (host != nullptr) {
     // Fresh memory is committed before the socket copies into it, not by page faults inside
     // recv()'s copy (1 GiB in 0.6-1.1 s so, 0.75-1.9 s without, on a 2-core VM), and by a thread of
     // its own, a chunk or more ahead of the socket: committing (zeroing) costs about what the copy
@@ -677,12 +701,21 @@ bool Session::RestoreAlloc(std::span<const uint8_t> body, uint64_t contents, Sna
   uint64_t charged = 0;
   if (!Charge(a.dev, a.bytes, kAllocGranularity, "Restore", "migration", &charged))
     return Fail(why, "its memory exceeds this vGPU's quota");
-  if (const CUresult r = b_->MemAllocAt(a.bytes, a.addr); r != CUDA_SUCCESS) {
-    Uncharge(a.dev, charged);
-    return Fail(why, "allocating at " + Hex(a.addr) + " failed (" + std::to_string(r) + ")");
+  // Prepared by the manifest (allocated and committed while the program still ran at the source):
+  // taken as it is. Else allocated now, once any prepared range in its way is gone.
+  const auto p = prepared_.find(a.addr);
+  const bool ready = p != prepared_.end() && p->second.first == a.bytes && p->second.second == a.dev;
+  if (ready) {
+    prepared_.erase(p);
+  } else {
+    ReleasePrepared(a.addr, a.bytes);
+    if (const CUresult r = b_->MemAllocAt(a.bytes, a.addr); r != CUDA_SUCCESS) {
+      Uncharge(a.dev, charged);
+      return Fail(why, "allocating at " + Hex(a.addr) + " failed (" + std::to_string(r) + ")");
+    }
   }
   allocs_[a.addr] = {a.bytes, a.dev, true, charged};
-  return ReadContents(*b_, in, a.addr, a.bytes, why);
+  return ReadContents(*b_, in, a.addr, a.bytes, why, ready);
 }
 
 bool Session::RestoreVmm(uint32_t kind, std::span<const uint8_t> body, uint64_t contents, SnapshotReader& in,
@@ -696,6 +729,7 @@ bool Session::RestoreVmm(uint32_t kind, std::span<const uint8_t> body, uint64_t 
         Overlaps(reservations_, r.addr, r.bytes, [](const Reservation& x) { return x.bytes; }))
       return Fail(why, "a reservation record is malformed");
     uint64_t got = 0;
+    ReleasePrepared(r.addr, r.bytes);
     if (b_->MemAddressReserve(r.bytes, 0, r.addr, &got) != CUDA_SUCCESS || got != r.addr) {
       if (got != 0) (void)b_->MemAddressFree(got, r.bytes);
       return Fail(why, "the address range " + Hex(r.addr) + " cannot be reserved here");
@@ -793,6 +827,7 @@ bool Session::RestoreModule(uint32_t kind, std::span<const uint8_t> body, uint64
     if (mod == nullptr) return Fail(why, "a module variable names no module of the snapshot");
     place.addr = g.addr;
     place.bytes = g.bytes;
+    ReleasePrepared(g.addr, g.bytes);
     if (!UseContextOf(mod->owner, why)) return false;
     if (const CUresult r = b_->ModulePlaceGlobal(mod->backend, place); r != CUDA_SUCCESS)
       return Fail(
@@ -1096,6 +1131,59 @@ bool Session::RestoreArrays(uint32_t kind, std::span<const uint8_t> body, uint64
   }
   if (m.destroyed != 0) restore_destroyed_.emplace_back(id, true);
   return true;
+}
+
+}  // namespace orion::host::detail
+
+// ---- The manifest: memory prepared before the move ----
+
+namespace orion::host::detail {
+
+bool Session::SnapshotManifest(SnapshotWriter& out, std::string* why) {
+  if (!CanMove(why)) return false;
+  std::vector<uint8_t> meta;
+  for (const auto& [addr, a] : allocs_) {
+    if (a.counted && !a.vmm) Append(&meta, ManifestEntry{addr, a.bytes, a.dev, 0});
+  }
+  return WriteRecord(out, kRecManifest, meta, 0) || Fail(why, "the stream to the target broke");
+}
+
+bool Session::PrepareManifest(std::span<const uint8_t> body, std::string* why) {
+  if (body.size() % sizeof(ManifestEntry) != 0) return Fail(why, "the manifest is malformed");
+  std::vector<uint64_t> held(p_.placements.size(), 0);
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  for (size_t at = 0; at < body.size(); at += sizeof(ManifestEntry)) {
+    ManifestEntry e{};
+    std::memcpy(&e, body.data() + at, sizeof e);
+    uint64_t end = 0;
+    // Bounded by the quota of its device: prepared memory is charged only once the restore takes it.
+    if (e.dev >= p_.placements.size() || e.pad != 0 || e.bytes == 0 || !CheckedAdd(e.addr, e.bytes, &end) ||
+        !CheckedAdd(held[e.dev], e.bytes, &held[e.dev]) || held[e.dev] > p_.placements[e.dev].quota_bytes ||
+        Overlaps(prepared_, e.addr, e.bytes, [](const std::pair<uint64_t, uint32_t>& x) { return x.first; }))
+      return Fail(why, "the manifest is malformed or exceeds this vGPU's quota");
+    if (const CUresult r = b_->MemAllocAt(e.bytes, e.addr); r != CUDA_SUCCESS)
+      return Fail(why, "preparing memory at " + Hex(e.addr) + " failed (" + std::to_string(r) + ")");
+    prepared_[e.addr] = {e.bytes, e.dev};
+    // Committed now, not while the program waits (the sim's memory is the host's; best effort).
+    if (uint8_t* host = b_->HostView(e.addr, e.bytes); host != nullptr) {
+      const auto first = reinterpret_cast<uintptr_t>(host) & ~(page - 1);
+      (void)madvise(reinterpret_cast<void*>(first), reinterpret_cast<uintptr_t>(host + e.bytes) - first,
+                    kMadvPopulateWrite);
+    }
+  }
+  return true;
+}
+
+void Session::ReleasePrepared(uint64_t addr, uint64_t bytes) {
+  for (auto it = prepared_.begin(); it != prepared_.end();) {
+    const bool overlaps = it->first < addr + std::min(bytes, UINT64_MAX - addr) && addr < it->first + it->second.first;
+    if (!overlaps) {
+      ++it;
+      continue;
+    }
+    (void)b_->MemFree(it->first);
+    it = prepared_.erase(it);
+  }
 }
 
 }  // namespace orion::host::detail

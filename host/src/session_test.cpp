@@ -730,6 +730,82 @@ TEST_F(MigrationTest, MemoryMovesTheSameRawZeroOrCompressed) {
   }
 }
 
+// A move's manifest (sent when it is asked for) has the target allocate and commit the session's
+// memory while the program still runs: the restore then fills what is still there, frees what the
+// program freed since, and allocates what it made since. A manifest is hostile input too.
+TEST_F(MigrationTest, TheManifestPreparesMemoryTheRestoreThenFills) {
+  Context();
+  const uint64_t kept = Alloc(3 * kMiB), freed = Alloc(2 * kMiB), guard = Alloc(kMiB);
+  const std::vector<uint8_t> kept_bytes = Pattern(kMiB, 5);
+  Write(kept + kMiB, kept_bytes);
+  VectorWriter manifest;
+  std::string why;
+  ASSERT_TRUE(session_->SnapshotManifest(manifest, &why)) << why;
+  // The program goes on: it frees one allocation and makes another (too large for the hole the
+  // first left between its neighbours) before the move.
+  ASSERT_EQ(Status(Op::kMemFree, MemFreeReq{freed}), CUDA_SUCCESS);
+  const uint64_t made = Alloc(4 * kMiB);
+  ASSERT_NE(made, freed);
+  const std::vector<uint8_t> made_bytes = Pattern(kMiB, 6);
+  Write(made, made_bytes);
+  VectorWriter snap;
+  ASSERT_TRUE(session_->Snapshot(snap, &why)) << why;
+  const DeviceMemoryRep charged = Send(Op::kDeviceMemoryInfo, DeviceReq{0, 0}).As<DeviceMemoryRep>();
+
+  std::vector<uint8_t> stream = manifest.bytes();
+  stream.insert(stream.end(), snap.bytes().begin(), snap.bytes().end());
+  const auto source = Replace(64 * kMiB);
+  SpanReader in(stream);
+  ASSERT_TRUE(session_->Restore(in, &why)) << why;
+  EXPECT_EQ(Read(kept + kMiB, kMiB), kept_bytes);
+  EXPECT_EQ(Read(made, kMiB), made_bytes);
+  EXPECT_EQ(Send(Op::kDeviceMemoryInfo, DeviceReq{0, 0}).As<DeviceMemoryRep>().allocated, charged.allocated);
+  // What the program freed is no memory of the restored session, and its range is free again.
+  EXPECT_EQ(Status(Op::kMemFree, MemFreeReq{freed}), CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(Status(Op::kMemFree, MemFreeReq{kept}), CUDA_SUCCESS);
+  EXPECT_EQ(Status(Op::kMemFree, MemFreeReq{guard}), CUDA_SUCCESS);
+
+  // Hostile manifests: each refused with the reason, before any record of the session.
+  auto manifest_of = [](std::vector<std::array<uint64_t, 3>> entries) {  // addr, bytes, device
+    std::vector<uint8_t> meta;
+    for (const auto& e : entries) {
+      const uint64_t rec[3] = {e[0], e[1], e[2]};  // ManifestEntry: addr, bytes, dev | pad << 32
+      meta.insert(meta.end(), reinterpret_cast<const uint8_t*>(rec), reinterpret_cast<const uint8_t*>(rec) + 24);
+    }
+    const uint32_t head[2] = {17, 0};  // kRecManifest, flags
+    const uint64_t sizes[2] = {meta.size(), 0};
+    std::vector<uint8_t> out(reinterpret_cast<const uint8_t*>(head), reinterpret_cast<const uint8_t*>(head) + 8);
+    out.insert(out.end(), reinterpret_cast<const uint8_t*>(sizes), reinterpret_cast<const uint8_t*>(sizes) + 16);
+    out.insert(out.end(), meta.begin(), meta.end());
+    return out;
+  };
+  const uint64_t base = kept;
+  const std::vector<std::vector<std::array<uint64_t, 3>>> hostile = {
+      {{base, 65 * kMiB, 0}},                         // more than the vGPU's quota
+      {{base, kMiB, 0}, {base + kMiB / 2, kMiB, 0}},  // overlapping
+      {{base, kMiB, 1}},                              // a device the session does not have
+      {{base, 0, 0}},                                 // nothing
+      {{UINT64_MAX - 10, kMiB, 0}},                   // past the end of the address space
+      {{base, kMiB, uint64_t{1} << 32}},              // pad not 0
+  };
+  for (const auto& entries : hostile) {
+    Replace(64 * kMiB);
+    std::vector<uint8_t> bad = manifest_of(entries);
+    bad.insert(bad.end(), snap.bytes().begin(), snap.bytes().end());
+    SpanReader hostile_in(bad);
+    why.clear();
+    EXPECT_FALSE(session_->Restore(hostile_in, &why)) << entries.size();
+    EXPECT_EQ(why, "the manifest is malformed or exceeds this vGPU's quota") << entries[0][0];
+  }
+  // A second manifest, or one after the header, is no record a snapshot has.
+  Replace(64 * kMiB);
+  std::vector<uint8_t> twice = manifest.bytes();
+  twice.insert(twice.end(), stream.begin(), stream.end());
+  SpanReader twice_in(twice);
+  EXPECT_FALSE(session_->Restore(twice_in, &why));
+  EXPECT_EQ(why, "the snapshot does not start with its header");
+}
+
 // The snapshot is hostile input to the target: cut short anywhere, or with a byte of a record's
 // head or struct changed, the restore fails with a reason (never a crash, never a session that
 // serves half of it).

@@ -47,6 +47,10 @@ class SnapshotReader {
  public:
   virtual ~SnapshotReader() = default;
   virtual bool Read(void* data, size_t bytes) = 0;
+  // The manifest was prepared (a move's first record; session_snapshot.cpp): a network reader
+  // tells the source, and then waits longer for the rest, which comes when the program pauses.
+  // False when the source cannot be told.
+  virtual bool Prepared() { return true; }
 };
 
 // A snapshot kept in memory.

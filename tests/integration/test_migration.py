@@ -47,10 +47,15 @@ def start_loop(d, iterations, pause_ms, shm=False, extra_mib=0, fill="bytes", pr
     args = [str(iterations), str(pause_ms)] + ([str(extra_mib), fill] if program == "move_loop" else [])
     p = subprocess.Popen([str(TEST_BIN / program), *args], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    for line in p.stdout:
-        if line.strip() == "READY":
-            return p
-    raise AssertionError(p.stderr.read())
+    # Byte by byte from the pipe itself: a line iterator reads ahead, and what it buffered past
+    # READY (the first ITER line, when it follows at once) would be lost to communicate().
+    got = b""
+    while not got.endswith(b"READY\n"):
+        c = os.read(p.stdout.fileno(), 1)
+        if not c:
+            raise AssertionError(got.decode() + p.stderr.read())
+        got += c
+    return p
 
 
 def migrate(d, session, to):
@@ -229,8 +234,9 @@ def test_a_shared_memory_session_is_refused_where_it_cannot_move(two, tmp_path):
 
 class FailingTarget:
     """A target oriond that fails a move at a chosen step: it listens, answers the source's
-    kHelloMigrateIn `ready`, then either closes after `drop_after` bytes of the snapshot, or reads
-    all of it (its records, to the end record), answers `restored` with a resume token, and
+    kHelloMigrateIn `ready` and its manifest `prepared`, then either closes after `drop_after` bytes
+    of the snapshot, or reads all of it (its records, to the end record), answers `restored` with a
+    resume token, and
     vanishes (its listener closed: the program cannot reach it) or, `mute`, takes the program's
     connection and never answers it."""
 
@@ -252,6 +258,13 @@ class FailingTarget:
             ready = str(16 << 20).encode()  # the channel size its window has: the fixture's oriond's
             conn.sendall(header(OP["Hello"], h[3], len(ready)) + ready)
             conn.settimeout(60)
+            # The manifest (a record of kind 17, sent when the move is asked for), answered
+            # "prepared": the source then moves at the program's next call it waits on.
+            kind, _, meta, _ = struct.unpack("<IIQQ", recv_exact(conn, 24))
+            assert kind == 17, kind
+            recv_exact(conn, meta)
+            self.received += 24 + meta
+            conn.sendall(header(OP["Hello"], h[3], 8) + b"prepared")
             if self.drop_after is not None:
                 while self.received < self.drop_after:
                     chunk = conn.recv(1 << 16)
@@ -478,10 +491,15 @@ def start_controller_loop(c, iterations, pause_ms, extra_mib=0, **env):
     TCP to the server it was placed on), once its setup is done."""
     p = subprocess.Popen([str(TEST_BIN / "move_loop"), str(iterations), str(pause_ms), str(extra_mib)],
                          env=c.env(ORION_GMEM=256, **env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    for line in p.stdout:
-        if line.strip() == "READY":
-            return p
-    raise AssertionError(p.stderr.read())
+    # Byte by byte from the pipe itself: a line iterator reads ahead, and what it buffered past
+    # READY (the first ITER line, when it follows at once) would be lost to communicate().
+    got = b""
+    while not got.endswith(b"READY\n"):
+        c = os.read(p.stdout.fileno(), 1)
+        if not c:
+            raise AssertionError(got.decode() + p.stderr.read())
+        got += c
+    return p
 
 
 def controller_loop(c, iterations, pause_ms, extra_mib=0, **env):
