@@ -100,14 +100,12 @@ class SlowWriter final : public SnapshotWriter {
  public:
   bool Write(const void* data, size_t bytes) override {
     std::this_thread::sleep_for(std::chrono::nanoseconds(5 * bytes));
-    const auto* b = static_cast<const uint8_t*>(data);
-    bytes_.insert(bytes_.end(), b, b + bytes);
-    return true;
+    return kept_.Write(data, bytes);
   }
-  const std::vector<uint8_t>& bytes() const { return bytes_; }
+  const std::vector<uint8_t>& bytes() const { return kept_.bytes(); }
 
  private:
-  std::vector<uint8_t> bytes_;
+  VectorWriter kept_;
 };
 
 // A half-compressible chunk after a random one has timed the stream: compressed on a slow stream

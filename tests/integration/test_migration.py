@@ -35,6 +35,19 @@ def two(tmp_path):
         d.stop()
 
 
+def ready(p):
+    """`p` once it printed READY, read byte by byte from the pipe itself: a line iterator reads
+    ahead, and what it buffered past READY (the first ITER line, when it follows at once) would be
+    lost to communicate()."""
+    got = b""
+    while not got.endswith(b"READY\n"):
+        c = os.read(p.stdout.fileno(), 1)
+        if not c:
+            raise AssertionError(got.decode() + p.stderr.read())
+        got += c
+    return p
+
+
 def start_loop(d, iterations, pause_ms, shm=False, extra_mib=0, fill="bytes", program="move_loop"):
     """move_loop against oriond `d` (over TCP, or its region), once its setup is done (READY);
     `extra_mib` more device memory, in chunks of their own byte values (`fill` "bytes") or random
@@ -47,15 +60,7 @@ def start_loop(d, iterations, pause_ms, shm=False, extra_mib=0, fill="bytes", pr
     args = [str(iterations), str(pause_ms)] + ([str(extra_mib), fill] if program == "move_loop" else [])
     p = subprocess.Popen([str(TEST_BIN / program), *args], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    # Byte by byte from the pipe itself: a line iterator reads ahead, and what it buffered past
-    # READY (the first ITER line, when it follows at once) would be lost to communicate().
-    got = b""
-    while not got.endswith(b"READY\n"):
-        c = os.read(p.stdout.fileno(), 1)
-        if not c:
-            raise AssertionError(got.decode() + p.stderr.read())
-        got += c
-    return p
+    return ready(p)
 
 
 def migrate(d, session, to):
@@ -491,15 +496,7 @@ def start_controller_loop(c, iterations, pause_ms, extra_mib=0, **env):
     TCP to the server it was placed on), once its setup is done."""
     p = subprocess.Popen([str(TEST_BIN / "move_loop"), str(iterations), str(pause_ms), str(extra_mib)],
                          env=c.env(ORION_GMEM=256, **env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    # Byte by byte from the pipe itself: a line iterator reads ahead, and what it buffered past
-    # READY (the first ITER line, when it follows at once) would be lost to communicate().
-    got = b""
-    while not got.endswith(b"READY\n"):
-        c = os.read(p.stdout.fileno(), 1)
-        if not c:
-            raise AssertionError(got.decode() + p.stderr.read())
-        got += c
-    return p
+    return ready(p)
 
 
 def controller_loop(c, iterations, pause_ms, extra_mib=0, **env):
