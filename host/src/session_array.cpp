@@ -6,22 +6,6 @@ namespace orion::host::detail {
 namespace {
 
 uint64_t FormatBytes(uint32_t format) { return ArrayFormatBytes(format); }
-// An array's record with its geometry (extents already checked: the products cannot overflow).
-ArrayRec ArrayGeometry(uint32_t format, uint32_t channels, uint32_t flags, uint64_t width, uint64_t height,
-                       uint64_t depth) {
-  ArrayRec a;
-  a.format = format;
-  a.channels = channels;
-  a.flags = flags;
-  a.width = width;
-  a.height = height;
-  a.depth = depth;
-  a.texel = FormatBytes(format) * channels;
-  a.row_bytes = width * a.texel;
-  a.rows = std::max<uint64_t>(height, 1);
-  a.slices = std::max<uint64_t>(depth, 1);
-  return a;
-}
 bool IntegerFormat32(uint32_t format) {
   return format == CU_AD_FORMAT_UNSIGNED_INT32 || format == CU_AD_FORMAT_SIGNED_INT32;
 }
@@ -110,8 +94,7 @@ CUresult Session::CreateArray(const ArrayCreateReq& q, uint64_t want, uint64_t* 
   if (HandlesFull()) return CUDA_ERROR_OUT_OF_MEMORY;
   ArrayRec a = ArrayGeometry(q.format, q.channels, q.flags, q.width, q.height, q.depth);
   a.dev = cur_dev_;
-  if (!Charge(cur_dev_, a.row_bytes * a.rows * a.slices, kAllocGranularity, "ArrayCreate", "cuArray3DCreate",
-              &a.charged)) {
+  if (!Charge(cur_dev_, ArrayBytes(a), kAllocGranularity, "ArrayCreate", "cuArray3DCreate", &a.charged)) {
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   Backend::ArraySpec spec{q.width, q.height, q.depth, q.format, q.channels, q.flags};
@@ -273,7 +256,6 @@ CUresult Session::OnMipmappedArrayCreate(const MipmapCreateReq& q, Call& c) {
 CUresult Session::CreateMipmap(const MipmapCreateReq& q, uint64_t want, uint64_t* id) {
   CUresult r = CUDA_SUCCESS;
   const ArrayCreateReq& a = q.array;
-  const uint64_t fb = FormatBytes(a.format);
   if ((a.flags & (CUDA_ARRAY3D_LAYERED | CUDA_ARRAY3D_CUBEMAP)) != 0) {
     p_.log->warn("sess={} op=MipmappedArrayCreate: layered and cubemap mipmapped arrays are not served", p_.session_id);
     return CUDA_ERROR_NOT_SUPPORTED;
@@ -285,11 +267,8 @@ CUresult Session::CreateMipmap(const MipmapCreateReq& q, uint64_t want, uint64_t
   if (q.reserved != 0 || q.levels == 0 || q.levels > max_levels) return CUDA_ERROR_INVALID_VALUE;
   if (HandlesFull()) return CUDA_ERROR_OUT_OF_MEMORY;
   uint64_t bytes = 0;
-  for (uint32_t l = 0; l < q.levels; ++l) {
-    const uint64_t lw = std::max<uint64_t>(a.width >> l, 1), lh = std::max<uint64_t>(a.height >> l, 1),
-                   ld = std::max<uint64_t>(a.depth >> l, 1);
-    bytes += lw * fb * a.channels * lh * ld;  // bounded by the extents above: no overflow
-  }
+  for (uint32_t l = 0; l < q.levels; ++l)  // bounded by the extents above: no overflow
+    bytes += ArrayBytes(LevelGeometry(a.format, a.channels, a.flags, a.width, a.height, a.depth, l));
   MipmapRec m;
   m.dev = cur_dev_;
   m.format = a.format;
@@ -326,9 +305,7 @@ CUresult Session::MipmapLevel(uint64_t mipmap, uint32_t level, uint64_t want, ui
   if (m == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (level >= m->levels) return CUDA_ERROR_INVALID_VALUE;
   if (m->level_ids[level] == 0) {
-    ArrayRec a = ArrayGeometry(m->format, m->channels, m->flags, std::max<uint64_t>(m->width >> level, 1),
-                               m->height != 0 ? std::max<uint64_t>(m->height >> level, 1) : 0,
-                               m->depth != 0 ? std::max<uint64_t>(m->depth >> level, 1) : 0);
+    ArrayRec a = LevelGeometry(m->format, m->channels, m->flags, m->width, m->height, m->depth, level);
     r = b_->MipmappedArrayGetLevel(m->backend, level, &a.backend);
     if (r != CUDA_SUCCESS) return r;
     a.dev = m->dev;

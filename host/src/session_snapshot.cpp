@@ -605,32 +605,28 @@ bool Session::RestoreRecord(uint32_t kind, std::span<const uint8_t> body, uint64
 
 namespace {
 
+// Commits [host, host+bytes) of fresh memory (zero-filled pages, MADV_POPULATE_WRITE). Best effort:
+// a kernel without it (Linux < 5.14) faults the pages in on their first write instead.
+void CommitPages(uint8_t* host, uint64_t bytes) {
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto first = reinterpret_cast<uintptr_t>(host) & ~(page - 1);
+  (void)madvise(reinterpret_cast<void*>(first), reinterpret_cast<uintptr_t>(host + bytes) - first, kMadvPopulateWrite);
+}
+
 // `bytes` of device memory from `in` to [addr, addr+bytes): into the memory itself where the
-// backend's is the host's (sim), else through a buffer.
+// backend's is the host's (sim), else through a buffer. `committed`: memory the manifest prepared
+// (PrepareManifest), nothing to commit.
 bool ReadContents(Backend& b, SnapshotReader& in, uint64_t addr, uint64_t bytes, std::string* why,
                   bool committed = false) {
-  if (uint8_t* host = bytes != 0 ? b.HostView(addr, bytes) : nullptr; host != nullptr && committed) {
-    std::vector<uint8_t> scratch;  // memory the manifest prepared: committed already
-    for (uint64_t off = 0; off < bytes; off += kChunk) {
-      if (!ReadChunk(in, host + off, static_cast<uint32_t>(std::min(kChunk, bytes - off)), &scratch, why)) return false;
-    }
-    return true;
-  } else if (host != nullptr) {
+  if (uint8_t* host = bytes != 0 ? b.HostView(addr, bytes) : nullptr; host != nullptr) {
     // Fresh memory is committed before the socket copies into it, not by page faults inside
     // recv()'s copy (1 GiB in 0.6-1.1 s so, 0.75-1.9 s without, on a 2-core VM), and by a thread of
     // its own, a chunk or more ahead of the socket: committing (zeroing) costs about what the copy
     // does, and the two then overlap. Each chunk is committed once, by whichever of the two claims
-    // it first, so the socket never waits for it. Best effort: a kernel without MADV_POPULATE_WRITE
-    // (Linux < 5.14) faults in recv() instead.
-    const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    // it first, so the socket never waits for it.
     const uint64_t chunks = (bytes + kChunk - 1) / kChunk;
-    std::atomic<uint64_t> next{0};  // the first chunk nobody has claimed to commit
-    auto commit = [&](uint64_t i) {
-      const uint64_t off = i * kChunk, n = std::min(kChunk, bytes - off);
-      const auto first = reinterpret_cast<uintptr_t>(host + off) & ~(page - 1);
-      (void)madvise(reinterpret_cast<void*>(first), reinterpret_cast<uintptr_t>(host + off + n) - first,
-                    kMadvPopulateWrite);
-    };
+    std::atomic<uint64_t> next{committed ? chunks : 0};  // the first chunk nobody has claimed to commit
+    auto commit = [&](uint64_t i) { CommitPages(host + i * kChunk, std::min(kChunk, bytes - i * kChunk)); };
     struct Ahead {
       std::atomic<uint64_t>* next;
       uint64_t chunks;
@@ -640,7 +636,7 @@ bool ReadContents(Backend& b, SnapshotReader& in, uint64_t addr, uint64_t bytes,
         if (t.joinable()) t.join();
       }
     } ahead{&next, chunks, {}};
-    if (chunks >= kAheadChunks) {
+    if (!committed && chunks >= kAheadChunks) {
       ahead.t = std::thread([&] {
         for (uint64_t i; (i = next.fetch_add(1)) < chunks;) commit(i);
       });
@@ -946,26 +942,16 @@ CUresult Session::MovedElapsedTime(uint64_t start, uint64_t end, float* ms) {
 namespace orion::host::detail {
 namespace {
 
-// The rows of an array level or array: bytes per row, rows per slice, slices (CUDA's convention:
-// height 0 = 1D, depth 0 = 2D).
-struct Rows {
-  uint64_t row_bytes, rows, slices;
-};
-Rows RowsOf(uint32_t format, uint32_t channels, uint64_t width, uint64_t height, uint64_t depth) {
-  return {width * ArrayFormatBytes(format) * channels, std::max<uint64_t>(height, 1), std::max<uint64_t>(depth, 1)};
-}
-// Level `l` of a mipmapped array: each dimension halved per level, never below 1.
-Rows LevelRows(const MipmapCreateReq& q, uint32_t l) {
+// Level `l` of the mipmapped array `q` describes.
+ArrayRec LevelOf(const MipmapCreateReq& q, uint32_t l) {
   const ArrayCreateReq& a = q.array;
-  return RowsOf(a.format, a.channels, std::max<uint64_t>(a.width >> l, 1),
-                a.height != 0 ? std::max<uint64_t>(a.height >> l, 1) : 0,
-                a.depth != 0 ? std::max<uint64_t>(a.depth >> l, 1) : 0);
+  return LevelGeometry(a.format, a.channels, a.flags, a.width, a.height, a.depth, l);
 }
 
 // An array's bytes go as runs of whole rows, each at most one snapshot chunk (a row is at most
 // 2 MiB: 2^17 texels of 16 bytes), in the same order on both sides: fn(z, y, rows) for each.
 template <typename Fn>
-bool ForRuns(const Rows& g, Fn fn) {
+bool ForRuns(const ArrayRec& g, Fn fn) {
   const uint64_t per = std::max<uint64_t>(1, kChunk / std::max<uint64_t>(g.row_bytes, 1));
   for (uint64_t z = 0; z < g.slices; ++z) {
     for (uint64_t y = 0; y < g.rows; y += per) {
@@ -976,7 +962,7 @@ bool ForRuns(const Rows& g, Fn fn) {
 }
 
 // The bytes of backend array `array` (of geometry `g`) into `enc`, or from `in`, through `buf`.
-bool WriteArray(Backend& b, ChunkEncoder& enc, void* array, const Rows& g, std::vector<uint8_t>* buf,
+bool WriteArray(Backend& b, ChunkEncoder& enc, void* array, const ArrayRec& g, std::vector<uint8_t>* buf,
                 std::string* why) {
   return ForRuns(g, [&](uint64_t z, uint64_t y, uint64_t rows) {
     buf->resize(rows * g.row_bytes);
@@ -987,7 +973,7 @@ bool WriteArray(Backend& b, ChunkEncoder& enc, void* array, const Rows& g, std::
     return enc.Write(buf->data(), static_cast<uint32_t>(buf->size())) || Fail(why, "the stream to the target broke");
   });
 }
-bool ReadArray(Backend& b, SnapshotReader& in, void* array, const Rows& g, std::string* why) {
+bool ReadArray(Backend& b, SnapshotReader& in, void* array, const ArrayRec& g, std::string* why) {
   std::vector<uint8_t> buf, scratch;
   return ForRuns(g, [&](uint64_t z, uint64_t y, uint64_t rows) {
     buf.resize(rows * g.row_bytes);
@@ -1020,10 +1006,7 @@ bool Session::SnapshotArrays(SnapshotWriter& out, std::string* why) {
     r.desc.array = ArrayCreateReq{m.width, m.height, m.depth, m.format, m.channels, m.flags, 0};
     r.desc.levels = m.levels;
     uint64_t bytes = 0;
-    for (uint32_t l = 0; l < m.levels; ++l) {
-      const Rows g = LevelRows(r.desc, l);
-      bytes += g.row_bytes * g.rows * g.slices;
-    }
+    for (uint32_t l = 0; l < m.levels; ++l) bytes += ArrayBytes(LevelOf(r.desc, l));
     meta.clear();
     Append(&meta, r);
     for (const uint64_t level : m.level_ids) Append(&meta, level);
@@ -1032,7 +1015,7 @@ bool Session::SnapshotArrays(SnapshotWriter& out, std::string* why) {
       void* level = nullptr;
       if (b_->MipmappedArrayGetLevel(m.backend, l, &level) != CUDA_SUCCESS)
         return Fail(why, "reading a mipmapped array's level failed");
-      if (!WriteArray(*b_, enc, level, LevelRows(r.desc, l), &buf, why)) return false;
+      if (!WriteArray(*b_, enc, level, LevelOf(r.desc, l), &buf, why)) return false;
     }
   }
   for (const uint64_t id : SortedIds(arrays_)) {
@@ -1042,8 +1025,7 @@ bool Session::SnapshotArrays(SnapshotWriter& out, std::string* why) {
                         ArrayCreateReq{a.width, a.height, a.depth, a.format, a.channels, a.flags, 0}};
     meta.clear();
     Append(&meta, r);
-    if (!WriteRecord(out, kRecArray, meta, a.row_bytes * a.rows * a.slices) ||
-        !WriteArray(*b_, enc, a.backend, Rows{a.row_bytes, a.rows, a.slices}, &buf, why))
+    if (!WriteRecord(out, kRecArray, meta, ArrayBytes(a)) || !WriteArray(*b_, enc, a.backend, a, &buf, why))
       return why->empty() ? Fail(why, broken) : false;
   }
   for (auto& [key, t] : texobjs_) {
@@ -1092,10 +1074,9 @@ bool Session::RestoreArrays(uint32_t kind, std::span<const uint8_t> body, uint64
     if (const CUresult r = CreateArray(a.desc, a.id, &id); r != CUDA_SUCCESS)
       return Fail(why, "making a CUDA array again failed (" + std::to_string(r) + ")");
     const ArrayRec& made = arrays_.Known(id);
-    const Rows g{made.row_bytes, made.rows, made.slices};
-    if (contents != g.row_bytes * g.rows * g.slices) return Fail(why, "an array record's bytes are not its size");
+    if (contents != ArrayBytes(made)) return Fail(why, "an array record's bytes are not its size");
     if (a.destroyed != 0) restore_destroyed_.emplace_back(id, false);
-    return ReadArray(*b_, in, made.backend, g, why);
+    return ReadArray(*b_, in, made.backend, made, why);
   }
   MipmapObjRec m{};
   constexpr uint32_t kMaxLevels = 64;  // CreateMipmap checks the levels against the extents
@@ -1111,17 +1092,14 @@ bool Session::RestoreArrays(uint32_t kind, std::span<const uint8_t> body, uint64
   if (const CUresult r = CreateMipmap(m.desc, m.id, &id); r != CUDA_SUCCESS)
     return Fail(why, "making a mipmapped array again failed (" + std::to_string(r) + ")");
   uint64_t bytes = 0;
-  for (uint32_t l = 0; l < m.desc.levels; ++l) {
-    const Rows g = LevelRows(m.desc, l);
-    bytes += g.row_bytes * g.rows * g.slices;
-  }
+  for (uint32_t l = 0; l < m.desc.levels; ++l) bytes += ArrayBytes(LevelOf(m.desc, l));
   if (contents != bytes) return Fail(why, "a mipmapped array record's bytes are not its size");
   void* backend = mipmaps_.Known(id).backend;
   for (uint32_t l = 0; l < m.desc.levels; ++l) {
     void* level = nullptr;
     if (b_->MipmappedArrayGetLevel(backend, l, &level) != CUDA_SUCCESS)
       return Fail(why, "a mipmapped array's level is missing");
-    if (!ReadArray(*b_, in, level, LevelRows(m.desc, l), why)) return false;
+    if (!ReadArray(*b_, in, level, LevelOf(m.desc, l), why)) return false;
   }
   for (uint32_t l = 0; l < m.desc.levels; ++l) {
     uint64_t got = 0;
@@ -1151,7 +1129,6 @@ bool Session::SnapshotManifest(SnapshotWriter& out, std::string* why) {
 bool Session::PrepareManifest(std::span<const uint8_t> body, std::string* why) {
   if (body.size() % sizeof(ManifestEntry) != 0) return Fail(why, "the manifest is malformed");
   std::vector<uint64_t> held(p_.placements.size(), 0);
-  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
   for (size_t at = 0; at < body.size(); at += sizeof(ManifestEntry)) {
     ManifestEntry e{};
     std::memcpy(&e, body.data() + at, sizeof e);
@@ -1165,11 +1142,7 @@ bool Session::PrepareManifest(std::span<const uint8_t> body, std::string* why) {
       return Fail(why, "preparing memory at " + Hex(e.addr) + " failed (" + std::to_string(r) + ")");
     prepared_[e.addr] = {e.bytes, e.dev};
     // Committed now, not while the program waits (the sim's memory is the host's; best effort).
-    if (uint8_t* host = b_->HostView(e.addr, e.bytes); host != nullptr) {
-      const auto first = reinterpret_cast<uintptr_t>(host) & ~(page - 1);
-      (void)madvise(reinterpret_cast<void*>(first), reinterpret_cast<uintptr_t>(host + e.bytes) - first,
-                    kMadvPopulateWrite);
-    }
+    if (uint8_t* host = b_->HostView(e.addr, e.bytes); host != nullptr) CommitPages(host, e.bytes);
   }
   return true;
 }

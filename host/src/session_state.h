@@ -6,6 +6,7 @@
 // this state. Not thread-safe: the session's one thread uses it.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <set>
@@ -86,6 +87,32 @@ struct ArrayRec {
   bool destroyed = false;
   uint64_t mipmap = 0;  // a level of this mipmapped array (which owns it)
 };
+// An array's record with its geometry (extents already checked: the products cannot overflow).
+inline ArrayRec ArrayGeometry(uint32_t format, uint32_t channels, uint32_t flags, uint64_t width, uint64_t height,
+                              uint64_t depth) {
+  ArrayRec a;
+  a.format = format;
+  a.channels = channels;
+  a.flags = flags;
+  a.width = width;
+  a.height = height;
+  a.depth = depth;
+  a.texel = ArrayFormatBytes(format) * channels;
+  a.row_bytes = width * a.texel;
+  a.rows = std::max<uint64_t>(height, 1);
+  a.slices = std::max<uint64_t>(depth, 1);
+  return a;
+}
+// Level `level` of a mipmapped array of those extents: each dimension it has halved per level,
+// never below 1 (CUDA's cuMipmappedArrayGetLevel).
+inline ArrayRec LevelGeometry(uint32_t format, uint32_t channels, uint32_t flags, uint64_t width, uint64_t height,
+                              uint64_t depth, uint32_t level) {
+  return ArrayGeometry(format, channels, flags, std::max<uint64_t>(width >> level, 1),
+                       height != 0 ? std::max<uint64_t>(height >> level, 1) : 0,
+                       depth != 0 ? std::max<uint64_t>(depth >> level, 1) : 0);
+}
+// The bytes of an array's texels.
+inline uint64_t ArrayBytes(const ArrayRec& a) { return a.row_bytes * a.rows * a.slices; }
 // A mipmapped array: its levels are ArrayRecs owned by it (made at MipmappedArrayGetLevel), charged
 // with it; it lives while texture or surface objects use it or one of its levels.
 struct MipmapRec {
