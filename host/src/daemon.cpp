@@ -486,7 +486,7 @@ void Daemon::Reap() {
       const bool moved_away = code == kExitMoved && it->hold.empty() && !it->allocation_id.empty() && link_;
       if (moved_away) link_->Untrack(it->allocation_id);
       Finish(it->placements, moved_away ? std::string() : it->allocation_id, it->stat_slot,
-             code == kExitGoodbye ? "client_exited" : "session_ended", it->hold);
+             code == kExitGoodbye ? "client_exited" : "session_ended", it->hold, code == kExitMoved);
       log_->info("Session {} exits ({}).", it->session,
                  code == kExitGoodbye      ? "client exited"
                  : code == kExitViolation  ? "protocol violation"
@@ -511,7 +511,7 @@ void Daemon::Reap() {
         if (moved_away) link_->Untrack(c.allocation_id);
         if (r.vm.empty()) {
           Finish(c.placements, moved_away ? std::string() : c.allocation_id, c.stat_slot,
-                 code == kExitGoodbye ? "client_exited" : "session_ended", c.hold);
+                 code == kExitGoodbye ? "client_exited" : "session_ended", c.hold, code == kExitMoved);
         } else {
           // A VM's vGPUs stay reserved for it; the session's memory leaves the VM's meter, which
           // goes with the VM's last session.
@@ -619,6 +619,7 @@ int Daemon::Run() {
     Reap();
     EndRevoked();
     MoveForController();
+    WatchMoves();
     ServeControl();
     AcceptClients(now);
     for (Region& r : regions_) {

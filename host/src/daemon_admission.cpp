@@ -179,6 +179,11 @@ Result<Daemon::Admission> Daemon::JoinShare(const HelloReq& hello, const std::st
   if (own.placements.empty()) {
     const std::string key = "share/" + token;
     Hold& hold = holds_.at(key);
+    if (hold.moving) {
+      return Unavailable(
+          "the vGPU share of the process that started this one is moving to another oriond with "
+          "its one session; try again when it has moved (ORION_SHARE=off takes vGPUs of its own)");
+    }
     const std::string has = "the vGPU share of the process that started this one has " +
                             std::to_string(hold.placements.size()) + " vGPU(s) of " +
                             std::to_string(hold.placements[0].quota_bytes >> 20) + " MiB";
@@ -234,17 +239,18 @@ Result<Daemon::Admission> Daemon::AcquireForJob(const HelloReq& hello, uint32_t 
 }
 
 void Daemon::Finish(const std::vector<Placement>& placements, const std::string& allocation_id, int stat_slot,
-                    const std::string& why, const std::string& hold) {
+                    const std::string& why, const std::string& hold, bool moved) {
   if (auto h = holds_.find(hold); !hold.empty() && h != holds_.end()) {
     Unmeter(h->second.meter, stat_slot);
     if (stat_slot >= 0) stat_used_[static_cast<size_t>(stat_slot)] = false;
     // The hold's vGPUs go back with its last session. A job keeps them at the controller (its
-    // holder releases them); a share's controller allocation is released here.
+    // holder releases them); a share's controller allocation is released here, unless it went
+    // with that session to another oriond (HandOffMove).
     if (--h->second.sessions != 0) return;
     const bool job = hold.starts_with("job/");
     pool_->Release(h->second.placements);
     if (link_ && !h->second.allocation_id.empty()) {
-      if (job) {
+      if (job || (moved && h->second.moving)) {
         link_->Untrack(h->second.allocation_id);
       } else {
         link_->Release(h->second.allocation_id, why);
@@ -371,11 +377,11 @@ void Daemon::ReleaseDevices(pid_t pid, const std::vector<Placement>& placements)
 void Daemon::EndRevoked() {
   if (!link_) return;
   for (const std::string& id : link_->TakeRevoked()) {
+    // A session moving away: its allocation is the target's once the move committed, and the
+    // worker ends on its own then (or serves on here when the move failed).
+    const bool moving =
+        std::any_of(watched_moves_.begin(), watched_moves_.end(), [&](const WatchedMove& m) { return m.report == id; });
     for (const NetSession& n : net_sessions_) {
-      // A session moving away: its allocation is the target's once the move committed, and the
-      // worker ends on its own then (or serves on here when the move failed).
-      const bool moving = std::any_of(controller_moves_.begin(), controller_moves_.end(),
-                                      [&](const ControllerMove& m) { return m.allocation_id == id; });
       if (n.allocation_id == id && !moving) {
         log_->warn("Session {}: the Orion Controller no longer holds allocation {}; ending it", n.session, id);
         kill(n.pid, SIGTERM);
@@ -383,7 +389,7 @@ void Daemon::EndRevoked() {
     }
     for (Region& r : regions_) {
       for (const Channel& c : r.channels) {
-        if (c.state == Channel::kServing && c.allocation_id == id) {
+        if (c.state == Channel::kServing && c.allocation_id == id && !moving) {
           log_->warn("Session {}: the Orion Controller no longer holds allocation {}; ending it", c.session, id);
           kill(c.pid, SIGTERM);
         }

@@ -318,7 +318,7 @@ std::string Daemon::Control(const std::string& line) {
   return "error unknown command '" + cmd + "' (attach, detach, status, sessions, migrate)";
 }
 
-std::string Daemon::HandOffMove(const std::string& line, int conn) {
+std::string Daemon::HandOffMove(const std::string& line, int conn, const std::string& report) {
   std::istringstream in(line);
   std::string cmd, id, to;
   if (!(in >> cmd >> id >> to) || id.empty() || id.size() > 10 ||
@@ -326,6 +326,52 @@ std::string Daemon::HandOffMove(const std::string& line, int conn) {
     return "error usage: migrate SESSION HOST:PORT";
   }
   const auto session = static_cast<uint32_t>(std::stoul(id));
+  // The request to the session's worker, on its control socket `control` (`pid` gets SIGUSR2),
+  // with the token the program comes back with should it not reach the target. A session on a
+  // vGPU share whose vGPUs the controller holds for it (oriond asked for them: every program's
+  // first session starts a share) takes that allocation along ("share") when it is the share's
+  // one session; the share takes no new session meanwhile. oriond then watches the worker's
+  // answer itself, as it does a move the controller asked for, and passes it on.
+  auto hand = [&](int control, pid_t pid, const std::string& hold, const std::string& back) -> std::string {
+    Hold* share = nullptr;
+    if (auto h = holds_.find(hold);
+        h != holds_.end() && hold.starts_with("share/") && !h->second.allocation_id.empty()) {
+      if (h->second.sessions > 1) {
+        return "error session " + id + " is one of the " + std::to_string(h->second.sessions) +
+               " processes on vGPU share " + hold.substr(6, 8) +
+               " (ORION_SHARE: the processes its program started), whose vGPUs the Orion Controller holds as one "
+               "allocation; it moves only with the share's last process";
+      }
+      if (h->second.moving) return "error session " + id + "'s vGPU share is moving already";
+      share = &h->second;
+    }
+    const std::string msg = "migrate " + to + " " + back + (share != nullptr ? " share" : "");
+    int asker = conn;
+    int pair[2] = {-1, -1};
+    if (share != nullptr || !report.empty()) {
+      if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) {
+        return std::string("error no socketpair: ") + std::strerror(errno);
+      }
+      asker = pair[1];
+    }
+    const bool sent = SendWithFd(control, msg.data(), msg.size(), asker);
+    const int err = errno;
+    if (pair[1] >= 0) ::close(pair[1]);  // the worker has its own copy
+    if (!sent) {
+      if (pair[0] >= 0) ::close(pair[0]);
+      return "error session " + id + "'s worker does not take requests: " + std::strerror(err);
+    }
+    if (pair[0] >= 0) {
+      fcntl(pair[0], F_SETFL, fcntl(pair[0], F_GETFL) | O_NONBLOCK);
+      watched_moves_.push_back({pair[0], conn >= 0 ? fcntl(conn, F_DUPFD_CLOEXEC, 0) : -1, report,
+                                share != nullptr ? hold : std::string(), to, ""});
+      if (share != nullptr) share->moving = true;
+    }
+    kill(pid, SIGUSR2);
+    log_->info("Session {}: a move to {} is asked for{}", session, to,
+               share != nullptr ? " (with its vGPU share's allocation " + share->allocation_id + ")" : "");
+    return "";
+  };
   for (const Region& r : regions_) {
     for (uint32_t i = 0; i < r.channel_count; ++i) {
       const Channel& c = r.channels[i];
@@ -340,13 +386,7 @@ std::string Daemon::HandOffMove(const std::string& line, int conn) {
       // with this token, which the worker checks.
       const std::string back = NewResumeToken();
       if (back.empty()) return "error no entropy for a resume token";
-      const std::string msg = "migrate " + to + " " + back;
-      if (!SendWithFd(ctl->second, msg.data(), msg.size(), conn)) {
-        return "error session " + id + "'s worker does not take requests: " + std::strerror(errno);
-      }
-      kill(c.pid, SIGUSR2);
-      log_->info("Session {}: a move to {} is asked for", session, to);
-      return "";
+      return hand(ctl->second, c.pid, c.hold, back);
     }
   }
   for (NetSession& n : net_sessions_) {
@@ -355,14 +395,10 @@ std::string Daemon::HandOffMove(const std::string& line, int conn) {
     // The way back, should the program not reach the target: a token it resumes here with.
     const std::string back = NewResumeToken();
     if (back.empty()) return "error no entropy for a resume token";
-    const std::string msg = "migrate " + to + " " + back;
-    if (!SendWithFd(n.control, msg.data(), msg.size(), conn)) {
-      return "error session " + id + "'s worker does not take requests: " + std::strerror(errno);
-    }
+    const std::string err = hand(n.control, n.pid, n.hold, back);
+    if (!err.empty()) return err;
     n.back_token = back;
     n.back_deadline_ms = MonotonicMs() + kMoveBackMs;
-    kill(n.pid, SIGUSR2);
-    log_->info("Session {}: a move to {} is asked for", session, to);
     return "";
   }
   return "error no session " + id + " here ('sessions' lists them)";
@@ -373,44 +409,40 @@ void Daemon::MoveForController() {
   for (const auto& move : link_->TakeMoves()) {
     const std::string& id = move.first;  // (a structured binding cannot be captured before C++20 in clang 14)
     const std::string& to = move.second;
-    if (std::any_of(controller_moves_.begin(), controller_moves_.end(),
-                    [&](const ControllerMove& m) { return m.allocation_id == id; }))
+    if (std::any_of(watched_moves_.begin(), watched_moves_.end(), [&](const WatchedMove& m) { return m.report == id; }))
       continue;  // under way: the controller announces a move until it ends
-    std::string err;
+    // The session serving the allocation: its own, or a vGPU share's (HandOffMove checks that it
+    // is the share's one session). A job's sessions do not move.
+    auto serves = [&](const std::string& allocation, const std::string& hold) {
+      return allocation == id && (hold.empty() || hold.starts_with("share/"));
+    };
     uint32_t session = 0;
     for (const NetSession& x : net_sessions_) {
-      if (x.allocation_id == id && x.hold.empty()) session = x.session;
+      if (serves(x.allocation_id, x.hold)) session = x.session;
     }
     for (const Region& r : regions_) {
       for (uint32_t i = 0; i < r.channel_count; ++i) {
         const Channel& c = r.channels[i];
-        if (c.state == Channel::kServing && c.allocation_id == id && c.hold.empty()) session = c.session;
+        if (c.state == Channel::kServing && serves(c.allocation_id, c.hold)) session = c.session;
       }
     }
-    if (session == 0) {
-      err = "no session of this oriond serves it";
-    } else {
-      int pair[2] = {-1, -1};
-      if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) {
-        err = std::string("no socketpair: ") + std::strerror(errno);
-      } else {
-        err = HandOffMove("migrate " + std::to_string(session) + " " + to, pair[1]);
-        ::close(pair[1]);  // the worker has its own copy
-        if (err.empty()) {
-          fcntl(pair[0], F_SETFL, fcntl(pair[0], F_GETFL) | O_NONBLOCK);
-          log_->info("Session {}: the Orion Controller moves allocation {} to {}", session, id, to);
-          controller_moves_.push_back({pair[0], id, to, ""});
-          continue;
-        }
-        ::close(pair[0]);
-        if (err.starts_with("error ")) err = err.substr(6);
-      }
+    std::string err = session == 0 ? "no session of this oriond serves it"
+                                   : HandOffMove("migrate " + std::to_string(session) + " " + to, -1, id);
+    if (err.empty()) {
+      log_->info("Session {}: the Orion Controller moves allocation {} to {}", session, id, to);
+      continue;
     }
+    if (err.starts_with("error ")) err = err.substr(6);
     log_->warn("Allocation {}: not moved to {}: {}", id, to, err);
     link_->ReportMove(id, false, 0, err);
   }
-  // The workers' answers: "ok ..." once the target committed (it reports that), else why not.
-  for (auto it = controller_moves_.begin(); it != controller_moves_.end();) {
+}
+
+// The workers' answers to the moves oriond watches: "ok ..." once the target committed (it reports
+// that to the controller), else why not. Each goes on to its asker; a failure is reported to the
+// controller, and a share that did not move takes sessions again.
+void Daemon::WatchMoves() {
+  for (auto it = watched_moves_.begin(); it != watched_moves_.end();) {
     char buf[512];
     const ssize_t r = ::read(it->fd, buf, sizeof buf);
     if (r > 0 && it->answer.size() < 4096) it->answer.append(buf, static_cast<size_t>(r));
@@ -419,14 +451,24 @@ void Daemon::MoveForController() {
       continue;
     }
     std::string answer = it->answer.substr(0, it->answer.find('\n'));
+    if (answer.empty()) answer = "error the session's worker ended without an answer";
+    if (it->relay >= 0) {
+      const std::string line = answer + "\n";
+      timeval tv{1, 0};
+      setsockopt(it->relay, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+      (void)!::write(it->relay, line.data(), line.size());
+      ::close(it->relay);
+    }
     if (!answer.starts_with("ok ")) {
-      if (answer.starts_with("error ")) answer = answer.substr(6);
-      if (answer.empty()) answer = "the session's worker ended without an answer";
-      log_->warn("Allocation {}: not moved to {}: {}", it->allocation_id, it->to, answer);
-      link_->ReportMove(it->allocation_id, false, 0, answer);
+      const std::string why = answer.starts_with("error ") ? answer.substr(6) : answer;
+      if (!it->report.empty()) {
+        log_->warn("Allocation {}: not moved to {}: {}", it->report, it->to, why);
+        if (link_) link_->ReportMove(it->report, false, 0, why);
+      }
+      if (auto h = holds_.find(it->hold); !it->hold.empty() && h != holds_.end()) h->second.moving = false;
     }
     ::close(it->fd);
-    it = controller_moves_.erase(it);
+    it = watched_moves_.erase(it);
   }
 }
 

@@ -313,6 +313,7 @@ class Session : private SessionState {
   std::vector<uint8_t> welcome_;  // the Welcome's payload (StartBackend)
   std::string move_to_;           // a move asked for: host:port of the target ("" none)
   std::string move_back_;         // its way back: the token the program resumes here with ("" none)
+  bool move_share_ = false;       // its vGPU share's controller allocation goes with it (oriond said so)
   int move_asker_ = -1;           // the asker's connection (orion-smi via oriond), answered once
   int move_fd_ = -1;              // the connection to the target, from the request (PrepareMove) to the move
   bool move_prepared_ = false;    // the target said "prepared"

@@ -52,6 +52,7 @@
 #include <cerrno>
 #include <charconv>
 #include <functional>
+#include <sstream>
 
 #include "orion/common/fd_passing.h"
 #include "orion/common/net.h"
@@ -315,16 +316,15 @@ void Session::TakeMoveRequest() {
       Answer(&asker, "error session " + std::to_string(p_.session_id) + " is already moving to " + move_to_);
       continue;
     }
-    // "migrate HOST:PORT [BACK_TOKEN]": oriond adds the token the program comes back with when it
-    // cannot reach the target.
-    const std::string args = line.substr(8);
-    const size_t space = args.find(' ');
-    move_to_ = args.substr(0, space);
+    // "migrate HOST:PORT [BACK_TOKEN [share]]": oriond adds the token the program comes back with
+    // when it cannot reach the target, and "share" when this session is the one session of a
+    // vGPU share whose controller allocation goes along with it (Daemon::HandOffMove).
+    std::istringstream args(line.substr(8));
+    std::string back, word;
+    args >> move_to_ >> back >> word;
     move_back_.clear();
-    if (space != std::string::npos) {
-      const std::string back = args.substr(space + 1);
-      if (back.size() == kShareTokenLen && ValidShareToken(back.c_str(), back.size() + 1)) move_back_ = back;
-    }
+    if (back.size() == kShareTokenLen && ValidShareToken(back.c_str(), back.size() + 1)) move_back_ = back;
+    move_share_ = word == "share";
     move_asker_ = asker;
     p_.log->info("sess={} move to {} asked for: at the next call the program waits on", p_.session_id, move_to_);
     PrepareMove();
@@ -355,11 +355,15 @@ bool Session::PrepareMove() {
   // A controller's allocation moves with its session when it is the program's own (its client
   // brought it: the target confirms it with the controller as the move's target, and commits the
   // move there once the program resumed). One a vGPU share or a job holds stays with them.
-  const bool own_allocation = !p_.allocation_id.empty() && p_.hold_used == nullptr && p_.share.empty();
+  // A vGPU share's allocation goes along when oriond says this session is the share's only one.
+  const bool own_allocation = !p_.allocation_id.empty() &&
+                              ((p_.hold_used == nullptr && p_.share.empty()) || (move_share_ && !p_.share.empty()));
   if (!p_.allocation_id.empty() && !own_allocation)
-    return refuse("a session on a vGPU share's or a job's controller allocation cannot move yet");
+    return refuse(p_.share.empty() ? "a session on a job's controller allocation cannot move yet"
+                                   : "its vGPU share's controller allocation serves other sessions too");
   // A session on a vGPU share (ORION_SHARE: every program's first session names one) moves alone:
-  // at the target it has its vGPUs and quota to itself; the share's other sessions stay here.
+  // at the target it has its vGPUs and quota to itself; on a standalone oriond the share's other
+  // sessions stay here.
   std::string why;
   if (!CanMove(&why)) return refuse(why);
   auto connected = ConnectTcp(to, kConnectMs);

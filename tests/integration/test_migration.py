@@ -6,6 +6,7 @@ to go leaves the session where it was: the program finishes there, unaware."""
 import json
 import os
 import re
+import secrets
 import socket
 import struct
 import subprocess
@@ -577,6 +578,65 @@ def test_a_controller_move_that_fails_leaves_the_allocation_and_its_program_wher
         result = finish(p)
         assert "moved" not in result.stderr
     finally:
+        c.stop()
+
+
+def test_a_shared_memory_program_on_a_pool_moves_with_its_vgpu_share(tmp_path):
+    """On a pool with a controller, a program on its server's shared memory runs on a vGPU share
+    whose allocation oriond asked the controller for. While a second process is on that share
+    (ORION_SHARE, as a program's children are) the controller's move is refused, with why, and
+    nothing moves; once the program is the share's one process, the allocation moves with it: the
+    program finishes at the target, over TCP, with every value right, the source's vGPU is free,
+    and the allocation is released once, when the program exits there."""
+    c = Cluster(tmp_path, servers=2)
+    procs = []
+    try:
+        source, target = c.servers
+        env = dict(source.env(ORION_GMEM=256), ORION_SHARE=secrets.token_hex(16))
+        p = ready(subprocess.Popen([str(TEST_BIN / "move_loop"), "90", "50", "32"], env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True))
+        procs.append(p)
+        other = ready(subprocess.Popen([str(TEST_BIN / "sleeper"), "16"], env=env, stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True))
+        procs.append(other)
+        assert re.search(r"Joining vGPU share [0-9a-f]{8} \(2 session\(s\) on it\)", source.log()), source.log()
+        allocations = c.allocations()
+        assert len(allocations) == 1 and allocations[0]["server"] == source.id, allocations
+        a = allocations[0]
+        url = f"/v1/allocations/{a['id']}/migrate"
+        code, body = c.ctl.call("POST", url, {"to": target.id, "wait_s": 60})
+        assert code == 409, body
+        assert body["message"].startswith(f"the move of allocation {a['id']} to {target.id} failed: the source: "
+                                          "session "), body
+        assert "is one of the 2 processes on vGPU share" in body["message"], body
+        assert [x["server"] for x in c.allocations()] == [source.id]
+        assert [x["transport"] for x in smi_json(source)] == ["shm", "shm"]
+        other.kill()
+        other.wait()
+        wait_until(lambda: len(smi_json(source)) == 1, 10)
+        # Asked for on the source's control socket instead, the move is the program's to make, not
+        # the allocation's: the target's controller admits the allocation only as the target of a
+        # move the controller made. oriond passes the refusal on, and the share is not left moving.
+        first = only_session(source)
+        r = migrate(source, first, target.id)
+        assert r.returncode != 0 and r.stderr == (f"session {first} not moved: the target refused it: Orion Controller: "
+                                                  f"allocation {a['id']} is placed on {source.id}, not {target.id}\n"), r
+        code, body = c.ctl.call("POST", url, {"to": target.id, "wait_s": 60})
+        assert code == 200, (body, source.log()[-3000:], target.log()[-3000:])
+        assert body["server"] == target.id and [x["server"] for x in body["placements"]] == [target.id], body
+        moved = smi_json(target)
+        assert [(x["session"], x["transport"]) for x in moved] == [(body["session"], "tcp")], moved
+        wait_until(lambda: smi_json(source) == [], 10)
+        assert c.ctl.get("/v1/status")["vgpus_used"] == 1
+        result = finish(p)
+        assert result.stderr.count("the session moved from oriond on") == 1, result.stderr[-2000:]
+        assert "(with its vGPU share's allocation " + a["id"] + ")" in source.log()
+        wait_until(lambda: c.allocations() == [], 10)
+        assert re.findall(rf"allocation {a['id']} released \((\w+)\)", c.ctl.log()) == ["client_exited"], c.ctl.log()
+    finally:
+        for x in procs:
+            if x.poll() is None:
+                x.kill()
         c.stop()
 
 

@@ -183,6 +183,9 @@ class Daemon {
     std::string allocation_id;        // a share's controller allocation (AllocateHere), released at its end
     int meter = -1;                   // its kMaxDevices counters in meters_ (-1: none free, quota per session)
     std::map<uint32_t, int> compute;  // its compute-share slot per physical GPU (one tenant)
+    // A share whose one session moves with its controller allocation (HandOffMove): no session
+    // joins it meanwhile, and when that session leaves moved, the allocation is the target's.
+    bool moving = false;
   };
   std::map<std::string, Hold> holds_;
   Status CheckRequest(HelloReq* hello) const;
@@ -194,9 +197,10 @@ class Daemon {
   // hold's quota or the smaller `gmem_mib`.
   Admission OnHold(const std::string& key, uint32_t count, uint64_t gmem_mib);
   // A session ended: its vGPUs go back (and its allocation to the controller), or, on a hold, its
-  // memory leaves the hold's meter and the hold ends with its last session.
+  // memory leaves the hold's meter and the hold ends with its last session. `moved`: it ended
+  // moved to another oriond; a moving share's allocation then went with it (not released).
   void Finish(const std::vector<Placement>& placements, const std::string& allocation_id, int stat_slot,
-              const std::string& why, const std::string& hold = "");
+              const std::string& why, const std::string& hold = "", bool moved = false);
   int TakeStatSlot();
   int TakeMeter();  // a free meter, zeroed; -1 when none is
   // Takes what the ended session in `stat_slot` last published off `meter` (its worker has exited).
@@ -305,17 +309,25 @@ class Daemon {
   // for the target's confirmation (session_move.cpp) fit well within it.
   static constexpr uint64_t kMoveBackMs = 15 * 60 * 1000;
   // `migrate SESSION HOST:PORT` on the control socket: hands the request and the asker's
-  // connection `conn` to the session's worker, which answers it; "" then, else the error line.
-  std::string HandOffMove(const std::string& line, int conn);
-  // Moves the Orion Controller asks for (ControllerLink::TakeMoves): each handed to its session's
-  // worker as a `migrate` is, with an asker connection of oriond's own, `fd`, on which the worker
-  // answers; a refusal or failure is reported back (ControllerLink::ReportMove). The target
-  // reports the commit.
-  struct ControllerMove {
+  // connection `conn` (-1: none) to the session's worker, which answers it; "" then, else the
+  // error line. `report`: the controller allocation whose move this is (a failure is reported).
+  // A session on a vGPU share with a controller allocation moves only as the share's one session,
+  // and takes the allocation along: the share takes no new session until the move ends.
+  std::string HandOffMove(const std::string& line, int conn, const std::string& report = "");
+  // Moves whose end oriond itself must see: the Orion Controller's (ControllerLink::TakeMoves; a
+  // refusal or failure is reported back with ControllerLink::ReportMove, the target reports the
+  // commit) and a share's. The worker answers on `fd`, oriond's end of a socketpair; the answer
+  // goes on to `relay` (the asker's connection, or -1), and a failed move's share takes sessions
+  // again.
+  struct WatchedMove {
     int fd = -1;
-    std::string allocation_id, to, answer;
+    int relay = -1;
+    std::string report;  // the controller allocation to report a failure of ("" none)
+    std::string hold;    // the moving share's key in holds_ ("" none)
+    std::string to, answer;
   };
-  std::vector<ControllerMove> controller_moves_;
+  std::vector<WatchedMove> watched_moves_;
+  void WatchMoves();
   // Shared-memory sessions' workers (not a VM's): oriond's end of each one's control socketpair,
   // by worker pid, closed when it is reaped. A move is asked for there as for a network session;
   // the program's way back is its own channel (session_move.cpp).
