@@ -3,6 +3,9 @@
 //   orion_bench baseline-pingpong N        bare two-process cache-line ping-pong (spin), p50/p99 ns
 //   orion_bench baseline-memcpy MiB        one memcpy between out-of-cache buffers, GB/s (physical limit)
 //   orion_bench baseline-ring MiB          bare two-process SPSC ring, best of 256 KiB/1 MiB/4 MiB chunks, GB/s
+//   orion_bench baseline-ring-pingpong N   the channel's own rings (ivshmem/ring.h) between two processes,
+//                                          a header-only record each way, spinning: the floor of a
+//                                          synchronous call on this ring layout, p50/p99 ns
 //   orion_bench null-call N                cuCtxSynchronize round trips through Orion, p50/p99 ns
 //   orion_bench idle-call N [IDLE_MS]      the first cuCtxSynchronize after IDLE_MS (2000) idle, p50/p99 ns
 //   orion_bench baseline-idle-wake KIND N [IDLE_MS]   KIND: futex, eventfd, tcp (one wake-up), tcp-rtt (a 32 B
@@ -37,6 +40,9 @@
 #include <fstream>
 #include <string>
 #include <vector>
+
+#include "orion/common/frame.h"
+#include "orion/ivshmem/ring.h"
 
 namespace {
 
@@ -94,6 +100,49 @@ void BaselinePingPong(int n) {
   }
   wait(nullptr);
   Percentiles("baseline-pingpong", lat);
+}
+
+// The ring ping-pong: BaselinePingPong's exchange through the channel's own rings (RingProducer /
+// RingConsumer, a 1 MiB request ring and a 1 MiB reply ring, each record a FrameHeader with no
+// payload, as cuCtxSynchronize's request and reply are), both sides spinning. Between the bare
+// ping-pong and the null call: what the ring layout costs by itself (a record is a stamp and a
+// header that walk through the ring, where the ping-pong rewrites one word in one line), apart
+// from the client's and the worker's software.
+void BaselineRingPingPong(int n) {
+  constexpr uint32_t kCap = 1u << 20;
+  auto* m = static_cast<uint8_t*>(Shared(2 * (orion::ivshmem::kRingCursorBytes + kCap)));
+  uint8_t* requests = m;
+  uint8_t* replies = m + orion::ivshmem::kRingCursorBytes + kCap;
+  const int total = n + 1000;
+  if (fork() == 0) {
+    orion::ivshmem::RingConsumer in(requests, kCap, 1);
+    orion::ivshmem::RingProducer out(replies, kCap, 1);
+    std::vector<uint8_t> scratch(256);
+    for (int i = 0; i < total; ++i) {
+      orion::ivshmem::FrameView f{};
+      bool got = false;
+      while (in.Pop(&f, &scratch, &got).ok() && !got) Relax();
+      if (!got || !out.Push(f.header, nullptr)) _exit(4);
+    }
+    _exit(0);
+  }
+  orion::ivshmem::RingProducer out(requests, kCap, 1);
+  orion::ivshmem::RingConsumer in(replies, kCap, 1);
+  std::vector<uint8_t> scratch(256);
+  std::vector<uint64_t> lat;
+  for (int i = 0; i < total; ++i) {
+    const uint64_t t = Ns();
+    if (!out.Push(orion::MakeFrameHeader(1, static_cast<uint32_t>(i), 0), nullptr)) std::exit(4);
+    orion::ivshmem::FrameView f{};
+    bool got = false;
+    while (in.Pop(&f, &scratch, &got).ok() && !got) Relax();
+    if (!got || f.header.seq != static_cast<uint32_t>(i)) std::exit(4);
+    if (i >= 1000) lat.push_back(Ns() - t);
+  }
+  int status = 0;
+  wait(&status);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) std::exit(4);
+  Percentiles("baseline-ring-pingpong", lat);
 }
 
 // The physical limit of one CPU copy: memcpy of `mib` MiB between two buffers larger than the
@@ -471,6 +520,8 @@ int main(int argc, char** argv) {
   const long n = std::atol(argv[2]);
   if (mode == "baseline-pingpong")
     BaselinePingPong(static_cast<int>(n));
+  else if (mode == "baseline-ring-pingpong")
+    BaselineRingPingPong(static_cast<int>(n));
   else if (mode == "baseline-ring")
     BaselineRing(static_cast<uint64_t>(n));
   else if (mode == "baseline-memcpy")
