@@ -385,6 +385,31 @@ bool TcpFrameChannel::AwaitInput(uint32_t max_us) noexcept {
   return true;
 }
 
+Status ShmFrameChannel::Pop(ivshmem::FrameView* f, std::vector<uint8_t>* scratch, bool* got) noexcept {
+  if (!awaiting_) return replies_.Pop(f, scratch, got);
+  *got = false;
+  // SS2: acquire the reply's word; pairs with SS3 in the worker: its header, payload and (for
+  // kSlotReplyInRing) its ring record are visible.
+  const uint64_t word = reply_slot_->word.load(std::memory_order_acquire);
+  if (static_cast<uint32_t>(word >> 32) != call_) return Status::Ok();
+  awaiting_ = false;
+  const auto where = static_cast<uint32_t>(word);
+  if (where == ivshmem::kSlotReplyInRing) {
+    if (Status s = replies_.Pop(f, scratch, got); !s.ok() || *got) return s;
+    return DataLoss("the sync slot says the reply is in the reply ring, and the ring holds none");
+  }
+  if (where != ivshmem::kSlotReplyHere) return DataLoss("the sync slot's reply word is malformed");
+  FrameHeader h;
+  std::memcpy(&h, &reply_slot_->header, sizeof h);  // the one read of the header
+  if (h.payload_len > ivshmem::kSyncSlotPayload) return DataLoss("a sync slot reply longer than the slot");
+  if (scratch->size() < ivshmem::kSyncSlotPayload) scratch->resize(256);
+  std::memcpy(scratch->data(), reply_slot_->payload, h.payload_len);
+  f->header = h;
+  f->payload = scratch->data();
+  *got = true;
+  return Status::Ok();
+}
+
 Status TcpFrameChannel::Pop(ivshmem::FrameView* f, std::vector<uint8_t>* scratch, bool* got) noexcept {
   *got = false;
   auto broke = [&] { return Unavailable(why_.empty() ? "the connection to oriond at " + address_ + " broke" : why_); };

@@ -28,6 +28,9 @@ class FrameChannel {
   virtual ~FrameChannel() = default;
   // Room for a frame with `payload_len` payload bytes (header first), or nullptr if none now.
   virtual uint8_t* Reserve(uint32_t payload_len) noexcept = 0;
+  // The same for a frame that wants a reply, which the caller waits for before it sends another
+  // (shared memory: the sync slot, when the worker serves it and the payload fits).
+  virtual uint8_t* ReserveCall(uint32_t payload_len) noexcept { return Reserve(payload_len); }
   // Publishes the reserved frame. False: the transport failed (the session is lost).
   virtual bool Commit() noexcept = 0;
   virtual Status Pop(ivshmem::FrameView* f, std::vector<uint8_t>* scratch, bool* got) noexcept = 0;
@@ -44,19 +47,45 @@ class ShmFrameChannel final : public FrameChannel {
  public:
   ShmFrameChannel(uint8_t* requests, uint32_t request_bytes, uint8_t* replies, uint32_t reply_bytes,
                   uint32_t generation) noexcept
-      : requests_(requests, request_bytes, generation), replies_(replies, reply_bytes, generation) {}
-  uint8_t* Reserve(uint32_t payload_len) noexcept override { return requests_.Reserve(payload_len); }
+      : requests_(requests, request_bytes, generation),
+        replies_(replies, reply_bytes, generation),
+        request_slot_(ivshmem::SyncSlotOf(requests)),
+        reply_slot_(ivshmem::SyncSlotOf(replies)) {}
+  // After a Welcome with kWelcomeSyncSlot: calls whose payload fits go through the sync slot.
+  void UseSyncSlot() noexcept { slot_ = true; }
+  uint8_t* Reserve(uint32_t payload_len) noexcept override {
+    in_slot_ = false;
+    return requests_.Reserve(payload_len);
+  }
+  uint8_t* ReserveCall(uint32_t payload_len) noexcept override {
+    if (!slot_ || payload_len > ivshmem::kSyncSlotPayload) return Reserve(payload_len);
+    in_slot_ = true;
+    return reinterpret_cast<uint8_t*>(&request_slot_->header);
+  }
   bool Commit() noexcept override {
-    requests_.Commit();
+    if (!in_slot_) {
+      requests_.Commit();
+      return true;
+    }
+    in_slot_ = false;
+    call_ = ivshmem::NextSlotCall(call_);
+    awaiting_ = true;
+    // SS0: publishes the call (and every ring frame before it); pairs with SS1 in the worker.
+    request_slot_->word.store((uint64_t{call_} << 32) | static_cast<uint32_t>(requests_.position()),
+                              std::memory_order_release);
     return true;
   }
-  Status Pop(ivshmem::FrameView* f, std::vector<uint8_t>* scratch, bool* got) noexcept override {
-    return replies_.Pop(f, scratch, got);
-  }
+  Status Pop(ivshmem::FrameView* f, std::vector<uint8_t>* scratch, bool* got) noexcept override;
 
  private:
   ivshmem::RingProducer requests_;
   ivshmem::RingConsumer replies_;
+  ivshmem::SyncSlot* request_slot_;
+  ivshmem::SyncSlot* reply_slot_;
+  bool slot_ = false;      // the worker serves the sync slot
+  bool in_slot_ = false;   // the reserved frame is the slot's
+  bool awaiting_ = false;  // the last call went through the slot; its reply comes there
+  uint32_t call_ = 0;      // the slot's last call number
 };
 
 // A TCP connection. It also owns the stand-ins for what a shared-memory region would give the

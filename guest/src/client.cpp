@@ -413,6 +413,10 @@ CUresult Client::HandshakeLocked(uint64_t vgpus, uint64_t gmem, const std::strin
   HelloReq hello{};
   hello.protocol_version = kProtocolVersion;
   hello.transports = !network_ ? kTransportShm : rdma_port_ ? (kTransportTcp | kTransportRdma) : kTransportTcp;
+  // Shared memory: synchronous calls through the sync slot (ivshmem/ring.h) unless ORION_SYNC_SLOT=0
+  // (to compare); the worker says in its Welcome whether it serves it.
+  const char* slot = std::getenv("ORION_SYNC_SLOT");
+  if (!network_ && (slot == nullptr || std::strcmp(slot, "0") != 0)) hello.transports |= kTransportSyncSlot;
   hello.vgpu_count = static_cast<uint32_t>(vgpus);
   hello.gmem_mib = gmem;
   hello.pid = static_cast<uint32_t>(getpid());
@@ -489,6 +493,9 @@ CUresult Client::HandshakeLocked(uint64_t vgpus, uint64_t gmem, const std::strin
     return Broken(CUDA_ERROR_UNKNOWN, "malformed Welcome");
   }
   std::string transport_text;
+  if (!network_ && (hello.transports & kTransportSyncSlot) != 0 && (welcome_.features & kWelcomeSyncSlot) != 0) {
+    static_cast<ShmFrameChannel*>(chan_.get())->UseSyncSlot();
+  }
   if (network_) {
     // The network channel's window: a private copy, laid out like the server's.
     if (welcome_.channel_bytes < ivshmem::kMinChannelBytes || welcome_.channel_bytes > (uint64_t{4} << 30)) {

@@ -119,7 +119,8 @@ CUresult Client::PushLocked(const FrameHeader& h, const void* req, uint32_t req_
   Backoff backoff;
   uint8_t* p;
   uint64_t beat = 0, changed = 0;
-  while ((p = chan_->Reserve(h.payload_len)) == nullptr) {
+  const bool call = (h.flags & kFlagWantsReply) != 0;
+  while ((p = call ? chan_->ReserveCall(h.payload_len) : chan_->Reserve(h.payload_len)) == nullptr) {
     if (backoff.sleeping() && ServerGoneLocked(&beat, &changed)) return broken_;
     if (backoff.sleeping()) RingDoorbell(true);  // the ring is full: the worker must be awake
     backoff.Pause();

@@ -164,6 +164,13 @@ bool Session::Start(const FrameHeader& hello_header, int* exit_code) {
     *exit_code = kExitBackendFailed;
     return false;
   }
+  // Shared memory: synchronous calls through the sync slot, for a client that can (ivshmem/ring.h).
+  if ((hello_.transports & kTransportSyncSlot) != 0 && ch_->ServeSyncSlot()) {
+    WelcomeRep w;
+    std::memcpy(&w, welcome_.data(), sizeof w);
+    w.features |= kWelcomeSyncSlot;
+    std::memcpy(welcome_.data(), &w, sizeof w);
+  }
   return Welcome(hello_header, exit_code);
 }
 

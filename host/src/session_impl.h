@@ -175,6 +175,7 @@ class Session : private SessionState {
   void LogWaits() const {
     const std::string w = ch_->WaitStats();
     p_.log->info("sess={} idle waits: {}{}naps={}", p_.session_id, w, w.empty() ? "" : ", ", naps_);
+    if (const std::string slot = ch_->SlotStats(); !slot.empty()) p_.log->info("sess={} {}", p_.session_id, slot);
     for (size_t d = 0; d < gates_.size(); ++d) {
       if (gates_[d] == nullptr) continue;
       p_.log->info("sess={} compute: vGPU {}: its tenant used {:.3f} s of device time and waited {:.3f} s for it",

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <string>
 
 #include "orion/common/clock.h"
 #include "orion/host/session.h"
@@ -30,13 +31,24 @@ class ShmSessionChannel final : public SessionChannel {
     replies_ = ivshmem::RingProducer(chan + layout_.reply_ring_offset, static_cast<uint32_t>(layout_.reply_ring_bytes),
                                      generation);
     window_ = chan + layout_.window_offset;
+    request_slot_ = ivshmem::SyncSlotOf(chan + layout_.request_ring_offset);
+    reply_slot_ = ivshmem::SyncSlotOf(chan + layout_.reply_ring_offset);
     last_lease_ = desc_->client_lease.load(std::memory_order_relaxed);
     lease_changed_ = MonotonicMs();
   }
   uint8_t* window() override { return window_; }
   const ChannelLayout& layout() const override { return layout_; }
   Status Pop(ivshmem::FrameView* f, std::vector<uint8_t>* scratch, bool* got) override {
-    return requests_.Pop(f, scratch, got);
+    from_slot_ = false;
+    if (Status s = requests_.Pop(f, scratch, got); !s.ok() || *got || !slot_) return s;
+    return PopSlot(f, scratch, got);
+  }
+  bool ServeSyncSlot() override {
+    // Nothing of an earlier session on this channel is taken for a call: both lines start empty.
+    request_slot_->word.store(0, std::memory_order_relaxed);
+    reply_slot_->word.store(0, std::memory_order_release);
+    slot_ = true;
+    return true;
   }
   // Temporal slipping (FastForward, Giacomoni et al., PPoPP 2008): a consumer that polls the
   // record the producer is writing pulls that cache line across cores once per record, and the
@@ -62,7 +74,26 @@ class ShmSessionChannel final : public SessionChannel {
     desc_->server_done_seq.store(req.seq, std::memory_order_release);
     return Status::Ok();
   }
-  Status Reply(const FrameHeader& h, const void* payload, uint32_t) override {
+  Status Reply(const FrameHeader& h, const void* payload, uint32_t len) override {
+    if (from_slot_) {
+      // The answer to the sync slot's call: in the reply line when it fits, else the reply ring's
+      // next record, which the line then points to.
+      from_slot_ = false;
+      if (len <= ivshmem::kSyncSlotPayload) {
+        std::memcpy(&reply_slot_->header, &h, sizeof h);
+        if (len != 0) std::memcpy(reply_slot_->payload, payload, len);
+        // SS3: publishes the reply; pairs with SS2 in the client.
+        reply_slot_->word.store((uint64_t{slot_call_} << 32) | ivshmem::kSlotReplyHere, std::memory_order_release);
+        return Status::Ok();
+      }
+      if (Status s = PushReplyRecord(h, payload); !s.ok()) return s;
+      ++slot_ring_replies_;
+      reply_slot_->word.store((uint64_t{slot_call_} << 32) | ivshmem::kSlotReplyInRing, std::memory_order_release);
+      return Status::Ok();
+    }
+    return PushReplyRecord(h, payload);
+  }
+  Status PushReplyRecord(const FrameHeader& h, const void* payload) {
     if (replies_.Push(h, payload)) return Status::Ok();  // the common case: no clock, no backoff
     ivshmem::Backoff backoff(1000, 100, 1000);
     const uint64_t start = MonotonicMs();
@@ -113,7 +144,7 @@ class ShmSessionChannel final : public SessionChannel {
     desc_->server_sleeping.exchange(1, std::memory_order_seq_cst);
     if (bell) {
       bool rung = false;
-      if (!requests_.HasData()) {
+      if (!requests_.HasData() && !SlotCalled()) {
         rung = ivshmem::WaitEventFd(bell_.get(), timeout_ms);
       } else {
         (void)ivshmem::DrainEventFd(bell_.get());  // a ring for what is already here
@@ -121,7 +152,7 @@ class ShmSessionChannel final : public SessionChannel {
       desc_->server_sleeping.store(0, std::memory_order_relaxed);
       if (!rung) {
         ++bell_timeouts_;
-      } else if (requests_.HasData()) {
+      } else if (requests_.HasData() || SlotCalled()) {
         ++bell_wakes_;
         spurious_streak_ = 0;
       } else {
@@ -131,12 +162,17 @@ class ShmSessionChannel final : public SessionChannel {
       return true;
     }
     const uint32_t word = desc_->doorbell.load(std::memory_order_acquire);
-    if (!requests_.HasData()) {
+    if (!requests_.HasData() && !SlotCalled()) {
       ivshmem::FutexWait(&desc_->doorbell, word, static_cast<uint32_t>(timeout_ms) * 1000u);
       ++futex_waits_;
     }
     desc_->server_sleeping.store(0, std::memory_order_relaxed);
     return true;
+  }
+  std::string SlotStats() const override {
+    if (!slot_) return "";
+    return std::to_string(slot_calls_) + " calls through the sync slot (" + std::to_string(slot_ring_replies_) +
+           " answered through the reply ring)";
   }
   std::string WaitStats() const override {
     std::string s = "futex waits=" + std::to_string(futex_waits_);
@@ -157,8 +193,51 @@ class ShmSessionChannel final : public SessionChannel {
   ChannelLayout layout_;
   uint64_t lease_timeout_ms_;
   ivshmem::ChannelDesc* desc_ = nullptr;
+  // Whether the sync slot holds the next call (SS1: acquire; pairs with SS0 in the client: the
+  // call's header and payload, and every ring frame published before it, are visible).
+  bool SlotCalled() const {
+    return slot_ && static_cast<uint32_t>(request_slot_->word.load(std::memory_order_acquire) >> 32) ==
+                        ivshmem::NextSlotCall(slot_call_);
+  }
+  // The sync slot's call, when the ring is empty (the ring's frames before it run first). Its
+  // header is copied once and checked; a call that says the ring holds frames the ring does not
+  // show, or that does not fit, ends the session.
+  Status PopSlot(ivshmem::FrameView* f, std::vector<uint8_t>* scratch, bool* got) {
+    const uint64_t word = request_slot_->word.load(std::memory_order_acquire);  // SS1
+    if (static_cast<uint32_t>(word >> 32) != ivshmem::NextSlotCall(slot_call_)) return Status::Ok();
+    // Published before the word: a ring frame the first Pop missed is there now, and goes first.
+    if (requests_.HasData()) return requests_.Pop(f, scratch, got);
+    if (static_cast<uint32_t>(word) != static_cast<uint32_t>(requests_.position())) {
+      return DataLoss("a sync slot call after ring position " + std::to_string(static_cast<uint32_t>(word)) +
+                      ", which the request ring has not published (it is at " +
+                      std::to_string(static_cast<uint32_t>(requests_.position())) + ")");
+    }
+    FrameHeader h;
+    std::memcpy(&h, &request_slot_->header, sizeof h);  // the one read of the header
+    if (h.magic != kFrameMagic || h.version != kProtocolVersion) {
+      return DataLoss("a sync slot call with a bad magic or protocol version");
+    }
+    if (h.payload_len > ivshmem::kSyncSlotPayload) return DataLoss("a sync slot call longer than the slot");
+    if ((h.flags & kFlagWantsReply) == 0) return DataLoss("a sync slot call that wants no reply");
+    if (scratch->size() < ivshmem::kSyncSlotPayload) scratch->resize(256);
+    std::memcpy(scratch->data(), request_slot_->payload, h.payload_len);
+    slot_call_ = ivshmem::NextSlotCall(slot_call_);
+    ++slot_calls_;
+    from_slot_ = true;
+    f->header = h;
+    f->payload = scratch->data();
+    *got = true;
+    return Status::Ok();
+  }
+
   ivshmem::RingConsumer requests_;
   ivshmem::RingProducer replies_;
+  ivshmem::SyncSlot* request_slot_ = nullptr;
+  ivshmem::SyncSlot* reply_slot_ = nullptr;
+  bool slot_ = false;       // the client may call through the sync slot (ServeSyncSlot)
+  bool from_slot_ = false;  // the frame Pop returned last is the slot's call: its reply goes there
+  uint32_t slot_call_ = 0;  // the slot's last call taken
+  uint64_t slot_calls_ = 0, slot_ring_replies_ = 0;
   uint8_t* window_ = nullptr;
   uint64_t last_lease_ = 0;
   uint64_t lease_changed_ = 0;

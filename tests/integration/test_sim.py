@@ -201,6 +201,9 @@ HOSTILE_ENDINGS = {
     "cursor": r"sess=\d+ protocol violation: the reply ring's consumer cursor is impossible",
     "batch": r"sess=\d+ protocol violation: Batch: bad Batch entry; ending the session",
     "shape": r"sess=\d+ protocol violation: Sync: a payload of 8 bytes, expected none; ending the session",
+    "slot": r"sess=\d+ protocol violation: a sync slot call after ring position \d+, which the request ring has not "
+            r"published \(it is at \d+\); ending the session",
+    "slotlen": r"sess=\d+ protocol violation: a sync slot call longer than the slot; ending the session",
 }
 
 
@@ -221,6 +224,23 @@ def test_hostile_client_only_loses_its_own_session(oriond, mode):
     assert oriond.log().count("exits (protocol violation)") == (0 if mode == "garbage" else 1), oriond.log()[-3000:]
     assert len(endings) == 1 and re.search(HOSTILE_ENDINGS[mode] + "$", oriond.log(), re.M), endings
     assert_passed(oriond.run("device_props"))
+
+
+def test_synchronous_calls_go_through_the_sync_slot_unless_turned_off(oriond):
+    """On shared memory a synchronous call whose request fits goes through the channel's sync slot
+    (docs/spec/region.md, "The sync slot"), a reply too long for it through the reply ring; the
+    worker's log counts both when the session ends. ORION_SYNC_SLOT=0 keeps every call on the
+    ring (no count is logged). The program computes the same either way."""
+    on = oriond.run("streams_events")
+    off = oriond.run("streams_events", ORION_SYNC_SLOT=0)
+    assert_passed(on)
+    assert_passed(off)
+    assert on.stdout == off.stdout
+    stats = re.findall(r"sess=\d+ (\d+) calls through the sync slot \((\d+) answered through the reply ring\)$",
+                       oriond.session_logs(), re.M)
+    assert len(stats) == 1, oriond.session_logs()[-3000:]
+    calls, in_ring = map(int, stats[0])
+    assert calls >= 20 and in_ring < calls, stats
 
 
 def test_module_images_are_cached_by_content(oriond):

@@ -6,10 +6,14 @@
 //   hostile_client REGION garbage  # random bytes in the request ring with an impossible cursor
 //   hostile_client REGION unknown  # a well-formed frame with an unknown op
 //   hostile_client REGION overflow # 2D copy / memset sizes whose span wraps around 2^64
+//   hostile_client REGION slot     # a sync slot call (ring.h) answered there, then one after ring
+//                                  # frames it says were published and were not
+//   hostile_client REGION slotlen  # a sync slot call whose payload is longer than the slot
 // Prints "RESULT <check> ok|FAIL ..." lines; exits 0 when oriond answered every check as expected.
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -103,14 +107,45 @@ bool WaitDead(Chan* c, int seconds) {
   return false;
 }
 
-bool Hello(Chan* c) {
+bool Hello(Chan* c, uint16_t transports = 0, WelcomeRep* welcome = nullptr) {
   HelloReq hello{};
   hello.protocol_version = kProtocolVersion;
+  hello.transports = transports;
   hello.vgpu_count = 1;
   hello.gmem_mib = 64;
   std::snprintf(hello.process_name, sizeof hello.process_name, "hostile");
   std::vector<uint8_t> rep;
-  return Send(c, Op::kHello, &hello, sizeof hello, true, nullptr, &rep) == 0 && rep.size() >= sizeof(WelcomeRep);
+  if (Send(c, Op::kHello, &hello, sizeof hello, true, nullptr, &rep) != 0 || rep.size() < sizeof(WelcomeRep))
+    return false;
+  if (welcome != nullptr) std::memcpy(welcome, rep.data(), sizeof *welcome);
+  return true;
+}
+
+// A call through the sync slot: `len` payload bytes (the header says `claimed`), after ring position
+// `after`; returns the reply's status, or -1 when none comes within 5 s.
+int SlotCall(Chan* c, uint32_t call, Op op, const void* payload, uint32_t len, uint32_t claimed, uint32_t after) {
+  SyncSlot* in = SyncSlotOf(c->base + c->layout.request_ring_offset);
+  SyncSlot* out = SyncSlotOf(c->base + c->layout.reply_ring_offset);
+  FrameHeader h = MakeFrameHeader(static_cast<uint16_t>(op), c->seq++, claimed);
+  h.flags = kFlagWantsReply;
+  std::memcpy(&in->header, &h, sizeof h);
+  std::memcpy(in->payload, payload, std::min<uint32_t>(len, kSyncSlotPayload));
+  in->word.store((uint64_t{call} << 32) | after, std::memory_order_release);
+  if (c->desc->server_sleeping.load() != 0) {
+    c->desc->doorbell.fetch_add(1);
+    FutexWake(&c->desc->doorbell);
+  }
+  for (int i = 0; i < 5000; ++i) {
+    c->desc->client_lease.fetch_add(1);
+    const uint64_t w = out->word.load(std::memory_order_acquire);
+    if (static_cast<uint32_t>(w >> 32) == call) {
+      FrameHeader r;
+      std::memcpy(&r, &out->header, sizeof r);
+      return r.seq == h.seq && static_cast<uint32_t>(w) == kSlotReplyHere ? r.status : -4;
+    }
+    usleep(1000);
+  }
+  return -1;
 }
 
 uint64_t Handle(Chan* c, Op op, const void* q, uint32_t len) {
@@ -125,7 +160,8 @@ uint64_t Handle(Chan* c, Op op, const void* q, uint32_t len) {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: hostile_client REGION bogus|garbage|unknown|cursor|overflow|batch|shape\n");
+    std::fprintf(stderr,
+                 "usage: hostile_client REGION bogus|garbage|unknown|cursor|overflow|batch|shape|slot|slotlen\n");
     return 2;
   }
   std::string path = argv[1];
@@ -173,11 +209,26 @@ int main(int argc, char** argv) {
     Report("garbage_ends_session", WaitDead(&c, 10), "channel not closed");
     return g_failed == 0 ? 0 : 1;
   }
-  if (!Hello(&c)) {
+  WelcomeRep welcome{};
+  const bool slot = mode == "slot" || mode == "slotlen";
+  if (!Hello(&c, slot ? kTransportShm | kTransportSyncSlot : 0, &welcome)) {
     Report("hello", false, "no Welcome");
     return 1;
   }
   Report("hello", true);
+  if (slot) {
+    Report("welcome_serves_the_sync_slot", (welcome.features & kWelcomeSyncSlot) != 0);
+    const auto at = static_cast<uint32_t>(c.req.position());
+    Expect("a_call_through_the_slot", SlotCall(&c, 1, Op::kNop, nullptr, 0, 0, at), 0);
+    if (mode == "slotlen") {
+      uint8_t bytes[kSyncSlotPayload] = {};
+      SlotCall(&c, 2, Op::kNop, bytes, sizeof bytes, 200, at);
+    } else {
+      SlotCall(&c, 2, Op::kNop, nullptr, 0, 0, at + 4096);  // ring frames that were never published
+    }
+    Report("a_lying_slot_call_ends_session", WaitDead(&c, 10), "channel not closed");
+    return g_failed == 0 ? 0 : 1;
+  }
   if (mode == "unknown") {
     Send(&c, Op::kNop, nullptr, 0, false, nullptr, nullptr, 999);
     Report("unknown_op_ends_session", WaitDead(&c, 10), "channel not closed");

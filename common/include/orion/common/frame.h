@@ -121,6 +121,9 @@ inline constexpr uint32_t kNameLen = 256;
 inline constexpr uint16_t kTransportShm = 1u << 0;  // shared memory / ivshmem
 inline constexpr uint16_t kTransportTcp = 1u << 1;
 inline constexpr uint16_t kTransportRdma = 1u << 2;
+// HelloReq::transports, with kTransportShm: the client can use the sync slot (ivshmem/ring.h), if
+// the Welcome says the worker serves it (WelcomeRep::features & kWelcomeSyncSlot).
+inline constexpr uint16_t kTransportSyncSlot = 1u << 8;
 
 struct HelloReq {
   uint16_t protocol_version;  // kProtocolVersion
@@ -191,6 +194,9 @@ struct DeviceInfo {
 };
 ORION_WIRE_STRUCT(DeviceInfo, 256 + 16 + 8 + 4 * kMaxDeviceAttributes + 8 + 16 + 8);
 
+// WelcomeRep::features: the worker polls the channel's sync slot, and the client may use it.
+inline constexpr uint16_t kWelcomeSyncSlot = 1u << 0;
+
 struct WelcomeRep {
   uint32_t session_id;
   uint32_t device_count;   // <= kMaxDevices; followed by device_count DeviceInfo
@@ -198,7 +204,7 @@ struct WelcomeRep {
   uint32_t backend;        // 0 sim, 1 cuda
   uint64_t channel_bytes;  // network transports: the channel size both ends lay out (0 on shm)
   uint16_t transport;      // the kTransport* oriond chose
-  uint16_t reserved0;
+  uint16_t features;       // kWelcome* bits
   uint32_t reserved1;
   char server_name[48];    // "oriond (sim)"
   char allocation_id[40];  // the controller's allocation serving this session ("" standalone)

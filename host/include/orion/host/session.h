@@ -82,6 +82,11 @@ class SessionChannel {
     (void)fd;
     return false;
   }
+  // Before the Welcome, for a client that can use it: polls the channel's sync slot from now on
+  // (ivshmem/ring.h; shared memory only). True: served (the Welcome says kWelcomeSyncSlot).
+  virtual bool ServeSyncSlot() { return false; }
+  // What went through the sync slot, for the session's log ("" when it was not served).
+  virtual std::string SlotStats() const { return ""; }
   virtual void Serving() = 0;                // the session is served (shm: state ACTIVE)
   virtual void Closing(int32_t reason) = 0;  // the session ends on a violation
 };

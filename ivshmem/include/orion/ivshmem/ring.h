@@ -48,6 +48,34 @@ struct RingCursors {
 };
 static_assert(sizeof(RingCursors) == kRingCursorBytes);
 
+// The sync slot (docs/design/sync-slot.md): one line in each ring's cursor area that carries a
+// synchronous call's request (in the request ring's) or its reply (in the reply ring's) when the
+// payload fits, the same line for every such call, so the two sides meet on one line per
+// direction as a bare ping-pong does (a record in the ring is several stores into a new line each
+// time: 1.75x a bare ping-pong on this VM, bench/results/2026-11-29-null-call-ring-floor.txt). It
+// lies in the second 64 bytes of the head cursor's block (RingCursors::pad0), which the ring never
+// uses, so the channel's layout does not change. A client uses it only when the Welcome says the
+// worker serves it (kWelcomeSyncSlot). The writer stores the header and payload, then `word` with
+// release; the reader polls `word` alone, then copies and checks the rest (hostile input):
+//   request: (call << 32) | low 32 bits of the request ring's position when the call was made
+//            (every frame before it in the ring runs before it);
+//   reply:   (call << 32) | kSlotReplyHere, or kSlotReplyInRing when the reply is the reply ring's
+//            next record (published before the word).
+// `call` counts 1, 2, ... from the Welcome, and skips 0 (an unused slot).
+struct SyncSlot {
+  std::atomic<uint64_t> word;
+  FrameHeader header;
+  uint8_t payload[24];
+};
+inline constexpr uint64_t kSyncSlotOffset = 64;  // from the ring's RingCursors
+inline constexpr uint32_t kSyncSlotPayload = sizeof(SyncSlot::payload);
+inline constexpr uint32_t kSlotReplyHere = 0;
+inline constexpr uint32_t kSlotReplyInRing = 1;
+// Within the head cursor's 128-byte block: the tail cursor's block starts at byte 128.
+static_assert(sizeof(SyncSlot) == 64 && kSyncSlotOffset + sizeof(SyncSlot) <= 128);
+inline SyncSlot* SyncSlotOf(uint8_t* ring) noexcept { return reinterpret_cast<SyncSlot*>(ring + kSyncSlotOffset); }
+inline uint32_t NextSlotCall(uint32_t call) noexcept { return call + 1 == 0 ? 1 : call + 1; }
+
 // The stamp of the record at byte `position` of a channel of `generation`. Never 0.
 constexpr uint64_t Stamp(uint32_t generation, uint64_t position) noexcept {
   return (uint64_t{generation} << 48) | ((position + 1) & ((uint64_t{1} << 48) - 1));
@@ -72,6 +100,7 @@ class RingProducer {
   // Reserve + copy + Commit.
   bool Push(const FrameHeader& h, const void* payload) noexcept;
   uint32_t capacity() const noexcept { return capacity_; }
+  uint64_t position() const noexcept { return pos_; }
   // Whether the consumer has taken everything published.
   bool Empty() const noexcept;
   // The consumer cursor was seen at an impossible value (hostile or broken peer).
