@@ -395,7 +395,7 @@ std::string Daemon::HandOffMove(const std::string& line, int conn, const std::st
     // The way back, should the program not reach the target: a token it resumes here with.
     const std::string back = NewResumeToken();
     if (back.empty()) return "error no entropy for a resume token";
-    const std::string err = hand(n.control, n.pid, n.hold, back);
+    std::string err = hand(n.control, n.pid, n.hold, back);
     if (!err.empty()) return err;
     n.back_token = back;
     n.back_deadline_ms = MonotonicMs() + kMoveBackMs;
