@@ -330,9 +330,17 @@ std::string Daemon::HandOffMove(const std::string& line, int conn, const std::st
   // with the token the program comes back with should it not reach the target. A session on a
   // vGPU share whose vGPUs the controller holds for it (oriond asked for them: every program's
   // first session starts a share) takes that allocation along ("share") when it is the share's
-  // one session; the share takes no new session meanwhile. oriond then watches the worker's
-  // answer itself, as it does a move the controller asked for, and passes it on.
-  auto hand = [&](int control, pid_t pid, const std::string& hold, const std::string& back) -> std::string {
+  // one session; the share takes no new session meanwhile, and oriond watches the worker's
+  // answer (WatchMoves) to open it again should the move fail.
+  auto hand = [&](int control, pid_t pid, const std::string& hold, const std::string& allocation,
+                  const std::string& back) -> std::string {
+    // A controller's allocation moves only through the controller, which reserves its vGPUs at
+    // the target: the target's controller admits a moving allocation nowhere else.
+    if (report.empty() && link_ && !allocation.empty() && !hold.starts_with("job/")) {
+      return "error session " + id + "'s vGPUs are Orion Controller allocation " + allocation +
+             ", which the controller moves: POST /v1/allocations/" + allocation +
+             "/migrate with the admin key (or a drain of this server)";
+    }
     Hold* share = nullptr;
     if (auto h = holds_.find(hold);
         h != holds_.end() && hold.starts_with("share/") && !h->second.allocation_id.empty()) {
@@ -348,7 +356,7 @@ std::string Daemon::HandOffMove(const std::string& line, int conn, const std::st
     const std::string msg = "migrate " + to + " " + back + (share != nullptr ? " share" : "");
     int asker = conn;
     int pair[2] = {-1, -1};
-    if (share != nullptr || !report.empty()) {
+    if (!report.empty()) {  // (a share's allocation moves only so: see above)
       if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) {
         return std::string("error no socketpair: ") + std::strerror(errno);
       }
@@ -363,8 +371,7 @@ std::string Daemon::HandOffMove(const std::string& line, int conn, const std::st
     }
     if (pair[0] >= 0) {
       fcntl(pair[0], F_SETFL, fcntl(pair[0], F_GETFL) | O_NONBLOCK);
-      watched_moves_.push_back({pair[0], conn >= 0 ? fcntl(conn, F_DUPFD_CLOEXEC, 0) : -1, report,
-                                share != nullptr ? hold : std::string(), to, ""});
+      watched_moves_.push_back({pair[0], report, share != nullptr ? hold : std::string(), to, ""});
       if (share != nullptr) share->moving = true;
     }
     kill(pid, SIGUSR2);
@@ -386,7 +393,7 @@ std::string Daemon::HandOffMove(const std::string& line, int conn, const std::st
       // with this token, which the worker checks.
       const std::string back = NewResumeToken();
       if (back.empty()) return "error no entropy for a resume token";
-      return hand(ctl->second, c.pid, c.hold, back);
+      return hand(ctl->second, c.pid, c.hold, c.allocation_id, back);
     }
   }
   for (NetSession& n : net_sessions_) {
@@ -395,7 +402,7 @@ std::string Daemon::HandOffMove(const std::string& line, int conn, const std::st
     // The way back, should the program not reach the target: a token it resumes here with.
     const std::string back = NewResumeToken();
     if (back.empty()) return "error no entropy for a resume token";
-    std::string err = hand(n.control, n.pid, n.hold, back);
+    std::string err = hand(n.control, n.pid, n.hold, n.allocation_id, back);
     if (!err.empty()) return err;
     n.back_token = back;
     n.back_deadline_ms = MonotonicMs() + kMoveBackMs;
@@ -438,9 +445,9 @@ void Daemon::MoveForController() {
   }
 }
 
-// The workers' answers to the moves oriond watches: "ok ..." once the target committed (it reports
-// that to the controller), else why not. Each goes on to its asker; a failure is reported to the
-// controller, and a share that did not move takes sessions again.
+// The workers' answers to the controller's moves: "ok ..." once the target committed (it reports
+// that to the controller), else why not, which is reported to the controller; a share that did
+// not move takes sessions again.
 void Daemon::WatchMoves() {
   for (auto it = watched_moves_.begin(); it != watched_moves_.end();) {
     char buf[512];
@@ -452,19 +459,10 @@ void Daemon::WatchMoves() {
     }
     std::string answer = it->answer.substr(0, it->answer.find('\n'));
     if (answer.empty()) answer = "error the session's worker ended without an answer";
-    if (it->relay >= 0) {
-      const std::string line = answer + "\n";
-      timeval tv{1, 0};
-      setsockopt(it->relay, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-      (void)!::write(it->relay, line.data(), line.size());
-      ::close(it->relay);
-    }
     if (!answer.starts_with("ok ")) {
       const std::string why = answer.starts_with("error ") ? answer.substr(6) : answer;
-      if (!it->report.empty()) {
-        log_->warn("Allocation {}: not moved to {}: {}", it->report, it->to, why);
-        if (link_) link_->ReportMove(it->report, false, 0, why);
-      }
+      log_->warn("Allocation {}: not moved to {}: {}", it->report, it->to, why);
+      if (link_) link_->ReportMove(it->report, false, 0, why);
       if (auto h = holds_.find(it->hold); !it->hold.empty() && h != holds_.end()) h->second.moving = false;
     }
     ::close(it->fd);

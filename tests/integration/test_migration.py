@@ -614,13 +614,13 @@ def test_a_shared_memory_program_on_a_pool_moves_with_its_vgpu_share(tmp_path):
         other.kill()
         other.wait()
         wait_until(lambda: len(smi_json(source)) == 1, 10)
-        # Asked for on the source's control socket instead, the move is the program's to make, not
-        # the allocation's: the target's controller admits the allocation only as the target of a
-        # move the controller made. oriond passes the refusal on, and the share is not left moving.
+        # Asked for on the source's control socket instead: refused there, since the target's
+        # controller admits a moving allocation only on the vGPUs the controller reserved for it.
         first = only_session(source)
         r = migrate(source, first, target.id)
-        assert r.returncode != 0 and r.stderr == (f"session {first} not moved: the target refused it: Orion Controller: "
-                                                  f"allocation {a['id']} is placed on {source.id}, not {target.id}\n"), r
+        assert r.returncode != 0 and r.stderr == (f"session {first}'s vGPUs are Orion Controller allocation {a['id']}, "
+                                                  f"which the controller moves: POST /v1/allocations/{a['id']}/migrate "
+                                                  "with the admin key (or a drain of this server)\n"), r
         code, body = c.ctl.call("POST", url, {"to": target.id, "wait_s": 60})
         assert code == 200, (body, source.log()[-3000:], target.log()[-3000:])
         assert body["server"] == target.id and [x["server"] for x in body["placements"]] == [target.id], body

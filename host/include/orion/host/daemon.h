@@ -309,20 +309,18 @@ class Daemon {
   // for the target's confirmation (session_move.cpp) fit well within it.
   static constexpr uint64_t kMoveBackMs = 15 * 60 * 1000;
   // `migrate SESSION HOST:PORT` on the control socket: hands the request and the asker's
-  // connection `conn` (-1: none) to the session's worker, which answers it; "" then, else the
-  // error line. `report`: the controller allocation whose move this is (a failure is reported).
-  // A session on a vGPU share with a controller allocation moves only as the share's one session,
-  // and takes the allocation along: the share takes no new session until the move ends.
+  // connection `conn` to the session's worker, which answers it; "" then, else the error line.
+  // `report`: the controller allocation whose move the controller asked for (ControllerLink::
+  // TakeMoves; oriond is the asker then). A session on a controller allocation moves only so. One
+  // on a vGPU share's allocation moves only as the share's one session, and takes the allocation
+  // along: the share takes no new session until the move ends.
   std::string HandOffMove(const std::string& line, int conn, const std::string& report = "");
-  // Moves whose end oriond itself must see: the Orion Controller's (ControllerLink::TakeMoves; a
-  // refusal or failure is reported back with ControllerLink::ReportMove, the target reports the
-  // commit) and a share's. The worker answers on `fd`, oriond's end of a socketpair; the answer
-  // goes on to `relay` (the asker's connection, or -1), and a failed move's share takes sessions
-  // again.
+  // The Orion Controller's moves under way: the worker answers on `fd`, oriond's end of a
+  // socketpair; a refusal or failure is reported back (ControllerLink::ReportMove; the target
+  // reports the commit), and a failed move's share takes sessions again.
   struct WatchedMove {
     int fd = -1;
-    int relay = -1;
-    std::string report;  // the controller allocation to report a failure of ("" none)
+    std::string report;  // the controller allocation moving
     std::string hold;    // the moving share's key in holds_ ("" none)
     std::string to, answer;
   };
