@@ -164,13 +164,6 @@ bool Session::Start(const FrameHeader& hello_header, int* exit_code) {
     *exit_code = kExitBackendFailed;
     return false;
   }
-  // Shared memory: synchronous calls through the sync slot, for a client that can (ivshmem/ring.h).
-  if ((hello_.transports & kTransportSyncSlot) != 0 && ch_->ServeSyncSlot()) {
-    WelcomeRep w;
-    std::memcpy(&w, welcome_.data(), sizeof w);
-    w.features |= kWelcomeSyncSlot;
-    std::memcpy(welcome_.data(), &w, sizeof w);
-  }
   return Welcome(hello_header, exit_code);
 }
 
@@ -207,6 +200,8 @@ bool Session::StartBackend(std::string* why) {
   w.driver_version = b_->DriverVersion();
   w.backend = std::string(b_->name()) == "cuda" ? 1 : 0;
   w.transport = p_.transport;
+  // Shared memory: synchronous calls through the sync slot, for a client that can (ivshmem/ring.h).
+  if ((hello_.transports & kTransportSyncSlot) != 0 && ch_->ServeSyncSlot()) w.features = kWelcomeSyncSlot;
   w.channel_bytes = p_.transport == kTransportShm ? 0 : p_.channel_bytes;
   std::snprintf(w.server_name, sizeof w.server_name, "oriond (%s)", b_->name());
   std::snprintf(w.allocation_id, sizeof w.allocation_id, "%s", p_.allocation_id.c_str());

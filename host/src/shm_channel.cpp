@@ -195,16 +195,16 @@ class ShmSessionChannel final : public SessionChannel {
   ivshmem::ChannelDesc* desc_ = nullptr;
   // Whether the sync slot holds the next call (SS1: acquire; pairs with SS0 in the client: the
   // call's header and payload, and every ring frame published before it, are visible).
-  bool SlotCalled() const {
-    return slot_ && static_cast<uint32_t>(request_slot_->word.load(std::memory_order_acquire) >> 32) ==
-                        ivshmem::NextSlotCall(slot_call_);
+  bool SlotCalled() const { return slot_ && IsNextCall(request_slot_->word.load(std::memory_order_acquire)); }
+  bool IsNextCall(uint64_t word) const {
+    return static_cast<uint32_t>(word >> 32) == ivshmem::NextSlotCall(slot_call_);
   }
   // The sync slot's call, when the ring is empty (the ring's frames before it run first). Its
   // header is copied once and checked; a call that says the ring holds frames the ring does not
   // show, or that does not fit, ends the session.
   Status PopSlot(ivshmem::FrameView* f, std::vector<uint8_t>* scratch, bool* got) {
     const uint64_t word = request_slot_->word.load(std::memory_order_acquire);  // SS1
-    if (static_cast<uint32_t>(word >> 32) != ivshmem::NextSlotCall(slot_call_)) return Status::Ok();
+    if (!IsNextCall(word)) return Status::Ok();
     // Published before the word: a ring frame the first Pop missed is there now, and goes first.
     if (requests_.HasData()) return requests_.Pop(f, scratch, got);
     if (static_cast<uint32_t>(word) != static_cast<uint32_t>(requests_.position())) {
