@@ -13,7 +13,8 @@
 //     is set), with a 5 ms timeout, one worker, 256 bytes of dynamic shared memory, parameters
 //     pointing at a 64 KiB allocation, and the module's variables allocated: the launch lowers the
 //     kernel (where unsupported instructions are refused) and runs it until it ends, faults or
-//     times out.
+//     times out; when the selector's bits 4-6 are all set, the kernel is translated to native code
+//     first (ptx::Translated), so its traces run as native code.
 // Nothing the executor does may touch memory outside the allocations it was given (ASan).
 #include <cctype>
 #include <cstddef>
@@ -143,6 +144,10 @@ void Launch(orion::ptx::Program& prog, std::string_view text, uint8_t selector, 
     cfg.workers = 1;
     cfg.printf_out = &out;
     cfg.printf_limit = 4096;
+    // One input in eight has the kernel translated to native code before it runs (ptx/src/jit.h):
+    // the traces' code runs on the fuzzer's memory too (otherwise the translator thread may or may
+    // not be done by then). Compiling takes milliseconds, so not every input.
+    if ((selector & 0x70) == 0x70) (void)orion::ptx::Translated(prog, names[i], true);  // (lowering may fail)
     const auto r = orion::ptx::Launch(prog, names[i], cfg, mem);
     if (Trace()) {
       std::fprintf(stderr, "ptx_fuzz: %s -> %d %s (%llu warp instructions)\n", names[i].c_str(),

@@ -27,9 +27,13 @@
 
 #include <pthread.h>
 #include <sched.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "alu.h"
 #include "ir.h"
+#include "jit.h"
 
 namespace orion::ptx::exec {
 
@@ -67,10 +71,44 @@ struct Warp {
   uint64_t steps = 0;          // instructions issued (for %clock)
   uint32_t back_branches = 0;  // backward branches taken (a turn ends every kBackBranchesPerTurn)
   std::vector<uint64_t> regs;  // [reg][lane]
+  std::vector<uint64_t> tid;   // %tid.x, .y, .z per lane, [3 * 32] (for translated code: jit.h)
   std::vector<Frame> stack[32];
+  uint32_t in_call = 0;           // lanes whose stack is not empty (inside a .func)
   uint32_t barrier_dst[32] = {};  // bar.red destination register per lane (kNoReg: none)
   uint8_t barrier_op[32] = {};
 };
+
+// The lanes of `w` whose state is `s` (bit l: lane l).
+inline uint32_t StateMask(const Warp& w, LaneState s) {
+#if defined(__SSE2__)
+  const __m128i want = _mm_set1_epi8(static_cast<char>(s));
+  const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.state));
+  const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.state + 16));
+  return static_cast<uint32_t>(_mm_movemask_epi8(_mm_cmpeq_epi8(lo, want))) |
+         static_cast<uint32_t>(_mm_movemask_epi8(_mm_cmpeq_epi8(hi, want))) << 16;
+#else
+  uint32_t m = 0;
+  for (int l = 0; l < 32; ++l) m |= static_cast<uint32_t>(w.state[l] == s) << l;
+  return m;
+#endif
+}
+
+// The lanes of `w` whose program counter is `pc`.
+inline uint32_t PcMask(const Warp& w, uint32_t pc) {
+#if defined(__SSE2__)
+  const __m128i want = _mm_set1_epi32(static_cast<int>(pc));
+  uint32_t m = 0;
+  for (int q = 0; q < 8; ++q) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.pc + 4 * q));
+    m |= static_cast<uint32_t>(_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(v, want)))) << (4 * q);
+  }
+  return m;
+#else
+  uint32_t m = 0;
+  for (int l = 0; l < 32; ++l) m |= static_cast<uint32_t>(w.pc[l] == pc) << l;
+  return m;
+#endif
+}
 
 struct Fault {
   CUresult code = CUDA_SUCCESS;
@@ -79,9 +117,10 @@ struct Fault {
 
 class Block {
  public:
+  // `jit`: the kernel's translation (jit.h), or nullptr to interpret every instruction.
   Block(const Kernel& k, const LaunchConfig& cfg, GlobalMemory& mem, std::atomic<bool>& stop,
-        std::chrono::steady_clock::time_point deadline)
-      : k_(k), cfg_(cfg), mem_(mem), stop_(stop), deadline_(deadline), fast_(FastPaths()) {
+        std::chrono::steady_clock::time_point deadline, const jit::Code* jit = nullptr)
+      : k_(k), cfg_(cfg), mem_(mem), stop_(stop), deadline_(deadline), fast_(FastPaths()), jit_(jit) {
     threads_ = cfg.block[0] * cfg.block[1] * cfg.block[2];
     nwarps_ = (threads_ + 31) / 32;
     shared_.resize(k.shared_static + cfg.dynamic_smem);
@@ -89,6 +128,28 @@ class Block {
     fparam_.resize(k.fparam_bytes * threads_);
     warps_.resize(nwarps_);
     for (uint32_t w = 0; w < nwarps_; ++w) warps_[w].regs.resize(static_cast<size_t>(k.nregs) * 32);
+    if (jit_ != nullptr) {
+      // What traces read: each warp's %tid rows, the lane-invariant special registers (Run fills
+      // them), and per global access the allocation it last hit.
+      jit_spans_.resize(jit_->slots);
+      jit_special_.assign(jit::kSpecials, 0);
+      for (uint32_t w = 0; w < nwarps_; ++w) {
+        Warp& wp = warps_[w];
+        wp.index = w;
+        wp.tid.resize(3 * 32);
+        for (uint32_t d = 0; d < 3; ++d)
+          for (int l = 0; l < 32; ++l) wp.tid[d * 32 + static_cast<uint32_t>(l)] = Special(wp, kTidX + d, l);
+      }
+      for (uint32_t id = kNtidX; id < jit::kSpecials; ++id)
+        if (id != kClock && id != kClock64 && id != kGlobaltimer) jit_special_[id] = Special(warps_[0], id, 0);
+      jf_.spans = jit_spans_.data();
+      jf_.special = jit_special_.data();
+      jf_.var_addrs = cfg_.var_addrs;
+      jf_.shared = shared_.data();
+      jf_.shared_bytes = shared_.size();
+      jf_.params = cfg_.params;
+      jf_.param_bytes = cfg_.param_bytes;
+    }
   }
 
   // Runs block `ctaid`; false with `fault` set if the launch must end.
@@ -108,10 +169,19 @@ class Block {
       for (int l = 0; l < 32; ++l) {
         wp.pc[l] = 0;
         wp.state[l] = (wp.lanes >> l) & 1 ? kRun : kExited;
-        wp.stack[l].clear();
         wp.barrier_dst[l] = kNoReg;
       }
-      std::fill(wp.regs.begin(), wp.regs.end(), 0);
+      for (uint32_t m = wp.in_call; m != 0; m &= m - 1) wp.stack[std::countr_zero(m)].clear();
+      wp.in_call = 0;
+      // Registers start at 0 where a thread may read one before writing it (Kernel::read_before).
+      if (k_.read_before_known) {
+        for (uint32_t r : k_.read_before) std::fill_n(&wp.regs[static_cast<size_t>(r) * 32], 32, 0);
+      } else {
+        std::fill(wp.regs.begin(), wp.regs.end(), 0);
+      }
+    }
+    if (jit_ != nullptr) {  // the block's own special registers (the launch's: the constructor)
+      for (uint32_t id : {kCtaidX, kCtaidY, kCtaidZ, kSmid}) jit_special_[id] = Special(warps_[0], id, 0);
     }
     for (;;) {
       bool progressed = false;
@@ -121,20 +191,17 @@ class Block {
       }
       // Everyone waits (or has exited): open the barrier, or finish. A warp that gave up its turn
       // (a loop, nanosleep) can still run: it gets another turn first.
-      bool waiting = false, running = false;
-      for (Warp& w : warps_)
-        for (int l = 0; l < 32; ++l) {
-          waiting = waiting || w.state[l] == kAtBarrier;
-          running = running || w.state[l] == kRun;
-        }
+      bool waiting = false, running = false, live = false;
+      for (Warp& w : warps_) {
+        waiting |= StateMask(w, kAtBarrier) != 0;
+        running |= StateMask(w, kRun) != 0;
+        live |= StateMask(w, kExited) != kFull;
+      }
       if (running) continue;
       if (waiting) {
         ReleaseBarrier();
         continue;
       }
-      bool live = false;
-      for (Warp& w : warps_)
-        for (int l = 0; l < 32; ++l) live = live || w.state[l] != kExited;
       if (!live) break;
       if (!progressed) {
         SetFault(CUDA_ERROR_LAUNCH_FAILED, "warps deadlocked (a warp collective whose members never arrive)");
@@ -277,32 +344,23 @@ class Block {
     for (;;) {
       // The group: runnable lanes at the lowest PC (and lanes waiting at a collective there).
       uint32_t minpc = UINT32_MAX;
-      uint32_t runnable = 0, collective = 0, barrier = 0;
-      for (int l = 0; l < 32; ++l) {
-        const uint8_t s = w.state[l];
-        if (s == kRun) {
-          runnable |= 1u << l;
-          minpc = std::min(minpc, w.pc[l]);
-        } else if (s == kAtCollective) {
-          collective |= 1u << l;
-        } else if (s == kAtBarrier) {
-          barrier |= 1u << l;
-        }
+      const uint32_t runnable = StateMask(w, kRun), collective = StateMask(w, kAtCollective);
+      if (runnable != 0) {
+        // Commonly every runnable lane is at one PC (a converged warp).
+        minpc = w.pc[std::countr_zero(runnable)];
+        if ((runnable & ~PcMask(w, minpc)) != 0)
+          for (uint32_t m = runnable; m != 0; m &= m - 1) minpc = std::min(minpc, w.pc[std::countr_zero(m)]);
       }
       bool force = false;
       if (runnable == 0) {
-        if (collective == 0 || barrier != 0) return any;
+        if (collective == 0 || StateMask(w, kAtBarrier) != 0) return any;
         // Only lanes at a collective remain and no barrier can bring the others: run it with
         // whoever is there (undefined in PTX; we do not hang).
-        for (int l = 0; l < 32; ++l)
-          if ((collective >> l) & 1) minpc = std::min(minpc, w.pc[l]);
+        for (uint32_t m = collective; m != 0; m &= m - 1) minpc = std::min(minpc, w.pc[std::countr_zero(m)]);
         force = true;
       }
-      uint32_t group = 0;
-      for (int l = 0; l < 32; ++l)
-        if (((runnable | collective) >> l) & 1 && w.pc[l] == minpc) group |= 1u << l;
-      for (int l = 0; l < 32; ++l)
-        if ((group >> l) & 1) w.state[l] = kRun;
+      const uint32_t group = (runnable | collective) & PcMask(w, minpc);
+      for (uint32_t m = group & collective; m != 0; m &= m - 1) w.state[std::countr_zero(m)] = kRun;
       any = true;
       if (!Step(w, group, minpc, force)) return any;
       if (yield_) {
@@ -318,26 +376,44 @@ class Block {
     // wait above `pc`, which is the lowest): their PCs do not change while the group runs. The
     // group's own PCs are written when its straight-line run ends, not after every instruction.
     uint32_t meet = UINT32_MAX;
-    for (int l = 0; l < 32; ++l)
-      if (w.state[l] == kRun && !((group >> l) & 1)) meet = std::min(meet, w.pc[l]);
+    for (uint32_t m = StateMask(w, kRun) & ~group; m != 0; m &= m - 1) meet = std::min(meet, w.pc[std::countr_zero(m)]);
     for (;;) {
       if (pc >= k_.code.size()) {
         SetFault(CUDA_ERROR_LAUNCH_FAILED, "ran past the end of the kernel");
         return false;
       }
-      // Blocks of a cooperative launch spin on each other in grid.sync(): let the others run.
-      if (cfg_.cooperative && (warp_ins_ & 0x3ff) == 0) sched_yield();
-      if ((++warp_ins_ & 0xffff) == 0) {
-        if (stop_.load(std::memory_order_relaxed)) {
-          SetFault(CUDA_ERROR_LAUNCH_FAILED, "stopped");
-          return false;
-        }
-        if (cfg_.timeout_ms != 0 && std::chrono::steady_clock::now() > deadline_) {
-          SetFault(CUDA_ERROR_LAUNCH_TIMEOUT,
-                   "the kernel ran longer than the sim kernel timeout (" + std::to_string(cfg_.timeout_ms) + " ms)");
-          return false;
+      // A trace (jit.h) that can be entered here and ends at or before the reconvergence point:
+      // its native code runs the group to its end, or to a load or store it leaves to the units.
+      bool left = false;
+      if (jit_ != nullptr && jit_->entry[pc] != 0) {
+        const jit::Code::Trace& t = jit_->traces[jit_->entry[pc] - 1];
+        const jit::TraceFn fn = t.fn.load(std::memory_order_acquire);  // nullptr: not compiled yet
+        if (fn != nullptr && meet >= t.end) {
+          jf_.regs = w.regs.data();
+          jf_.tid = w.tid.data();
+          jf_.group = group;
+          jit_special_[kWarpid] = w.index;
+          const uint32_t stop = fn(&jf_, pc);
+          lane_ins_ += jf_.lane_ins;
+          jf_.lane_ins = 0;
+          const uint64_t before = warp_ins_;
+          warp_ins_ += stop - pc;
+          w.steps += stop - pc;
+          if (cfg_.cooperative && (before >> 10) != (warp_ins_ >> 10)) sched_yield();
+          if ((before >> 16) != (warp_ins_ >> 16) && !Watch()) return false;
+          pc = stop;
+          if (pc == meet) {
+            for (int l = 0; l < 32; ++l)
+              if ((group >> l) & 1) w.pc[l] = pc;
+            return true;
+          }
+          if (pc == t.end) continue;
+          left = true;
         }
       }
+      // Blocks of a cooperative launch spin on each other in grid.sync(): let the others run.
+      if (cfg_.cooperative && (warp_ins_ & 0x3ff) == 0) sched_yield();
+      if ((++warp_ins_ & 0xffff) == 0 && !Watch()) return false;
       ++w.steps;
       const Ins& ins = k_.code[pc];
       uint32_t mask = group;
@@ -352,6 +428,20 @@ class Block {
       switch (ins.op) {
         case Op::kBra: {
           const uint32_t target = ins.o[0].reg;
+          if (mask == group || mask == 0) {
+            // Every lane of the group goes the same way: it runs on here while it stays below the
+            // reconvergence point (and its loop has not used up the warp's turn).
+            const uint32_t next = mask != 0 ? target : pc + 1;
+            const bool turn_over = mask != 0 && target <= pc && (++w.back_branches & (kBackBranchesPerTurn - 1)) == 0;
+            if (next < meet && !turn_over) {
+              pc = next;
+              continue;
+            }
+            for (int l = 0; l < 32; ++l)
+              if ((group >> l) & 1) w.pc[l] = next;
+            yield_ = yield_ || turn_over;
+            return true;
+          }
           for (int l = 0; l < 32; ++l)
             if ((group >> l) & 1) w.pc[l] = (mask >> l) & 1 ? target : pc + 1;
           // Forward progress: a warp that keeps looping lets the block's other warps run now and
@@ -436,6 +526,9 @@ class Block {
           break;
         default:
           if (mask != 0 && !(ins.fast != 0 && fast_ && ExecFast(w, mask, ins)) && !Exec(w, mask, ins)) return false;
+          // A load or store a trace left here: the next time, the trace tries the allocation it hit.
+          if (left && jit_->slot_of[pc] != jit::kNoSlot)
+            jit_spans_[jit_->slot_of[pc]] = {span_.base, span_.bytes, span_.host};
           break;
       }
       ++pc;
@@ -446,6 +539,21 @@ class Block {
         return true;
       }
     }
+  }
+
+  // The watchdog, every 65536 warp instructions: false with the fault set when the launch was
+  // stopped or ran past its time.
+  bool Watch() {
+    if (stop_.load(std::memory_order_relaxed)) {
+      SetFault(CUDA_ERROR_LAUNCH_FAILED, "stopped");
+      return false;
+    }
+    if (cfg_.timeout_ms != 0 && std::chrono::steady_clock::now() > deadline_) {
+      SetFault(CUDA_ERROR_LAUNCH_TIMEOUT,
+               "the kernel ran longer than the sim kernel timeout (" + std::to_string(cfg_.timeout_ms) + " ms)");
+      return false;
+    }
+    return true;
   }
 
   // ---- calls ----
@@ -473,11 +581,16 @@ class Block {
         return false;
       }
       w.stack[l].push_back(Frame{pc + 1, ins.aux});
+      w.in_call |= 1u << l;
       w.pc[l] = cs.entry;
     }
     return true;
   }
   bool Ret(Warp& w, uint32_t mask, const Ins& ins) {
+    if ((mask & w.in_call) == 0) {  // the kernel's own ret: those lanes are done
+      for (uint32_t m = mask; m != 0; m &= m - 1) w.state[std::countr_zero(m)] = kExited;
+      return true;
+    }
     for (int l = 0; l < 32; ++l) {
       if (!((mask >> l) & 1)) continue;
       if (w.stack[l].empty()) {
@@ -486,6 +599,7 @@ class Block {
       }
       const Frame f = w.stack[l].back();
       w.stack[l].pop_back();
+      if (w.stack[l].empty()) w.in_call &= ~(1u << l);
       for (const CallSite::Copy& c : k_.calls[f.call].rets) {
         uint8_t* dst = Mem(Space::kParam, c.dst, 1, w, l, true, ins);
         uint8_t* src = Mem(Space::kParam, c.src, 1, w, l, false, ins);
@@ -735,7 +849,11 @@ class Block {
   GlobalMemory& mem_;
   std::atomic<bool>& stop_;
   std::chrono::steady_clock::time_point deadline_;
-  bool fast_;  // the fast paths run (FastPaths)
+  bool fast_;                          // the fast paths run (FastPaths)
+  const jit::Code* jit_;               // the kernel's translation, or nullptr
+  jit::Frame jf_;                      // what its traces read (Step sets the warp's part)
+  std::vector<jit::Span> jit_spans_;   // per global access: the allocation it last hit
+  std::vector<uint64_t> jit_special_;  // lane-invariant special registers by id
   uint32_t threads_ = 0, nwarps_ = 0;
   uint32_t ctaid_[3] = {};
   std::vector<uint8_t> shared_, local_, fparam_;

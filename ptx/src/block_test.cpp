@@ -15,6 +15,7 @@
 #include "block.h"
 #include "decode.h"
 #include "fast.h"
+#include "jit.h"
 #include "test_memory.h"
 
 namespace orion::ptx {
@@ -63,17 +64,21 @@ Ins I(const std::string& opcode, std::vector<Operand> ops) {
   return ins;
 }
 
-// Runs kernel `k` as one block of 32 threads on `mem`; the lane-instructions it ran.
-uint64_t RunBlock(const Kernel& k, TestMemory& mem) {
+// Runs kernel `k` as one block of 32 threads on `mem`, with its translation `jit` when given; the
+// lane-instructions it ran. With `fault`, the launch may fail (its fault is returned there).
+uint64_t RunBlock(const Kernel& k, TestMemory& mem, const jit::Code* jit = nullptr, exec::Fault* fault = nullptr) {
   LaunchConfig cfg;
   cfg.block[0] = 32;
   std::atomic<bool> stop{false};
-  exec::Block block(k, cfg, mem, stop, std::chrono::steady_clock::now() + std::chrono::seconds(10));
-  exec::Fault fault;
+  exec::Block block(k, cfg, mem, stop, std::chrono::steady_clock::now() + std::chrono::seconds(10), jit);
+  exec::Fault f;
   std::string printed;
   uint64_t warp_ins = 0, lane_ins = 0;
   const uint32_t ctaid[3] = {0, 0, 0};
-  EXPECT_TRUE(block.Run(ctaid, &fault, &printed, &warp_ins, &lane_ins)) << fault.message;
+  const bool ok = block.Run(ctaid, fault != nullptr ? fault : &f, &printed, &warp_ins, &lane_ins);
+  if (fault == nullptr) {
+    EXPECT_TRUE(ok) << f.message;
+  }
   return lane_ins;
 }
 
@@ -271,7 +276,9 @@ std::vector<uint64_t> Inputs(uint64_t seed) {
 // address of 32 * 8 bytes of global memory holding in[0]) in a block of 32 threads: %r10 starts
 // as in[3]. With `odd_only`, a guard predicate leaves the even lanes out. Every instruction is
 // marked for its fast path (as Lower marks it) when `fast`, else for none. Returns %r10 per lane.
-std::vector<uint64_t> Run(Ins op, const std::vector<std::vector<uint64_t>>& in, bool odd_only, bool fast) {
+enum class Path { kGeneral, kFast, kTranslated };
+std::vector<uint64_t> Run(Ins op, const std::vector<std::vector<uint64_t>>& in, bool odd_only, Path path) {
+  const bool fast = path != Path::kGeneral;
   TestMemory mem;
   const uint64_t out = mem.Alloc(32 * 8);
   std::vector<uint64_t> arrays;
@@ -304,7 +311,16 @@ std::vector<uint64_t> Run(Ins op, const std::vector<std::vector<uint64_t>>& in, 
     ins.fast = fast ? FastFormOf(ins) : kFastNone;
     ins.fast_bytes = static_cast<uint8_t>(TyBytes(ins.type));
   }
-  RunBlock(k, mem);
+  std::shared_ptr<const jit::Code> code;
+  if (path == Path::kTranslated) {
+    std::string why;
+    code = jit::Translate(k, &why);
+    EXPECT_NE(code, nullptr) << why;
+    // The instruction under test is inside a trace (the code around it too: one trace in all).
+    EXPECT_TRUE(code != nullptr && code->traces.size() == 1 && code->translated == k.code.size() - 1)
+        << OpName(op.op) << " is not translated";
+  }
+  RunBlock(k, mem, code.get());
   return mem.Download<uint64_t>(out, 32);
 }
 
@@ -315,10 +331,9 @@ Operand Not(Operand o) {
 
 }  // namespace fastdiff
 
-TEST(Block, FastPathsMeanWhatTheGeneralUnitsMean) {
-  using fastdiff::Inputs;
+// Every instruction form with a fast path (fast.h), with operands of each kind it takes.
+std::vector<Ins> FastForms() {
   using fastdiff::Not;
-  using fastdiff::Run;
   std::vector<Ins> ops;
   for (const char* t : {"s32", "u32", "s64", "u64"}) {
     const std::string ty = t;
@@ -358,6 +373,13 @@ TEST(Block, FastPathsMeanWhatTheGeneralUnitsMean) {
     ops.push_back(I(op + std::string(".pred"), {R(10), R(1), Not(R(2))}));
   }
   ops.push_back(I("st.global.u32", {At(4), R(2)}));  // then %r10 stays in[3]: the store must not fault
+  return ops;
+}
+
+TEST(Block, FastPathsMeanWhatTheGeneralUnitsMean) {
+  using fastdiff::Inputs;
+  using fastdiff::Run;
+  const std::vector<Ins> ops = FastForms();
   size_t seed = 0, marked = 0;
   for (const Ins& op : ops) {
     marked += FastFormOf(op) != kFastNone;
@@ -371,8 +393,8 @@ TEST(Block, FastPathsMeanWhatTheGeneralUnitsMean) {
       for (auto& x : in[2]) x %= 70;  // shift counts below, at and past the width
     }
     for (bool odd : {false, true}) {
-      const auto fast = Run(op, in, odd, true);
-      const auto general = Run(op, in, odd, false);
+      const auto fast = Run(op, in, odd, fastdiff::Path::kFast);
+      const auto general = Run(op, in, odd, fastdiff::Path::kGeneral);
       for (uint32_t l = 0; l < 32; ++l)
         ASSERT_EQ(fast[l], general[l]) << OpName(op.op) << " (form " << seed << " of the list), lane " << l
                                        << (odd ? ", odd lanes only" : "") << ": in " << std::hex << in[0][l] << " "
@@ -380,6 +402,106 @@ TEST(Block, FastPathsMeanWhatTheGeneralUnitsMean) {
     }
   }
   EXPECT_EQ(marked, ops.size()) << "every form listed has a fast path";
+}
+
+// ---- the translator (jit.h) against the fast paths -------------------------------------------------
+
+bool Translator() {
+  std::string why;
+  Kernel k;
+  k.nregs = 1;
+  k.code.push_back(I("mov.u32", {R(0), TidX()}));
+  k.code.back().fast = FastFormOf(k.code.back());
+  k.code.back().fast_bytes = 4;
+  return jit::Translate(k, &why) != nullptr;
+}
+
+TEST(Block, TranslatedTracesMeanWhatTheFastPathsMean) {
+  if (!Translator()) GTEST_SKIP() << "built without LLVM: no translator";  // jit_none.cpp
+  using fastdiff::Inputs;
+  using fastdiff::Run;
+  std::vector<Ins> ops = FastForms();
+  // Special registers a trace reads itself.
+  for (uint32_t id : {kTidX, kTidY, kNtidX, kCtaidX, kLaneid, kWarpid, kLanemaskLt, kLanemaskGe, kNctaidX}) {
+    Operand sp;
+    sp.kind = Operand::kSpecial;
+    sp.reg = id;
+    ops.push_back(I("mov.u32", {R(10), sp}));
+  }
+  size_t seed = 0;
+  for (const Ins& op : ops) {
+    ++seed;
+    ASSERT_TRUE(jit::Translatable([&] {
+      Ins f = op;
+      f.fast = FastFormOf(op);
+      return f;
+    }()))
+        << OpName(op.op) << " (form " << seed << " of the list) is not translatable";
+    std::vector<std::vector<uint64_t>> in = {Inputs(seed), Inputs(seed + 100), Inputs(seed + 200), Inputs(seed + 300)};
+    if (op.type == Ty::kPred) {
+      for (auto& v : in)
+        for (auto& x : v) x &= 1;
+    }
+    if (op.op == Op::kShl || op.op == Op::kShr) {
+      for (auto& x : in[2]) x %= 70;
+    }
+    for (bool odd : {false, true}) {
+      const auto translated = Run(op, in, odd, fastdiff::Path::kTranslated);
+      const auto fast = Run(op, in, odd, fastdiff::Path::kFast);
+      for (uint32_t l = 0; l < 32; ++l)
+        ASSERT_EQ(translated[l], fast[l])
+            << OpName(op.op) << " (form " << seed << " of the list), lane " << l << (odd ? ", odd lanes only" : "")
+            << ": in " << std::hex << in[0][l] << " " << in[1][l] << " " << in[2][l];
+    }
+  }
+}
+
+// A load whose lanes fall in two allocations, then outside every allocation: the trace leaves it
+// to the general unit, which finds the second allocation, or faults naming the instruction's line.
+TEST(Block, ATraceLeavesALoadOutsideItsAllocationToTheUnits) {
+  if (!Translator()) GTEST_SKIP() << "built without LLVM: no translator";
+  for (bool outside : {false, true}) {
+    TestMemory mem;
+    std::vector<uint32_t> a(32), b(32);
+    for (uint32_t i = 0; i < 32; ++i) a[i] = 1000 + i, b[i] = 2000 + i;
+    const uint64_t da = mem.Upload(a), db = outside ? 0x7000'0000'0000ull : mem.Upload(b);
+    const uint64_t out = mem.Alloc(32 * 4);
+    Kernel k;
+    k.name = "two";
+    k.nregs = 16;
+    k.code = {I("mov.u32", {R(0), TidX()}),
+              I("and.b32", {R(1), R(0), Imm(1)}),
+              I("setp.ne.u32", {R(2), R(1), Imm(0)}),
+              I("mul.wide.u32", {R(3), R(0), Imm(4)}),
+              I("add.s64", {R(7), R(3), Imm(da)}),
+              I("add.s64", {R(7), R(3), Imm(db)}),  // odd lanes: the other allocation
+              I("ld.global.u32", {R(8), At(7)}),
+              I("add.u32", {R(9), R(8), Imm(1)}),
+              I("add.s64", {R(10), R(3), Imm(out)}),
+              I("st.global.u32", {At(10), R(9)}),
+              I("exit", {})};
+    k.code[5].pred = 2;
+    k.code[6].line = 42;
+    for (Ins& ins : k.code) {
+      ins.fast = FastFormOf(ins);
+      ins.fast_bytes = static_cast<uint8_t>(TyBytes(ins.type));
+    }
+    std::string why;
+    const auto code = jit::Translate(k, &why);
+    ASSERT_NE(code, nullptr) << why;
+    ASSERT_EQ(code->translated, 10u);
+    exec::Fault fault;
+    const uint64_t lanes = RunBlock(k, mem, code.get(), &fault);
+    if (outside) {
+      EXPECT_EQ(fault.code, CUDA_ERROR_ILLEGAL_ADDRESS);
+      EXPECT_NE(fault.message.find("PTX line 42"), std::string::npos) << fault.message;
+      continue;
+    }
+    EXPECT_EQ(fault.code, CUDA_SUCCESS) << fault.message;
+    EXPECT_EQ(lanes, 32u * 10 + 16);  // the predicated add ran on the odd lanes only
+    const auto got = mem.Download<uint32_t>(out, 32);
+    for (uint32_t l = 0; l < 32; ++l) EXPECT_EQ(got[l], (l % 2 != 0 ? 2001u : 1001u) + l) << "lane " << l;
+  }
 }
 
 }  // namespace

@@ -141,6 +141,27 @@ Result<KernelResources> Resources(Program& p, std::string_view kernel) {
   return KernelResources{(*k)->shared_static, (*k)->local_bytes + (*k)->fparam_bytes};
 }
 
+Result<Translation> Translated(Program& p, std::string_view kernel, bool wait) {
+  auto k = p.GetKernel(kernel);
+  if (!k.ok()) return k.status();
+  Translation t;
+  t.enabled = jit::Enabled();
+  t.instructions = static_cast<uint32_t>((*k)->code.size());
+  const jit::Code* code = jit::For(*k);
+  if (code == nullptr) {
+    t.why = !t.enabled ? "the translator is off" : "nothing to translate, or too much (jit.h kMaxTranslated)";
+    return t;
+  }
+  if (wait) jit::Wait(*code);
+  t.translated = code->translated;
+  t.traces = static_cast<uint32_t>(code->traces.size());
+  const int state = code->state.load(std::memory_order_acquire);
+  t.ready = state == jit::Code::kReady;
+  if (t.ready) t.milliseconds = code->milliseconds;
+  t.why = state == jit::Code::kPending ? "being compiled" : state == jit::Code::kFailed ? code->why : "";
+  return t;
+}
+
 LaunchResult Launch(Program& p, std::string_view kernel, const LaunchConfig& cfg, GlobalMemory& mem) {
   LaunchResult res;
   auto k = p.GetKernel(kernel);
@@ -171,8 +192,9 @@ LaunchResult Launch(Program& p, std::string_view kernel, const LaunchConfig& cfg
   std::mutex mu;
   Fault fault;
   uint64_t fault_block = UINT64_MAX;
+  const jit::Code* code = jit::For(*k);  // planned at the kernel's first launch, compiled on a thread of its own
   auto work = [&] {
-    Block b(kern, cfg, mem, stop, deadline);
+    Block b(kern, cfg, mem, stop, deadline, code);
     Fault f;
     std::string out;
     uint64_t wi = 0, li = 0;

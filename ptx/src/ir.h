@@ -300,6 +300,14 @@ struct CallSite {
 };
 
 inline constexpr uint64_t kFuncParamBase = uint64_t{1} << 32;  // param-space offsets of .func params
+namespace jit {
+struct Code;
+}
+// A kernel's native translation (jit.h), made at its first launch.
+struct JitSlot {
+  std::once_flag once;
+  std::shared_ptr<const jit::Code> code;
+};
 
 struct Kernel {
   std::string name;
@@ -311,7 +319,15 @@ struct Kernel {
   uint64_t fparam_bytes = 0;   // per thread (.func parameters)
   uint32_t param_bytes = 0;    // kernel parameter buffer
   uint64_t max_threads = 0;    // from .maxntid / .reqntid (0: none)
+  std::shared_ptr<JitSlot> jit = std::make_shared<JitSlot>();
+  // The registers a thread may read before it wrote them (ReadBeforeWritten): a block clears these
+  // when it starts. `read_before_known` false (a Kernel not from Lower): it clears every register.
+  bool read_before_known = false;
+  std::vector<uint32_t> read_before;
 };
+// The registers of `k` that some thread may read before every path to the read has written them,
+// or false when the kernel is too large to tell cheaply (then: all of them).
+bool ReadBeforeWritten(const Kernel& k, std::vector<uint32_t>* regs);
 
 class Program {
  public:

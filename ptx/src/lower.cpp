@@ -235,7 +235,84 @@ Result<std::shared_ptr<const Kernel>> Lower(const Program& p, uint32_t kfunc) {
     ret.line = p.funcs[f].code.empty() ? p.funcs[f].line : p.funcs[f].code.back().line;
     k->code.push_back(ret);
   }
+  k->read_before_known = ReadBeforeWritten(*k, &k->read_before);
   return std::shared_ptr<const Kernel>(std::move(k));
+}
+
+// A forward "definitely written" analysis over each thread's paths (PTX registers are undefined
+// until written; the executor clears those some path reads first, so a kernel that reads one gets
+// the same value every run). Conservative: only an unpredicated instruction with a fast form (fast.h:
+// a plain register destination, written whole) counts as writing; every other register operand,
+// destinations included, counts as a read.
+bool ReadBeforeWritten(const Kernel& k, std::vector<uint32_t>* regs) {
+  const auto n = static_cast<uint32_t>(k.code.size());
+  const uint32_t words = (k.nregs + 63) / 64;
+  if (uint64_t{n} * words > (uint64_t{1} << 22)) return false;  // 32 MiB of bit sets at most
+  auto writes = [&](const Ins& ins) -> uint32_t {
+    if (ins.pred != kNoReg || ins.fast == 0 || ins.fast == kFastSt || ins.o[0].kind != Operand::kReg) return kNoReg;
+    return ins.o[0].reg;
+  };
+  auto reads = [&](const Ins& ins, auto&& f) {
+    if (ins.pred != kNoReg) f(ins.pred);
+    const uint32_t written = writes(ins);
+    for (int i = 0; i < ins.nops; ++i) {
+      const Operand& o = ins.o[i];
+      if (i == 0 && written != kNoReg) continue;
+      if ((o.kind == Operand::kReg || o.kind == Operand::kMem) && o.reg != kNoReg) f(o.reg);
+      if (o.kind == Operand::kVec || o.kind == Operand::kList)
+        for (int j = 0; j < o.n && j < 8; ++j)
+          if (o.regs[j] != kNoReg && (o.regs[j] & 0x80000000u) == 0) f(o.regs[j]);
+    }
+    if (ins.op == Op::kCall && ins.aux < k.calls.size())
+      for (const CallSite::Copy& c : k.calls[ins.aux].args)
+        if (c.src_reg != kNoReg) f(c.src_reg);
+  };
+  // in[pc]: registers written on every path to pc (all ones until a path reaches it).
+  std::vector<uint64_t> in(static_cast<size_t>(n) * words, ~uint64_t{0});
+  std::vector<uint32_t> work;
+  std::vector<bool> queued(n, false);
+  auto root = [&](uint32_t pc) {
+    if (pc >= n) return;
+    std::fill_n(&in[static_cast<size_t>(pc) * words], words, 0);
+    if (!queued[pc]) queued[pc] = true, work.push_back(pc);
+  };
+  root(0);
+  for (const CallSite& cs : k.calls) root(cs.entry);
+  std::vector<uint64_t> out(words);
+  while (!work.empty()) {
+    const uint32_t pc = work.back();
+    work.pop_back();
+    queued[pc] = false;
+    const Ins& ins = k.code[pc];
+    std::copy_n(&in[static_cast<size_t>(pc) * words], words, out.begin());
+    if (const uint32_t w = writes(ins); w != kNoReg && w < k.nregs) out[w / 64] |= uint64_t{1} << (w % 64);
+    auto flow = [&](uint32_t to) {
+      if (to >= n) return;
+      uint64_t* dst = &in[static_cast<size_t>(to) * words];
+      bool changed = false;
+      for (uint32_t i = 0; i < words; ++i) {
+        const uint64_t v = dst[i] & out[i];
+        changed |= v != dst[i];
+        dst[i] = v;
+      }
+      if (changed && !queued[to]) queued[to] = true, work.push_back(to);
+    };
+    const bool ends =
+        ins.pred == kNoReg && (ins.op == Op::kBra || ins.op == Op::kRet || ins.op == Op::kExit || ins.op == Op::kTrap);
+    if (ins.op == Op::kBra) flow(ins.o[0].reg);
+    if (!ends) flow(pc + 1);
+  }
+  std::vector<bool> read(k.nregs, false);
+  for (uint32_t pc = 0; pc < n; ++pc) {
+    const uint64_t* written = &in[static_cast<size_t>(pc) * words];
+    reads(k.code[pc], [&](uint32_t r) {
+      if (r < k.nregs && !((written[r / 64] >> (r % 64)) & 1)) read[r] = true;
+    });
+  }
+  regs->clear();
+  for (uint32_t r = 0; r < k.nregs; ++r)
+    if (read[r]) regs->push_back(r);
+  return true;
 }
 
 Result<std::shared_ptr<const Kernel>> Program::GetKernel(std::string_view name) {

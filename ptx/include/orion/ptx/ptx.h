@@ -202,6 +202,22 @@ struct KernelResources {
 };
 Result<KernelResources> Resources(Program& p, std::string_view kernel);
 
+// How much of `kernel` runs as native code (the translator, ptx/src/jit.h): its straight-line runs of
+// the commonest instruction forms are compiled with LLVM on a thread of the process's own, after its
+// first launch (or first call here), while launches run on the interpreter until that is done.
+// With `wait`, this returns once the compilation is over (it starts it if need be). Lowers the
+// kernel as Prepare does, with the same errors. Thread-safe.
+struct Translation {
+  bool enabled = false;       // built with LLVM and not turned off (ORION_PTX_JIT=0, ORION_PTX_FAST=0)
+  uint32_t instructions = 0;  // the lowered kernel's (its functions' included)
+  uint32_t translated = 0;    // those inside traces
+  uint32_t traces = 0;
+  bool ready = false;       // the traces' native code is in use
+  double milliseconds = 0;  // ready: what compiling them took (one thread)
+  std::string why;          // not ready: why (not yet compiled, too large, LLVM's error)
+};
+Result<Translation> Translated(Program& p, std::string_view kernel, bool wait);
+
 // Runs one launch of `kernel` to completion (or to its first fault).
 LaunchResult Launch(Program& p, std::string_view kernel, const LaunchConfig& cfg, GlobalMemory& mem);
 

@@ -1,0 +1,654 @@
+// ptx/src/jit.cpp — the translator (jit.h): traces of fast-form instructions to LLVM IR over
+// <32 x i64> register rows, optimized and compiled for the host CPU by LLVM's ORC LLJIT.
+//
+// Each instruction means what its fast path means (block_fast.h, the reference); the comments name
+// the fast path's expression. Sources: LLVM Language Reference (masked gather/scatter: "scatter with
+// overlapping addresses is guaranteed to be ordered from least-significant to most-significant
+// element", as the interpreter's lanes are; fcmp's ordered and unordered predicates); LLVM 14's ORC
+// LLJIT ("Building a JIT" tutorial, LLJIT.h).
+#include "jit.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <set>
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include <llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h>
+#include <llvm/ExecutionEngine/Orc/LLJIT.h>
+#include <llvm/ExecutionEngine/Orc/ThreadSafeModule.h>
+#include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/Intrinsics.h>
+#include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/MDBuilder.h>
+#include <llvm/IR/Module.h>
+#include <llvm/IR/Verifier.h>
+#include <llvm/Passes/PassBuilder.h>
+#include <llvm/Transforms/Scalar/EarlyCSE.h>
+#include <llvm/Transforms/Scalar/SimplifyCFG.h>
+#include <llvm/Transforms/Utils/Mem2Reg.h>
+#include <llvm/Support/TargetSelect.h>
+#include <llvm/Support/raw_ostream.h>
+#include <llvm/Target/TargetMachine.h>
+
+#include "fast.h"
+
+namespace orion::ptx::jit {
+
+bool Enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("ORION_PTX_JIT");
+    const char* f = std::getenv("ORION_PTX_FAST");  // the general units alone: no translation either
+    return (e == nullptr || std::strcmp(e, "0") != 0) && (f == nullptr || std::strcmp(f, "0") != 0);
+  }();
+  return on;
+}
+
+namespace {
+
+bool ReadableSource(const Operand& o) {
+  switch (o.kind) {
+    case Operand::kReg:
+    case Operand::kImm:
+    case Operand::kSym: return true;
+    case Operand::kSpecial:
+      // The clocks change as the kernel runs; every other special register is lane-invariant,
+      // a per-lane constant, or %tid.
+      return o.reg != kClock && o.reg != kClock64 && o.reg != kGlobaltimer && o.reg < kSpecials;
+    default: return false;
+  }
+}
+
+bool IsMemory(const Ins& ins) { return ins.fast == kFastLd || ins.fast == kFastSt; }
+
+}  // namespace
+
+bool Translatable(const Ins& ins) {
+  if (ins.fast == kFastNone) return false;
+  for (int i = 0; i < ins.nops; ++i) {
+    const Operand& o = ins.o[i];
+    if (o.kind == Operand::kMem) {
+      if (!IsMemory(ins)) return false;
+      continue;
+    }
+    if (i == 0 && ins.fast != kFastSt) continue;  // the destination register
+    if (!ReadableSource(o)) return false;
+  }
+  if (ins.fast == kFastSetp) {
+    const Ty t = ins.type2;
+    if (t == Ty::kF32) return ins.cmp <= Cmp::kGe || (ins.cmp >= Cmp::kEqu && ins.cmp <= Cmp::kNan);
+    return ins.cmp <= Cmp::kHs;
+  }
+  return true;
+}
+
+namespace {
+
+using llvm::BasicBlock;
+using llvm::Type;
+using llvm::Value;
+
+// Builds one module: a function per trace.
+class Gen {
+ public:
+  Gen(llvm::LLVMContext& c, llvm::Module& m, const Kernel& k, const Code& code)
+      : c_(c), m_(m), k_(k), code_(code), b_(c) {
+    i1_ = Type::getInt1Ty(c);
+    i8_ = Type::getInt8Ty(c);
+    i32_ = Type::getInt32Ty(c);
+    i64_ = Type::getInt64Ty(c);
+    f32_ = Type::getFloatTy(c);
+    v64_ = llvm::FixedVectorType::get(i64_, 32);
+    v32_ = llvm::FixedVectorType::get(i32_, 32);
+    vf_ = llvm::FixedVectorType::get(f32_, 32);
+    vm_ = llvm::FixedVectorType::get(i1_, 32);
+  }
+
+  // The function of trace [begin, end).
+  llvm::Function* Trace(uint32_t begin, uint32_t end, const std::string& name) {
+    auto* fty = llvm::FunctionType::get(i32_, {i64_->getPointerTo(), i32_}, false);
+    fn_ = llvm::Function::Create(fty, llvm::Function::ExternalLinkage, name, m_);
+    fn_->addParamAttr(0, llvm::Attribute::NoAlias);
+    frame_ = fn_->getArg(0);
+    BasicBlock* entry = BasicBlock::Create(c_, "entry", fn_);
+    std::vector<BasicBlock*> blocks;
+    for (uint32_t pc = begin; pc <= end; ++pc) blocks.push_back(BasicBlock::Create(c_, "pc" + std::to_string(pc), fn_));
+    b_.SetInsertPoint(entry);
+    // The frame's fields, read once.
+    regs_ = b_.CreateIntToPtr(Field(kFieldRegs), i64_->getPointerTo(), "regs");
+    group_ = b_.CreateBitCast(b_.CreateTrunc(Field(kFieldGroup), i32_), vm_, "group");
+    tid_ = FieldPtr(kFieldTid, i64_);
+    special_ = FieldPtr(kFieldSpecial, i64_);
+    vars_ = FieldPtr(kFieldVarAddrs, i64_);
+    spans_ = FieldPtr(kFieldSpans, i64_);
+    shared_ = b_.CreateIntToPtr(Field(kFieldShared), i8_->getPointerTo());
+    shared_bytes_ = Field(kFieldSharedBytes);
+    params_ = b_.CreateIntToPtr(Field(kFieldParams), i8_->getPointerTo());
+    param_bytes_ = Field(kFieldParamBytes);
+    lanes_ = b_.CreateAlloca(i64_, nullptr, "lanes");
+    b_.CreateStore(b_.getInt64(0), lanes_);
+    BasicBlock* bad = BasicBlock::Create(c_, "bad_entry", fn_);
+    auto* sw = b_.CreateSwitch(fn_->getArg(1), bad);
+    for (uint32_t pc = begin; pc < end; ++pc)
+      if (code_.entry[pc] != 0) sw->addCase(b_.getInt32(pc), blocks[pc - begin]);
+    b_.SetInsertPoint(bad);
+    b_.CreateRet(fn_->getArg(1));
+    for (uint32_t pc = begin; pc < end; ++pc) {
+      b_.SetInsertPoint(blocks[pc - begin]);
+      Emit(k_.code[pc], pc);
+      b_.CreateBr(blocks[pc - begin + 1]);
+    }
+    b_.SetInsertPoint(blocks.back());
+    Leave(end);
+    return fn_;
+  }
+
+ private:
+  // Frame field `f` as an i64.
+  Value* Field(int f) {
+    Value* p = b_.CreateConstInBoundsGEP1_64(i64_, frame_, static_cast<uint64_t>(f));
+    return b_.CreateAlignedLoad(i64_, p, llvm::Align(8));
+  }
+  Value* FieldPtr(int f, Type* elem) { return b_.CreateIntToPtr(Field(f), elem->getPointerTo()); }
+
+  // Adds the lanes run to the frame's count and returns `pc`.
+  void Leave(uint32_t pc) {
+    Value* p = b_.CreateConstInBoundsGEP1_64(i64_, frame_, kFieldLaneIns);
+    Value* sum = b_.CreateAdd(b_.CreateAlignedLoad(i64_, p, llvm::Align(8)), b_.CreateLoad(i64_, lanes_));
+    b_.CreateAlignedStore(sum, p, llvm::Align(8));
+    b_.CreateRet(b_.getInt32(pc));
+  }
+
+  Value* RowPtr(uint32_t reg) {
+    Value* p = b_.CreateConstInBoundsGEP1_64(i64_, regs_, uint64_t{reg} * 32);
+    return b_.CreateBitCast(p, v64_->getPointerTo());
+  }
+  Value* LoadRow(uint32_t reg) { return b_.CreateAlignedLoad(v64_, RowPtr(reg), llvm::Align(8)); }
+  // The destination's lanes of `mask` become `v`; the others keep their value.
+  void StoreRow(uint32_t reg, Value* v, Value* mask) {
+    Value* old = LoadRow(reg);
+    b_.CreateAlignedStore(b_.CreateSelect(mask, v, old), RowPtr(reg), llvm::Align(8));
+  }
+  Value* Splat(Value* v) { return b_.CreateVectorSplat(32, v); }
+  Value* Splat(uint64_t v) { return Splat(b_.getInt64(v)); }
+
+  // The 32 lanes' values of a source operand (Block::Row, Block::Val).
+  Value* Src(const Operand& o) {
+    switch (o.kind) {
+      case Operand::kReg: return LoadRow(o.reg);
+      case Operand::kImm: return Splat(o.imm);
+      case Operand::kSym: {
+        Value* vars = vars_;
+        Value* a =
+            b_.CreateAlignedLoad(i64_, b_.CreateConstInBoundsGEP1_64(i64_, vars, o.reg & 0x7fffffffu), llvm::Align(8));
+        return Splat(b_.CreateAdd(a, b_.getInt64(o.imm)));
+      }
+      case Operand::kSpecial: return Special(o.reg);
+      default: return Splat(uint64_t{0});  // not reached: Translatable refuses the rest
+    }
+  }
+  Value* Special(uint32_t id) {
+    if (id == kTidX || id == kTidY || id == kTidZ) {
+      Value* p = b_.CreateConstInBoundsGEP1_64(i64_, tid_, uint64_t{id - kTidX} * 32);
+      return b_.CreateAlignedLoad(v64_, b_.CreateBitCast(p, v64_->getPointerTo()), llvm::Align(8));
+    }
+    if (id == kLaneid || (id >= kLanemaskEq && id <= kLanemaskGe)) {  // per-lane constants (Block::Special)
+      std::vector<llvm::Constant*> lanes;
+      for (uint64_t l = 0; l < 32; ++l) {
+        const uint64_t bit = uint64_t{1} << l;
+        uint64_t v = l;
+        if (id == kLanemaskEq) v = bit;
+        if (id == kLanemaskLt) v = bit - 1;
+        if (id == kLanemaskLe) v = (bit - 1) | bit;
+        if (id == kLanemaskGt) v = ~((bit - 1) | bit) & 0xffffffffu;
+        if (id == kLanemaskGe) v = ~(bit - 1) & 0xffffffffu;
+        lanes.push_back(b_.getInt64(v));
+      }
+      return llvm::ConstantVector::get(lanes);
+    }
+    return Splat(b_.CreateAlignedLoad(i64_, b_.CreateConstInBoundsGEP1_64(i64_, special_, id), llvm::Align(8)));
+  }
+
+  Value* Lo32(Value* v) { return b_.CreateTrunc(v, v32_); }
+  Value* Zext(Value* v32) { return b_.CreateZExt(v32, v64_); }
+  Value* Sext(Value* v32) { return b_.CreateSExt(v32, v64_); }
+  Value* AsF32(Value* v) { return b_.CreateBitCast(Lo32(v), vf_); }
+  Value* FromF32(Value* f) { return Zext(b_.CreateBitCast(f, v32_)); }
+
+  // The instruction's lanes: the group, less those its guard predicate leaves out (Block::Step).
+  Value* Mask(const Ins& ins) {
+    if (ins.pred == kNoReg) return group_;
+    Value* p = b_.CreateTrunc(LoadRow(ins.pred), vm_);
+    if (ins.pred_neg) p = b_.CreateNot(p);
+    return b_.CreateAnd(group_, p);
+  }
+
+  void Emit(const Ins& ins, uint32_t pc) {
+    Value* mask = Mask(ins);
+    Value* count = b_.CreateZExt(b_.CreateUnaryIntrinsic(llvm::Intrinsic::ctpop, b_.CreateBitCast(mask, i32_)), i64_);
+    b_.CreateStore(b_.CreateAdd(b_.CreateLoad(i64_, lanes_), count), lanes_);
+    const int n = ins.fast_bytes;
+    const uint64_t keep = n >= 8 ? ~uint64_t{0} : (uint64_t{1} << (8 * n)) - 1;
+    Value* k = Splat(keep);
+    const uint32_t d = ins.o[0].reg;
+    switch (static_cast<FastForm>(ins.fast)) {
+      case kFastMov: StoreRow(d, b_.CreateAnd(Src(ins.o[1]), k), mask); return;
+      case kFastAdd: StoreRow(d, b_.CreateAnd(b_.CreateAdd(Src(ins.o[1]), Src(ins.o[2])), k), mask); return;
+      case kFastSub: StoreRow(d, b_.CreateAnd(b_.CreateSub(Src(ins.o[1]), Src(ins.o[2])), k), mask); return;
+      case kFastMulLo: StoreRow(d, b_.CreateAnd(b_.CreateMul(Src(ins.o[1]), Src(ins.o[2])), k), mask); return;
+      case kFastAnd: StoreRow(d, b_.CreateAnd(b_.CreateAnd(Src(ins.o[1]), Src(ins.o[2])), k), mask); return;
+      case kFastOr: StoreRow(d, b_.CreateAnd(b_.CreateOr(Src(ins.o[1]), Src(ins.o[2])), k), mask); return;
+      case kFastXor: StoreRow(d, b_.CreateAnd(b_.CreateXor(Src(ins.o[1]), Src(ins.o[2])), k), mask); return;
+      case kFastMadLo:
+        StoreRow(d, b_.CreateAnd(b_.CreateAdd(b_.CreateMul(Src(ins.o[1]), Src(ins.o[2])), Src(ins.o[3])), k), mask);
+        return;
+      case kFastShl:
+      case kFastShr:
+      case kFastSar: {
+        Value* a = Src(ins.o[1]);
+        Value* sh = b_.CreateAnd(Src(ins.o[2]), Splat(0xffffffffu));
+        if (ins.fast == kFastSar) {
+          // (SExt(a, n) >> min(sh, 63)) & keep
+          Value* s = b_.CreateSelect(b_.CreateICmpUGT(sh, Splat(63)), Splat(63), sh);
+          Value* x = n == 4 ? Sext(Lo32(a)) : a;
+          StoreRow(d, b_.CreateAnd(b_.CreateAShr(x, s), k), mask);
+          return;
+        }
+        // sh >= bits ? 0 : shifted (a shift by 64 or more is poison in LLVM: shift by 0 instead)
+        Value* over = b_.CreateICmpUGE(sh, Splat(8 * static_cast<uint64_t>(n)));
+        Value* s = b_.CreateSelect(over, Splat(uint64_t{0}), sh);
+        Value* r = ins.fast == kFastShl ? b_.CreateAnd(b_.CreateShl(a, s), k) : b_.CreateLShr(b_.CreateAnd(a, k), s);
+        StoreRow(d, b_.CreateSelect(over, Splat(uint64_t{0}), r), mask);
+        return;
+      }
+      case kFastPredAnd:
+      case kFastPredOr:
+      case kFastPredXor: {
+        // ((a & 1) ^ na) op ((b & 1) ^ nb)
+        Value* a = b_.CreateXor(b_.CreateAnd(Src(ins.o[1]), Splat(1)), Splat(ins.o[1].neg ? 1 : 0));
+        Value* bb = b_.CreateXor(b_.CreateAnd(Src(ins.o[2]), Splat(1)), Splat(ins.o[2].neg ? 1 : 0));
+        Value* r = ins.fast == kFastPredAnd  ? b_.CreateAnd(a, bb)
+                   : ins.fast == kFastPredOr ? b_.CreateOr(a, bb)
+                                             : b_.CreateXor(a, bb);
+        StoreRow(d, r, mask);
+        return;
+      }
+      case kFastMulWide: {
+        Value* a = Lo32(Src(ins.o[1]));
+        Value* bb = Lo32(Src(ins.o[2]));
+        const bool sg = TySigned(ins.type);
+        StoreRow(d, b_.CreateMul(sg ? Sext(a) : Zext(a), sg ? Sext(bb) : Zext(bb)), mask);
+        return;
+      }
+      case kFastAddF32:
+      case kFastSubF32:
+      case kFastMulF32: {
+        Value* a = AsF32(Src(ins.o[1]));
+        Value* bb = AsF32(Src(ins.o[2]));
+        Value* r = ins.fast == kFastAddF32   ? b_.CreateFAdd(a, bb)
+                   : ins.fast == kFastSubF32 ? b_.CreateFSub(a, bb)
+                                             : b_.CreateFMul(a, bb);
+        StoreRow(d, FromF32(r), mask);
+        return;
+      }
+      case kFastFmaF32: {
+        Value* r = b_.CreateIntrinsic(llvm::Intrinsic::fma, {vf_},
+                                      {AsF32(Src(ins.o[1])), AsF32(Src(ins.o[2])), AsF32(Src(ins.o[3]))});
+        StoreRow(d, FromF32(r), mask);
+        return;
+      }
+      case kFastSetp: StoreRow(d, b_.CreateZExt(Compare(ins, Src(ins.o[1]), Src(ins.o[2])), v64_), mask); return;
+      case kFastLd:
+      case kFastSt: Access(ins, pc, mask); return;
+      default: return;  // not reached: Translatable
+    }
+  }
+
+  // setp (alu.h Compare): floats compared as floats (ordered, or unordered: u), signed integers
+  // sign-extended for eq..ge, every other integer comparison unsigned on the truncated values.
+  Value* Compare(const Ins& ins, Value* a, Value* b) {
+    using P = llvm::CmpInst::Predicate;
+    const Ty t = ins.type2;
+    if (t == Ty::kF32) {
+      static const P kF[] = {P::FCMP_OEQ, P::FCMP_ONE,   P::FCMP_OLT,   P::FCMP_OLE,   P::FCMP_OGT,
+                             P::FCMP_OGE, P::FCMP_FALSE, P::FCMP_FALSE, P::FCMP_FALSE, P::FCMP_FALSE,  // lo ls hi hs
+                             P::FCMP_UEQ, P::FCMP_UNE,   P::FCMP_ULT,   P::FCMP_ULE,   P::FCMP_UGT,
+                             P::FCMP_UGE, P::FCMP_ORD,   P::FCMP_UNO};
+      return b_.CreateFCmp(kF[static_cast<int>(ins.cmp)], AsF32(a), AsF32(b));
+    }
+    const int n = TyBytes(t);
+    if (n == 4) a = Lo32(a), b = Lo32(b);
+    const bool sg = TySigned(t) && ins.cmp <= Cmp::kGe;
+    P p = P::ICMP_EQ;
+    switch (ins.cmp) {
+      case Cmp::kEq: p = P::ICMP_EQ; break;
+      case Cmp::kNe: p = P::ICMP_NE; break;
+      case Cmp::kLt:
+      case Cmp::kLo: p = sg ? P::ICMP_SLT : P::ICMP_ULT; break;
+      case Cmp::kLe:
+      case Cmp::kLs: p = sg ? P::ICMP_SLE : P::ICMP_ULE; break;
+      case Cmp::kGt:
+      case Cmp::kHi: p = sg ? P::ICMP_SGT : P::ICMP_UGT; break;
+      default: p = sg ? P::ICMP_SGE : P::ICMP_UGE; break;  // ge, hs
+    }
+    return b_.CreateICmp(p, a, b);
+  }
+
+  // ld / st of 4 or 8 bytes (block_fast.h kFastLd/kFastSt): every active lane's address inside the
+  // range (the slot's allocation, shared memory, the parameter buffer) and aligned, or the trace
+  // stops here and the interpreter runs the instruction.
+  void Access(const Ins& ins, uint32_t pc, Value* mask) {
+    const bool load = ins.fast == kFastLd;
+    const Operand& at = ins.o[load ? 1 : 0];
+    const uint64_t bytes = ins.fast_bytes;
+    uint64_t align = bytes - 1;
+    Value *base, *size, *host;
+    if (ins.space == Space::kShared) {
+      base = b_.getInt64(0), size = shared_bytes_, host = shared_;
+    } else if (ins.space == Space::kParam) {
+      base = b_.getInt64(0), size = param_bytes_, host = params_, align = 0;
+    } else {
+      Value* spans = spans_;
+      const uint64_t s = uint64_t{code_.slot_of[pc]} * 3;
+      base = b_.CreateAlignedLoad(i64_, b_.CreateConstInBoundsGEP1_64(i64_, spans, s), llvm::Align(8));
+      size = b_.CreateAlignedLoad(i64_, b_.CreateConstInBoundsGEP1_64(i64_, spans, s + 1), llvm::Align(8));
+      host = b_.CreateIntToPtr(
+          b_.CreateAlignedLoad(i64_, b_.CreateConstInBoundsGEP1_64(i64_, spans, s + 2), llvm::Align(8)),
+          i8_->getPointerTo());
+    }
+    Value* addr = Splat(at.imm);
+    if (at.sym != kNoSym) {
+      Value* vars = vars_;
+      addr = b_.CreateAdd(
+          addr, Splat(b_.CreateAlignedLoad(i64_, b_.CreateConstInBoundsGEP1_64(i64_, vars, at.sym), llvm::Align(8))));
+    }
+    if (at.reg != kNoReg) addr = b_.CreateAdd(LoadRow(at.reg), addr);
+    // bad |= (addr & align) | (o >= size) | (bytes > size - o), over the active lanes
+    Value* o = b_.CreateSub(addr, Splat(base));
+    Value* vsize = Splat(size);
+    Value* bad = b_.CreateOr(b_.CreateICmpUGE(o, vsize), b_.CreateICmpUGT(Splat(bytes), b_.CreateSub(vsize, o)));
+    if (align != 0) bad = b_.CreateOr(bad, b_.CreateICmpNE(b_.CreateAnd(addr, Splat(align)), Splat(uint64_t{0})));
+    Value* any = b_.CreateICmpNE(b_.CreateBitCast(b_.CreateAnd(bad, mask), i32_), b_.getInt32(0));
+    BasicBlock* stop = BasicBlock::Create(c_, "leave" + std::to_string(pc), fn_);
+    BasicBlock* go = BasicBlock::Create(c_, "access" + std::to_string(pc), fn_);
+    b_.CreateCondBr(any, stop, go, llvm::MDBuilder(c_).createBranchWeights(1, 1000));
+    b_.SetInsertPoint(stop);
+    // Its lanes were counted: uncount them (the interpreter counts them when it runs it).
+    Value* count = b_.CreateZExt(b_.CreateUnaryIntrinsic(llvm::Intrinsic::ctpop, b_.CreateBitCast(mask, i32_)), i64_);
+    b_.CreateStore(b_.CreateSub(b_.CreateLoad(i64_, lanes_), count), lanes_);
+    Leave(pc);
+    b_.SetInsertPoint(go);
+    Type* et = bytes == 4 ? i32_ : i64_;
+    auto* ety = llvm::FixedVectorType::get(et, 32);
+    Value* ptrs = b_.CreateBitCast(b_.CreateGEP(i8_, host, o), llvm::FixedVectorType::get(et->getPointerTo(), 32));
+    const llvm::Align al(align == 0 ? 1 : bytes);
+    if (load) {
+      Value* v = b_.CreateMaskedGather(ety, ptrs, al, mask, llvm::UndefValue::get(ety));
+      if (bytes == 4) v = TySigned(ins.type) ? Sext(v) : Zext(v);
+      StoreRow(ins.o[0].reg, v, mask);
+    } else {
+      Value* v = Src(ins.o[1]);
+      if (bytes == 4) v = Lo32(v);
+      b_.CreateMaskedScatter(v, ptrs, al, mask);
+    }
+  }
+
+  llvm::LLVMContext& c_;
+  llvm::Module& m_;
+  const Kernel& k_;
+  const Code& code_;
+  llvm::IRBuilder<> b_;
+  Type *i1_, *i8_, *i32_, *i64_, *f32_;
+  llvm::FixedVectorType *v64_, *v32_, *vf_, *vm_;
+  llvm::Function* fn_ = nullptr;
+  Value* frame_ = nullptr;
+  Value* regs_ = nullptr;
+  Value* group_ = nullptr;
+  Value *tid_ = nullptr, *special_ = nullptr, *vars_ = nullptr, *spans_ = nullptr;
+  Value *shared_ = nullptr, *shared_bytes_ = nullptr, *params_ = nullptr, *param_bytes_ = nullptr;
+  Value* lanes_ = nullptr;
+};
+
+std::string ErrorText(llvm::Error e) { return llvm::toString(std::move(e)); }
+
+}  // namespace
+
+namespace {
+
+// Which instructions form traces, and where each can be entered.
+std::shared_ptr<Code> Plan(const Kernel& k) {
+  auto code = std::make_shared<Code>();
+  const auto n = static_cast<uint32_t>(k.code.size());
+  code->entry.assign(n, 0);
+  code->slot_of.assign(n, kNoSlot);
+  // Where a trace must begin: the kernel's start, branch targets, functions' entries.
+  std::vector<bool> label(n + 1, false);
+  label[0] = true;
+  for (const Ins& ins : k.code)
+    if (ins.op == Op::kBra && ins.o[0].reg < n) label[ins.o[0].reg] = true;  // Step: o[0].reg is the target
+  for (const CallSite& cs : k.calls)
+    if (cs.entry < n) label[cs.entry] = true;
+  for (uint32_t pc = 0; pc < n;) {
+    if (!Translatable(k.code[pc])) {
+      ++pc;
+      continue;
+    }
+    Code::Trace& t = code->traces.emplace_back();
+    t.begin = pc;
+    do {
+      const Ins& ins = k.code[pc];
+      if (IsMemory(ins) && (ins.space == Space::kGlobal || ins.space == Space::kGeneric))
+        code->slot_of[pc] = code->slots++;
+      if (pc == t.begin || IsMemory(k.code[pc - 1])) code->entry[pc] = static_cast<uint32_t>(code->traces.size());
+      ++pc;
+    } while (pc < n && !label[pc] && Translatable(k.code[pc]));
+    t.end = pc;
+    code->translated += t.end - t.begin;
+  }
+  return code;
+}
+
+// Compiles the plan's traces; false with `why` set when LLVM cannot.
+bool Compile(const Kernel& k, Code& code, std::string* why) {
+  const auto t0 = std::chrono::steady_clock::now();
+  static std::once_flag native;
+  std::call_once(native, [] {
+    llvm::InitializeNativeTarget();
+    llvm::InitializeNativeTargetAsmPrinter();
+  });
+  auto jtmb = llvm::orc::JITTargetMachineBuilder::detectHost();
+  if (!jtmb) {
+    *why = "LLVM cannot describe this host: " + ErrorText(jtmb.takeError());
+    return false;
+  }
+  auto tm = jtmb->createTargetMachine();
+  if (!tm) {
+    *why = "LLVM has no code generator for this host: " + ErrorText(tm.takeError());
+    return false;
+  }
+  auto ctx = std::make_unique<llvm::LLVMContext>();
+  auto mod = std::make_unique<llvm::Module>("orion_ptx_" + k.name, *ctx);
+  mod->setDataLayout((*tm)->createDataLayout());
+  mod->setTargetTriple((*tm)->getTargetTriple().str());
+  {
+    Gen gen(*ctx, *mod, k, code);
+    for (size_t i = 0; i < code.traces.size(); ++i)
+      gen.Trace(code.traces[i].begin, code.traces[i].end, "trace" + std::to_string(i));
+  }
+  std::string broken;
+  llvm::raw_string_ostream os(broken);
+  if (llvm::verifyModule(*mod, &os)) {
+    *why = "the translator built invalid IR: " + os.str();
+    return false;
+  }
+  {
+    // A short pipeline: the traces are straight-line code already; what pays is promoting the
+    // lane count to registers, sharing loads of a register row, and folding the blocks. (LLVM's
+    // O2 pipeline took 40% longer for the same speed on ptx_bench.)
+    llvm::LoopAnalysisManager lam;
+    llvm::FunctionAnalysisManager fam;
+    llvm::CGSCCAnalysisManager cgam;
+    llvm::ModuleAnalysisManager mam;
+    llvm::PassBuilder pb(tm->get());
+    pb.registerModuleAnalyses(mam);
+    pb.registerCGSCCAnalyses(cgam);
+    pb.registerFunctionAnalyses(fam);
+    pb.registerLoopAnalyses(lam);
+    pb.crossRegisterProxies(lam, fam, cgam, mam);
+    llvm::FunctionPassManager fpm;
+    fpm.addPass(llvm::PromotePass());
+    fpm.addPass(llvm::EarlyCSEPass(true));
+    fpm.addPass(llvm::SimplifyCFGPass());
+    for (llvm::Function& f : *mod)
+      if (!f.isDeclaration()) fpm.run(f, fam);
+  }
+  auto jit = llvm::orc::LLJITBuilder().setJITTargetMachineBuilder(std::move(*jtmb)).create();
+  if (!jit) {
+    *why = "LLVM's LLJIT: " + ErrorText(jit.takeError());
+    return false;
+  }
+  if (llvm::Error e = (*jit)->addIRModule(llvm::orc::ThreadSafeModule(std::move(mod), std::move(ctx)))) {
+    *why = "LLVM's LLJIT: " + ErrorText(std::move(e));
+    return false;
+  }
+  std::vector<TraceFn> fns;
+  for (size_t i = 0; i < code.traces.size(); ++i) {
+    auto sym = (*jit)->lookup("trace" + std::to_string(i));
+    if (!sym) {
+      *why = "LLVM's LLJIT: " + ErrorText(sym.takeError());
+      return false;
+    }
+    fns.push_back(reinterpret_cast<TraceFn>(static_cast<uintptr_t>(sym->getAddress())));
+  }
+  code.engine = std::shared_ptr<llvm::orc::LLJIT>(std::move(*jit));
+  for (size_t i = 0; i < fns.size(); ++i) code.traces[i].fn.store(fns[i], std::memory_order_release);
+  code.milliseconds = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return true;
+}
+
+void Finish(const Kernel& k, Code& code) {
+  std::string why;
+  const bool ok = Compile(k, code, &why);
+  if (!ok) {
+    code.why = why;
+    std::fprintf(stderr, "orion ptx: kernel %s runs on the interpreter: %s\n", k.name.c_str(), why.c_str());
+  }
+  code.state.store(ok ? Code::kReady : Code::kFailed, std::memory_order_release);
+  code.state.notify_all();
+}
+
+// The process's translator thread: compiles kernels in the order they were first launched, while
+// their launches run on the interpreter. A forked child starts its own (its parent's queue is not
+// its own: those kernels stay on the interpreter there).
+class Translator {
+ public:
+  void Add(const std::shared_ptr<const Kernel>& k, const std::shared_ptr<Code>& code) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (pid_ != getpid()) {
+      pid_ = getpid();
+      started_ = false;
+      queue_.clear();
+    }
+    queue_.emplace_back(k, code);
+    if (!started_) {
+      pthread_attr_t attr;
+      pthread_attr_init(&attr);
+      pthread_attr_setstacksize(&attr, 8 << 20);  // LLVM recurses
+      pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+      pthread_t t;
+      started_ = pthread_create(
+                     &t, &attr,
+                     [](void* self) -> void* {
+                       static_cast<Translator*>(self)->Loop();
+                       return nullptr;
+                     },
+                     this) == 0;
+      pthread_attr_destroy(&attr);
+      if (!started_) {  // no thread: compile here
+        queue_.pop_back();
+        Finish(*k, *code);
+        return;
+      }
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    const pid_t mine = pid_;
+    for (;;) {
+      cv_.wait(lock, [&] { return !queue_.empty() || pid_ != mine; });
+      if (pid_ != mine) return;
+      auto job = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      // A kernel unloaded (its module's Program gone) before its turn is not compiled.
+      if (std::shared_ptr<const Kernel> k = job.first.lock()) {
+        Finish(*k, *job.second);
+      } else {
+        job.second->why = "unloaded before it was compiled";
+        job.second->state.store(Code::kFailed, std::memory_order_release);
+        job.second->state.notify_all();
+      }
+      job = {};
+      lock.lock();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<std::weak_ptr<const Kernel>, std::shared_ptr<Code>>> queue_;
+  bool started_ = false;
+  pid_t pid_ = getpid();
+};
+
+Translator& TheTranslator() {
+  static Translator* t = new Translator();  // leaked: its thread may outlive static destructors
+  return *t;
+}
+
+}  // namespace
+
+std::shared_ptr<const Code> Translate(const Kernel& k, std::string* why) {
+  std::shared_ptr<Code> code = Plan(k);
+  if (code->traces.empty()) {
+    code->state = Code::kReady;
+    return code;
+  }
+  if (!Compile(k, *code, why)) return nullptr;
+  code->state = Code::kReady;
+  return code;
+}
+
+const Code* For(const std::shared_ptr<const Kernel>& k) {
+  if (!Enabled()) return nullptr;
+  std::call_once(k->jit->once, [&] {
+    std::shared_ptr<Code> code = Plan(*k);
+    if (code->traces.empty()) return;
+    if (code->translated > kMaxTranslated) {
+      std::fprintf(stderr, "orion ptx: kernel %s runs on the interpreter: %u instructions to translate (at most %u)\n",
+                   k->name.c_str(), code->translated, kMaxTranslated);
+      return;
+    }
+    k->jit->code = code;
+    static const bool sync = [] {
+      const char* e = std::getenv("ORION_PTX_JIT");
+      return e != nullptr && std::strcmp(e, "sync") == 0;
+    }();
+    if (sync) {
+      Finish(*k, *code);
+    } else {
+      TheTranslator().Add(k, code);
+    }
+  });
+  return k->jit->code.get();
+}
+
+}  // namespace orion::ptx::jit
