@@ -65,28 +65,134 @@ bool ReadableSource(const Operand& o) {
   }
 }
 
-bool IsMemory(const Ins& ins) { return ins.fast == kFastLd || ins.fast == kFastSt; }
+bool IsMemory(const Ins& ins) {
+  return (ins.op == Op::kLd || ins.op == Op::kSt) && ins.o[ins.op == Op::kLd ? 1 : 0].kind == Operand::kMem;
+}
+
+bool PlainDst(const Operand& o) { return o.kind == Operand::kReg && o.n == 0; }
+bool IntType(Ty t) { return !TyFloat(t) && t != Ty::kPred && t != Ty::kNone && TyBytes(t) >= 1 && TyBytes(t) <= 8; }
+bool F32OrF64(Ty t) { return t == Ty::kF32 || t == Ty::kF64; }
+bool Nearest(Rnd r) { return r == Rnd::kDefault || r == Rnd::kRn; }
+
+// What the translator does with `ins` beyond its fast form (fast.h), each meaning what the general
+// units (block_units.h, alu.h) mean: kNone leaves it to the interpreter.
+enum class Form : uint8_t {
+  kNone,
+  kFast,    // its fast form (Emit's switch)
+  kMov,     // mov of 1-, 2-byte integers and halves (truncated), of predicates (bit 0)
+  kSelp,    // selp: d = p ? a : b
+  kMinMax,  // integer min / max (no .relu)
+  kAbsNeg,  // integer abs / neg
+  kFloat,   // f32 / f64 add sub mul div fma mad abs neg rcp sqrt rsqrt, round to nearest,
+            // .ftz (f32), no .sat / .relu
+  kCvt,     // cvt between integers, f32 and f64 (no .sat; rounding to nearest, or to an integer)
+  kAccess,  // ld / st of 1, 2, 4, 8 bytes, scalar or .v2 / .v4, global / generic / shared (ld: param)
+};
+
+Form FormOfOp(const Ins& ins) {
+  const Ty t = ins.type;
+  const int n = TyBytes(t);
+  switch (ins.op) {
+    case Op::kMov:
+      return ins.nops == 2 && PlainDst(ins.o[0]) && (IntType(t) || t == Ty::kF16 || t == Ty::kBF16 || t == Ty::kPred)
+                 ? Form::kMov
+                 : Form::kNone;
+    case Op::kSelp: return ins.nops == 4 && PlainDst(ins.o[0]) && n >= 1 && n <= 8 ? Form::kSelp : Form::kNone;
+    case Op::kMin:
+    case Op::kMax:
+      if (ins.nops != 3 || !PlainDst(ins.o[0]) || ins.relu) return Form::kNone;
+      // Float min / max: the general unit calls libm's fmin / fmax, whose zero signs and NaN
+      // payloads LLVM's minnum / maxnum need not match: left to it.
+      return IntType(t) ? Form::kMinMax : Form::kNone;
+    case Op::kAbs:
+    case Op::kNeg:
+      if (ins.nops != 2 || !PlainDst(ins.o[0]) || ins.cc || ins.sat) return Form::kNone;
+      if (IntType(t)) return Form::kAbsNeg;
+      return F32OrF64(t) && !ins.relu ? Form::kFloat : Form::kNone;
+    case Op::kAdd:
+    case Op::kSub:
+    case Op::kMul:
+    case Op::kDiv:
+    case Op::kFma:
+    case Op::kMad:
+    case Op::kRcp:
+    case Op::kSqrt:
+    case Op::kRsqrt: {
+      if (!F32OrF64(t) || !PlainDst(ins.o[0]) || ins.sat || ins.relu || !Nearest(ins.rnd)) return Form::kNone;
+      const int srcs = ins.op == Op::kFma || ins.op == Op::kMad                            ? 3
+                       : ins.op == Op::kRcp || ins.op == Op::kSqrt || ins.op == Op::kRsqrt ? 1
+                                                                                           : 2;
+      return ins.nops == 1 + srcs ? Form::kFloat : Form::kNone;
+    }
+    case Op::kCvt: {
+      const Ty st = ins.type2;
+      if (ins.nops != 2 || !PlainDst(ins.o[0]) || ins.sat) return Form::kNone;
+      const bool di = IntType(t), si = IntType(st), df = F32OrF64(t), sf = F32OrF64(st);
+      if (di && si) return Form::kCvt;
+      if (df && si) return Nearest(ins.rnd) ? Form::kCvt : Form::kNone;
+      if (di && sf) return Form::kCvt;  // every rounding to an integer
+      if (df && sf) {
+        const bool integral = ins.rnd == Rnd::kRzi || ins.rnd == Rnd::kRmi || ins.rnd == Rnd::kRpi;
+        // Rounding to an integer toward zero / down / up also sets the host's rounding mode for
+        // the final narrowing (alu.h Directed): exact only when nothing narrows.
+        return Nearest(ins.rnd) || ins.rnd == Rnd::kRni || (integral && t == st) ? Form::kCvt : Form::kNone;
+      }
+      return Form::kNone;
+    }
+    case Op::kLd:
+    case Op::kSt: {
+      const bool load = ins.op == Op::kLd;
+      if (ins.nops != 2 || !IsMemory(ins) || n < 1 || n > 8 || (n & (n - 1)) != 0 || t == Ty::kPred) return Form::kNone;
+      if (ins.vec != 1 && ins.vec != 2 && ins.vec != 4) return Form::kNone;
+      const Operand& v = ins.o[load ? 0 : 1];
+      if (ins.vec == 1 ? (load && !PlainDst(v)) : (v.kind != Operand::kVec || v.n != ins.vec)) return Form::kNone;
+      const bool space = ins.space == Space::kGlobal || ins.space == Space::kGeneric || ins.space == Space::kShared ||
+                         (load && ins.space == Space::kParam);
+      return space ? Form::kAccess : Form::kNone;
+    }
+    default: return Form::kNone;
+  }
+}
+
+Form FormOf(const Ins& ins) {
+  Form f = Form::kNone;
+  if (ins.fast == kFastLd || ins.fast == kFastSt) {
+    f = FormOfOp(ins);
+  } else if (ins.fast != kFastNone) {
+    f = Form::kFast;
+    if (ins.fast == kFastSetp) {
+      const Ty t = ins.type2;
+      const bool ok =
+          t == Ty::kF32 ? ins.cmp <= Cmp::kGe || (ins.cmp >= Cmp::kEqu && ins.cmp <= Cmp::kNan) : ins.cmp <= Cmp::kHs;
+      if (!ok) f = Form::kNone;
+    }
+  } else {
+    f = FormOfOp(ins);
+  }
+  if (f == Form::kNone) return f;
+  // Operands: a plain destination, then sources the trace can read (a register, an immediate, a
+  // symbol's address, a special register other than the clocks; a predicate may be negated).
+  for (int i = 0; i < ins.nops; ++i) {
+    const Operand& o = ins.o[i];
+    if (o.kind == Operand::kMem) continue;
+    if (o.kind == Operand::kVec) {
+      if (f != Form::kAccess) return Form::kNone;
+      for (int j = 0; j < o.n; ++j)
+        if ((o.regs[j] & 0x80000000u) != 0 && o.regs[j] != kNoReg) return Form::kNone;  // a symbol in a vector
+      continue;
+    }
+    if (i == 0 && ins.op != Op::kSt) continue;  // the destination register
+    const bool pred_operand =
+        (f == Form::kSelp && i == 3) || ins.fast == kFastPredAnd || ins.fast == kFastPredOr || ins.fast == kFastPredXor;
+    if (o.neg && !pred_operand) return Form::kNone;
+    if (!ReadableSource(o)) return Form::kNone;
+  }
+  return f;
+}
 
 }  // namespace
 
-bool Translatable(const Ins& ins) {
-  if (ins.fast == kFastNone) return false;
-  for (int i = 0; i < ins.nops; ++i) {
-    const Operand& o = ins.o[i];
-    if (o.kind == Operand::kMem) {
-      if (!IsMemory(ins)) return false;
-      continue;
-    }
-    if (i == 0 && ins.fast != kFastSt) continue;  // the destination register
-    if (!ReadableSource(o)) return false;
-  }
-  if (ins.fast == kFastSetp) {
-    const Ty t = ins.type2;
-    if (t == Ty::kF32) return ins.cmp <= Cmp::kGe || (ins.cmp >= Cmp::kEqu && ins.cmp <= Cmp::kNan);
-    return ins.cmp <= Cmp::kHs;
-  }
-  return true;
-}
+bool Translatable(const Ins& ins) { return FormOf(ins) != Form::kNone; }
 
 namespace {
 
@@ -107,6 +213,7 @@ class Gen {
     v64_ = llvm::FixedVectorType::get(i64_, 32);
     v32_ = llvm::FixedVectorType::get(i32_, 32);
     vf_ = llvm::FixedVectorType::get(f32_, 32);
+    vd_ = llvm::FixedVectorType::get(Type::getDoubleTy(c), 32);
     vm_ = llvm::FixedVectorType::get(i1_, 32);
   }
 
@@ -233,6 +340,9 @@ class Gen {
     Value* mask = Mask(ins);
     Value* count = b_.CreateZExt(b_.CreateUnaryIntrinsic(llvm::Intrinsic::ctpop, b_.CreateBitCast(mask, i32_)), i64_);
     b_.CreateStore(b_.CreateAdd(b_.CreateLoad(i64_, lanes_), count), lanes_);
+    const Form form = FormOf(ins);
+    if (form == Form::kAccess) return Access(ins, pc, mask);
+    if (form != Form::kFast) return EmitForm(form, ins, mask);
     const int n = ins.fast_bytes;
     const uint64_t keep = n >= 8 ? ~uint64_t{0} : (uint64_t{1} << (8 * n)) - 1;
     Value* k = Splat(keep);
@@ -304,9 +414,7 @@ class Gen {
         return;
       }
       case kFastSetp: StoreRow(d, b_.CreateZExt(Compare(ins, Src(ins.o[1]), Src(ins.o[2])), v64_), mask); return;
-      case kFastLd:
-      case kFastSt: Access(ins, pc, mask); return;
-      default: return;  // not reached: Translatable
+      default: return;  // not reached: FormOf (loads and stores are Form::kAccess)
     }
   }
 
@@ -344,9 +452,11 @@ class Gen {
   // range (the slot's allocation, shared memory, the parameter buffer) and aligned, or the trace
   // stops here and the interpreter runs the instruction.
   void Access(const Ins& ins, uint32_t pc, Value* mask) {
-    const bool load = ins.fast == kFastLd;
+    const bool load = ins.op == Op::kLd;
     const Operand& at = ins.o[load ? 1 : 0];
-    const uint64_t bytes = ins.fast_bytes;
+    const auto elem = static_cast<uint64_t>(TyBytes(ins.type));
+    const uint64_t cnt = ins.vec;
+    const uint64_t bytes = elem * cnt;  // the whole access: aligned to its size (block_memory.h Mem)
     uint64_t align = bytes - 1;
     Value *base, *size, *host;
     if (ins.space == Space::kShared) {
@@ -384,19 +494,153 @@ class Gen {
     b_.CreateStore(b_.CreateSub(b_.CreateLoad(i64_, lanes_), count), lanes_);
     Leave(pc);
     b_.SetInsertPoint(go);
-    Type* et = bytes == 4 ? i32_ : i64_;
+    // Element i of every lane at host + o + i * elem, moved lane by lane in lane order (a
+    // scatter's overlapping lanes: the highest lane's value stays, as the interpreter's).
+    Type* et = b_.getIntNTy(static_cast<unsigned>(8 * elem));
     auto* ety = llvm::FixedVectorType::get(et, 32);
-    Value* ptrs = b_.CreateBitCast(b_.CreateGEP(i8_, host, o), llvm::FixedVectorType::get(et->getPointerTo(), 32));
-    const llvm::Align al(align == 0 ? 1 : bytes);
-    if (load) {
-      Value* v = b_.CreateMaskedGather(ety, ptrs, al, mask, llvm::UndefValue::get(ety));
-      if (bytes == 4) v = TySigned(ins.type) ? Sext(v) : Zext(v);
-      StoreRow(ins.o[0].reg, v, mask);
-    } else {
-      Value* v = Src(ins.o[1]);
-      if (bytes == 4) v = Lo32(v);
-      b_.CreateMaskedScatter(v, ptrs, al, mask);
+    const llvm::Align al(align == 0 ? 1 : elem);
+    const Operand& v = ins.o[load ? 0 : 1];
+    for (uint64_t i = 0; i < cnt; ++i) {
+      Value* at_i = i == 0 ? o : b_.CreateAdd(o, Splat(i * elem));
+      Value* ptrs = b_.CreateBitCast(b_.CreateGEP(i8_, host, at_i), llvm::FixedVectorType::get(et->getPointerTo(), 32));
+      const uint32_t reg = v.kind == Operand::kVec ? v.regs[i] : v.reg;
+      if (load) {
+        Value* x = b_.CreateMaskedGather(ety, ptrs, al, mask, llvm::UndefValue::get(ety));
+        if (elem < 8) x = TySigned(ins.type) ? b_.CreateSExt(x, v64_) : b_.CreateZExt(x, v64_);
+        if (reg != kNoReg) StoreRow(reg, x, mask);
+      } else {
+        Value* x = v.kind == Operand::kVec ? (reg == kNoReg ? Splat(uint64_t{0}) : LoadRow(reg)) : Src(v);
+        if (elem < 8) x = b_.CreateTrunc(x, ety);
+        b_.CreateMaskedScatter(x, ptrs, al, mask);
+      }
     }
+  }
+
+  // The forms beyond the fast ones (Form), as the general units compute them.
+  Value* Keep(int n) { return Splat(n >= 8 ? ~uint64_t{0} : (uint64_t{1} << (8 * n)) - 1); }
+  Value* IntN(Value* v, int n) {
+    return n >= 8 ? v : b_.CreateTrunc(v, llvm::FixedVectorType::get(b_.getIntNTy(8 * n), 32));
+  }
+  Value* Ext(Value* v, bool sg) {
+    return v->getType() == v64_ ? v : sg ? b_.CreateSExt(v, v64_) : b_.CreateZExt(v, v64_);
+  }
+  // FtzF (alu.h): a subnormal f32 becomes a zero of its sign.
+  Value* Ftz(Value* f) {
+    Value* bits = b_.CreateBitCast(f, v32_);
+    auto c32 = [&](uint32_t x) { return b_.CreateVectorSplat(32, b_.getInt32(x)); };
+    Value* sub = b_.CreateAnd(b_.CreateICmpEQ(b_.CreateAnd(bits, c32(0x7f800000u)), c32(0)),
+                              b_.CreateICmpNE(b_.CreateAnd(bits, c32(0x007fffffu)), c32(0)));
+    return b_.CreateBitCast(b_.CreateSelect(sub, b_.CreateAnd(bits, c32(0x80000000u)), bits), vf_);
+  }
+  Value* AsF64(Value* v) { return b_.CreateBitCast(v, vd_); }
+
+  void EmitForm(Form form, const Ins& ins, Value* mask) {
+    const Ty t = ins.type;
+    const int n = TyBytes(t);
+    const bool sg = TySigned(t);
+    const uint32_t d = ins.o[0].reg;
+    switch (form) {
+      case Form::kMov:  // Exec kMov: Trunc(v, n); a predicate's bit 0
+        StoreRow(d, b_.CreateAnd(Src(ins.o[1]), t == Ty::kPred ? Splat(1) : Keep(n)), mask);
+        return;
+      case Form::kSelp: {  // d = p ? a : b, the sources' bits as they are
+        Value* p = b_.CreateTrunc(Src(ins.o[3]), vm_);
+        if (ins.o[3].neg) p = b_.CreateNot(p);
+        StoreRow(d, b_.CreateSelect(p, Src(ins.o[1]), Src(ins.o[2])), mask);
+        return;
+      }
+      case Form::kMinMax: {  // ExecInt: less on the n-byte values; r = (min == less) ? a : b; Trunc
+        Value* a = Src(ins.o[1]);
+        Value* bb = Src(ins.o[2]);
+        Value* less = sg ? b_.CreateICmpSLT(IntN(a, n), IntN(bb, n)) : b_.CreateICmpULT(IntN(a, n), IntN(bb, n));
+        Value* r = ins.op == Op::kMin ? b_.CreateSelect(less, a, bb) : b_.CreateSelect(less, bb, a);
+        StoreRow(d, b_.CreateAnd(r, Keep(n)), mask);
+        return;
+      }
+      case Form::kAbsNeg: {  // ExecInt: |SExt(a, n)| and ~a + 1, truncated
+        Value* a = Src(ins.o[1]);
+        Value* r;
+        if (ins.op == Op::kNeg) {
+          r = b_.CreateSub(Splat(uint64_t{0}), a);
+        } else {
+          Value* x = Ext(IntN(a, n), true);
+          r = b_.CreateSelect(b_.CreateICmpSLT(x, Splat(uint64_t{0})), b_.CreateSub(Splat(uint64_t{0}), x), x);
+        }
+        StoreRow(d, b_.CreateAnd(r, Keep(n)), mask);
+        return;
+      }
+      case Form::kFloat: StoreRow(d, Float(ins), mask); return;
+      case Form::kCvt: StoreRow(d, Cvt(ins, Src(ins.o[1])), mask); return;
+      default: return;
+    }
+  }
+
+  // ExecFloat / FEval: f32 with .ftz on the inputs and the result, f64 as it is.
+  Value* Float(const Ins& ins) {
+    const bool f32 = ins.type == Ty::kF32;
+    const int srcs = ins.nops - 1;
+    Value* x[3] = {};
+    for (int i = 0; i < srcs; ++i) {
+      Value* v = Src(ins.o[1 + i]);
+      x[i] = f32 ? AsF32(v) : AsF64(v);
+      if (f32 && ins.ftz) x[i] = Ftz(x[i]);
+    }
+    Type* vt = f32 ? static_cast<Type*>(vf_) : static_cast<Type*>(vd_);
+    Value* one = llvm::ConstantFP::get(vt, 1.0);
+    Value* r = nullptr;
+    switch (ins.op) {
+      case Op::kAdd: r = b_.CreateFAdd(x[0], x[1]); break;
+      case Op::kSub: r = b_.CreateFSub(x[0], x[1]); break;
+      case Op::kMul: r = b_.CreateFMul(x[0], x[1]); break;
+      case Op::kDiv: r = b_.CreateFDiv(x[0], x[1]); break;
+      case Op::kFma:
+      case Op::kMad: r = b_.CreateIntrinsic(llvm::Intrinsic::fma, {vt}, {x[0], x[1], x[2]}); break;
+      case Op::kAbs: r = b_.CreateUnaryIntrinsic(llvm::Intrinsic::fabs, x[0]); break;
+      case Op::kNeg: r = b_.CreateFNeg(x[0]); break;
+      case Op::kRcp: r = b_.CreateFDiv(one, x[0]); break;
+      case Op::kSqrt: r = b_.CreateUnaryIntrinsic(llvm::Intrinsic::sqrt, x[0]); break;
+      default: r = b_.CreateFDiv(one, b_.CreateUnaryIntrinsic(llvm::Intrinsic::sqrt, x[0])); break;  // rsqrt
+    }
+    if (f32 && ins.ftz) r = Ftz(r);
+    return f32 ? FromF32(r) : b_.CreateBitCast(r, v64_);
+  }
+
+  // alu.h Convert without .sat: integers through their n-byte values; floats through a double (exact
+  // for every f32) rounded to an integer as asked, then saturated (NaN: 0); to f32 rounded to nearest.
+  Value* Cvt(const Ins& ins, Value* v) {
+    const Ty dt = ins.type, st = ins.type2;
+    const int dn = TyBytes(dt), sn = TyBytes(st);
+    if (IntType(dt) && IntType(st)) return Ext(IntN(Ext(IntN(v, sn), TySigned(st)), dn), TySigned(dt));
+    if (IntType(st)) {  // -> f32 / f64, to nearest
+      Value* x = IntN(v, sn);
+      Type* ft = dt == Ty::kF32 ? static_cast<Type*>(vf_) : static_cast<Type*>(vd_);
+      Value* f = TySigned(st) ? b_.CreateSIToFP(x, ft) : b_.CreateUIToFP(x, ft);
+      return dt == Ty::kF32 ? FromF32(f) : b_.CreateBitCast(f, v64_);
+    }
+    Value* x = st == Ty::kF32 ? b_.CreateFPExt(ins.ftz ? Ftz(AsF32(v)) : AsF32(v), vd_) : AsF64(v);
+    auto round = [&](Rnd r) -> Value* {
+      switch (r) {
+        case Rnd::kRni:
+        case Rnd::kRn: return b_.CreateUnaryIntrinsic(llvm::Intrinsic::nearbyint, x);
+        case Rnd::kRmi:
+        case Rnd::kRm: return b_.CreateUnaryIntrinsic(llvm::Intrinsic::floor, x);
+        case Rnd::kRpi:
+        case Rnd::kRp: return b_.CreateUnaryIntrinsic(llvm::Intrinsic::ceil, x);
+        default: return b_.CreateUnaryIntrinsic(llvm::Intrinsic::trunc, x);
+      }
+    };
+    if (IntType(dt)) {  // the n-byte result, zero-extended (Trunc)
+      auto* it = llvm::FixedVectorType::get(b_.getIntNTy(static_cast<unsigned>(8 * dn)), 32);
+      Value* i = b_.CreateIntrinsic(TySigned(dt) ? llvm::Intrinsic::fptosi_sat : llvm::Intrinsic::fptoui_sat, {it, vd_},
+                                    {round(ins.rnd)});
+      return Ext(i, false);
+    }
+    if (ins.rnd == Rnd::kRni || ins.rnd == Rnd::kRzi || ins.rnd == Rnd::kRmi || ins.rnd == Rnd::kRpi)
+      x = round(ins.rnd);
+    if (dt == Ty::kF64) return b_.CreateBitCast(x, v64_);
+    Value* f = b_.CreateFPTrunc(x, vf_);
+    if (ins.ftz) f = Ftz(f);
+    return FromF32(f);
   }
 
   llvm::LLVMContext& c_;
@@ -405,7 +649,7 @@ class Gen {
   const Code& code_;
   llvm::IRBuilder<> b_;
   Type *i1_, *i8_, *i32_, *i64_, *f32_;
-  llvm::FixedVectorType *v64_, *v32_, *vf_, *vm_;
+  llvm::FixedVectorType *v64_, *v32_, *vf_, *vd_, *vm_;
   llvm::Function* fn_ = nullptr;
   Value* frame_ = nullptr;
   Value* regs_ = nullptr;
