@@ -231,6 +231,12 @@ class Block {
   }
 
   void ReleaseBarrier() {
+    if (!red_pending_) {  // bar.sync alone: the waiting lanes run again
+      for (Warp& w : warps_)
+        for (uint32_t m = StateMask(w, kAtBarrier); m != 0; m &= m - 1) w.state[std::countr_zero(m)] = kRun;
+      return;
+    }
+    red_pending_ = false;
     // bar.red: reduce the predicates of every arriving thread, then hand out the result.
     uint64_t popc = 0;
     bool all = true, any = false;
@@ -481,6 +487,7 @@ class Block {
               red_vals_[w.index * 32 + static_cast<uint32_t>(l)] = Pred(w, c, l);
               w.barrier_dst[l] = ins.o[0].reg;
               w.barrier_op[l] = ins.sub;
+              red_pending_ = true;
             }
           }
           for (int l = 0; l < 32; ++l) {
@@ -866,7 +873,8 @@ class Block {
   Fault* fault_ = nullptr;
   std::string* printf_ = nullptr;
   uint64_t warp_ins_ = 0, lane_ins_ = 0;
-  bool yield_ = false;  // the running warp gives up its turn (see kBackBranchesPerTurn)
+  bool yield_ = false;        // the running warp gives up its turn (see kBackBranchesPerTurn)
+  bool red_pending_ = false;  // a bar.red waits: ReleaseBarrier hands out its result
 };
 
 }  // namespace orion::ptx::exec

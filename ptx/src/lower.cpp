@@ -241,23 +241,62 @@ Result<std::shared_ptr<const Kernel>> Lower(const Program& p, uint32_t kfunc) {
 
 // A forward "definitely written" analysis over each thread's paths (PTX registers are undefined
 // until written; the executor clears those some path reads first, so a kernel that reads one gets
-// the same value every run). Conservative: only an unpredicated instruction with a fast form (fast.h:
-// a plain register destination, written whole) counts as writing; every other register operand,
-// destinations included, counts as a read.
+// the same value every run). An unpredicated instruction writes its destinations whole (Block::Set
+// stores all 64 bits); a predicated one writes nothing for sure; stores, barriers (bar.red's
+// destination is written when the barrier opens) and control transfers write none, and every
+// other register operand counts as a read.
 bool ReadBeforeWritten(const Kernel& k, std::vector<uint32_t>* regs) {
   const auto n = static_cast<uint32_t>(k.code.size());
   const uint32_t words = (k.nregs + 63) / 64;
   if (uint64_t{n} * words > (uint64_t{1} << 22)) return false;  // 32 MiB of bit sets at most
-  auto writes = [&](const Ins& ins) -> uint32_t {
-    if (ins.pred != kNoReg || ins.fast == 0 || ins.fast == kFastSt || ins.o[0].kind != Operand::kReg) return kNoReg;
-    return ins.o[0].reg;
+  // How many leading operands an unpredicated `ins` writes whole (its destinations: d, or d|p when
+  // o[0].n is 1 — setp, shfl, match; a vector destination's every register), or 0.
+  auto destinations = [&](const Ins& ins) -> int {
+    if (ins.pred != kNoReg || ins.nops == 0) return 0;
+    switch (ins.op) {
+      case Op::kSt:
+      case Op::kRed:
+      case Op::kBar:
+      case Op::kBarRed:  // its destination is written when the barrier opens
+      case Op::kBarArrive:
+      case Op::kBarWarp:
+      case Op::kBra:
+      case Op::kCall:
+      case Op::kRet:
+      case Op::kExit:
+      case Op::kTrap:
+      case Op::kBrkpt:
+      case Op::kMembar:
+      case Op::kNanosleep:
+      case Op::kPrefetch:
+      case Op::kSust:
+      case Op::kCpAsync:
+      case Op::kVprintf:
+      case Op::kAssertFail:
+      case Op::kNop: return 0;
+      default: break;
+    }
+    const Operand& d = ins.o[0];
+    if (d.kind != Operand::kReg && d.kind != Operand::kVec) return 0;
+    const bool pair = d.kind == Operand::kReg && d.n == 1 && ins.nops > 1 && ins.o[1].kind == Operand::kReg;
+    return pair ? 2 : 1;
+  };
+  auto written = [&](const Ins& ins, auto&& f) {
+    const int dsts = destinations(ins);
+    for (int i = 0; i < dsts; ++i) {
+      const Operand& o = ins.o[i];
+      if (o.kind == Operand::kReg && o.reg != kNoReg) f(o.reg);
+      if (o.kind == Operand::kVec)
+        for (int j = 0; j < o.n && j < 8; ++j)
+          if (o.regs[j] != kNoReg && (o.regs[j] & 0x80000000u) == 0) f(o.regs[j]);
+    }
   };
   auto reads = [&](const Ins& ins, auto&& f) {
     if (ins.pred != kNoReg) f(ins.pred);
-    const uint32_t written = writes(ins);
+    const int dsts = destinations(ins);
     for (int i = 0; i < ins.nops; ++i) {
       const Operand& o = ins.o[i];
-      if (i == 0 && written != kNoReg) continue;
+      if (i < dsts) continue;
       if ((o.kind == Operand::kReg || o.kind == Operand::kMem) && o.reg != kNoReg) f(o.reg);
       if (o.kind == Operand::kVec || o.kind == Operand::kList)
         for (int j = 0; j < o.n && j < 8; ++j)
@@ -285,7 +324,9 @@ bool ReadBeforeWritten(const Kernel& k, std::vector<uint32_t>* regs) {
     queued[pc] = false;
     const Ins& ins = k.code[pc];
     std::copy_n(&in[static_cast<size_t>(pc) * words], words, out.begin());
-    if (const uint32_t w = writes(ins); w != kNoReg && w < k.nregs) out[w / 64] |= uint64_t{1} << (w % 64);
+    written(ins, [&](uint32_t w) {
+      if (w < k.nregs) out[w / 64] |= uint64_t{1} << (w % 64);
+    });
     auto flow = [&](uint32_t to) {
       if (to >= n) return;
       uint64_t* dst = &in[static_cast<size_t>(to) * words];
@@ -304,9 +345,9 @@ bool ReadBeforeWritten(const Kernel& k, std::vector<uint32_t>* regs) {
   }
   std::vector<bool> read(k.nregs, false);
   for (uint32_t pc = 0; pc < n; ++pc) {
-    const uint64_t* written = &in[static_cast<size_t>(pc) * words];
+    const uint64_t* before = &in[static_cast<size_t>(pc) * words];
     reads(k.code[pc], [&](uint32_t r) {
-      if (r < k.nregs && !((written[r / 64] >> (r % 64)) & 1)) read[r] = true;
+      if (r < k.nregs && !((before[r / 64] >> (r % 64)) & 1)) read[r] = true;
     });
   }
   regs->clear();
