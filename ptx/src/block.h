@@ -398,6 +398,7 @@ class Block {
           jf_.regs = w.regs.data();
           jf_.tid = w.tid.data();
           jf_.group = group;
+          jf_.live = ~StateMask(w, kExited) & kFull;
           jit_special_[kWarpid] = w.index;
           const uint32_t stop = fn(&jf_, pc);
           lane_ins_ += jf_.lane_ins;

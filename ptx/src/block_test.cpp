@@ -460,6 +460,22 @@ std::vector<Ins> TranslatedForms() {
   ops.push_back(I("st.global.v2.u32", {At(4), Vec({2, 3})}));
   ops.push_back(I("st.global.v4.u16", {At(4), Vec({1, 2, kNoReg, 3})}));
   ops.push_back(I("st.shared.u8", {At(5), R(3)}));
+  // Warp collectives over the whole warp (the odd-lanes runs: the guard leaves the even ones out).
+  for (const char* mode : {"up", "down", "bfly", "idx"}) {
+    ops.push_back(I(std::string("shfl.sync.") + mode + ".b32", {R(10), R(1), R(2), R(3), Imm(0xffffffffu)}));
+    ops.push_back(I(std::string("shfl.sync.") + mode + ".b32", {R(10), R(1), Imm(1), Imm(0x1f), Imm(0xffffffffu)}));
+  }
+  Operand pair = R(11);
+  pair.n = 1;  // d|p
+  ops.push_back(I("shfl.sync.bfly.b32", {pair, R(10), R(1), R(2), R(3), Imm(0xffffffffu)}));
+  ops.push_back(I("shfl.sync.up.b32", {pair, R(10), R(1), R(2), Imm(0x81f), Imm(0xffffffffu)}));
+  for (const char* mode : {"all", "any", "uni"}) {
+    ops.push_back(I(std::string("vote.sync.") + mode + ".pred", {R(10), R(1), Imm(0xffffffffu)}));
+    ops.push_back(I(std::string("vote.sync.") + mode + ".pred", {R(10), Not(R(1)), Imm(0xffffffffu)}));
+  }
+  ops.push_back(I("vote.sync.ballot.b32", {R(10), R(1), Imm(0xffffffffu)}));
+  ops.push_back(I("vote.sync.ballot.b32", {R(10), Not(R(2)), Imm(0x0ff00ff0u)}));
+  ops.push_back(I("activemask.b32", {R(10)}));
   return ops;
 }
 

@@ -69,6 +69,10 @@ bool IsMemory(const Ins& ins) {
   return (ins.op == Op::kLd || ins.op == Op::kSt) && ins.o[ins.op == Op::kLd ? 1 : 0].kind == Operand::kMem;
 }
 
+// Whether a trace may stop before `ins` (a load or store outside its range, a warp collective whose
+// members are not all here): the instruction after it is an entry point.
+bool CanStop(const Ins& ins) { return IsMemory(ins) || ins.op == Op::kShfl || ins.op == Op::kVote; }
+
 bool PlainDst(const Operand& o) { return o.kind == Operand::kReg && o.n == 0; }
 bool IntType(Ty t) { return !TyFloat(t) && t != Ty::kPred && t != Ty::kNone && TyBytes(t) >= 1 && TyBytes(t) <= 8; }
 bool F32OrF64(Ty t) { return t == Ty::kF32 || t == Ty::kF64; }
@@ -87,6 +91,9 @@ enum class Form : uint8_t {
             // .ftz (f32), no .sat / .relu
   kCvt,     // cvt between integers, f32 and f64 (no .sat; rounding to nearest, or to an integer)
   kAccess,  // ld / st of 1, 2, 4, 8 bytes, scalar or .v2 / .v4, global / generic / shared (ld: param)
+  kShfl,    // shfl.sync (d or d|p), when its members are all here (else the interpreter's wait)
+  kVote,    // vote.sync all / any / uni / ballot, the same
+  kActivemask,
 };
 
 Form FormOfOp(const Ins& ins) {
@@ -139,6 +146,14 @@ Form FormOfOp(const Ins& ins) {
       }
       return Form::kNone;
     }
+    case Op::kShfl: {
+      const bool pair = ins.o[0].n == 1;
+      return ins.nops == (pair ? 6 : 5) && ins.o[0].kind == Operand::kReg && (!pair || ins.o[1].kind == Operand::kReg)
+                 ? Form::kShfl
+                 : Form::kNone;
+    }
+    case Op::kVote: return ins.nops == 3 && PlainDst(ins.o[0]) ? Form::kVote : Form::kNone;
+    case Op::kActivemask: return ins.nops == 1 && PlainDst(ins.o[0]) ? Form::kActivemask : Form::kNone;
     case Op::kLd:
     case Op::kSt: {
       const bool load = ins.op == Op::kLd;
@@ -181,9 +196,10 @@ Form FormOf(const Ins& ins) {
         if ((o.regs[j] & 0x80000000u) != 0 && o.regs[j] != kNoReg) return Form::kNone;  // a symbol in a vector
       continue;
     }
-    if (i == 0 && ins.op != Op::kSt) continue;  // the destination register
-    const bool pred_operand =
-        (f == Form::kSelp && i == 3) || ins.fast == kFastPredAnd || ins.fast == kFastPredOr || ins.fast == kFastPredXor;
+    if (i == 0 && ins.op != Op::kSt) continue;                    // the destination register
+    if (i == 1 && f == Form::kShfl && ins.o[0].n == 1) continue;  // d|p: p is a destination too
+    const bool pred_operand = (f == Form::kSelp && i == 3) || (f == Form::kVote && i == 1) ||
+                              ins.fast == kFastPredAnd || ins.fast == kFastPredOr || ins.fast == kFastPredXor;
     if (o.neg && !pred_operand) return Form::kNone;
     if (!ReadableSource(o)) return Form::kNone;
   }
@@ -239,6 +255,7 @@ class Gen {
     params_ = b_.CreateIntToPtr(Field(kFieldParams), i8_->getPointerTo());
     param_bytes_ = Field(kFieldParamBytes);
     lanes_ = b_.CreateAlloca(i64_, nullptr, "lanes");
+    src_slot_ = b_.CreateAlloca(i64_, b_.getInt32(32), "shfl_src");
     b_.CreateStore(b_.getInt64(0), lanes_);
     BasicBlock* bad = BasicBlock::Create(c_, "bad_entry", fn_);
     auto* sw = b_.CreateSwitch(fn_->getArg(1), bad);
@@ -342,6 +359,7 @@ class Gen {
     b_.CreateStore(b_.CreateAdd(b_.CreateLoad(i64_, lanes_), count), lanes_);
     const Form form = FormOf(ins);
     if (form == Form::kAccess) return Access(ins, pc, mask);
+    if (form == Form::kShfl || form == Form::kVote) return Collective(form, ins, pc, mask);
     if (form != Form::kFast) return EmitForm(form, ins, mask);
     const int n = ins.fast_bytes;
     const uint64_t keep = n >= 8 ? ~uint64_t{0} : (uint64_t{1} << (8 * n)) - 1;
@@ -516,6 +534,94 @@ class Gen {
     }
   }
 
+  // The trace stops before `pc` (nothing done for it) when `stop` holds: its lanes are uncounted.
+  void StopIf(Value* stop, uint32_t pc, Value* mask, const char* why) {
+    BasicBlock* leave = BasicBlock::Create(c_, std::string(why) + std::to_string(pc), fn_);
+    BasicBlock* go = BasicBlock::Create(c_, "go" + std::to_string(pc), fn_);
+    b_.CreateCondBr(stop, leave, go, llvm::MDBuilder(c_).createBranchWeights(1, 1000));
+    b_.SetInsertPoint(leave);
+    Value* count = b_.CreateZExt(b_.CreateUnaryIntrinsic(llvm::Intrinsic::ctpop, b_.CreateBitCast(mask, i32_)), i64_);
+    b_.CreateStore(b_.CreateSub(b_.CreateLoad(i64_, lanes_), count), lanes_);
+    Leave(pc);
+    b_.SetInsertPoint(go);
+  }
+
+  // The first lane of `mask32` (lane 0 when there is none), an i32.
+  Value* FirstLane(Value* mask32) {
+    return b_.CreateIntrinsic(llvm::Intrinsic::cttz, {i32_}, {b_.CreateOr(mask32, b_.getInt32(1)), b_.getTrue()});
+  }
+
+  // shfl.sync / vote.sync (Block::Step's collective rule, then Block::Collective): run here when
+  // the member mask (read at the group's first lane) has no live lane outside the group.
+  void Collective(Form form, const Ins& ins, uint32_t pc, Value* mask) {
+    Value* group32 = b_.CreateBitCast(group_, i32_);
+    Value* members = b_.CreateTrunc(b_.CreateExtractElement(Src(ins.o[ins.nops - 1]), FirstLane(group32)), i32_);
+    Value* live = b_.CreateTrunc(
+        b_.CreateAlignedLoad(i64_, b_.CreateConstInBoundsGEP1_64(i64_, frame_, kFieldLive), llvm::Align(8)), i32_);
+    Value* away = b_.CreateAnd(b_.CreateAnd(members, live), b_.CreateNot(group32));
+    StopIf(b_.CreateICmpNE(away, b_.getInt32(0)), pc, mask, "wait");
+    if (form == Form::kVote) {
+      // members = the operand (at the instruction's first lane) & mask; the ballot of the predicate
+      Value* mask32 = b_.CreateBitCast(mask, i32_);
+      Value* mem =
+          b_.CreateAnd(b_.CreateTrunc(b_.CreateExtractElement(Src(ins.o[2]), FirstLane(mask32)), i32_), mask32);
+      Value* p = b_.CreateTrunc(Src(ins.o[1]), vm_);
+      if (ins.o[1].neg) p = b_.CreateNot(p);
+      Value* ballot = b_.CreateAnd(b_.CreateBitCast(p, i32_), mem);
+      Value* r;
+      switch (static_cast<VoteMode>(ins.sub)) {
+        case VoteMode::kAll: r = b_.CreateZExt(b_.CreateICmpEQ(ballot, mem), i64_); break;
+        case VoteMode::kAny: r = b_.CreateZExt(b_.CreateICmpNE(ballot, b_.getInt32(0)), i64_); break;
+        case VoteMode::kUni:
+          r = b_.CreateZExt(b_.CreateOr(b_.CreateICmpEQ(ballot, b_.getInt32(0)), b_.CreateICmpEQ(ballot, mem)), i64_);
+          break;
+        default: r = b_.CreateZExt(ballot, i64_); break;
+      }
+      StoreRow(ins.o[0].reg, Splat(r), mask);
+      return;
+    }
+    std::vector<llvm::Constant*> ids;
+    for (uint64_t l = 0; l < 32; ++l) ids.push_back(b_.getInt64(l));
+    Value* lane = llvm::ConstantVector::get(ids);
+    const bool pair = ins.o[0].n == 1;
+    const int a_i = pair ? 2 : 1;
+    // src: the group's values of a (0 elsewhere); lane l reads src[j] (Block::Collective).
+    Value* src = b_.CreateSelect(group_, Src(ins.o[a_i]), Splat(uint64_t{0}));
+    Value* bb = b_.CreateAnd(Src(ins.o[a_i + 1]), Splat(31));
+    Value* c = Src(ins.o[a_i + 2]);
+    Value* seg = b_.CreateAnd(b_.CreateLShr(c, Splat(8)), Splat(31));
+    Value* cval = b_.CreateAnd(c, Splat(31));
+    Value* maxl = b_.CreateOr(b_.CreateAnd(lane, seg), b_.CreateAnd(cval, b_.CreateNot(seg)));
+    Value* minl = b_.CreateAnd(lane, seg);
+    Value *j, *pval;
+    switch (static_cast<ShflMode>(ins.sub)) {
+      case ShflMode::kUp:
+        j = b_.CreateSub(lane, bb);
+        pval = b_.CreateICmpSGE(j, maxl);
+        break;
+      case ShflMode::kDown:
+        j = b_.CreateAdd(lane, bb);
+        pval = b_.CreateICmpSLE(j, maxl);
+        break;
+      case ShflMode::kBfly:
+        j = b_.CreateXor(lane, bb);
+        pval = b_.CreateICmpSLE(j, maxl);
+        break;
+      default:  // idx
+        j = b_.CreateOr(minl, b_.CreateAnd(bb, b_.CreateNot(seg)));
+        pval = b_.CreateICmpSLE(j, maxl);
+        break;
+    }
+    Value* inside = b_.CreateAnd(b_.CreateICmpSGE(j, Splat(uint64_t{0})), b_.CreateICmpSLE(j, Splat(31)));
+    j = b_.CreateSelect(b_.CreateAnd(pval, inside), j, lane);
+    // src[j] per lane, through a 32-entry array on the stack.
+    b_.CreateAlignedStore(src, b_.CreateBitCast(src_slot_, v64_->getPointerTo()), llvm::Align(8));
+    Value* got = b_.CreateMaskedGather(v64_, b_.CreateGEP(i64_, src_slot_, j), llvm::Align(8), mask,
+                                       llvm::UndefValue::get(v64_));
+    StoreRow(ins.o[0].reg, b_.CreateAnd(got, Splat(0xffffffffu)), mask);
+    if (pair) StoreRow(ins.o[1].reg, b_.CreateZExt(pval, v64_), mask);
+  }
+
   // The forms beyond the fast ones (Form), as the general units compute them.
   Value* Keep(int n) { return Splat(n >= 8 ? ~uint64_t{0} : (uint64_t{1} << (8 * n)) - 1); }
   Value* IntN(Value* v, int n) {
@@ -570,6 +676,9 @@ class Gen {
         return;
       }
       case Form::kFloat: StoreRow(d, Float(ins), mask); return;
+      case Form::kActivemask:  // Exec: the instruction's lanes
+        StoreRow(d, Splat(b_.CreateZExt(b_.CreateBitCast(mask, i32_), i64_)), mask);
+        return;
       case Form::kCvt: StoreRow(d, Cvt(ins, Src(ins.o[1])), mask); return;
       default: return;
     }
@@ -657,6 +766,7 @@ class Gen {
   Value *tid_ = nullptr, *special_ = nullptr, *vars_ = nullptr, *spans_ = nullptr;
   Value *shared_ = nullptr, *shared_bytes_ = nullptr, *params_ = nullptr, *param_bytes_ = nullptr;
   Value* lanes_ = nullptr;
+  Value* src_slot_ = nullptr;  // 32 lanes' values for shfl's reads across lanes
 };
 
 std::string ErrorText(llvm::Error e) { return llvm::toString(std::move(e)); }
@@ -689,7 +799,7 @@ std::shared_ptr<Code> Plan(const Kernel& k) {
       const Ins& ins = k.code[pc];
       if (IsMemory(ins) && (ins.space == Space::kGlobal || ins.space == Space::kGeneric))
         code->slot_of[pc] = code->slots++;
-      if (pc == t.begin || IsMemory(k.code[pc - 1])) code->entry[pc] = static_cast<uint32_t>(code->traces.size());
+      if (pc == t.begin || CanStop(k.code[pc - 1])) code->entry[pc] = static_cast<uint32_t>(code->traces.size());
       ++pc;
     } while (pc < n && !label[pc] && Translatable(k.code[pc]));
     t.end = pc;

@@ -2,15 +2,18 @@
 // instructions (fast.h) compiled to native code with LLVM's ORC JIT, a warp's 32 lanes as the
 // lanes of LLVM vectors (<32 x i64> register rows, <32 x i1> masks).
 //
-// What is translated: a *trace* is a run of instructions that Lower marked fast (fast.h), whose
-// operands the translator can read (registers, immediates, symbols' addresses and the special
-// registers other than the clocks), with no branch target inside it. Everything else (control flow,
-// barriers, warp collectives, calls, atomics, textures, the general forms) runs on the interpreter
-// (block.h, block_units.h), which stays the reference: a trace means exactly what the fast paths
-// (block_fast.h) mean for every lane, and the unit tests run both.
+// What is translated: a *trace* is a run of instructions of the forms jit.cpp lists (Form: the fast
+// forms of fast.h and more), whose operands the translator can read (registers, immediates,
+// symbols' addresses and the special registers other than the clocks), with no branch target inside
+// it. Everything else (control flow, barriers, calls, atomics, textures, the rarer forms) runs on
+// the interpreter (block.h, block_units.h), which stays the reference: a trace means exactly what
+// the fast paths (block_fast.h) and the general units mean for every lane, and the unit tests run
+// both. A warp collective (shfl.sync, vote.sync) runs in a trace when every member lane that has not
+// exited is in the group; otherwise the trace stops before it and the interpreter's waiting rule
+// applies.
 //
 // How a trace runs: Block::Step calls its function at one of the trace's entry points (its first
-// instruction, or the one after a load or store) with the running lanes' mask. It runs to the
+// instruction, or the one after a load, a store or a warp collective) with the running lanes' mask. It runs to the
 // trace's end and returns the end's PC, or stops before a load or store some active lane of which
 // is not inside the allocation (or shared memory, or parameter buffer) that instruction last hit, or
 // not aligned, and returns that instruction's PC having done nothing for it: the interpreter runs it
@@ -54,6 +57,7 @@ struct Frame {
   uint64_t param_bytes = 0;
   uint64_t lane_ins = 0;  // lane-instructions run (a trace adds its own)
   uint64_t group = 0;     // the lanes running (bit l: lane l)
+  uint64_t live = 0;      // the warp's lanes that have not exited (a warp collective waits for them)
 };
 enum FrameField {
   kFieldRegs,
@@ -67,8 +71,9 @@ enum FrameField {
   kFieldParamBytes,
   kFieldLaneIns,
   kFieldGroup,
+  kFieldLive,
 };
-static_assert(offsetof(Frame, group) == 8 * kFieldGroup && sizeof(Frame) == 8 * (kFieldGroup + 1));
+static_assert(offsetof(Frame, live) == 8 * kFieldLive && sizeof(Frame) == 8 * (kFieldLive + 1));
 static_assert(sizeof(Span) == 24);
 
 // Lane-invariant special registers the block fills (Frame::special): every id below this.

@@ -263,6 +263,24 @@ def spin_kernels(procs, timeout=120):
     return counts
 
 
+def spin_iters(env, kernel_ms, probe=4000):
+    """The ITERS argument of tests/cuda/spin for kernels of about `kernel_ms` ms through the oriond
+    `env` leads to, measured now: the executor's speed is the machine's and the build's (on the sim,
+    the PTX translator runs spin's loop ~8x faster than the interpreter, and an AddressSanitizer
+    oriond far slower). One probe run: warm kernels of `probe` iterations until a window opens 1 s
+    later (the translator has compiled the kernel by then), then as many as fit in 0.5 s."""
+    start = int(time.time() * 1000) + 1000
+    t0 = time.time()
+    r = subprocess.run([str(TEST_BIN / "spin"), str(start), str(start + 500), str(probe)], env={**env, "SPIN_WARM": "1"},
+                       capture_output=True, text=True, timeout=300)
+    m = re.search(r"^KERNELS (\d+) MS (\d+) CHECK ok$", r.stdout, re.M)
+    assert r.returncode == 0 and m, r.stdout + r.stderr
+    kernels, window_ms = int(m.group(1)), int(m.group(2))
+    # No kernel finished inside the window: one took at least the time since the window opened.
+    per_kernel_ms = window_ms / kernels if kernels else max(500.0, (time.time() - t0 - 1.0) * 1000)
+    return max(1, int(probe * kernel_ms / per_kernel_ms))
+
+
 def smi_json(d):
     """`orion-smi --json` against oriond `d`'s control socket (its `sessions`), parsed."""
     import json

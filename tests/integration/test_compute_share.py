@@ -14,9 +14,22 @@ import time
 
 import pytest
 
-from conftest import TEST_BIN, Oriond, smi_json, spin_kernels, wait_ready
+from conftest import TEST_BIN, Oriond, smi_json, spin_iters, spin_kernels, wait_ready
 
-ITERS = 4000  # ~20-25 ms per kernel on the sim executor on 2 cores
+KERNEL_MS = 25  # each spin kernel's length (spin_iters measures the executor's speed once)
+_iters = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def calibrated(tmp_path_factory):
+    """spin's ITERS for kernels of about KERNEL_MS on this machine and build, measured once on an
+    oriond of its own (a tenant's session just ended on the oriond under test skewed the next
+    window's first shares)."""
+    d = Oriond(tmp_path_factory.mktemp("calibrate"))
+    try:
+        _iters.append(spin_iters(d.env(ORION_GMEM=64), KERNEL_MS))
+    finally:
+        d.stop()
 
 
 @pytest.fixture
@@ -32,7 +45,7 @@ def start_spins(oriond, tenants, window_ms, *extra):
     """Starts one spin per tenant (a dict of extra environment), all in one window that opens in
     1.5 s (every tenant connected and warmed up before it); returns (window start ms, processes)."""
     start = int(time.time() * 1000) + 1500
-    return start, [subprocess.Popen([str(TEST_BIN / "spin"), str(start), str(start + window_ms), str(ITERS), *extra],
+    return start, [subprocess.Popen([str(TEST_BIN / "spin"), str(start), str(start + window_ms), str(_iters[0]), *extra],
                                     env=oriond.env(ORION_GMEM=64, **t), stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True) for t in tenants]
 
