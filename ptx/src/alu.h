@@ -171,6 +171,62 @@ inline bool Compare(Cmp cmp, Ty t, uint64_t a, uint64_t b) {
   }
 }
 
+// The float unit's operations (block_units.h ExecFloat): how many sources each takes, or 0 for an op
+// it does not run.
+inline int FloatArity(Op op) {
+  switch (op) {
+    case Op::kAdd:
+    case Op::kSub:
+    case Op::kMul:
+    case Op::kDiv:
+    case Op::kMin:
+    case Op::kMax:
+    case Op::kCopysign: return 2;
+    case Op::kFma:
+    case Op::kMad: return 3;
+    case Op::kAbs:
+    case Op::kNeg:
+    case Op::kRcp:
+    case Op::kSqrt:
+    case Op::kRsqrt:
+    case Op::kSin:
+    case Op::kCos:
+    case Op::kLg2:
+    case Op::kEx2:
+    case Op::kTanh: return 1;
+    default: return 0;
+  }
+}
+
+// One lane of the float unit: `ins` (a float type) on source bits a, b, c (0 past its arity).
+// Transcendentals come from the host's libm (at least as accurate as the GPU's approximations).
+inline uint64_t FloatLane(const Ins& ins, uint64_t a, uint64_t b, uint64_t c) {
+  auto un = [&](auto fn) { return FEval(ins, a, 0, 0, [&](auto x, auto, auto) { return fn(x); }); };
+  auto bin = [&](auto fn) { return FEval(ins, a, b, 0, [&](auto x, auto y, auto) { return fn(x, y); }); };
+  switch (ins.op) {
+    case Op::kAdd: return bin([](auto x, auto y) { return x + y; });
+    case Op::kSub: return bin([](auto x, auto y) { return x - y; });
+    case Op::kMul: return bin([](auto x, auto y) { return x * y; });
+    case Op::kDiv: return bin([](auto x, auto y) { return x / y; });
+    case Op::kMin: return bin([](auto x, auto y) { return std::fmin(x, y); });
+    case Op::kMax: return bin([](auto x, auto y) { return std::fmax(x, y); });
+    case Op::kCopysign: return bin([](auto x, auto y) { return std::copysign(y, x); });
+    case Op::kFma:
+    case Op::kMad: return FEval(ins, a, b, c, [](auto x, auto y, auto z) { return std::fma(x, y, z); });
+    case Op::kAbs: return un([](auto x) { return std::fabs(x); });
+    case Op::kNeg: return un([](auto x) { return -x; });
+    case Op::kRcp: return un([](auto x) { return decltype(x)(1) / x; });
+    case Op::kSqrt: return un([](auto x) { return std::sqrt(x); });
+    case Op::kRsqrt: return un([](auto x) { return decltype(x)(1) / std::sqrt(x); });
+    case Op::kSin: return un([](auto x) { return std::sin(x); });
+    case Op::kCos: return un([](auto x) { return std::cos(x); });
+    case Op::kLg2: return un([](auto x) { return std::log2(x); });
+    case Op::kEx2: return un([](auto x) { return std::exp2(x); });
+    case Op::kTanh: return un([](auto x) { return std::tanh(x); });
+    default: return 0;
+  }
+}
+
 // cvt: destination ins.type, source ins.type2.
 inline uint64_t Convert(const Ins& ins, uint64_t v) {
   const Ty dt = ins.type, st = ins.type2;

@@ -476,6 +476,19 @@ std::vector<Ins> TranslatedForms() {
   ops.push_back(I("vote.sync.ballot.b32", {R(10), R(1), Imm(0xffffffffu)}));
   ops.push_back(I("vote.sync.ballot.b32", {R(10), Not(R(2)), Imm(0x0ff00ff0u)}));
   ops.push_back(I("activemask.b32", {R(10)}));
+  // Forms a trace calls the interpreter's own per-lane units for (jit.h CallFloat, CallConvert).
+  for (const char* f : {"sin.approx.f32", "cos.approx.ftz.f32", "lg2.approx.f32", "ex2.approx.ftz.f32",
+                        "tanh.approx.f32", "sin.approx.f64", "ex2.approx.f64"})
+    ops.push_back(I(f, {R(10), R(1)}));
+  for (const char* f : {"min.f32", "max.f32", "min.ftz.f32", "max.f64", "copysign.f32", "add.sat.f32", "mul.rz.f32",
+                        "add.rm.f64", "div.rp.f32", "add.f16", "mul.f16x2", "min.bf16", "max.bf16x2", "add.rn.bf16"})
+    ops.push_back(I(f, {R(10), R(1), R(2)}));
+  for (const char* f : {"fma.rm.f32", "fma.rn.sat.f32", "fma.rn.f16", "fma.rn.f16x2", "fma.rn.relu.bf16"})
+    ops.push_back(I(f, {R(10), R(1), R(2), R(3)}));
+  for (const char* c : {"cvt.sat.u8.s32", "cvt.sat.s16.u64", "cvt.rn.f16.f32", "cvt.f32.f16", "cvt.rn.bf16.f32",
+                        "cvt.f32.bf16", "cvt.rzi.sat.f32.f32", "cvt.rz.f32.f64", "cvt.rn.sat.f32.f64", "cvt.rm.f32.s32",
+                        "cvt.rn.f16.s32", "cvt.rzi.s32.f16", "cvt.f64.f16"})
+    ops.push_back(I(c, {R(10), R(1)}));
   return ops;
 }
 

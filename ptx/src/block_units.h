@@ -249,47 +249,14 @@ inline bool Block::Unsupported(Warp& w, uint32_t mask, const Ins& ins) {
 }
 
 inline bool Block::ExecFloat(Warp& w, uint32_t mask, const Ins& ins) {
-  auto un = [&](auto fn) {
-    Lanes(mask, [&](int l) {
-      Set(w, ins.o[0], l, FEval(ins, Val(w, ins.o[1], l), 0, 0, [&](auto a, auto, auto) { return fn(a); }));
-    });
-    return true;
-  };
-  auto bin = [&](auto fn) {
-    Lanes(mask, [&](int l) {
-      Set(w, ins.o[0], l,
-          FEval(ins, Val(w, ins.o[1], l), Val(w, ins.o[2], l), 0, [&](auto a, auto b, auto) { return fn(a, b); }));
-    });
-    return true;
-  };
-  switch (ins.op) {
-    case Op::kAdd: return bin([](auto a, auto b) { return a + b; });
-    case Op::kSub: return bin([](auto a, auto b) { return a - b; });
-    case Op::kMul: return bin([](auto a, auto b) { return a * b; });
-    case Op::kDiv: return bin([](auto a, auto b) { return a / b; });
-    case Op::kMin: return bin([](auto a, auto b) { return std::fmin(a, b); });
-    case Op::kMax: return bin([](auto a, auto b) { return std::fmax(a, b); });
-    case Op::kCopysign: return bin([](auto a, auto b) { return std::copysign(b, a); });
-    case Op::kFma:
-    case Op::kMad:
-      Lanes(mask, [&](int l) {
-        Set(w, ins.o[0], l,
-            FEval(ins, Val(w, ins.o[1], l), Val(w, ins.o[2], l), Val(w, ins.o[3], l),
-                  [](auto a, auto b, auto c) { return std::fma(a, b, c); }));
-      });
-      return true;
-    case Op::kAbs: return un([](auto a) { return std::fabs(a); });
-    case Op::kNeg: return un([](auto a) { return -a; });
-    case Op::kRcp: return un([](auto a) { return decltype(a)(1) / a; });
-    case Op::kSqrt: return un([](auto a) { return std::sqrt(a); });
-    case Op::kRsqrt: return un([](auto a) { return decltype(a)(1) / std::sqrt(a); });
-    case Op::kSin: return un([](auto a) { return std::sin(a); });
-    case Op::kCos: return un([](auto a) { return std::cos(a); });
-    case Op::kLg2: return un([](auto a) { return std::log2(a); });
-    case Op::kEx2: return un([](auto a) { return std::exp2(a); });
-    case Op::kTanh: return un([](auto a) { return std::tanh(a); });
-    default: return Unsupported(w, mask, ins);
-  }
+  const int arity = FloatArity(ins.op);  // alu.h: the float unit's table, one lane at a time
+  if (arity == 0) return Unsupported(w, mask, ins);
+  Lanes(mask, [&](int l) {
+    const uint64_t a = Val(w, ins.o[1], l), b = arity > 1 ? Val(w, ins.o[2], l) : 0;
+    const uint64_t c = arity > 2 ? Val(w, ins.o[3], l) : 0;
+    Set(w, ins.o[0], l, FloatLane(ins, a, b, c));
+  });
+  return true;
 }
 
 inline bool Block::ExecInt(Warp& w, uint32_t mask, const Ins& ins, int n, bool sg) {

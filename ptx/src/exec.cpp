@@ -27,6 +27,21 @@ bool exec::FastPaths() {
   return on;
 }
 
+void jit::CallFloat(const Ins* ins, const uint64_t* a, const uint64_t* b, const uint64_t* c, uint64_t* d,
+                    uint32_t mask) {
+  for (; mask != 0; mask &= mask - 1) {
+    const int l = std::countr_zero(mask);
+    d[l] = exec::FloatLane(*ins, a[l], b[l], c[l]);
+  }
+}
+
+void jit::CallConvert(const Ins* ins, const uint64_t* a, uint64_t* d, uint32_t mask) {
+  for (; mask != 0; mask &= mask - 1) {
+    const int l = std::countr_zero(mask);
+    d[l] = exec::Convert(*ins, a[l]);
+  }
+}
+
 using exec::Block;
 using exec::Fault;
 

@@ -37,6 +37,7 @@
 #include <llvm/Support/raw_ostream.h>
 #include <llvm/Target/TargetMachine.h>
 
+#include "alu.h"
 #include "fast.h"
 
 namespace orion::ptx::jit {
@@ -94,6 +95,9 @@ enum class Form : uint8_t {
   kShfl,    // shfl.sync (d or d|p), when its members are all here (else the interpreter's wait)
   kVote,    // vote.sync all / any / uni / ballot, the same
   kActivemask,
+  kCallFloat,  // the float unit's other forms (sin cos lg2 ex2 tanh min max copysign; .sat, .relu,
+               // directed rounding; f16, bf16 and their pairs): a call of its own per-lane code
+  kCallCvt,    // cvt's other forms (.sat, halves): the same
 };
 
 Form FormOfOp(const Ins& ins) {
@@ -169,6 +173,19 @@ Form FormOfOp(const Ins& ins) {
   }
 }
 
+// The forms a trace runs by calling the interpreter's per-lane units (jit.h CallFloat, CallConvert).
+Form CallFormOf(const Ins& ins) {
+  const Ty t = ins.type;
+  if (!PlainDst(ins.o[0])) return Form::kNone;
+  if (ins.op == Op::kCvt) {
+    // Block::Exec's cvt: a type on each side; the f16x2 / bf16x2 pair conversion is its own case.
+    const bool ok = TyBytes(t) != 0 && TyBytes(ins.type2) != 0 && t != Ty::kF16x2 && t != Ty::kBF16x2;
+    return ok && ins.nops == 2 ? Form::kCallCvt : Form::kNone;
+  }
+  const int arity = exec::FloatArity(ins.op);
+  return TyFloat(t) && arity != 0 && ins.nops == 1 + arity ? Form::kCallFloat : Form::kNone;
+}
+
 Form FormOf(const Ins& ins) {
   Form f = Form::kNone;
   if (ins.fast == kFastLd || ins.fast == kFastSt) {
@@ -183,6 +200,7 @@ Form FormOf(const Ins& ins) {
     }
   } else {
     f = FormOfOp(ins);
+    if (f == Form::kNone) f = CallFormOf(ins);
   }
   if (f == Form::kNone) return f;
   // Operands: a plain destination, then sources the trace can read (a register, an immediate, a
@@ -256,6 +274,7 @@ class Gen {
     param_bytes_ = Field(kFieldParamBytes);
     lanes_ = b_.CreateAlloca(i64_, nullptr, "lanes");
     src_slot_ = b_.CreateAlloca(i64_, b_.getInt32(32), "shfl_src");
+    for (auto& row : call_rows_) row = b_.CreateAlloca(i64_, b_.getInt32(32), "call_row");
     b_.CreateStore(b_.getInt64(0), lanes_);
     BasicBlock* bad = BasicBlock::Create(c_, "bad_entry", fn_);
     auto* sw = b_.CreateSwitch(fn_->getArg(1), bad);
@@ -622,6 +641,28 @@ class Gen {
     if (pair) StoreRow(ins.o[1].reg, b_.CreateZExt(pval, v64_), mask);
   }
 
+  // A call of the interpreter's per-lane unit (jit.h CallFloat / CallConvert) on the instruction's
+  // lanes: its sources' rows through arrays on the stack, its result back from one.
+  Value* Call(Form form, const Ins& ins, Value* mask) {
+    auto* ptr = i64_->getPointerTo();
+    Value* rows[4] = {call_rows_[0], call_rows_[1], call_rows_[2], call_rows_[3]};
+    const int srcs = ins.nops - 1;
+    for (int i = 0; i < srcs; ++i)
+      b_.CreateAlignedStore(Src(ins.o[1 + i]), b_.CreateBitCast(rows[i], v64_->getPointerTo()), llvm::Align(8));
+    Value* insp = b_.CreateIntToPtr(b_.getInt64(reinterpret_cast<uintptr_t>(&ins)), i8_->getPointerTo());
+    Value* m32 = b_.CreateBitCast(mask, i32_);
+    if (form == Form::kCallFloat) {
+      auto* fty = llvm::FunctionType::get(b_.getVoidTy(), {i8_->getPointerTo(), ptr, ptr, ptr, ptr, i32_}, false);
+      Value* fn = b_.CreateIntToPtr(b_.getInt64(reinterpret_cast<uintptr_t>(&CallFloat)), fty->getPointerTo());
+      b_.CreateCall(fty, fn, {insp, rows[0], rows[1], rows[2], rows[3], m32});
+    } else {
+      auto* fty = llvm::FunctionType::get(b_.getVoidTy(), {i8_->getPointerTo(), ptr, ptr, i32_}, false);
+      Value* fn = b_.CreateIntToPtr(b_.getInt64(reinterpret_cast<uintptr_t>(&CallConvert)), fty->getPointerTo());
+      b_.CreateCall(fty, fn, {insp, rows[0], rows[3], m32});
+    }
+    return b_.CreateAlignedLoad(v64_, b_.CreateBitCast(rows[3], v64_->getPointerTo()), llvm::Align(8));
+  }
+
   // The forms beyond the fast ones (Form), as the general units compute them.
   Value* Keep(int n) { return Splat(n >= 8 ? ~uint64_t{0} : (uint64_t{1} << (8 * n)) - 1); }
   Value* IntN(Value* v, int n) {
@@ -676,6 +717,8 @@ class Gen {
         return;
       }
       case Form::kFloat: StoreRow(d, Float(ins), mask); return;
+      case Form::kCallFloat:
+      case Form::kCallCvt: StoreRow(d, Call(form, ins, mask), mask); return;
       case Form::kActivemask:  // Exec: the instruction's lanes
         StoreRow(d, Splat(b_.CreateZExt(b_.CreateBitCast(mask, i32_), i64_)), mask);
         return;
@@ -767,6 +810,7 @@ class Gen {
   Value *shared_ = nullptr, *shared_bytes_ = nullptr, *params_ = nullptr, *param_bytes_ = nullptr;
   Value* lanes_ = nullptr;
   Value* src_slot_ = nullptr;  // 32 lanes' values for shfl's reads across lanes
+  Value* call_rows_[4] = {};   // a call's sources and result (Call)
 };
 
 std::string ErrorText(llvm::Error e) { return llvm::toString(std::move(e)); }

@@ -109,6 +109,13 @@ inline constexpr uint32_t kNoSlot = 0xffffffffu;
 // memory grow with the code: about 1 ms of one core per instruction, measured on ptx_bench's SGEMM).
 inline constexpr uint32_t kMaxTranslated = 20000;
 
+// The interpreter's own per-lane units, which a trace calls for the forms it does not compile itself
+// (the float unit's transcendentals and its rarer types and modifiers; conversions with .sat or
+// halves): d[l] = FloatLane(*ins, a[l], b[l], c[l]) (alu.h), d[l] = Convert(*ins, a[l]), for the
+// lanes of `mask` (exec.cpp, built with -frounding-math as the units are).
+void CallFloat(const Ins* ins, const uint64_t* a, const uint64_t* b, const uint64_t* c, uint64_t* d, uint32_t mask);
+void CallConvert(const Ins* ins, const uint64_t* a, uint64_t* d, uint32_t mask);
+
 // Whether translation is built in and not turned off (ORION_PTX_JIT=0). Read once.
 bool Enabled();
 
