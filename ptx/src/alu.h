@@ -227,6 +227,22 @@ inline uint64_t FloatLane(const Ins& ins, uint64_t a, uint64_t b, uint64_t c) {
   }
 }
 
+// Runs `lanes(unit)` where `unit` is `ins` as FloatLane may take it for every lane: an f32 / f64
+// operation with directed rounding sets the host's rounding mode once around all the lanes (and
+// `unit` asks for none per lane; FEval rounds only the operation itself under it, so the bits are
+// the same), instead of twice per lane (fesetround costs ~10 ns).
+template <class F>
+inline void FloatLanes(const Ins& ins, F lanes) {
+  if ((ins.type == Ty::kF32 || ins.type == Ty::kF64) && Directed(ins.rnd)) {
+    Ins unit = ins;
+    unit.rnd = Rnd::kDefault;
+    RoundScope rs(ins.rnd);
+    lanes(unit);
+    return;
+  }
+  lanes(ins);
+}
+
 // cvt: destination ins.type, source ins.type2.
 inline uint64_t Convert(const Ins& ins, uint64_t v) {
   const Ty dt = ins.type, st = ins.type2;

@@ -251,10 +251,12 @@ inline bool Block::Unsupported(Warp& w, uint32_t mask, const Ins& ins) {
 inline bool Block::ExecFloat(Warp& w, uint32_t mask, const Ins& ins) {
   const int arity = FloatArity(ins.op);  // alu.h: the float unit's table, one lane at a time
   if (arity == 0) return Unsupported(w, mask, ins);
-  Lanes(mask, [&](int l) {
-    const uint64_t a = Val(w, ins.o[1], l), b = arity > 1 ? Val(w, ins.o[2], l) : 0;
-    const uint64_t c = arity > 2 ? Val(w, ins.o[3], l) : 0;
-    Set(w, ins.o[0], l, FloatLane(ins, a, b, c));
+  FloatLanes(ins, [&](const Ins& unit) {
+    Lanes(mask, [&](int l) {
+      const uint64_t a = Val(w, ins.o[1], l), b = arity > 1 ? Val(w, ins.o[2], l) : 0;
+      const uint64_t c = arity > 2 ? Val(w, ins.o[3], l) : 0;
+      Set(w, ins.o[0], l, FloatLane(unit, a, b, c));
+    });
   });
   return true;
 }

@@ -29,10 +29,12 @@ bool exec::FastPaths() {
 
 void jit::CallFloat(const Ins* ins, const uint64_t* a, const uint64_t* b, const uint64_t* c, uint64_t* d,
                     uint32_t mask) {
-  for (; mask != 0; mask &= mask - 1) {
-    const int l = std::countr_zero(mask);
-    d[l] = exec::FloatLane(*ins, a[l], b[l], c[l]);
-  }
+  exec::FloatLanes(*ins, [&](const Ins& unit) {
+    for (uint32_t m = mask; m != 0; m &= m - 1) {
+      const int l = std::countr_zero(m);
+      d[l] = exec::FloatLane(unit, a[l], b[l], c[l]);
+    }
+  });
 }
 
 void jit::CallConvert(const Ins* ins, const uint64_t* a, uint64_t* d, uint32_t mask) {

@@ -537,8 +537,55 @@ class Gen {
     auto* ety = llvm::FixedVectorType::get(et, 32);
     const llvm::Align al(align == 0 ? 1 : elem);
     const Operand& v = ins.o[load ? 0 : 1];
+    if (cnt == 1 && (elem == 4 || elem == 8)) {
+      // Commonly every lane runs and lane l's address is lane 0's plus l elements (a[i] with i
+      // from %tid.x): one vector move instead of a gather or a scatter.
+      std::vector<llvm::Constant*> steps;
+      for (uint64_t l = 0; l < 32; ++l) steps.push_back(b_.getInt64(l * elem));
+      Value* from0 = b_.CreateSub(o, Splat(b_.CreateExtractElement(o, uint64_t{0})));
+      Value* linear = b_.CreateAndReduce(b_.CreateICmpEQ(from0, llvm::ConstantVector::get(steps)));
+      Value* full = b_.CreateICmpEQ(b_.CreateBitCast(mask, i32_), b_.getInt32(-1));
+      BasicBlock* row = BasicBlock::Create(c_, "row" + std::to_string(pc), fn_);
+      BasicBlock* lanes = BasicBlock::Create(c_, "lanes" + std::to_string(pc), fn_);
+      BasicBlock* done = BasicBlock::Create(c_, "moved" + std::to_string(pc), fn_);
+      b_.CreateCondBr(b_.CreateAnd(full, linear), row, lanes);
+      b_.SetInsertPoint(row);
+      Value* base_ptr =
+          b_.CreateBitCast(b_.CreateGEP(i8_, host, b_.CreateExtractElement(o, uint64_t{0})), ety->getPointerTo());
+      Value* row_x = nullptr;
+      if (load) {
+        row_x = b_.CreateAlignedLoad(ety, base_ptr, al);
+      } else {
+        Value* x = Src(v);
+        b_.CreateAlignedStore(elem < 8 ? b_.CreateTrunc(x, ety) : x, base_ptr, al);
+      }
+      b_.CreateBr(done);
+      b_.SetInsertPoint(lanes);
+      Value* ptrs = b_.CreateBitCast(b_.CreateGEP(i8_, host, o), llvm::FixedVectorType::get(et->getPointerTo(), 32));
+      Value* lanes_x = nullptr;
+      if (load) {
+        lanes_x = b_.CreateMaskedGather(ety, ptrs, al, mask, llvm::UndefValue::get(ety));
+      } else {
+        Value* x = Src(v);
+        b_.CreateMaskedScatter(elem < 8 ? b_.CreateTrunc(x, ety) : x, ptrs, al, mask);
+      }
+      b_.CreateBr(done);
+      b_.SetInsertPoint(done);
+      if (load) {
+        llvm::PHINode* x = b_.CreatePHI(ety, 2);
+        x->addIncoming(row_x, row);
+        x->addIncoming(lanes_x, lanes);
+        Value* r = elem < 8 ? (TySigned(ins.type) ? b_.CreateSExt(x, v64_) : b_.CreateZExt(x, v64_)) : x;
+        if (v.reg != kNoReg) StoreRow(v.reg, r, mask);
+      }
+      return;
+    }
     for (uint64_t i = 0; i < cnt; ++i) {
       Value* at_i = i == 0 ? o : b_.CreateAdd(o, Splat(i * elem));
+      // Shared memory and the parameter buffer are under 2 GiB: 32-bit offsets (a gather moves 16
+      // of them per AVX-512 instruction, against 8 with 64-bit ones).
+      if (ins.space == Space::kShared || ins.space == Space::kParam)
+        at_i = b_.CreateSExt(b_.CreateTrunc(at_i, v32_), v64_);
       Value* ptrs = b_.CreateBitCast(b_.CreateGEP(i8_, host, at_i), llvm::FixedVectorType::get(et->getPointerTo(), 32));
       const uint32_t reg = v.kind == Operand::kVec ? v.regs[i] : v.reg;
       if (load) {
