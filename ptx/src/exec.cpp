@@ -169,7 +169,10 @@ Result<Translation> Translated(Program& p, std::string_view kernel, bool wait) {
     t.why = !t.enabled ? "the translator is off" : "nothing to translate, or too much (jit.h kMaxTranslated)";
     return t;
   }
-  if (wait) jit::Wait(*code);
+  if (wait) {
+    jit::Start(*k);
+    jit::Wait(*code);
+  }
   t.translated = code->translated;
   t.traces = static_cast<uint32_t>(code->traces.size());
   const int state = code->state.load(std::memory_order_acquire);
@@ -209,7 +212,8 @@ LaunchResult Launch(Program& p, std::string_view kernel, const LaunchConfig& cfg
   std::mutex mu;
   Fault fault;
   uint64_t fault_block = UINT64_MAX;
-  const jit::Code* code = jit::For(*k);  // planned at the kernel's first launch, compiled on a thread of its own
+  // Planned at the kernel's first launch; compiled on a thread of its own once it has run enough.
+  const jit::Code* code = jit::For(*k);
   auto work = [&] {
     Block b(kern, cfg, mem, stop, deadline, code);
     Fault f;
@@ -234,7 +238,9 @@ LaunchResult Launch(Program& p, std::string_view kernel, const LaunchConfig& cfg
                                  static_cast<uint32_t>((i / cfg.grid[0]) % cfg.grid[1]),
                                  static_cast<uint32_t>(i / (uint64_t{cfg.grid[0]} * cfg.grid[1]))};
       out.clear();
+      const uint64_t before = wi;
       const bool ok = b.Run(ctaid, &f, cfg.printf_out != nullptr ? &out : nullptr, &wi, &li);
+      if (code != nullptr) jit::Ran(*k, wi - before);  // past its threshold, the kernel is compiled
       std::lock_guard<std::mutex> lock(mu);
       if (cfg.printf_out != nullptr && cfg.printf_out->size() < cfg.printf_limit)
         cfg.printf_out->append(out, 0, std::min<size_t>(out.size(), cfg.printf_limit - cfg.printf_out->size()));

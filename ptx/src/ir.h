@@ -306,7 +306,7 @@ struct Code;
 // A kernel's native translation (jit.h), made at its first launch.
 struct JitSlot {
   std::once_flag once;
-  std::shared_ptr<const jit::Code> code;
+  std::shared_ptr<jit::Code> code;
 };
 
 struct Kernel {

@@ -1072,6 +1072,14 @@ std::shared_ptr<const Code> Translate(const Kernel& k, std::string* why) {
   return code;
 }
 
+static bool Sync() {
+  static const bool sync = [] {
+    const char* e = std::getenv("ORION_PTX_JIT");
+    return e != nullptr && std::strcmp(e, "sync") == 0;
+  }();
+  return sync;
+}
+
 const Code* For(const std::shared_ptr<const Kernel>& k) {
   if (!Enabled()) return nullptr;
   std::call_once(k->jit->once, [&] {
@@ -1082,18 +1090,27 @@ const Code* For(const std::shared_ptr<const Kernel>& k) {
                    k->name.c_str(), code->translated, kMaxTranslated);
       return;
     }
+    code->threshold = uint64_t{code->translated} * kWarpInstructionsPerTranslated;
     k->jit->code = code;
-    static const bool sync = [] {
-      const char* e = std::getenv("ORION_PTX_JIT");
-      return e != nullptr && std::strcmp(e, "sync") == 0;
-    }();
-    if (sync) {
+    if (Sync()) {
+      code->queued = true;
       Finish(*k, *code);
-    } else {
-      TheTranslator().Add(k, code);
     }
   });
   return k->jit->code.get();
+}
+
+void Start(const std::shared_ptr<const Kernel>& k) {
+  const std::shared_ptr<Code>& code = k->jit->code;
+  if (code == nullptr || code->queued.exchange(true)) return;
+  TheTranslator().Add(k, code);
+}
+
+void Ran(const std::shared_ptr<const Kernel>& k, uint64_t warp_instructions) {
+  const std::shared_ptr<Code>& code = k->jit->code;
+  if (code == nullptr || code->queued.load(std::memory_order_relaxed)) return;
+  if (code->work.fetch_add(warp_instructions, std::memory_order_relaxed) + warp_instructions >= code->threshold)
+    Start(k);
 }
 
 }  // namespace orion::ptx::jit

@@ -12,6 +12,10 @@
 // exited is in the group; otherwise the trace stops before it and the interpreter's waiting rule
 // applies.
 //
+// When: a kernel is planned at its first launch and compiled, on a thread of the process's own,
+// once it has run about as long on the interpreter as compiling it would take (Ran): programs whose
+// kernels run little never pay for LLVM.
+//
 // How a trace runs: Block::Step calls its function at one of the trace's entry points (its first
 // instruction, or the one after a load, a store or a warp collective) with the running lanes' mask. It runs to the
 // trace's end and returns the end's PC, or stops before a load or store some active lane of which
@@ -98,6 +102,11 @@ struct Code {
   uint32_t slots = 0;
   uint32_t translated = 0;           // instructions inside traces
   std::atomic<int> state{kPending};  // notified when it leaves kPending
+  // Compiled once the kernel has run this many warp instructions on the interpreter (Ran): about
+  // as long as compiling it takes, so a kernel that runs little is never compiled.
+  uint64_t threshold = 0;
+  std::atomic<uint64_t> work{0};    // warp instructions run so far
+  std::atomic<bool> queued{false};  // handed to the translator thread
   // Set before `state` leaves kPending:
   double milliseconds = 0;       // the compilation's time
   std::string why;               // kFailed: why (LLVM's words)
@@ -120,11 +129,22 @@ void CallConvert(const Ins* ins, const uint64_t* a, uint64_t* d, uint32_t mask);
 bool Enabled();
 
 // The translation of `k` (planned once per Kernel, at its first launch: Kernel::jit holds it), or
-// nullptr when there is none (not Enabled, nothing to translate, or too much). The native code is
-// compiled on the process's translator thread, in the order kernels were first launched, unless
-// ORION_PTX_JIT=sync: then here, before it returns. A failure is logged once to stderr (the
-// interpreter runs the kernel).
+// nullptr when there is none (not Enabled, nothing to translate, or too much). With
+// ORION_PTX_JIT=sync it is compiled here, before this returns; otherwise on the process's
+// translator thread once the kernel has run Code::threshold warp instructions (Ran), or when asked
+// (Start). A failure is logged once to stderr (the interpreter runs the kernel).
 const Code* For(const std::shared_ptr<const Kernel>& k);
+
+// Counts `warp_instructions` more run by `k` (a block's, as it ends): past the threshold, its
+// compilation starts.
+void Ran(const std::shared_ptr<const Kernel>& k, uint64_t warp_instructions);
+
+// Hands `k`'s translation to the translator thread now, if it has one and it was not handed yet.
+void Start(const std::shared_ptr<const Kernel>& k);
+
+// Instructions of interpretation a translated instruction's compilation is worth (Code::threshold):
+// the interpreter runs ~20M warp instructions/s on a core, LLVM about 1 ms per instruction.
+inline constexpr uint64_t kWarpInstructionsPerTranslated = 10000;
 
 // Returns once `code` is compiled (or has failed).
 inline void Wait(const Code& code) {

@@ -6,6 +6,8 @@ namespace orion::ptx::jit {
 
 bool Enabled() { return false; }
 const Code* For(const std::shared_ptr<const Kernel>&) { return nullptr; }
+void Ran(const std::shared_ptr<const Kernel>&, uint64_t) {}
+void Start(const std::shared_ptr<const Kernel>&) {}
 std::shared_ptr<const Code> Translate(const Kernel&, std::string* why) {
   *why = "this build has no translator (built without LLVM 14)";
   return nullptr;

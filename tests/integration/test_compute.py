@@ -5,6 +5,8 @@ stdout. A kernel the sim cannot execute fails its launch (issue #20), and --sim-
 --sim-unexecutable skip show nothing is faked when kernels do not run."""
 import re
 
+import pytest
+
 from conftest import Oriond, assert_computed, assert_passed, checks, free_port, launched, run_tcp
 
 
@@ -23,6 +25,27 @@ def test_kernels_compute_over_tcp(tmp_path):
         r = run_tcp(d, "compute")
         assert "Orion transport: TCP to 127.0.0.1" in r.stderr, r.stderr
         assert_computed(r)
+    finally:
+        d.stop()
+
+
+@pytest.mark.parametrize("translator", ["background", "sync", "0"])
+def test_samples_compute_the_hosts_results_translated_or_not(tmp_path, monkeypatch, translator):
+    """tests/cuda/samples (matrixMul's size, a reduction with warp shuffles, a scan, a transpose,
+    Black-Scholes, a histogram with shared atomics: nvcc's PTX) gives the host's results with the
+    PTX translator (issue #26) compiling each kernel on its own thread while the first launch runs on
+    the interpreter (the default), compiling before the first launch (ORION_PTX_JIT=sync), and off
+    (ORION_PTX_JIT=0: the interpreter alone). Each kernel runs twice; its result is checked after the
+    second launch."""
+    if translator != "background":
+        monkeypatch.setenv("ORION_PTX_JIT", translator)  # oriond inherits it: its workers read it
+    d = Oriond(tmp_path)
+    try:
+        r = d.run("samples", "all", "2", timeout=300)
+        assert_passed(r, expect_checks=6)
+        ran = {l["kernel"] for l in d.launches() if l["exec"] == "ran"}
+        for kernel in ("matmul", "reduce", "scan", "transpose", "blackscholes", "histogram"):
+            assert any(kernel in k for k in ran), (kernel, ran)
     finally:
         d.stop()
 
