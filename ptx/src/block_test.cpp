@@ -40,12 +40,13 @@ Operand F32Imm(float f) {  // a 0f... immediate
   o.imm = std::bit_cast<uint32_t>(f);
   return o;
 }
-Operand TidX() {
+Operand SpecialReg(uint32_t id) {  // %tid.x, %ctaid.x, ...
   Operand o;
   o.kind = Operand::kSpecial;
-  o.reg = kTidX;
+  o.reg = id;
   return o;
 }
+Operand TidX() { return SpecialReg(kTidX); }
 Operand At(uint32_t base_reg) {  // [%rd]
   Operand o;
   o.kind = Operand::kMem;
@@ -529,12 +530,8 @@ TEST(Block, TranslatedTracesMeanWhatTheFastPathsMean) {
   using fastdiff::Run;
   std::vector<Ins> ops = FastForms();
   // Special registers a trace reads itself.
-  for (uint32_t id : {kTidX, kTidY, kNtidX, kCtaidX, kLaneid, kWarpid, kLanemaskLt, kLanemaskGe, kNctaidX}) {
-    Operand sp;
-    sp.kind = Operand::kSpecial;
-    sp.reg = id;
-    ops.push_back(I("mov.u32", {R(10), sp}));
-  }
+  for (uint32_t id : {kTidX, kTidY, kNtidX, kCtaidX, kLaneid, kWarpid, kLanemaskLt, kLanemaskGe, kNctaidX})
+    ops.push_back(I("mov.u32", {R(10), SpecialReg(id)}));
   size_t seed = 0;
   for (const Ins& op : ops) {
     ++seed;
@@ -613,12 +610,6 @@ TEST(Block, ATraceLeavesALoadOutsideItsAllocationToTheUnits) {
 
 // ---- registers read before written (lower.cpp ReadBeforeWritten) --------------------------------------
 
-Operand CtaidX() {
-  Operand o;
-  o.kind = Operand::kSpecial;
-  o.reg = kCtaidX;
-  return o;
-}
 Operand Label(uint32_t pc) {
   Operand o;
   o.kind = Operand::kLabel;
@@ -636,7 +627,7 @@ TEST(Block, RegistersReadBeforeWrittenStartAtZeroInEveryBlock) {
   k.name = "unwritten";
   k.nregs = 16;
   k.code = {I("mov.u32", {R(0), TidX()}),                  // 0
-            I("mov.u32", {R(1), CtaidX()}),                // 1
+            I("mov.u32", {R(1), SpecialReg(kCtaidX)}),     // 1
             I("setp.ne.u32", {R(2), R(1), Imm(0)}),        // 2
             I("bra", {Label(5)}),                          // 3: @%r2 (block 1) skips the write
             I("add.u32", {R(3), R(0), Imm(100)}),          // 4

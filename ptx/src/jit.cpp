@@ -522,15 +522,7 @@ class Gen {
     Value* bad = b_.CreateOr(b_.CreateICmpUGE(o, vsize), b_.CreateICmpUGT(Splat(bytes), b_.CreateSub(vsize, o)));
     if (align != 0) bad = b_.CreateOr(bad, b_.CreateICmpNE(b_.CreateAnd(addr, Splat(align)), Splat(uint64_t{0})));
     Value* any = b_.CreateICmpNE(b_.CreateBitCast(b_.CreateAnd(bad, mask), i32_), b_.getInt32(0));
-    BasicBlock* stop = BasicBlock::Create(c_, "leave" + std::to_string(pc), fn_);
-    BasicBlock* go = BasicBlock::Create(c_, "access" + std::to_string(pc), fn_);
-    b_.CreateCondBr(any, stop, go, llvm::MDBuilder(c_).createBranchWeights(1, 1000));
-    b_.SetInsertPoint(stop);
-    // Its lanes were counted: uncount them (the interpreter counts them when it runs it).
-    Value* count = b_.CreateZExt(b_.CreateUnaryIntrinsic(llvm::Intrinsic::ctpop, b_.CreateBitCast(mask, i32_)), i64_);
-    b_.CreateStore(b_.CreateSub(b_.CreateLoad(i64_, lanes_), count), lanes_);
-    Leave(pc);
-    b_.SetInsertPoint(go);
+    StopIf(any, pc, mask, "outside");  // the interpreter runs it (and counts its lanes)
     // Element i of every lane at host + o + i * elem, moved lane by lane in lane order (a
     // scatter's overlapping lanes: the highest lane's value stays, as the interpreter's).
     Type* et = b_.getIntNTy(static_cast<unsigned>(8 * elem));
