@@ -88,8 +88,8 @@ inline constexpr uint32_t kSpecials = kEnvreg0 + 32;
 using TraceFn = uint32_t (*)(Frame* frame, uint32_t pc);
 
 // A kernel's translation: the plan (which instructions form traces, where they can be entered) is
-// made at once; the native code comes later, from a thread of its own (For), and each trace's `fn`
-// stays nullptr (the interpreter runs it) until then.
+// made at once; the native code comes later, from a thread of its own once the kernel has run enough
+// (Ran, Start), and each trace's `fn` stays nullptr (the interpreter runs it) until then.
 struct Code {
   struct Trace {
     uint32_t begin = 0, end = 0;       // instructions [begin, end)
