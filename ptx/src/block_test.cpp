@@ -676,5 +676,15 @@ TEST(Block, RegistersReadBeforeWrittenStartAtZeroInEveryBlock) {
   }
 }
 
+TEST(Block, AKernelWithoutRegistersHasNoneToClear) {
+  // A kernel that declares no registers (a shared-memory size probe, say): nothing to analyze.
+  Kernel k;
+  k.nregs = 0;
+  k.code = {I("exit", {})};
+  std::vector<uint32_t> regs = {7};
+  EXPECT_TRUE(ReadBeforeWritten(k, &regs));
+  EXPECT_TRUE(regs.empty());
+}
+
 }  // namespace
 }  // namespace orion::ptx
