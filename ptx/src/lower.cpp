@@ -249,7 +249,7 @@ bool ReadBeforeWritten(const Kernel& k, std::vector<uint32_t>* regs) {
   const auto n = static_cast<uint32_t>(k.code.size());
   const uint32_t words = (k.nregs + 63) / 64;
   regs->clear();
-  if (words == 0 || n == 0) return true;                          // no registers: none to clear
+  if (words == 0 || n == 0) return true;                        // no registers: none to clear
   if (uint64_t{n} * words > (uint64_t{1} << 22)) return false;  // 32 MiB of bit sets at most
   // How many leading operands an unpredicated `ins` writes whole (its destinations: d, or d|p when
   // o[0].n is 1 — setp, shfl, match; a vector destination's every register), or 0.
